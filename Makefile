@@ -1,0 +1,52 @@
+# kqp: two commands for a new user.
+#   make demo   set everything up, start Kafka + the proxy, push a workload through it, print what happened
+#   make test   set everything up and run the whole test suite (what CI runs)
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+KAFKA_VERSION := 4.3.1
+KAFKA_DIR := .cache/kafka-$(KAFKA_VERSION)
+
+.PHONY: demo test lint typecheck unit integration bench setup kafka system-deps clean
+
+setup: $(VENV)/.installed kafka system-deps
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev,spark]'
+	touch $@
+
+# Kafka broker and CLI tools, assembled from Maven Central (no tarball, no Docker).
+kafka: $(KAFKA_DIR)/libs/.complete
+
+$(KAFKA_DIR)/libs/.complete: harness/pom.xml
+	mvn -B -q -f harness/pom.xml dependency:copy-dependencies
+	touch $@
+
+# kcat (librdkafka's CLI) comes from Debian; install it when missing.
+system-deps:
+	@command -v kcat >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq kcat >/dev/null; }
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy kqp
+
+test: setup lint
+	$(VENV)/bin/pytest -q tests
+
+unit: $(VENV)/.installed
+	$(VENV)/bin/pytest -q tests/unit
+
+demo: setup
+	$(PY) -m kqp.demo
+
+bench: setup
+	$(PY) bench/proxy_throughput.py
+	$(PY) bench/quota_hot_path.py
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,5 @@
+import sys
+
+from kqp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,79 @@
+"""The versioned Parquet schema of a capture record.
+
+One row per request/response pair seen by the proxy. Per topic-partition figures for
+Produce and Fetch are a nested list so a row stays one request; Spark explodes it when
+a job needs partition-level detail. Times are integer microseconds since the Unix epoch
+(UTC) so ordering survives Parquet round trips without float rounding.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+# Footer metadata keys (file-level key/value metadata of every capture file).
+META_SCHEMA_VERSION = b"kqp.capture.schema_version"
+META_RECORDS_WRITTEN = b"kqp.capture.records_written"
+META_RECORDS_DROPPED = b"kqp.capture.records_dropped"
+META_SAMPLING = b"kqp.capture.sampling_one_in"
+META_PROXY_ID = b"kqp.capture.proxy_id"
+
+PARTITION_FIELDS = pa.struct(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("bytes", pa.int64()),
+        pa.field("records", pa.int32()),
+        pa.field("batches", pa.int32()),
+        # Kafka's codec id from the batch attributes: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd.
+        pa.field("compression", pa.int8()),
+        pa.field("error_code", pa.int16()),
+    ]
+)
+
+MUTATION_FIELDS = pa.struct(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partitions", pa.int32()),
+        pa.field("error_code", pa.int16()),
+    ]
+)
+
+CAPTURE_SCHEMA = pa.schema(
+    [
+        pa.field("schema_version", pa.int16(), nullable=False),
+        # Four instants of the pair, as seen by the proxy.
+        pa.field("ts_request_received_us", pa.int64(), nullable=False),
+        pa.field("ts_request_sent_us", pa.int64()),
+        pa.field("ts_response_received_us", pa.int64()),
+        pa.field("ts_response_sent_us", pa.int64()),
+        pa.field("connection_id", pa.int64(), nullable=False),
+        pa.field("listener", pa.string()),
+        pa.field("upstream_node_id", pa.int32()),
+        pa.field("client_address", pa.string()),
+        pa.field("principal", pa.string()),
+        pa.field("client_id", pa.string()),
+        pa.field("api_key", pa.int16(), nullable=False),
+        pa.field("api_version", pa.int16(), nullable=False),
+        pa.field("correlation_id", pa.int32(), nullable=False),
+        pa.field("request_bytes", pa.int64(), nullable=False),
+        pa.field("response_bytes", pa.int64()),
+        # Produce only; -1 means "not a Produce request".
+        pa.field("acks", pa.int16()),
+        pa.field("partitions", pa.list_(PARTITION_FIELDS)),
+        # Fetch request settings.
+        pa.field("fetch_max_wait_ms", pa.int32()),
+        pa.field("fetch_min_bytes", pa.int32()),
+        pa.field("fetch_max_bytes", pa.int32()),
+        pa.field("group_id", pa.string()),
+        # Top-level error code of the response where the API has one, else the first
+        # non-zero partition/topic error.
+        pa.field("error_code", pa.int16()),
+        pa.field("broker_throttle_ms", pa.int32()),
+        pa.field("proxy_throttle_ms", pa.int32()),
+        # CreateTopics / CreatePartitions / DeleteTopics.
+        pa.field("mutations", pa.list_(MUTATION_FIELDS)),
+    ],
+    metadata={META_SCHEMA_VERSION: str(SCHEMA_VERSION).encode()},
+)

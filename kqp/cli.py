@@ -1,0 +1,63 @@
+"""The `kqp` command line: serve, check-config, capture inspect, replay."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from kqp.proxy.server import serve_forever
+
+    return serve_forever(args.config)
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from kqp.config.check import check_config_command
+
+    return check_config_command(args.files)
+
+
+def _capture_inspect(args: argparse.Namespace) -> int:
+    from kqp.capture.inspect import inspect_command
+
+    return inspect_command(args.directory)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kqp", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", required=True, action="append", help="config file (repeatable)")
+    serve.set_defaults(func=_serve)
+
+    check = commands.add_parser("check-config", help="validate config files and print effective quotas")
+    check.add_argument("files", nargs="+")
+    check.set_defaults(func=_check_config)
+
+    capture = commands.add_parser("capture", help="work with traffic captures")
+    capture_commands = capture.add_subparsers(dest="capture_command", required=True)
+    inspect = capture_commands.add_parser("inspect", help="coverage, time span and volume of a capture")
+    inspect.add_argument("directory")
+    inspect.set_defaults(func=_capture_inspect)
+
+    # `kqp replay ...` hands its arguments to the Spark jobs' own parser.
+    commands.add_parser("replay", help="Spark jobs: analyze, whatif, live", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "replay":
+        from kqp.spark_jobs.cli import main as replay_main
+
+        return replay_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""kqp.spark_jobs."""
