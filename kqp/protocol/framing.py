@@ -1,0 +1,64 @@
+"""Incremental length-prefixed framing, as Kafka's network layer does it.
+
+Every Kafka message is a 4-byte big-endian size followed by that many bytes. The size is
+checked against a limit before anything is allocated for the frame, because a peer can
+claim up to 2 GiB in four bytes (Kafka's socket.request.max.bytes guards the broker the
+same way).
+"""
+
+from __future__ import annotations
+
+from kqp.protocol.errors import FrameTooLargeError, ProtocolDecodeError
+
+SIZE_PREFIX = 4
+DEFAULT_MAX_FRAME_BYTES = 104_857_600  # Kafka's socket.request.max.bytes default
+
+
+class FrameDecoder:
+    """Turns a byte stream into whole frames (without their size prefix)."""
+
+    __slots__ = ("_buffer", "_max_frame_bytes", "_needed")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._buffer = bytearray()
+        self._max_frame_bytes = max_frame_bytes
+        # Size of the frame being assembled, or -1 while its prefix is incomplete.
+        self._needed = -1
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add received bytes; return every frame completed by them, in order."""
+        buffer = self._buffer
+        buffer += data
+        frames: list[bytes] = []
+        start = 0
+        end = len(buffer)
+        while True:
+            if self._needed < 0:
+                if end - start < SIZE_PREFIX:
+                    break
+                size = int.from_bytes(buffer[start : start + SIZE_PREFIX], "big", signed=True)
+                if size < 0:
+                    raise ProtocolDecodeError(f"negative frame size {size}")
+                if size > self._max_frame_bytes:
+                    raise FrameTooLargeError(
+                        f"frame of {size} bytes exceeds the limit of {self._max_frame_bytes} bytes"
+                    )
+                self._needed = size
+                start += SIZE_PREFIX
+            if end - start < self._needed:
+                break
+            frames.append(bytes(buffer[start : start + self._needed]))
+            start += self._needed
+            self._needed = -1
+        if start:
+            del buffer[:start]
+        return frames
+
+
+def frame(payload: bytes | bytearray | memoryview) -> bytes:
+    """Prefix a payload with its size."""
+    return len(payload).to_bytes(SIZE_PREFIX, "big") + bytes(payload)

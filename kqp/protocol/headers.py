@@ -1,0 +1,134 @@
+"""Request and response headers, read without decoding the body.
+
+Request header v1 is (api_key int16, api_version int16, correlation_id int32, client_id
+nullable string); v2 adds tagged fields. Flexible API versions use v2. Note that client_id
+stays a classic int16-length string even in v2: Kafka kept it that way so any broker can
+read the header of any request. Response header v0 is the correlation id; v1 adds tagged
+fields, except for ApiVersions, which always answers with v0.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY
+from kqp.protocol.errors import ProtocolDecodeError, UnsupportedApiError
+
+_HEADER_FIXED = struct.Struct(">hhih")
+
+
+def read_uvarint(data: bytes | memoryview, offset: int) -> tuple[int, int]:
+    """Unsigned LEB128 varint; returns (value, next offset)."""
+    value = 0
+    shift = 0
+    while True:
+        if offset >= len(data):
+            raise ProtocolDecodeError("truncated varint")
+        byte = data[offset]
+        offset += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, offset
+        shift += 7
+        if shift > 28:
+            raise ProtocolDecodeError("varint longer than 5 bytes")
+
+
+def skip_tagged_fields(data: bytes | memoryview, offset: int) -> int:
+    count, offset = read_uvarint(data, offset)
+    for _ in range(count):
+        _tag, offset = read_uvarint(data, offset)
+        size, offset = read_uvarint(data, offset)
+        offset += size
+        if offset > len(data):
+            raise ProtocolDecodeError("truncated tagged field")
+    return offset
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    # Where the body starts in the frame.
+    body_offset: int
+
+
+def request_is_flexible(api_key: int, api_version: int) -> bool:
+    spec = API_SPECS[api_key]
+    if api_key == API_VERSIONS_KEY and api_version > spec.max_version:
+        # A client probing a newer ApiVersions still uses the flexible header of v3+.
+        return True
+    return spec.is_flexible(api_version)
+
+
+def parse_request_header(frame: bytes | memoryview) -> RequestHeader:
+    """Parse the header of a request frame (size prefix already removed).
+
+    Raises UnsupportedApiError for API keys or versions the proxy cannot decode, except an
+    ApiVersions request of a newer version, which the proxy must answer (clients probe with
+    their newest version and fall back on UNSUPPORTED_VERSION).
+    """
+    if len(frame) < _HEADER_FIXED.size:
+        raise ProtocolDecodeError(f"request header needs {_HEADER_FIXED.size} bytes, frame has {len(frame)}")
+    api_key, api_version, correlation_id, client_id_length = _HEADER_FIXED.unpack_from(frame, 0)
+    spec = API_SPECS.get(api_key)
+    if spec is None:
+        raise UnsupportedApiError(f"unknown API key {api_key} (correlation id {correlation_id})")
+    if api_version < 0 or (api_version > spec.max_version and api_key != API_VERSIONS_KEY):
+        raise UnsupportedApiError(
+            f"{spec.name} v{api_version} is outside the supported range "
+            f"{spec.min_version}-{spec.max_version} (correlation id {correlation_id})"
+        )
+    offset = _HEADER_FIXED.size
+    client_id: str | None = None
+    if client_id_length >= 0:
+        end = offset + client_id_length
+        if end > len(frame):
+            raise ProtocolDecodeError("client id runs past the end of the frame")
+        try:
+            client_id = bytes(frame[offset:end]).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolDecodeError("client id is not valid UTF-8") from exc
+        offset = end
+    elif client_id_length != -1:
+        raise ProtocolDecodeError(f"invalid client id length {client_id_length}")
+    if request_is_flexible(api_key, api_version):
+        offset = skip_tagged_fields(frame, offset)
+    return RequestHeader(api_key, api_version, correlation_id, client_id, offset)
+
+
+def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: int) -> int:
+    """Where the body of a response frame starts (after correlation id and header tags)."""
+    if len(frame) < 4:
+        raise ProtocolDecodeError("response shorter than its correlation id")
+    if API_SPECS[api_key].response_header_version(api_version) == 1:
+        return skip_tagged_fields(frame, 4)
+    return 4
+
+
+def response_correlation_id(frame: bytes | memoryview) -> int:
+    if len(frame) < 4:
+        raise ProtocolDecodeError("response shorter than its correlation id")
+    return int.from_bytes(frame[0:4], "big", signed=True)
+
+
+def encode_request_header(
+    api_key: int, api_version: int, correlation_id: int, client_id: str | None
+) -> bytes:
+    encoded_id = b"" if client_id is None else client_id.encode("utf-8")
+    id_length = -1 if client_id is None else len(encoded_id)
+    header = _HEADER_FIXED.pack(api_key, api_version, correlation_id, id_length)
+    header += encoded_id
+    if request_is_flexible(api_key, api_version):
+        header += b"\x00"
+    return header
+
+
+def encode_response_header(api_key: int, api_version: int, correlation_id: int) -> bytes:
+    header = correlation_id.to_bytes(4, "big", signed=True)
+    if API_SPECS[api_key].response_header_version(api_version) == 1:
+        header += b"\x00"
+    return header

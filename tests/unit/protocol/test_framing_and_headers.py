@@ -1,0 +1,128 @@
+"""Framing, headers and correlation tracking: the sans-IO core every connection uses."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY, METADATA_KEY, PRODUCE_KEY
+from kqp.protocol.correlation import CorrelationTracker, expects_response, produce_acks
+from kqp.protocol.errors import (
+    CorrelationError,
+    FrameTooLargeError,
+    ProtocolDecodeError,
+    UnsupportedApiError,
+)
+from kqp.protocol.framing import FrameDecoder, frame
+from kqp.protocol.headers import (
+    encode_request_header,
+    encode_response_header,
+    parse_request_header,
+    response_body_offset,
+)
+
+
+@given(st.lists(st.binary(max_size=300), max_size=8), st.integers(min_value=1, max_value=64))
+def test_frames_survive_any_split_of_the_stream(payloads: list[bytes], chunk: int) -> None:
+    stream = b"".join(frame(p) for p in payloads)
+    decoder = FrameDecoder()
+    received: list[bytes] = []
+    for start in range(0, len(stream), chunk):
+        received += decoder.feed(stream[start : start + chunk])
+    assert received == payloads
+    assert decoder.buffered_bytes == 0
+
+
+def test_oversized_frame_is_rejected_before_its_body_arrives() -> None:
+    decoder = FrameDecoder(max_frame_bytes=1000)
+    with pytest.raises(FrameTooLargeError, match="1001 bytes exceeds the limit of 1000"):
+        decoder.feed(struct.pack(">i", 1001))
+
+
+def test_negative_frame_size_is_a_decode_error() -> None:
+    with pytest.raises(ProtocolDecodeError):
+        FrameDecoder().feed(struct.pack(">i", -5))
+
+
+@pytest.mark.parametrize("api_key", sorted(API_SPECS))
+def test_request_header_round_trips_for_every_version(api_key: int) -> None:
+    spec = API_SPECS[api_key]
+    for version in range(spec.min_version, spec.max_version + 1):
+        encoded = encode_request_header(api_key, version, 4242, "client-é") + b"BODY"
+        header = parse_request_header(encoded)
+        assert (header.api_key, header.api_version, header.correlation_id) == (api_key, version, 4242)
+        assert header.client_id == "client-é"
+        assert encoded[header.body_offset :] == b"BODY"
+
+
+def test_flexible_request_header_skips_tagged_fields() -> None:
+    # Metadata v12 is flexible: header v2 with one tagged field (tag 7, 3 bytes).
+    encoded = struct.pack(">hhih", METADATA_KEY, 12, 1, 1) + b"c" + b"\x01\x07\x03abc" + b"BODY"
+    header = parse_request_header(encoded)
+    assert encoded[header.body_offset :] == b"BODY"
+
+
+def test_null_client_id_is_allowed() -> None:
+    encoded = encode_request_header(METADATA_KEY, 1, 9, None)
+    assert parse_request_header(encoded).client_id is None
+
+
+def test_unknown_api_key_is_unsupported() -> None:
+    with pytest.raises(UnsupportedApiError, match="unknown API key 9999"):
+        parse_request_header(struct.pack(">hhih", 9999, 0, 1, -1))
+
+
+def test_too_new_version_is_unsupported_except_for_api_versions() -> None:
+    too_new = API_SPECS[METADATA_KEY].max_version + 1
+    with pytest.raises(UnsupportedApiError, match="outside the supported range"):
+        parse_request_header(struct.pack(">hhih", METADATA_KEY, too_new, 1, -1))
+    probe = API_SPECS[API_VERSIONS_KEY].max_version + 1
+    header = parse_request_header(struct.pack(">hhih", API_VERSIONS_KEY, probe, 1, -1) + b"\x00")
+    assert header.api_version == probe
+
+
+def test_truncated_header_is_a_decode_error() -> None:
+    with pytest.raises(ProtocolDecodeError):
+        parse_request_header(b"\x00\x03\x00")
+    with pytest.raises(ProtocolDecodeError, match="client id"):
+        parse_request_header(struct.pack(">hhih", METADATA_KEY, 1, 1, 50) + b"short")
+
+
+def test_api_versions_response_header_is_always_v0() -> None:
+    assert encode_response_header(API_VERSIONS_KEY, 4, 7) == struct.pack(">i", 7)
+    assert encode_response_header(METADATA_KEY, 12, 7) == struct.pack(">i", 7) + b"\x00"
+    assert response_body_offset(struct.pack(">i", 7) + b"\x00BODY", METADATA_KEY, 12) == 5
+    assert response_body_offset(struct.pack(">i", 7) + b"BODY", API_VERSIONS_KEY, 3) == 4
+
+
+def _produce_body(version: int, acks: int, transactional_id: str | None) -> bytes:
+    raw = None if transactional_id is None else transactional_id.encode()
+    if version >= 9:  # compact nullable string: length + 1 as a varint, 0 for null
+        tid = b"\x00" if raw is None else bytes([len(raw) + 1]) + raw
+    else:
+        tid = struct.pack(">h", -1) if raw is None else struct.pack(">h", len(raw)) + raw
+    return tid + struct.pack(">hi", acks, 30000)
+
+
+@pytest.mark.parametrize("version", range(3, API_SPECS[PRODUCE_KEY].max_version + 1))
+@pytest.mark.parametrize("transactional_id", [None, "txn-1"])
+def test_produce_acks_zero_expects_no_response(version: int, transactional_id: str | None) -> None:
+    for acks in (-1, 0, 1):
+        body = _produce_body(version, acks, transactional_id)
+        assert produce_acks(body, version) == acks
+        assert expects_response(PRODUCE_KEY, version, body) is (acks != 0)
+
+
+def test_responses_must_come_in_request_order() -> None:
+    tracker: CorrelationTracker[str] = CorrelationTracker()
+    tracker.add(1, METADATA_KEY, 12, "first")
+    tracker.add(2, METADATA_KEY, 12, "second")
+    with pytest.raises(CorrelationError, match="expected 1"):
+        tracker.match(2)
+    assert tracker.match(1).context == "first"
+    assert tracker.match(2).context == "second"
+    with pytest.raises(CorrelationError, match="nothing in flight"):
+        tracker.match(3)
