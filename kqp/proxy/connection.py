@@ -1,0 +1,396 @@
+"""One client connection and its upstream connection, with the Kafka framing in between.
+
+The client side and the upstream side are plain asyncio protocols (no streams: one less
+copy and no task per connection). Requests are read whole, tracked in order and forwarded;
+responses are matched to the oldest request in flight, rewritten where they carry broker
+addresses, and sent back. Reading from the client stops while any of these holds: the
+upstream is not connected yet, the upstream's write buffer is full (back-pressure), the
+connection is muted for a throttle (KIP-219), or the proxy is shutting down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, cast
+
+from kqp.protocol.address_rewrite import (
+    ADDRESS_BEARING_APIS,
+    NODE_ENDPOINT_VERSIONS,
+    proxy_api_versions_body,
+    rewrite_response_body,
+)
+from kqp.protocol.apis import API_VERSIONS_KEY, SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY
+from kqp.protocol.codec import decode_body
+from kqp.protocol.correlation import expects_response
+from kqp.protocol.errors import ProtocolError
+from kqp.protocol.framing import FrameDecoder
+from kqp.protocol.headers import parse_request_header, response_body_offset, response_correlation_id
+from kqp.protocol.sasl import SaslObserver
+from kqp.proxy.cluster import BOOTSTRAP, Listener
+from kqp.proxy.hooks import Exchange
+
+if TYPE_CHECKING:
+    from kqp.proxy.server import ProxyServer
+
+log = logging.getLogger(__name__)
+
+# Responses may legitimately be far larger than requests (fetch.max.bytes is per request,
+# and a broker returns at least one batch even if it is larger), so the upstream side only
+# guards against nonsense sizes.
+_MAX_RESPONSE_FRAME = 2**31 - 1
+
+_CONNECTING = "connecting"
+_UPSTREAM_BACKLOG = "upstream-backlog"
+_THROTTLED = "throttled"
+_SHUTDOWN = "shutdown"
+
+
+def _size_prefix(frame: bytes | bytearray) -> bytes:
+    return len(frame).to_bytes(4, "big")
+
+
+class ProxiedConnection:
+    def __init__(self, proxy: ProxyServer, listener: Listener, connection_id: int) -> None:
+        self.proxy = proxy
+        self.listener = listener
+        self.connection_id = connection_id
+        self.client: asyncio.Transport | None = None
+        self.upstream: asyncio.Transport | None = None
+        self.upstream_node_id: int | None = None if listener.node_id == BOOTSTRAP else listener.node_id
+        self.upstream_address: tuple[str, int] | None = None
+        self.peer = "?"
+        self.sasl = SaslObserver()
+        self.opened_at = time.time()
+        self.last_activity = proxy.loop.time()
+        self.requests_seen = 0
+        self._client_frames = FrameDecoder(proxy.options.max_frame_bytes)
+        self._upstream_frames = FrameDecoder(_MAX_RESPONSE_FRAME)
+        self._pending: deque[bytes] = deque()
+        self._inflight: deque[Exchange] = deque()
+        self._client_blockers: set[str] = set()
+        self._upstream_blockers: set[str] = set()
+        self._muted_until = 0.0
+        self._unmute_handle: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    @property
+    def principal(self) -> str:
+        return self.sasl.principal
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    def client_connected(self, transport: asyncio.Transport) -> None:
+        self.client = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        transport.set_write_buffer_limits(high=self.proxy.options.write_buffer_high_bytes)
+        self._block_client(_CONNECTING)
+        self.proxy.hooks.connection_opened(self)
+        self.proxy.loop.create_task(self._connect_upstream())
+
+    async def _connect_upstream(self) -> None:
+        loop = self.proxy.loop
+        if self.listener.node_id == BOOTSTRAP:
+            candidates = self.proxy.directory.bootstrap_candidates()
+        else:
+            known = self.proxy.directory.upstream_of(self.listener.node_id)
+            candidates = [known] if known is not None else []
+        failure = "upstream address of this node is unknown"
+        for host, port in candidates:
+            if self._closed:
+                return
+            try:
+                transport, _ = await asyncio.wait_for(
+                    loop.create_connection(lambda: _UpstreamSide(self), host, port),
+                    self.proxy.options.upstream_connect_timeout_s,
+                )
+            except (OSError, TimeoutError) as exc:
+                failure = f"{host}:{port}: {exc or type(exc).__name__}"
+                log.warning("connection %d: upstream %s:%d unreachable: %s", self.connection_id, host, port, exc)
+                continue
+            if self._closed:
+                transport.close()
+                return
+            self.upstream_address = (host, port)
+            self._unblock_client(_CONNECTING)
+            self._process_pending()
+            return
+        self.close(f"no upstream broker reachable ({failure})", problem=True)
+
+    def upstream_connected(self, transport: asyncio.Transport) -> None:
+        self.upstream = transport
+        transport.set_write_buffer_limits(high=self.proxy.options.write_buffer_high_bytes)
+
+    def close(self, reason: str, *, problem: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        level = logging.WARNING if problem else logging.DEBUG
+        log.log(level, "connection %d from %s via %s closed: %s", self.connection_id, self.peer,
+                self.listener.name, reason)
+        if self._unmute_handle is not None:
+            self._unmute_handle.cancel()
+        for transport in (self.client, self.upstream):
+            if transport is not None:
+                transport.close()
+        self._drained.set()
+        self.proxy.connection_closed(self, reason)
+
+    async def drain(self) -> None:
+        """Stop taking requests and wait for the ones in flight to be answered."""
+        self._block_client(_SHUTDOWN)
+        self._pending.clear()
+        await self._drained.wait()
+
+    # ---- flow control ----------------------------------------------------------------
+
+    def _block_client(self, reason: str) -> None:
+        if not self._client_blockers and self.client is not None and not self._closed:
+            self.client.pause_reading()
+        self._client_blockers.add(reason)
+
+    def _unblock_client(self, reason: str) -> None:
+        self._client_blockers.discard(reason)
+        if not self._client_blockers and self.client is not None and not self._closed:
+            self.client.resume_reading()
+
+    def block_upstream_reads(self) -> None:
+        if not self._upstream_blockers and self.upstream is not None and not self._closed:
+            self.upstream.pause_reading()
+        self._upstream_blockers.add("client-backlog")
+
+    def unblock_upstream_reads(self) -> None:
+        self._upstream_blockers.discard("client-backlog")
+        if not self._upstream_blockers and self.upstream is not None and not self._closed:
+            self.upstream.resume_reading()
+
+    def upstream_backlog(self, full: bool) -> None:
+        if full:
+            self._block_client(_UPSTREAM_BACKLOG)
+        else:
+            self._unblock_client(_UPSTREAM_BACKLOG)
+            self._process_pending()
+
+    def mute(self, throttle_ms: int) -> None:
+        """KIP-219: after a throttled response, read nothing from this client for a while."""
+        if throttle_ms <= 0 or self._closed:
+            return
+        loop = self.proxy.loop
+        until = loop.time() + throttle_ms / 1000.0
+        if until <= self._muted_until:
+            return
+        self._muted_until = until
+        if self._unmute_handle is not None:
+            self._unmute_handle.cancel()
+        self._block_client(_THROTTLED)
+        self._unmute_handle = loop.call_at(until, self._unmute)
+
+    def _unmute(self) -> None:
+        self._unmute_handle = None
+        self._unblock_client(_THROTTLED)
+        self._process_pending()
+
+    @property
+    def muted(self) -> bool:
+        return _THROTTLED in self._client_blockers
+
+    # ---- requests --------------------------------------------------------------------
+
+    def client_data(self, data: bytes) -> None:
+        self.last_activity = self.proxy.loop.time()
+        try:
+            frames = self._client_frames.feed(data)
+        except ProtocolError as exc:
+            self.proxy.frame_rejected(self, "client", exc)
+            self.close(f"bad frame from client: {exc}", problem=True)
+            return
+        if frames:
+            self._pending.extend(frames)
+            self._process_pending()
+
+    def _process_pending(self) -> None:
+        # Frames already read stay queued while the connection is blocked, so a muted
+        # client gets nothing through even if it had pipelined requests.
+        while self._pending and not self._client_blockers and not self._closed:
+            frame = self._pending.popleft()
+            try:
+                self._handle_request(frame)
+            except ProtocolError as exc:
+                self.proxy.frame_rejected(self, "client", exc)
+                self.close(f"bad request from client: {exc}", problem=True)
+                return
+
+    def _handle_request(self, frame: bytes) -> None:
+        header = parse_request_header(frame)
+        body = memoryview(frame)[header.body_offset :]
+        api_key = header.api_key
+        exchange = Exchange(
+            header=header,
+            request_bytes=len(frame) + 4,
+            received_at=self.proxy.loop.time(),
+            expects_response=expects_response(api_key, header.api_version, body),
+        )
+        self.requests_seen += 1
+        if api_key == SASL_HANDSHAKE_KEY:
+            self.sasl.handshake(decode_body(api_key, header.api_version, body, is_request=True).mechanism)
+        elif api_key == SASL_AUTHENTICATE_KEY:
+            message = decode_body(api_key, header.api_version, body, is_request=True)
+            self.sasl.authenticate_request(bytes(message.auth_bytes))
+        verdict = self.proxy.hooks.request(self, exchange, frame)
+        if verdict is not None and verdict.answer is not None:
+            exchange.local_response = verdict.answer
+            self._inflight.append(exchange)
+            self._drained.clear()
+            self._flush_local_answers()
+        else:
+            out = frame if verdict is None or verdict.frame is None else verdict.frame
+            upstream = self.upstream
+            assert upstream is not None  # requests are only processed once connected
+            upstream.writelines((_size_prefix(out), out))
+            exchange.sent_at = self.proxy.loop.time()
+            if exchange.expects_response:
+                self._inflight.append(exchange)
+                self._drained.clear()
+        if verdict is not None and verdict.mute_ms:
+            self.mute(verdict.mute_ms)
+
+    def _flush_local_answers(self) -> None:
+        client = self.client
+        while self._inflight and self._inflight[0].local_response is not None and client is not None:
+            exchange = self._inflight.popleft()
+            answer = exchange.local_response
+            assert answer is not None
+            client.writelines((_size_prefix(answer), answer))
+            exchange.response_received_at = self.proxy.loop.time()
+            header = exchange.header
+            body_offset = response_body_offset(answer, header.api_key, header.api_version)
+            self.proxy.hooks.response(self, exchange, answer, body_offset)
+        if not self._inflight:
+            self._drained.set()
+
+    # ---- responses -------------------------------------------------------------------
+
+    def upstream_data(self, data: bytes) -> None:
+        self.last_activity = self.proxy.loop.time()
+        try:
+            frames = self._upstream_frames.feed(data)
+            for frame in frames:
+                self._handle_response(frame)
+                if self._closed:
+                    return
+        except ProtocolError as exc:
+            self.proxy.frame_rejected(self, "broker", exc)
+            self.close(f"bad response from broker: {exc}", problem=True)
+
+    def _handle_response(self, frame: bytes) -> None:
+        correlation_id = response_correlation_id(frame)
+        if not self._inflight or self._inflight[0].local_response is not None:
+            raise ProtocolError(f"broker sent response {correlation_id} with no request in flight")
+        exchange = self._inflight[0]
+        if exchange.header.correlation_id != correlation_id:
+            raise ProtocolError(
+                f"broker answered out of order: got correlation id {correlation_id}, "
+                f"expected {exchange.header.correlation_id}"
+            )
+        self._inflight.popleft()
+        exchange.response_received_at = self.proxy.loop.time()
+        api_key = exchange.header.api_key
+        api_version = exchange.header.api_version
+        body_offset = response_body_offset(frame, api_key, api_version)
+        out: bytes = frame
+        rewritten: bytes | None = None
+        if api_key == API_VERSIONS_KEY:
+            rewritten = proxy_api_versions_body(api_version, memoryview(frame)[body_offset:])
+        elif api_key in ADDRESS_BEARING_APIS or (
+            api_key in NODE_ENDPOINT_VERSIONS and api_version >= NODE_ENDPOINT_VERSIONS[api_key]
+            and self.proxy.may_carry_node_endpoints(api_key, api_version, frame, body_offset)
+        ):
+            rewritten = rewrite_response_body(
+                api_key, api_version, memoryview(frame)[body_offset:], self.proxy.directory.map_address
+            )
+        elif api_key == SASL_AUTHENTICATE_KEY:
+            self.sasl.authenticate_response(int.from_bytes(frame[body_offset : body_offset + 2], "big", signed=True))
+        if rewritten is not None:
+            out = frame[:body_offset] + rewritten
+        mute_ms = 0
+        verdict = self.proxy.hooks.response(self, exchange, out, body_offset)
+        if verdict is not None:
+            if verdict.frame is not None:
+                out = bytes(verdict.frame)
+            mute_ms = verdict.mute_ms
+        client = self.client
+        if client is not None:
+            client.writelines((_size_prefix(out), out))
+        self._flush_local_answers()
+        if not self._inflight:
+            self._drained.set()
+        if mute_ms:
+            self.mute(mute_ms)
+
+
+class ClientSide(asyncio.Protocol):
+    def __init__(self, proxy: ProxyServer, listener: Listener) -> None:
+        self._proxy = proxy
+        self._listener = listener
+        self.connection: ProxiedConnection | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.connection = self._proxy.connection_accepted(self._listener, cast(asyncio.Transport, transport))
+
+    def data_received(self, data: bytes) -> None:
+        if self.connection is not None:
+            self.connection.client_data(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.connection is not None:
+            self.connection.close("client disconnected" if exc is None else f"client connection lost: {exc}")
+
+    def pause_writing(self) -> None:
+        if self.connection is not None:
+            self.connection.block_upstream_reads()
+
+    def resume_writing(self) -> None:
+        if self.connection is not None:
+            self.connection.unblock_upstream_reads()
+
+
+class _UpstreamSide(asyncio.Protocol):
+    def __init__(self, connection: ProxiedConnection) -> None:
+        self._connection = connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._connection.upstream_connected(cast(asyncio.Transport, transport))
+
+    def data_received(self, data: bytes) -> None:
+        self._connection.upstream_data(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        problem = bool(self._connection.in_flight)
+        reason = "broker closed the connection" if exc is None else f"broker connection lost: {exc}"
+        self._connection.close(reason, problem=problem)
+
+    def pause_writing(self) -> None:
+        self._connection.upstream_backlog(True)
+
+    def resume_writing(self) -> None:
+        self._connection.upstream_backlog(False)

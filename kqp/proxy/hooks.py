@@ -1,0 +1,68 @@
+"""The seam between the byte-moving core and the features that look at the traffic.
+
+A connection calls its hooks for every request and response. The default hooks change
+nothing; quota enforcement, metrics and capture each implement some of them. Hooks run on
+the event loop, inline with the data path, so they must not block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kqp.protocol.headers import RequestHeader
+
+if TYPE_CHECKING:
+    from kqp.proxy.connection import ProxiedConnection
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request and, later, its response, as the proxy saw them."""
+
+    header: RequestHeader
+    request_bytes: int
+    received_at: float  # event-loop clock, seconds
+    expects_response: bool = True
+    sent_at: float = 0.0
+    response_received_at: float = 0.0
+    # Set when the proxy answers the request itself instead of forwarding it.
+    local_response: bytes | None = None
+    # Per-feature state carried from request to response.
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestVerdict:
+    """What a hook decided for a request: forward it (possibly changed) or answer it here."""
+
+    # Replacement request frame (header + body, no size prefix); None keeps the original.
+    frame: bytes | None = None
+    # Complete response frame (no size prefix) to send instead of forwarding.
+    answer: bytes | None = None
+    # Stop reading from the client for this long after the request (acks=0 throttling).
+    mute_ms: int = 0
+
+
+@dataclass(slots=True)
+class ResponseVerdict:
+    frame: bytes | bytearray | None = None
+    mute_ms: int = 0
+
+
+class TrafficHooks:
+    """No-op hooks; subclasses override what they need."""
+
+    def connection_opened(self, connection: ProxiedConnection) -> None:
+        return None
+
+    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        return None
+
+    def response(
+        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> ResponseVerdict | None:
+        return None
+
+    def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
+        return None
