@@ -20,10 +20,10 @@ from kqp.protocol.address_rewrite import (
     ADDRESS_BEARING_APIS,
     NODE_ENDPOINT_VERSIONS,
     proxy_api_versions_body,
-    rewrite_response_body,
+    rewrite_addresses,
 )
-from kqp.protocol.apis import API_VERSIONS_KEY, SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY
-from kqp.protocol.codec import decode_body
+from kqp.protocol.apis import API_VERSIONS_KEY, METADATA_KEY, SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY
+from kqp.protocol.codec import decode_body, encode_body
 from kqp.protocol.correlation import expects_response
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.framing import FrameDecoder
@@ -318,9 +318,11 @@ class ProxiedConnection:
             api_key in NODE_ENDPOINT_VERSIONS and api_version >= NODE_ENDPOINT_VERSIONS[api_key]
             and self.proxy.may_carry_node_endpoints(api_key, api_version, frame, body_offset)
         ):
-            rewritten = rewrite_response_body(
-                api_key, api_version, memoryview(frame)[body_offset:], self.proxy.directory.map_address
-            )
+            message = decode_body(api_key, api_version, memoryview(frame)[body_offset:], is_request=False)
+            if api_key == METADATA_KEY:
+                self.proxy.topics.learn_metadata(message)
+            if rewrite_addresses(message, api_key, api_version, self.proxy.directory.map_address):
+                rewritten = encode_body(message, api_version)
         elif api_key == SASL_AUTHENTICATE_KEY:
             self.sasl.authenticate_response(int.from_bytes(frame[body_offset : body_offset + 2], "big", signed=True))
         if rewritten is not None:

@@ -17,6 +17,7 @@ from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
 from kqp.proxy.connection import ClientSide, ProxiedConnection
 from kqp.proxy.hooks import TrafficHooks
 from kqp.proxy.options import ProxyOptions
+from kqp.proxy.topics import TopicDirectory
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class ProxyServer:
         self.hooks = hooks or TrafficHooks()
         self.loop = asyncio.get_running_loop()
         self.directory = ClusterDirectory(options, self._serve_listener)
+        self.topics = TopicDirectory()
         self.connections: set[ProxiedConnection] = set()
         self._servers: list[asyncio.Server] = []
         self._server_tasks: set[asyncio.Task[None]] = set()

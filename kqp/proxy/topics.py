@@ -1,0 +1,38 @@
+"""What the proxy has learned about topics from the Metadata responses passing through.
+
+Used to charge DeleteTopics and CreatePartitions by their partition counts (KIP-599) and to
+resolve the topic ids of Produce v13 / Fetch v13+ into names for metrics and capture.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+_NO_TOPIC_ID = uuid.UUID(int=0)
+
+
+class TopicDirectory:
+    def __init__(self) -> None:
+        self._partitions: dict[str, int] = {}
+        self._names: dict[uuid.UUID, str] = {}
+
+    def learn_metadata(self, message: Any) -> None:
+        for topic in message.topics:
+            if topic.error_code != 0 or topic.name is None:
+                continue
+            self._partitions[topic.name] = len(topic.partitions)
+            topic_id = getattr(topic, "topic_id", None)
+            if topic_id is not None and topic_id != _NO_TOPIC_ID:
+                self._names[topic_id] = topic.name
+
+    def partitions(self, name: str | None, topic_id: uuid.UUID | None) -> int | None:
+        if name is None and topic_id is not None:
+            name = self._names.get(topic_id)
+        return None if name is None else self._partitions.get(name)
+
+    def name_of(self, topic_id: uuid.UUID) -> str | None:
+        return self._names.get(topic_id)
+
+    def forget(self, name: str) -> None:
+        self._partitions.pop(name, None)
