@@ -18,6 +18,13 @@ META_RECORDS_WRITTEN = b"kqp.capture.records_written"
 META_RECORDS_DROPPED = b"kqp.capture.records_dropped"
 META_SAMPLING = b"kqp.capture.sampling_one_in"
 META_PROXY_ID = b"kqp.capture.proxy_id"
+# Records the writer refused because a required field was missing or a value did not fit
+# the schema (a proxy bug, not load); counted apart from queue-full drops.
+META_RECORDS_INVALID = b"kqp.capture.records_invalid"
+# Writer clock (UTC microseconds) when the file was opened and closed: the span the file
+# covers even when it holds few records, so coverage can be reported per period.
+META_WINDOW_START_US = b"kqp.capture.window_start_us"
+META_WINDOW_END_US = b"kqp.capture.window_end_us"
 
 PARTITION_FIELDS = pa.struct(
     [
@@ -59,7 +66,7 @@ CAPTURE_SCHEMA = pa.schema(
         pa.field("correlation_id", pa.int32(), nullable=False),
         pa.field("request_bytes", pa.int64(), nullable=False),
         pa.field("response_bytes", pa.int64()),
-        # Produce only; -1 means "not a Produce request".
+        # Produce only (0, 1 or -1 = all); null for every other API.
         pa.field("acks", pa.int16()),
         pa.field("partitions", pa.list_(PARTITION_FIELDS)),
         # Fetch request settings.
@@ -74,6 +81,15 @@ CAPTURE_SCHEMA = pa.schema(
         pa.field("proxy_throttle_ms", pa.int32()),
         # CreateTopics / CreatePartitions / DeleteTopics.
         pa.field("mutations", pa.list_(MUTATION_FIELDS)),
+        # N when the connection was captured under 1-in-N connection sampling (1 = all), so a
+        # Spark job can scale counts without reading file footers. Added in v1 before any
+        # capture shipped; readers must tolerate it missing (older test files).
+        pa.field("sampling_one_in", pa.int32()),
     ],
     metadata={META_SCHEMA_VERSION: str(SCHEMA_VERSION).encode()},
+)
+
+# Fields a record must carry; the writer fills schema_version and sampling_one_in itself.
+REQUIRED_FIELDS: tuple[str, ...] = tuple(
+    field.name for field in CAPTURE_SCHEMA if not field.nullable and field.name != "schema_version"
 )
