@@ -62,6 +62,7 @@ class ProxiedConnection:
         self.upstream_node_id: int | None = None if listener.node_id == BOOTSTRAP else listener.node_id
         self.upstream_address: tuple[str, int] | None = None
         self.peer = "?"
+        self.peer_ip = "?"
         self.sasl = SaslObserver()
         self.opened_at = time.time()
         self.last_activity = proxy.loop.time()
@@ -95,7 +96,9 @@ class ProxiedConnection:
     def client_connected(self, transport: asyncio.Transport) -> None:
         self.client = transport
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if peer:
+            self.peer_ip = str(peer[0])
+            self.peer = f"{peer[0]}:{peer[1]}"
         transport.set_write_buffer_limits(high=self.proxy.options.write_buffer_high_bytes)
         self._block_client(_CONNECTING)
         self.proxy.hooks.connection_opened(self)

@@ -22,6 +22,9 @@ class ProxyOptions:
     # Stop reading from one side while the other side has more than this buffered.
     write_buffer_high_bytes: int = 4 * 1024 * 1024
     idle_timeout_s: float = 600.0  # Kafka's connections.max.idle.ms
+    # 0 means unlimited, as Kafka's max.connections / max.connections.per.ip defaults do.
+    max_connections: int = 0
+    max_connections_per_ip: int = 0
     shutdown_grace_s: float = 10.0
 
     def node_port(self, node_id: int) -> int:

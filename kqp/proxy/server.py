@@ -36,6 +36,7 @@ class ProxyServer:
         self._servers: list[asyncio.Server] = []
         self._server_tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
+        self._per_ip: dict[str, int] = {}
         self._idle_task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -99,12 +100,31 @@ class ProxyServer:
         connection = ProxiedConnection(self, listener, next(self._ids))
         self.connections.add(connection)
         connection.client_connected(transport)
-        if self._stopping:
-            connection.close("proxy is shutting down")
+        ip = connection.peer_ip
+        self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
+        refusal = self._refusal(ip)
+        if refusal is not None:
+            connection.close(refusal, problem=True)
         return connection
+
+    def _refusal(self, ip: str) -> str | None:
+        options = self.options
+        if self._stopping:
+            return "proxy is shutting down"
+        if options.max_connections and len(self.connections) > options.max_connections:
+            return f"too many connections (max_connections={options.max_connections})"
+        if options.max_connections_per_ip and self._per_ip[ip] > options.max_connections_per_ip:
+            return f"too many connections from {ip} (max_connections_per_ip={options.max_connections_per_ip})"
+        return None
 
     def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
         self.connections.discard(connection)
+        ip = connection.peer_ip
+        remaining = self._per_ip.get(ip, 1) - 1
+        if remaining > 0:
+            self._per_ip[ip] = remaining
+        else:
+            self._per_ip.pop(ip, None)
         self.hooks.connection_closed(connection, reason)
 
     def frame_rejected(self, connection: ProxiedConnection, side: str, error: ProtocolError) -> None:

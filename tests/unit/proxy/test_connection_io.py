@@ -206,3 +206,28 @@ async def test_graceful_stop_answers_requests_in_flight(broker: FakeBroker) -> N
     assert response_correlation_id(await client.receive()) == 5
     await stopping
     assert await client.closed_by_peer()
+
+
+async def test_connections_over_the_per_ip_limit_are_closed(
+    broker: FakeBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = await start_proxy(broker, max_connections_per_ip=2)
+    first = await RawClient.connect(proxy.bootstrap_port)
+    second = await RawClient.connect(proxy.bootstrap_port)
+    with caplog.at_level(logging.WARNING):
+        third = await RawClient.connect(proxy.bootstrap_port)
+        assert await third.closed_by_peer()
+    assert "max_connections_per_ip=2" in caplog.text
+    for client, correlation_id in ((first, 1), (second, 2)):
+        client.send(heartbeat_request(correlation_id))
+        assert response_correlation_id(await client.receive()) == correlation_id
+    # A slot freed by a closed connection can be used again.
+    first.close()
+    await first.writer.wait_closed()
+    # The proxy learns of the close asynchronously; wait for that condition.
+    while len(proxy.connections) > 1:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    fourth = await RawClient.connect(proxy.bootstrap_port)
+    fourth.send(heartbeat_request(4))
+    assert response_correlation_id(await fourth.receive()) == 4
+    await proxy.stop()
