@@ -267,6 +267,8 @@ class ProxiedConnection:
             if exchange.expects_response:
                 self._inflight.append(exchange)
                 self._drained.clear()
+            else:
+                self.proxy.hooks.unanswered(self, exchange)
         if verdict is not None and verdict.mute_ms:
             self.mute(verdict.mute_ms)
 

@@ -64,5 +64,62 @@ class TrafficHooks:
     ) -> ResponseVerdict | None:
         return None
 
+    def unanswered(self, connection: ProxiedConnection, exchange: Exchange) -> None:
+        """A request was forwarded that gets no response (Produce with acks=0)."""
+        return None
+
     def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
         return None
+
+
+class HookChain(TrafficHooks):
+    """Several hooks in order; the first to answer a request wins, later ones see its changes."""
+
+    def __init__(self, hooks: list[TrafficHooks]) -> None:
+        self.hooks = hooks
+
+    def connection_opened(self, connection: ProxiedConnection) -> None:
+        for hook in self.hooks:
+            hook.connection_opened(connection)
+
+    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        combined: RequestVerdict | None = None
+        for hook in self.hooks:
+            verdict = hook.request(connection, exchange, frame)
+            if verdict is None:
+                continue
+            if combined is None:
+                combined = verdict
+            else:
+                combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
+                combined.frame = verdict.frame if verdict.frame is not None else combined.frame
+                combined.answer = verdict.answer if verdict.answer is not None else combined.answer
+            if combined.frame is not None:
+                frame = combined.frame
+            if combined.answer is not None:
+                break
+        return combined
+
+    def response(
+        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> ResponseVerdict | None:
+        combined: ResponseVerdict | None = None
+        for hook in self.hooks:
+            verdict = hook.response(connection, exchange, frame, body_offset)
+            if verdict is None:
+                continue
+            if combined is None:
+                combined = ResponseVerdict()
+            if verdict.frame is not None:
+                frame = bytes(verdict.frame)
+                combined.frame = frame
+            combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
+        return combined
+
+    def unanswered(self, connection: ProxiedConnection, exchange: Exchange) -> None:
+        for hook in self.hooks:
+            hook.unanswered(connection, exchange)
+
+    def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
+        for hook in self.hooks:
+            hook.connection_closed(connection, reason)

@@ -1,0 +1,180 @@
+"""Metrics and capture: the hooks that watch the traffic without changing it.
+
+They run last in the hook chain, so they see the throttle the enforcement hook decided
+(in `exchange.notes`) and the response exactly as the client gets it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from kqp.capture.writer import CaptureWriter
+from kqp.protocol.apis import (
+    FETCH_KEY,
+    PRODUCE_KEY,
+    SASL_AUTHENTICATE_KEY,
+    SASL_HANDSHAKE_KEY,
+)
+from kqp.protocol.codec import decode_body
+from kqp.protocol.errors import ProtocolError
+from kqp.proxy.cluster import BOOTSTRAP
+from kqp.proxy.connection import ProxiedConnection
+from kqp.proxy.hooks import Exchange, ResponseVerdict, TrafficHooks
+from kqp.proxy.metrics import ProxyMetrics
+
+log = logging.getLogger(__name__)
+
+# Notes the enforcement hook leaves on an exchange for the observers.
+NOTE_PROXY_THROTTLE_MS = "proxy_throttle_ms"
+NOTE_BROKER_THROTTLE_MS = "broker_throttle_ms"
+NOTE_MUTATIONS = "mutations"  # list of (topic, partitions, error_code)
+NOTE_REQUEST_DETAILS = "request_details"  # dict of capture fields read from the request
+
+_SASL_APIS = frozenset({SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
+_DATA_APIS = frozenset({PRODUCE_KEY, FETCH_KEY})
+# Requests that name a consumer group (FindCoordinator calls it `key`).
+_GROUP_FIELDS = ("group_id", "key")
+
+
+def collect_error_codes(value: Any, found: list[int]) -> None:
+    """Every `error_code` in a decoded message's dict form, top level first."""
+    if isinstance(value, dict):
+        code = value.get("error_code")
+        if isinstance(code, int) and code:
+            found.append(code)
+        for item in value.values():
+            if isinstance(item, (dict, list)):
+                collect_error_codes(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            collect_error_codes(item, found)
+
+
+def _node_label(connection: ProxiedConnection) -> str:
+    node = connection.upstream_node_id
+    return "bootstrap" if node is None or node == BOOTSTRAP else str(node)
+
+
+class ObservationHooks(TrafficHooks):
+    def __init__(self, metrics: ProxyMetrics | None, capture: CaptureWriter | None, sampling_one_in: int = 1) -> None:
+        self.metrics = metrics
+        self.capture = capture
+        self.sampling_one_in = sampling_one_in
+        # Exchanges carry event-loop (monotonic) times; captures want wall-clock instants.
+        self._wall_offset: float | None = None
+
+    def _wall_us(self, connection: ProxiedConnection, loop_time: float) -> int:
+        if self._wall_offset is None:
+            self._wall_offset = time.time() - connection.proxy.loop.time()
+        return int((loop_time + self._wall_offset) * 1_000_000)
+
+    def connection_opened(self, connection: ProxiedConnection) -> None:
+        if self.metrics is not None:
+            self.metrics.connection_opened(connection.listener.name, _node_label(connection))
+
+    def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
+        if self.metrics is not None:
+            # Reasons carry details (addresses, sizes); the label keeps only the kind.
+            self.metrics.connection_closed(connection.listener.name, _node_label(connection),
+                                           reason.split(":")[0].split("(")[0].strip())
+
+    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> None:
+        if self.capture is None or exchange.header.api_key in _SASL_APIS:
+            return None
+        if not self.capture.sampled(connection.connection_id):
+            return None
+        exchange.notes.setdefault(NOTE_REQUEST_DETAILS, {}).update(self._request_details(exchange, frame))
+        return None
+
+    def _request_details(self, exchange: Exchange, frame: bytes) -> dict[str, Any]:
+        header = exchange.header
+        if header.api_key in _DATA_APIS:
+            return {}  # filled by the fast path in the enforcement hook
+        try:
+            message = decode_body(header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
+                                  is_request=True)
+        except ProtocolError:
+            return {}
+        for name in _GROUP_FIELDS:
+            group = getattr(message, name, None)
+            if isinstance(group, str):
+                return {"group_id": group}
+        return {}
+
+    def response(
+        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> ResponseVerdict | None:
+        self._observe(connection, exchange, frame, body_offset)
+        return None
+
+    def unanswered(self, connection: ProxiedConnection, exchange: Exchange) -> None:
+        self._observe(connection, exchange, None, -1)
+
+    def _observe(
+        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes | None, body_offset: int
+    ) -> None:
+        header = exchange.header
+        api_key = header.api_key
+        loop_now = connection.proxy.loop.time()
+        notes = exchange.notes
+        error_codes: list[int] = notes.get("error_codes", [])
+        if frame is not None and not error_codes and api_key not in _DATA_APIS:
+            try:
+                message = decode_body(api_key, header.api_version, memoryview(frame)[body_offset:],
+                                      is_request=False)
+                collect_error_codes(message.to_dict(), error_codes)
+            except ProtocolError:
+                pass
+        response_bytes = len(frame) + 4 if frame is not None else 0
+        user = connection.principal
+        client_id = header.client_id or ""
+        proxy_throttle = int(notes.get(NOTE_PROXY_THROTTLE_MS, 0))
+        broker_throttle = int(notes.get(NOTE_BROKER_THROTTLE_MS, 0))
+        if self.metrics is not None:
+            broker_seconds = None
+            if exchange.local_response is None and frame is not None:
+                broker_seconds = max(exchange.response_received_at - exchange.sent_at, 0.0)
+            proxy_seconds = max(exchange.sent_at - exchange.received_at, 0.0)
+            if frame is not None and exchange.response_received_at:
+                proxy_seconds += max(loop_now - exchange.response_received_at, 0.0)
+            self.metrics.request_completed(
+                api_key, header.api_version, exchange.request_bytes, response_bytes, broker_seconds,
+                proxy_seconds, error_codes, user=user, client_id=client_id,
+            )
+            if broker_throttle:
+                self.metrics.throttled(notes.get("broker_quota_type", "broker"), user, client_id, broker_throttle,
+                                       True, "broker")
+        if self.capture is None or api_key in _SASL_APIS or not self.capture.sampled(connection.connection_id):
+            return
+        record: dict[str, Any] = {
+            "ts_request_received_us": self._wall_us(connection, exchange.received_at),
+            "ts_request_sent_us": self._wall_us(connection, exchange.sent_at) if exchange.sent_at else None,
+            "ts_response_received_us": (self._wall_us(connection, exchange.response_received_at)
+                                        if exchange.response_received_at else None),
+            "ts_response_sent_us": self._wall_us(connection, loop_now) if frame is not None else None,
+            "connection_id": connection.connection_id,
+            "listener": connection.listener.name,
+            "upstream_node_id": connection.upstream_node_id,
+            "client_address": connection.peer,
+            "principal": user,
+            "client_id": header.client_id,
+            "api_key": api_key,
+            "api_version": header.api_version,
+            "correlation_id": header.correlation_id,
+            "request_bytes": exchange.request_bytes,
+            "response_bytes": response_bytes if frame is not None else None,
+            "error_code": error_codes[0] if error_codes else 0,
+            "broker_throttle_ms": broker_throttle,
+            "proxy_throttle_ms": proxy_throttle,
+            "sampling_one_in": self.sampling_one_in,
+        }
+        record.update(notes.get(NOTE_REQUEST_DETAILS, {}))
+        mutations = notes.get(NOTE_MUTATIONS)
+        if mutations:
+            record["mutations"] = [
+                {"topic": topic, "partitions": partitions, "error_code": code} for topic, partitions, code in mutations
+            ]
+        # A full queue drops the record; the writer counts drops and the server exports them.
+        self.capture.submit(record)
