@@ -1,0 +1,175 @@
+"""The docker-compose stack, checked without Docker: structure, pinned images, loopback ports,
+files it mounts, and a dashboard whose queries use metrics the proxy really exports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from kqp.proxy.metrics import ProxyMetrics, registered_metric_names
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "config/grafana/dashboards/kqp-overview.json"
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return load_yaml(REPO / "docker-compose.yml")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    return compose["services"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def proxy_config() -> dict[str, Any]:
+    return load_yaml(REPO / "config/compose/kqp.yaml")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())  # type: ignore[no-any-return]
+
+
+def bind_mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> host path (relative to the repo) for the service's bind mounts."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target, *_ = volume.split(":")
+        if source.startswith("./"):
+            mounts[target] = source
+    return mounts
+
+
+def published(service: dict[str, Any]) -> dict[int, str]:
+    """Container port -> host address of each published port."""
+    ports = {}
+    for spec in service.get("ports", []):
+        host_ip, host_port, container_port = str(spec).split(":")
+        assert host_port == container_port
+        ports[int(container_port)] = host_ip
+    return ports
+
+
+def test_the_four_services(services: dict[str, Any]) -> None:
+    assert set(services) == {"kafka", "kqp", "prometheus", "grafana"}
+
+
+def test_images_are_pinned_and_kafka_is_the_official_image_41_or_newer(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        if "build" in service:
+            continue
+        image = service["image"]
+        repository, _, tag = image.rpartition(":")
+        assert repository and tag and tag != "latest", f"{name}: image {image} is not pinned"
+    repository, _, tag = services["kafka"]["image"].rpartition(":")
+    assert repository == "apache/kafka"
+    assert tuple(int(part) for part in tag.split(".")[:2]) >= (4, 1)
+
+
+def test_kafka_runs_kraft_combined_without_zookeeper(services: dict[str, Any]) -> None:
+    environment = services["kafka"]["environment"]
+    assert set(environment["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    assert environment["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{environment['KAFKA_NODE_ID']}@kafka:9093"
+    assert not any("ZOOKEEPER" in key for key in environment)
+    assert "healthcheck" in services["kafka"]
+
+
+def test_every_published_port_is_bound_to_loopback(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        for port, host_ip in published(service).items():
+            assert host_ip == "127.0.0.1", f"{name}: port {port} published on {host_ip}"
+
+
+def test_bind_mounts_point_at_files_in_the_repository(services: dict[str, Any]) -> None:
+    mounted = 0
+    for name, service in services.items():
+        for target, source in bind_mounts(service).items():
+            assert (REPO / source).exists(), f"{name}: {source} (mounted at {target}) is missing"
+            mounted += 1
+    assert mounted >= 5
+
+
+def test_proxy_is_built_here_and_reads_the_compose_config(services: dict[str, Any]) -> None:
+    proxy = services["kqp"]
+    assert proxy["build"]["context"] == "."
+    dockerfile = (REPO / proxy["build"]["dockerfile"]).read_text()
+    assert dockerfile.startswith("# ") and "\nFROM python:3.11-slim\n" in dockerfile
+    assert "pip install --no-cache-dir ." in dockerfile
+    config_path = proxy["command"][proxy["command"].index("--config") + 1]
+    assert bind_mounts(proxy)[config_path] == "./config/compose/kqp.yaml"
+    assert proxy["depends_on"]["kafka"]["condition"] == "service_healthy"
+
+
+def test_proxy_ports_match_its_config(services: dict[str, Any], proxy_config: dict[str, Any]) -> None:
+    ports = published(services["kqp"])
+    proxy = proxy_config["proxy"]
+    assert proxy["bootstrap_port"] in ports
+    node_id = int(services["kafka"]["environment"]["KAFKA_NODE_ID"])
+    assert proxy["node_port_base"] + node_id in ports
+    assert proxy_config["metrics"]["port"] in ports
+    assert proxy_config["upstream"]["bootstrap_servers"] == ["kafka:9092"]
+    # Inside its container the proxy must listen beyond loopback for the published ports to work.
+    assert proxy["bind_host"] == "0.0.0.0"
+    assert proxy_config["metrics"]["host"] == "0.0.0.0"
+
+
+def test_prometheus_scrapes_the_proxy_metrics_port(services: dict[str, Any], proxy_config: dict[str, Any]) -> None:
+    mounts = bind_mounts(services["prometheus"])
+    prometheus = load_yaml(REPO / mounts["/etc/prometheus/prometheus.yml"])
+    [job] = prometheus["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert job["static_configs"][0]["targets"] == [f"kqp:{proxy_config['metrics']['port']}"]
+
+
+def test_grafana_provisions_the_datasource_and_dashboard(services: dict[str, Any], dashboard: dict[str, Any]) -> None:
+    mounts = bind_mounts(services["grafana"])
+    datasources = load_yaml(REPO / mounts["/etc/grafana/provisioning/datasources"] / "prometheus.yaml")
+    [datasource] = datasources["datasources"]
+    assert datasource["url"] == "http://prometheus:9090"
+    providers = load_yaml(REPO / mounts["/etc/grafana/provisioning/dashboards"] / "kqp.yaml")
+    [provider] = providers["providers"]
+    dashboards_dir = provider["options"]["path"]
+    assert (REPO / mounts[dashboards_dir] / DASHBOARD.name).exists()
+    uids = {panel["datasource"]["uid"] for panel in dashboard["panels"] if "datasource" in panel}
+    assert uids == {datasource["uid"]}
+
+
+def dashboard_queries(dashboard: dict[str, Any]) -> list[str]:
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    queries += [variable["definition"] for variable in dashboard["templating"]["list"]]
+    return queries
+
+
+def test_dashboard_queries_use_metrics_the_proxy_registers(dashboard: dict[str, Any]) -> None:
+    known = registered_metric_names(ProxyMetrics(CollectorRegistry()))
+    queries = dashboard_queries(dashboard)
+    used = {name for query in queries for name in re.findall(r"\bkqp_[a-z0-9_]+", query)}
+    assert used, "the dashboard queries no kqp metric"
+    assert used <= known, f"unknown metrics in the dashboard: {sorted(used - known)}"
+
+
+def test_dashboard_covers_what_operators_need(dashboard: dict[str, Any]) -> None:
+    queries = "\n".join(dashboard_queries(dashboard))
+    for needed in (
+        "kqp_client_request_bytes_total",  # throughput per client
+        "kqp_throttle_time_seconds_total",  # throttle time per client
+        'kqp_quota_usage{client_id=~"$client_id"} / kqp_quota_limit',  # quota usage % of limit
+        "kqp_request_proxy_latency_seconds_bucket",  # latency added by the proxy
+        "kqp_connections_open",
+        "kqp_request_errors_total",
+    ):
+        assert needed in queries
+    panel_ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(panel_ids) == len(set(panel_ids))
