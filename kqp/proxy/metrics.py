@@ -413,7 +413,7 @@ class ProxyMetrics:
 
     # ---- exposition --------------------------------------------------------------------
 
-    def families(self) -> Iterator[Metric]:
+    def families(self, *, read_quota_source: bool = True) -> Iterator[Metric]:
         """The accumulated figures as metric families (what the custom collector yields)."""
         requests = CounterMetricFamily(
             "kqp_requests", "Requests forwarded, per API and version.", labels=["api", "api_version"]
@@ -479,9 +479,9 @@ class ProxyMetrics:
             buckets, total = histogram.cumulative()
             throttle_histogram.add_metric(list(histogram_key), buckets, total)
         yield from (throttles, throttle_time, throttle_histogram)
-        yield from self._quota_families()
+        yield from self._quota_families(read_quota_source)
 
-    def _quota_families(self) -> Iterator[Metric]:
+    def _quota_families(self, read_source: bool) -> Iterator[Metric]:
         labels = ["quota_type", "user", "client_id"]
         usage = GaugeMetricFamily(
             "kqp_quota_usage",
@@ -503,7 +503,7 @@ class ProxyMetrics:
         entities = GaugeMetricFamily(
             "kqp_quota_entities", "Quota entities the engine currently tracks.", labels=["quota_type"]
         )
-        if self._quota_stats is not None:
+        if read_source and self._quota_stats is not None:
             grouped: dict[tuple[str, str, str], _QuotaGroup] = {}
             highest: dict[str, float] = {}
             counts: dict[str, int] = {}
@@ -557,12 +557,7 @@ class _AccumulatorCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         # Names only, so registering does not run the quota source.
-        source = self._metrics._quota_stats
-        self._metrics._quota_stats = None
-        try:
-            return list(self._metrics.families())
-        finally:
-            self._metrics._quota_stats = source
+        return list(self._metrics.families(read_quota_source=False))
 
 
 def registered_metric_names(metrics: ProxyMetrics) -> set[str]:
