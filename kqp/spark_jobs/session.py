@@ -1,0 +1,70 @@
+"""The one place a SparkSession is created.
+
+Under `spark-submit` the master comes from the command line, so the code must not set one
+(a master set on SparkConf beats `--master`). Only when a job is started directly
+(`python -m kqp.spark_jobs...` or `kqp replay ...`) do we pass one, defaulting to
+`local[*]`.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from typing import cast
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+
+DEFAULT_MASTER = "local[*]"
+# Local runs aggregate small data: Spark's default of 200 shuffle partitions would mostly
+# schedule empty tasks. On a cluster, spark-submit's --conf decides.
+LOCAL_SHUFFLE_PARTITIONS = "8"
+
+# Settings every job relies on: UTC windows regardless of the host, Arrow for the pandas
+# hand-offs (applyInPandas, toPandas), and no speculative duplicates of `live` tasks (a
+# duplicate task would send its slice of traffic twice).
+BASE_CONF: Mapping[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.speculation": "false",
+}
+
+
+def launched_by_spark_submit() -> bool:
+    """True when spark-submit started this Python process (it exports the master it chose)."""
+    return os.environ.get("PYSPARK_GATEWAY_PORT") is not None
+
+
+def get_spark(
+    app_name: str,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Return the active SparkSession, or build one.
+
+    Args:
+        app_name: shown in the Spark UI and logs.
+        master: a master URL (`local[2]`, `spark://host:7077`, `yarn`, `k8s://...`). None means
+            "whatever spark-submit chose", or `local[*]` when not launched by spark-submit.
+        conf: extra settings, applied after BASE_CONF.
+    """
+    builder = SparkSession.builder.appName(app_name)
+    if master is None and not launched_by_spark_submit():
+        master = DEFAULT_MASTER
+    settings = dict(BASE_CONF)
+    if master is not None:
+        builder = builder.master(master)
+        if master.startswith("local"):
+            settings["spark.sql.shuffle.partitions"] = LOCAL_SHUFFLE_PARTITIONS
+    # PySpark 4.x warns on every pandas conversion under pandas 3 although the conversions
+    # these jobs use work; one line per conversion would drown the progress output.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+    for key, value in {**settings, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def to_pandas(frame: DataFrame) -> pd.DataFrame:
+    """Collect a (small) result to the driver as pandas."""
+    return cast(pd.DataFrame, frame.toPandas())
