@@ -26,6 +26,7 @@ Run `kqp replay <command> --help` for the options of each."""
 # Sub-command -> module whose `main(argv)` runs it; imported lazily (pyspark is heavy).
 JOB_MODULES = {
     "analyze": "kqp.spark_jobs.analyze",
+    "whatif": "kqp.spark_jobs.whatif",
     "generate": "kqp.spark_jobs.synthetic",
 }
 

@@ -9,6 +9,7 @@ Under `spark-submit` the master comes from the command line, so the code must no
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import cast
@@ -57,6 +58,9 @@ def get_spark(
         builder = builder.master(master)
         if master.startswith("local"):
             settings["spark.sql.shuffle.partitions"] = LOCAL_SHUFFLE_PARTITIONS
+            # Local Python workers must use this interpreter (the virtualenv with pandas,
+            # numpy and kqp), not whatever `python3` is first on PATH.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # PySpark 4.x warns on every pandas conversion under pandas 3 although the conversions
     # these jobs use work; one line per conversion would drown the progress output.
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)

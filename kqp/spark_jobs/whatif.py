@@ -1,0 +1,347 @@
+"""`whatif`: what a quota config would have done to the captured traffic.
+
+Run locally::
+
+    kqp replay whatif CAPTURE_DIR --quotas quotas.yaml --output OUT [--mode deferral] [--calibrate]
+
+On a cluster::
+
+    cd /path/to/kqp && zip -qr /tmp/kqp.zip kqp
+    spark-submit --master yarn --py-files /tmp/kqp.zip --files quotas.yaml \\
+        kqp/spark_jobs/whatif.py hdfs:///captures/kqp --quotas quotas.yaml --output /shared/out/whatif
+
+Every request goes through `kqp.quotas` (the proxy's own engine, not a re-implementation),
+recorded the way the proxy records it (kqp/proxy/enforcement.py): Produce by request size,
+Fetch by response size, request time by the broker round trip (less a long-poll's wait),
+at the instant the response came back; the throttle is the largest of them. Quotas are
+per broker, so each broker gets its own engine; within a broker, (principal, client-id)
+pairs that could share a sensor are grouped (quota_replay.quota_groups) and every group is
+replayed in time order by `groupBy(...).applyInPandas`. Controller-mutation quotas are not
+replayed (the capture keeps mutation counts, but not the request order they were checked in).
+
+Outputs per (principal, client-id): share of requests throttled, total and p50/p95/p99/max
+throttle, bytes delayed, effective rate; per broker: peak bytes/s before and after
+throttling (deferral mode moves traffic later); with --calibrate: simulated vs recorded
+`proxy_throttle_ms` and the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from kqp.spark_jobs.analyze import ANONYMOUS, BUDGET_EXIT_CODE, FETCH_KEY, PRODUCE_KEY, Progress
+from kqp.spark_jobs.capture_source import read_capture
+from kqp.spark_jobs.quota_replay import MODES, Mode, ThrottleFunction, replay_group
+from kqp.spark_jobs.session import to_pandas
+
+SUMMARY_SCHEMA = "kqp.replay.whatif/1"
+SIZE_PREFIX_BYTES = 4  # the proxy counts Produce as the frame minus its 4-byte length prefix
+
+SIMULATED_SCHEMA = (
+    "ts_ms long, connection_id long, broker int, principal string, client_id string, api_key int, nbytes long, "
+    "request_time_ms double, recorded_throttle_ms double, quota_group int, sim_ts_ms long, sim_throttle_ms double"
+)
+
+
+@dataclass(frozen=True)
+class WhatIfOptions:
+    capture: str
+    quotas: str
+    output: str
+    mode: Mode = "open_loop"
+    calibrate: bool = False
+    top_n: int = 20
+    budget_max_throttled_share: float | None = None
+
+
+def engine_throttle_function(config_text: str) -> ThrottleFunction:
+    """A throttle function backed by a fresh kqp.quotas engine configured from the YAML text."""
+    from kqp.config import load_config  # type: ignore[attr-defined]
+    from kqp.quotas import QuotaEngine  # type: ignore[attr-defined]
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
+        handle.write(config_text)
+    config = load_config([handle.name])
+    Path(handle.name).unlink()
+    engine = QuotaEngine.from_config(config.quotas)
+
+    def throttle(
+        api_key: int, broker: int, principal: str, client_id: str, nbytes: int, request_ms: float, now_ms: int
+    ) -> float:
+        scope = f"broker:{broker}" if broker >= 0 else "broker:bootstrap"
+        delays = [0.0]
+        if api_key == PRODUCE_KEY:
+            delays.append(engine.record_produce(scope, principal, client_id, nbytes, now_ms))
+        elif api_key == FETCH_KEY:
+            delays.append(engine.record_fetch(scope, principal, client_id, nbytes, now_ms))
+        if request_ms == request_ms:  # not NaN: the request had a response
+            delays.append(engine.record_request_time(scope, principal, client_id, api_key, request_ms, now_ms))
+        return float(max(delays))
+
+    return throttle
+
+
+def prepare_requests(raw: DataFrame) -> DataFrame:
+    """The per-request quota inputs, as the proxy records them."""
+    has_response = F.col("ts_response_received_us").isNotNull()
+    round_trip = (F.col("ts_response_received_us") - F.col("ts_request_sent_us")) / 1000.0
+    max_wait = F.coalesce(F.col("fetch_max_wait_ms"), F.lit(0)).cast("double")
+    # Kafka does not count a long-poll's wait in purgatory as request time.
+    request_ms = F.when((F.col("api_key") == FETCH_KEY) & (round_trip >= max_wait), round_trip - max_wait).otherwise(
+        round_trip
+    )
+    nbytes = (
+        F.when(F.col("api_key") == PRODUCE_KEY, F.col("request_bytes") - SIZE_PREFIX_BYTES)
+        .when(F.col("api_key") == FETCH_KEY, F.coalesce(F.col("response_bytes"), F.lit(0)) - SIZE_PREFIX_BYTES)
+        .otherwise(0)
+    )
+    return raw.select(
+        # The proxy records at the response; acks=0 Produce has none and records at the request.
+        F.floor(F.coalesce(F.col("ts_response_received_us"), F.col("ts_request_received_us")) / 1000)
+        .cast("long")
+        .alias("ts_ms"),
+        "connection_id",
+        F.coalesce(F.col("upstream_node_id"), F.lit(-1)).alias("broker"),
+        F.coalesce(F.col("principal"), F.lit(ANONYMOUS)).alias("principal"),
+        F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"),
+        F.col("api_key").cast("int").alias("api_key"),
+        F.greatest(nbytes, F.lit(0)).cast("long").alias("nbytes"),
+        F.when(has_response, request_ms).otherwise(F.lit(float("nan"))).alias("request_time_ms"),
+        F.coalesce(F.col("proxy_throttle_ms"), F.lit(0)).cast("double").alias("recorded_throttle_ms"),
+    )
+
+
+def simulate(
+    spark: SparkSession, requests: DataFrame, throttle_factory: Callable[[], ThrottleFunction], mode: Mode
+) -> DataFrame:
+    """Every request with its simulated send time and throttle (applyInPandas per quota group).
+
+    `throttle_factory` runs on the executors, once per group, and returns a fresh engine's
+    throttle function (a group owns its sensors).
+    """
+    from kqp.spark_jobs.quota_replay import quota_groups
+
+    pairs = [(r["principal"], r["client_id"]) for r in requests.select("principal", "client_id").distinct().collect()]
+    groups = quota_groups(pairs)
+    mapping = spark.createDataFrame(
+        [(p, c, g) for (p, c), g in groups.items()], "principal string, client_id string, quota_group int"
+    )
+    grouped = requests.join(F.broadcast(mapping), ["principal", "client_id"])
+
+    def replay(frame: pd.DataFrame) -> pd.DataFrame:
+        result = replay_group(frame, throttle_factory(), mode)
+        return result[[name.split()[0] for name in SIMULATED_SCHEMA.split(", ")]]
+
+    return grouped.groupBy("broker", "quota_group").applyInPandas(replay, SIMULATED_SCHEMA)
+
+
+def client_outcomes(simulated: DataFrame) -> DataFrame:
+    """Per (principal, client-id): throttling, bytes delayed and effective rate."""
+    throttled = F.col("sim_throttle_ms") > 0
+    delayed = F.col("sim_ts_ms") > F.col("ts_ms")
+    span_s = F.greatest((F.max("sim_ts_ms") - F.min("sim_ts_ms")) / 1000.0, F.lit(1.0))
+    return (
+        simulated.groupBy("principal", "client_id")
+        .agg(
+            F.count("*").alias("requests"),
+            F.sum(F.when(throttled, 1).otherwise(0)).alias("throttled_requests"),
+            F.sum("sim_throttle_ms").alias("throttle_ms_total"),
+            F.percentile("sim_throttle_ms", [0.5, 0.95, 0.99]).alias("q"),
+            F.max("sim_throttle_ms").alias("throttle_ms_max"),
+            F.sum(F.when(throttled | delayed, F.col("nbytes")).otherwise(0)).alias("bytes_delayed"),
+            F.sum("nbytes").alias("bytes"),
+            (F.sum("nbytes") / span_s).alias("effective_bytes_per_s"),
+            F.max(F.col("sim_ts_ms") - F.col("ts_ms")).alias("max_shift_ms"),
+        )
+        .select(
+            "principal",
+            "client_id",
+            "requests",
+            "throttled_requests",
+            (F.col("throttled_requests") / F.col("requests")).alias("throttled_share"),
+            "throttle_ms_total",
+            F.col("q")[0].alias("throttle_ms_p50"),
+            F.col("q")[1].alias("throttle_ms_p95"),
+            F.col("q")[2].alias("throttle_ms_p99"),
+            "throttle_ms_max",
+            "bytes",
+            "bytes_delayed",
+            "effective_bytes_per_s",
+            "max_shift_ms",
+        )
+    )
+
+
+def broker_peaks(simulated: DataFrame) -> DataFrame:
+    """Per broker and API: peak bytes/s as recorded and after throttling (simulated times)."""
+    counted = simulated.where(F.col("api_key").isin(PRODUCE_KEY, FETCH_KEY))
+
+    def peak(time_column: str, name: str) -> DataFrame:
+        per_second = counted.groupBy("broker", "api_key", F.floor(F.col(time_column) / 1000).alias("s")).agg(
+            F.sum("nbytes").alias("bps")
+        )
+        return per_second.groupBy("broker", "api_key").agg(F.max("bps").alias(name))
+
+    return peak("ts_ms", "recorded_peak_bytes_per_s").join(
+        peak("sim_ts_ms", "simulated_peak_bytes_per_s"), ["broker", "api_key"]
+    )
+
+
+def calibration(simulated: DataFrame) -> DataFrame:
+    """Per (principal, client-id): simulated vs recorded proxy throttles."""
+    error = F.col("sim_throttle_ms") - F.col("recorded_throttle_ms")
+    return simulated.groupBy("principal", "client_id").agg(
+        F.count("*").alias("requests"),
+        F.sum(F.when(F.col("recorded_throttle_ms") > 0, 1).otherwise(0)).alias("recorded_throttled"),
+        F.sum(F.when(F.col("sim_throttle_ms") > 0, 1).otherwise(0)).alias("simulated_throttled"),
+        F.sum(F.when((F.col("sim_throttle_ms") > 0) == (F.col("recorded_throttle_ms") > 0), 1).otherwise(0)).alias(
+            "agreeing_requests"
+        ),
+        F.sum("recorded_throttle_ms").alias("recorded_throttle_ms_total"),
+        F.sum("sim_throttle_ms").alias("simulated_throttle_ms_total"),
+        F.mean(F.abs(error)).alias("mean_abs_error_ms"),
+        F.max(F.abs(error)).alias("max_abs_error_ms"),
+    )
+
+
+def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress | None = None) -> dict[str, Any]:
+    """Simulate and shape the results; returns {"summary": ..., "tables": {...}}."""
+    progress = progress or Progress("whatif", 5)
+    config_text = Path(options.quotas).read_text()
+    requests = prepare_requests(read_capture(spark, options.capture))
+    factory = functools.partial(engine_throttle_function, config_text)
+    simulated = simulate(spark, requests, factory, options.mode).persist()
+    rows = simulated.count()
+    progress.step(f"replayed {rows} requests through kqp.quotas ({options.mode})")
+    clients = to_pandas(client_outcomes(simulated)).sort_values("throttle_ms_total", ascending=False)
+    peaks = to_pandas(broker_peaks(simulated)).sort_values(["broker", "api_key"])
+    tables = {"clients": clients.reset_index(drop=True), "broker_peaks": peaks.reset_index(drop=True)}
+    progress.step("per-client throttling and broker peaks")
+    summary: dict[str, Any] = {
+        "schema": SUMMARY_SCHEMA,
+        "options": {"capture": options.capture, "quotas": options.quotas, "mode": options.mode},
+        "requests": int(rows),
+        "throttled_requests": int(clients["throttled_requests"].sum()),
+        "throttled_share": float(clients["throttled_requests"].sum() / max(rows, 1)),
+        "throttle_ms_total": float(clients["throttle_ms_total"].sum()),
+        "bytes_delayed": float(clients["bytes_delayed"].sum()),
+        "top_clients": clients.head(options.top_n).to_dict(orient="records"),
+        "broker_peaks": peaks.to_dict(orient="records"),
+        "not_simulated": ["controller mutation quotas"],
+    }
+    if options.calibrate:
+        calibrated = to_pandas(calibration(simulated)).sort_values(["principal", "client_id"]).reset_index(drop=True)
+        tables["calibration"] = calibrated
+        recorded_total = float(calibrated["recorded_throttle_ms_total"].sum())
+        simulated_total = float(calibrated["simulated_throttle_ms_total"].sum())
+        summary["calibration"] = {
+            "recorded_throttled_requests": int(calibrated["recorded_throttled"].sum()),
+            "simulated_throttled_requests": int(calibrated["simulated_throttled"].sum()),
+            "agreement": float(calibrated["agreeing_requests"].sum() / max(rows, 1)),
+            "recorded_throttle_ms_total": recorded_total,
+            "simulated_throttle_ms_total": simulated_total,
+            "total_relative_error": (simulated_total - recorded_total) / recorded_total if recorded_total else None,
+            "mean_abs_error_ms": float((calibrated["mean_abs_error_ms"] * calibrated["requests"]).sum() / max(rows, 1)),
+        }
+        progress.step("calibration against recorded proxy throttles")
+    violations = []
+    if options.budget_max_throttled_share is not None:
+        worst = clients[clients["throttled_share"] > options.budget_max_throttled_share]
+        violations = [
+            f"{r.principal} / {r.client_id}: {r.throttled_share:.1%} of requests throttled" for r in worst.itertuples()
+        ]
+    summary["budget"] = {"max_throttled_share": options.budget_max_throttled_share, "violations": violations}
+    simulated.unpersist()
+    return {"summary": summary, "tables": tables}
+
+
+def write_whatif_outputs(result: dict[str, Any], output: str) -> None:
+    from kqp.spark_jobs.report import markdown_table, write_json, write_tables
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    write_tables(out, result["tables"])
+    summary = result["summary"]
+    summary["outputs"] = {"tables": sorted(result["tables"]), "report": "report.md"}
+    write_json(out / "summary.json", summary)
+    lines = [
+        "# kqp quota what-if",
+        "",
+        f"Capture `{summary['options']['capture']}`, quotas `{summary['options']['quotas']}`, "
+        f"mode **{summary['options']['mode']}**: {summary['throttled_requests']:,} of {summary['requests']:,} "
+        f"requests throttled ({summary['throttled_share']:.2%}), {summary['throttle_ms_total']:,.0f} ms of throttle, "
+        f"{summary['bytes_delayed']:,.0f} bytes delayed. Not simulated: {', '.join(summary['not_simulated'])}.",
+        "",
+        "## Per client",
+        "",
+        markdown_table(result["tables"]["clients"]),
+        "",
+        "## Broker peaks (bytes/s) as recorded and after throttling",
+        "",
+        markdown_table(result["tables"]["broker_peaks"]),
+        "",
+    ]
+    if "calibration" in summary:
+        calibration_summary = summary["calibration"]
+        lines += [
+            "## Calibration against the recorded proxy throttles",
+            "",
+            "; ".join(f"{k} = {v}" for k, v in calibration_summary.items()),
+            "",
+            markdown_table(result["tables"]["calibration"]),
+            "",
+        ]
+    for violation in summary["budget"]["violations"]:
+        lines.append(f"* **Budget violated:** {violation}")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kqp replay whatif", description="Quota what-if over a capture.")
+    parser.add_argument("capture")
+    parser.add_argument("--quotas", required=True, help="quota config YAML (same format as the proxy's)")
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--mode", choices=MODES, default="open_loop")
+    parser.add_argument("--calibrate", action="store_true", help="compare with the recorded proxy throttles")
+    parser.add_argument("--top-n", type=int, default=20)
+    parser.add_argument("--budget-max-throttled-share", type=float, help="exit 3 when a client is throttled more")
+    parser.add_argument("--master")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from kqp.spark_jobs.session import get_spark
+
+    args = build_parser().parse_args(argv)
+    options = WhatIfOptions(
+        capture=args.capture,
+        quotas=args.quotas,
+        output=args.output,
+        mode=args.mode,
+        calibrate=args.calibrate,
+        top_n=args.top_n,
+        budget_max_throttled_share=args.budget_max_throttled_share,
+    )
+    spark = get_spark("kqp-whatif", args.master)
+    progress = Progress("whatif", 4)
+    result = run_whatif(spark, options, progress)
+    write_whatif_outputs(result, options.output)
+    progress.step(f"wrote {options.output}/report.md and summary.json")
+    for violation in result["summary"]["budget"]["violations"]:
+        print(f"BUDGET VIOLATED: {violation}", file=sys.stderr)
+    return BUDGET_EXIT_CODE if result["summary"]["budget"]["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
