@@ -27,6 +27,7 @@ Run `kqp replay <command> --help` for the options of each."""
 JOB_MODULES = {
     "analyze": "kqp.spark_jobs.analyze",
     "whatif": "kqp.spark_jobs.whatif",
+    "live": "kqp.spark_jobs.live",
     "generate": "kqp.spark_jobs.synthetic",
 }
 

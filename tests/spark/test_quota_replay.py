@@ -35,9 +35,7 @@ def throttle_early_requests(calls: list[tuple[int, int]]):  # type: ignore[no-un
 
 def test_open_loop_keeps_recorded_times() -> None:
     calls: list[tuple[int, int]] = []
-    result = replay_group(
-        requests([(0, 1), (100, 1), (2_000, 1)]), throttle_early_requests(calls), "open_loop"
-    )
+    result = replay_group(requests([(0, 1), (100, 1), (2_000, 1)]), throttle_early_requests(calls), "open_loop")
     assert list(result["sim_ts_ms"]) == [0, 100, 2_000]
     assert list(result["sim_throttle_ms"]) == [500.0, 500.0, 0.0]
     assert [now for now, _ in calls] == [0, 100, 2_000]
@@ -46,9 +44,7 @@ def test_open_loop_keeps_recorded_times() -> None:
 def test_deferral_shifts_the_rest_of_the_connection_only() -> None:
     calls: list[tuple[int, int]] = []
     frame = requests([(0, 1), (100, 1), (300, 1), (50, 2)])
-    result = replay_group(frame, throttle_early_requests(calls), "deferral").set_index(
-        ["connection_id", "ts_ms"]
-    )
+    result = replay_group(frame, throttle_early_requests(calls), "deferral").set_index(["connection_id", "ts_ms"])
     # Connection 1: throttled 500 ms at t=0, so its next request (recorded at 100) goes at 600,
     # and the one after keeps its 200 ms gap (800).
     assert result.loc[(1, 100), "sim_ts_ms"] == 600
