@@ -1,0 +1,1 @@
+"""Development and test tooling: a real Kafka cluster from Maven Central jars, the demo."""
