@@ -8,15 +8,25 @@ from collections.abc import Sequence
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from kqp.proxy.server import serve_forever
+    from kqp.proxy.app import serve_forever
 
-    return serve_forever(args.config)
+    overrides = {
+        "upstream": args.upstream,
+        "bootstrap_port": args.bootstrap_port,
+        "node_port_base": args.node_port_base,
+        "advertised_host": args.advertised_host,
+        "bind_host": args.bind_host,
+        "metrics_port": args.metrics_port,
+        "capture_dir": args.capture_dir,
+    }
+    return serve_forever(args.config or [], overrides)
 
 
 def _check_config(args: argparse.Namespace) -> int:
     from kqp.config.check import check_config_command
 
-    return check_config_command(args.files)
+    status: int = check_config_command(args.files)
+    return status
 
 
 def _capture_inspect(args: argparse.Namespace) -> int:
@@ -30,7 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", required=True, action="append", help="config file (repeatable)")
+    serve.add_argument("--config", action="append", help="config file (repeatable; later files override)")
+    serve.add_argument("--upstream", action="append", metavar="HOST:PORT", help="upstream bootstrap broker")
+    serve.add_argument("--bootstrap-port", type=int, help="port clients bootstrap from")
+    serve.add_argument("--node-port-base", type=int, help="broker N is served on this port + N")
+    serve.add_argument("--advertised-host", help="host name clients are told to connect to")
+    serve.add_argument("--bind-host", help="address to listen on")
+    serve.add_argument("--metrics-port", type=int, help="port of /metrics, /healthz and /readyz")
+    serve.add_argument("--capture-dir", help="capture every request to Parquet files under this folder")
     serve.set_defaults(func=_serve)
 
     check = commands.add_parser("check-config", help="validate config files and print effective quotas")

@@ -49,6 +49,9 @@ class ClusterDirectory:
     def listeners(self) -> dict[int, Listener]:
         return self._listeners
 
+    def known_nodes(self) -> list[int]:
+        return sorted(self._upstream)
+
     def upstream_of(self, node_id: int) -> tuple[str, int] | None:
         return self._upstream.get(node_id)
 

@@ -1,0 +1,75 @@
+"""What a quota engine is configured with, independent of where the configuration came from.
+
+`kqp.config` turns YAML into these; the proxy and the Spark what-if both build a
+`QuotaEngine` from them, so the two always run the same arithmetic on the same inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Kafka's name for a default entity (ConfigEntityName.DEFAULT).
+DEFAULT_ENTITY = "<default>"
+
+QuotaType = Literal[
+    "producer_byte_rate",
+    "consumer_byte_rate",
+    "request_percentage",
+    "controller_mutation_rate",
+]
+QUOTA_TYPES: tuple[QuotaType, ...] = (
+    "producer_byte_rate",
+    "consumer_byte_rate",
+    "request_percentage",
+    "controller_mutation_rate",
+)
+Scope = Literal["broker", "cluster"]
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaEntity:
+    """A (user, client-id) entity as in KIP-55.
+
+    None means the part is absent from the entity; DEFAULT_ENTITY means the default entity.
+    """
+
+    user: str | None = None
+    client_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaEntry:
+    entity: QuotaEntity
+    limits: Mapping[QuotaType, float]
+    # Compute and report throttles for clients matched by this entry, but do not enforce them.
+    dry_run: bool = False
+    # Overrides QuotaSettings.scope for clients matched by this entry.
+    scope: Scope | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IpQuotaEntry:
+    """KIP-612 connection_creation_rate for one IP address, or DEFAULT_ENTITY for every IP."""
+
+    ip: str
+    connection_creation_rate: float
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSettings:
+    entries: tuple[QuotaEntry, ...] = ()
+    ip_entries: tuple[IpQuotaEntry, ...] = ()
+    # "broker": a budget per upstream broker, exactly as Kafka; "cluster": one budget across brokers.
+    scope: Scope = "broker"
+    dry_run: bool = False
+    window_num: int = 11  # quota.window.num
+    window_size_s: int = 1  # quota.window.size.seconds
+    controller_window_num: int = 11  # controller.quota.window.num
+    controller_window_size_s: int = 1  # controller.quota.window.size.seconds
+    # Kafka drops a client's quota sensors after an hour without traffic.
+    sensor_expiry_s: float = 3600.0
+    # KIP-257: "package.module:ClassName" of a ClientQuotaCallback, with its options.
+    callback: str | None = None
+    callback_options: Mapping[str, object] = field(default_factory=dict)
