@@ -1,0 +1,126 @@
+"""`kqp check-config FILE...`: validate, then show what the proxy would run with."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kqp.config.errors import ConfigError
+from kqp.config.loader import load_config
+from kqp.config.models import KqpConfig, entity_text
+from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaType
+
+_UNITS: dict[str, str] = {
+    "producer_byte_rate": "B/s",
+    "consumer_byte_rate": "B/s",
+    "request_percentage": "% of a thread",
+    "controller_mutation_rate": "partitions/s",
+    "connection_creation_rate": "connections/s",
+}
+
+
+def check_config_command(files: Sequence[str | Path]) -> int:
+    """Exit status 0 with a summary on stdout, or 2 with the problems on stderr."""
+    try:
+        config = load_config(files)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(render_summary(config, files))
+    return 0
+
+
+def precedence_level(entity: QuotaEntity) -> int:
+    """Kafka's KIP-55 level of an entity: 1 (user + client-id) is the most specific, 8 the least."""
+    user, client = entity.user, entity.client_id
+    if user is not None and user != DEFAULT_ENTITY:
+        return {None: 3, DEFAULT_ENTITY: 2}.get(client, 1)
+    if user == DEFAULT_ENTITY:
+        return {None: 6, DEFAULT_ENTITY: 5}.get(client, 4)
+    return 8 if client == DEFAULT_ENTITY else 7
+
+
+def format_limit(quota_type: QuotaType | str, value: float) -> str:
+    unit = _UNITS[quota_type]
+    if unit == "B/s":
+        text = f"{round(value)} B/s"
+        if value >= 1024:
+            text += f" ({_binary(value)}/s)"
+        return text
+    return f"{value:g} {unit}"
+
+
+def _binary(value: float) -> str:
+    units = ("KiB", "MiB", "GiB", "TiB")
+    index = 0
+    value /= 1024
+    while value >= 1024 and index < len(units) - 1:
+        value /= 1024
+        index += 1
+    return f"{value:.3g} {units[index]}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in [header, *rows]]
+
+
+def render_summary(config: KqpConfig, files: Sequence[str | Path]) -> str:
+    lines = [f"OK: {', '.join(str(f) for f in files)}", "", "Listener"]
+    proxy = config.proxy
+    listener_rows = [
+        ["bootstrap", f"{proxy.bind_host}:{proxy.bootstrap_port}, advertised as {proxy.advertised_host}"],
+        ["brokers", "node N on port " + f"{proxy.node_port_base} + N"
+         + "".join(f"; node {node} on {port}" for node, port in sorted(proxy.node_ports.items()))],
+        ["upstream", ", ".join(config.upstream.bootstrap_servers) if config.upstream
+         else "not configured (give it in a file or with kqp serve --upstream)"],
+        ["connections", f"max {proxy.max_connections or 'unlimited'}, "
+         f"per IP {proxy.max_connections_per_ip or 'unlimited'}, idle timeout {proxy.idle_timeout_seconds:g} s"],
+        ["metrics", f"http://{config.metrics.host}:{config.metrics.port}/metrics" if config.metrics.enabled
+         else "off"],
+        ["capture", f"to {config.capture.directory}, 1 in {config.capture.sample_one_in} connections"
+         if config.capture.enabled else "off"],
+    ]
+    lines.extend(f"  {name.ljust(12)}{value}" for name, value in listener_rows)
+
+    q = config.quotas
+    settings = config.quota_settings()
+    lines += [
+        "",
+        f"Quotas: scope {q.scope}, {'DRY RUN (not enforced)' if q.dry_run else 'enforced'}, "
+        f"windows {q.window_num} x {q.window_size_seconds} s, "
+        f"controller windows {q.controller_window_num} x {q.controller_window_size_seconds} s",
+    ]
+    if q.callback is not None:
+        lines.append(f"  callback {q.callback.class_} (it decides the quotas; the entries are passed to it)")
+    enforcement = config.enforcement
+    lines.append(
+        f"  CreateTopics asking for the broker default counts {enforcement.default_partitions} partition(s); "
+        f"validateOnly requests are {'charged' if enforcement.charge_validate_only else 'not charged'}"
+    )
+    rows = []
+    for entry in sorted(settings.entries, key=lambda e: (precedence_level(e.entity), str(e.entity))):
+        for quota_type, value in entry.limits.items():
+            rows.append([
+                str(precedence_level(entry.entity)),
+                entity_text(entry.entity),
+                quota_type,
+                format_limit(quota_type, value),
+                "yes" if entry.dry_run or q.dry_run else "no",
+                entry.scope or q.scope,
+            ])
+    if rows:
+        lines.extend(_table(["level", "entity", "quota", "limit", "dry-run", "scope"], rows))
+    else:
+        lines.append("  no quota entries: clients are not throttled by the proxy")
+    if settings.ip_entries:
+        lines += ["", "Connection-rate quotas (KIP-612)"]
+        lines.extend(_table(
+            ["ip", "limit"],
+            [[e.ip, format_limit("connection_creation_rate", e.connection_creation_rate)]
+             for e in settings.ip_entries],
+        ))
+    return "\n".join(lines)
+

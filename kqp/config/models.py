@@ -1,0 +1,341 @@
+"""The YAML configuration as frozen pydantic models, one class per section.
+
+Every model forbids unknown keys and validates in strict mode (no "9192" for 9192), and
+every field name carries its unit (`_bytes`, `_seconds`, `_rate` in bytes/s as Kafka names
+them). Quota entries use Kafka's own entity and config names and accept exactly the values
+Kafka's AlterClientQuotas accepts (kafka-quota-spec.md section 8.3).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from kqp.quotas.settings import (
+    DEFAULT_ENTITY,
+    QUOTA_TYPES,
+    IpQuotaEntry,
+    QuotaEntity,
+    QuotaEntry,
+    QuotaSettings,
+    QuotaType,
+)
+
+# Java's Long.MAX_VALUE and Integer.MAX_VALUE: the largest LONG and INT quota values Kafka stores.
+LONG_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
+# Kafka accepts a LONG/INT quota whose fractional part is at most this (ClientQuotaControlManager).
+_FRACTION_TOLERANCE = 1e-6
+
+Scope = Literal["broker", "cluster"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+def nested_error(kind: str, message: str, sub_path: tuple[str | int, ...], **context: object) -> PydanticCustomError:
+    """An error raised by a section-wide check that belongs to one field inside the section.
+
+    Pydantic places such errors at the section; the loader appends `sub_path` so the
+    reported path names the field itself.
+    """
+    return PydanticCustomError(kind, message, {"sub_path": sub_path, **context})
+
+
+def _whole_number(value: object) -> object:
+    # Kafka stores producer/consumer byte rates as LONG and connection rates as INT, but the
+    # wire carries doubles; it accepts 1048576.0 and rejects 1048576.5.
+    if isinstance(value, float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError("expected a finite number")
+        if abs(value - round(value)) > _FRACTION_TOLERANCE:
+            raise ValueError(f"cannot be a fractional value (Kafka stores it as a whole number), got {value}")
+        return round(value)
+    return value
+
+
+def _non_empty_name(value: str) -> str:
+    if value == "":
+        raise ValueError(f'an empty name is not supported; write "{DEFAULT_ENTITY}" for the default entity')
+    return value
+
+
+def _host_port(value: str) -> str:
+    parse_host_port(value)
+    return value
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """"host:port" or "[v6-address]:port" -> (host, port)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f'expected "host:port", got {text!r}')
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError(f'expected "[ipv6-address]:port", got {text!r}')
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f'write an IPv6 address in brackets, "[{host}]:{port_text}"')
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"expected a port between 1 and 65535 after the colon, got {port_text!r}")
+    return host, int(port_text)
+
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonEmptyText = Annotated[str, Field(min_length=1)]
+HostPort = Annotated[str, AfterValidator(_host_port)]
+EntityName = Annotated[str, AfterValidator(_non_empty_name)]
+# Quota values as AlterClientQuotas accepts them: > 0, whole numbers for LONG/INT keys.
+LongQuota = Annotated[int, BeforeValidator(_whole_number), Field(gt=0, le=LONG_MAX)]
+IntQuota = Annotated[int, BeforeValidator(_whole_number), Field(gt=0, le=INT_MAX)]
+DoubleQuota = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class ProxySection(Section):
+    bind_host: NonEmptyText = "127.0.0.1"
+    bootstrap_port: Port = 9192
+    node_port_base: Port = 9200
+    # node id -> port, for brokers that must not be served on node_port_base + id.
+    node_ports: dict[Annotated[int, Field(ge=0)], Port] = Field(default_factory=dict)
+    advertised_host: NonEmptyText = "127.0.0.1"
+    upstream_connect_timeout_seconds: PositiveSeconds = 10.0
+    max_frame_bytes: Annotated[int, Field(ge=1)] = DEFAULT_MAX_FRAME_BYTES
+    write_buffer_high_bytes: Annotated[int, Field(ge=1)] = 4 * 1024 * 1024
+    idle_timeout_seconds: PositiveSeconds = 600.0
+    max_connections: Annotated[int, Field(ge=0)] = 0  # 0 = unlimited
+    max_connections_per_ip: Annotated[int, Field(ge=0)] = 0
+    shutdown_grace_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 10.0
+
+    @model_validator(mode="after")
+    def _ports_distinct(self) -> ProxySection:
+        owner: dict[int, int] = {}
+        for node_id, port in sorted(self.node_ports.items()):
+            if port == self.bootstrap_port:
+                raise nested_error(
+                    "port_clash", "port {port} of node {node} is also the bootstrap_port",
+                    ("node_ports", node_id), port=port, node=node_id,
+                )
+            if port in owner:
+                raise nested_error(
+                    "port_clash", "port {port} is given to both node {first} and node {node}",
+                    ("node_ports", node_id), port=port, first=owner[port], node=node_id,
+                )
+            owner[port] = node_id
+        return self
+
+
+class UpstreamSection(Section):
+    # A `tls` block will sit next to this list.
+    bootstrap_servers: Annotated[tuple[HostPort, ...], Field(min_length=1)]
+
+    def addresses(self) -> tuple[tuple[str, int], ...]:
+        return tuple(parse_host_port(server) for server in self.bootstrap_servers)
+
+
+class MetricsSection(Section):
+    enabled: bool = True
+    host: NonEmptyText = "127.0.0.1"
+    port: Port = 9644
+    top_n_client_ids: Annotated[int, Field(ge=0)] = 20
+
+
+class CaptureSection(Section):
+    enabled: bool = False
+    directory: NonEmptyText = "capture"
+    proxy_id: NonEmptyText = "kqp"
+    rotate_bytes: Annotated[int, Field(ge=1)] = 256 * 1024 * 1024
+    rotate_seconds: PositiveSeconds = 3600.0
+    queue_capacity: Annotated[int, Field(ge=1)] = 100_000
+    sample_one_in: Annotated[int, Field(ge=1)] = 1
+
+
+class EnforcementSection(Section):
+    # Partitions charged for a CreateTopics topic that asks for the broker's num.partitions (-1).
+    default_partitions: Annotated[int, Field(ge=1)] = 1
+    # KRaft brokers charge validateOnly CreateTopics/CreatePartitions; ZooKeeper brokers did not.
+    charge_validate_only: bool = False
+
+
+class EntitySection(Section):
+    """Kafka's (user, client-id) entity; a missing key is an absent part, "<default>" the default."""
+
+    user: EntityName | None = None
+    client_id: EntityName | None = Field(default=None, alias="client-id")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        # Kafka's wire format spells the default entity as null; here it must be explicit.
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if value is None:
+                    raise nested_error(
+                        "null_entity_name",
+                        'null is ambiguous here: write "<default>" for the default entity, or leave the key out',
+                        (key,),
+                    )
+        return data
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> EntitySection:
+        if self.user is None and self.client_id is None:
+            raise ValueError("an entity needs at least one of the keys user, client-id")
+        return self
+
+    def to_entity(self) -> QuotaEntity:
+        return QuotaEntity(user=self.user, client_id=self.client_id)
+
+    def describe(self) -> str:
+        return entity_text(self.to_entity())
+
+
+def entity_text(entity: QuotaEntity) -> str:
+    parts = []
+    if entity.user is not None:
+        parts.append(f"user={entity.user}")
+    if entity.client_id is not None:
+        parts.append(f"client-id={entity.client_id}")
+    return ", ".join(parts)
+
+
+class QuotaEntrySection(Section):
+    entity: EntitySection
+    producer_byte_rate: LongQuota | None = None  # bytes/s
+    consumer_byte_rate: LongQuota | None = None  # bytes/s
+    request_percentage: DoubleQuota | None = None  # percent of one broker thread's time
+    controller_mutation_rate: DoubleQuota | None = None  # partitions/s
+    dry_run: bool = False
+    scope: Scope | None = None
+
+    @model_validator(mode="after")
+    def _sets_a_quota(self) -> QuotaEntrySection:
+        if not self.limits():
+            raise ValueError(f"the entry sets no quota: expected at least one of {', '.join(QUOTA_TYPES)}")
+        return self
+
+    def limits(self) -> dict[QuotaType, float]:
+        values: dict[QuotaType, float] = {}
+        for quota_type in QUOTA_TYPES:
+            value = getattr(self, quota_type)
+            if value is not None:
+                values[quota_type] = float(value)
+        return values
+
+    def to_entry(self) -> QuotaEntry:
+        return QuotaEntry(self.entity.to_entity(), self.limits(), dry_run=self.dry_run, scope=self.scope)
+
+
+class IpQuotaEntrySection(Section):
+    # An IP address, or "<default>" for every address without its own entry (KIP-612).
+    ip: str
+    connection_creation_rate: IntQuota  # connections/s
+
+    @field_validator("ip")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        if value == DEFAULT_ENTITY:
+            return value
+        try:
+            # Normalised so that "::1" and "0::1" are the same entity.
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f'expected an IP address or "{DEFAULT_ENTITY}", got {value!r}') from None
+
+    def to_entry(self) -> IpQuotaEntry:
+        return IpQuotaEntry(self.ip, float(self.connection_creation_rate))
+
+
+_CALLBACK_CLASS = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
+class CallbackSection(Section):
+    """KIP-257: a ClientQuotaCallback class and the options it is configured with."""
+
+    class_: str = Field(alias="class")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("class_")
+    @classmethod
+    def _class_path(cls, value: str) -> str:
+        if not _CALLBACK_CLASS.match(value):
+            raise ValueError(f'expected "package.module:ClassName", got {value!r}')
+        return value
+
+
+class QuotasSection(Section):
+    scope: Scope = "broker"
+    dry_run: bool = False
+    window_num: Annotated[int, Field(ge=1)] = 11  # quota.window.num
+    window_size_seconds: Annotated[int, Field(ge=1)] = 1  # quota.window.size.seconds
+    controller_window_num: Annotated[int, Field(ge=1)] = 11
+    controller_window_size_seconds: Annotated[int, Field(ge=1)] = 1
+    sensor_expiry_seconds: PositiveSeconds = 3600.0
+    callback: CallbackSection | None = None
+    entries: tuple[QuotaEntrySection, ...] = ()
+    ip_entries: tuple[IpQuotaEntrySection, ...] = ()
+
+    @field_validator("entries")
+    @classmethod
+    def _unique_entities(cls, entries: tuple[QuotaEntrySection, ...]) -> tuple[QuotaEntrySection, ...]:
+        first_at: dict[tuple[str | None, str | None], int] = {}
+        for index, entry in enumerate(entries):
+            key = (entry.entity.user, entry.entity.client_id)
+            if key in first_at:
+                raise nested_error(
+                    "duplicate_entity",
+                    "duplicate entity ({entity}): already defined at quotas.entries[{first}]",
+                    (index, "entity"), entity=entry.entity.describe(), first=first_at[key],
+                )
+            first_at[key] = index
+        return entries
+
+    @field_validator("ip_entries")
+    @classmethod
+    def _unique_ips(cls, entries: tuple[IpQuotaEntrySection, ...]) -> tuple[IpQuotaEntrySection, ...]:
+        first_at: dict[str, int] = {}
+        for index, entry in enumerate(entries):
+            if entry.ip in first_at:
+                raise nested_error(
+                    "duplicate_entity",
+                    "duplicate ip {ip}: already defined at quotas.ip_entries[{first}]",
+                    (index, "ip"), ip=entry.ip, first=first_at[entry.ip],
+                )
+            first_at[entry.ip] = index
+        return entries
+
+
+class KqpConfig(Section):
+    """The whole configuration, after merging every file."""
+
+    proxy: ProxySection = ProxySection()
+    # Optional so that a quota-only file (the Spark what-if, check-config) stands alone;
+    # `kqp serve` needs it from a file or --upstream.
+    upstream: UpstreamSection | None = None
+    metrics: MetricsSection = MetricsSection()
+    capture: CaptureSection = CaptureSection()
+    quotas: QuotasSection = QuotasSection()
+    enforcement: EnforcementSection = EnforcementSection()
+
+    def quota_settings(self) -> QuotaSettings:
+        q = self.quotas
+        return QuotaSettings(
+            entries=tuple(entry.to_entry() for entry in q.entries),
+            ip_entries=tuple(entry.to_entry() for entry in q.ip_entries),
+            scope=q.scope,
+            dry_run=q.dry_run,
+            window_num=q.window_num,
+            window_size_s=q.window_size_seconds,
+            controller_window_num=q.controller_window_num,
+            controller_window_size_s=q.controller_window_size_seconds,
+            sensor_expiry_s=q.sensor_expiry_seconds,
+            callback=q.callback.class_ if q.callback else None,
+            callback_options=dict(q.callback.options) if q.callback else {},
+        )
