@@ -43,9 +43,13 @@ def _props(props: dict[str, str]) -> list[str]:
 
 def producer_perf_command(cluster: KafkaCluster, bootstrap: str, topic: str, num_records: int,
                           record_size: int, props: dict[str, str] | None = None, throughput: int = -1,
-                          config_file: Path | None = None, payload_file: Path | None = None) -> list[str]:
+                          config_file: Path | None = None, payload_file: Path | None = None,
+                          payload_monotonic: bool = False) -> list[str]:
+    """--payload-monotonic sends the values "0" .. str(num_records - 1), which a reader can verify."""
     args = ["--topic", topic, "--num-records", str(num_records), "--throughput", str(throughput)]
-    if payload_file is not None:
+    if payload_monotonic:
+        args.append("--payload-monotonic")
+    elif payload_file is not None:
         args += ["--payload-file", str(payload_file)]
     else:
         args += ["--record-size", str(record_size)]
@@ -66,9 +70,9 @@ def parse_producer_output(output: str) -> ProducerResult:
 
 def producer_perf(cluster: KafkaCluster, bootstrap: str, topic: str, num_records: int, record_size: int,
                   props: dict[str, str] | None = None, throughput: int = -1, config_file: Path | None = None,
-                  timeout: float = 600.0) -> ProducerResult:
+                  timeout: float = 600.0, payload_monotonic: bool = False) -> ProducerResult:
     command = producer_perf_command(cluster, bootstrap, topic, num_records, record_size, props, throughput,
-                                    config_file)
+                                    config_file, payload_monotonic=payload_monotonic)
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     if result.returncode != 0:
         raise KafkaHarnessError(f"ProducerPerformance failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")

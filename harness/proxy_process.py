@@ -1,0 +1,141 @@
+"""`kqp serve` as a child process on free loopback ports, for the integration tests and benchmarks.
+
+Readiness is an ApiVersions round trip through the proxy's bootstrap port (it proves the
+proxy forwards to the upstream broker) plus an answer from its metrics endpoint, not a
+sleep. Stopping sends SIGTERM and reports the exit code, so callers can insist on a clean
+shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from harness.local_kafka import REPO, KafkaHarnessError, api_versions_ok, free_ports
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port_block(count: int, low: int = 20000, high: int = 32000) -> int:
+    """A base port B such that B+1 .. B+count are all free (the proxy serves node N on B+N)."""
+    for _ in range(200):
+        base = random.randrange(low, high - count)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base + 1, base + count + 1):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise KafkaHarnessError(f"no block of {count} free ports between {low} and {high}")
+
+
+class ProxyProcess:
+    """One `kqp serve` child in front of `upstream` (HOST:PORT, comma-separated allowed)."""
+
+    def __init__(self, upstream: str, log_path: Path, max_node_id: int = 8) -> None:
+        self.upstream = [address for address in upstream.split(",") if address]
+        self.log_path = log_path
+        self.bootstrap_port, self.metrics_port = free_ports(2)
+        self.node_port_base = free_port_block(max_node_id)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.bootstrap_port}"
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise KafkaHarnessError("proxy not started")
+        return self.process.pid
+
+    def node_port(self, node_id: int) -> int:
+        return self.node_port_base + node_id
+
+    def command(self) -> list[str]:
+        command = [sys.executable, "-m", "kqp", "serve"]
+        for address in self.upstream:
+            command += ["--upstream", address]
+        command += ["--bootstrap-port", str(self.bootstrap_port), "--node-port-base", str(self.node_port_base),
+                    "--advertised-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)]
+        return command
+
+    def start(self, timeout_s: float = 30.0) -> ProxyProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        deadline = time.monotonic() + timeout_s
+        # The metrics endpoint opens after upstream discovery, so it is the later of the two.
+        while not (api_versions_ok("127.0.0.1", self.bootstrap_port, timeout=2.0) and self._endpoint_up()):
+            if self.process.poll() is not None:
+                raise KafkaHarnessError(f"kqp serve exited with {self.process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise KafkaHarnessError(f"kqp serve not answering ApiVersions after {timeout_s:.0f} s:\n"
+                                        f"{self.log_tail()}")
+            time.sleep(0.05)
+        return self
+
+    def _endpoint_up(self) -> bool:
+        try:
+            self.readyz()
+        except OSError:
+            return False
+        return True
+
+    def readyz(self) -> int:
+        """HTTP status of the proxy's /readyz (503 until it knows an upstream broker)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the proxy process has used so far."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM, wait, and return the exit code (None if it had to be killed)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is not None:
+            return self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            return None
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_path.exists():
+            return "(no proxy log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> ProxyProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
