@@ -36,8 +36,9 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, d
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                "while reading a mapping", seen[key].start_mark,
-                f"found the key {key!r} a second time", key_node.start_mark,
+                None, None,
+                f"the key {key!r} is given a second time (first on line {seen[key].start_mark.line + 1})",
+                key_node.start_mark,
             )
         seen[key] = key_node
     return loader.construct_mapping(node, deep=deep)
@@ -77,8 +78,9 @@ def read_config_file(path: str | Path) -> ConfigSource:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         detail = " ".join(part for part in (exc.context, exc.problem) if part)
+        kind = "YAML error" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
         raise fail(
-            f"YAML syntax error: {detail}",
+            f"{kind}: {detail}",
             mark.line + 1 if mark else None,
             mark.column + 1 if mark else None,
         ) from None
@@ -188,6 +190,8 @@ def _message(error: ErrorDetails, loc: Loc) -> str:
             if close:
                 message += f"; did you mean {close[0]!r}?"
             message += f" (expected one of: {', '.join(allowed)})"
+        if key == "ip" and loc[-2:-1] == ("entity",):
+            message += "; connection-rate quotas for IP addresses go in quotas.ip_entries"
         return message
     if kind == "missing":
         return "required key missing"
@@ -197,14 +201,12 @@ def _message(error: ErrorDetails, loc: Loc) -> str:
         return f"expected a list, got {_kind(value)}"
     if kind == "string_too_short":
         return "expected a non-empty text"
-    if kind == "too_short":
-        return "expected at least one item"
     message = error["msg"].removeprefix("Value error, ")
     # Pydantic's "Input should be greater than 0" reads as "expected a value greater than 0".
     if message.startswith("Input should be "):
         rest = message.removeprefix("Input should be ")
         message = "expected " + ("a value " + rest if rest.startswith(("greater", "less")) else rest)
-    if kind.startswith(("int_", "float_", "string_", "bool_", "greater", "less", "literal", "too_short")):
+    if kind.startswith(("int_", "float_", "string_", "bool_", "greater", "less", "literal")):
         message += f", got {_kind(value) if isinstance(value, list | tuple | dict) or value is None else repr(value)}"
     return message
 

@@ -134,7 +134,15 @@ class ProxySection(Section):
 
 class UpstreamSection(Section):
     # A `tls` block will sit next to this list.
-    bootstrap_servers: Annotated[tuple[HostPort, ...], Field(min_length=1)]
+    bootstrap_servers: tuple[HostPort, ...]
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _at_least_one(cls, servers: tuple[str, ...]) -> tuple[str, ...]:
+        # A validator rather than min_length, which would also complain when an item is invalid.
+        if not servers:
+            raise ValueError("expected at least one host:port")
+        return servers
 
     def addresses(self) -> tuple[tuple[str, int], ...]:
         return tuple(parse_host_port(server) for server in self.bootstrap_servers)

@@ -1,0 +1,92 @@
+"""`kqp check-config`: exit status, the problems on stderr, the effective quotas on stdout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kqp.cli import main
+from kqp.config.check import format_limit, precedence_level
+from kqp.quotas.settings import QuotaEntity
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_summary_of_the_minimal_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(REPO / "config/minimal.yaml")]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "  bootstrap   127.0.0.1:9192, advertised as 127.0.0.1" in lines
+    assert "  upstream    localhost:9092" in lines
+    header = next(line for line in lines if line.strip().startswith("level"))
+    assert header.split() == ["level", "entity", "quota", "limit", "dry-run", "scope"]
+    rows = [line.split() for line in lines[lines.index(header) + 1:] if line.strip()]
+    assert rows == [
+        ["8", "client-id=<default>", "producer_byte_rate", "1048576", "B/s", "(1", "MiB/s)", "no", "broker"],
+        ["8", "client-id=<default>", "consumer_byte_rate", "2097152", "B/s", "(2", "MiB/s)", "no", "broker"],
+    ]
+
+
+def test_entries_are_listed_most_specific_first_with_effective_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "q.yaml"
+    path.write_text("""
+quotas:
+  dry_run: false
+  scope: cluster
+  entries:
+    - entity: {client-id: "<default>"}
+      request_percentage: 40
+    - entity: {user: bob, client-id: app}
+      controller_mutation_rate: 2.5
+      dry_run: true
+      scope: broker
+  ip_entries:
+    - {ip: 10.1.2.3, connection_creation_rate: 7}
+""")
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "upstream    not configured" in out
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("level")) + 1
+    table = lines[start:lines.index("", start)]
+    cells = [[cell.strip() for cell in row.split("  ") if cell.strip()] for row in table]
+    assert cells == [
+        ["1", "user=bob, client-id=app", "controller_mutation_rate", "2.5 partitions/s", "yes", "broker"],
+        ["8", "client-id=<default>", "request_percentage", "40 % of a thread", "no", "cluster"],
+    ]
+    assert ["10.1.2.3", "7", "connections/s"] in [line.split() for line in lines]
+
+
+def test_broken_file_exits_2_with_the_problem_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("quotas:\n  entries:\n    - entity: {user: a}\n      producer_byte_rate: -1\n")
+    assert main(["check-config", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"{path}:4:7: quotas.entries[0].producer_byte_rate: expected a value greater than 0, got -1" in captured.err
+
+
+def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(tmp_path / "absent.yaml")]) == 2
+    assert "absent.yaml: file not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("user", "client_id", "level"),
+    [
+        ("u", "c", 1), ("u", "<default>", 2), ("u", None, 3), ("<default>", "c", 4),
+        ("<default>", "<default>", 5), ("<default>", None, 6), (None, "c", 7), (None, "<default>", 8),
+    ],
+)
+def test_precedence_levels_are_kafkas(user: str | None, client_id: str | None, level: int) -> None:
+    assert precedence_level(QuotaEntity(user=user, client_id=client_id)) == level
+
+
+def test_limit_units() -> None:
+    assert format_limit("producer_byte_rate", 512.0) == "512 B/s"
+    assert format_limit("consumer_byte_rate", 1536.0) == "1536 B/s (1.5 KiB/s)"
+    assert format_limit("producer_byte_rate", 3 * 1024**3) == "3221225472 B/s (3 GiB/s)"
+    assert format_limit("request_percentage", 12.5) == "12.5 % of a thread"
