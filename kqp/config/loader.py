@@ -25,16 +25,25 @@ from kqp.config.models import KqpConfig
 Loc = tuple[str | int, ...]
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that rejects a key given twice in one mapping instead of keeping the last."""
 
 
 def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
     seen: dict[Any, yaml.Node] = {}
     for key_node, _ in node.value:
+        # Keys brought in by a "<<: *anchor" merge may be overridden; only keys written twice are errors.
+        if key_node.tag == _MERGE_TAG:
+            continue
         key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
+        try:
+            repeated = key in seen
+        except TypeError:
+            continue  # an unhashable key; construct_mapping reports it
+        if repeated:
             raise yaml.constructor.ConstructorError(
                 None, None,
                 f"the key {key!r} is given a second time (first on line {seen[key].start_mark.line + 1})",
@@ -201,6 +210,9 @@ def _message(error: ErrorDetails, loc: Loc) -> str:
         return f"expected a list, got {_kind(value)}"
     if kind == "string_too_short":
         return "expected a non-empty text"
+    if kind == "string_type" and isinstance(value, bool | int | float):
+        # YAML reads no, on, 123 and 1.5 as booleans and numbers.
+        return f"expected a string, got {value!r}; put the text in quotes"
     message = error["msg"].removeprefix("Value error, ")
     # Pydantic's "Input should be greater than 0" reads as "expected a value greater than 0".
     if message.startswith("Input should be "):

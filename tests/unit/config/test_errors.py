@@ -56,6 +56,8 @@ CASES = [
          "quotas.entries[0].producer_byte_rate", "valid integer, got '1MB'", 4),
     Case("empty user name (Kafka J1)", 'quotas:\n  entries:\n    - entity: {user: ""}\n      request_percentage: 5\n',
          "quotas.entries[0].entity.user", "empty name is not supported", 3),
+    Case("user name read as a boolean", "quotas:\n  entries:\n    - entity: {user: no}\n      request_percentage: 5\n",
+         "quotas.entries[0].entity.user", "got False; put the text in quotes", 3),
     Case("null user", "quotas:\n  entries:\n    - entity: {user: null}\n      request_percentage: 5\n",
          "quotas.entries[0].entity.user", 'write "<default>"', 3),
     Case("empty entity (Kafka J4)", "quotas:\n  entries:\n    - entity: {}\n      request_percentage: 5\n",

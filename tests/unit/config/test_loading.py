@@ -135,3 +135,20 @@ def test_kafka_accepts_whole_valued_doubles_for_long_quotas(tmp_path: Path) -> N
     ))
     [entry] = load_config([path]).quotas.entries
     assert entry.producer_byte_rate == 1024
+
+
+def test_yaml_anchors_and_merge_keys_may_override(tmp_path: Path) -> None:
+    path = write(tmp_path, "q.yaml", """
+quotas:
+  entries:
+    - &team
+      entity: {user: alice}
+      producer_byte_rate: 1024
+      consumer_byte_rate: 2048
+    - <<: *team
+      entity: {user: bob}
+      consumer_byte_rate: 4096
+""")
+    alice, bob = load_config([path]).quotas.entries
+    assert (bob.entity.user, bob.producer_byte_rate, bob.consumer_byte_rate) == ("bob", 1024, 4096)
+    assert alice.consumer_byte_rate == 2048
