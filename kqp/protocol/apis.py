@@ -34,7 +34,7 @@ _SCHEMA_MODULES = (
 )
 
 
-def _parse_versions(text: str) -> tuple[int, int] | None:
+def parse_versions(text: str) -> tuple[int, int] | None:
     """Kafka's version-range syntax: "none", "N", "N+" or "N-M"."""
     text = text.strip()
     if text == "none":
@@ -93,10 +93,10 @@ def _build_catalogue() -> dict[int, ApiSpec]:
         if kind != "request" or (key, "response") not in classes:
             continue
         schema = request_class.json
-        valid = _parse_versions(schema["validVersions"])
+        valid = parse_versions(schema["validVersions"])
         if valid is None:
             continue
-        flexible = _parse_versions(schema["flexibleVersions"])
+        flexible = parse_versions(schema["flexibleVersions"])
         catalogue[key] = ApiSpec(
             key=key,
             name=str(schema["name"]).removesuffix("Request"),

@@ -18,7 +18,7 @@ from kqp.protocol.errors import ProtocolDecodeError, UnsupportedApiError
 _HEADER_FIXED = struct.Struct(">hhih")
 
 
-def read_uvarint(data: bytes | memoryview, offset: int) -> tuple[int, int]:
+def read_uvarint(data: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
     """Unsigned LEB128 varint; returns (value, next offset)."""
     value = 0
     shift = 0
@@ -35,7 +35,7 @@ def read_uvarint(data: bytes | memoryview, offset: int) -> tuple[int, int]:
             raise ProtocolDecodeError("varint longer than 5 bytes")
 
 
-def skip_tagged_fields(data: bytes | memoryview, offset: int) -> int:
+def skip_tagged_fields(data: bytes | bytearray | memoryview, offset: int) -> int:
     count, offset = read_uvarint(data, offset)
     for _ in range(count):
         _tag, offset = read_uvarint(data, offset)

@@ -1,0 +1,344 @@
+"""Produce and Fetch read straight off the wire, without decoding or copying record data.
+
+The data path sees every Produce request and Fetch response, and the quota math only needs
+their shape: which partitions, how many bytes, records and batches. Decoding them with the
+full codec would copy every payload, so these parsers walk the bytes with struct and a
+memoryview, skip the records fields by their length, and read only the RecordBatch headers
+(kqp.protocol.records). Field layouts follow Kafka's ProduceRequest, FetchRequest and
+FetchResponse JSON schemas, for every version from 0 on: names until Fetch v12 / Produce
+v12, topic ids after; flexible versions (Produce v9+, Fetch v12+) use compact lengths and
+tagged fields. Anything that does not parse raises ProtocolDecodeError.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kqp.protocol.errors import ProtocolDecodeError
+from kqp.protocol.headers import read_uvarint, skip_tagged_fields
+from kqp.protocol.records import EMPTY_RECORDS, RecordsSummary, summarise_records
+
+Buffer = bytes | bytearray | memoryview
+S = TypeVar("S")
+
+PRODUCE_FIRST_FLEXIBLE = 9
+PRODUCE_FIRST_TOPIC_ID = 13
+FETCH_FIRST_FLEXIBLE = 12
+FETCH_FIRST_TOPIC_ID = 13
+
+_INT8 = struct.Struct(">b")
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+_PARTITION_HEAD = struct.Struct(">ihq")  # partition, error code, high watermark
+_UUID_SIZE = 16
+# The exceptions struct and memoryview raise on bytes that end too early.
+_SHORT_READ = (struct.error, IndexError, ValueError)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSummary:
+    """One topic-partition of a Produce request or Fetch response.
+
+    `topic` is None from the versions that name topics by `topic_id` (Produce v13+, Fetch
+    v13+), and `topic_id` is None before them. `bytes` is the size of the records field.
+    `error_code` and `high_watermark` are Fetch-only (0 and -1 in Produce).
+    """
+
+    topic: str | None
+    topic_id: uuid.UUID | None
+    partition: int
+    bytes: int
+    records: int
+    batches: int
+    compression: int
+    magic: int
+    error_code: int = 0
+    high_watermark: int = -1
+
+    @property
+    def topic_label(self) -> str:
+        return self.topic if self.topic is not None else str(self.topic_id)
+
+
+class _PartitionTotals:
+    __slots__ = ()
+    partitions: list[PartitionSummary]
+
+    @property
+    def record_bytes(self) -> int:
+        return sum(p.bytes for p in self.partitions)
+
+    @property
+    def records(self) -> int:
+        return sum(p.records for p in self.partitions)
+
+    @property
+    def batches(self) -> int:
+        return sum(p.batches for p in self.partitions)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceSummary(_PartitionTotals):
+    acks: int
+    timeout_ms: int
+    transactional: bool
+    partitions: list[PartitionSummary]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSummary(_PartitionTotals):
+    throttle_time_ms: int
+    error_code: int
+    partitions: list[PartitionSummary]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPartitionRequest:
+    topic: str | None
+    topic_id: uuid.UUID | None
+    partition: int
+    fetch_offset: int
+    partition_max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequestSummary:
+    """The limits a Fetch request sets. `max_bytes_offset` is where the int32 MaxBytes
+    field sits in the body (None before v3, which has no such field)."""
+
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int | None
+    max_bytes_offset: int | None
+    isolation_level: int
+    partitions: list[FetchPartitionRequest]
+
+
+def read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, int]:
+    """Element count of an array (0 for null), checked against the bytes left."""
+    if flexible:
+        count_plus_one, offset = read_uvarint(buf, offset)
+        count = count_plus_one - 1
+    else:
+        (count,) = _INT32.unpack_from(buf, offset)
+        offset += 4
+        if count < -1:
+            raise ProtocolDecodeError(f"invalid array length {count}")
+    # Every element takes at least one byte; this stops absurd counts before any loop.
+    if count > len(buf) - offset:
+        raise ProtocolDecodeError(f"array of {count} elements in {len(buf) - offset} bytes")
+    return max(count, 0), offset
+
+
+def _string(buf: Buffer, offset: int, flexible: bool) -> tuple[str | None, int]:
+    if flexible:
+        length_plus_one, offset = read_uvarint(buf, offset)
+        length = length_plus_one - 1
+    else:
+        (length,) = _INT16.unpack_from(buf, offset)
+        offset += 2
+        if length < -1:
+            raise ProtocolDecodeError(f"invalid string length {length}")
+    if length < 0:
+        return None, offset
+    end = offset + length
+    if end > len(buf):
+        raise ProtocolDecodeError("string runs past the end of the message")
+    try:
+        return str(buf[offset:end], "utf-8"), end
+    except UnicodeDecodeError as exc:
+        raise ProtocolDecodeError("string is not valid UTF-8") from exc
+
+
+def _topic(buf: Buffer, offset: int, flexible: bool, by_id: bool) -> tuple[str | None, uuid.UUID | None, int]:
+    if by_id:
+        end = offset + _UUID_SIZE
+        if end > len(buf):
+            raise ProtocolDecodeError("topic id runs past the end of the message")
+        return None, uuid.UUID(bytes=bytes(buf[offset:end])), end
+    name, offset = _string(buf, offset, flexible)
+    return name, None, offset
+
+
+def _records(buf: Buffer, offset: int, flexible: bool) -> tuple[int, RecordsSummary, int]:
+    """Size and header summary of a nullable records field; returns the offset after it."""
+    if flexible:
+        size_plus_one, offset = read_uvarint(buf, offset)
+        size = size_plus_one - 1
+    else:
+        (size,) = _INT32.unpack_from(buf, offset)
+        offset += 4
+        if size < -1:
+            raise ProtocolDecodeError(f"invalid records length {size}")
+    if size <= 0:
+        return 0, EMPTY_RECORDS, offset
+    end = offset + size
+    if end > len(buf):
+        raise ProtocolDecodeError("records run past the end of the message")
+    return size, summarise_records(buf, offset, end), end
+
+
+def _guarded(parser: Callable[[Buffer, int], S], body: Buffer, version: int, what: str) -> S:
+    """Run a parser, turning the errors of reading past the end into ProtocolDecodeError."""
+    try:
+        return parser(body, version)
+    except _SHORT_READ as exc:
+        raise ProtocolDecodeError(f"truncated {what} v{version}: {exc}") from exc
+
+
+def _expect_end(buf: Buffer, offset: int, what: str) -> None:
+    if offset != len(buf):
+        raise ProtocolDecodeError(f"{len(buf) - offset} unread bytes after {what}")
+
+
+def parse_produce_request(body: Buffer, api_version: int) -> ProduceSummary:
+    """Summarise a Produce request body (the bytes after the request header)."""
+    return _guarded(_parse_produce_request, body, api_version, "Produce request")
+
+
+def _parse_produce_request(body: Buffer, version: int) -> ProduceSummary:
+    flexible = version >= PRODUCE_FIRST_FLEXIBLE
+    by_id = version >= PRODUCE_FIRST_TOPIC_ID
+    offset = 0
+    transactional = False
+    if version >= 3:
+        transactional_id, offset = _string(body, offset, flexible)
+        transactional = transactional_id is not None
+    (acks,) = _INT16.unpack_from(body, offset)
+    (timeout_ms,) = _INT32.unpack_from(body, offset + 2)
+    offset += 6
+    partitions: list[PartitionSummary] = []
+    topic_count, offset = read_array_length(body, offset, flexible)
+    for _ in range(topic_count):
+        topic, topic_id, offset = _topic(body, offset, flexible, by_id)
+        partition_count, offset = read_array_length(body, offset, flexible)
+        for _ in range(partition_count):
+            (partition,) = _INT32.unpack_from(body, offset)
+            size, summary, offset = _records(body, offset + 4, flexible)
+            if flexible:
+                offset = skip_tagged_fields(body, offset)
+            partitions.append(PartitionSummary(
+                topic, topic_id, partition, size, summary.records, summary.batches, summary.compression,
+                summary.magic,
+            ))
+        if flexible:
+            offset = skip_tagged_fields(body, offset)
+    if flexible:
+        offset = skip_tagged_fields(body, offset)
+    _expect_end(body, offset, f"Produce v{version} request")
+    return ProduceSummary(acks, timeout_ms, transactional, partitions)
+
+
+def parse_fetch_response(body: Buffer, api_version: int) -> FetchSummary:
+    """Summarise a Fetch response body (the bytes after the response header)."""
+    return _guarded(_parse_fetch_response, body, api_version, "Fetch response")
+
+
+def _parse_fetch_response(body: Buffer, version: int) -> FetchSummary:
+    flexible = version >= FETCH_FIRST_FLEXIBLE
+    by_id = version >= FETCH_FIRST_TOPIC_ID
+    offset = 0
+    throttle_time_ms = 0
+    error_code = 0
+    if version >= 1:
+        (throttle_time_ms,) = _INT32.unpack_from(body, 0)
+        offset = 4
+    if version >= 7:
+        (error_code,) = _INT16.unpack_from(body, offset)
+        offset += 6  # error code, session id
+    # Fixed fields between the high watermark and the aborted transactions.
+    offsets_after_watermark = (8 if version >= 4 else 0) + (8 if version >= 5 else 0)
+    partitions: list[PartitionSummary] = []
+    topic_count, offset = read_array_length(body, offset, flexible)
+    for _ in range(topic_count):
+        topic, topic_id, offset = _topic(body, offset, flexible, by_id)
+        partition_count, offset = read_array_length(body, offset, flexible)
+        for _ in range(partition_count):
+            partition, partition_error, high_watermark = _PARTITION_HEAD.unpack_from(body, offset)
+            offset += _PARTITION_HEAD.size + offsets_after_watermark
+            if version >= 4:
+                aborted, offset = read_array_length(body, offset, flexible)
+                for _ in range(aborted):
+                    offset += 16  # producer id, first offset
+                    if flexible:
+                        offset = skip_tagged_fields(body, offset)
+            if version >= 11:
+                offset += 4  # preferred read replica
+            size, summary, offset = _records(body, offset, flexible)
+            if flexible:
+                offset = skip_tagged_fields(body, offset)
+            partitions.append(PartitionSummary(
+                topic, topic_id, partition, size, summary.records, summary.batches, summary.compression,
+                summary.magic, partition_error, high_watermark,
+            ))
+        if flexible:
+            offset = skip_tagged_fields(body, offset)
+    if flexible:
+        offset = skip_tagged_fields(body, offset)
+    _expect_end(body, offset, f"Fetch v{version} response")
+    return FetchSummary(throttle_time_ms, error_code, partitions)
+
+
+def parse_fetch_request(body: Buffer, api_version: int) -> FetchRequestSummary:
+    """Summarise a Fetch request body (the bytes after the request header)."""
+    return _guarded(_parse_fetch_request, body, api_version, "Fetch request")
+
+
+def _parse_fetch_request(body: Buffer, version: int) -> FetchRequestSummary:
+    flexible = version >= FETCH_FIRST_FLEXIBLE
+    by_id = version >= FETCH_FIRST_TOPIC_ID
+    # ReplicaId until v14; from v15 it moved into a tagged field at the end of the body.
+    offset = 4 if version <= 14 else 0
+    (max_wait_ms,) = _INT32.unpack_from(body, offset)
+    (min_bytes,) = _INT32.unpack_from(body, offset + 4)
+    offset += 8
+    max_bytes: int | None = None
+    max_bytes_offset: int | None = None
+    if version >= 3:
+        max_bytes_offset = offset
+        (max_bytes,) = _INT32.unpack_from(body, offset)
+        offset += 4
+    isolation_level = 0
+    if version >= 4:
+        (isolation_level,) = _INT8.unpack_from(body, offset)
+        offset += 1
+    if version >= 7:
+        offset += 8  # session id, session epoch
+    partitions: list[FetchPartitionRequest] = []
+    topic_count, offset = read_array_length(body, offset, flexible)
+    for _ in range(topic_count):
+        topic, topic_id, offset = _topic(body, offset, flexible, by_id)
+        partition_count, offset = read_array_length(body, offset, flexible)
+        for _ in range(partition_count):
+            (partition,) = _INT32.unpack_from(body, offset)
+            offset += 4
+            if version >= 9:
+                offset += 4  # current leader epoch
+            (fetch_offset,) = _INT64.unpack_from(body, offset)
+            offset += 8
+            if version >= 12:
+                offset += 4  # last fetched epoch
+            if version >= 5:
+                offset += 8  # log start offset
+            (partition_max_bytes,) = _INT32.unpack_from(body, offset)
+            offset += 4
+            if flexible:
+                offset = skip_tagged_fields(body, offset)
+            partitions.append(FetchPartitionRequest(topic, topic_id, partition, fetch_offset, partition_max_bytes))
+        if flexible:
+            offset = skip_tagged_fields(body, offset)
+    # ForgottenTopicsData and RackId follow; the proxy has no use for them.
+    return FetchRequestSummary(max_wait_ms, min_bytes, max_bytes, max_bytes_offset, isolation_level, partitions)
+
+
+def patch_fetch_max_bytes(buf: bytearray, offset: int, value: int) -> None:
+    """Overwrite a Fetch request's MaxBytes in place; `offset` indexes `buf` itself, so a
+    caller holding the whole frame adds the body offset to `max_bytes_offset`."""
+    if offset < 0 or offset + 4 > len(buf):
+        raise ProtocolDecodeError(f"MaxBytes offset {offset} is outside a buffer of {len(buf)} bytes")
+    _INT32.pack_into(buf, offset, max(0, min(value, 0x7FFFFFFF)))

@@ -1,0 +1,115 @@
+"""ThrottleTimeMs read and patched in place, checked against kafka-python's decoder for every
+API and version the proxy knows, on response bodies generated from the schemas."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kafka.protocol.metadata import ApiVersionsResponse
+
+from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY, FETCH_KEY, METADATA_KEY, PRODUCE_KEY
+from kqp.protocol.codec import decode_body, encode_body
+from kqp.protocol.errors import ProtocolDecodeError
+from kqp.protocol.headers import encode_response_header, response_body_offset
+from kqp.protocol.throttle_field import (
+    has_throttle_field,
+    patch_throttle_time,
+    read_throttle_time,
+    throttle_location,
+)
+from tests.unit.protocol.schema_messages import body_strategy
+
+ALL_VERSIONS = [(key, version) for key, spec in sorted(API_SPECS.items())
+                for version in range(spec.min_version, spec.max_version + 1)]
+WITH_FIELD = [pair for pair in ALL_VERSIONS if has_throttle_field(*pair)]
+WITHOUT_FIELD = [pair for pair in ALL_VERSIONS if not has_throttle_field(*pair)]
+THROTTLE = st.integers(0, 2**31 - 1)
+OFFSET_DELETE_KEY = 47
+
+
+def _id(pair: tuple[int, int]) -> str:
+    return f"{API_SPECS[pair[0]].name}-v{pair[1]}"
+
+
+def test_the_location_table_matches_kafkas() -> None:
+    # Spot checks from the Kafka protocol guide: where the field first appears, and the
+    # APIs that never carry it.
+    assert not has_throttle_field(METADATA_KEY, 2) and has_throttle_field(METADATA_KEY, 3)
+    assert not has_throttle_field(API_VERSIONS_KEY, 0) and has_throttle_field(API_VERSIONS_KEY, 1)
+    assert has_throttle_field(PRODUCE_KEY, 3) and has_throttle_field(FETCH_KEY, 4)
+    assert not any(has_throttle_field(key, version) for key, version in ALL_VERSIONS if key in (17, 27, 36))
+    # Spec 5.3: first in the body everywhere except Produce (after Responses), ApiVersions
+    # (after ErrorCode and ApiKeys) and OffsetDelete (after ErrorCode).
+    elsewhere = {PRODUCE_KEY, API_VERSIONS_KEY, OFFSET_DELETE_KEY}
+    assert all(throttle_location(*pair) == 0 for pair in WITH_FIELD if pair[0] not in elsewhere)
+    assert throttle_location(OFFSET_DELETE_KEY, 0) == 2
+    assert callable(throttle_location(PRODUCE_KEY, 9)) and callable(throttle_location(API_VERSIONS_KEY, 3))
+
+
+@pytest.mark.parametrize("pair", WITH_FIELD, ids=_id)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), new_value=THROTTLE)
+def test_read_and_patch_agree_with_the_codec(pair: tuple[int, int], data: st.DataObject, new_value: int) -> None:
+    api_key, version = pair
+    body = data.draw(body_strategy(api_key, version, is_request=False))
+    frame = bytearray(encode_response_header(api_key, version, 77) + body)
+    body_offset = response_body_offset(frame, api_key, version)
+    decoded = decode_body(api_key, version, body, is_request=False)
+    assert read_throttle_time(frame, body_offset, api_key, version) == decoded.throttle_time_ms
+
+    patch_throttle_time(frame, body_offset, api_key, version, new_value)
+    assert read_throttle_time(frame, body_offset, api_key, version) == new_value
+    decoded.throttle_time_ms = new_value
+    # The patched body is exactly what the codec writes for the message with the new value.
+    assert bytes(frame[body_offset:]) == encode_body(decoded, version)
+    assert frame[:body_offset] == encode_response_header(api_key, version, 77)
+
+
+@pytest.mark.parametrize("pair", WITHOUT_FIELD, ids=_id)
+@settings(max_examples=5, deadline=None)
+@given(data=st.data())
+def test_versions_without_the_field_are_left_alone(pair: tuple[int, int], data: st.DataObject) -> None:
+    api_key, version = pair
+    body = data.draw(body_strategy(api_key, version, is_request=False))
+    frame = bytearray(encode_response_header(api_key, version, 1) + body)
+    body_offset = response_body_offset(frame, api_key, version)
+    assert read_throttle_time(frame, body_offset, api_key, version) is None
+    patch_throttle_time(frame, body_offset, api_key, version, 500)
+    assert bytes(frame[body_offset:]) == body
+
+
+def test_unsupported_version_answer_is_read_as_v0() -> None:
+    # The broker answers a too-new ApiVersions request with a v0 body: no throttle field.
+    body = bytes(ApiVersionsResponse[0](error_code=35, api_keys=[
+        ApiVersionsResponse.ApiVersion(api_key=18, min_version=0, max_version=3)]).encode())
+    frame = bytearray(struct.pack(">i", 5) + body)
+    assert read_throttle_time(frame, 4, API_VERSIONS_KEY, 4) is None
+    patch_throttle_time(frame, 4, API_VERSIONS_KEY, 4, 1000)
+    assert bytes(frame[4:]) == body
+
+
+def test_values_are_clamped_to_the_int32_range() -> None:
+    frame = bytearray(struct.pack(">ii", 0, 0) + b"\x00")  # Metadata v3-ish: just the start
+    patch_throttle_time(frame, 4, METADATA_KEY, 3, 2**40)
+    assert read_throttle_time(frame, 4, METADATA_KEY, 3) == 2**31 - 1
+    patch_throttle_time(frame, 4, METADATA_KEY, 3, -5)
+    assert read_throttle_time(frame, 4, METADATA_KEY, 3) == 0
+
+
+@pytest.mark.parametrize(("api_key", "version"), [(PRODUCE_KEY, 8), (PRODUCE_KEY, 12), (API_VERSIONS_KEY, 3)])
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_frames_cut_before_the_field_are_protocol_errors(api_key: int, version: int, data: st.DataObject) -> None:
+    # In these responses ThrottleTimeMs comes after an array, at the end of the body
+    # (followed only by the empty tagged-field section in flexible versions).
+    body = data.draw(body_strategy(api_key, version, is_request=False))
+    frame = encode_response_header(api_key, version, 1) + body
+    body_offset = response_body_offset(frame, api_key, version)
+    field_end = len(frame) - (1 if API_SPECS[api_key].is_flexible(version) else 0)
+    assert read_throttle_time(frame[:field_end], body_offset, api_key, version) is not None
+    for cut in range(body_offset, field_end):
+        with pytest.raises(ProtocolDecodeError):
+            read_throttle_time(frame[:cut], body_offset, api_key, version)
