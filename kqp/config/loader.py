@@ -175,7 +175,8 @@ def _problem(error: ErrorDetails, merged: dict[str, Any], sources: Sequence[Conf
     # Blame the deepest part of the path that is really there, in the last file that has it.
     present = _existing_prefix(merged, loc)
     owners = [source for source in sources if _has_path(source.data, present)]
-    if kind == "missing" and len(owners) > 1:
+    # A missing key is every contributing file's omission, unless it is inside a list (one file's).
+    if kind == "missing" and len(owners) > 1 and not any(isinstance(part, int) for part in present):
         files = tuple(source.path for source in owners)
     elif owners:
         files = (owners[-1].path,)

@@ -187,10 +187,13 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
         # A later list replaces an earlier one: its file is the one to blame.
         ("quotas:\n  entries:\n    - entity: {user: a}\n      producer_byte_rate: 1\n",
          "quotas:\n  entries:\n    - entity: {user: a}\n", ("second",), "quotas.entries[0]", 3),
+        # A missing key inside a list: only the file whose list is in effect.
+        ("quotas:\n  entries:\n    - producer_byte_rate: 1\n", "quotas:\n  entries:\n    - consumer_byte_rate: 1\n",
+         ("second",), "quotas.entries[0].entity", 3),
         # A missing key: every file that has its section.
         ("upstream: {}\n", "upstream: {}\n", ("first", "second"), "upstream.bootstrap_servers", 1),
     ],
-    ids=["second-file", "first-file", "replaced-list", "missing-key"],
+    ids=["second-file", "first-file", "replaced-list", "missing-in-replaced-list", "missing-key"],
 )
 def test_error_names_the_file_that_supplied_the_value(
     first_text: str, second_text: str, blamed: tuple[str, ...], path: str, line: int, tmp_path: Path
