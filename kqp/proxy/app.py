@@ -6,23 +6,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kqp.capture.writer import CaptureWriter
+from kqp.config import ConfigError, ConfigFiles, KqpConfig, load_config
+from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
 from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.server import ProxyServer
+from kqp.quotas import QuotaEngine
 
 log = logging.getLogger(__name__)
 
 _MAINTENANCE_INTERVAL_S = 1.0
+# Sections a reload cannot change on a running proxy (listeners, sockets, files in use).
+_RESTART_SECTIONS = ("proxy", "upstream", "metrics", "capture")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,26 +54,32 @@ class CaptureOptions:
 @dataclass(frozen=True, slots=True)
 class AppSettings:
     proxy: ProxyOptions
-    # kqp.proxy.enforcement.EnforcementSettings, or None to forward without quotas.
-    enforcement: Any
+    enforcement: EnforcementSettings
     metrics: MetricsOptions
     capture: CaptureOptions
 
 
 class ProxyApp:
-    """Owns everything the proxy process runs; `run()` until SIGTERM/SIGINT."""
+    """Owns everything the proxy process runs; `run()` until SIGTERM/SIGINT, reload on SIGHUP."""
 
-    def __init__(self, settings: AppSettings, engine: Any = None) -> None:
+    def __init__(
+        self,
+        settings: AppSettings,
+        engine: QuotaEngine | None = None,
+        config: KqpConfig | None = None,
+        files: ConfigFiles | None = None,
+    ) -> None:
         self.settings = settings
         self.engine = engine
+        self.config = config
+        self.files = files
         self.metrics: ProxyMetrics | None = None
         self.endpoint: ObservabilityEndpoint | None = None
         self.capture: CaptureWriter | None = None
         self.server: ProxyServer | None = None
-        self.enforcement: Any = None
+        self.enforcement: QuotaEnforcement | None = None
         self._stop = asyncio.Event()
         self._maintenance: asyncio.Task[None] | None = None
-        self._reload_checks: list[object] = []
 
     def now_ms(self) -> float:
         return time.monotonic() * 1000.0
@@ -87,8 +100,10 @@ class ProxyApp:
             self.capture.start()
         hooks: list[TrafficHooks] = []
         if self.engine is not None:
-            from kqp.proxy.enforcement import QuotaEnforcement
-
+            if self.metrics is not None:
+                self.engine.on_throttle = self._report_throttle
+                self.metrics.set_quota_stats_source(self.engine.snapshot)
+                self._label_configured_entities()
             self.enforcement = QuotaEnforcement(self.engine, settings.enforcement, self.now_ms)
             hooks.append(self.enforcement)
         if self.metrics is not None or self.capture is not None:
@@ -101,6 +116,21 @@ class ProxyApp:
             )
             await self.endpoint.start()
         self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
+
+    def _report_throttle(self, quota_type: str, tags: Mapping[str, str], throttle_ms: int, enforced: bool) -> None:
+        metrics = self.metrics
+        if metrics is not None:
+            user, client_id = tags.get("user", ""), tags.get("client-id", "")
+            metrics.throttled(quota_type, user, client_id, throttle_ms, enforced, "proxy")
+
+    def _label_configured_entities(self) -> None:
+        if self.metrics is None or self.config is None:
+            return
+        entities = [entry.entity.to_entity() for entry in self.config.quotas.entries]
+        self.metrics.set_labelled_entities(
+            users=[e.user for e in entities if e.user is not None],
+            client_ids=[e.client_id for e in entities if e.client_id is not None],
+        )
 
     def _ready(self) -> tuple[bool, str]:
         server = self.server
@@ -115,6 +145,39 @@ class ProxyApp:
             await asyncio.sleep(_MAINTENANCE_INTERVAL_S)
             if self.engine is not None:
                 self.engine.expire_idle(self.now_ms())
+            if self.files is not None and self.files.changed():
+                self.reload("config file changed")
+
+    def reload(self, why: str) -> bool:
+        """Load the config files again; apply quotas and enforcement live, keep the rest.
+
+        A file that does not validate changes nothing: the running config stays.
+        """
+        if self.files is None:
+            log.info("reload (%s): no config files to reload", why)
+            return False
+        try:
+            config = load_config(self.files.paths)
+        except ConfigError as exc:
+            log.error("config reload (%s) rejected, running config unchanged:\n%s", why, exc)
+            if self.metrics is not None:
+                self.metrics.config_reload(False)
+            return False
+        previous = self.config
+        if previous is not None:
+            for section in _RESTART_SECTIONS:
+                if getattr(previous, section) != getattr(config, section):
+                    log.warning("config reload: changes to %r take effect only after a restart", section)
+        self.config = config
+        if self.engine is not None:
+            self.engine.update(config.quota_settings())
+        if self.enforcement is not None:
+            self.enforcement.settings = enforcement_settings(config)
+        self._label_configured_entities()
+        if self.metrics is not None:
+            self.metrics.config_reload(True)
+        log.info("config reloaded (%s): %d quota entries", why, len(config.quotas.entries))
+        return True
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -123,6 +186,7 @@ class ProxyApp:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.reload, "SIGHUP")
         await self.start()
         await self._stop.wait()
         await self.stop()
@@ -138,6 +202,8 @@ class ProxyApp:
             await self.endpoint.stop()
         if self.capture is not None:
             self.capture.stop()
+        if self.engine is not None:
+            self.engine.close()
 
 
 def _parse_address(text: str) -> tuple[str, int]:
@@ -145,23 +211,56 @@ def _parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def enforcement_settings(config: KqpConfig) -> EnforcementSettings:
+    return EnforcementSettings(
+        default_partitions=config.enforcement.default_partitions,
+        charge_validate_only=config.enforcement.charge_validate_only,
+    )
+
+
+def app_settings_from_config(config: KqpConfig) -> AppSettings:
+    p = config.proxy
+    proxy = ProxyOptions(
+        upstream_bootstrap=config.upstream.addresses() if config.upstream else (),
+        bind_host=p.bind_host,
+        bootstrap_port=p.bootstrap_port,
+        node_port_base=p.node_port_base,
+        node_ports=dict(p.node_ports),
+        advertised_host=p.advertised_host,
+        upstream_connect_timeout_s=p.upstream_connect_timeout_seconds,
+        max_frame_bytes=p.max_frame_bytes,
+        write_buffer_high_bytes=p.write_buffer_high_bytes,
+        idle_timeout_s=p.idle_timeout_seconds,
+        max_connections=p.max_connections,
+        max_connections_per_ip=p.max_connections_per_ip,
+        shutdown_grace_s=p.shutdown_grace_seconds,
+    )
+    m, c = config.metrics, config.capture
+    return AppSettings(
+        proxy=proxy,
+        enforcement=enforcement_settings(config),
+        metrics=MetricsOptions(enabled=m.enabled, host=m.host, port=m.port, top_n_client_ids=m.top_n_client_ids),
+        capture=CaptureOptions(
+            enabled=c.enabled, directory=c.directory, proxy_id=c.proxy_id, rotate_bytes=c.rotate_bytes,
+            rotate_seconds=c.rotate_seconds, queue_capacity=c.queue_capacity, sample_one_in=c.sample_one_in,
+        ),
+    )
+
+
 def settings_from_overrides(base: AppSettings | None, overrides: dict[str, Any]) -> AppSettings:
     """Apply `kqp serve` command-line options on top of the configured settings."""
-    import dataclasses
-
     if base is None:
-        upstream = overrides.get("upstream")
-        if not upstream:
-            raise ValueError("no upstream brokers: give --config FILE or --upstream HOST:PORT")
         base = AppSettings(
-            proxy=ProxyOptions(upstream_bootstrap=tuple(_parse_address(a) for a in upstream)),
-            enforcement=None,
+            proxy=ProxyOptions(upstream_bootstrap=()),
+            enforcement=EnforcementSettings(),
             metrics=MetricsOptions(),
             capture=CaptureOptions(),
         )
     proxy = base.proxy
     if overrides.get("upstream"):
         proxy = dataclasses.replace(proxy, upstream_bootstrap=tuple(_parse_address(a) for a in overrides["upstream"]))
+    if not proxy.upstream_bootstrap:
+        raise ValueError("no upstream brokers: set upstream.bootstrap_servers in a config file or give --upstream")
     for key in ("bootstrap_port", "node_port_base", "advertised_host", "bind_host"):
         if overrides.get(key) is not None:
             proxy = dataclasses.replace(proxy, **{key: overrides[key]})
@@ -175,18 +274,23 @@ def settings_from_overrides(base: AppSettings | None, overrides: dict[str, Any])
 
 
 def serve_forever(config_paths: list[str], overrides: dict[str, Any] | None = None) -> int:
-    """`kqp serve`: run until SIGTERM/SIGINT; returns the exit code."""
+    """`kqp serve`: run until SIGTERM/SIGINT; SIGHUP or a file change reloads the config."""
     import uvloop
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    files = ConfigFiles(config_paths) if config_paths else None
+    config = KqpConfig()
     try:
-        settings = settings_from_overrides(None, overrides or {})
-    except ValueError as exc:
+        if config_paths:
+            config = load_config(config_paths)
+        settings = settings_from_overrides(app_settings_from_config(config), overrides or {})
+    except (ConfigError, ValueError) as exc:
         log.error("%s", exc)
         return 2
 
     async def main() -> None:
-        await ProxyApp(settings).run()
+        app = ProxyApp(settings, QuotaEngine(config.quota_settings()), config=config, files=files)
+        await app.run()
 
     uvloop.run(main())
     return 0

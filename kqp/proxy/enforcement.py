@@ -1,0 +1,201 @@
+"""Kafka's client quotas applied on the wire, the way a broker applies them (KIP-219).
+
+For each request the hook works out the client's quota entity (principal from the SASL
+exchange, client-id from the header), records what Kafka records, and computes the
+throttle. The response goes back at once carrying max(broker throttle, proxy throttle) in
+ThrottleTimeMs, then the connection is muted for the proxy's throttle: clients that honour
+the field back off, and those that don't (librdkafka, acks=0 producers) find their next
+requests unread until the throttle ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kqp.protocol.apis import FETCH_KEY, PRODUCE_KEY
+from kqp.protocol.errors import ProtocolError
+from kqp.protocol.fast_path import parse_fetch_request, patch_fetch_max_bytes
+from kqp.protocol.headers import encode_response_header
+from kqp.protocol.mutations import (
+    MUTATION_APIS,
+    THROTTLING_QUOTA_EXCEEDED,
+    MutationRequest,
+    TopicMutation,
+    merge_rejections,
+    read_mutation_request,
+    request_without,
+    throttled_response,
+)
+from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time
+from kqp.proxy.cluster import BOOTSTRAP
+from kqp.proxy.connection import ProxiedConnection
+from kqp.proxy.hooks import Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
+from kqp.proxy.observation import NOTE_BROKER_THROTTLE_MS, NOTE_MUTATIONS, NOTE_PROXY_THROTTLE_MS
+from kqp.quotas import QuotaEngine
+
+log = logging.getLogger(__name__)
+
+_NOTE_MUTATION_REQUEST = "mutation_request"
+_NOTE_MUTATION_REJECTED = "mutation_rejected"
+_NOTE_MUTATION_THROTTLE = "mutation_throttle_ms"
+_NOTE_FETCH_MAX_WAIT_MS = "fetch_max_wait_ms"
+
+
+@dataclass(frozen=True, slots=True)
+class EnforcementSettings:
+    # What CreateTopics with NumPartitions=-1 gets: the brokers' num.partitions.
+    default_partitions: int = 1
+    # KRaft controllers charge validate-only requests; ZooKeeper-era brokers did not.
+    charge_validate_only: bool = False
+
+
+class QuotaEnforcement(TrafficHooks):
+    def __init__(
+        self,
+        engine: QuotaEngine,
+        settings: EnforcementSettings,
+        clock_ms: Callable[[], float],
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self._now_ms = clock_ms
+
+    @staticmethod
+    def _broker(connection: ProxiedConnection) -> str:
+        # The engine turns this into a budget per broker or one for the cluster (quotas.scope).
+        node = connection.upstream_node_id
+        return "bootstrap" if node is None or node == BOOTSTRAP else str(node)
+
+    # ---- requests --------------------------------------------------------------------
+
+    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        header = exchange.header
+        api_key = header.api_key
+        if api_key == PRODUCE_KEY and not exchange.expects_response:
+            # acks=0: no response will carry a throttle, so record now and mute at once.
+            throttle = self.engine.record_produce(
+                self._broker(connection), connection.principal, header.client_id or "",
+                exchange.request_bytes - 4, self._now_ms(),
+            )
+            exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
+            return RequestVerdict(mute_ms=throttle) if throttle else None
+        if api_key == FETCH_KEY:
+            return self._cap_fetch(connection, exchange, frame)
+        if api_key in MUTATION_APIS:
+            return self._mutations(connection, exchange, frame)
+        return None
+
+    def _cap_fetch(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        header = exchange.header
+        try:
+            fetch = parse_fetch_request(memoryview(frame)[header.body_offset:], header.api_version)
+        except ProtocolError:
+            return None
+        exchange.notes[_NOTE_FETCH_MAX_WAIT_MS] = fetch.max_wait_ms
+        cap = self.engine.fetch_max_bytes_cap(
+            self._broker(connection), connection.principal, header.client_id or "", self._now_ms()
+        )
+        offset = fetch.max_bytes_offset
+        if cap is None or offset is None or fetch.max_bytes is None or cap >= fetch.max_bytes:
+            return None
+        # As KafkaApis: max_bytes = min(max_bytes, quota window), min_bytes = min(min_bytes, max_bytes).
+        # MinBytes is the int32 right before MaxBytes in every version that has MaxBytes.
+        cap = max(cap, 1)
+        patched = bytearray(frame)
+        patch_fetch_max_bytes(patched, header.body_offset + offset, cap)
+        if fetch.min_bytes > cap:
+            patch_fetch_max_bytes(patched, header.body_offset + offset - 4, cap)
+        return RequestVerdict(frame=bytes(patched))
+
+    def _mutations(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        header = exchange.header
+        topics = connection.proxy.topics
+        request = read_mutation_request(
+            header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
+            topics.partitions, self.settings.default_partitions,
+        )
+        exchange.notes[_NOTE_MUTATION_REQUEST] = request
+        if request.validate_only and not self.settings.charge_validate_only:
+            return None
+        outcome = self.engine.mutations(
+            self._broker(connection), connection.principal, header.client_id or "", header.api_key,
+            header.api_version, [(t.label, t.partitions) for t in request.topics], self._now_ms(),
+        )
+        rejected = [t for t, accepted in zip(request.topics, outcome.accepted, strict=True) if not accepted]
+        exchange.notes[_NOTE_MUTATION_THROTTLE] = outcome.throttle_ms
+        exchange.notes[_NOTE_MUTATION_REJECTED] = rejected
+        if not rejected:
+            return None
+        if len(rejected) == len(request.topics):
+            body = throttled_response(request, rejected, outcome.throttle_ms)
+            answer = encode_response_header(header.api_key, header.api_version, header.correlation_id) + body
+            exchange.notes[NOTE_PROXY_THROTTLE_MS] = outcome.throttle_ms
+            exchange.notes[NOTE_MUTATIONS] = _mutation_notes(request, rejected)
+            return RequestVerdict(answer=answer, mute_ms=0)
+        body = request_without(request, rejected)
+        return RequestVerdict(frame=frame[: header.body_offset] + body)
+
+    # ---- responses -------------------------------------------------------------------
+
+    def response(
+        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> ResponseVerdict | None:
+        header = exchange.header
+        api_key = header.api_key
+        if exchange.local_response is not None:
+            # Answered by the proxy (every topic rejected): the throttle is already in it.
+            throttle = int(exchange.notes.get(NOTE_PROXY_THROTTLE_MS, 0))
+            return ResponseVerdict(mute_ms=throttle) if throttle else None
+        now = self._now_ms()
+        broker = self._broker(connection)
+        principal = connection.principal
+        client_id = header.client_id or ""
+        throttles = [0]
+        if api_key == PRODUCE_KEY:
+            throttles.append(self.engine.record_produce(broker, principal, client_id, exchange.request_bytes - 4, now))
+        elif api_key == FETCH_KEY:
+            # Kafka records 4 + the response body size.
+            size = 4 + len(frame) - body_offset
+            throttles.append(self.engine.record_fetch(broker, principal, client_id, size, now))
+        request_ms = (exchange.response_received_at - exchange.sent_at) * 1000.0
+        if api_key == FETCH_KEY:
+            # A long-poll fetch waits in the broker's purgatory, which Kafka does not count.
+            max_wait = float(exchange.notes.get(_NOTE_FETCH_MAX_WAIT_MS, 0))
+            if request_ms >= max_wait:
+                request_ms -= max_wait
+        throttles.append(self.engine.record_request_time(broker, principal, client_id, api_key, request_ms, now))
+        out: bytes | bytearray = frame
+        request = exchange.notes.get(_NOTE_MUTATION_REQUEST)
+        if isinstance(request, MutationRequest):
+            mutation_throttle = int(exchange.notes.get(_NOTE_MUTATION_THROTTLE, 0))
+            throttles.append(mutation_throttle)
+            rejected: list[TopicMutation] = exchange.notes.get(_NOTE_MUTATION_REJECTED, [])
+            if rejected:
+                body = merge_rejections(request, memoryview(frame)[body_offset:], rejected, mutation_throttle)
+                out = frame[:body_offset] + body
+            exchange.notes[NOTE_MUTATIONS] = _mutation_notes(request, rejected)
+        throttle = max(throttles)
+        exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
+        try:
+            broker_throttle = read_throttle_time(out, body_offset, api_key, header.api_version)
+        except ProtocolError:
+            broker_throttle = None
+        if broker_throttle:
+            exchange.notes[NOTE_BROKER_THROTTLE_MS] = broker_throttle
+        if throttle <= 0:
+            return ResponseVerdict(frame=out) if out is not frame else None
+        if broker_throttle is not None and throttle > broker_throttle:
+            patched = bytearray(out)
+            patch_throttle_time(patched, body_offset, api_key, header.api_version, throttle)
+            out = patched
+        return ResponseVerdict(frame=out, mute_ms=throttle)
+
+
+def _mutation_notes(request: MutationRequest, rejected: list[TopicMutation]) -> list[tuple[str, int, int]]:
+    rejected_labels = {t.label for t in rejected}
+    return [
+        (t.label, t.partitions, THROTTLING_QUOTA_EXCEEDED if t.label in rejected_labels else 0)
+        for t in request.topics
+    ]
