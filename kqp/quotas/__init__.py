@@ -1,1 +1,52 @@
-"""kqp.quotas."""
+"""kqp.quotas: Apache Kafka's client quota model as a pure library (no IO, no clock).
+
+See docs/quotas.md for the model, formulas and precedence.
+"""
+
+from kqp.quotas.callbacks import (
+    ClientQuotaCallback,
+    ClusterMetadata,
+    DefaultQuotaCallback,
+    EntityResolvingCallback,
+    load_callback,
+)
+from kqp.quotas.engine import (
+    EXEMPT_REQUEST_API_KEYS,
+    STRICT_MUTATION_SINCE,
+    MutationOutcome,
+    QuotaEngine,
+    SensorSnapshot,
+    ThrottleObserver,
+)
+from kqp.quotas.settings import (
+    DEFAULT_ENTITY,
+    QUOTA_TYPES,
+    IpQuotaEntry,
+    QuotaEntity,
+    QuotaEntry,
+    QuotaSettings,
+    QuotaType,
+    Scope,
+)
+
+__all__ = [
+    "DEFAULT_ENTITY",
+    "EXEMPT_REQUEST_API_KEYS",
+    "QUOTA_TYPES",
+    "STRICT_MUTATION_SINCE",
+    "ClientQuotaCallback",
+    "ClusterMetadata",
+    "DefaultQuotaCallback",
+    "EntityResolvingCallback",
+    "IpQuotaEntry",
+    "MutationOutcome",
+    "QuotaEngine",
+    "QuotaEntity",
+    "QuotaEntry",
+    "QuotaSettings",
+    "QuotaType",
+    "Scope",
+    "SensorSnapshot",
+    "ThrottleObserver",
+    "load_callback",
+]
