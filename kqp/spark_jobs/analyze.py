@@ -144,6 +144,7 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
         F.coalesce(F.col("broker_throttle_ms"), F.lit(0)).alias("broker_throttle_ms"),
         F.coalesce(F.col("proxy_throttle_ms"), F.lit(0)).alias("proxy_throttle_ms"),
         "partitions",
+        F.aggregate("partitions", F.lit(0.0), lambda acc, p: acc + F.coalesce(p["records"], F.lit(0))).alias("records"),
     )
 
 
@@ -468,7 +469,7 @@ def batch_mix_by_client(requests: DataFrame, parts: DataFrame) -> DataFrame:
     )
     records_per_request = (
         requests.where(F.col("api_key") == PRODUCE_KEY)
-        .select("client_id", F.aggregate("partitions", F.lit(0.0), lambda acc, p: acc + p["records"]).alias("records"))
+        .select("client_id", "records")
         .groupBy("client_id")
         .agg(
             F.count("*").alias("produce_requests"),
@@ -611,6 +612,13 @@ class AnalyzeResult:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     spark_tables: dict[str, DataFrame] = field(default_factory=dict)
     budget_violations: list[str] = field(default_factory=list)
+    # Cached inputs of spark_tables: kept until the tables are written, then released.
+    cached: list[DataFrame] = field(default_factory=list)
+
+    def release(self) -> None:
+        for frame in self.cached:
+            frame.unpersist()
+        self.cached = []
 
 
 def _limits_frame(
@@ -702,8 +710,11 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     capacity_file = cap.load_capacity(options.capacity) if options.capacity else None
     thresholds = {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold}
 
-    requests = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us)).persist()
-    parts = explode_partitions(requests).drop("principal").persist()
+    prepared = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us))
+    # The nested partition lists are only needed once exploded: caching them twice (nested
+    # and flat) would double the memory and the time spent building the cache.
+    parts = explode_partitions(prepared).drop("principal").persist()
+    requests = prepared.drop("partitions").persist()
 
     coverage_row = requests.agg(
         F.count("*").alias("rows"),
@@ -949,8 +960,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
             "violations": result.budget_violations,
         },
     }
-    for series in base_series.values():
-        series.unpersist()
+    result.cached = [requests, parts, *base_series.values()]
     return result
 
 
@@ -1015,7 +1025,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress("analyze", 10)
     result = run_analyze(spark, options, progress)
     write_analyze_outputs(result, options.output)
-    progress.step(f"wrote {options.output}/report.md and summary.json")
+    result.release()
+    progress.step(f"wrote {options.output}/report.html and summary.json")
     for violation in result.budget_violations:
         print(f"BUDGET VIOLATED: {violation}", file=sys.stderr)
     return BUDGET_EXIT_CODE if result.budget_violations else 0

@@ -106,13 +106,16 @@ def _deferral(
             heapq.heappush(heap, (int(ts[following]) + shift[connection], following, connection))
 
 
-def quota_groups(pairs: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+def quota_groups(
+    pairs: list[tuple[str, str]], link_users: bool = True, link_client_ids: bool = True
+) -> dict[tuple[str, str], int]:
     """Group (principal, client-id) pairs that could share a quota sensor.
 
     Kafka keeps one sensor per resolved quota entity: a user quota is shared by all that
-    user's client-ids, a client-id quota by all users using that client-id. Pairs linked
-    through a shared principal or client-id therefore go to one group (union-find), so a
-    group can be replayed alone whatever the quota config says.
+    user's client-ids (`link_users`), a client-id quota by all users using that client-id
+    (`link_client_ids`); a (user, client-id) quota belongs to the pair alone. Pairs linked
+    that way go to one group (union-find), so a group can be replayed alone, in parallel
+    with the others.
     """
     parent: dict[tuple[str, str], tuple[str, str]] = {}
 
@@ -128,11 +131,19 @@ def quota_groups(pairs: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
         if root_a != root_b:
             parent[max(root_a, root_b)] = min(root_a, root_b)
 
+    def node_of(principal: str, client_id: str) -> tuple[str, str]:
+        return ("pair", f"{principal}\x00{client_id}")
+
     for principal, client_id in pairs:
-        union(("user", principal), ("client", client_id))
+        pair = node_of(principal, client_id)
+        find(pair)
+        if link_users:
+            union(pair, ("user", principal))
+        if link_client_ids:
+            union(pair, ("client", client_id))
     roots: dict[tuple[str, str], int] = {}
     groups = {}
     for principal, client_id in sorted(pairs):
-        root = find(("user", principal))
+        root = find(node_of(principal, client_id))
         groups[(principal, client_id)] = roots.setdefault(root, len(roots))
     return groups

@@ -1,10 +1,11 @@
-"""Load: write job results as Parquet tables, CSV summaries, summary.json, report.md and plots.
+"""Load: write job results as Parquet tables, CSV summaries, summary.json and report.html.
 
 Layout of an output directory (see docs/replay.md):
 
     OUT/summary.json            versioned machine-readable summary ("schema": "kqp.replay.<job>/1")
-    OUT/report.md               human-readable report, linking the plots
-    OUT/plots/*.png             matplotlib figures
+    OUT/report.html             self-contained report: tables and plots embedded, no other file needed
+    OUT/report.md               the same report as markdown, linking the plots
+    OUT/plots/*.png             the plots, for the markdown report and for reuse
     OUT/tables/<name>.parquet   small result tables (written on the driver)
     OUT/tables/<name>/          large series (written by Spark, one directory per table)
     OUT/csv/<name>.csv          every small table, for spreadsheets
@@ -15,9 +16,14 @@ they are written from pandas; the per-second series can be large and stay in Spa
 
 from __future__ import annotations
 
+import base64
+import html
+import io
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,12 +109,110 @@ def human_bytes(value: float | None) -> str:
     return f"{value:,.1f} TB"
 
 
+# ---------------------------------------------------------------- report builder
+
+_INLINE = re.compile(r"\*\*(.+?)\*\*|`(.+?)`")
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 2px 8px; text-align: right; }
+th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
+img { max-width: 100%; } code { background: #f4f4f4; padding: 0 3px; }
+"""
+
+
+def _inline_html(text: str) -> str:
+    """Escape text, keeping the two inline marks the reports use: **bold** and `code`."""
+    parts: list[str] = []
+    position = 0
+    for match in _INLINE.finditer(text):
+        parts.append(html.escape(text[position : match.start()]))
+        bold, code = match.groups()
+        parts.append(
+            f"<strong>{html.escape(bold)}</strong>" if bold is not None else f"<code>{html.escape(code)}</code>"
+        )
+        position = match.end()
+    parts.append(html.escape(text[position:]))
+    return "".join(parts)
+
+
+@dataclass
+class Report:
+    """A report built once and written twice: self-contained HTML and markdown.
+
+    Plots are saved under `plots/` (linked from the markdown) and embedded in the HTML as
+    base64 PNG, so report.html can be mailed or attached to a CI run on its own.
+    """
+
+    title: str
+    output: Path
+    _markdown: list[str] = field(default_factory=list)
+    _html: list[str] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.heading(self.title, 1)
+
+    def heading(self, text: str, level: int = 2) -> None:
+        self._markdown += ["#" * level + " " + text, ""]
+        self._html.append(f"<h{level}>{_inline_html(text)}</h{level}>")
+
+    def paragraph(self, text: str) -> None:
+        self._markdown += [text, ""]
+        self._html.append(f"<p>{_inline_html(text)}</p>")
+
+    def bullets(self, items: Sequence[str]) -> None:
+        if not items:
+            return
+        self._markdown += [*(f"* {item}" for item in items), ""]
+        self._html.append("<ul>" + "".join(f"<li>{_inline_html(item)}</li>" for item in items) + "</ul>")
+
+    def table(self, frame: pd.DataFrame, columns: Sequence[str] | None = None, limit: int | None = None) -> None:
+        if frame.empty:
+            self.paragraph("(none)")
+            return
+        columns = list(columns or frame.columns)
+        rows = frame[columns].head(limit) if limit else frame[columns]
+        self._markdown += [markdown_table(rows), ""]
+        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
+            for row in rows.itertuples(index=False)
+        )
+        self._html.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+    def figure(self, name: str, figure: Any, caption: str) -> None:
+        """Save a matplotlib figure as plots/<name>.png and embed it."""
+        (self.output / "plots").mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        figure.tight_layout()
+        figure.savefig(buffer, format="png", dpi=100)
+        plt.close(figure)
+        relative = f"plots/{name}.png"
+        (self.output / relative).write_bytes(buffer.getvalue())
+        self.plots.append(relative)
+        encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
+        self._markdown += [f"![{caption}]({relative})", ""]
+        self._html.append(
+            f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{encoded}">'
+            f"<figcaption>{_inline_html(caption)}</figcaption></figure>"
+        )
+
+    def write(self) -> None:
+        """Write report.html and report.md under the output directory."""
+        self.output.mkdir(parents=True, exist_ok=True)
+        (self.output / "report.md").write_text("\n".join(self._markdown) + "\n")
+        page = (
+            f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(self.title)}</title>'
+            f"<style>{_STYLE}</style></head><body>\n" + "\n".join(self._html) + "\n</body></html>\n"
+        )
+        (self.output / "report.html").write_text(page)
+
+
 # ---------------------------------------------------------------- analyze
 
 
-def _plot_throughput(
-    series: pd.DataFrame, limits: Mapping[int, Mapping[str, float]], path: Path, resolution: str
-) -> None:
+def _plot_throughput(series: pd.DataFrame, limits: Mapping[int, Mapping[str, float]], resolution: str) -> Any:
     figure, axes = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     for metric, axis, title in (
         ("nw_in", axes[0], "network in (clients + replication)"),
@@ -122,22 +226,18 @@ def _plot_throughput(
         axis.set_ylabel("MB/s")
         axis.set_title(f"{title}, {resolution} (dashed: capacity x threshold)")
         axis.legend(loc="upper right", fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    return figure
 
 
-def _plot_bars(labels: Sequence[str], values: Sequence[float], title: str, xlabel: str, path: Path) -> None:
+def _plot_bars(labels: Sequence[str], values: Sequence[float], title: str, xlabel: str) -> Any:
     figure, axis = plt.subplots(figsize=(9, max(2.5, 0.35 * len(labels) + 1)))
     axis.barh(list(reversed(labels)), list(reversed(values)))
     axis.set_title(title)
     axis.set_xlabel(xlabel)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    return figure
 
 
-def _plot_partition_heat(partitions: pd.DataFrame, path: Path, max_topics: int = 20) -> None:
+def _plot_partition_heat(partitions: pd.DataFrame, max_topics: int = 20) -> Any:
     top_topics = partitions.groupby("topic")["bytes"].sum().sort_values(ascending=False).head(max_topics).index
     heat = partitions[partitions["topic"].isin(top_topics)].pivot_table(
         index="topic", columns="partition", values="mean_bytes_per_s", fill_value=0.0
@@ -150,12 +250,10 @@ def _plot_partition_heat(partitions: pd.DataFrame, path: Path, max_topics: int =
     axis.set_xlabel("partition")
     axis.set_title("mean KB/s per partition (produce + fetch)")
     figure.colorbar(image, ax=axis)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    return figure
 
 
-def _plot_latency(latency: pd.DataFrame, path: Path) -> None:
+def _plot_latency(latency: pd.DataFrame) -> Any:
     figure, axis = plt.subplots(figsize=(9, 4))
     positions = range(len(latency))
     width = 0.25
@@ -166,210 +264,172 @@ def _plot_latency(latency: pd.DataFrame, path: Path) -> None:
     axis.set_ylabel("ms (at the proxy)")
     axis.set_title("request latency by API")
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    return figure
 
 
-def _analyze_markdown(result: Any, plots: Mapping[str, str]) -> str:
-    summary = result.summary
-    tables = result.tables
-    coverage = summary["coverage"]
-    options = summary["options"]
-    lines = [
-        "# kqp capacity analysis",
-        "",
-        f"Capture `{options['capture']}`: {coverage['first_request']} .. {coverage['last_request']} "
-        f"({coverage['duration_s']:,.0f} s), {coverage['requests']:,.0f} requests from {coverage['client_ids']} "
-        f"client-ids, {coverage['principals']} principals, {coverage['connections']} connections, "
-        f"{coverage['topics']} topics, brokers {coverage['brokers']}.",
-        f"Sampling 1 in {coverage['sampling_one_in']} connections; capture coverage "
-        + (f"{coverage['capture_coverage']:.2%}" if coverage["capture_coverage"] is not None else "unknown")
-        + (
-            f" ({coverage['records_dropped']:,} records dropped by the writer)." if coverage["records_dropped"] else "."
-        ),
-        f"Replication factor {options['replication_factor']} (modelled), headroom basis: {options['headroom_basis']}, "
-        f"monthly growth x{options['monthly_growth']}.",
-        "",
-    ]
+def _verdict(report: Report, summary: Mapping[str, Any]) -> None:
     headroom = summary["headroom"]
-    lines += ["## Verdict", ""]
+    options = summary["options"]
+    items = []
     binding = headroom["binding_constraint"]
     if binding:
-        lines.append(
-            f"* Binding constraint: broker {binding['broker']} {binding['resource']} at "
+        items.append(
+            f"Binding constraint: broker {binding['broker']} {binding['resource']} at "
             f"{binding['utilisation']:.1%} of capacity (limit {binding['threshold']:.0%}); traffic can grow "
             f"x{_fmt(binding['growth_to_limit'])} before it reaches the limit."
         )
         months = headroom["runway_months"]
-        lines.append(
-            "* Growth runway: "
+        items.append(
+            "Growth runway: "
             + (f"{months:.1f} months" if months is not None else "unlimited (no growth)")
             + f" at x{options['monthly_growth']} per month."
         )
         lost = headroom["binding_constraint_broker_lost"]
         if lost:
-            lines.append(
-                f"* If broker {headroom['broker_lost']} (the busiest) is lost, broker {lost['broker']} "
+            items.append(
+                f"If broker {headroom['broker_lost']} (the busiest) is lost, broker {lost['broker']} "
                 f"{lost['resource']} runs at {lost['utilisation']:.1%} of capacity "
                 + ("(above the limit)." if lost["utilisation"] > lost["threshold"] else "(within the limit).")
             )
+        sizing = headroom.get("brokers_needed")
+        if sizing:
+            items.append(
+                f"Brokers needed for the {sizing['basis']} load at {sizing['target_utilisation']:.0%} network "
+                f"utilisation: {sizing['now']} now, {sizing['in_12_months']} in 12 months at this growth."
+            )
     else:
-        lines.append("* No capacity file given: headroom not assessed (pass `--capacity`).")
-    for violation in summary["budget"]["violations"]:
-        lines.append(f"* **Budget violated:** {violation}")
-    lines.append("")
+        items.append("No capacity file given: headroom not assessed (pass `--capacity`).")
+    items += [f"**Budget violated:** {violation}" for violation in summary["budget"]["violations"]]
+    report.heading("Verdict")
+    report.bullets(items)
 
+
+def build_analyze_report(result: Any, output: Path, series: pd.DataFrame, resolution: str) -> Report:
+    """The analyze report: verdict, throughput, headroom, shares, hot spots, batches, latency."""
+    summary = result.summary
+    tables = result.tables
+    coverage = summary["coverage"]
+    options = summary["options"]
+    report = Report("kqp capacity analysis", output)
+    report.paragraph(
+        f"Capture `{options['capture']}`: {coverage['first_request']} .. {coverage['last_request']} "
+        f"({coverage['duration_s']:,.0f} s), {coverage['requests']:,.0f} requests from {coverage['client_ids']} "
+        f"client-ids, {coverage['principals']} principals, {coverage['connections']} connections, "
+        f"{coverage['topics']} topics, brokers {coverage['brokers']}. "
+        f"Sampling 1 in {coverage['sampling_one_in']} connections; capture coverage "
+        + (f"{coverage['capture_coverage']:.2%}" if coverage["capture_coverage"] is not None else "unknown")
+        + (f" ({coverage['records_dropped']:,} records dropped by the writer)." if coverage["records_dropped"] else ".")
+        + f" Replication factor {options['replication_factor']} (modelled), headroom basis: "
+        f"{options['headroom_basis']}, monthly growth x{options['monthly_growth']}."
+    )
+    _verdict(report, summary)
+
+    limits: dict[int, dict[str, float]] = {}
+    for row in summary["headroom"]["rows"]:
+        metric = "nw_in" if row["resource"] == "NW_IN" else "nw_out"
+        limits.setdefault(int(row["broker"]), {})[metric] = row["limit_bytes_per_s"]
+    report.heading("Throughput")
+    report.figure(
+        "throughput",
+        _plot_throughput(series.sort_values("window_start"), limits, resolution),
+        f"network in/out per broker at {resolution}, with capacity x threshold",
+    )
     stats = tables["throughput_stats"]
     observed = stats[(stats["scenario"] == "observed") & (stats["resolution"] == "1s")]
-    lines += ["## Throughput (per second)", ""]
-    if "throughput" in plots:
-        lines += [f"![throughput]({plots['throughput']})", ""]
+    columns = ["broker", "metric", "mean", "p50", "p95", "p99", "p99_9", "max", "max_at", "seconds_above_limit"]
     for scope in ("cluster", "broker"):
         rows = observed[(observed["scope"] == scope) & ~observed["metric"].str.startswith("requests:")].copy()
         rows["max_at"] = pd.to_datetime(rows["max_at"])
-        lines += [
-            f"### {'Cluster' if scope == 'cluster' else 'Per broker'} (bytes/s, requests/s, connections)",
-            "",
-            markdown_table(
-                rows, ["broker", "metric", "mean", "p50", "p95", "p99", "p99_9", "max", "max_at", "seconds_above_limit"]
-            ),
-            "",
-        ]
+        report.heading(f"{'Cluster' if scope == 'cluster' else 'Per broker'}, per second (bytes/s, requests/s)", 3)
+        report.table(rows, columns)
     api_rows = observed[(observed["scope"] == "cluster") & observed["metric"].str.startswith("requests:")]
-    lines += [
-        "### Request rate by API (cluster, requests/s)",
-        "",
-        markdown_table(api_rows, ["metric", "mean", "p50", "p99", "max"]),
-        "",
-    ]
+    report.heading("Request rate by API (cluster, requests/s)", 3)
+    report.table(api_rows, ["metric", "mean", "p50", "p99", "max"])
+
+    headroom = summary["headroom"]
     if "headroom" in tables:
-        lines += ["## Headroom against the capacity file", "", markdown_table(tables["headroom"]), ""]
+        report.heading("Headroom against the capacity file")
+        report.table(tables["headroom"])
     if "headroom_broker_lost" in tables:
-        lines += [
-            f"### If broker {headroom['broker_lost']} is lost (its leaders re-homed evenly)",
-            "",
-            markdown_table(tables["headroom_broker_lost"]),
-            "",
-        ]
-    lines += ["## Who carries the traffic", ""]
-    for dimension, pareto in summary["shares"].items():
-        if not pareto.get("entities"):
-            continue
-        lines.append(
-            f"* **{dimension}**: {pareto['entities']} in all; top 1 `{pareto['top1']['entity']}` carries "
+        report.heading(f"If broker {headroom['broker_lost']} is lost (its leaders re-homed evenly)", 3)
+        report.table(tables["headroom_broker_lost"])
+
+    report.heading("Who carries the traffic")
+    report.bullets(
+        [
+            f"**{dimension}**: {pareto['entities']} in all; top 1 `{pareto['top1']['entity']}` carries "
             f"{pareto['top1']['share_bytes']:.1%} of bytes, {pareto['entities_for_80pct_bytes']} carry 80 %, "
             f"the top 20 % carry {pareto['top_20pct_entities_share_bytes']:.1%}."
-        )
+            for dimension, pareto in summary["shares"].items()
+            if pareto.get("entities")
+        ]
+    )
     shares = tables["shares"]
     for dimension in ("client_id", "topic"):
         rows = shares[shares["dimension"] == dimension]
-        lines += ["", f"### Top {dimension}s by bytes", ""]
-        if f"top_{dimension}" in plots:
-            lines += [f"![top {dimension}]({plots[f'top_{dimension}']})", ""]
-        lines.append(
-            markdown_table(
-                rows,
-                ["rank", "entity", "requests", "bytes", "share_bytes", "cumulative_share_bytes"],
-                limit=options["top_n"],
+        report.heading(f"Top {dimension}s by bytes", 3)
+        top = rows.head(options["top_n"])
+        if len(top):
+            report.figure(
+                f"top_{dimension}",
+                _plot_bars(list(top["entity"]), list(top["bytes"] / 1e6), f"top {dimension}s by bytes", "MB"),
+                f"top {dimension}s by bytes",
             )
+        report.table(
+            rows, ["rank", "entity", "requests", "bytes", "share_bytes", "cumulative_share_bytes"], options["top_n"]
         )
-    lines += ["", "### Burstiness of client-ids (p99 / median bytes/s over active seconds)", ""]
-    lines += [
-        markdown_table(tables["client_burstiness"].sort_values("burstiness", ascending=False), limit=options["top_n"]),
-        "",
-    ]
-    lines += ["## Partition hot spots", ""]
-    if "partition_heat" in plots:
-        lines += [f"![partition heat]({plots['partition_heat']})", ""]
-    lines += [
-        markdown_table(
-            tables["partitions"],
-            ["rank", "topic", "partition", "leader", "bytes", "mean_bytes_per_s", "peak_bytes_per_s"],
-            limit=options["top_n"],
-        ),
-        "",
-        f"Broker skew (max / mean client bytes): {_fmt(summary['skew']['broker_bytes_max_over_mean'])}.",
-        "",
-        "### Topic skew (max / mean partition bytes)",
-        "",
-        markdown_table(tables["topic_skew"], limit=options["top_n"]) if len(tables["topic_skew"]) else "no partitions",
-        "",
-        "## Produce batch sizes",
-        "",
-        markdown_table(tables["batch_mix"]),
-        "",
-        markdown_table(tables["batch_mix_by_client"], limit=options["top_n"] * 3),
-        "",
-        "## Latency by API (at the proxy; broker = proxy-to-broker round trip)",
-        "",
-    ]
-    if "latency" in plots:
-        lines += [f"![latency]({plots['latency']})", ""]
-    lines += [
-        markdown_table(
-            tables["latency_by_api"],
-            ["api", "responses", "p50_ms", "p95_ms", "p99_ms", "p99_9_ms", "max_ms", "broker_p99_ms"],
-        ),
-        "",
-        "## Errors",
-        "",
-        markdown_table(tables["errors"]) if len(tables["errors"]) else "No error responses.",
-        "",
-        "## Throttles (broker-returned vs proxy-applied)",
-        "",
-        markdown_table(tables["throttles"]) if len(tables["throttles"]) else "No throttled requests.",
-        "",
-    ]
-    return "\n".join(lines)
+    report.heading("Burstiness of client-ids (p99 / median bytes/s over active seconds)", 3)
+    report.table(tables["client_burstiness"].sort_values("burstiness", ascending=False), limit=options["top_n"])
+
+    report.heading("Partition hot spots")
+    if len(tables["partitions"]):
+        report.figure("partition_heat", _plot_partition_heat(tables["partitions"]), "partition heat table")
+    report.table(
+        tables["partitions"],
+        ["rank", "topic", "partition", "leader", "bytes", "mean_bytes_per_s", "peak_bytes_per_s"],
+        options["top_n"],
+    )
+    report.paragraph(f"Broker skew (max / mean client bytes): {_fmt(summary['skew']['broker_bytes_max_over_mean'])}.")
+    report.heading("Topic skew (max / mean partition bytes)", 3)
+    report.table(tables["topic_skew"], limit=options["top_n"])
+
+    report.heading("Produce batch sizes")
+    report.table(tables["batch_mix"])
+    report.table(tables["batch_mix_by_client"], limit=options["top_n"] * 3)
+
+    report.heading("Latency by API (at the proxy; broker = proxy-to-broker round trip)")
+    if len(tables["latency_by_api"]):
+        report.figure("latency", _plot_latency(tables["latency_by_api"]), "request latency by API")
+    report.table(
+        tables["latency_by_api"],
+        ["api", "responses", "p50_ms", "p95_ms", "p99_ms", "p99_9_ms", "max_ms", "broker_p99_ms"],
+    )
+    report.heading("Errors")
+    report.table(tables["errors"])
+    report.heading("Throttles (broker-returned vs proxy-applied)")
+    report.table(tables["throttles"])
+    return report
 
 
 def write_analyze_outputs(result: Any, output: str | Path) -> None:
     """Write every analyze output under `output` (a driver-local directory)."""
     out = Path(output)
-    (out / "plots").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     for name, frame in result.spark_tables.items():
         frame.write.mode("overwrite").parquet(str(out / "tables" / name))
     write_tables(out, result.tables)
 
-    plots: dict[str, str] = {}
-    resolution = "1s"
-    seconds = result.summary["coverage"]["duration_s"]
-    if seconds > MAX_PLOT_POINTS:
-        resolution = "1min"
+    # A day at 1 s is 86,400 points per line: long captures are plotted at 1 min.
+    resolution = "1min" if result.summary["coverage"]["duration_s"] > MAX_PLOT_POINTS else "1s"
     series = to_pandas(
         result.spark_tables[f"broker_series_{resolution}"].select("broker", "window_start", "nw_in", "nw_out")
     )
-    limits: dict[int, dict[str, float]] = {}
-    for row in result.summary["headroom"]["rows"]:
-        metric = "nw_in" if row["resource"] == "NW_IN" else "nw_out"
-        limits.setdefault(int(row["broker"]), {})[metric] = row["limit_bytes_per_s"]
-    _plot_throughput(series.sort_values("window_start"), limits, out / "plots" / "throughput.png", resolution)
-    plots["throughput"] = "plots/throughput.png"
-    shares = result.tables["shares"]
-    top_n = result.summary["options"]["top_n"]
-    for dimension in ("client_id", "topic"):
-        rows = shares[shares["dimension"] == dimension].head(top_n)
-        if len(rows):
-            _plot_bars(
-                list(rows["entity"]),
-                list(rows["bytes"] / 1e6),
-                f"top {dimension}s by bytes",
-                "MB",
-                out / "plots" / f"top_{dimension}.png",
-            )
-            plots[f"top_{dimension}"] = f"plots/top_{dimension}.png"
-    if len(result.tables["partitions"]):
-        _plot_partition_heat(result.tables["partitions"], out / "plots" / "partition_heat.png")
-        plots["partition_heat"] = "plots/partition_heat.png"
-    if len(result.tables["latency_by_api"]):
-        _plot_latency(result.tables["latency_by_api"], out / "plots" / "latency.png")
-        plots["latency"] = "plots/latency.png"
-
+    report = build_analyze_report(result, out, series, resolution)
     result.summary["outputs"] = {
         "tables": sorted([*result.tables, *result.spark_tables]),
-        "plots": sorted(plots.values()),
-        "report": "report.md",
+        "plots": sorted(report.plots),
+        "report": "report.html",
+        "report_markdown": "report.md",
     }
     write_json(out / "summary.json", result.summary)
-    (out / "report.md").write_text(_analyze_markdown(result, plots))
+    report.write()

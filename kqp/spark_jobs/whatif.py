@@ -13,11 +13,13 @@ On a cluster::
 Every request goes through `kqp.quotas` (the proxy's own engine, not a re-implementation),
 recorded the way the proxy records it (kqp/proxy/enforcement.py): Produce by request size,
 Fetch by response size, request time by the broker round trip (less a long-poll's wait),
-at the instant the response came back; the throttle is the largest of them. Quotas are
-per broker, so each broker gets its own engine; within a broker, (principal, client-id)
-pairs that could share a sensor are grouped (quota_replay.quota_groups) and every group is
-replayed in time order by `groupBy(...).applyInPandas`. Controller-mutation quotas are not
-replayed (the capture keeps mutation counts, but not the request order they were checked in).
+at the instant the response came back; the throttle is the largest of them. The broker
+is the upstream node label (`1`, `2`, ... or `bootstrap`, as the proxy names it), and the
+engine applies the scope of each budget (per broker, as Kafka, or cluster-wide) from the
+settings. (principal, client-id) pairs that could share a sensor under the config are
+grouped (quota_replay.quota_groups); each group, and each broker of it when every budget
+is per broker, is replayed in time order by `groupBy(...).applyInPandas`, with its own
+engine. Controller-mutation quotas are not replayed.
 
 Outputs per (principal, client-id): share of requests throttled, total and p50/p95/p99/max
 throttle, bytes delayed, effective rate; per broker: peak bytes/s before and after
@@ -30,7 +32,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,13 +41,16 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from kqp.quotas.settings import QuotaSettings
 from kqp.spark_jobs.analyze import ANONYMOUS, BUDGET_EXIT_CODE, FETCH_KEY, PRODUCE_KEY, Progress
 from kqp.spark_jobs.capture_source import read_capture
-from kqp.spark_jobs.quota_replay import MODES, Mode, ThrottleFunction, replay_group
+from kqp.spark_jobs.quota_replay import MODES, Mode, ThrottleFunction, quota_groups, replay_group
 from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.whatif/1"
 SIZE_PREFIX_BYTES = 4  # the proxy counts Produce as the frame minus its 4-byte length prefix
+# Fetch responses from v12 have a flexible header: correlation id plus an (empty) tagged-field byte.
+FETCH_FLEXIBLE_SINCE = 12
 
 SIMULATED_SCHEMA = (
     "ts_ms long, connection_id long, broker int, principal string, client_id string, api_key int, nbytes long, "
@@ -65,28 +69,45 @@ class WhatIfOptions:
     budget_max_throttled_share: float | None = None
 
 
-def engine_throttle_function(config_text: str) -> ThrottleFunction:
-    """A throttle function backed by a fresh kqp.quotas engine configured from the YAML text."""
-    from kqp.config import load_config  # type: ignore[attr-defined]
-    from kqp.quotas import QuotaEngine  # type: ignore[attr-defined]
+def broker_label(node_id: int) -> str:
+    """The broker label the proxy hands the quota engine (kqp/proxy/enforcement.py)."""
+    return "bootstrap" if node_id < 0 else str(node_id)
 
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
-        handle.write(config_text)
-    config = load_config([handle.name])
-    Path(handle.name).unlink()
-    engine = QuotaEngine.from_config(config.quotas)
+
+def load_quota_settings(config_path: str) -> QuotaSettings:
+    """The quota settings of a proxy config file, read exactly as the proxy reads them."""
+    from kqp.config import load_config
+
+    settings: QuotaSettings = load_config([config_path]).quota_settings()
+    return settings
+
+
+def needs_cluster_wide_replay(settings: QuotaSettings) -> bool:
+    """True when some budget spans brokers, so a group cannot be replayed broker by broker."""
+    return settings.scope == "cluster" or any(entry.scope == "cluster" for entry in settings.entries)
+
+
+def engine_throttle_function(settings: QuotaSettings) -> ThrottleFunction:
+    """A throttle function backed by a fresh kqp.quotas engine (the proxy's own code).
+
+    The engine applies the scope (per broker or cluster-wide) from the settings; this only
+    feeds it what the proxy feeds it, per request, and keeps the largest throttle.
+    """
+    from kqp.quotas import QuotaEngine
+
+    engine = QuotaEngine(settings)
 
     def throttle(
         api_key: int, broker: int, principal: str, client_id: str, nbytes: int, request_ms: float, now_ms: int
     ) -> float:
-        scope = f"broker:{broker}" if broker >= 0 else "broker:bootstrap"
-        delays = [0.0]
+        node = broker_label(broker)
+        delays = [0]
         if api_key == PRODUCE_KEY:
-            delays.append(engine.record_produce(scope, principal, client_id, nbytes, now_ms))
+            delays.append(engine.record_produce(node, principal, client_id, nbytes, now_ms))
         elif api_key == FETCH_KEY:
-            delays.append(engine.record_fetch(scope, principal, client_id, nbytes, now_ms))
+            delays.append(engine.record_fetch(node, principal, client_id, nbytes, now_ms))
         if request_ms == request_ms:  # not NaN: the request had a response
-            delays.append(engine.record_request_time(scope, principal, client_id, api_key, request_ms, now_ms))
+            delays.append(engine.record_request_time(node, principal, client_id, api_key, request_ms, now_ms))
         return float(max(delays))
 
     return throttle
@@ -103,7 +124,14 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
     )
     nbytes = (
         F.when(F.col("api_key") == PRODUCE_KEY, F.col("request_bytes") - SIZE_PREFIX_BYTES)
-        .when(F.col("api_key") == FETCH_KEY, F.coalesce(F.col("response_bytes"), F.lit(0)) - SIZE_PREFIX_BYTES)
+        # Kafka counts a Fetch as 4 + its response body: the frame less its response header.
+        .when(
+            F.col("api_key") == FETCH_KEY,
+            F.coalesce(F.col("response_bytes"), F.lit(0))
+            - SIZE_PREFIX_BYTES
+            - F.when(F.col("api_version") >= FETCH_FLEXIBLE_SINCE, 5).otherwise(4)
+            + 4,
+        )
         .otherwise(0)
     )
     return raw.select(
@@ -122,18 +150,38 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
     )
 
 
+def sharing(settings: QuotaSettings) -> tuple[bool, bool]:
+    """Whether the settings make client-ids of a user, or users of a client-id, share a sensor.
+
+    A user-level entry (any user, no client-id) is shared by the user's client-ids; a
+    client-id-level entry by the client-id's users. A quota callback may group clients any
+    way it likes, so it links both.
+    """
+    if settings.callback is not None:
+        return True, True
+    users = any(e.entity.user is not None and e.entity.client_id is None for e in settings.entries)
+    client_ids = any(e.entity.client_id is not None and e.entity.user is None for e in settings.entries)
+    return users, client_ids
+
+
 def simulate(
-    spark: SparkSession, requests: DataFrame, throttle_factory: Callable[[], ThrottleFunction], mode: Mode
+    spark: SparkSession,
+    requests: DataFrame,
+    throttle_factory: Callable[[], ThrottleFunction],
+    mode: Mode,
+    link_users: bool = True,
+    link_client_ids: bool = True,
+    per_broker: bool = True,
 ) -> DataFrame:
     """Every request with its simulated send time and throttle (applyInPandas per quota group).
 
     `throttle_factory` runs on the executors, once per group, and returns a fresh engine's
-    throttle function (a group owns its sensors).
+    throttle function (a group owns its sensors). With `per_broker` (every budget is per
+    broker, Kafka's way) each broker's traffic of a group is replayed separately; otherwise
+    a group's traffic on all brokers goes through one engine.
     """
-    from kqp.spark_jobs.quota_replay import quota_groups
-
     pairs = [(r["principal"], r["client_id"]) for r in requests.select("principal", "client_id").distinct().collect()]
-    groups = quota_groups(pairs)
+    groups = quota_groups(pairs, link_users, link_client_ids)
     mapping = spark.createDataFrame(
         [(p, c, g) for (p, c), g in groups.items()], "principal string, client_id string, quota_group int"
     )
@@ -143,7 +191,8 @@ def simulate(
         result = replay_group(frame, throttle_factory(), mode)
         return result[[name.split()[0] for name in SIMULATED_SCHEMA.split(", ")]]
 
-    return grouped.groupBy("broker", "quota_group").applyInPandas(replay, SIMULATED_SCHEMA)
+    keys = ("broker", "quota_group") if per_broker else ("quota_group",)
+    return grouped.groupBy(*keys).applyInPandas(replay, SIMULATED_SCHEMA)
 
 
 def client_outcomes(simulated: DataFrame) -> DataFrame:
@@ -218,10 +267,19 @@ def calibration(simulated: DataFrame) -> DataFrame:
 def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Simulate and shape the results; returns {"summary": ..., "tables": {...}}."""
     progress = progress or Progress("whatif", 5)
-    config_text = Path(options.quotas).read_text()
+    settings = load_quota_settings(options.quotas)
+    link_users, link_client_ids = sharing(settings)
     requests = prepare_requests(read_capture(spark, options.capture))
-    factory = functools.partial(engine_throttle_function, config_text)
-    simulated = simulate(spark, requests, factory, options.mode).persist()
+    factory = functools.partial(engine_throttle_function, settings)
+    simulated = simulate(
+        spark,
+        requests,
+        factory,
+        options.mode,
+        link_users=link_users,
+        link_client_ids=link_client_ids,
+        per_broker=not needs_cluster_wide_replay(settings),
+    ).persist()
     rows = simulated.count()
     progress.step(f"replayed {rows} requests through kqp.quotas ({options.mode})")
     clients = to_pandas(client_outcomes(simulated)).sort_values("throttle_ms_total", ascending=False)
@@ -230,7 +288,7 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
     progress.step("per-client throttling and broker peaks")
     summary: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA,
-        "options": {"capture": options.capture, "quotas": options.quotas, "mode": options.mode},
+        "options": {"capture": options.capture, "quotas": options.quotas, "mode": options.mode, "top_n": options.top_n},
         "requests": int(rows),
         "throttled_requests": int(clients["throttled_requests"].sum()),
         "throttled_share": float(clients["throttled_requests"].sum() / max(rows, 1)),
@@ -266,45 +324,76 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
     return {"summary": summary, "tables": tables}
 
 
+def _plot_throttled_clients(clients: pd.DataFrame, top_n: int) -> Any:
+    import matplotlib.pyplot as plt
+
+    top = clients.head(top_n)
+    labels = [f"{p} / {c}" for p, c in zip(top["principal"], top["client_id"], strict=True)]
+    figure, axes = plt.subplots(1, 2, figsize=(12, max(2.5, 0.35 * len(top) + 1)), sharey=True)
+    axes[0].barh(list(reversed(labels)), list(reversed(top["throttled_share"] * 100)))
+    axes[0].set_xlabel("% of requests throttled")
+    axes[1].barh(list(reversed(labels)), list(reversed(top["throttle_ms_total"] / 1000)))
+    axes[1].set_xlabel("total throttle (s)")
+    figure.suptitle("clients by total simulated throttle")
+    return figure
+
+
+def _plot_broker_peaks(peaks: pd.DataFrame) -> Any:
+    import matplotlib.pyplot as plt
+
+    labels = [
+        f"{b} {'produce' if k == PRODUCE_KEY else 'fetch'}"
+        for b, k in zip(peaks["broker"], peaks["api_key"], strict=True)
+    ]
+    positions = range(len(peaks))
+    figure, axis = plt.subplots(figsize=(9, 3.5))
+    axis.bar([p - 0.2 for p in positions], peaks["recorded_peak_bytes_per_s"] / 1e6, 0.4, label="as recorded")
+    axis.bar([p + 0.2 for p in positions], peaks["simulated_peak_bytes_per_s"] / 1e6, 0.4, label="after throttling")
+    axis.set_xticks(list(positions), labels, rotation=30, ha="right")
+    axis.set_ylabel("peak MB/s (1 s)")
+    axis.set_title("broker peaks before and after the quota config")
+    axis.legend()
+    return figure
+
+
 def write_whatif_outputs(result: dict[str, Any], output: str) -> None:
-    from kqp.spark_jobs.report import markdown_table, write_json, write_tables
+    from kqp.spark_jobs.report import Report, write_json, write_tables
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     write_tables(out, result["tables"])
     summary = result["summary"]
-    summary["outputs"] = {"tables": sorted(result["tables"]), "report": "report.md"}
-    write_json(out / "summary.json", summary)
-    lines = [
-        "# kqp quota what-if",
-        "",
-        f"Capture `{summary['options']['capture']}`, quotas `{summary['options']['quotas']}`, "
-        f"mode **{summary['options']['mode']}**: {summary['throttled_requests']:,} of {summary['requests']:,} "
-        f"requests throttled ({summary['throttled_share']:.2%}), {summary['throttle_ms_total']:,.0f} ms of throttle, "
-        f"{summary['bytes_delayed']:,.0f} bytes delayed. Not simulated: {', '.join(summary['not_simulated'])}.",
-        "",
-        "## Per client",
-        "",
-        markdown_table(result["tables"]["clients"]),
-        "",
-        "## Broker peaks (bytes/s) as recorded and after throttling",
-        "",
-        markdown_table(result["tables"]["broker_peaks"]),
-        "",
-    ]
+    options = summary["options"]
+    clients = result["tables"]["clients"]
+    report = Report("kqp quota what-if", out)
+    report.paragraph(
+        f"Capture `{options['capture']}`, quotas `{options['quotas']}`, mode **{options['mode']}**: "
+        f"{summary['throttled_requests']:,} of {summary['requests']:,} requests throttled "
+        f"({summary['throttled_share']:.2%}), {summary['throttle_ms_total']:,.0f} ms of throttle, "
+        f"{summary['bytes_delayed']:,.0f} bytes delayed. Not simulated: {', '.join(summary['not_simulated'])}."
+    )
+    report.bullets([f"**Budget violated:** {violation}" for violation in summary["budget"]["violations"]])
+    report.heading("Per client")
+    if len(clients) and clients["throttle_ms_total"].sum() > 0:
+        report.figure("throttled_clients", _plot_throttled_clients(clients, options["top_n"]), "throttled clients")
+    report.table(clients)
+    report.heading("Broker peaks (bytes/s) as recorded and after throttling")
+    peaks = result["tables"]["broker_peaks"]
+    if len(peaks):
+        report.figure("broker_peaks", _plot_broker_peaks(peaks), "broker peaks before and after throttling")
+    report.table(peaks)
     if "calibration" in summary:
-        calibration_summary = summary["calibration"]
-        lines += [
-            "## Calibration against the recorded proxy throttles",
-            "",
-            "; ".join(f"{k} = {v}" for k, v in calibration_summary.items()),
-            "",
-            markdown_table(result["tables"]["calibration"]),
-            "",
-        ]
-    for violation in summary["budget"]["violations"]:
-        lines.append(f"* **Budget violated:** {violation}")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+        report.heading("Calibration against the recorded proxy throttles")
+        report.bullets([f"{key}: {value}" for key, value in summary["calibration"].items()])
+        report.table(result["tables"]["calibration"])
+    summary["outputs"] = {
+        "tables": sorted(result["tables"]),
+        "plots": sorted(report.plots),
+        "report": "report.html",
+        "report_markdown": "report.md",
+    }
+    write_json(out / "summary.json", summary)
+    report.write()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -337,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress("whatif", 4)
     result = run_whatif(spark, options, progress)
     write_whatif_outputs(result, options.output)
-    progress.step(f"wrote {options.output}/report.md and summary.json")
+    progress.step(f"wrote {options.output}/report.html and summary.json")
     for violation in result["summary"]["budget"]["violations"]:
         print(f"BUDGET VIOLATED: {violation}", file=sys.stderr)
     return BUDGET_EXIT_CODE if result["summary"]["budget"]["violations"] else 0

@@ -241,6 +241,11 @@ def test_outputs_on_disk(analysis: Any, capture_rows: pd.DataFrame) -> None:
     for plot in summary["outputs"]["plots"]:
         assert (output / plot).stat().st_size > 1_000
         assert f"]({plot})" in report
+    # report.html stands alone: every plot embedded, nothing loaded from elsewhere.
+    page = (output / summary["outputs"]["report"]).read_text()
+    assert page.count('src="data:image/png;base64,') == len(summary["outputs"]["plots"]) >= 4
+    assert 'src="plots/' not in page and "<link" not in page
+    assert "Binding constraint" in page and "<table>" in page
     series = pd.read_parquet(output / "tables" / "broker_series_1s")
     assert len(series) == SPEC.brokers * summary["coverage"]["duration_s"]
     assert (output / "csv" / "throughput_stats.csv").exists()

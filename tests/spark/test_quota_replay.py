@@ -61,3 +61,14 @@ def test_quota_groups_link_shared_users_and_client_ids() -> None:
     groups = quota_groups([("User:a", "x"), ("User:a", "y"), ("User:b", "y"), ("User:c", "z")])
     assert groups[("User:a", "x")] == groups[("User:b", "y")]
     assert groups[("User:c", "z")] != groups[("User:a", "x")]
+
+
+def test_quota_groups_only_link_what_the_config_shares() -> None:
+    pairs = [("User:a", "x"), ("User:a", "y"), ("User:b", "y"), ("User:c", "z")]
+    # Client-id quotas only: users of one client-id share, a user's client-ids do not.
+    by_client = quota_groups(pairs, link_users=False, link_client_ids=True)
+    assert by_client[("User:a", "y")] == by_client[("User:b", "y")]
+    assert by_client[("User:a", "x")] != by_client[("User:a", "y")]
+    # (user, client-id) quotas only: every pair alone.
+    alone = quota_groups(pairs, link_users=False, link_client_ids=False)
+    assert len(set(alone.values())) == len(pairs)

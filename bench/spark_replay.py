@@ -1,0 +1,172 @@
+"""Rows/s of the Spark replay jobs (`analyze`, `whatif`) on synthetic captures of growing size.
+
+    .venv/bin/python bench/spark_replay.py --sizes 1000000 10000000 --master 'local[2]'
+
+For every size the script writes a synthetic capture once (not timed: it stands for a capture
+the proxy already wrote), then runs each job in a fresh Python process exactly as an operator
+would (`python -m kqp.spark_jobs.<job> ...`), so the wall time includes the JVM and Spark
+start-up. The jobs' own progress lines are relayed with a prefix, so a 10M run shows where it
+is. At the end: a table of seconds and rows/s per (job, size), and for every job the growth
+exponent between consecutive sizes (time ~ size^k; k = 1 is linear), as text and as JSON.
+
+The capture keeps a constant request rate (`--rate` requests/s), so a bigger capture is a
+longer window, as a longer real capture would be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CAPACITY_FILE = REPO / "config" / "capacity.json"
+TARGET_10M_ANALYZE_S = 180.0
+
+# A what-if config in the proxy's YAML: every client-id gets a produce and a consume budget
+# low enough that the Zipf-heavy clients of the synthetic capture get throttled.
+QUOTAS_YAML = """\
+quotas:
+  entries:
+    - entity: {client-id: "<default>"}
+      producer_byte_rate: 2000000
+      consumer_byte_rate: 4000000
+"""
+
+
+@dataclass
+class Measurement:
+    job: str
+    rows: int
+    seconds: float
+    rows_per_s: float
+    exit_code: int
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def generate(rows: int, rate: int, directory: Path) -> None:
+    if (directory / "_complete").exists():
+        log(f"reusing capture {directory}")
+        return
+    seconds = max(60, rows // rate)
+    log(f"generating {rows:,} requests over {seconds} s in {directory}")
+    started = time.monotonic()
+    command = [sys.executable, "-m", "kqp.spark_jobs.synthetic", str(directory)]
+    subprocess.run(
+        [*command, "--requests", str(rows), "--seconds", str(seconds)],
+        check=True,
+        cwd=REPO,
+    )
+    (directory / "_complete").write_text("")
+    log(f"generated in {time.monotonic() - started:.1f} s (not counted)")
+
+
+def job_command(job: str, capture: Path, output: Path, master: str, quotas: Path) -> list[str]:
+    command = [sys.executable, "-m", f"kqp.spark_jobs.{job}", str(capture), "--output", str(output), "--master", master]
+    if job == "analyze":
+        command += ["--capacity", str(CAPACITY_FILE)]
+    elif job == "whatif":
+        command += ["--quotas", str(quotas)]
+    return command
+
+
+def run_job(job: str, rows: int, capture: Path, output: Path, master: str, quotas: Path) -> Measurement:
+    """Run one job in a fresh process, relaying its progress lines; wall time includes start-up."""
+    log(f"{job} on {rows:,} requests ({master})")
+    started = time.monotonic()
+    process = subprocess.Popen(
+        job_command(job, capture, output, master, quotas),
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stderr is not None
+    tail: list[str] = []
+    for line in process.stderr:
+        line = line.rstrip()
+        tail = [*tail, line][-20:]
+        # Progress lines only; Spark's own logging is noise here.
+        if line.startswith(f"[{job} "):
+            log(f"  {line}")
+    code = process.wait()
+    elapsed = time.monotonic() - started
+    if code not in (0, 3):  # 3 = a budget was violated, still a complete run
+        log(f"{job} failed with exit code {code}; last lines:\n" + "\n".join(tail))
+    log(f"{job} on {rows:,}: {elapsed:.1f} s, {rows / elapsed:,.0f} rows/s")
+    return Measurement(job=job, rows=rows, seconds=elapsed, rows_per_s=rows / elapsed, exit_code=code)
+
+
+def growth_exponents(measurements: list[Measurement]) -> dict[str, list[dict[str, float]]]:
+    """Per job, k in time ~ size^k between each pair of consecutive sizes."""
+    result: dict[str, list[dict[str, float]]] = {}
+    for job in sorted({m.job for m in measurements}):
+        runs = sorted((m for m in measurements if m.job == job and m.exit_code in (0, 3)), key=lambda m: m.rows)
+        result[job] = [
+            {
+                "from_rows": a.rows,
+                "to_rows": b.rows,
+                "time_ratio": b.seconds / a.seconds,
+                "exponent": math.log(b.seconds / a.seconds) / math.log(b.rows / a.rows),
+            }
+            for a, b in itertools.pairwise(runs)
+        ]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--jobs", nargs="+", choices=("analyze", "whatif"), default=["analyze", "whatif"])
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--rate", type=int, default=2_000, help="requests/s of the synthetic capture")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/kqp-bench"))
+    parser.add_argument("--quotas", type=Path, help="quota YAML for whatif (default: a client-id default quota)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    quotas = args.quotas or args.workdir / "quotas.yaml"
+    if args.quotas is None:
+        quotas.write_text(QUOTAS_YAML)
+    measurements: list[Measurement] = []
+    for rows in sorted(args.sizes):
+        capture = args.workdir / f"capture-{rows}"
+        generate(rows, args.rate, capture)
+        for job in args.jobs:
+            measurements.append(run_job(job, rows, capture, args.workdir / f"{job}-{rows}", args.master, quotas))
+
+    print(f"\nSpark replay jobs, master {args.master}, {os.cpu_count()} CPUs visible; wall time incl. Spark start-up")
+    print(f"{'job':<8} {'requests':>12} {'seconds':>9} {'rows/s':>10}  exit")
+    for m in measurements:
+        print(f"{m.job:<8} {m.rows:>12,} {m.seconds:>9.1f} {m.rows_per_s:>10,.0f}  {m.exit_code}")
+    exponents = growth_exponents(measurements)
+    for job, steps in exponents.items():
+        for step in steps:
+            print(
+                f"{job}: {step['from_rows']:,} -> {step['to_rows']:,} rows: time x{step['time_ratio']:.2f} "
+                f"(time ~ size^{step['exponent']:.2f})"
+            )
+    ten_million = [m for m in measurements if m.job == "analyze" and m.rows == 10_000_000]
+    if ten_million:
+        verdict = "met" if ten_million[0].seconds < TARGET_10M_ANALYZE_S else "MISSED"
+        print(f"target: 10M analysed in < {TARGET_10M_ANALYZE_S:.0f} s: {verdict} ({ten_million[0].seconds:.1f} s)")
+    if args.json:
+        document = {"master": args.master, "runs": [asdict(m) for m in measurements], "growth": exponents}
+        args.json.write_text(json.dumps(document, indent=2))
+    return 0 if all(m.exit_code in (0, 3) for m in measurements) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
