@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.headers import read_uvarint, skip_tagged_fields
-from kqp.protocol.records import EMPTY_RECORDS, RecordsSummary, summarise_records
+from kqp.protocol.records import EMPTY_RECORDS, RecordCounts, summarise_records
 
 Buffer = bytes | bytearray | memoryview
 S = TypeVar("S")
@@ -40,9 +40,10 @@ _UUID_SIZE = 16
 _SHORT_READ = (struct.error, IndexError, ValueError)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PartitionSummary:
-    """One topic-partition of a Produce request or Fetch response.
+    """One topic-partition of a Produce request or Fetch response (not frozen: a frozen
+    dataclass costs three times as much to build, and the data path builds one per partition).
 
     `topic` is None from the versions that name topics by `topic_id` (Produce v13+, Fetch
     v13+), and `topic_id` is None before them. `bytes` is the size of the records field.
@@ -82,7 +83,7 @@ class _PartitionTotals:
         return sum(p.batches for p in self.partitions)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProduceSummary(_PartitionTotals):
     acks: int
     timeout_ms: int
@@ -90,14 +91,14 @@ class ProduceSummary(_PartitionTotals):
     partitions: list[PartitionSummary]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FetchSummary(_PartitionTotals):
     throttle_time_ms: int
     error_code: int
     partitions: list[PartitionSummary]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FetchPartitionRequest:
     topic: str | None
     topic_id: uuid.UUID | None
@@ -106,7 +107,7 @@ class FetchPartitionRequest:
     partition_max_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FetchRequestSummary:
     """The limits a Fetch request sets. `max_bytes_offset` is where the int32 MaxBytes
     field sits in the body (None before v3, which has no such field)."""
@@ -165,7 +166,7 @@ def _topic(buf: Buffer, offset: int, flexible: bool, by_id: bool) -> tuple[str |
     return name, None, offset
 
 
-def _records(buf: Buffer, offset: int, flexible: bool) -> tuple[int, RecordsSummary, int]:
+def _records(buf: Buffer, offset: int, flexible: bool) -> tuple[int, RecordCounts, int]:
     """Size and header summary of a nullable records field; returns the offset after it."""
     if flexible:
         size_plus_one, offset = read_uvarint(buf, offset)
@@ -219,13 +220,11 @@ def _parse_produce_request(body: Buffer, version: int) -> ProduceSummary:
         partition_count, offset = read_array_length(body, offset, flexible)
         for _ in range(partition_count):
             (partition,) = _INT32.unpack_from(body, offset)
-            size, summary, offset = _records(body, offset + 4, flexible)
+            size, (records, batches, compression, magic, _), offset = _records(body, offset + 4, flexible)
             if flexible:
                 offset = skip_tagged_fields(body, offset)
-            partitions.append(PartitionSummary(
-                topic, topic_id, partition, size, summary.records, summary.batches, summary.compression,
-                summary.magic,
-            ))
+            partitions.append(
+                PartitionSummary(topic, topic_id, partition, size, records, batches, compression, magic))
         if flexible:
             offset = skip_tagged_fields(body, offset)
     if flexible:
@@ -269,13 +268,12 @@ def _parse_fetch_response(body: Buffer, version: int) -> FetchSummary:
                         offset = skip_tagged_fields(body, offset)
             if version >= 11:
                 offset += 4  # preferred read replica
-            size, summary, offset = _records(body, offset, flexible)
+            size, (records, batches, compression, magic, _), offset = _records(body, offset, flexible)
             if flexible:
                 offset = skip_tagged_fields(body, offset)
             partitions.append(PartitionSummary(
-                topic, topic_id, partition, size, summary.records, summary.batches, summary.compression,
-                summary.magic, partition_error, high_watermark,
-            ))
+                topic, topic_id, partition, size, records, batches, compression, magic, partition_error,
+                high_watermark))
         if flexible:
             offset = skip_tagged_fields(body, offset)
     if flexible:

@@ -20,6 +20,9 @@ _HEADER_FIXED = struct.Struct(">hhih")
 
 def read_uvarint(data: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
     """Unsigned LEB128 varint; returns (value, next offset)."""
+    if offset < len(data) and data[offset] < 0x80:
+        # One byte: nearly every length, count and tag section on the wire.
+        return data[offset], offset + 1
     value = 0
     shift = 0
     while True:
@@ -36,6 +39,8 @@ def read_uvarint(data: bytes | bytearray | memoryview, offset: int) -> tuple[int
 
 
 def skip_tagged_fields(data: bytes | bytearray | memoryview, offset: int) -> int:
+    if offset < len(data) and data[offset] == 0:
+        return offset + 1  # the usual empty section
     count, offset = read_uvarint(data, offset)
     for _ in range(count):
         _tag, offset = read_uvarint(data, offset)

@@ -12,7 +12,6 @@ messages inside it is only known after decompression (Kafka 4 no longer writes m
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from kqp.protocol.errors import ProtocolDecodeError
 
@@ -30,26 +29,15 @@ _INT32 = struct.Struct(">i")
 _INT16 = struct.Struct(">h")
 
 
-@dataclass(frozen=True, slots=True)
-class RecordsSummary:
-    """What the headers of a records field say.
-
-    `partial_bytes` is a truncated trailing entry: brokers cut the last batch of a Fetch
-    response at the size limit, and clients ignore it. `compression` and `magic` are those
-    of the first entry (-1 when there is none).
-    """
-
-    records: int
-    batches: int
-    compression: int
-    magic: int
-    partial_bytes: int
+# (records, batches, compression, magic, partial_bytes): a plain tuple, as this runs once
+# per partition on the data path. `compression` and `magic` are those of the first entry
+# (-1 when there is none). `partial_bytes` is a truncated trailing entry: brokers cut the
+# last batch of a Fetch response at the size limit, and clients ignore it.
+RecordCounts = tuple[int, int, int, int, int]
+EMPTY_RECORDS: RecordCounts = (0, 0, -1, -1, 0)
 
 
-EMPTY_RECORDS = RecordsSummary(0, 0, -1, -1, 0)
-
-
-def summarise_records(buf: bytes | bytearray | memoryview, start: int, end: int) -> RecordsSummary:
+def summarise_records(buf: bytes | bytearray | memoryview, start: int, end: int) -> RecordCounts:
     """Walk the entries of buf[start:end] by their length fields."""
     if start == end:
         return EMPTY_RECORDS
@@ -85,4 +73,4 @@ def summarise_records(buf: bytes | bytearray | memoryview, start: int, end: int)
         records += count
         batches += 1
         position = entry_end
-    return RecordsSummary(records, batches, compression, magic, end - position)
+    return records, batches, compression, magic, end - position
