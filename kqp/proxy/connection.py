@@ -46,6 +46,8 @@ _CONNECTING = "connecting"
 _UPSTREAM_BACKLOG = "upstream-backlog"
 _THROTTLED = "throttled"
 _SHUTDOWN = "shutdown"
+# How long a throttled connection keeps reading one request at a time: a default quota span.
+_ONE_AT_A_TIME_AFTER_THROTTLE_S = 11.0
 
 
 def _size_prefix(frame: bytes | bytearray) -> bytes:
@@ -74,6 +76,7 @@ class ProxiedConnection:
         self._client_blockers: set[str] = set()
         self._upstream_blockers: set[str] = set()
         self._muted_until = 0.0
+        self._one_at_a_time_until = 0.0
         self._unmute_handle: asyncio.TimerHandle | None = None
         self._closed = False
         self._drained = asyncio.Event()
@@ -196,6 +199,10 @@ class ProxiedConnection:
         if until <= self._muted_until:
             return
         self._muted_until = until
+        # A broker reads one request per connection at a time, so a throttled client's
+        # pipelined requests wait in the socket. Do the same while it is being throttled,
+        # or requests read before the throttle would all go through at once.
+        self._one_at_a_time_until = until + _ONE_AT_A_TIME_AFTER_THROTTLE_S
         if self._unmute_handle is not None:
             self._unmute_handle.cancel()
         self._block_client(_THROTTLED)
@@ -228,6 +235,8 @@ class ProxiedConnection:
         # Frames already read stay queued while the connection is blocked, so a muted
         # client gets nothing through even if it had pipelined requests.
         while self._pending and not self._client_blockers and not self._closed:
+            if self._inflight and self._one_at_a_time_until > self.proxy.loop.time():
+                return
             frame = self._pending.popleft()
             try:
                 self._handle_request(frame)
@@ -346,6 +355,8 @@ class ProxiedConnection:
             self._drained.set()
         if mute_ms:
             self.mute(mute_ms)
+        if self._pending:
+            self._process_pending()
 
 
 class ClientSide(asyncio.Protocol):
