@@ -95,6 +95,7 @@ class WindowedRate:
         starts = self._starts
         if not starts:
             self._new_first_sample(now_ms)
+            starts = self._starts
         current = self._current
         if now_ms - starts[current] >= self.window_ms:
             current = self._advance(now_ms)
@@ -102,9 +103,10 @@ class WindowedRate:
         self._last_events[current] = now_ms
 
     def _new_first_sample(self, now_ms: int) -> None:
-        self._starts.append(now_ms)
-        self._last_events.append(now_ms)
-        self._values.append(0.0)
+        # Exact-size lists: most clients of a churny workload never get a second sample.
+        self._starts = [now_ms]
+        self._last_events = [now_ms]
+        self._values = [0.0]
         self._current = 0
         self._oldest_start = now_ms
         self._purge_at = now_ms + self._expire_age_ms
@@ -182,6 +184,7 @@ class WindowedRate:
         starts = self._starts
         if not starts:
             self._new_first_sample(now_ms)
+            starts = self._starts
         current = self._current
         if now_ms - starts[current] >= self.window_ms:
             current = self._advance(now_ms)
