@@ -21,6 +21,9 @@ DEFAULT_MASTER = "local[*]"
 # Local runs aggregate small data: Spark's default of 200 shuffle partitions would mostly
 # schedule empty tasks. On a cluster, spark-submit's --conf decides.
 LOCAL_SHUFFLE_PARTITIONS = "8"
+# Local runs hold everything in the driver JVM, whose default heap (1 GB) makes a 10M-request
+# capture spill its cache to disk. The heap is reserved lazily, so small runs do not pay for it.
+LOCAL_DRIVER_MEMORY = "4g"
 
 # Settings every job relies on: UTC windows regardless of the host, Arrow for the pandas
 # hand-offs (applyInPandas, toPandas), and no speculative duplicates of `live` tasks (a
@@ -58,6 +61,7 @@ def get_spark(
         builder = builder.master(master)
         if master.startswith("local"):
             settings["spark.sql.shuffle.partitions"] = LOCAL_SHUFFLE_PARTITIONS
+            settings["spark.driver.memory"] = LOCAL_DRIVER_MEMORY
             # Local Python workers must use this interpreter (the virtualenv with pandas,
             # numpy and kqp), not whatever `python3` is first on PATH.
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

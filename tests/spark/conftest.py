@@ -13,6 +13,7 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
+from harness.local_kafka import KafkaCluster
 from kqp.spark_jobs.synthetic import SyntheticSpec, write_capture
 
 SPEC = SyntheticSpec(requests=12_000, seconds=90, brokers=3, clients=10, principals=4, topics=5, seed=11)
@@ -35,6 +36,17 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaCluster]:
+    """One real single-node Kafka broker (harness/local_kafka.py) for live and the real capture."""
+    cluster = KafkaCluster(nodes=1)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +44,6 @@ def test_dry_run_figures_scale_with_speedup_and_copies(
     offset_s = (produce_parts["ts_request_received_us"] - start_us) / 1e6 / 2
     peak = produce_parts.groupby(offset_s.astype(int))["bytes"].sum().max() * 3
     assert figures["peak_bytes_per_s"] == peak
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[KafkaCluster]:
-    cluster = KafkaCluster(nodes=1)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
