@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
 from kqp.capture.writer import CaptureWriter
@@ -19,6 +20,12 @@ from kqp.protocol.apis import (
 )
 from kqp.protocol.codec import decode_body
 from kqp.protocol.errors import ProtocolError
+from kqp.protocol.fast_path import (
+    PartitionSummary,
+    parse_fetch_request,
+    parse_fetch_response,
+    parse_produce_request,
+)
 from kqp.proxy.cluster import BOOTSTRAP
 from kqp.proxy.connection import ProxiedConnection
 from kqp.proxy.hooks import Exchange, ResponseVerdict, TrafficHooks
@@ -31,6 +38,8 @@ NOTE_PROXY_THROTTLE_MS = "proxy_throttle_ms"
 NOTE_BROKER_THROTTLE_MS = "broker_throttle_ms"
 NOTE_MUTATIONS = "mutations"  # list of (topic, partitions, error_code)
 NOTE_REQUEST_DETAILS = "request_details"  # dict of capture fields read from the request
+# Produce partitions as read from the request, completed with error codes from the response.
+_NOTE_PRODUCE_PARTITIONS = "capture_produce_partitions"
 
 _SASL_APIS = frozenset({SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 _DATA_APIS = frozenset({PRODUCE_KEY, FETCH_KEY})
@@ -85,13 +94,29 @@ class ObservationHooks(TrafficHooks):
             return None
         if not self.capture.sampled(connection.connection_id):
             return None
-        exchange.notes.setdefault(NOTE_REQUEST_DETAILS, {}).update(self._request_details(exchange, frame))
+        exchange.notes.setdefault(NOTE_REQUEST_DETAILS, {}).update(self._request_details(connection, exchange, frame))
         return None
 
-    def _request_details(self, exchange: Exchange, frame: bytes) -> dict[str, Any]:
+    def _request_details(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> dict[str, Any]:
         header = exchange.header
-        if header.api_key in _DATA_APIS:
-            return {}  # filled by the fast path in the enforcement hook
+        body = memoryview(frame)[header.body_offset:]
+        if header.api_key == PRODUCE_KEY:
+            try:
+                produce = parse_produce_request(body, header.api_version)
+            except ProtocolError:
+                return {}
+            exchange.notes[_NOTE_PRODUCE_PARTITIONS] = [
+                _partition_entry(connection, p) for p in produce.partitions
+            ]
+            return {"acks": produce.acks}
+        if header.api_key == FETCH_KEY:
+            # The request as forwarded: MaxBytes may already be capped by quota enforcement.
+            try:
+                fetch = parse_fetch_request(body, header.api_version)
+            except ProtocolError:
+                return {}
+            return {"fetch_max_wait_ms": fetch.max_wait_ms, "fetch_min_bytes": fetch.min_bytes,
+                    "fetch_max_bytes": fetch.max_bytes}
         try:
             message = decode_body(header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
                                   is_request=True)
@@ -171,6 +196,12 @@ class ObservationHooks(TrafficHooks):
             "sampling_one_in": self.sampling_one_in,
         }
         record.update(notes.get(NOTE_REQUEST_DETAILS, {}))
+        if api_key in _DATA_APIS:
+            partitions, top_error = self._data_partitions(connection, exchange, frame, body_offset)
+            if partitions is not None:
+                record["partitions"] = partitions
+                first_partition_error = next((p["error_code"] for p in partitions if p["error_code"]), 0)
+                record["error_code"] = top_error or first_partition_error
         mutations = notes.get(NOTE_MUTATIONS)
         if mutations:
             record["mutations"] = [
@@ -178,3 +209,65 @@ class ObservationHooks(TrafficHooks):
             ]
         # A full queue drops the record; the writer counts drops and the server exports them.
         self.capture.submit(record)
+
+    @staticmethod
+    def _data_partitions(
+        connection: ProxiedConnection, exchange: Exchange, frame: bytes | None, body_offset: int
+    ) -> tuple[list[dict[str, Any]] | None, int]:
+        """Per topic-partition figures (Produce from its request, Fetch from its response) and
+        the response's top-level error code."""
+        header = exchange.header
+        if header.api_key == PRODUCE_KEY:
+            partitions: list[dict[str, Any]] | None = exchange.notes.get(_NOTE_PRODUCE_PARTITIONS)
+            if partitions is not None and frame is not None and exchange.local_response is None:
+                _add_produce_errors(partitions, frame, body_offset, header.api_version)
+            return partitions, 0
+        if frame is None or exchange.local_response is not None:
+            return None, 0
+        try:
+            fetch = parse_fetch_response(memoryview(frame)[body_offset:], header.api_version)
+        except ProtocolError:
+            return None, 0
+        return [_partition_entry(connection, p) for p in fetch.partitions], fetch.error_code
+
+
+def _topic_name(connection: ProxiedConnection, topic: str | None, topic_id: uuid.UUID | None) -> str | None:
+    if topic is not None or topic_id is None:
+        return topic
+    # Produce v13 / Fetch v13+ name topics by id; the proxy learned the names from Metadata.
+    # An id it has not seen stays visible as its UUID rather than vanishing.
+    return connection.proxy.topics.name_of(topic_id) or str(topic_id)
+
+
+def _partition_entry(connection: ProxiedConnection, summary: PartitionSummary) -> dict[str, Any]:
+    return {
+        "topic": _topic_name(connection, summary.topic, summary.topic_id),
+        "partition": summary.partition,
+        "bytes": summary.bytes,
+        "records": summary.records,
+        "batches": summary.batches,
+        "compression": summary.compression,
+        "error_code": summary.error_code,
+    }
+
+
+def _add_produce_errors(partitions: list[dict[str, Any]], frame: bytes, body_offset: int, api_version: int) -> None:
+    """Copy the per-partition error codes of a Produce response onto the request's entries."""
+    try:
+        message = decode_body(PRODUCE_KEY, api_version, memoryview(frame)[body_offset:], is_request=False)
+    except ProtocolError:
+        return
+    codes: dict[tuple[str | uuid.UUID | None, int], int] = {}
+    for topic in message.responses:
+        key = getattr(topic, "name", None) if api_version < 13 else getattr(topic, "topic_id", None)
+        for partition in topic.partition_responses:
+            codes[(key, partition.index)] = partition.error_code
+    by_position = list(codes.values())
+    for position, entry in enumerate(partitions):
+        code = codes.get((entry["topic"], entry["partition"]))
+        if code is None and len(by_position) == len(partitions):
+            # Topic ids (v13) resolved to names no longer match the response's keys; the
+            # broker answers partitions in the order they were asked.
+            code = by_position[position]
+        if code is not None:
+            entry["error_code"] = code

@@ -1,0 +1,192 @@
+"""The capture record the observation hook builds for Produce and Fetch: per-partition figures,
+acks, Fetch settings, error codes, and topic ids resolved to names."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kafka.record import MemoryRecordsBuilder
+
+from kqp.capture.writer import CaptureWriter, Record
+from kqp.protocol.apis import FETCH_KEY, PRODUCE_KEY, SASL_HANDSHAKE_KEY
+from kqp.protocol.headers import (
+    encode_request_header,
+    encode_response_header,
+    parse_request_header,
+    response_body_offset,
+)
+from kqp.proxy.hooks import Exchange
+from kqp.proxy.observation import ObservationHooks
+from kqp.proxy.topics import TopicDirectory
+
+ORDERS_ID = uuid.uuid4()
+
+
+class RecordingWriter(CaptureWriter):
+    """Keeps submitted records in a list instead of writing Parquet."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.records: list[Record] = []
+
+    def submit(self, record: Record) -> bool:
+        self.records.append(record)
+        return True
+
+
+@dataclass
+class FakeLoop:
+    now: float = 100.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeProxy:
+    loop: FakeLoop = field(default_factory=FakeLoop)
+    topics: TopicDirectory = field(default_factory=TopicDirectory)
+
+
+@dataclass
+class FakeListener:
+    name: str = "node-1"
+
+
+@dataclass
+class FakeConnection:
+    proxy: FakeProxy = field(default_factory=FakeProxy)
+    connection_id: int = 3
+    listener: FakeListener = field(default_factory=FakeListener)
+    upstream_node_id: int = 1
+    peer: str = "127.0.0.1:40000"
+    principal: str = "alice"
+
+
+def learn_orders(connection: FakeConnection) -> None:
+    """A Metadata response naming topic `orders` passes through the proxy."""
+    partitions = [SimpleNamespace(partition_index=i) for i in range(3)]
+    topic = SimpleNamespace(name="orders", topic_id=ORDERS_ID, error_code=0, partitions=partitions)
+    connection.proxy.topics.learn_metadata(SimpleNamespace(topics=[topic]))
+
+
+def batch(count: int, value_size: int, codec: int = 0) -> bytes:
+    builder = MemoryRecordsBuilder(2, codec, batch_size=1 << 20, offset=0)
+    for index in range(count):
+        builder.append(1_700_000_000_000 + index, None, b"v" * value_size, [])
+    builder.close()
+    return bytes(builder.buffer())
+
+
+def request_frame(api_key: int, version: int, message: Any, correlation_id: int = 7) -> bytes:
+    return encode_request_header(api_key, version, correlation_id, "client-1") + bytes(message.encode())
+
+
+def exchange_for(frame: bytes) -> Exchange:
+    return Exchange(header=parse_request_header(frame), request_bytes=len(frame) + 4, received_at=99.0,
+                    sent_at=99.001, response_received_at=99.01)
+
+
+def run_pair(api_key: int, version: int, request: Any, response: Any,
+             connection: FakeConnection | None = None) -> list[Record]:
+    connection = connection or FakeConnection()
+    writer = RecordingWriter(Path("unused"))
+    hooks = ObservationHooks(None, writer)
+    frame = request_frame(api_key, version, request)
+    exchange = exchange_for(frame)
+    hooks.request(connection, exchange, frame)  # type: ignore[arg-type]
+    answer = encode_response_header(api_key, version, 7) + bytes(response.encode())
+    hooks.response(connection, exchange, answer, response_body_offset(answer, api_key, version))  # type: ignore[arg-type]
+    return writer.records
+
+
+def produce_pair(version: int, topic: dict[str, Any], partition_errors: tuple[int, int]) -> tuple[Any, Any]:
+    topic_cls = ProduceRequest.TopicProduceData
+    request = ProduceRequest[version](transactional_id=None, acks=-1, timeout_ms=30_000, topic_data=[
+        topic_cls(**topic, partition_data=[
+            topic_cls.PartitionProduceData(index=0, records=batch(5, 100)),
+            topic_cls.PartitionProduceData(index=1, records=batch(3, 10) + batch(2, 10, codec=1)),
+        ])])
+    reply_cls = ProduceResponse.TopicProduceResponse
+    partition_cls = reply_cls.PartitionProduceResponse
+    response = ProduceResponse[version](throttle_time_ms=0, responses=[reply_cls(**topic, partition_responses=[
+        partition_cls(index=index, error_code=code, base_offset=0, log_append_time_ms=-1, log_start_offset=0,
+                      record_errors=[], error_message=None, current_leader=None)
+        for index, code in enumerate(partition_errors)])], node_endpoints=[])
+    return request, response
+
+
+def test_produce_record_carries_acks_and_partition_figures_and_errors() -> None:
+    request, response = produce_pair(9, {"name": "orders"}, (0, 87))
+    (record,) = run_pair(PRODUCE_KEY, 9, request, response)
+    assert record["acks"] == -1
+    assert record["principal"] == "alice" and record["client_id"] == "client-1"
+    first, second = record["partitions"]
+    assert (first["topic"], first["partition"], first["records"], first["batches"], first["compression"],
+            first["error_code"]) == ("orders", 0, 5, 1, 0, 0)
+    assert first["bytes"] == len(batch(5, 100))
+    assert (second["partition"], second["records"], second["batches"], second["error_code"]) == (1, 5, 2, 87)
+    assert record["error_code"] == 87
+
+
+def test_produce_v13_topic_id_is_resolved_to_the_name_learned_from_metadata() -> None:
+    connection = FakeConnection()
+    learn_orders(connection)
+    request, response = produce_pair(13, {"topic_id": ORDERS_ID}, (0, 0))
+    (record,) = run_pair(PRODUCE_KEY, 13, request, response, connection)
+    assert [p["topic"] for p in record["partitions"]] == ["orders", "orders"]
+
+
+def fetch_pair(version: int, topic: dict[str, Any], records: bytes) -> tuple[Any, Any]:
+    partition_cls = FetchRequest.FetchTopic.FetchPartition
+    request = FetchRequest[version](
+        cluster_id=None, replica_id=-1, replica_state=FetchRequest.ReplicaState(replica_id=-1, replica_epoch=-1),
+        max_wait_ms=500, min_bytes=1, max_bytes=52_428_800, isolation_level=0, session_id=0, session_epoch=-1,
+        topics=[FetchRequest.FetchTopic(**topic, partitions=[partition_cls(
+            partition=2, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1, log_start_offset=-1,
+            partition_max_bytes=1_048_576, replica_directory_id=None, high_watermark=-1)])],
+        forgotten_topics_data=[], rack_id="")
+    data_cls = FetchResponse.FetchableTopicResponse.PartitionData
+    response = FetchResponse[version](throttle_time_ms=0, error_code=0, session_id=0, node_endpoints=[], responses=[
+        FetchResponse.FetchableTopicResponse(**topic, partitions=[data_cls(
+            partition_index=2, error_code=0, high_watermark=10, last_stable_offset=10, log_start_offset=0,
+            diverging_epoch=None, current_leader=None, snapshot_id=None, aborted_transactions=[],
+            preferred_read_replica=-1, records=records)])])
+    return request, response
+
+
+def test_fetch_record_carries_settings_and_response_partitions_by_name() -> None:
+    connection = FakeConnection()
+    learn_orders(connection)
+    records = batch(4, 50)
+    request, response = fetch_pair(13, {"topic_id": ORDERS_ID}, records)
+    (record,) = run_pair(FETCH_KEY, 13, request, response, connection)
+    assert (record["fetch_max_wait_ms"], record["fetch_min_bytes"], record["fetch_max_bytes"]) == (500, 1, 52_428_800)
+    assert "acks" not in record
+    (partition,) = record["partitions"]
+    assert (partition["topic"], partition["partition"], partition["records"], partition["bytes"]) == (
+        "orders", 2, 4, len(records))
+
+
+def test_fetch_topic_id_never_seen_in_metadata_stays_visible_as_the_uuid() -> None:
+    request, response = fetch_pair(13, {"topic_id": ORDERS_ID}, batch(1, 1))
+    (record,) = run_pair(FETCH_KEY, 13, request, response)
+    assert record["partitions"][0]["topic"] == str(ORDERS_ID)
+
+
+def test_sasl_frames_are_not_captured() -> None:
+    writer = RecordingWriter(Path("unused"))
+    hooks = ObservationHooks(None, writer)
+    connection = FakeConnection()
+    frame = encode_request_header(SASL_HANDSHAKE_KEY, 1, 1, "c") + b"\x00\x05PLAIN"
+    exchange = exchange_for(frame)
+    hooks.request(connection, exchange, frame)  # type: ignore[arg-type]
+    answer = encode_response_header(SASL_HANDSHAKE_KEY, 1, 1) + b"\x00\x00\x00\x00\x00\x01\x00\x05PLAIN"
+    hooks.response(connection, exchange, answer, 4)  # type: ignore[arg-type]
+    assert writer.records == []
