@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from kqp.capture.writer import CaptureWriter
-from kqp.config import ConfigError, ConfigFiles, KqpConfig, load_config
+from kqp.config import ConfigError, ConfigFiles, KqpConfig, find_quota_file, load_config, write_quota_entries
 from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
 from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.options import ProxyOptions
+from kqp.proxy.quota_admin import QuotaAdminHooks
 from kqp.proxy.server import ProxyServer
-from kqp.quotas import QuotaEngine
+from kqp.quotas import QuotaEngine, QuotaSettings
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ class ProxyApp:
             self.capture.start()
         hooks: list[TrafficHooks] = []
         if self.engine is not None:
+            engine = self.engine
+            hooks.append(QuotaAdminHooks(lambda: engine.settings, self._store_quotas))
             if self.metrics is not None:
                 self.engine.on_throttle = self._report_throttle
                 self.metrics.set_quota_stats_source(self.engine.snapshot)
@@ -178,6 +181,18 @@ class ProxyApp:
             self.metrics.config_reload(True)
         log.info("config reloaded (%s): %d quota entries", why, len(config.quotas.entries))
         return True
+
+    def _store_quotas(self, settings: QuotaSettings) -> None:
+        """AlterClientQuotas: write the entries back to the quota file, then reload from it."""
+        if self.files is None:
+            # Command-line only: nothing to write to, so the change lives until a restart.
+            if self.engine is not None:
+                self.engine.update(settings)
+            return
+        path = find_quota_file(self.files.paths)
+        write_quota_entries(path, settings.entries)
+        if not self.reload(f"AlterClientQuotas wrote {path}"):
+            raise RuntimeError(f"{path} was written but does not reload; see the log")
 
     def request_stop(self) -> None:
         self._stop.set()
