@@ -156,9 +156,11 @@ class QuotaEnforcement(TrafficHooks):
         if api_key == PRODUCE_KEY:
             throttles.append(self.engine.record_produce(broker, principal, client_id, exchange.request_bytes - 4, now))
         elif api_key == FETCH_KEY:
-            # Kafka records 4 + the response body size.
+            # Kafka records 4 + the response body size. A broker that throttles a fetch answers
+            # it empty and unrecords the bytes; the proxy already holds the data, so it delivers
+            # it, keeps it recorded and mutes: the long-run rate is the quota either way.
             size = 4 + len(frame) - body_offset
-            throttles.append(self.engine.record_fetch(broker, principal, client_id, size, now))
+            throttles.append(self.engine.record_fetch(broker, principal, client_id, size, now, delivered=True))
         request_ms = (exchange.response_received_at - exchange.sent_at) * 1000.0
         if api_key == FETCH_KEY:
             # A long-poll fetch waits in the broker's purgatory, which Kafka does not count.

@@ -459,10 +459,16 @@ class QuotaEngine:
         nbytes: int,
         now_ms: float,
         request_throttle_ms: int = 0,
+        *,
+        delivered: bool = False,
     ) -> int:
         """Consumer fetch: record the response size, compute the throttle, and unrecord the
         bytes when the fetch is throttled by this quota or by the request quota (pass that
-        throttle as `request_throttle_ms`), since the broker then sends an empty response."""
+        throttle as `request_throttle_ms`), since the broker then sends an empty response.
+
+        `delivered`: the data reaches the client anyway (a proxy that already has the
+        broker's response), so the bytes stay recorded, as they were really consumed.
+        """
         manager = self._fetch
         if not manager.enabled:
             return 0
@@ -474,7 +480,7 @@ class QuotaEngine:
         throttle = sensor.record_and_throttle(nbytes, t)
         if throttle <= 0 and request_throttle_ms <= 0:
             return 0
-        if not sensor.identity.dry_run:
+        if not delivered and not sensor.identity.dry_run:
             sensor.record(-nbytes, t)
         if throttle <= 0:
             return 0
