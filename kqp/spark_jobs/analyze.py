@@ -180,8 +180,39 @@ def explode_partitions(requests: DataFrame) -> DataFrame:
     )
 
 
-def _bucketed(requests: DataFrame, unit_seconds: int) -> DataFrame:
-    return requests.withColumn("bucket", F.floor(F.col("second") / unit_seconds).cast("long"))
+def aggregate_traffic(requests: DataFrame) -> DataFrame:
+    """Requests summed per (second, broker, connection, principal, client-id, API, error code).
+
+    Every throughput, share and throttle figure is a sum over these groups, so they are
+    computed from this table, which is far smaller than the capture (a connection sends many
+    requests of one API per second), instead of passing over every request again. Sums are
+    weighted by the sampling factor.
+    """
+    weighted = {
+        "bytes_in": "request_bytes",
+        "bytes_out": "response_bytes",
+        "produce_bytes": "produce_bytes",
+        "fetch_bytes": "fetch_bytes",
+        "broker_throttle_ms_total": "broker_throttle_ms",
+        "proxy_throttle_ms_total": "proxy_throttle_ms",
+    }
+    keys = ("second", "broker", "connection_id", "principal", "client_id", "api_key", "api_version", "error_code")
+    return requests.groupBy(*keys).agg(
+        F.count("*").alias("rows"),
+        F.sum("weight").alias("requests"),
+        F.max("weight").alias("weight"),
+        F.min("ts_us").alias("first_us"),
+        F.max("ts_us").alias("last_us"),
+        *[F.sum(F.col(column) * F.col("weight")).alias(name) for name, column in weighted.items()],
+        F.sum(F.when(F.col("broker_throttle_ms") > 0, F.col("weight")).otherwise(0.0)).alias("broker_throttled"),
+        F.max("broker_throttle_ms").alias("broker_throttle_ms_max"),
+        F.sum(F.when(F.col("proxy_throttle_ms") > 0, F.col("weight")).otherwise(0.0)).alias("proxy_throttled"),
+        F.max("proxy_throttle_ms").alias("proxy_throttle_ms_max"),
+    )
+
+
+def _bucketed(traffic: DataFrame, unit_seconds: int) -> DataFrame:
+    return traffic.withColumn("bucket", F.floor(F.col("second") / unit_seconds).cast("long"))
 
 
 def _grid(spark: SparkSession, first: int, last: int, brokers: Sequence[int]) -> DataFrame:
@@ -191,7 +222,7 @@ def _grid(spark: SparkSession, first: int, last: int, brokers: Sequence[int]) ->
 
 def throughput_series(
     spark: SparkSession,
-    requests: DataFrame,
+    traffic: DataFrame,
     unit_seconds: int,
     bucket_range: tuple[int, int],
     brokers: Sequence[int],
@@ -199,17 +230,14 @@ def throughput_series(
     """Per broker and bucket: rates of the additive metrics and distinct connections.
 
     Rates are per-second averages over the bucket; every bucket of the capture window is
-    present (zeros where a broker was idle).
+    present (zeros where a broker was idle). `traffic` is aggregate_traffic's table.
     """
-    source = {"bytes_in": "request_bytes", "bytes_out": "response_bytes"}
-    sums = [
-        (F.sum(F.col(source.get(m, m)) * F.col("weight")) if m != "requests" else F.sum("weight")).alias(m)
-        for m in ADDITIVE_METRICS
-    ]
     # Sampled connections stand for N connections each.
     connections = F.countDistinct("connection_id") * F.max("weight")
     aggregated = (
-        _bucketed(requests, unit_seconds).groupBy("broker", "bucket").agg(*sums, connections.alias("connections"))
+        _bucketed(traffic, unit_seconds)
+        .groupBy("broker", "bucket")
+        .agg(*[F.sum(m).alias(m) for m in ADDITIVE_METRICS], connections.alias("connections"))
     )
     first, last = (bucket_range[0] // unit_seconds, bucket_range[1] // unit_seconds)
     filled = _grid(spark, first, last, brokers).join(aggregated, ["broker", "bucket"], "left").fillna(0.0)
@@ -224,7 +252,7 @@ def throughput_series(
 
 def api_request_series(
     spark: SparkSession,
-    requests: DataFrame,
+    traffic: DataFrame,
     unit_seconds: int,
     bucket_range: tuple[int, int],
     brokers: Sequence[int],
@@ -232,7 +260,7 @@ def api_request_series(
 ) -> DataFrame:
     """Per broker, bucket and API key: requests per second (zeros filled)."""
     aggregated = (
-        _bucketed(requests, unit_seconds).groupBy("broker", "bucket", "api_key").agg(F.sum("weight").alias("n"))
+        _bucketed(traffic, unit_seconds).groupBy("broker", "bucket", "api_key").agg(F.sum("requests").alias("n"))
     )
     first, last = (bucket_range[0] // unit_seconds, bucket_range[1] // unit_seconds)
     keys = spark.createDataFrame([(k,) for k in api_keys], "api_key int")
@@ -354,20 +382,14 @@ def series_stats(long_series: DataFrame, unit_seconds: int, limits: DataFrame | 
     )
 
 
-def entity_totals(requests: DataFrame, dimension: str) -> DataFrame:
+def entity_totals(traffic: DataFrame, dimension: str) -> DataFrame:
     """Requests and bytes per principal, client-id or (principal, client-id)."""
     key = (F.concat_ws(" / ", "principal", "client_id") if dimension == "principal_client" else F.col(dimension)).alias(
         "entity"
     )
     return (
-        requests.groupBy(key)
-        .agg(
-            F.sum("weight").alias("requests"),
-            F.sum(F.col("request_bytes") * F.col("weight")).alias("bytes_in"),
-            F.sum(F.col("response_bytes") * F.col("weight")).alias("bytes_out"),
-            F.sum(F.col("produce_bytes") * F.col("weight")).alias("produce_bytes"),
-            F.sum(F.col("fetch_bytes") * F.col("weight")).alias("fetch_bytes"),
-        )
+        traffic.groupBy(key)
+        .agg(*[F.sum(m).alias(m) for m in ("requests", "bytes_in", "bytes_out", "produce_bytes", "fetch_bytes")])
         .withColumn("bytes", F.col("bytes_in") + F.col("bytes_out"))
     )
 
@@ -386,11 +408,9 @@ def topic_totals(parts: DataFrame) -> DataFrame:
     )
 
 
-def client_burstiness(requests: DataFrame) -> DataFrame:
+def client_burstiness(traffic: DataFrame) -> DataFrame:
     """Per client-id: median and p99 of its bytes/s over the seconds it was active, and their ratio."""
-    per_second = requests.groupBy("client_id", "second").agg(
-        F.sum((F.col("request_bytes") + F.col("response_bytes")) * F.col("weight")).alias("bps")
-    )
+    per_second = traffic.groupBy("client_id", "second").agg(F.sum(F.col("bytes_in") + F.col("bytes_out")).alias("bps"))
     return (
         per_second.groupBy(F.col("client_id").alias("entity"))
         .agg(F.percentile("bps", [0.5, 0.99]).alias("q"), F.count("*").alias("active_seconds"))
@@ -404,11 +424,11 @@ def client_burstiness(requests: DataFrame) -> DataFrame:
     )
 
 
-def client_broker_totals(requests: DataFrame) -> DataFrame:
+def client_broker_totals(traffic: DataFrame) -> DataFrame:
     """Bytes per (broker, client-id), for per-broker shares."""
-    return requests.groupBy("broker", "client_id").agg(
-        F.sum("weight").alias("requests"),
-        F.sum((F.col("request_bytes") + F.col("response_bytes")) * F.col("weight")).alias("bytes"),
+    return traffic.groupBy("broker", "client_id").agg(
+        F.sum("requests").alias("requests"),
+        F.sum(F.col("bytes_in") + F.col("bytes_out")).alias("bytes"),
     )
 
 
@@ -485,12 +505,14 @@ def batch_mix_by_client(requests: DataFrame, parts: DataFrame) -> DataFrame:
     return records_per_request.join(per_batch, "client_id", "left")
 
 
-def latency_by_api(requests: DataFrame, by_broker: bool = False) -> DataFrame:
-    """Client-perceived (at the proxy) and broker latency percentiles per API key (and broker)."""
-    keys = ["broker", "api_key"] if by_broker else ["api_key"]
+def latency_by_api(requests: DataFrame) -> DataFrame:
+    """Latency percentiles at the proxy and to the broker, per (API key, broker) and per API key.
+
+    One pass (a rollup): rows with a null broker are the API-wide figures.
+    """
     answered = requests.where(F.col("latency_ms").isNotNull())
     return (
-        answered.groupBy(*keys)
+        answered.rollup("api_key", "broker")
         .agg(
             F.count("*").alias("responses"),
             F.percentile_approx("latency_ms", list(PERCENTILES), LATENCY_ACCURACY).alias("q"),
@@ -498,8 +520,10 @@ def latency_by_api(requests: DataFrame, by_broker: bool = False) -> DataFrame:
             F.percentile_approx("broker_latency_ms", list(PERCENTILES), LATENCY_ACCURACY).alias("bq"),
             F.max("broker_latency_ms").alias("broker_max_ms"),
         )
+        .where(F.col("api_key").isNotNull())
         .select(
-            *keys,
+            "api_key",
+            "broker",
             "responses",
             *[F.col("q")[i].alias(f"{name}_ms") for i, name in enumerate(PERCENTILE_NAMES)],
             "max_ms",
@@ -509,27 +533,29 @@ def latency_by_api(requests: DataFrame, by_broker: bool = False) -> DataFrame:
     )
 
 
-def error_counts(requests: DataFrame) -> DataFrame:
+def error_counts(traffic: DataFrame) -> DataFrame:
     """Per API key and error code: responses with that error and the share of the API's responses."""
-    per_api = requests.groupBy("api_key").agg(F.sum("weight").alias("api_requests"))
+    per_api = traffic.groupBy("api_key").agg(F.sum("requests").alias("api_requests"))
     errors = (
-        requests.where(F.col("error_code") != 0).groupBy("api_key", "error_code").agg(F.sum("weight").alias("requests"))
+        traffic.where(F.col("error_code") != 0)
+        .groupBy("api_key", "error_code")
+        .agg(F.sum("requests").alias("requests"))
     )
     return errors.join(per_api, "api_key").withColumn("share", F.col("requests") / F.col("api_requests"))
 
 
-def throttle_counts(requests: DataFrame) -> DataFrame:
+def throttle_counts(traffic: DataFrame) -> DataFrame:
     """Per (principal, client-id): throttles the broker returned vs throttles the proxy applied."""
     return (
-        requests.groupBy("principal", "client_id")
+        traffic.groupBy("principal", "client_id")
         .agg(
-            F.sum("weight").alias("requests"),
-            F.sum(F.when(F.col("broker_throttle_ms") > 0, F.col("weight")).otherwise(0.0)).alias("broker_throttled"),
-            F.sum(F.col("broker_throttle_ms") * F.col("weight")).alias("broker_throttle_ms_total"),
-            F.max("broker_throttle_ms").alias("broker_throttle_ms_max"),
-            F.sum(F.when(F.col("proxy_throttle_ms") > 0, F.col("weight")).otherwise(0.0)).alias("proxy_throttled"),
-            F.sum(F.col("proxy_throttle_ms") * F.col("weight")).alias("proxy_throttle_ms_total"),
-            F.max("proxy_throttle_ms").alias("proxy_throttle_ms_max"),
+            F.sum("requests").alias("requests"),
+            F.sum("broker_throttled").alias("broker_throttled"),
+            F.sum("broker_throttle_ms_total").alias("broker_throttle_ms_total"),
+            F.max("broker_throttle_ms_max").alias("broker_throttle_ms_max"),
+            F.sum("proxy_throttled").alias("proxy_throttled"),
+            F.sum("proxy_throttle_ms_total").alias("proxy_throttle_ms_total"),
+            F.max("proxy_throttle_ms_max").alias("proxy_throttle_ms_max"),
         )
         .where((F.col("broker_throttled") > 0) | (F.col("proxy_throttled") > 0))
     )
@@ -715,12 +741,13 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     # and flat) would double the memory and the time spent building the cache.
     parts = explode_partitions(prepared).drop("principal").persist()
     requests = prepared.drop("partitions").persist()
+    traffic = aggregate_traffic(requests).persist()
 
-    coverage_row = requests.agg(
-        F.count("*").alias("rows"),
-        F.sum("weight").alias("requests"),
-        F.min("ts_us").alias("first_us"),
-        F.max("ts_us").alias("last_us"),
+    coverage_row = traffic.agg(
+        F.sum("rows").alias("rows"),
+        F.sum("requests").alias("requests"),
+        F.min("first_us").alias("first_us"),
+        F.max("last_us").alias("last_us"),
         F.min("second").alias("first_second"),
         F.max("second").alias("last_second"),
         F.countDistinct("client_id").alias("client_ids"),
@@ -739,7 +766,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     bucket_range = (int(coverage_row["first_second"]), int(coverage_row["last_second"]))
     duration_s = float(bucket_range[1] - bucket_range[0] + 1)
     topics = parts.select(F.countDistinct("topic")).first()
-    api_mix = to_pandas(requests.groupBy("api_key", "api_version").agg(F.sum("weight").alias("requests")))
+    api_mix = to_pandas(traffic.groupBy("api_key", "api_version").agg(F.sum("requests").alias("requests")))
     api_mix.insert(1, "api", api_mix["api_key"].map(names))
     api_mix = api_mix.sort_values(["api_key", "api_version"]).reset_index(drop=True)
     footer = read_footer_coverage(options.capture)
@@ -749,13 +776,13 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     stats_frames = []
     base_series: dict[str, DataFrame] = {}
     for resolution, unit in RESOLUTIONS.items():
-        series = throughput_series(spark, requests, unit, bucket_range, brokers).persist()
+        series = throughput_series(spark, traffic, unit, bucket_range, brokers).persist()
         base_series[resolution] = series
         networked = with_replication(series, options.replication_factor, len(brokers))
         result.spark_tables[f"broker_series_{resolution}"] = networked
         result.spark_tables[f"cluster_series_{resolution}"] = cluster_series(networked)
         stats_frames.append(_stats_for(networked, unit, limits, resolution, "observed"))
-        api_series = api_request_series(spark, requests, unit, bucket_range, brokers, api_keys)
+        api_series = api_request_series(spark, traffic, unit, bucket_range, brokers, api_keys)
         result.spark_tables[f"api_requests_{resolution}"] = api_series
         stats_frames.append(_api_stats(api_series, unit, resolution, names))
         progress.step(f"throughput series and percentiles at {resolution}")
@@ -779,15 +806,15 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     shares = []
     pareto: dict[str, Any] = {}
     for dimension in ("principal", "client_id", "principal_client"):
-        ranked = rank_shares(to_pandas(entity_totals(requests, dimension)), dimension)
+        ranked = rank_shares(to_pandas(entity_totals(traffic, dimension)), dimension)
         shares.append(ranked)
         pareto[dimension] = pareto_summary(ranked, options.top_n)
     ranked_topics = rank_shares(to_pandas(topic_totals(parts)), "topic")
     shares.append(ranked_topics)
     pareto["topic"] = pareto_summary(ranked_topics, options.top_n)
     result.tables["shares"] = pd.concat(shares, ignore_index=True)
-    result.tables["client_burstiness"] = to_pandas(client_burstiness(requests)).sort_values("entity")
-    per_broker_clients = to_pandas(client_broker_totals(requests))
+    result.tables["client_burstiness"] = to_pandas(client_burstiness(traffic)).sort_values("entity")
+    per_broker_clients = to_pandas(client_broker_totals(traffic))
     per_broker_clients["share_of_broker_bytes"] = per_broker_clients["bytes"] / per_broker_clients.groupby("broker")[
         "bytes"
     ].transform("sum")
@@ -822,16 +849,19 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     result.tables["batch_mix_by_client"] = to_pandas(batch_mix_by_client(requests, parts)).sort_values("client_id")
     progress.step("batch-size mix")
 
-    latency = to_pandas(latency_by_api(requests)).sort_values("api_key").reset_index(drop=True)
+    latencies = to_pandas(latency_by_api(requests))
+    latency = latencies[latencies["broker"].isna()].drop(columns="broker").sort_values("api_key").reset_index(drop=True)
     latency.insert(1, "api", latency["api_key"].map(names))
     result.tables["latency_by_api"] = latency
-    latency_broker = to_pandas(latency_by_api(requests, by_broker=True)).sort_values(["broker", "api_key"])
+    latency_broker = latencies[latencies["broker"].notna()].astype({"broker": int})
+    latency_broker = latency_broker[["broker", *[c for c in latency_broker.columns if c != "broker"]]]
+    latency_broker = latency_broker.sort_values(["broker", "api_key"])
     latency_broker.insert(2, "api", latency_broker["api_key"].map(names))
     result.tables["latency_by_broker_api"] = latency_broker.reset_index(drop=True)
-    errors = to_pandas(error_counts(requests)).sort_values(["api_key", "error_code"]).reset_index(drop=True)
+    errors = to_pandas(error_counts(traffic)).sort_values(["api_key", "error_code"]).reset_index(drop=True)
     errors.insert(1, "api", errors["api_key"].map(names))
     result.tables["errors"] = errors
-    throttles = to_pandas(throttle_counts(requests)).sort_values(["principal", "client_id"]).reset_index(drop=True)
+    throttles = to_pandas(throttle_counts(traffic)).sort_values(["principal", "client_id"]).reset_index(drop=True)
     result.tables["throttles"] = throttles
     progress.step("latency, errors and throttles")
 
@@ -960,7 +990,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
             "violations": result.budget_violations,
         },
     }
-    result.cached = [requests, parts, *base_series.values()]
+    result.cached = [requests, traffic, parts, *base_series.values()]
     return result
 
 
