@@ -96,6 +96,8 @@ class FetchSummary(_PartitionTotals):
     throttle_time_ms: int
     error_code: int
     partitions: list[PartitionSummary]
+    # Top-level tagged fields present (flexible versions), e.g. KIP-951 NodeEndpoints.
+    tagged_fields: int = 0
 
 
 @dataclass(slots=True)
@@ -276,10 +278,12 @@ def _parse_fetch_response(body: Buffer, version: int) -> FetchSummary:
                 high_watermark))
         if flexible:
             offset = skip_tagged_fields(body, offset)
+    tagged_fields = 0
     if flexible:
+        tagged_fields = read_uvarint(body, offset)[0]
         offset = skip_tagged_fields(body, offset)
     _expect_end(body, offset, f"Fetch v{version} response")
-    return FetchSummary(throttle_time_ms, error_code, partitions)
+    return FetchSummary(throttle_time_ms, error_code, partitions, tagged_fields)
 
 
 def parse_fetch_request(body: Buffer, api_version: int) -> FetchRequestSummary:

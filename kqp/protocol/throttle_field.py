@@ -179,7 +179,7 @@ def has_throttle_field(api_key: int, api_version: int) -> bool:
     return throttle_location(api_key, api_version) is not None
 
 
-def _field_offset(frame: Buffer, body_offset: int, api_key: int, api_version: int) -> int | None:
+def throttle_field_offset(frame: Buffer, body_offset: int, api_key: int, api_version: int) -> int | None:
     # A broker that does not support the requested ApiVersions version answers with a v0 body.
     if (
         api_key == API_VERSIONS_KEY
@@ -201,7 +201,7 @@ def _field_offset(frame: Buffer, body_offset: int, api_key: int, api_version: in
 
 def read_throttle_time(frame: Buffer, body_offset: int, api_key: int, api_version: int) -> int | None:
     """ThrottleTimeMs of a response frame (without its size prefix); None if it has none."""
-    offset = _field_offset(frame, body_offset, api_key, api_version)
+    offset = throttle_field_offset(frame, body_offset, api_key, api_version)
     if offset is None:
         return None
     value: int = _INT32.unpack_from(frame, offset)[0]
@@ -210,6 +210,6 @@ def read_throttle_time(frame: Buffer, body_offset: int, api_key: int, api_versio
 
 def patch_throttle_time(buf: bytearray, body_offset: int, api_key: int, api_version: int, value: int) -> None:
     """Overwrite ThrottleTimeMs in place (clamped to int32); a no-op for versions without it."""
-    offset = _field_offset(buf, body_offset, api_key, api_version)
+    offset = throttle_field_offset(buf, body_offset, api_key, api_version)
     if offset is not None:
         _INT32.pack_into(buf, offset, max(0, min(value, MAX_THROTTLE_MS)))

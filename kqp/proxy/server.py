@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import socket
+import ssl
 import struct
+from collections.abc import Callable
 
 from kqp.protocol.apis import METADATA_KEY
 from kqp.protocol.codec import decode_body
-from kqp.protocol.errors import ProtocolError
+from kqp.protocol.errors import CorrelationError, FrameTooLargeError, ProtocolError, UnsupportedApiError
 from kqp.protocol.headers import encode_request_header, response_body_offset
+from kqp.protocol.node_endpoints import may_carry_node_endpoints
 from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
-from kqp.proxy.connection import ClientSide, ProxiedConnection
+from kqp.proxy.connection import ClientSide, ProxiedConnection, TruncatedFrameError
 from kqp.proxy.hooks import TrafficHooks
 from kqp.proxy.options import ProxyOptions
+from kqp.proxy.tls import ListenerTlsState, ReloadingContext, upstream_context, upstream_files
 from kqp.proxy.topics import TopicDirectory
 
 log = logging.getLogger(__name__)
@@ -24,11 +29,44 @@ log = logging.getLogger(__name__)
 _IDLE_SCAN_INTERVAL_S = 5.0
 _DISCOVERY_METADATA_VERSION = 12
 
+# An IP address -> milliseconds to hold a new connection from it before closing it (0: accept).
+AcceptThrottle = Callable[[str], int]
+
+
+def rejection_kind(side: str, error: ProtocolError) -> str:
+    """A short, bounded label for why a frame was refused (the metric's `reason`)."""
+    if isinstance(error, FrameTooLargeError):
+        kind = "oversized"
+    elif isinstance(error, TruncatedFrameError):
+        kind = "truncated"
+    elif isinstance(error, UnsupportedApiError):
+        kind = "unsupported"
+    elif isinstance(error, CorrelationError):
+        kind = "out-of-order"
+    else:
+        kind = "malformed"
+    return f"{kind} {'request' if side == 'client' else 'response'}"
+
 
 class ProxyServer:
-    def __init__(self, options: ProxyOptions, hooks: TrafficHooks | None = None) -> None:
+    def __init__(
+        self,
+        options: ProxyOptions,
+        hooks: TrafficHooks | None = None,
+        *,
+        accept_throttle: AcceptThrottle | None = None,
+        on_frame_rejected: Callable[[str], None] | None = None,
+    ) -> None:
         self.options = options
         self.hooks = hooks or TrafficHooks()
+        # KIP-612 connection_creation_rate, asked for each accepted connection.
+        self.accept_throttle = accept_throttle
+        self.on_frame_rejected = on_frame_rejected
+        self.listener_tls = ListenerTlsState(options.tls) if options.tls is not None else None
+        self.upstream_tls: ReloadingContext | None = None
+        if options.upstream_tls is not None:
+            self.upstream_tls = ReloadingContext("upstream TLS", upstream_files(options.upstream_tls),
+                                                 functools.partial(upstream_context, options.upstream_tls))
         self.loop = asyncio.get_running_loop()
         self.directory = ClusterDirectory(options, self._serve_listener)
         self.topics = TopicDirectory()
@@ -38,6 +76,7 @@ class ProxyServer:
         self._ids = itertools.count(1)
         self._per_ip: dict[str, int] = {}
         self._idle_task: asyncio.Task[None] | None = None
+        self._certificate_task: asyncio.Task[None] | None = None
         self._stopping = False
 
     @property
@@ -49,6 +88,24 @@ class ProxyServer:
         await self.discover_brokers()
         await asyncio.gather(*self._server_tasks)
         self._idle_task = self.loop.create_task(self._close_idle_connections())
+        if self.listener_tls is not None or self.upstream_tls is not None:
+            self._certificate_task = self.loop.create_task(self._watch_certificates())
+
+    def upstream_ssl(self) -> ssl.SSLContext | None:
+        """The context for a new upstream connection, None for plaintext."""
+        return self.upstream_tls.context if self.upstream_tls is not None else None
+
+    def check_certificates(self) -> None:
+        """Rebuild the TLS contexts whose files changed; new connections get the new ones."""
+        if self.listener_tls is not None:
+            self.listener_tls.reloading.check()
+        if self.upstream_tls is not None:
+            self.upstream_tls.check()
+
+    async def _watch_certificates(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.certificate_check_interval_s)
+            self.check_certificates()
 
     def _serve_listener(self, listener: Listener, sock: socket.socket) -> None:
         async def serve() -> None:
@@ -74,7 +131,8 @@ class ProxyServer:
         for host, port in self.options.upstream_bootstrap:
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), self.options.upstream_connect_timeout_s
+                    asyncio.open_connection(host, port, ssl=self.upstream_ssl()),
+                    self.options.upstream_connect_timeout_s,
                 )
             except (OSError, TimeoutError) as exc:
                 log.warning("discovery: %s:%d unreachable: %s", host, port, exc)
@@ -96,54 +154,80 @@ class ProxyServer:
             return True
         return False
 
-    def connection_accepted(self, listener: Listener, transport: asyncio.Transport) -> ProxiedConnection:
+    def connection_accepted(
+        self, listener: Listener, transport: asyncio.Transport, protocol: asyncio.Protocol | None = None
+    ) -> ProxiedConnection:
         connection = ProxiedConnection(self, listener, next(self._ids))
         self.connections.add(connection)
-        connection.client_connected(transport)
+        connection.client_connected(transport, protocol)
         ip = connection.peer_ip
-        self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
-        refusal = self._refusal(ip)
-        if refusal is not None:
-            connection.close(refusal, problem=True)
-        return connection
-
-    def _refusal(self, ip: str) -> str | None:
         options = self.options
+        # The broker's order (ConnectionQuotas.inc): overall limit, connection rate, then per IP;
+        # a connection held for its rate is not counted against its IP.
         if self._stopping:
-            return "proxy is shutting down"
+            connection.close("proxy is shutting down", problem=True)
+            return connection
         if options.max_connections and len(self.connections) > options.max_connections:
-            return f"too many connections (max_connections={options.max_connections})"
+            connection.close(f"too many connections (max_connections={options.max_connections})", problem=True)
+            return connection
+        hold_ms = self.accept_throttle(ip) if self.accept_throttle is not None else 0
+        if hold_ms > 0:
+            log.info("connection %d from %s: connection_creation_rate exceeded, closing it after %d ms",
+                     connection.connection_id, connection.peer, hold_ms)
+            connection.hold_then_close(hold_ms, f"connection_creation_rate quota exceeded: held {hold_ms} ms")
+            return connection
+        self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
+        connection.counted_per_ip = True
         if options.max_connections_per_ip and self._per_ip[ip] > options.max_connections_per_ip:
-            return f"too many connections from {ip} (max_connections_per_ip={options.max_connections_per_ip})"
-        return None
+            connection.close(f"too many connections from {ip} "
+                             f"(max_connections_per_ip={options.max_connections_per_ip})", problem=True)
+            return connection
+        connection.start()
+        return connection
 
     def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
         self.connections.discard(connection)
-        ip = connection.peer_ip
-        remaining = self._per_ip.get(ip, 1) - 1
-        if remaining > 0:
-            self._per_ip[ip] = remaining
-        else:
-            self._per_ip.pop(ip, None)
+        if connection.counted_per_ip:
+            ip = connection.peer_ip
+            remaining = self._per_ip.get(ip, 1) - 1
+            if remaining > 0:
+                self._per_ip[ip] = remaining
+            else:
+                self._per_ip.pop(ip, None)
         self.hooks.connection_closed(connection, reason)
 
     def frame_rejected(self, connection: ProxiedConnection, side: str, error: ProtocolError) -> None:
         log.warning("connection %d from %s: rejected %s frame: %s", connection.connection_id,
                     connection.peer, side, error)
+        if self.on_frame_rejected is not None:
+            self.on_frame_rejected(rejection_kind(side, error))
 
     def may_carry_node_endpoints(self, api_key: int, api_version: int, frame: bytes, body_offset: int) -> bool:
         """Whether a Produce/Fetch response needs the full decode for KIP-951 endpoints."""
-        # Until the fast path can tell, decode them all: correct, if slower.
-        return True
+        try:
+            return may_carry_node_endpoints(api_key, api_version, frame, body_offset)
+        except ProtocolError:
+            return True  # the full decode then reports what is wrong with it
 
     async def _close_idle_connections(self) -> None:
         idle_limit = self.options.idle_timeout_s
+        frame_limit = self.options.frame_read_timeout_s
         while True:
-            await asyncio.sleep(min(_IDLE_SCAN_INTERVAL_S, idle_limit))
-            cutoff = self.loop.time() - idle_limit
+            await asyncio.sleep(min(_IDLE_SCAN_INTERVAL_S, idle_limit, frame_limit))
+            now = self.loop.time()
             for connection in list(self.connections):
-                if connection.last_activity < cutoff and not connection.in_flight:
-                    connection.close(f"idle for more than {idle_limit:g} s")
+                if connection.last_activity < now - idle_limit and (
+                    not connection.in_flight or connection.client_not_reading
+                ):
+                    # A client that stopped reading its responses is idle too: nothing moves.
+                    reason = "not reading its responses" if connection.in_flight else "idle"
+                    connection.close(f"{reason} for more than {idle_limit:g} s", problem=bool(connection.in_flight))
+                elif (
+                    connection.frame_started_at is not None
+                    and connection.frame_started_at < now - frame_limit
+                    and not connection.client_reads_paused
+                ):
+                    connection.close(f"request frame not received whole within {frame_limit:g} s", problem=True)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, close."""
@@ -151,10 +235,11 @@ class ProxyServer:
         grace = self.options.shutdown_grace_s if grace_s is None else grace_s
         for server in self._servers:
             server.close()
-        if self._idle_task is not None:
-            self._idle_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._idle_task
+        for task in (self._idle_task, self._certificate_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         connections = list(self.connections)
         if connections:
             drains = [asyncio.ensure_future(c.drain()) for c in connections]

@@ -1,0 +1,51 @@
+"""The cheap NodeEndpoints check agrees with the full decode on generated responses."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kqp.protocol.address_rewrite import NODE_ENDPOINT_VERSIONS
+from kqp.protocol.apis import API_SPECS, FETCH_KEY, PRODUCE_KEY
+from kqp.protocol.codec import decode_body
+from kqp.protocol.node_endpoints import may_carry_node_endpoints
+from tests.unit.protocol.schema_messages import body_strategy
+
+CASES = [
+    (api_key, version)
+    for api_key in (PRODUCE_KEY, FETCH_KEY)
+    for version in range(NODE_ENDPOINT_VERSIONS[api_key], API_SPECS[api_key].max_version + 1)
+]
+
+
+@pytest.mark.parametrize(("api_key", "version"), CASES)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(data=st.data())
+def test_check_is_true_exactly_when_the_decoded_response_has_node_endpoints(
+    api_key: int, version: int, data: st.DataObject
+) -> None:
+    body = data.draw(body_strategy(api_key, version, is_request=False))
+    frame = b"\x00\x00\x00\x07\x00" + body  # correlation id + empty header tagged fields
+    decoded = decode_body(api_key, version, body, is_request=False)
+    has_endpoints = bool(decoded.node_endpoints)
+    carried = may_carry_node_endpoints(api_key, version, frame, 5)
+    # It may only say "maybe" for other tagged fields; it must never miss endpoints.
+    assert carried or not has_endpoints
+    if not decoded.unknown_tags:
+        assert carried == has_endpoints
+
+
+@pytest.mark.parametrize(("api_key", "version"), CASES)
+def test_a_response_with_node_endpoints_is_always_caught(api_key: int, version: int) -> None:
+    response_class = API_SPECS[api_key].response_class[version]
+    endpoint = response_class.NodeEndpoint(node_id=2, host="broker-2.internal", port=9092, rack=None)
+    fields = {"responses": [], "throttle_time_ms": 0, "node_endpoints": [endpoint]}
+    if api_key == FETCH_KEY:
+        fields.update(error_code=0, session_id=0)
+    with_endpoints = bytes(response_class(**fields).encode(version=version))
+    fields["node_endpoints"] = []
+    without = bytes(response_class(**fields).encode(version=version))
+    header = b"\x00\x00\x00\x07\x00"
+    assert may_carry_node_endpoints(api_key, version, header + with_endpoints, 5)
+    assert not may_carry_node_endpoints(api_key, version, header + without, 5)
