@@ -99,6 +99,46 @@ IntQuota = Annotated[int, BeforeValidator(_whole_number), Field(gt=0, le=INT_MAX
 DoubleQuota = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
+class ListenerTlsSection(Section):
+    """TLS termination on every proxy listener (bootstrap and broker ports)."""
+
+    cert_file: NonEmptyText
+    key_file: NonEmptyText
+    key_password: str | None = None
+    # CAs whose client certificates are accepted; required unless client_auth is "none".
+    ca_file: NonEmptyText | None = None
+    client_auth: Literal["none", "requested", "required"] = "none"  # Kafka's ssl.client.auth
+    principal_mapping_rules: NonEmptyText = "DEFAULT"  # Kafka's ssl.principal.mapping.rules
+    handshake_timeout_seconds: PositiveSeconds = 10.0
+
+    @model_validator(mode="after")
+    def _ca_for_client_auth(self) -> ListenerTlsSection:
+        if self.client_auth != "none" and self.ca_file is None:
+            raise nested_error(
+                "missing_ca", 'client_auth "{mode}" needs ca_file, the CAs that sign client certificates',
+                ("ca_file",), mode=self.client_auth,
+            )
+        return self
+
+
+class UpstreamTlsSection(Section):
+    """TLS origination to the brokers."""
+
+    ca_file: NonEmptyText | None = None  # none: the system's trust store
+    cert_file: NonEmptyText | None = None
+    key_file: NonEmptyText | None = None
+    key_password: str | None = None
+    check_hostname: bool = True
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> UpstreamTlsSection:
+        if (self.cert_file is None) != (self.key_file is None):
+            missing = "key_file" if self.key_file is None else "cert_file"
+            raise nested_error("incomplete_client_certificate", "a client certificate needs both cert_file "
+                               "and key_file", (missing,))
+        return self
+
+
 class ProxySection(Section):
     bind_host: NonEmptyText = "127.0.0.1"
     bootstrap_port: Port = 9192
@@ -113,6 +153,9 @@ class ProxySection(Section):
     max_connections: Annotated[int, Field(ge=0)] = 0  # 0 = unlimited
     max_connections_per_ip: Annotated[int, Field(ge=0)] = 0
     shutdown_grace_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 10.0
+    frame_read_timeout_seconds: PositiveSeconds = 120.0
+    certificate_check_interval_seconds: PositiveSeconds = 5.0
+    tls: ListenerTlsSection | None = None
 
     @model_validator(mode="after")
     def _ports_distinct(self) -> ProxySection:
@@ -133,8 +176,8 @@ class ProxySection(Section):
 
 
 class UpstreamSection(Section):
-    # A `tls` block will sit next to this list.
     bootstrap_servers: tuple[HostPort, ...]
+    tls: UpstreamTlsSection | None = None
 
     @field_validator("bootstrap_servers")
     @classmethod

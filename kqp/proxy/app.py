@@ -21,9 +21,10 @@ from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.observation import ObservationHooks
-from kqp.proxy.options import ProxyOptions
+from kqp.proxy.options import ListenerTls, ProxyOptions, UpstreamTls
 from kqp.proxy.quota_admin import QuotaAdminHooks
 from kqp.proxy.server import ProxyServer
+from kqp.proxy.tls import parse_principal_mapping_rules
 from kqp.quotas import QuotaEngine, QuotaSettings
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,14 @@ class ProxyApp:
             hooks.append(self.enforcement)
         if self.metrics is not None or self.capture is not None:
             hooks.append(ObservationHooks(self.metrics, self.capture, settings.capture.sample_one_in))
-        self.server = ProxyServer(settings.proxy, HookChain(hooks))
+        quota_engine, proxy_metrics = self.engine, self.metrics
+        self.server = ProxyServer(
+            settings.proxy, HookChain(hooks),
+            accept_throttle=(
+                (lambda ip: quota_engine.connection_created(ip, self.now_ms())) if quota_engine is not None else None
+            ),
+            on_frame_rejected=proxy_metrics.frame_rejected if proxy_metrics is not None else None,
+        )
         await self.server.start()
         if self.metrics is not None:
             self.endpoint = ObservabilityEndpoint(
@@ -249,7 +257,22 @@ def app_settings_from_config(config: KqpConfig) -> AppSettings:
         max_connections=p.max_connections,
         max_connections_per_ip=p.max_connections_per_ip,
         shutdown_grace_s=p.shutdown_grace_seconds,
+        frame_read_timeout_s=p.frame_read_timeout_seconds,
+        certificate_check_interval_s=p.certificate_check_interval_seconds,
+        tls=ListenerTls(
+            cert_file=p.tls.cert_file, key_file=p.tls.key_file, key_password=p.tls.key_password,
+            ca_file=p.tls.ca_file, client_auth=p.tls.client_auth,
+            principal_mapping_rules=p.tls.principal_mapping_rules,
+            handshake_timeout_s=p.tls.handshake_timeout_seconds,
+        ) if p.tls is not None else None,
+        upstream_tls=UpstreamTls(
+            ca_file=u.ca_file, cert_file=u.cert_file, key_file=u.key_file, key_password=u.key_password,
+            check_hostname=u.check_hostname,
+        ) if (u := config.upstream.tls if config.upstream else None) is not None else None,
     )
+    if proxy.tls is not None:
+        # Rules are Kafka's grammar, checked here so that a bad value stops `kqp serve` at start.
+        parse_principal_mapping_rules(proxy.tls.principal_mapping_rules)
     m, c = config.metrics, config.capture
     return AppSettings(
         proxy=proxy,

@@ -6,12 +6,17 @@ responses are matched to the oldest request in flight, rewritten where they carr
 addresses, and sent back. Reading from the client stops while any of these holds: the
 upstream is not connected yet, the upstream's write buffer is full (back-pressure), the
 connection is muted for a throttle (KIP-219), or the proxy is shutting down.
+
+With TLS termination the client's TCP connection is upgraded before anything else happens,
+and the certificate of an mTLS client names the connection's principal unless SASL (passed
+through to the broker) later names another, as on a broker's SASL_SSL listener.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections import deque
 from typing import TYPE_CHECKING, cast
@@ -22,15 +27,22 @@ from kqp.protocol.address_rewrite import (
     proxy_api_versions_body,
     rewrite_addresses,
 )
-from kqp.protocol.apis import API_VERSIONS_KEY, METADATA_KEY, SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY
+from kqp.protocol.apis import (
+    API_SPECS,
+    API_VERSIONS_KEY,
+    METADATA_KEY,
+    SASL_AUTHENTICATE_KEY,
+    SASL_HANDSHAKE_KEY,
+)
 from kqp.protocol.codec import decode_body, encode_body
 from kqp.protocol.correlation import expects_response
-from kqp.protocol.errors import ProtocolError
+from kqp.protocol.errors import CorrelationError, ProtocolDecodeError, ProtocolError, UnsupportedApiError
 from kqp.protocol.framing import FrameDecoder
 from kqp.protocol.headers import parse_request_header, response_body_offset, response_correlation_id
-from kqp.protocol.sasl import SaslObserver
+from kqp.protocol.sasl import ANONYMOUS, SaslObserver
 from kqp.proxy.cluster import BOOTSTRAP, Listener
 from kqp.proxy.hooks import Exchange
+from kqp.proxy.tls import CertificateParseError, PrincipalMappingError
 
 if TYPE_CHECKING:
     from kqp.proxy.server import ProxyServer
@@ -54,6 +66,10 @@ def _size_prefix(frame: bytes | bytearray) -> bytes:
     return len(frame).to_bytes(4, "big")
 
 
+class TruncatedFrameError(ProtocolDecodeError):
+    """The peer went away in the middle of a frame."""
+
+
 class ProxiedConnection:
     def __init__(self, proxy: ProxyServer, listener: Listener, connection_id: int) -> None:
         self.proxy = proxy
@@ -66,6 +82,12 @@ class ProxiedConnection:
         self.peer = "?"
         self.peer_ip = "?"
         self.sasl = SaslObserver()
+        # The mapped subject of an mTLS client certificate.
+        self.tls_principal = ANONYMOUS
+        # Whether the connection holds one of its IP's max_connections_per_ip slots.
+        self.counted_per_ip = False
+        # Event-loop time the first byte of a still incomplete request frame arrived.
+        self.frame_started_at: float | None = None
         self.opened_at = time.time()
         self.last_activity = proxy.loop.time()
         self.requests_seen = 0
@@ -78,6 +100,8 @@ class ProxiedConnection:
         self._muted_until = 0.0
         self._one_at_a_time_until = 0.0
         self._unmute_handle: asyncio.TimerHandle | None = None
+        self._hold_handle: asyncio.TimerHandle | None = None
+        self._client_protocol: asyncio.Protocol | None = None
         self._closed = False
         self._drained = asyncio.Event()
         self._drained.set()
@@ -86,7 +110,7 @@ class ProxiedConnection:
 
     @property
     def principal(self) -> str:
-        return self.sasl.principal
+        return self.sasl.principal if self.sasl.authenticated else self.tls_principal
 
     @property
     def closed(self) -> bool:
@@ -96,8 +120,10 @@ class ProxiedConnection:
     def in_flight(self) -> int:
         return len(self._inflight)
 
-    def client_connected(self, transport: asyncio.Transport) -> None:
+    def client_connected(self, transport: asyncio.Transport, protocol: asyncio.Protocol | None = None) -> None:
+        """The client's TCP connection is accepted; nothing is read until `start()`."""
         self.client = transport
+        self._client_protocol = protocol
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer_ip = str(peer[0])
@@ -105,7 +131,51 @@ class ProxiedConnection:
         transport.set_write_buffer_limits(high=self.proxy.options.write_buffer_high_bytes)
         self._block_client(_CONNECTING)
         self.proxy.hooks.connection_opened(self)
-        self.proxy.loop.create_task(self._connect_upstream())
+
+    def start(self) -> None:
+        """Terminate TLS if the listener has it, then connect upstream and start forwarding."""
+        self.proxy.loop.create_task(self._open())
+
+    def hold_then_close(self, hold_ms: int, reason: str) -> None:
+        """KIP-612: keep a throttled new connection open, unread, then close it, as a broker does."""
+        self._hold_handle = self.proxy.loop.call_later(hold_ms / 1000.0, self.close, reason)
+
+    async def _open(self) -> None:
+        tls = self.proxy.listener_tls
+        if tls is not None and not await self._terminate_tls(tls.options.handshake_timeout_s):
+            return
+        await self._connect_upstream()
+
+    async def _terminate_tls(self, handshake_timeout_s: float) -> bool:
+        tls = self.proxy.listener_tls
+        raw = self.client
+        assert tls is not None and raw is not None and self._client_protocol is not None
+        try:
+            secured = await self.proxy.loop.start_tls(
+                raw, self._client_protocol, tls.reloading.context, server_side=True,
+                ssl_handshake_timeout=handshake_timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            self.close(f"TLS handshake failed: {exc or type(exc).__name__}", problem=True)
+            return False
+        if self._closed or secured is None:
+            if secured is not None:
+                secured.close()
+            self.close("client disconnected during the TLS handshake")
+            return False
+        transport = secured
+        self.client = transport
+        transport.set_write_buffer_limits(high=self.proxy.options.write_buffer_high_bytes)
+        if self._client_blockers:
+            transport.pause_reading()
+        try:
+            principal = tls.principal_of(cast("ssl.SSLObject | None", transport.get_extra_info("ssl_object")))
+        except (PrincipalMappingError, CertificateParseError) as exc:
+            self.close(f"TLS client certificate rejected: {exc}", problem=True)
+            return False
+        if principal is not None:
+            self.tls_principal = principal
+        return True
 
     async def _connect_upstream(self) -> None:
         loop = self.proxy.loop
@@ -120,10 +190,10 @@ class ProxiedConnection:
                 return
             try:
                 transport, _ = await asyncio.wait_for(
-                    loop.create_connection(lambda: _UpstreamSide(self), host, port),
+                    loop.create_connection(lambda: _UpstreamSide(self), host, port, ssl=self.proxy.upstream_ssl()),
                     self.proxy.options.upstream_connect_timeout_s,
                 )
-            except (OSError, TimeoutError) as exc:
+            except (OSError, TimeoutError) as exc:  # including failed TLS handshakes
                 failure = f"{host}:{port}: {exc or type(exc).__name__}"
                 log.warning("connection %d: upstream %s:%d unreachable: %s", self.connection_id, host, port, exc)
                 continue
@@ -147,8 +217,9 @@ class ProxiedConnection:
         level = logging.WARNING if problem else logging.DEBUG
         log.log(level, "connection %d from %s via %s closed: %s", self.connection_id, self.peer,
                 self.listener.name, reason)
-        if self._unmute_handle is not None:
-            self._unmute_handle.cancel()
+        for handle in (self._unmute_handle, self._hold_handle):
+            if handle is not None:
+                handle.cancel()
         for transport in (self.client, self.upstream):
             if transport is not None:
                 transport.close()
@@ -172,6 +243,9 @@ class ProxiedConnection:
         self._client_blockers.discard(reason)
         if not self._client_blockers and self.client is not None and not self._closed:
             self.client.resume_reading()
+            if self.frame_started_at is not None:
+                # The rest of the frame could not be read while paused; its clock restarts.
+                self.frame_started_at = self.proxy.loop.time()
 
     def block_upstream_reads(self) -> None:
         if not self._upstream_blockers and self.upstream is not None and not self._closed:
@@ -179,9 +253,20 @@ class ProxiedConnection:
         self._upstream_blockers.add("client-backlog")
 
     def unblock_upstream_reads(self) -> None:
+        # The client is reading again: that is activity, whatever the idle clock said.
+        self.last_activity = self.proxy.loop.time()
         self._upstream_blockers.discard("client-backlog")
         if not self._upstream_blockers and self.upstream is not None and not self._closed:
             self.upstream.resume_reading()
+
+    @property
+    def client_not_reading(self) -> bool:
+        """Responses are waiting because the client does not read what it was sent."""
+        return "client-backlog" in self._upstream_blockers
+
+    @property
+    def client_reads_paused(self) -> bool:
+        return bool(self._client_blockers)
 
     def upstream_backlog(self, full: bool) -> None:
         if full:
@@ -220,13 +305,18 @@ class ProxiedConnection:
     # ---- requests --------------------------------------------------------------------
 
     def client_data(self, data: bytes) -> None:
-        self.last_activity = self.proxy.loop.time()
+        now = self.last_activity = self.proxy.loop.time()
+        decoder = self._client_frames
         try:
-            frames = self._client_frames.feed(data)
+            frames = decoder.feed(data)
         except ProtocolError as exc:
             self.proxy.frame_rejected(self, "client", exc)
             self.close(f"bad frame from client: {exc}", problem=True)
             return
+        if not decoder.buffered_bytes:
+            self.frame_started_at = None
+        elif frames or self.frame_started_at is None:
+            self.frame_started_at = now
         if frames:
             self._pending.extend(frames)
             self._process_pending()
@@ -245,8 +335,24 @@ class ProxiedConnection:
                 self.close(f"bad request from client: {exc}", problem=True)
                 return
 
+    def client_lost(self, exc: Exception | None) -> None:
+        buffered = self._client_frames.buffered_bytes
+        if buffered and not self._closed:
+            error = TruncatedFrameError(f"client went away {buffered} bytes into a frame")
+            self.proxy.frame_rejected(self, "client", error)
+            self.close(f"truncated frame from client: {error}", problem=True)
+        else:
+            self.close("client disconnected" if exc is None else f"client connection lost: {exc}")
+
     def _handle_request(self, frame: bytes) -> None:
         header = parse_request_header(frame)
+        minimum = API_SPECS[header.api_key].min_version
+        if header.api_version < minimum and header.api_key != API_VERSIONS_KEY:
+            # A broker closes the connection for these too; often a response sent the wrong way.
+            raise UnsupportedApiError(
+                f"{API_SPECS[header.api_key].name} v{header.api_version} is below the supported minimum "
+                f"v{minimum} (correlation id {header.correlation_id})"
+            )
         body = memoryview(frame)[header.body_offset :]
         api_key = header.api_key
         exchange = Exchange(
@@ -312,10 +418,10 @@ class ProxiedConnection:
     def _handle_response(self, frame: bytes) -> None:
         correlation_id = response_correlation_id(frame)
         if not self._inflight or self._inflight[0].local_response is not None:
-            raise ProtocolError(f"broker sent response {correlation_id} with no request in flight")
+            raise CorrelationError(f"broker sent response {correlation_id} with no request in flight")
         exchange = self._inflight[0]
         if exchange.header.correlation_id != correlation_id:
-            raise ProtocolError(
+            raise CorrelationError(
                 f"broker answered out of order: got correlation id {correlation_id}, "
                 f"expected {exchange.header.correlation_id}"
             )
@@ -367,7 +473,7 @@ class ClientSide(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.connection = self._proxy.connection_accepted(self._listener, cast(asyncio.Transport, transport))
+        self.connection = self._proxy.connection_accepted(self._listener, cast(asyncio.Transport, transport), self)
 
     def data_received(self, data: bytes) -> None:
         if self.connection is not None:
@@ -378,7 +484,7 @@ class ClientSide(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.connection is not None:
-            self.connection.close("client disconnected" if exc is None else f"client connection lost: {exc}")
+            self.connection.client_lost(exc)
 
     def pause_writing(self) -> None:
         if self.connection is not None:

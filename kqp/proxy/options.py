@@ -3,8 +3,37 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+
+ClientAuth = Literal["none", "requested", "required"]  # Kafka's ssl.client.auth
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerTls:
+    """TLS termination on the proxy's listeners."""
+
+    cert_file: str
+    key_file: str
+    key_password: str | None = None
+    # CAs that sign acceptable client certificates; needed when client_auth is not "none".
+    ca_file: str | None = None
+    client_auth: ClientAuth = "none"
+    # Kafka's ssl.principal.mapping.rules: certificate subject -> user principal.
+    principal_mapping_rules: str = "DEFAULT"
+    handshake_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTls:
+    """TLS origination to the brokers."""
+
+    ca_file: str | None = None  # None: the system's trust store
+    cert_file: str | None = None  # client certificate, for brokers that require mTLS
+    key_file: str | None = None
+    key_password: str | None = None
+    check_hostname: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +55,12 @@ class ProxyOptions:
     max_connections: int = 0
     max_connections_per_ip: int = 0
     shutdown_grace_s: float = 10.0
+    # A request frame must arrive whole within this long of its first byte (slowloris guard).
+    frame_read_timeout_s: float = 120.0
+    tls: ListenerTls | None = None
+    upstream_tls: UpstreamTls | None = None
+    # How often certificate files are checked for changes.
+    certificate_check_interval_s: float = 5.0
 
     def node_port(self, node_id: int) -> int:
         return self.node_ports.get(node_id, self.node_port_base + node_id)
