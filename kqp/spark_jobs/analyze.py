@@ -83,6 +83,8 @@ class AnalyzeOptions:
     nw_in_threshold: float = cap.DEFAULT_NETWORK_THRESHOLD
     nw_out_threshold: float = cap.DEFAULT_NETWORK_THRESHOLD
     monthly_growth: float = 1.05
+    # Sizing guides plan brokers at 50-60 % of capacity (Confluent's calculator: 60 %).
+    target_utilisation: float = 0.6
     top_n: int = 10
     headroom_stat: str = "p99"
     headroom_resolution: str = "1s"
@@ -726,6 +728,36 @@ def _headroom_loads(stats: pd.DataFrame, resolution: str, scenario: str, stat: s
     return [(int(r.broker), RESOURCE_OF_METRIC[r.metric], float(getattr(r, stat))) for r in rows.itertuples()]
 
 
+def _sizing(
+    stats: pd.DataFrame, capacity_file: cap.CapacityFile, brokers: Sequence[int], options: AnalyzeOptions
+) -> dict[str, Any]:
+    """Brokers needed for the cluster's network load now and after 12 months of growth."""
+    rows = stats[
+        (stats["resolution"] == options.headroom_resolution)
+        & (stats["scenario"] == "observed")
+        & (stats["scope"] == "cluster")
+        & stats["metric"].isin(list(RESOURCE_OF_METRIC))
+    ]
+    load = {RESOURCE_OF_METRIC[r.metric]: float(getattr(r, options.headroom_stat)) for r in rows.itertuples()}
+    # A new broker is assumed to be like the current ones on average.
+    per_broker = {
+        resource: sum(capacity_file.for_broker(b).network_bytes_per_s(resource) for b in brokers) / len(brokers)
+        for resource in cap.NETWORK_RESOURCES
+    }
+    minimum = max(1, options.replication_factor)
+    year = options.monthly_growth**12
+    return {
+        "basis": f"cluster {options.headroom_stat} of {options.headroom_resolution} series",
+        "target_utilisation": options.target_utilisation,
+        "cluster_load_bytes_per_s": load,
+        "now": cap.brokers_needed(load, per_broker, options.target_utilisation, minimum),
+        "in_12_months": cap.brokers_needed(
+            {r: v * year for r, v in load.items()}, per_broker, options.target_utilisation, minimum
+        ),
+        "brokers_now": len(brokers),
+    }
+
+
 def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress | None = None) -> AnalyzeResult:
     """Extract and transform; returns the results for `load` (report.write_analyze_outputs)."""
     progress = progress or Progress("analyze", 9)
@@ -888,6 +920,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
             result.tables["headroom_broker_lost"] = pd.DataFrame([row.as_dict() for row in loss_rows])
     binding = cap.binding_constraint(headroom_rows)
     binding_loss = cap.binding_constraint(loss_rows)
+    sizing = _sizing(stats, capacity_file, brokers, options) if capacity_file is not None else None
 
     if options.budget_min_runway_months is not None and binding is not None:
         months = binding.runway_months
@@ -964,6 +997,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
             "rows_broker_lost": [row.as_dict() for row in loss_rows],
             "binding_constraint_broker_lost": binding_loss.as_dict() if binding_loss else None,
             "runway_months": binding.runway_months if binding else None,
+            "brokers_needed": sizing,
         },
         "shares": pareto,
         "hot_partitions": partitions.head(options.top_n)[
@@ -1003,6 +1037,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nw-in-threshold", type=float, default=cap.DEFAULT_NETWORK_THRESHOLD)
     parser.add_argument("--nw-out-threshold", type=float, default=cap.DEFAULT_NETWORK_THRESHOLD)
     parser.add_argument("--monthly-growth", type=float, default=1.05, help="growth factor per month (1.05 = +5%%)")
+    parser.add_argument(
+        "--target-utilisation", type=float, default=0.6, help="network share per broker to size for (0.6 = 60%%)"
+    )
     parser.add_argument("--top-n", type=int, default=10)
     parser.add_argument("--headroom-stat", choices=STATS, default="p99")
     parser.add_argument("--headroom-resolution", choices=tuple(RESOLUTIONS), default="1s")
@@ -1032,6 +1069,7 @@ def options_from_args(args: argparse.Namespace) -> AnalyzeOptions:
         nw_in_threshold=args.nw_in_threshold,
         nw_out_threshold=args.nw_out_threshold,
         monthly_growth=args.monthly_growth,
+        target_utilisation=args.target_utilisation,
         top_n=args.top_n,
         headroom_stat=args.headroom_stat,
         headroom_resolution=args.headroom_resolution,

@@ -229,3 +229,26 @@ def replication_load(
     replication_in = followers / (brokers - 1) * (cluster_produce_bytes - produce_bytes)
     replication_out = followers * produce_bytes
     return replication_in, replication_out
+
+
+def brokers_needed(
+    cluster_load: Mapping[str, float],
+    broker_capacity: Mapping[str, float],
+    target_utilisation: float,
+    minimum: int = 1,
+) -> int:
+    """Brokers needed so that each network resource carries the cluster's load at the target.
+
+    Args:
+        cluster_load: bytes/s per resource summed over brokers, replication included (the
+            replication total, (RF-1) x produce, does not depend on the broker count).
+        broker_capacity: one broker's capacity per resource, bytes/s.
+        target_utilisation: the share of a broker's capacity to plan for (sizing guides use 0.5-0.6).
+        minimum: the floor, e.g. the replication factor.
+    """
+    needed = minimum
+    for resource, load in cluster_load.items():
+        usable = broker_capacity[resource] * target_utilisation
+        if usable > 0:
+            needed = max(needed, math.ceil(load / usable))
+    return needed

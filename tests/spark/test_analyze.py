@@ -128,10 +128,30 @@ def test_headroom_binding_constraint_and_broker_loss(analysis: Any, capture_rows
     bytes_out = per_second(capture_rows, capture_rows["response_bytes"].fillna(0), brokers)
     cluster_produce = produce.sum(axis=1)
     expected = {}
+    cluster_in = pd.Series(0.0, index=produce.index)
+    cluster_out = pd.Series(0.0, index=produce.index)
     for broker in brokers:
         nw_in = bytes_in[broker] + (RF - 1) / 2 * (cluster_produce - produce[broker])
+        cluster_in += nw_in
+        cluster_out += bytes_out[broker] + (RF - 1) * produce[broker]
         limit = capacity.for_broker(broker).nw_in_bytes_per_s * 0.8
         expected[broker] = limit / np.percentile(nw_in, 99)
+    # Brokers needed at 60 % of the mean broker capacity, never fewer than RF.
+    mean_in = np.mean([capacity.for_broker(b).nw_in_bytes_per_s for b in brokers])
+    mean_out = np.mean([capacity.for_broker(b).nw_out_bytes_per_s for b in brokers])
+    needed = max(
+        RF,
+        int(np.ceil(np.percentile(cluster_in, 99) / (mean_in * 0.6))),
+        int(np.ceil(np.percentile(cluster_out, 99) / (mean_out * 0.6))),
+    )
+    assert result.summary["headroom"]["brokers_needed"]["now"] == needed
+    year = 1.05**12
+    needed_later = max(
+        RF,
+        int(np.ceil(np.percentile(cluster_in, 99) * year / (mean_in * 0.6))),
+        int(np.ceil(np.percentile(cluster_out, 99) * year / (mean_out * 0.6))),
+    )
+    assert result.summary["headroom"]["brokers_needed"]["in_12_months"] == needed_later
     headroom = result.tables["headroom"]
     nw_in_rows = headroom[headroom["resource"] == "NW_IN"].set_index("broker")
     for broker, growth in expected.items():

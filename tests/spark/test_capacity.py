@@ -72,3 +72,12 @@ def test_replication_load() -> None:
     # RF above the broker count is capped; a single broker replicates nothing.
     assert cap.replication_load(10.0, 30.0, 5, 3) == (20.0, 20.0)
     assert cap.replication_load(10.0, 10.0, 3, 1) == (0.0, 0.0)
+
+
+def test_brokers_needed_at_a_target_utilisation() -> None:
+    capacity = {cap.NW_IN: 100.0, cap.NW_OUT: 200.0}
+    # NW_IN binds: 250 / (100 x 0.5) = 5 brokers; NW_OUT would need 3.
+    assert cap.brokers_needed({cap.NW_IN: 250.0, cap.NW_OUT: 300.0}, capacity, 0.5) == 5
+    assert cap.brokers_needed({cap.NW_IN: 251.0, cap.NW_OUT: 0.0}, capacity, 0.5) == 6
+    # Never fewer than the replication factor.
+    assert cap.brokers_needed({cap.NW_IN: 1.0, cap.NW_OUT: 1.0}, capacity, 0.5, minimum=3) == 3
