@@ -19,7 +19,7 @@ results) -> `load` (report.write_outputs). Figures:
   * throughput series per broker (`upstream_node_id`) and cluster-wide at 1 s and 1 min:
     Produce request bytes in, Fetch response bytes out, all request/response bytes,
     requests (also per API key) and distinct connections; 1 min values are per-second
-    averages over the minute. Gaps are filled with zeros so percentiles count idle seconds.
+    averages over the captured seconds of the minute. Gaps are filled with zeros so percentiles count idle seconds.
   * p50/p95/p99/p99.9/max (exact, `percentile`) with the time of the max, and seconds above
     the capacity limit;
   * replication-aware network load from the replication factor (capacity.replication_load);
@@ -217,9 +217,21 @@ def _bucketed(traffic: DataFrame, unit_seconds: int) -> DataFrame:
     return traffic.withColumn("bucket", F.floor(F.col("second") / unit_seconds).cast("long"))
 
 
-def _grid(spark: SparkSession, first: int, last: int, brokers: Sequence[int]) -> DataFrame:
-    buckets = spark.range(first, last + 1).withColumnRenamed("id", "bucket")
-    return buckets.crossJoin(spark.createDataFrame([(b,) for b in brokers], "broker int"))
+def _grid(spark: SparkSession, bucket_range: tuple[int, int], unit_seconds: int, brokers: Sequence[int]) -> DataFrame:
+    """Every (bucket, broker) of the capture window, with the seconds of the window in the bucket.
+
+    The first and last buckets are usually partial: their rates are averages over the seconds
+    captured, not over the whole bucket, so the edges of a capture do not look like dips.
+    """
+    first_second, last_second = bucket_range
+    buckets = spark.range(first_second // unit_seconds, last_second // unit_seconds + 1).withColumnRenamed(
+        "id", "bucket"
+    )
+    start = F.col("bucket") * unit_seconds
+    covered = F.least(start + unit_seconds - 1, F.lit(last_second)) - F.greatest(start, F.lit(first_second)) + 1
+    return buckets.withColumn("covered_s", covered.cast("double")).crossJoin(
+        spark.createDataFrame([(b,) for b in brokers], "broker int")
+    )
 
 
 def throughput_series(
@@ -231,8 +243,9 @@ def throughput_series(
 ) -> DataFrame:
     """Per broker and bucket: rates of the additive metrics and distinct connections.
 
-    Rates are per-second averages over the bucket; every bucket of the capture window is
-    present (zeros where a broker was idle). `traffic` is aggregate_traffic's table.
+    Rates are per-second averages over the captured seconds of the bucket; every bucket of the
+    capture window is present (zeros where a broker was idle). `traffic` is aggregate_traffic's
+    table.
     """
     # Sampled connections stand for N connections each.
     connections = F.countDistinct("connection_id") * F.max("weight")
@@ -241,13 +254,13 @@ def throughput_series(
         .groupBy("broker", "bucket")
         .agg(*[F.sum(m).alias(m) for m in ADDITIVE_METRICS], connections.alias("connections"))
     )
-    first, last = (bucket_range[0] // unit_seconds, bucket_range[1] // unit_seconds)
-    filled = _grid(spark, first, last, brokers).join(aggregated, ["broker", "bucket"], "left").fillna(0.0)
+    grid = _grid(spark, bucket_range, unit_seconds, brokers)
+    filled = grid.join(aggregated, ["broker", "bucket"], "left").fillna(0.0)
     return filled.select(
         "broker",
         "bucket",
         F.timestamp_seconds(F.col("bucket") * unit_seconds).alias("window_start"),
-        *[(F.col(m) / unit_seconds).alias(m) for m in ADDITIVE_METRICS],
+        *[(F.col(m) / F.col("covered_s")).alias(m) for m in ADDITIVE_METRICS],
         F.col("connections").cast("double").alias("connections"),
     )
 
@@ -264,16 +277,15 @@ def api_request_series(
     aggregated = (
         _bucketed(traffic, unit_seconds).groupBy("broker", "bucket", "api_key").agg(F.sum("requests").alias("n"))
     )
-    first, last = (bucket_range[0] // unit_seconds, bucket_range[1] // unit_seconds)
     keys = spark.createDataFrame([(k,) for k in api_keys], "api_key int")
-    grid = _grid(spark, first, last, brokers).crossJoin(keys)
+    grid = _grid(spark, bucket_range, unit_seconds, brokers).crossJoin(keys)
     filled = grid.join(aggregated, ["broker", "bucket", "api_key"], "left").fillna(0.0)
     return filled.select(
         "broker",
         "bucket",
         "api_key",
         F.timestamp_seconds(F.col("bucket") * unit_seconds).alias("window_start"),
-        (F.col("n") / unit_seconds).alias("requests"),
+        (F.col("n") / F.col("covered_s")).alias("requests"),
     )
 
 
