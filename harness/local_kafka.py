@@ -22,6 +22,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.certificates import SslMaterial
+
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_VERSION = "4.3.1"
 DEFAULT_KAFKA_DIR = REPO / ".cache" / f"kafka-{KAFKA_VERSION}"
@@ -126,6 +128,7 @@ class KafkaNode:
     config: Path
     log: Path
     process: subprocess.Popen[bytes] | None = None
+    ssl_port: int | None = None  # an SSL listener, when the cluster has SSL material
 
     @property
     def running(self) -> bool:
@@ -134,23 +137,28 @@ class KafkaNode:
 
 class KafkaCluster:
     def __init__(self, nodes: int = 1, workdir: Path | None = None, kafka_dir: Path = DEFAULT_KAFKA_DIR,
-                 heap: str = "512m", extra_config: dict[str, str] | None = None) -> None:
+                 heap: str = "512m", extra_config: dict[str, str] | None = None,
+                 ssl: SslMaterial | None = None) -> None:
         if not (kafka_dir / "libs").is_dir():
             raise KafkaHarnessError(f"Kafka jars not found in {kafka_dir}/libs: run `make kafka` first")
         self.kafka_dir = kafka_dir
         self.heap = heap
         self.extra_config = extra_config or {}
+        self.ssl = ssl
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="kqp-kafka-")) if workdir is None else workdir
         self.cluster_id = kafka_cluster_id()
-        ports = free_ports(3 * nodes)
+        per_node = 4 if ssl is not None else 3
+        ports = free_ports(per_node * nodes)
         self.nodes: dict[int, KafkaNode] = {}
         for index in range(nodes):
             node_id = index + 1
             node_dir = self.workdir / f"node-{node_id}"
+            first = per_node * index
             self.nodes[node_id] = KafkaNode(
-                node_id, ports[3 * index], ports[3 * index + 1], ports[3 * index + 2],
+                node_id, ports[first], ports[first + 1], ports[first + 2],
                 node_dir / "server.properties", node_dir / "broker.log",
+                ssl_port=ports[first + 3] if ssl is not None else None,
             )
         self.tools_log4j = self.workdir / "tools-log4j2.yaml"
         self.broker_log4j = self.workdir / "log4j2.yaml"
@@ -166,8 +174,13 @@ class KafkaCluster:
         return ",".join(f"127.0.0.1:{n.sasl_port}" for n in self.nodes.values())
 
     @property
+    def ssl_bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{n.ssl_port}" for n in self.nodes.values() if n.ssl_port is not None)
+
+    @property
     def broker_ports(self) -> set[int]:
-        return {p for n in self.nodes.values() for p in (n.plaintext_port, n.sasl_port, n.controller_port)}
+        return {p for n in self.nodes.values()
+                for p in (n.plaintext_port, n.sasl_port, n.controller_port, n.ssl_port) if p is not None}
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -213,6 +226,17 @@ class KafkaCluster:
             "log.cleaner.dedupe.buffer.size": "16777216",
             "auto.create.topics.enable": "true",
         }
+        if self.ssl is not None and node.ssl_port is not None:
+            lines["listeners"] += f",SSL://127.0.0.1:{node.ssl_port}"
+            lines["advertised.listeners"] += f",SSL://127.0.0.1:{node.ssl_port}"
+            lines["listener.security.protocol.map"] += ",SSL:SSL"
+            lines.update({
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": str(self.ssl.broker.key_and_cert),
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": str(self.ssl.ca.cert),
+                "ssl.client.auth": "required" if self.ssl.client_auth else "none",
+            })
         lines.update(self.extra_config)
         node.config.parent.mkdir(parents=True, exist_ok=True)
         node.config.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))

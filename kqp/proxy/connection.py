@@ -7,8 +7,8 @@ addresses, and sent back. Reading from the client stops while any of these holds
 upstream is not connected yet, the upstream's write buffer is full (back-pressure), the
 connection is muted for a throttle (KIP-219), or the proxy is shutting down.
 
-With TLS termination the client's TCP connection is upgraded before anything else happens,
-and the certificate of an mTLS client names the connection's principal unless SASL (passed
+With TLS termination the event loop completes the handshake before the connection is
+accepted here, and the certificate of an mTLS client names the connection's principal unless SASL (passed
 through to the broker) later names another, as on a broker's SASL_SSL listener.
 """
 
@@ -101,7 +101,6 @@ class ProxiedConnection:
         self._one_at_a_time_until = 0.0
         self._unmute_handle: asyncio.TimerHandle | None = None
         self._hold_handle: asyncio.TimerHandle | None = None
-        self._client_protocol: asyncio.Protocol | None = None
         self._closed = False
         self._drained = asyncio.Event()
         self._drained.set()
@@ -120,10 +119,9 @@ class ProxiedConnection:
     def in_flight(self) -> int:
         return len(self._inflight)
 
-    def client_connected(self, transport: asyncio.Transport, protocol: asyncio.Protocol | None = None) -> None:
-        """The client's TCP connection is accepted; nothing is read until `start()`."""
+    def client_connected(self, transport: asyncio.Transport) -> None:
+        """The client's connection is accepted (after its TLS handshake, if any); nothing is read until `start()`."""
         self.client = transport
-        self._client_protocol = protocol
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer_ip = str(peer[0])
@@ -141,35 +139,16 @@ class ProxiedConnection:
         self._hold_handle = self.proxy.loop.call_later(hold_ms / 1000.0, self.close, reason)
 
     async def _open(self) -> None:
-        tls = self.proxy.listener_tls
-        if tls is not None and not await self._terminate_tls(tls.options.handshake_timeout_s):
+        if self.proxy.listener_tls is not None and not self._take_tls_principal():
             return
         await self._connect_upstream()
 
-    async def _terminate_tls(self, handshake_timeout_s: float) -> bool:
+    def _take_tls_principal(self) -> bool:
+        """The loop completed the TLS handshake before accepting; name the client by its certificate."""
         tls = self.proxy.listener_tls
-        raw = self.client
-        assert tls is not None and raw is not None and self._client_protocol is not None
+        assert tls is not None and self.client is not None
         try:
-            secured = await self.proxy.loop.start_tls(
-                raw, self._client_protocol, tls.reloading.context, server_side=True,
-                ssl_handshake_timeout=handshake_timeout_s,
-            )
-        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
-            self.close(f"TLS handshake failed: {exc or type(exc).__name__}", problem=True)
-            return False
-        if self._closed or secured is None:
-            if secured is not None:
-                secured.close()
-            self.close("client disconnected during the TLS handshake")
-            return False
-        transport = secured
-        self.client = transport
-        transport.set_write_buffer_limits(high=self.proxy.options.write_buffer_high_bytes)
-        if self._client_blockers:
-            transport.pause_reading()
-        try:
-            principal = tls.principal_of(cast("ssl.SSLObject | None", transport.get_extra_info("ssl_object")))
+            principal = tls.principal_of(cast("ssl.SSLObject | None", self.client.get_extra_info("ssl_object")))
         except (PrincipalMappingError, CertificateParseError) as exc:
             self.close(f"TLS client certificate rejected: {exc}", problem=True)
             return False
@@ -473,7 +452,7 @@ class ClientSide(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.connection = self._proxy.connection_accepted(self._listener, cast(asyncio.Transport, transport), self)
+        self.connection = self._proxy.connection_accepted(self._listener, cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
         if self.connection is not None:

@@ -77,6 +77,9 @@ class ProxyServer:
         self._per_ip: dict[str, int] = {}
         self._idle_task: asyncio.Task[None] | None = None
         self._certificate_task: asyncio.Task[None] | None = None
+        # TLS listeners accept here, so each handshake can use the context current at that moment.
+        self._accept_tasks: set[asyncio.Task[None]] = set()
+        self._handshakes: set[asyncio.Task[None]] = set()
         self._stopping = False
 
     @property
@@ -108,6 +111,10 @@ class ProxyServer:
             self.check_certificates()
 
     def _serve_listener(self, listener: Listener, sock: socket.socket) -> None:
+        if self.listener_tls is not None:
+            self._accept_tasks.add(self.loop.create_task(self._accept_tls(listener, sock)))
+            return
+
         async def serve() -> None:
             server = await self.loop.create_server(lambda: ClientSide(self, listener), sock=sock)
             self._servers.append(server)
@@ -115,6 +122,33 @@ class ProxyServer:
         task = self.loop.create_task(serve())
         self._server_tasks.add(task)
         task.add_done_callback(self._server_tasks.discard)
+
+    async def _accept_tls(self, listener: Listener, sock: socket.socket) -> None:
+        try:
+            while True:
+                client_sock, _address = await self.loop.sock_accept(sock)
+                task = self.loop.create_task(self._tls_handshake(listener, client_sock))
+                self._handshakes.add(task)
+                task.add_done_callback(self._handshakes.discard)
+        finally:
+            sock.close()
+
+    async def _tls_handshake(self, listener: Listener, client_sock: socket.socket) -> None:
+        tls = self.listener_tls
+        assert tls is not None
+        try:
+            peer = "{}:{}".format(*client_sock.getpeername()[:2])
+        except OSError:
+            peer = "?"
+        try:
+            await self.loop.connect_accepted_socket(
+                lambda: ClientSide(self, listener), client_sock, ssl=tls.reloading.context,
+                ssl_handshake_timeout=tls.options.handshake_timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            log.warning("connection from %s via %s: TLS handshake failed: %s", peer, listener.name,
+                        exc or type(exc).__name__)
+            client_sock.close()
 
     async def discover_brokers(self) -> bool:
         """Ask the cluster for its brokers so every node port is served from the start.
@@ -154,12 +188,10 @@ class ProxyServer:
             return True
         return False
 
-    def connection_accepted(
-        self, listener: Listener, transport: asyncio.Transport, protocol: asyncio.Protocol | None = None
-    ) -> ProxiedConnection:
+    def connection_accepted(self, listener: Listener, transport: asyncio.Transport) -> ProxiedConnection:
         connection = ProxiedConnection(self, listener, next(self._ids))
         self.connections.add(connection)
-        connection.client_connected(transport, protocol)
+        connection.client_connected(transport)
         ip = connection.peer_ip
         options = self.options
         # The broker's order (ConnectionQuotas.inc): overall limit, connection rate, then per IP;
@@ -235,7 +267,7 @@ class ProxyServer:
         grace = self.options.shutdown_grace_s if grace_s is None else grace_s
         for server in self._servers:
             server.close()
-        for task in (self._idle_task, self._certificate_task):
+        for task in (*self._accept_tasks, *self._handshakes, self._idle_task, self._certificate_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
