@@ -41,12 +41,18 @@ test: setup lint
 unit: $(VENV)/.installed
 	$(VENV)/bin/pytest -q tests/unit
 
+integration: setup
+	$(VENV)/bin/pytest -q tests/integration
+
 demo: setup
 	$(PY) -m kqp.demo
 
+# Benchmarks print progress and write markdown reports under out/; figures go to docs/benchmarks.md.
 bench: setup
-	$(PY) bench/proxy_throughput.py
 	$(PY) bench/quota_hot_path.py
+	$(PY) bench/fast_path.py
+	$(PY) bench/proxy_throughput.py
+	$(PY) bench/capture_overhead.py
 
 clean:
 	rm -rf $(VENV) .cache
