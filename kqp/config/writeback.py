@@ -19,7 +19,7 @@ import yaml
 
 from kqp.config.errors import ConfigError, ConfigProblem
 from kqp.config.loader import ConfigSource, read_config_file, validate_sources
-from kqp.quotas.settings import QUOTA_TYPES, QuotaEntry
+from kqp.quotas.settings import QUOTA_TYPES, IpQuotaEntry, QuotaEntry
 
 # Kafka stores these as LONG: write them as whole numbers.
 _WHOLE_QUOTAS = frozenset({"producer_byte_rate", "consumer_byte_rate"})
@@ -68,8 +68,11 @@ def entry_as_yaml(entry: QuotaEntry) -> dict[str, Any]:
     return item
 
 
-def write_quota_entries(path: str | Path, entries: Sequence[QuotaEntry]) -> None:
-    """Replace `quotas.entries` in the file at `path`, keeping its other keys.
+def write_quota_entries(
+    path: str | Path, entries: Sequence[QuotaEntry], ip_entries: Sequence[IpQuotaEntry] | None = None
+) -> None:
+    """Replace `quotas.entries` (and `quotas.ip_entries` when given) in the file at `path`,
+    keeping its other keys.
 
     Raises ConfigError, leaving the file untouched, when the file cannot be read or the
     result would not be a valid configuration file.
@@ -79,6 +82,10 @@ def write_quota_entries(path: str | Path, entries: Sequence[QuotaEntry]) -> None
     quotas = data.get("quotas")
     quotas = dict(quotas) if isinstance(quotas, dict) else {}
     quotas["entries"] = [entry_as_yaml(entry) for entry in entries]
+    if ip_entries is not None and (ip_entries or "ip_entries" in quotas):
+        quotas["ip_entries"] = [
+            {"ip": e.ip, "connection_creation_rate": round(e.connection_creation_rate)} for e in ip_entries
+        ]
     data["quotas"] = quotas
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
     # Validate what would be written, as the file will be read back by the reload loop.

@@ -198,7 +198,7 @@ class ProxyApp:
                 self.engine.update(settings)
             return
         path = find_quota_file(self.files.paths)
-        write_quota_entries(path, settings.entries)
+        write_quota_entries(path, settings.entries, settings.ip_entries)
         if not self.reload(f"AlterClientQuotas wrote {path}"):
             raise RuntimeError(f"{path} was written but does not reload; see the log")
 
