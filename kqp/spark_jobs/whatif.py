@@ -41,7 +41,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kqp.quotas.settings import QuotaSettings
+from kqp.quotas.settings import QuotaSettings, QuotaType
 from kqp.spark_jobs.analyze import ANONYMOUS, BUDGET_EXIT_CODE, FETCH_KEY, PRODUCE_KEY, Progress
 from kqp.spark_jobs.capture_source import read_capture
 from kqp.spark_jobs.quota_replay import MODES, Mode, ThrottleFunction, quota_groups, replay_group
@@ -105,12 +105,35 @@ def engine_throttle_function(settings: QuotaSettings) -> ThrottleFunction:
         if api_key == PRODUCE_KEY:
             delays.append(engine.record_produce(node, principal, client_id, nbytes, now_ms))
         elif api_key == FETCH_KEY:
-            delays.append(engine.record_fetch(node, principal, client_id, nbytes, now_ms))
+            # The proxy delivers a throttled fetch's data (it already holds it), so the bytes
+            # stay recorded, unlike a broker that answers a throttled fetch empty.
+            delays.append(engine.record_fetch(node, principal, client_id, nbytes, now_ms, delivered=True))
         if request_ms == request_ms:  # not NaN: the request had a response
             delays.append(engine.record_request_time(node, principal, client_id, api_key, request_ms, now_ms))
         return float(max(delays))
 
     return throttle
+
+
+LIMIT_COLUMNS: dict[QuotaType, str] = {
+    "producer_byte_rate": "produce_quota_bytes_per_s",
+    "consumer_byte_rate": "fetch_quota_bytes_per_s",
+    "request_percentage": "request_quota_percent",
+}
+
+
+def with_quota_limits(clients: pd.DataFrame, settings: QuotaSettings) -> pd.DataFrame:
+    """Add the limits the config gives each (principal, client-id), as the engine resolves them."""
+    from kqp.quotas import QuotaEngine
+
+    engine = QuotaEngine(settings)
+    frame = clients.copy()
+    for quota_type, column in LIMIT_COLUMNS.items():
+        frame[column] = [
+            engine.quota(quota_type, principal, client_id)
+            for principal, client_id in zip(frame["principal"], frame["client_id"], strict=True)
+        ]
+    return frame
 
 
 def prepare_requests(raw: DataFrame) -> DataFrame:
@@ -283,6 +306,7 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
     rows = simulated.count()
     progress.step(f"replayed {rows} requests through kqp.quotas ({options.mode})")
     clients = to_pandas(client_outcomes(simulated)).sort_values("throttle_ms_total", ascending=False)
+    clients = with_quota_limits(clients, settings)
     peaks = to_pandas(broker_peaks(simulated)).sort_values(["broker", "api_key"])
     tables = {"clients": clients.reset_index(drop=True), "broker_peaks": peaks.reset_index(drop=True)}
     progress.step("per-client throttling and broker peaks")

@@ -92,7 +92,8 @@ def sequential_replay(rows: pd.DataFrame, settings: Any) -> pd.DataFrame:
 
     The inputs follow the capture contract and the proxy's recording rules (Produce: frame
     less the size prefix, at the response or, for acks=0, at the request; Fetch: 4 + the
-    response body; request time: broker round trip less a long-poll's wait).
+    response body, delivered even when throttled; request time: broker round trip less a
+    long-poll's wait).
     """
     from kqp.quotas import QuotaEngine
 
@@ -113,7 +114,7 @@ def sequential_replay(rows: pd.DataFrame, settings: Any) -> pd.DataFrame:
         elif row.api_key == 1:
             header = 5 if row.api_version >= 12 else 4
             body = int(row.response_bytes) - 4 - header
-            delays.append(engine.record_fetch(broker, principal, client, 4 + body, row.ts_ms))
+            delays.append(engine.record_fetch(broker, principal, client, 4 + body, row.ts_ms, delivered=True))
         if not pd.isna(row.ts_response_received_us):
             round_trip = (row.ts_response_received_us - row.ts_request_sent_us) / 1000.0
             if row.api_key == 1 and round_trip >= row.fetch_max_wait_ms:
@@ -147,6 +148,12 @@ def test_whatif_through_the_quota_engine_matches_a_sequential_replay(
     assert clients["throttled_requests"].to_dict() == per_client["throttled"].to_dict()
     assert clients["throttle_ms_total"].to_dict() == pytest.approx(per_client["total"].astype(float).to_dict())
     assert clients["throttle_ms_max"].to_dict() == pytest.approx(per_client["max"].astype(float).to_dict())
+
+    # The limits each client got: tenant-1's user quota beats the client-id default for produce.
+    limits = clients["produce_quota_bytes_per_s"]
+    tenant_1 = clients.index.get_level_values("principal") == "User:tenant-1"
+    assert (limits[tenant_1] == 15000).all() and (limits[~tenant_1] == 40000).all()
+    assert (clients["fetch_quota_bytes_per_s"] == 60000).all()
 
     summary = result["summary"]
     assert summary["throttled_requests"] == per_client["throttled"].sum()
