@@ -7,9 +7,23 @@ import sys
 from collections.abc import Sequence
 
 
+def _raise_open_file_limit() -> None:
+    """Every proxied connection holds two descriptors (client and upstream): allow the hard limit.
+
+    Soft limits are often 1024, which would cap the proxy near 500 clients.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft >= hard:
+        return  # an unlimited hard limit is still capped by fs.nr_open; leave the soft one alone
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _serve(args: argparse.Namespace) -> int:
     from kqp.proxy.app import serve_forever
 
+    _raise_open_file_limit()
     overrides = {
         "upstream": args.upstream,
         "bootstrap_port": args.bootstrap_port,
