@@ -88,6 +88,9 @@ class QuotaEnforcement(TrafficHooks):
         return None
 
     def _cap_fetch(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        engine = self.engine
+        if not engine.quota_enabled("consumer_byte_rate") and not engine.quota_enabled("request_percentage"):
+            return None  # nothing needs the request's limits: skip parsing it
         header = exchange.header
         try:
             fetch = parse_fetch_request(memoryview(frame)[header.body_offset:], header.api_version)

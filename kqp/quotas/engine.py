@@ -639,6 +639,11 @@ class QuotaEngine:
             self._rotated_at_ms = now_ms
         return dropped + len(idle_ips)
 
+    def quota_enabled(self, quota_type: QuotaType) -> bool:
+        """Whether any quota of this type applies (Kafka's quotaTypesEnabled != 0): when not,
+        the proxy can skip the work of preparing to record it."""
+        return bool(self._managers[quota_type].enabled)
+
     def tracked_clients(self) -> int:
         """Client lookups currently cached (all quota types)."""
         return sum(len(m.cache) + len(m.cache_previous) for m in self._managers.values())

@@ -23,3 +23,12 @@ def test_delivered_fetch_keeps_its_bytes_while_a_broker_style_fetch_unrecords_th
     # while the delivered bytes still count and keep the client throttled.
     assert broker_style.record_fetch("1", "ANONYMOUS", "c", 100, 1000.0) == 0
     assert proxy_style.record_fetch("1", "ANONYMOUS", "c", 100, 1000.0, delivered=True) > 0
+
+
+def test_quota_enabled_follows_the_configured_types_and_live_updates() -> None:
+    quotas = engine()
+    assert quotas.quota_enabled("consumer_byte_rate")
+    assert not quotas.quota_enabled("producer_byte_rate")
+    produce = QuotaEntry(QuotaEntity(user="<default>"), {"producer_byte_rate": 5.0})
+    quotas.update(QuotaSettings(entries=(produce,)))
+    assert quotas.quota_enabled("producer_byte_rate")
