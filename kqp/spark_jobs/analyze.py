@@ -772,7 +772,7 @@ def _sizing(
 
 def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress | None = None) -> AnalyzeResult:
     """Extract and transform; returns the results for `load` (report.write_analyze_outputs)."""
-    progress = progress or Progress("analyze", 9)
+    progress = progress or Progress("analyze", 8)
     if options.headroom_stat not in STATS:
         raise ValueError(f"headroom stat must be one of {STATS}")
     if options.headroom_resolution not in RESOLUTIONS:
@@ -1102,7 +1102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     options = options_from_args(args)
     spark = get_spark("kqp-analyze", args.master)
-    progress = Progress("analyze", 10)
+    progress = Progress("analyze", 9)
     result = run_analyze(spark, options, progress)
     write_analyze_outputs(result, options.output)
     result.release()

@@ -289,7 +289,7 @@ def calibration(simulated: DataFrame) -> DataFrame:
 
 def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Simulate and shape the results; returns {"summary": ..., "tables": {...}}."""
-    progress = progress or Progress("whatif", 5)
+    progress = progress or Progress("whatif", 2 + options.calibrate)
     settings = load_quota_settings(options.quotas)
     link_users, link_client_ids = sharing(settings)
     requests = prepare_requests(read_capture(spark, options.capture))
@@ -447,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         budget_max_throttled_share=args.budget_max_throttled_share,
     )
     spark = get_spark("kqp-whatif", args.master)
-    progress = Progress("whatif", 4)
+    progress = Progress("whatif", 3 + options.calibrate)
     result = run_whatif(spark, options, progress)
     write_whatif_outputs(result, options.output)
     progress.step(f"wrote {options.output}/report.html and summary.json")
