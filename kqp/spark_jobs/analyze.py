@@ -152,26 +152,12 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
 
 def explode_partitions(requests: DataFrame) -> DataFrame:
     """One row per (request, topic-partition) for Produce and Fetch."""
+    carried = ("second", "broker", "weight", "api_key", "principal", "client_id", "ts_us")
     return (
         requests.where(F.col("api_key").isin(PRODUCE_KEY, FETCH_KEY))
+        .select(*carried, F.explode("partitions").alias("p"))
         .select(
-            "second",
-            "broker",
-            "weight",
-            "api_key",
-            "principal",
-            "client_id",
-            "ts_us",
-            F.explode("partitions").alias("p"),
-        )
-        .select(
-            "second",
-            "broker",
-            "weight",
-            "api_key",
-            "principal",
-            "client_id",
-            "ts_us",
+            *carried,
             F.col("p.topic").alias("topic"),
             F.col("p.partition").alias("partition"),
             F.col("p.bytes").cast("double").alias("bytes"),
@@ -564,12 +550,15 @@ def throttle_counts(traffic: DataFrame) -> DataFrame:
         traffic.groupBy("principal", "client_id")
         .agg(
             F.sum("requests").alias("requests"),
-            F.sum("broker_throttled").alias("broker_throttled"),
-            F.sum("broker_throttle_ms_total").alias("broker_throttle_ms_total"),
-            F.max("broker_throttle_ms_max").alias("broker_throttle_ms_max"),
-            F.sum("proxy_throttled").alias("proxy_throttled"),
-            F.sum("proxy_throttle_ms_total").alias("proxy_throttle_ms_total"),
-            F.max("proxy_throttle_ms_max").alias("proxy_throttle_ms_max"),
+            *[
+                aggregate(f"{side}_{column}").alias(f"{side}_{column}")
+                for side in ("broker", "proxy")
+                for aggregate, column in (
+                    (F.sum, "throttled"),
+                    (F.sum, "throttle_ms_total"),
+                    (F.max, "throttle_ms_max"),
+                )
+            ],
         )
         .where((F.col("broker_throttled") > 0) | (F.col("proxy_throttled") > 0))
     )

@@ -424,7 +424,7 @@ def _plot_quantiles(results: pd.DataFrame) -> Any:
 
 
 def write_live_outputs(summary: dict[str, Any], results: pd.DataFrame | None, output: str) -> None:
-    from kqp.spark_jobs.report import Report, write_json, write_tables
+    from kqp.spark_jobs.report import Report, write_summary_and_report, write_tables
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
@@ -473,14 +473,7 @@ def write_live_outputs(summary: dict[str, Any], results: pd.DataFrame | None, ou
         )
         report.bullets([f"{kind} errors: {f['errors']}" for kind, f in measured.items() if f["errors"]])
     write_tables(out, tables)
-    summary["outputs"] = {
-        "tables": sorted(tables),
-        "plots": sorted(report.plots),
-        "report": "report.html",
-        "report_markdown": "report.md",
-    }
-    write_json(out / "summary.json", summary)
-    report.write()
+    write_summary_and_report(out, summary, report, list(tables))
 
 
 def build_parser() -> argparse.ArgumentParser:

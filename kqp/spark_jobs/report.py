@@ -209,6 +209,18 @@ class Report:
         (self.output / "report.html").write_text(page)
 
 
+def write_summary_and_report(output: Path, summary: dict[str, Any], report: Report, tables: Sequence[str]) -> None:
+    """List the outputs in the summary, then write summary.json, report.html and report.md."""
+    summary["outputs"] = {
+        "tables": sorted(tables),
+        "plots": sorted(report.plots),
+        "report": "report.html",
+        "report_markdown": "report.md",
+    }
+    write_json(output / "summary.json", summary)
+    report.write()
+
+
 # ---------------------------------------------------------------- analyze
 
 
@@ -425,11 +437,4 @@ def write_analyze_outputs(result: Any, output: str | Path) -> None:
         result.spark_tables[f"broker_series_{resolution}"].select("broker", "window_start", "nw_in", "nw_out")
     )
     report = build_analyze_report(result, out, series, resolution)
-    result.summary["outputs"] = {
-        "tables": sorted([*result.tables, *result.spark_tables]),
-        "plots": sorted(report.plots),
-        "report": "report.html",
-        "report_markdown": "report.md",
-    }
-    write_json(out / "summary.json", result.summary)
-    report.write()
+    write_summary_and_report(out, result.summary, report, [*result.tables, *result.spark_tables])

@@ -381,7 +381,7 @@ def _plot_broker_peaks(peaks: pd.DataFrame) -> Any:
 
 
 def write_whatif_outputs(result: dict[str, Any], output: str) -> None:
-    from kqp.spark_jobs.report import Report, write_json, write_tables
+    from kqp.spark_jobs.report import Report, write_summary_and_report, write_tables
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
@@ -410,14 +410,7 @@ def write_whatif_outputs(result: dict[str, Any], output: str) -> None:
         report.heading("Calibration against the recorded proxy throttles")
         report.bullets([f"{key}: {value}" for key, value in summary["calibration"].items()])
         report.table(result["tables"]["calibration"])
-    summary["outputs"] = {
-        "tables": sorted(result["tables"]),
-        "plots": sorted(report.plots),
-        "report": "report.html",
-        "report_markdown": "report.md",
-    }
-    write_json(out / "summary.json", summary)
-    report.write()
+    write_summary_and_report(out, summary, report, list(result["tables"]))
 
 
 def build_parser() -> argparse.ArgumentParser:

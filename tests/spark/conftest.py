@@ -41,12 +41,8 @@ def spark() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[KafkaCluster]:
     """One real single-node Kafka broker (harness/local_kafka.py) for live and the real capture."""
-    cluster = KafkaCluster(nodes=1)
-    cluster.start()
-    try:
+    with KafkaCluster(nodes=1) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="session")
