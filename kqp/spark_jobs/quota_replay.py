@@ -31,17 +31,28 @@ MODES: tuple[Mode, ...] = ("open_loop", "deferral")
 # nbytes is what the quota counts (Produce request size, Fetch response size, else 0);
 # request_time_ms the broker's handling time, for request-percentage quotas.
 ThrottleFunction = Callable[[int, int, str, str, int, float, int], float]
+# (api_key, api_version, broker, principal, client_id, [(topic, partitions)], now_ms) -> throttle
+# in ms, for CreateTopics / CreatePartitions / DeleteTopics (KIP-599), charged when the
+# request arrives.
+MutationFunction = Callable[[int, int, int, str, str, list[tuple[str, int]], int], float]
 
 INPUT_COLUMNS = ("ts_ms", "connection_id", "broker", "principal", "client_id", "api_key", "nbytes", "request_time_ms")
+# Optional: with them, controller mutations are charged too (see replay_group).
+MUTATION_COLUMNS = ("api_version", "request_ts_ms", "mutations")
 
 
-def replay_group(requests: pd.DataFrame, throttle: ThrottleFunction, mode: Mode) -> pd.DataFrame:
+def replay_group(
+    requests: pd.DataFrame, throttle: ThrottleFunction, mode: Mode, mutation: MutationFunction | None = None
+) -> pd.DataFrame:
     """Simulated throttle and send time of every request of one quota group.
 
     Args:
-        requests: INPUT_COLUMNS (ts_ms recorded arrival, integer ms), any order.
+        requests: INPUT_COLUMNS (ts_ms recorded arrival, integer ms), any order; with
+            `mutation`, also MUTATION_COLUMNS (mutations: (topic, partitions) pairs or None).
         throttle: the quota engine's decision for a request arriving at `now_ms`.
         mode: "open_loop" or "deferral".
+        mutation: the engine's controller-mutation decision; a mutation request's throttle is
+            the larger of the two, as the proxy answers it.
 
     Returns:
         The input rows (sorted by recorded time) plus `sim_ts_ms` (when the request reaches
@@ -59,8 +70,23 @@ def replay_group(requests: pd.DataFrame, throttle: ThrottleFunction, mode: Mode)
     nbytes = frame["nbytes"].to_numpy(dtype=np.int64)
     request_ms = frame["request_time_ms"].to_numpy(dtype=np.float64)
 
+    mutations = frame["mutations"].to_numpy() if mutation is not None else None
+    # The proxy charges mutations when the request arrives, before the response it records at.
+    lead = (frame["ts_ms"] - frame["request_ts_ms"]).to_numpy(dtype=np.int64) if mutation is not None else None
+    versions = frame["api_version"].to_numpy() if mutation is not None else None
+
     def decide(i: int, now: int) -> float:
-        return throttle(int(api[i]), int(broker[i]), principal[i], client[i], int(nbytes[i]), float(request_ms[i]), now)
+        delay = throttle(
+            int(api[i]), int(broker[i]), principal[i], client[i], int(nbytes[i]), float(request_ms[i]), now
+        )
+        if mutation is not None and mutations is not None and mutations[i] is not None and len(mutations[i]):
+            assert lead is not None and versions is not None
+            topics = [(str(entry["topic"]), int(entry["partitions"])) for entry in mutations[i]]
+            charged = mutation(
+                int(api[i]), int(versions[i]), int(broker[i]), principal[i], client[i], topics, now - int(lead[i])
+            )
+            delay = max(delay, charged)
+        return delay
 
     if mode == "open_loop":
         for i in range(n):

@@ -19,7 +19,8 @@ engine applies the scope of each budget (per broker, as Kafka, or cluster-wide) 
 settings. (principal, client-id) pairs that could share a sensor under the config are
 grouped (quota_replay.quota_groups); each group, and each broker of it when every budget
 is per broker, is replayed in time order by `groupBy(...).applyInPandas`, with its own
-engine. Controller-mutation quotas are not replayed.
+engine; CreateTopics / CreatePartitions / DeleteTopics are charged to the controller-mutation
+quota (KIP-599) when they arrived, with the partitions the capture records.
 
 Outputs per (principal, client-id): share of requests throttled, total and p50/p95/p99/max
 throttle, bytes delayed, effective rate; per broker: peak bytes/s before and after
@@ -44,7 +45,15 @@ from pyspark.sql import functions as F
 from kqp.quotas.settings import QuotaSettings, QuotaType
 from kqp.spark_jobs.analyze import ANONYMOUS, BUDGET_EXIT_CODE, FETCH_KEY, PRODUCE_KEY, Progress
 from kqp.spark_jobs.capture_source import read_capture
-from kqp.spark_jobs.quota_replay import MODES, Mode, ThrottleFunction, quota_groups, replay_group
+from kqp.spark_jobs.quota_replay import (
+    MODES,
+    MUTATION_COLUMNS,
+    Mode,
+    MutationFunction,
+    ThrottleFunction,
+    quota_groups,
+    replay_group,
+)
 from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.whatif/1"
@@ -87,7 +96,31 @@ def needs_cluster_wide_replay(settings: QuotaSettings) -> bool:
     return settings.scope == "cluster" or any(entry.scope == "cluster" for entry in settings.entries)
 
 
-def engine_throttle_function(settings: QuotaSettings) -> ThrottleFunction:
+MUTATION_KEYS = (19, 20, 37)  # CreateTopics, DeleteTopics, CreatePartitions (KIP-599)
+
+
+def engine_replay_functions(settings: QuotaSettings) -> tuple[ThrottleFunction, MutationFunction]:
+    """A fresh kqp.quotas engine's request throttle and controller-mutation functions."""
+    from kqp.quotas import QuotaEngine
+
+    engine = QuotaEngine(settings)
+
+    def mutation(
+        api_key: int,
+        api_version: int,
+        broker: int,
+        principal: str,
+        client_id: str,
+        topics: list[tuple[str, int]],
+        now_ms: int,
+    ) -> float:
+        outcome = engine.mutations(broker_label(broker), principal, client_id, api_key, api_version, topics, now_ms)
+        return float(outcome.throttle_ms)
+
+    return engine_throttle_function(settings, engine), mutation
+
+
+def engine_throttle_function(settings: QuotaSettings, engine: Any = None) -> ThrottleFunction:
     """A throttle function backed by a fresh kqp.quotas engine (the proxy's own code).
 
     The engine applies the scope (per broker or cluster-wide) from the settings; this only
@@ -95,7 +128,7 @@ def engine_throttle_function(settings: QuotaSettings) -> ThrottleFunction:
     """
     from kqp.quotas import QuotaEngine
 
-    engine = QuotaEngine(settings)
+    engine = engine if engine is not None else QuotaEngine(settings)
 
     def throttle(
         api_key: int, broker: int, principal: str, client_id: str, nbytes: int, request_ms: float, now_ms: int
@@ -170,6 +203,14 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
         F.greatest(nbytes, F.lit(0)).cast("long").alias("nbytes"),
         F.when(has_response, request_ms).otherwise(F.lit(float("nan"))).alias("request_time_ms"),
         F.coalesce(F.col("proxy_throttle_ms"), F.lit(0)).cast("double").alias("recorded_throttle_ms"),
+        F.col("api_version").cast("int").alias("api_version"),
+        F.floor(F.col("ts_request_received_us") / 1000).cast("long").alias("request_ts_ms"),
+        F.when(
+            F.col("api_key").isin(*MUTATION_KEYS),
+            F.transform(
+                "mutations", lambda m: F.struct(m["topic"].alias("topic"), m["partitions"].alias("partitions"))
+            ),
+        ).alias("mutations"),
     )
 
 
@@ -190,7 +231,7 @@ def sharing(settings: QuotaSettings) -> tuple[bool, bool]:
 def simulate(
     spark: SparkSession,
     requests: DataFrame,
-    throttle_factory: Callable[[], ThrottleFunction],
+    throttle_factory: Callable[[], ThrottleFunction | tuple[ThrottleFunction, MutationFunction]],
     mode: Mode,
     link_users: bool = True,
     link_client_ids: bool = True,
@@ -199,9 +240,9 @@ def simulate(
     """Every request with its simulated send time and throttle (applyInPandas per quota group).
 
     `throttle_factory` runs on the executors, once per group, and returns a fresh engine's
-    throttle function (a group owns its sensors). With `per_broker` (every budget is per
-    broker, Kafka's way) each broker's traffic of a group is replayed separately; otherwise
-    a group's traffic on all brokers goes through one engine.
+    throttle function (a group owns its sensors), or that and its mutation function. With
+    `per_broker` (every budget is per broker, Kafka's way) each broker's traffic of a group is
+    replayed separately; otherwise a group's traffic on all brokers goes through one engine.
     """
     pairs = [(r["principal"], r["client_id"]) for r in requests.select("principal", "client_id").distinct().collect()]
     groups = quota_groups(pairs, link_users, link_client_ids)
@@ -211,7 +252,11 @@ def simulate(
     grouped = requests.join(F.broadcast(mapping), ["principal", "client_id"])
 
     def replay(frame: pd.DataFrame) -> pd.DataFrame:
-        result = replay_group(frame, throttle_factory(), mode)
+        made = throttle_factory()
+        throttle, mutation = made if isinstance(made, tuple) else (made, None)
+        if mutation is not None and not set(MUTATION_COLUMNS) <= set(frame.columns):
+            mutation = None
+        result = replay_group(frame, throttle, mode, mutation)
         return result[[name.split()[0] for name in SIMULATED_SCHEMA.split(", ")]]
 
     keys = ("broker", "quota_group") if per_broker else ("quota_group",)
@@ -293,7 +338,7 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
     settings = load_quota_settings(options.quotas)
     link_users, link_client_ids = sharing(settings)
     requests = prepare_requests(read_capture(spark, options.capture))
-    factory = functools.partial(engine_throttle_function, settings)
+    factory = functools.partial(engine_replay_functions, settings)
     simulated = simulate(
         spark,
         requests,
@@ -320,7 +365,7 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
         "bytes_delayed": float(clients["bytes_delayed"].sum()),
         "top_clients": clients.head(options.top_n).to_dict(orient="records"),
         "broker_peaks": peaks.to_dict(orient="records"),
-        "not_simulated": ["controller mutation quotas"],
+        "not_simulated": ["connection creation rate (KIP-612)"],
     }
     if options.calibrate:
         calibrated = to_pandas(calibration(simulated)).sort_values(["principal", "client_id"]).reset_index(drop=True)

@@ -6,6 +6,7 @@ throttle rule stands in for it so the figures can be recomputed with pandas.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,69 @@ def test_whatif_through_the_quota_engine_matches_a_sequential_replay(
     page = (tmp_path / "out" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 2
     assert (tmp_path / "out" / "csv" / "clients.csv").exists()
+
+
+def test_controller_mutations_are_charged_when_they_arrived(spark: Any, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kqp.capture.schema import CAPTURE_SCHEMA
+    from kqp.config import load_config
+    from kqp.quotas import QuotaEngine
+    from kqp.spark_jobs.whatif import engine_replay_functions
+
+    # Eight CreateTopics (v7, strict) of 20 partitions each, 100 ms apart,
+    # against 10 partitions/s (a burst of 110): the bucket runs dry and later requests are throttled.
+    start_us = 1_767_225_600_000_000
+    rows = [
+        {
+            "schema_version": 1,
+            "ts_request_received_us": start_us + i * 100_000,
+            "ts_request_sent_us": start_us + i * 100_000 + 100,
+            # Uneven answer times: charging at the answer instead would change the last throttle.
+            "ts_response_received_us": start_us + i * 100_000 + (i % 3) * 45_000 + 1_000,
+            "ts_response_sent_us": start_us + i * 100_000 + (i % 3) * 45_000 + 1_100,
+            "connection_id": 1,
+            "upstream_node_id": 1,
+            "principal": "User:ops",
+            "client_id": "admin",
+            "api_key": 19,
+            "api_version": 7,
+            "correlation_id": i,
+            "request_bytes": 120,
+            "response_bytes": 80,
+            "mutations": [{"topic": f"t{i}-{k}", "partitions": 10, "error_code": 0} for k in range(2)],
+            "proxy_throttle_ms": 0,
+        }
+        for i in range(8)
+    ]
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=CAPTURE_SCHEMA), capture / "mutations.parquet")
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(
+        'quotas:\n  entries:\n    - entity: {client-id: "<default>"}\n      controller_mutation_rate: 10\n'
+    )
+    settings = load_config([str(quotas)]).quota_settings()
+
+    requests = prepare_requests(read_capture(spark, str(capture)))
+    factory = functools.partial(engine_replay_functions, settings)
+    simulated = simulate(spark, requests, factory, "open_loop").toPandas().sort_values("ts_ms")
+
+    engine = QuotaEngine(settings)
+    expected = [
+        float(
+            engine.mutations(
+                "1",
+                "User:ops",
+                "admin",
+                19,
+                7,
+                [(m["topic"], m["partitions"]) for m in row["mutations"]],
+                row["ts_request_received_us"] // 1000,
+            ).throttle_ms
+        )
+        for row in rows
+    ]
+    assert list(simulated["sim_throttle_ms"]) == expected
+    assert expected[0] == 0 and max(expected) > 0
