@@ -56,7 +56,7 @@ PERCENTILE_NAMES = ("p50", "p95", "p99", "p99_9")
 STATS = (*PERCENTILE_NAMES, "max")
 RESOLUTIONS = {"1s": 1, "1min": 60}
 PRODUCE_KEY, FETCH_KEY = 0, 1
-ANONYMOUS = "User:ANONYMOUS"  # Kafka's principal for unauthenticated connections
+ANONYMOUS = "ANONYMOUS"  # the principal name of unauthenticated connections, as the capture writes it
 
 # Additive per-bucket metrics of a throughput series (rates in bytes/s or requests/s).
 ADDITIVE_METRICS = ("produce_bytes", "fetch_bytes", "bytes_in", "bytes_out", "requests")

@@ -239,7 +239,7 @@ def _chunk(
         "listener": pa.array(np.full(n, "PLAINTEXT"), pa.string()),
         "upstream_node_id": pa.array(broker, pa.int32()),
         "client_address": pa.array(np.char.add("10.0.0.", (client % 250).astype(str)), pa.string()),
-        "principal": pa.array(np.char.add("User:tenant-", clients.principal[client].astype(str)), pa.string()),
+        "principal": pa.array(np.char.add("tenant-", clients.principal[client].astype(str)), pa.string()),
         "client_id": pa.array(client_names, pa.string()),
         "api_key": pa.array(api, pa.int16()),
         "api_version": pa.array(np.where(api == PRODUCE, 9, np.where(is_fetch, 13, 4)), pa.int16()),

@@ -83,7 +83,7 @@ quotas:
     - entity: {client-id: "<default>"}
       producer_byte_rate: 40000
       consumer_byte_rate: 60000
-    - entity: {user: "User:tenant-1"}
+    - entity: {user: "tenant-1"}
       producer_byte_rate: 15000
 """
 
@@ -152,7 +152,7 @@ def test_whatif_through_the_quota_engine_matches_a_sequential_replay(
 
     # The limits each client got: tenant-1's user quota beats the client-id default for produce.
     limits = clients["produce_quota_bytes_per_s"]
-    tenant_1 = clients.index.get_level_values("principal") == "User:tenant-1"
+    tenant_1 = clients.index.get_level_values("principal") == "tenant-1"
     assert (limits[tenant_1] == 15000).all() and (limits[~tenant_1] == 40000).all()
     assert (clients["fetch_quota_bytes_per_s"] == 60000).all()
 
@@ -186,7 +186,7 @@ def test_controller_mutations_are_charged_when_they_arrived(spark: Any, tmp_path
             "ts_response_sent_us": start_us + i * 100_000 + (i % 3) * 45_000 + 1_100,
             "connection_id": 1,
             "upstream_node_id": 1,
-            "principal": "User:ops",
+            "principal": "ops",
             "client_id": "admin",
             "api_key": 19,
             "api_version": 7,
@@ -216,7 +216,7 @@ def test_controller_mutations_are_charged_when_they_arrived(spark: Any, tmp_path
         float(
             engine.mutations(
                 "1",
-                "User:ops",
+                "ops",
                 "admin",
                 19,
                 7,
