@@ -73,6 +73,7 @@ class Counters:
     consumed: int = 0
     admin_calls: int = 0
     churn_connections: int = 0
+    throttled_expired: int = 0
     errors: int = 0
 
 
@@ -89,6 +90,7 @@ class Sample:
     admin_calls: int
     churn_connections: int
     throttle_time_s: float
+    throttled_expired: int
     errors: int
 
 
@@ -121,12 +123,12 @@ class Workload:
         with self._lock:
             setattr(self.counters, name, getattr(self.counters, name) + amount)
 
-    def _acked(self, name: str) -> Callable[[object, object], None]:
+    def _acked(self, name: str, failed: str = "errors") -> Callable[[object, object], None]:
         def delivered(error: object, _message: object) -> None:
             if error is None:
                 self.count(name)
             elif not self.stop.is_set():  # records purged at the end are not failures
-                self.count("errors")
+                self.count(failed)
 
         return delivered
 
@@ -151,7 +153,8 @@ class Workload:
         producer = Producer({"bootstrap.servers": self.bootstrap, "client.id": THROTTLED_CLIENT, "acks": 1,
                              "linger.ms": 20})
         payload = b"t" * THROTTLED_RECORD_BYTES
-        delivered = self._acked("throttled_acked")
+        # Offered more than it may send, its queue grows until records reach message.timeout.ms.
+        delivered = self._acked("throttled_acked", failed="throttled_expired")
         # Offered at twice its quota: throttled all the time, yet making progress, rather than
         # one unpaced burst followed by minutes of paying it back.
         rate = 2 * self.throttled_quota / THROTTLED_RECORD_BYTES
@@ -245,6 +248,7 @@ def take_sample(proxy: ProxyProcess, counters: Counters, started: float) -> Samp
         churn_connections=counters.churn_connections,
         throttle_time_s=round(
             proxy_metric_sum(text, "kqp_throttle_time_seconds", "kqp_throttle_time_seconds_total"), 1),
+        throttled_expired=counters.throttled_expired,
         errors=counters.errors,
     )
 
@@ -320,7 +324,8 @@ def report(samples: list[Sample], warmup_s: float, args: argparse.Namespace) -> 
         f"against a quota of "
         f"{args.throttled_rate / 1024:g} KiB/s), {last.consumed:,} consumed, {last.admin_calls:,} admin calls, "
         f"{last.churn_connections:,} short-lived producers, {last.throttle_time_s:,.0f} s of throttle time given, "
-        f"{last.errors} client errors; proxy CPU {last.cpu_s:.0f} s.",
+        f"{last.throttled_expired:,} throttled-client records expired in its own queue, "
+        f"{last.errors} other client errors; proxy CPU {last.cpu_s:.0f} s.",
         "",
         "| after warm-up | first fifth (mean) | last fifth (mean) | least-squares slope | min | max | "
         "floor, first fifth | floor, last fifth |",
@@ -373,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                     progress(f"{sample.elapsed_s:7.0f} s  RSS {sample.rss_kb / 1024:6.1f} MB  fds {sample.fds:4d}  "
                              f"conns {sample.connections_open:3d}  acked {sample.steady_acked:,}/"
                              f"{sample.throttled_acked:,}  consumed {sample.consumed:,}  admin {sample.admin_calls:,}"
-                             f"  throttle {sample.throttle_time_s:,.0f} s  errors {sample.errors}")
+                             f"  throttle {sample.throttle_time_s:,.0f} s  expired {sample.throttled_expired:,}"
+                             f"  errors {sample.errors}")
             finally:
                 stop.set()
                 workload.join()
