@@ -156,6 +156,8 @@ class ProxyApp:
             await asyncio.sleep(_MAINTENANCE_INTERVAL_S)
             if self.engine is not None:
                 self.engine.expire_idle(self.now_ms())
+            if self.enforcement is not None:
+                self.enforcement.forget_expired_throttles(self.now_ms())
             if self.files is not None and self.files.changed():
                 self.reload("config file changed")
 

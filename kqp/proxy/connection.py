@@ -272,6 +272,13 @@ class ProxiedConnection:
         self._block_client(_THROTTLED)
         self._unmute_handle = loop.call_at(until, self._unmute)
 
+    def read_one_request_at_a_time(self, seconds: float) -> None:
+        """Forward one request at a time for a while: this client is being throttled, maybe on
+        another connection, and a broker would not let it pipeline past its throttles."""
+        until = self.proxy.loop.time() + seconds
+        if until > self._one_at_a_time_until:
+            self._one_at_a_time_until = until
+
     def _unmute(self) -> None:
         self._unmute_handle = None
         self._unblock_client(_THROTTLED)

@@ -41,6 +41,8 @@ _NOTE_MUTATION_REQUEST = "mutation_request"
 _NOTE_MUTATION_REJECTED = "mutation_rejected"
 _NOTE_MUTATION_THROTTLE = "mutation_throttle_ms"
 _NOTE_FETCH_MAX_WAIT_MS = "fetch_max_wait_ms"
+# As a connection that was throttled itself (connection.py): a default quota span.
+_ONE_AT_A_TIME_SPAN_MS = 11_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,21 @@ class QuotaEnforcement(TrafficHooks):
         self.engine = engine
         self.settings = settings
         self._now_ms = clock_ms
+        # (principal, client-id) -> when its latest throttle ends (ms). A client that opens a
+        # new connection while throttled (librdkafka does after a request timeout) must not
+        # pipeline its backlog through it: see `read_one_request_at_a_time`.
+        self._throttled_until: dict[tuple[str, str], float] = {}
+
+    def _note_throttle(self, client: tuple[str, str], throttle_ms: int, now_ms: float) -> None:
+        until = now_ms + throttle_ms
+        if until > self._throttled_until.get(client, 0.0):
+            self._throttled_until[client] = until
+
+    def forget_expired_throttles(self, now_ms: float) -> None:
+        cutoff = now_ms - _ONE_AT_A_TIME_SPAN_MS
+        expired = [client for client, until in self._throttled_until.items() if until < cutoff]
+        for client in expired:
+            del self._throttled_until[client]
 
     @staticmethod
     def _broker(connection: ProxiedConnection) -> str:
@@ -73,6 +90,12 @@ class QuotaEnforcement(TrafficHooks):
     def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
         api_key = header.api_key
+        if self._throttled_until:
+            until = self._throttled_until.get((connection.principal, header.client_id or ""))
+            if until is not None:
+                remaining_ms = until + _ONE_AT_A_TIME_SPAN_MS - self._now_ms()
+                if remaining_ms > 0:
+                    connection.read_one_request_at_a_time(remaining_ms / 1000.0)
         if api_key == PRODUCE_KEY and not exchange.expects_response:
             # acks=0: no response will carry a throttle, so record now and mute at once.
             throttle = self.engine.record_produce(
@@ -80,7 +103,10 @@ class QuotaEnforcement(TrafficHooks):
                 exchange.request_bytes - 4, self._now_ms(),
             )
             exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
-            return RequestVerdict(mute_ms=throttle) if throttle else None
+            if not throttle:
+                return None
+            self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
+            return RequestVerdict(mute_ms=throttle)
         if api_key == FETCH_KEY:
             return self._cap_fetch(connection, exchange, frame)
         if api_key in MUTATION_APIS:
@@ -191,6 +217,7 @@ class QuotaEnforcement(TrafficHooks):
             exchange.notes[NOTE_BROKER_THROTTLE_MS] = broker_throttle
         if throttle <= 0:
             return ResponseVerdict(frame=out) if out is not frame else None
+        self._note_throttle((principal, client_id), throttle, now)
         if broker_throttle is not None and throttle > broker_throttle:
             patched = bytearray(out)
             patch_throttle_time(patched, body_offset, api_key, header.api_version, throttle)
