@@ -132,85 +132,18 @@ def test_producer_byte_rate_matches_broker_enforced_quota(
 
 
 def cycle_rate(per_second: list[int]) -> float:
-    """Bytes/s over whole throttling cycles.
+    """Bytes/s over whole throttling cycles in the steady state.
 
     A client that ignores ThrottleTimeMs (librdkafka) is held back by the mute alone: it
     queues up while muted and, once the window has rolled over, sends a burst of about ten
-    windows' worth, on a broker as through the proxy. Averaging from the first burst to the
-    start of the last one covers whole cycles, whatever the phase of the run's end.
+    windows' worth, on a broker as through the proxy. The first cycle starts from a fresh
+    sensor (the warm-up); averaging from the second burst to the start of the last one covers
+    whole steady cycles, whatever the phase of the run's end.
     """
     bursts = [i for i, size in enumerate(per_second) if size > 3 * QUOTA]
-    assert len(bursts) >= 2, f"expected at least two throttling cycles, per-second bytes {per_second}"
-    first, last = bursts[0], bursts[-1]
+    assert len(bursts) >= 3, f"expected at least three throttling bursts, per-second bytes {per_second}"
+    first, last = bursts[1], bursts[-1]
     return sum(per_second[first:last]) / (last - first)
-
-
-CONSUME_SECONDS = 75
-JAVA_CONSUMER = Path(__file__).parent / "java" / "ConsumeRate.java"
-
-
-def consumed_per_second(cluster: KafkaCluster, bootstrap: str, topic: str, client_id: str) -> list[int]:
-    """Value bytes Kafka's Java consumer read in each second (it honours ThrottleTimeMs)."""
-    libs = cluster.kafka_dir / "libs"
-    result = subprocess.run(
-        ["java", "-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={cluster.tools_log4j}", str(JAVA_CONSUMER),
-         bootstrap, topic, f"group-{client_id}", client_id, str(CONSUME_SECONDS)],
-        capture_output=True, text=True, timeout=CONSUME_SECONDS + 120, check=False,
-    )
-    assert result.returncode == 0, f"consumer failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-    return [int(line.split()[2]) for line in result.stdout.splitlines() if line.startswith("second ")]
-
-
-def rate_after_warmup(per_second: list[int]) -> float:
-    """Bytes/s after the warm-up. A consumer that honours its throttles alternates bursts and
-    pauses (Kafka's windowed rate); a span of several of those cycles averages them out."""
-    steady = per_second[int(WARMUP_S):]
-    return sum(steady) / len(steady)
-
-
-def test_consumer_byte_rate_matches_broker_enforced_quota(kafka_1node: KafkaCluster, tmp_path: Path) -> None:
-    topic = "quota-consume"
-    kafka_1node.create_topic(topic, partitions=1, replication=1)
-    # More than the consumer can read in the run at the quota, so it never runs dry.
-    records = int(QUOTA * (10 + CONSUME_SECONDS * 1.5) / RECORD_SIZE)
-    perf_tools.producer_perf(kafka_1node, kafka_1node.bootstrap, topic, records, RECORD_SIZE,
-                             props={"acks": "1", "linger.ms": "5", "batch.size": "65536"})
-    config = quota_file(tmp_path / "quotas.yaml",
-                        f"    - entity: {{client-id: reader}}\n      consumer_byte_rate: {QUOTA}\n")
-    proxy = ConfiguredProxy(kafka_1node.bootstrap, tmp_path / "proxy.log", config)
-    proxy.start()
-    try:
-        through_proxy = consumed_per_second(kafka_1node, proxy.bootstrap, topic, "reader")
-        metrics = proxy.metrics_text()
-    finally:
-        assert proxy.stop() == 0, proxy.log_tail()
-
-    kafka_1node.run_tool(
-        "kafka.admin.ConfigCommand", "--bootstrap-server", kafka_1node.bootstrap, "--alter",
-        "--add-config", f"consumer_byte_rate={QUOTA}", "--entity-type", "clients", "--entity-name", "broker-reader",
-    )
-    try:
-        direct = consumed_per_second(kafka_1node, kafka_1node.bootstrap, topic, "broker-reader")
-    finally:
-        kafka_1node.run_tool(
-            "kafka.admin.ConfigCommand", "--bootstrap-server", kafka_1node.bootstrap, "--alter",
-            "--delete-config", "consumer_byte_rate", "--entity-type", "clients", "--entity-name", "broker-reader",
-        )
-    proxy_rate, broker_rate = rate_after_warmup(through_proxy), rate_after_warmup(direct)
-    print(f"steady consumer rate: proxy-enforced {proxy_rate / QUOTA:.3f} x quota, "
-          f"broker-enforced {broker_rate / QUOTA:.3f} x quota\n"
-          f"per second through the proxy: {[round(b / QUOTA, 1) for b in through_proxy]}\n"
-          f"per second, broker quota:     {[round(b / QUOTA, 1) for b in direct]}")
-    assert abs(proxy_rate - QUOTA) <= TOLERANCE * QUOTA, f"proxy-enforced rate {proxy_rate:.0f} B/s"
-    # A broker answers a throttled fetch empty and the consumer fetches the data again after
-    # the throttle, a wasted round trip per throttle: its consumers run 10-20% below the quota
-    # here. The proxy already holds the data and delivers it (docs/quotas.md), so it is
-    # compared with the quota, and the broker's figure only has to show a quota at work.
-    assert broker_rate <= (1 + TOLERANCE) * QUOTA, f"broker-enforced rate {broker_rate:.0f} B/s"
-    fetch_throttles = [line for line in metrics.splitlines()
-                       if line.startswith("kqp_throttle_time_seconds_total") and 'client_id="reader"' in line
-                       and 'quota_type="consumer_byte_rate"' in line]
-    assert fetch_throttles and float(fetch_throttles[0].rsplit(" ", 1)[1]) > 0, metrics[-3000:]
 
 
 def test_librdkafka_producer_is_held_to_the_quota_by_muting(
@@ -218,7 +151,7 @@ def test_librdkafka_producer_is_held_to_the_quota_by_muting(
 ) -> None:
     proxy, _config = configured_proxy
     kafka_1node.create_topic("quota-librdkafka", partitions=1, replication=1)
-    seconds = 34
+    seconds = 48
     per_second = [0] * (seconds + 1)
     producer = Producer({"bootstrap.servers": proxy.bootstrap, "client.id": "limited", "linger.ms": 5,
                          "queue.buffering.max.kbytes": 4096})
