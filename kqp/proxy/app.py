@@ -16,6 +16,7 @@ from typing import Any
 
 from kqp.capture.writer import CaptureWriter
 from kqp.config import ConfigError, ConfigFiles, KqpConfig, find_quota_file, load_config, write_quota_entries
+from kqp.config.models import parse_host_port
 from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
 from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
@@ -231,11 +232,6 @@ class ProxyApp:
             self.engine.close()
 
 
-def _parse_address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def enforcement_settings(config: KqpConfig) -> EnforcementSettings:
     return EnforcementSettings(
         default_partitions=config.enforcement.default_partitions,
@@ -298,7 +294,7 @@ def settings_from_overrides(base: AppSettings | None, overrides: dict[str, Any])
         )
     proxy = base.proxy
     if overrides.get("upstream"):
-        proxy = dataclasses.replace(proxy, upstream_bootstrap=tuple(_parse_address(a) for a in overrides["upstream"]))
+        proxy = dataclasses.replace(proxy, upstream_bootstrap=tuple(parse_host_port(a) for a in overrides["upstream"]))
     if not proxy.upstream_bootstrap:
         raise ValueError("no upstream brokers: set upstream.bootstrap_servers in a config file or give --upstream")
     for key in ("bootstrap_port", "node_port_base", "advertised_host", "bind_host"):
