@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# v1 captures (no quota_* columns) still load: readers see those columns as nulls.
+OLDEST_READABLE_SCHEMA_VERSION = 1
 
 # Footer metadata keys (file-level key/value metadata of every capture file).
 META_SCHEMA_VERSION = b"kqp.capture.schema_version"
@@ -85,6 +87,23 @@ CAPTURE_SCHEMA = pa.schema(
         # Spark job can scale counts without reading file footers. Added in v1 before any
         # capture shipped; readers must tolerate it missing (older test files).
         pa.field("sampling_one_in", pa.int32()),
+        # v2: what the quota engine was given for this exchange, exactly, so a what-if replay
+        # takes the proxy's decisions (kqp.quotas.recording). The broker label is the budget
+        # name (`bootstrap`, `1`, ...). Engine times are the proxy's monotonic clock in ms and
+        # `*_seq` numbers the engine calls of one proxy process: both only order calls within
+        # one process. Request: when a request was charged on arrival (acks=0 Produce,
+        # controller mutations, a Fetch's cap); response: when its response was. Null where
+        # the engine was not called (quotas off, a locally answered request's response).
+        pa.field("quota_broker", pa.string()),
+        pa.field("quota_request_seq", pa.int64()),
+        pa.field("quota_request_now_ms", pa.float64()),
+        pa.field("quota_response_seq", pa.int64()),
+        pa.field("quota_response_now_ms", pa.float64()),
+        # Charged: Produce request bytes (at the response, or on arrival for acks=0), Fetch
+        # bytes (4 + response body), request time in ms (KIP-124). Null when not charged.
+        pa.field("quota_produce_bytes", pa.int64()),
+        pa.field("quota_fetch_bytes", pa.int64()),
+        pa.field("quota_request_time_ms", pa.float64()),
     ],
     metadata={META_SCHEMA_VERSION: str(SCHEMA_VERSION).encode()},
 )

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kqp.protocol.apis import FETCH_KEY, PRODUCE_KEY
+from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.fast_path import parse_fetch_request, patch_fetch_max_bytes
 from kqp.protocol.headers import encode_response_header
@@ -29,17 +29,28 @@ from kqp.protocol.mutations import (
     throttled_response,
 )
 from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time
-from kqp.proxy.cluster import BOOTSTRAP
 from kqp.proxy.connection import ProxiedConnection
 from kqp.proxy.hooks import Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
 from kqp.proxy.observation import NOTE_BROKER_THROTTLE_MS, NOTE_MUTATIONS, NOTE_PROXY_THROTTLE_MS
 from kqp.quotas import QuotaEngine
+from kqp.quotas.recording import (
+    QuotaClient,
+    QuotaTrace,
+    RequestCharges,
+    RequestOutcome,
+    broker_label,
+    charge_request,
+    charge_response,
+    request_charged_at_arrival,
+    request_charges,
+    response_charges,
+)
 
 log = logging.getLogger(__name__)
 
 _NOTE_MUTATION_REQUEST = "mutation_request"
 _NOTE_MUTATION_REJECTED = "mutation_rejected"
-_NOTE_MUTATION_THROTTLE = "mutation_throttle_ms"
+_NOTE_REQUEST_THROTTLE = "request_throttle_ms"
 _NOTE_FETCH_MAX_WAIT_MS = "fetch_max_wait_ms"
 # As a connection that was throttled itself (connection.py): a default quota span.
 _ONE_AT_A_TIME_SPAN_MS = 11_000.0
@@ -67,6 +78,9 @@ class QuotaEnforcement(TrafficHooks):
         # new connection while throttled (librdkafka does after a request timeout) must not
         # pipeline its backlog through it: see `read_one_request_at_a_time`.
         self._throttled_until: dict[tuple[str, str], float] = {}
+        # Numbers every engine call, so a replay of the capture can order calls whose clock
+        # readings tie (see kqp.quotas.recording.QuotaTrace).
+        self._engine_calls = 0
 
     def _note_throttle(self, client: tuple[str, str], throttle_ms: int, now_ms: float) -> None:
         until = now_ms + throttle_ms
@@ -80,10 +94,27 @@ class QuotaEnforcement(TrafficHooks):
             del self._throttled_until[client]
 
     @staticmethod
-    def _broker(connection: ProxiedConnection) -> str:
-        # The engine turns this into a budget per broker or one for the cluster (quotas.scope).
-        node = connection.upstream_node_id
-        return "bootstrap" if node is None or node == BOOTSTRAP else str(node)
+    def _client(connection: ProxiedConnection, exchange: Exchange) -> QuotaClient:
+        return QuotaClient(
+            broker_label(connection.upstream_node_id), connection.principal, exchange.header.client_id or ""
+        )
+
+    def _trace(self, connection: ProxiedConnection, exchange: Exchange) -> QuotaTrace:
+        if exchange.quota is None:
+            exchange.quota = QuotaTrace(broker_label(connection.upstream_node_id))
+        return exchange.quota
+
+    def _charge_request(
+        self, connection: ProxiedConnection, exchange: Exchange, charges: RequestCharges
+    ) -> RequestOutcome:
+        trace = self._trace(connection, exchange)
+        now = self._now_ms()
+        self._engine_calls += 1
+        trace.request_seq, trace.request_now_ms, trace.request = self._engine_calls, now, charges
+        outcome = charge_request(self.engine, self._client(connection, exchange), charges, now)
+        if outcome.throttle_ms:
+            exchange.notes[_NOTE_REQUEST_THROTTLE] = outcome.throttle_ms
+        return outcome
 
     # ---- requests --------------------------------------------------------------------
 
@@ -96,36 +127,32 @@ class QuotaEnforcement(TrafficHooks):
                 remaining_ms = until + _ONE_AT_A_TIME_SPAN_MS - self._now_ms()
                 if remaining_ms > 0:
                     connection.read_one_request_at_a_time(remaining_ms / 1000.0)
-        if api_key == PRODUCE_KEY and not exchange.expects_response:
+        if api_key == ApiKey.PRODUCE and not exchange.expects_response:
             # acks=0: no response will carry a throttle, so record now and mute at once.
-            throttle = self.engine.record_produce(
-                self._broker(connection), connection.principal, header.client_id or "",
-                exchange.request_bytes - 4, self._now_ms(),
-            )
+            charges = request_charges(api_key, header.api_version, exchange.request_bytes - 4, expects_response=False)
+            throttle = self._charge_request(connection, exchange, charges).throttle_ms
             exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
             if not throttle:
                 return None
             self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
             return RequestVerdict(mute_ms=throttle)
-        if api_key == FETCH_KEY:
+        if api_key == ApiKey.FETCH:
             return self._cap_fetch(connection, exchange, frame)
         if api_key in MUTATION_APIS:
             return self._mutations(connection, exchange, frame)
         return None
 
     def _cap_fetch(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
-        engine = self.engine
-        if not engine.quota_enabled("consumer_byte_rate") and not engine.quota_enabled("request_percentage"):
-            return None  # nothing needs the request's limits: skip parsing it
         header = exchange.header
+        charges = request_charges(header.api_key, header.api_version, exchange.request_bytes - 4, True)
+        if not request_charged_at_arrival(self.engine, charges):
+            return None  # nothing needs the request's limits: skip parsing it
         try:
             fetch = parse_fetch_request(memoryview(frame)[header.body_offset:], header.api_version)
         except ProtocolError:
             return None
         exchange.notes[_NOTE_FETCH_MAX_WAIT_MS] = fetch.max_wait_ms
-        cap = self.engine.fetch_max_bytes_cap(
-            self._broker(connection), connection.principal, header.client_id or "", self._now_ms()
-        )
+        cap = self._charge_request(connection, exchange, charges).fetch_max_bytes_cap
         offset = fetch.max_bytes_offset
         if cap is None or offset is None or fetch.max_bytes is None or cap >= fetch.max_bytes:
             return None
@@ -140,20 +167,18 @@ class QuotaEnforcement(TrafficHooks):
 
     def _mutations(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
-        topics = connection.proxy.topics
         request = read_mutation_request(
             header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
-            topics.partitions, self.settings.default_partitions,
+            connection.proxy.topics.partitions, self.settings.default_partitions,
         )
         exchange.notes[_NOTE_MUTATION_REQUEST] = request
         if request.validate_only and not self.settings.charge_validate_only:
             return None
-        outcome = self.engine.mutations(
-            self._broker(connection), connection.principal, header.client_id or "", header.api_key,
-            header.api_version, [(t.label, t.partitions) for t in request.topics], self._now_ms(),
-        )
+        topics = [(t.label, t.partitions) for t in request.topics]
+        charges = request_charges(header.api_key, header.api_version, exchange.request_bytes - 4, True, topics)
+        outcome = self._charge_request(connection, exchange, charges).mutation
+        assert outcome is not None  # a mutation API with topics to charge
         rejected = [t for t, accepted in zip(request.topics, outcome.accepted, strict=True) if not accepted]
-        exchange.notes[_NOTE_MUTATION_THROTTLE] = outcome.throttle_ms
         exchange.notes[_NOTE_MUTATION_REJECTED] = rejected
         if not rejected:
             return None
@@ -177,33 +202,27 @@ class QuotaEnforcement(TrafficHooks):
             # Answered by the proxy (every topic rejected): the throttle is already in it.
             throttle = int(exchange.notes.get(NOTE_PROXY_THROTTLE_MS, 0))
             return ResponseVerdict(mute_ms=throttle) if throttle else None
-        now = self._now_ms()
-        broker = self._broker(connection)
         principal = connection.principal
         client_id = header.client_id or ""
-        throttles = [0]
-        if api_key == PRODUCE_KEY:
-            throttles.append(self.engine.record_produce(broker, principal, client_id, exchange.request_bytes - 4, now))
-        elif api_key == FETCH_KEY:
-            # Kafka records 4 + the response body size. A broker that throttles a fetch answers
-            # it empty and unrecords the bytes; the proxy already holds the data, so it delivers
-            # it, keeps it recorded and mutes: the long-run rate is the quota either way.
-            size = 4 + len(frame) - body_offset
-            throttles.append(self.engine.record_fetch(broker, principal, client_id, size, now, delivered=True))
-        request_ms = (exchange.response_received_at - exchange.sent_at) * 1000.0
-        if api_key == FETCH_KEY:
-            # A long-poll fetch waits in the broker's purgatory, which Kafka does not count.
-            max_wait = float(exchange.notes.get(_NOTE_FETCH_MAX_WAIT_MS, 0))
-            if request_ms >= max_wait:
-                request_ms -= max_wait
-        throttles.append(self.engine.record_request_time(broker, principal, client_id, api_key, request_ms, now))
+        round_trip_ms = (exchange.response_received_at - exchange.sent_at) * 1000.0
+        charges = response_charges(
+            api_key, exchange.request_bytes - 4, len(frame) - body_offset, round_trip_ms,
+            exchange.notes.get(_NOTE_FETCH_MAX_WAIT_MS),
+        )
+        trace = self._trace(connection, exchange)
+        now = self._now_ms()
+        self._engine_calls += 1
+        trace.response_seq, trace.response_now_ms, trace.response = self._engine_calls, now, charges
+        throttles = [
+            charge_response(self.engine, self._client(connection, exchange), charges, now),
+            int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0)),
+        ]
         out: bytes | bytearray = frame
         request = exchange.notes.get(_NOTE_MUTATION_REQUEST)
         if isinstance(request, MutationRequest):
-            mutation_throttle = int(exchange.notes.get(_NOTE_MUTATION_THROTTLE, 0))
-            throttles.append(mutation_throttle)
             rejected: list[TopicMutation] = exchange.notes.get(_NOTE_MUTATION_REJECTED, [])
             if rejected:
+                mutation_throttle = int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0))
                 body = merge_rejections(request, memoryview(frame)[body_offset:], rejected, mutation_throttle)
                 out = frame[:body_offset] + body
             exchange.notes[NOTE_MUTATIONS] = _mutation_notes(request, rejected)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kqp.protocol.headers import RequestHeader
+from kqp.quotas.recording import QuotaTrace
 
 if TYPE_CHECKING:
     from kqp.proxy.connection import ProxiedConnection
@@ -28,6 +29,8 @@ class Exchange:
     response_received_at: float = 0.0
     # Set when the proxy answers the request itself instead of forwarding it.
     local_response: bytes | None = None
+    # What the quota engine was given for this exchange (enforcement writes, capture reads).
+    quota: QuotaTrace | None = None
     # Per-feature state carried from request to response.
     notes: dict[str, Any] = field(default_factory=dict)
 

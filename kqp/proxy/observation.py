@@ -26,10 +26,10 @@ from kqp.protocol.fast_path import (
     parse_fetch_response,
     parse_produce_request,
 )
-from kqp.proxy.cluster import BOOTSTRAP
 from kqp.proxy.connection import ProxiedConnection
 from kqp.proxy.hooks import Exchange, ResponseVerdict, TrafficHooks
 from kqp.proxy.metrics import ProxyMetrics
+from kqp.quotas.recording import QuotaTrace, broker_label
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,7 @@ def collect_error_codes(value: Any, found: list[int]) -> None:
 
 
 def _node_label(connection: ProxiedConnection) -> str:
-    node = connection.upstream_node_id
-    return "bootstrap" if node is None or node == BOOTSTRAP else str(node)
+    return broker_label(connection.upstream_node_id)
 
 
 class ObservationHooks(TrafficHooks):
@@ -196,6 +195,8 @@ class ObservationHooks(TrafficHooks):
             "sampling_one_in": self.sampling_one_in,
         }
         record.update(notes.get(NOTE_REQUEST_DETAILS, {}))
+        if exchange.quota is not None:
+            record.update(_quota_fields(exchange.quota))
         if api_key in _DATA_APIS:
             partitions, top_error = self._data_partitions(connection, exchange, frame, body_offset)
             if partitions is not None:
@@ -229,6 +230,24 @@ class ObservationHooks(TrafficHooks):
         except ProtocolError:
             return None, 0
         return [_partition_entry(connection, p) for p in fetch.partitions], fetch.error_code
+
+
+def _quota_fields(trace: QuotaTrace) -> dict[str, Any]:
+    """The engine's exact inputs (capture schema v2), so a what-if replays the proxy's decisions."""
+    fields: dict[str, Any] = {
+        "quota_broker": trace.broker,
+        "quota_request_seq": trace.request_seq,
+        "quota_request_now_ms": trace.request_now_ms,
+        "quota_response_seq": trace.response_seq,
+        "quota_response_now_ms": trace.response_now_ms,
+    }
+    if trace.request is not None and trace.request.produce_bytes is not None:
+        fields["quota_produce_bytes"] = trace.request.produce_bytes
+    if trace.response is not None:
+        fields["quota_produce_bytes"] = trace.response.produce_bytes
+        fields["quota_fetch_bytes"] = trace.response.fetch_bytes
+        fields["quota_request_time_ms"] = trace.response.request_time_ms
+    return fields
 
 
 def _topic_name(connection: ProxiedConnection, topic: str | None, topic_id: uuid.UUID | None) -> str | None:

@@ -24,6 +24,17 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from kqp.protocol.api_keys import ApiKey
+from kqp.quotas.engine import QuotaEngine
+from kqp.quotas.recording import (
+    QuotaClient,
+    ResponseCharges,
+    charge_request,
+    charge_response,
+    request_charges,
+    response_charges,
+)
+
 Mode = Literal["open_loop", "deferral"]
 MODES: tuple[Mode, ...] = ("open_loop", "deferral")
 
@@ -39,6 +50,121 @@ MutationFunction = Callable[[int, int, int, str, str, list[tuple[str, int]], int
 INPUT_COLUMNS = ("ts_ms", "connection_id", "broker", "principal", "client_id", "api_key", "nbytes", "request_time_ms")
 # Optional: with them, controller mutations are charged too (see replay_group).
 MUTATION_COLUMNS = ("api_version", "request_ts_ms", "mutations")
+
+
+# Capture v2: the engine's inputs as the proxy recorded them (kqp/capture/schema.py).
+RECORDED_COLUMNS = (
+    "quota_broker",
+    "quota_request_seq",
+    "quota_request_now_ms",
+    "quota_response_seq",
+    "quota_response_now_ms",
+    "quota_produce_bytes",
+    "quota_fetch_bytes",
+    "quota_request_time_ms",
+    "acks",
+    "api_version",
+    "mutations",
+)
+_REQUEST_PHASE, _RESPONSE_PHASE = 0, 1
+# Capture v1 only (v2 records the charged bytes): the response header Kafka does not count,
+# a correlation id, plus a tagged-field byte in flexible Fetch versions.
+_SIZE_PREFIX_BYTES = 4
+_RESPONSE_HEADER_BYTES = 4
+_FETCH_FLEXIBLE_SINCE = 12
+
+
+def charged_inputs(requests: pd.DataFrame) -> pd.DataFrame:
+    """Add `nbytes` and `request_time_ms`: what each request charged, by the proxy's own rules.
+
+    A row the proxy recorded (capture v2) carries the charges themselves; otherwise they are
+    derived from the raw sizes and times through kqp.quotas.recording.response_charges.
+    Needs api_key, api_version, request_bytes, response_bytes, round_trip_ms and
+    fetch_max_wait_ms (and the v2 quota_* columns when present).
+    """
+    frame = requests.copy()
+    recorded = frame["quota_broker"].notna() if "quota_broker" in frame.columns else None
+    nbytes = np.zeros(len(frame), dtype=np.int64)
+    request_ms = np.full(len(frame), np.nan)
+    for position, row in enumerate(frame.itertuples(index=False)):
+        if recorded is not None and recorded.iat[position]:
+            produce, fetch, took = row.quota_produce_bytes, row.quota_fetch_bytes, row.quota_request_time_ms
+        else:
+            response_body = None
+            if _present(row.response_bytes):
+                flexible_fetch = row.api_key == ApiKey.FETCH and row.api_version >= _FETCH_FLEXIBLE_SINCE
+                response_body = int(row.response_bytes) - _SIZE_PREFIX_BYTES - _RESPONSE_HEADER_BYTES - flexible_fetch
+            round_trip = float(row.round_trip_ms) if _present(row.round_trip_ms) else None
+            wait = int(row.fetch_max_wait_ms) if _present(row.fetch_max_wait_ms) else None
+            charges = response_charges(
+                int(row.api_key), int(row.request_bytes) - _SIZE_PREFIX_BYTES, response_body, round_trip, wait
+            )
+            produce, fetch, took = charges.produce_bytes, charges.fetch_bytes, charges.request_time_ms
+        for charged in (produce, fetch):
+            if _present(charged):
+                nbytes[position] = max(int(charged), 0)
+        if _present(took):
+            request_ms[position] = float(took)
+    frame["nbytes"] = nbytes
+    frame["request_time_ms"] = request_ms
+    return frame
+
+
+def is_recorded(requests: pd.DataFrame) -> bool:
+    """Whether every row carries the engine inputs the proxy recorded (capture v2 with quotas on)."""
+    return set(RECORDED_COLUMNS) <= set(requests.columns) and bool(requests["quota_broker"].notna().all())
+
+
+def replay_recorded(requests: pd.DataFrame, engine: QuotaEngine) -> pd.DataFrame:
+    """Open-loop replay of recorded engine inputs, call by call in the proxy's order.
+
+    Each row's request-time charges (acks=0 Produce, controller mutations, a Fetch's cap) and
+    response charges go through kqp.quotas.recording at the engine clock the proxy read, in
+    the order of the proxy's engine calls; a row's throttle is the larger of the two, as the
+    proxy's. Returns the rows sorted by `ts_ms`, plus `sim_ts_ms` (= ts_ms) and `sim_throttle_ms`.
+    """
+    frame = requests.sort_values(["ts_ms", "connection_id"], kind="stable").reset_index(drop=True)
+    events: list[tuple[float, int, int, int]] = []
+    for phase, seq_column, now_column in (
+        (_REQUEST_PHASE, "quota_request_seq", "quota_request_now_ms"),
+        (_RESPONSE_PHASE, "quota_response_seq", "quota_response_now_ms"),
+    ):
+        charged = frame[now_column].notna().to_numpy()
+        nows = frame[now_column].to_numpy(dtype=np.float64)
+        seqs = frame[seq_column].fillna(0).to_numpy(dtype=np.int64)
+        events.extend((float(nows[i]), int(seqs[i]), phase, int(i)) for i in np.flatnonzero(charged))
+    events.sort()
+    throttles = np.zeros(len(frame), dtype=np.float64)
+    rows = frame.to_dict("records")
+    for now, _seq, phase, index in events:
+        row = rows[index]
+        client = QuotaClient(str(row["quota_broker"]), str(row["principal"]), str(row["client_id"]))
+        api_key = int(row["api_key"])
+        if phase == _REQUEST_PHASE:
+            acks_zero = api_key == ApiKey.PRODUCE and _present(row["acks"]) and int(row["acks"]) == 0
+            produce_bytes = int(row["quota_produce_bytes"]) if acks_zero else 0
+            mutations = row["mutations"]
+            topics = None
+            if mutations is not None and len(mutations):
+                topics = [(str(m["topic"]), int(m["partitions"])) for m in mutations]
+            charges = request_charges(api_key, int(row["api_version"]), produce_bytes, not acks_zero, topics)
+            throttle = float(charge_request(engine, client, charges, now).throttle_ms)
+        else:
+            response = ResponseCharges(
+                api_key,
+                int(row["quota_produce_bytes"]) if _present(row["quota_produce_bytes"]) else None,
+                int(row["quota_fetch_bytes"]) if _present(row["quota_fetch_bytes"]) else None,
+                float(row["quota_request_time_ms"]) if _present(row["quota_request_time_ms"]) else None,
+            )
+            throttle = float(charge_response(engine, client, response, now))
+        throttles[index] = max(throttles[index], throttle)
+    frame["sim_ts_ms"] = frame["ts_ms"].to_numpy(dtype=np.int64)
+    frame["sim_throttle_ms"] = throttles
+    return frame
+
+
+def _present(value: object) -> bool:
+    return value is not None and not bool(pd.isna(value))
 
 
 def replay_group(

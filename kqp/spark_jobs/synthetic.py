@@ -258,6 +258,10 @@ def _chunk(
         "mutations": pa.nulls(n, pa.list_(MUTATION_FIELDS)),
         "sampling_one_in": pa.array(np.ones(n), pa.int32()),
     }
+    # Its throttles are drawn, not decided by an engine: no quota_* inputs to replay exactly.
+    for field in CAPTURE_SCHEMA:
+        if field.name.startswith("quota_"):
+            columns[field.name] = pa.nulls(n, field.type)
     return pa.Table.from_pydict(columns, schema=CAPTURE_SCHEMA)
 
 

@@ -42,24 +42,34 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from kqp.protocol.api_keys import MUTATION_API_KEYS, ApiKey
+from kqp.quotas.recording import (
+    QuotaClient,
+    ResponseCharges,
+    broker_label,
+    charge_request,
+    charge_response,
+    request_charges,
+)
 from kqp.quotas.settings import QuotaSettings, QuotaType
-from kqp.spark_jobs.analyze import ANONYMOUS, BUDGET_EXIT_CODE, FETCH_KEY, PRODUCE_KEY, Progress
+from kqp.spark_jobs.analyze import ANONYMOUS, BUDGET_EXIT_CODE, Progress
 from kqp.spark_jobs.capture_source import read_capture
 from kqp.spark_jobs.quota_replay import (
     MODES,
     MUTATION_COLUMNS,
+    RECORDED_COLUMNS,
     Mode,
     MutationFunction,
     ThrottleFunction,
+    charged_inputs,
+    is_recorded,
     quota_groups,
     replay_group,
+    replay_recorded,
 )
 from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.whatif/1"
-SIZE_PREFIX_BYTES = 4  # the proxy counts Produce as the frame minus its 4-byte length prefix
-# Fetch responses from v12 have a flexible header: correlation id plus an (empty) tagged-field byte.
-FETCH_FLEXIBLE_SINCE = 12
 
 SIMULATED_SCHEMA = (
     "ts_ms long, connection_id long, broker int, principal string, client_id string, api_key int, nbytes long, "
@@ -78,11 +88,6 @@ class WhatIfOptions:
     budget_max_throttled_share: float | None = None
 
 
-def broker_label(node_id: int) -> str:
-    """The broker label the proxy hands the quota engine (kqp/proxy/enforcement.py)."""
-    return "bootstrap" if node_id < 0 else str(node_id)
-
-
 def load_quota_settings(config_path: str) -> QuotaSettings:
     """The quota settings of a proxy config file, read exactly as the proxy reads them."""
     from kqp.config import load_config
@@ -94,9 +99,6 @@ def load_quota_settings(config_path: str) -> QuotaSettings:
 def needs_cluster_wide_replay(settings: QuotaSettings) -> bool:
     """True when some budget spans brokers, so a group cannot be replayed broker by broker."""
     return settings.scope == "cluster" or any(entry.scope == "cluster" for entry in settings.entries)
-
-
-MUTATION_KEYS = (19, 20, 37)  # CreateTopics, DeleteTopics, CreatePartitions (KIP-599)
 
 
 def engine_replay_functions(settings: QuotaSettings) -> tuple[ThrottleFunction, MutationFunction]:
@@ -114,8 +116,9 @@ def engine_replay_functions(settings: QuotaSettings) -> tuple[ThrottleFunction, 
         topics: list[tuple[str, int]],
         now_ms: int,
     ) -> float:
-        outcome = engine.mutations(broker_label(broker), principal, client_id, api_key, api_version, topics, now_ms)
-        return float(outcome.throttle_ms)
+        charges = request_charges(api_key, api_version, 0, True, topics)
+        client = QuotaClient(broker_label(broker), principal, client_id)
+        return float(charge_request(engine, client, charges, now_ms).throttle_ms)
 
     return engine_throttle_function(settings, engine), mutation
 
@@ -123,8 +126,8 @@ def engine_replay_functions(settings: QuotaSettings) -> tuple[ThrottleFunction, 
 def engine_throttle_function(settings: QuotaSettings, engine: Any = None) -> ThrottleFunction:
     """A throttle function backed by a fresh kqp.quotas engine (the proxy's own code).
 
-    The engine applies the scope (per broker or cluster-wide) from the settings; this only
-    feeds it what the proxy feeds it, per request, and keeps the largest throttle.
+    The engine applies the scope (per broker or cluster-wide) from the settings; the charges
+    are the proxy's recording rules (kqp.quotas.recording) applied to one request's inputs.
     """
     from kqp.quotas import QuotaEngine
 
@@ -133,18 +136,16 @@ def engine_throttle_function(settings: QuotaSettings, engine: Any = None) -> Thr
     def throttle(
         api_key: int, broker: int, principal: str, client_id: str, nbytes: int, request_ms: float, now_ms: int
     ) -> float:
-        node = broker_label(broker)
-        delays = [0]
-        if api_key == PRODUCE_KEY:
-            delays.append(engine.record_produce(node, principal, client_id, nbytes, now_ms))
-        elif api_key == FETCH_KEY:
-            # The proxy delivers a throttled fetch's data (it already holds it), so the bytes
-            # stay recorded, unlike a broker that answers a throttled fetch empty.
-            delays.append(engine.record_fetch(node, principal, client_id, nbytes, now_ms, delivered=True))
-        if request_ms == request_ms:  # not NaN: the request had a response
-            delays.append(engine.record_request_time(node, principal, client_id, api_key, request_ms, now_ms))
-        return float(max(delays))
+        charges = ResponseCharges(
+            api_key,
+            produce_bytes=nbytes if api_key == ApiKey.PRODUCE else None,
+            fetch_bytes=nbytes if api_key == ApiKey.FETCH else None,
+            request_time_ms=request_ms if request_ms == request_ms else None,  # NaN: no response
+        )
+        return float(charge_response(engine, QuotaClient(broker_label(broker), principal, client_id), charges, now_ms))
 
+    # The engine itself, for an exact replay of a capture that recorded its inputs.
+    throttle.engine = engine  # type: ignore[attr-defined]
     return throttle
 
 
@@ -170,26 +171,10 @@ def with_quota_limits(clients: pd.DataFrame, settings: QuotaSettings) -> pd.Data
 
 
 def prepare_requests(raw: DataFrame) -> DataFrame:
-    """The per-request quota inputs, as the proxy records them."""
+    """The per-request columns the replay needs; the charges are derived on the executors by
+    the proxy's own recording rules (quota_replay.charged_inputs)."""
     has_response = F.col("ts_response_received_us").isNotNull()
     round_trip = (F.col("ts_response_received_us") - F.col("ts_request_sent_us")) / 1000.0
-    max_wait = F.coalesce(F.col("fetch_max_wait_ms"), F.lit(0)).cast("double")
-    # Kafka does not count a long-poll's wait in purgatory as request time.
-    request_ms = F.when((F.col("api_key") == FETCH_KEY) & (round_trip >= max_wait), round_trip - max_wait).otherwise(
-        round_trip
-    )
-    nbytes = (
-        F.when(F.col("api_key") == PRODUCE_KEY, F.col("request_bytes") - SIZE_PREFIX_BYTES)
-        # Kafka counts a Fetch as 4 + its response body: the frame less its response header.
-        .when(
-            F.col("api_key") == FETCH_KEY,
-            F.coalesce(F.col("response_bytes"), F.lit(0))
-            - SIZE_PREFIX_BYTES
-            - F.when(F.col("api_version") >= FETCH_FLEXIBLE_SINCE, 5).otherwise(4)
-            + 4,
-        )
-        .otherwise(0)
-    )
     return raw.select(
         # The proxy records at the response; acks=0 Produce has none and records at the request.
         F.floor(F.coalesce(F.col("ts_response_received_us"), F.col("ts_request_received_us")) / 1000)
@@ -200,17 +185,20 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
         F.coalesce(F.col("principal"), F.lit(ANONYMOUS)).alias("principal"),
         F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"),
         F.col("api_key").cast("int").alias("api_key"),
-        F.greatest(nbytes, F.lit(0)).cast("long").alias("nbytes"),
-        F.when(has_response, request_ms).otherwise(F.lit(float("nan"))).alias("request_time_ms"),
-        F.coalesce(F.col("proxy_throttle_ms"), F.lit(0)).cast("double").alias("recorded_throttle_ms"),
         F.col("api_version").cast("int").alias("api_version"),
+        "request_bytes",
+        "response_bytes",
+        F.when(has_response, round_trip).otherwise(F.lit(float("nan"))).alias("round_trip_ms"),
+        "fetch_max_wait_ms",
+        F.coalesce(F.col("proxy_throttle_ms"), F.lit(0)).cast("double").alias("recorded_throttle_ms"),
         F.floor(F.col("ts_request_received_us") / 1000).cast("long").alias("request_ts_ms"),
         F.when(
-            F.col("api_key").isin(*MUTATION_KEYS),
+            F.col("api_key").isin(*MUTATION_API_KEYS),
             F.transform(
                 "mutations", lambda m: F.struct(m["topic"].alias("topic"), m["partitions"].alias("partitions"))
             ),
         ).alias("mutations"),
+        *[name for name in RECORDED_COLUMNS if name not in ("api_version", "mutations")],
     )
 
 
@@ -254,9 +242,14 @@ def simulate(
     def replay(frame: pd.DataFrame) -> pd.DataFrame:
         made = throttle_factory()
         throttle, mutation = made if isinstance(made, tuple) else (made, None)
-        if mutation is not None and not set(MUTATION_COLUMNS) <= set(frame.columns):
-            mutation = None
-        result = replay_group(frame, throttle, mode, mutation)
+        engine = getattr(throttle, "engine", None)
+        if mode == "open_loop" and engine is not None and is_recorded(frame):
+            # Capture v2: the proxy's own engine inputs, replayed call by call.
+            result = replay_recorded(charged_inputs(frame), engine)
+        else:
+            if mutation is not None and not set(MUTATION_COLUMNS) <= set(frame.columns):
+                mutation = None
+            result = replay_group(charged_inputs(frame), throttle, mode, mutation)
         return result[[name.split()[0] for name in SIMULATED_SCHEMA.split(", ")]]
 
     keys = ("broker", "quota_group") if per_broker else ("quota_group",)
@@ -302,7 +295,7 @@ def client_outcomes(simulated: DataFrame) -> DataFrame:
 
 def broker_peaks(simulated: DataFrame) -> DataFrame:
     """Per broker and API: peak bytes/s as recorded and after throttling (simulated times)."""
-    counted = simulated.where(F.col("api_key").isin(PRODUCE_KEY, FETCH_KEY))
+    counted = simulated.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
 
     def peak(time_column: str, name: str) -> DataFrame:
         per_second = counted.groupBy("broker", "api_key", F.floor(F.col(time_column) / 1000).alias("s")).agg(
@@ -411,7 +404,7 @@ def _plot_broker_peaks(peaks: pd.DataFrame) -> Any:
     import matplotlib.pyplot as plt
 
     labels = [
-        f"{b} {'produce' if k == PRODUCE_KEY else 'fetch'}"
+        f"{b} {'produce' if k == ApiKey.PRODUCE else 'fetch'}"
         for b, k in zip(peaks["broker"], peaks["api_key"], strict=True)
     ]
     positions = range(len(peaks))

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kqp.spark_jobs.quota_replay import quota_groups, replay_group
+from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
+from kqp.quotas.recording import (
+    QuotaClient,
+    RequestCharges,
+    ResponseCharges,
+    charge_request,
+    charge_response,
+    request_charges,
+)
+from kqp.spark_jobs.quota_replay import is_recorded, quota_groups, replay_group, replay_recorded
 
 
 def requests(rows: list[tuple[int, int]]) -> pd.DataFrame:
@@ -72,3 +81,101 @@ def test_quota_groups_only_link_what_the_config_shares() -> None:
     # (user, client-id) quotas only: every pair alone.
     alone = quota_groups(pairs, link_users=False, link_client_ids=False)
     assert len(set(alone.values())) == len(pairs)
+
+
+# ---- capture v2: the proxy's own engine inputs, replayed call by call ---------------------
+
+RECORDED_QUOTAS = QuotaSettings(
+    entries=(
+        QuotaEntry(QuotaEntity(None, DEFAULT_ENTITY), {"producer_byte_rate": 100, "controller_mutation_rate": 1}),
+    ),
+    scope="cluster",
+)
+
+
+def _recorded_row(**fields: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "connection_id": 1,
+        "broker": 1,
+        "principal": "u",
+        "client_id": "c",
+        "api_key": 0,
+        "api_version": 9,
+        "acks": -1,
+        "mutations": None,
+        "quota_broker": "1",
+        "quota_request_seq": None,
+        "quota_request_now_ms": None,
+        "quota_response_seq": None,
+        "quota_response_now_ms": None,
+        "quota_produce_bytes": None,
+        "quota_fetch_bytes": None,
+        "quota_request_time_ms": None,
+    }
+    row.update(fields)
+    return row
+
+
+def test_a_recorded_capture_replays_the_proxys_decisions_in_its_call_order() -> None:
+    # What the proxy did, in the order of its engine calls: two Produce responses read in one
+    # event-loop iteration (same clock), a CreateTopics charged on arrival, an acks=0 Produce,
+    # then the CreateTopics' response. The wall-clock order (ts_ms) differs from the engine's.
+    calls = [
+        ("B", "response", 1_000.25, ResponseCharges(0, produce_bytes=1_500, request_time_ms=2.0)),
+        ("A", "response", 1_000.25, ResponseCharges(0, produce_bytes=1_000, request_time_ms=1.0)),
+        ("D", "request", 1_200.5, request_charges(19, 7, 60, True, [("t1", 30), ("t2", 1)])),
+        ("C", "request", 1_500.75, request_charges(0, 9, 800, expects_response=False)),
+        ("D", "response", 1_700.0, ResponseCharges(19, request_time_ms=499.25)),
+    ]
+    proxy = QuotaEngine(RECORDED_QUOTAS)
+    decided: dict[str, float] = {}
+    rows = {
+        "A": _recorded_row(ts_ms=5_000, connection_id=1),
+        "B": _recorded_row(ts_ms=5_001, connection_id=2, broker=2, quota_broker="2"),
+        "C": _recorded_row(ts_ms=5_400, connection_id=1, acks=0),
+        "D": _recorded_row(
+            ts_ms=5_300,
+            connection_id=3,
+            api_key=19,
+            api_version=7,
+            mutations=[{"topic": "t1", "partitions": 30}, {"topic": "t2", "partitions": 1}],
+        ),
+    }
+    for seq, (name, phase, now, charges) in enumerate(calls, start=1):
+        row, client = rows[name], QuotaClient(str(rows[name]["quota_broker"]), "u", "c")
+        if phase == "request":
+            assert isinstance(charges, RequestCharges)
+            throttle = charge_request(proxy, client, charges, now).throttle_ms
+            row.update(quota_request_seq=seq, quota_request_now_ms=now)
+            if charges.produce_bytes is not None:
+                row["quota_produce_bytes"] = charges.produce_bytes
+        else:
+            assert isinstance(charges, ResponseCharges)
+            throttle = charge_response(proxy, client, charges, now)
+            row.update(
+                quota_response_seq=seq,
+                quota_response_now_ms=now,
+                quota_produce_bytes=charges.produce_bytes,
+                quota_request_time_ms=charges.request_time_ms,
+            )
+        decided[name] = max(decided.get(name, 0.0), float(throttle))
+    frame = pd.DataFrame(list(rows.values()), index=list(rows)).sample(frac=1.0, random_state=3)
+    assert is_recorded(frame)
+
+    replayed = replay_recorded(frame, QuotaEngine(RECORDED_QUOTAS))
+
+    by_ts = dict(zip(replayed["ts_ms"], replayed["sim_throttle_ms"], strict=True))
+    assert {name: by_ts[row["ts_ms"]] for name, row in rows.items()} == decided
+    assert decided["A"] > decided["B"] > 0 and decided["D"] > 0 and decided["C"] > 0
+    # The order matters: the same two responses charged in wall-clock order (A, then B)
+    # would have given other throttles, so a replay sorted by ts_ms could not agree.
+    wall_order = QuotaEngine(RECORDED_QUOTAS)
+    first = charge_response(wall_order, QuotaClient("1", "u", "c"), ResponseCharges(0, produce_bytes=1_000), 1_000.25)
+    second = charge_response(wall_order, QuotaClient("2", "u", "c"), ResponseCharges(0, produce_bytes=1_500), 1_000.25)
+    assert (first, second) != (decided["A"], decided["B"])
+
+
+def test_rows_without_recorded_inputs_are_not_replayed_exactly() -> None:
+    frame = pd.DataFrame([_recorded_row(ts_ms=1), _recorded_row(ts_ms=2, quota_broker=None)])
+    assert not is_recorded(frame)
+    assert not is_recorded(frame.drop(columns=["quota_broker"]))

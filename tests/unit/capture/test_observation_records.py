@@ -190,3 +190,34 @@ def test_sasl_frames_are_not_captured() -> None:
     answer = encode_response_header(SASL_HANDSHAKE_KEY, 1, 1) + b"\x00\x00\x00\x00\x00\x01\x00\x05PLAIN"
     hooks.response(connection, exchange, answer, 4)  # type: ignore[arg-type]
     assert writer.records == []
+
+
+def test_a_record_carries_the_exact_inputs_the_quota_engine_got() -> None:
+    from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
+    from kqp.proxy.hooks import HookChain
+    from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
+
+    settings = QuotaSettings(entries=(QuotaEntry(QuotaEntity(None, DEFAULT_ENTITY), {"producer_byte_rate": 10}),))
+    engine_clock = [5_000.125]
+    writer = RecordingWriter(Path("unused"))
+    chain = HookChain([QuotaEnforcement(QuotaEngine(settings), EnforcementSettings(), lambda: engine_clock[0]),
+                       ObservationHooks(None, writer)])
+    connection = FakeConnection()
+    request, response = produce_pair(9, {"name": "orders"}, (0, 0))
+    frame = request_frame(PRODUCE_KEY, 9, request)
+    exchange = exchange_for(frame)
+    chain.request(connection, exchange, frame)  # type: ignore[arg-type]
+    answer = encode_response_header(PRODUCE_KEY, 9, 7) + bytes(response.encode())
+    engine_clock[0] = 5_010.5
+    chain.response(connection, exchange, answer, response_body_offset(answer, PRODUCE_KEY, 9))  # type: ignore[arg-type]
+
+    (record,) = writer.records
+    assert record["quota_broker"] == "1"
+    assert (record["quota_response_seq"], record["quota_response_now_ms"]) == (1, 5_010.5)
+    assert record["quota_request_seq"] is None and record["quota_request_now_ms"] is None
+    assert record["quota_produce_bytes"] == len(frame) == record["request_bytes"] - 4
+    assert record["quota_fetch_bytes"] is None
+    assert abs(record["quota_request_time_ms"] - (99.01 - 99.001) * 1000) < 1e-9
+    # 10 B/s is far below the request's size: the recorded inputs give the recorded throttle.
+    replayed = QuotaEngine(settings).record_produce("1", "alice", "client-1", record["quota_produce_bytes"], 5_010.5)
+    assert record["proxy_throttle_ms"] == replayed > 0

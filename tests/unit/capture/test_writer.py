@@ -18,6 +18,7 @@ from kqp.capture.schema import (
     META_SCHEMA_VERSION,
     META_WINDOW_END_US,
     META_WINDOW_START_US,
+    SCHEMA_VERSION,
 )
 from kqp.capture.writer import CaptureWriter
 from tests.unit.capture.records import HOUR_US, TEN_O_CLOCK_US, fetch_record, produce_record
@@ -77,7 +78,7 @@ def test_records_read_back_with_the_capture_schema_in_an_hour_partition(tmp_path
     rows = table.to_pylist()
     assert [row["correlation_id"] for row in rows] == [1, 2]
     produce, fetch = rows
-    assert produce["schema_version"] == 1
+    assert produce["schema_version"] == SCHEMA_VERSION == 2
     assert produce["sampling_one_in"] == 1
     assert produce["acks"] == -1
     [partition] = produce["partitions"]
@@ -109,7 +110,7 @@ def test_footer_carries_version_counts_sampling_and_window(tmp_path: Path) -> No
 
     [path] = closed_files(tmp_path)
     meta = footer(path)
-    assert meta[META_SCHEMA_VERSION] == b"1"
+    assert meta[META_SCHEMA_VERSION] == b"2"
     assert meta[META_RECORDS_WRITTEN] == b"1"
     assert meta[META_RECORDS_DROPPED] == b"0"
     assert meta[META_RECORDS_INVALID] == b"0"

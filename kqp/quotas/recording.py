@@ -1,0 +1,192 @@
+"""What a request and its response charge to which quota, and when: the one copy of the rules.
+
+The proxy's enforcement (kqp/proxy/enforcement.py) and the what-if replay
+(kqp/spark_jobs/quota_replay.py) both call these functions, so a replay of the inputs the
+proxy recorded takes the proxy's decisions exactly. Each exchange has up to two moments:
+
+* when the request arrives: Produce with acks=0 (no response will come) records its size;
+  CreateTopics / CreatePartitions / DeleteTopics charge the controller-mutation bucket
+  (KIP-599); a Fetch looks up the cap on its MaxBytes (the quota window's worth of bytes);
+* when the response comes back: Produce records its request size, Fetch its response size
+  (4 + body, as Kafka counts it), every API its request time (the broker round trip, less a
+  long-poll's wait in purgatory, which Kafka does not count).
+
+The exchange's throttle is the largest of the two moments' throttles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kqp.protocol.api_keys import MUTATION_API_KEYS, ApiKey
+from kqp.quotas.engine import MutationOutcome, QuotaEngine
+
+# Handled by the broker's network-layer authenticator (SaslServerAuthenticator), before and
+# outside KafkaApis: their time is never charged to a request quota.
+AUTHENTICATOR_API_KEYS: frozenset[int] = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+# The 4-byte size prefix Kafka adds back when it counts a Fetch response (4 + body size).
+SIZE_PREFIX_BYTES = 4
+
+
+def broker_label(node_id: int | None) -> str:
+    """The budget name of a broker: its node id, or `bootstrap` before the proxy knows the node.
+
+    The engine turns it into a budget per broker or one for the cluster (quotas.scope).
+    """
+    return "bootstrap" if node_id is None or node_id < 0 else str(node_id)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaClient:
+    """Whose sensors a charge goes to: the broker label (`bootstrap`, `1`, ...) and the entity."""
+
+    broker: str
+    principal: str
+    client_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCharges:
+    """What a request charges when it arrives."""
+
+    api_key: int
+    api_version: int
+    # Produce with acks=0: the request size (frame less its size prefix).
+    produce_bytes: int | None = None
+    # Controller mutations: (topic label, partitions) in request order.
+    mutations: tuple[tuple[str, int], ...] | None = None
+    # A Fetch whose MaxBytes the proxy may cap.
+    fetch: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    throttle_ms: int = 0
+    fetch_max_bytes_cap: int | None = None
+    mutation: MutationOutcome | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCharges:
+    """What a response charges: bytes to the byte-rate quotas, time to the request quota."""
+
+    api_key: int
+    produce_bytes: int | None = None
+    fetch_bytes: int | None = None
+    request_time_ms: float | None = None
+
+
+def request_charges(
+    api_key: int,
+    api_version: int,
+    request_size: int,
+    expects_response: bool,
+    mutations: Sequence[tuple[str, int]] | None = None,
+) -> RequestCharges:
+    """The charges of a request on arrival.
+
+    Args:
+        request_size: the request frame's size without its 4-byte size prefix.
+        mutations: the topics a mutation request creates or deletes, None when it is not
+            charged (not a mutation API, or validate-only where that is free).
+    """
+    if api_key == ApiKey.PRODUCE and not expects_response:
+        return RequestCharges(api_key, api_version, produce_bytes=request_size)
+    if api_key == ApiKey.FETCH:
+        return RequestCharges(api_key, api_version, fetch=True)
+    if api_key in MUTATION_API_KEYS and mutations is not None:
+        return RequestCharges(api_key, api_version, mutations=tuple(mutations))
+    return RequestCharges(api_key, api_version)
+
+
+def charge_request(engine: QuotaEngine, client: QuotaClient, charges: RequestCharges, now_ms: float) -> RequestOutcome:
+    """Apply a request's charges; its throttle (acks=0 Produce, mutations) and fetch cap."""
+    if charges.produce_bytes is not None:
+        throttle = engine.record_produce(
+            client.broker, client.principal, client.client_id, charges.produce_bytes, now_ms
+        )
+        return RequestOutcome(throttle_ms=throttle)
+    if charges.mutations is not None:
+        outcome = engine.mutations(
+            client.broker, client.principal, client.client_id, charges.api_key, charges.api_version,
+            list(charges.mutations), now_ms,
+        )
+        return RequestOutcome(throttle_ms=outcome.throttle_ms, mutation=outcome)
+    if charges.fetch and request_charged_at_arrival(engine, charges):
+        cap = engine.fetch_max_bytes_cap(client.broker, client.principal, client.client_id, now_ms)
+        return RequestOutcome(fetch_max_bytes_cap=cap)
+    return RequestOutcome()
+
+
+def request_charged_at_arrival(engine: QuotaEngine, charges: RequestCharges) -> bool:
+    """Whether `charge_request` touches the engine: a Fetch only when a quota needs its limits."""
+    if charges.fetch:
+        return engine.quota_enabled("consumer_byte_rate") or engine.quota_enabled("request_percentage")
+    return charges.produce_bytes is not None or charges.mutations is not None
+
+
+def response_charges(
+    api_key: int,
+    request_size: int,
+    response_body_size: int | None,
+    round_trip_ms: float | None,
+    fetch_max_wait_ms: int | None = None,
+) -> ResponseCharges:
+    """The charges of a response that came back from a broker.
+
+    Args:
+        request_size: the request frame's size without its 4-byte size prefix.
+        response_body_size: the response frame less its size prefix and response header.
+        round_trip_ms: from forwarding the request to receiving the response.
+        fetch_max_wait_ms: a Fetch request's MaxWaitMs, when the proxy read it.
+    """
+    produce_bytes = request_size if api_key == ApiKey.PRODUCE else None
+    fetch_bytes = None
+    if api_key == ApiKey.FETCH and response_body_size is not None:
+        fetch_bytes = SIZE_PREFIX_BYTES + response_body_size
+    request_ms = round_trip_ms
+    if request_ms is not None and api_key in AUTHENTICATOR_API_KEYS:
+        request_ms = None
+    elif request_ms is not None and api_key == ApiKey.FETCH and fetch_max_wait_ms and request_ms >= fetch_max_wait_ms:
+        # A long-poll fetch waits in the broker's purgatory, which Kafka does not count.
+        request_ms -= fetch_max_wait_ms
+    return ResponseCharges(api_key, produce_bytes, fetch_bytes, request_ms)
+
+
+def charge_response(engine: QuotaEngine, client: QuotaClient, charges: ResponseCharges, now_ms: float) -> int:
+    """Apply a response's charges; the largest throttle they give (0 when none)."""
+    broker, principal, client_id = client.broker, client.principal, client.client_id
+    throttles = [0]
+    if charges.produce_bytes is not None:
+        throttles.append(engine.record_produce(broker, principal, client_id, charges.produce_bytes, now_ms))
+    if charges.fetch_bytes is not None:
+        # A broker that throttles a fetch answers it empty and unrecords the bytes; the proxy
+        # already holds the data, so it delivers it and keeps it recorded (the long-run rate is
+        # the quota either way).
+        throttles.append(
+            engine.record_fetch(broker, principal, client_id, charges.fetch_bytes, now_ms, delivered=True)
+        )
+    if charges.request_time_ms is not None:
+        throttles.append(
+            engine.record_request_time(broker, principal, client_id, charges.api_key, charges.request_time_ms, now_ms)
+        )
+    return max(throttles)
+
+
+@dataclass(slots=True)
+class QuotaTrace:
+    """The exact inputs the engine got for one exchange, in the order it got them.
+
+    `*_seq` numbers every engine call of one proxy process, so a replay can put calls whose
+    clock readings tie (one event-loop iteration) back in the order they were made. Times are
+    the proxy's engine clock (monotonic ms), comparable only within one proxy process.
+    """
+
+    broker: str
+    request_seq: int | None = None
+    request_now_ms: float | None = None
+    response_seq: int | None = None
+    response_now_ms: float | None = None
+    request: RequestCharges | None = None
+    response: ResponseCharges | None = None
