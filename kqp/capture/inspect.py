@@ -26,6 +26,7 @@ from kqp.capture.schema import (
     META_SAMPLING,
 )
 from kqp.capture.writer import FINAL_SUFFIX, IN_PROGRESS_SUFFIX
+from kqp.protocol.api_keys import ApiKey
 
 _SCAN_COLUMNS = [
     "ts_request_received_us",
@@ -37,8 +38,6 @@ _SCAN_COLUMNS = [
     "response_bytes",
     "partitions",
 ]
-_PRODUCE_KEY = 0
-_FETCH_KEY = 1
 _TOP_CLIENTS = 10
 
 
@@ -145,14 +144,14 @@ def _scan_batch(
     for client_id, total in zip(grouped["client_id"].to_pylist(), grouped["bytes_sum"].to_pylist(), strict=True):
         per_client[client_id] += total
     if "partitions" in table.column_names:
-        for api_key in (_PRODUCE_KEY, _FETCH_KEY):
+        for api_key in (ApiKey.PRODUCE, ApiKey.FETCH):
             selected = table.filter(pc.equal(table["api_key"], api_key))["partitions"]
             flat = pc.list_flatten(selected)
             if len(flat) == 0:
                 continue
             records = pc.sum(pc.struct_field(flat, "records")).as_py() or 0
             batch_bytes = pc.sum(pc.struct_field(flat, "bytes")).as_py() or 0
-            if api_key == _PRODUCE_KEY:
+            if api_key == ApiKey.PRODUCE:
                 summary.produced_records += records
                 summary.produced_batch_bytes += batch_bytes
             else:

@@ -12,9 +12,9 @@ Run on a cluster (ship the package as a zip; the entry point is this module)::
         kqp/spark_jobs/analyze.py hdfs:///captures/kqp --output /shared/out/analyze \
         --capacity capacity.json --replication-factor 3
 
-Structure: `extract` (capture_source.read_capture) -> pure DataFrame transforms (the
-functions below that take and return DataFrames, plus driver-side pandas shaping of small
-results) -> `load` (report.write_outputs). Figures:
+Structure: `extract` (capture_source.read_capture) -> the steps of `run_analyze`, each made
+of pure transforms (analyze_transform: DataFrames in and out, plus driver-side pandas shaping
+of small results) -> `load` (report.write_analyze_outputs). Figures:
 
   * throughput series per broker (`upstream_node_id`) and cluster-wide at 1 s and 1 min:
     Produce request bytes in, Fetch response bytes out, all request/response bytes,
@@ -35,9 +35,7 @@ Sampled captures (1 in N connections) are scaled up by N for bytes and request c
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,31 +45,47 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kqp.spark_jobs import capacity as cap
-from kqp.spark_jobs.capture_source import US_PER_SECOND, read_capture, read_footer_coverage
+from kqp.spark_jobs.analyze_transform import (
+    BATCH_BUCKET_LAST,
+    BATCH_BUCKETS,
+    RESOLUTIONS,
+    RESOURCE_OF_METRIC,
+    STATS,
+    aggregate_traffic,
+    api_names,
+    api_request_series,
+    api_stats,
+    batch_mix,
+    batch_mix_by_client,
+    client_broker_totals,
+    client_burstiness,
+    cluster_series,
+    entity_totals,
+    error_counts,
+    explode_partitions,
+    headroom_loads,
+    latency_by_api,
+    limits_frame,
+    ordered_stats,
+    pareto_summary,
+    partition_load,
+    prepare_requests,
+    rank_shares,
+    resolve_lost_broker,
+    skew,
+    stats_for,
+    throttle_counts,
+    throughput_series,
+    topic_skew,
+    topic_totals,
+    with_replication,
+    without_broker,
+)
+from kqp.spark_jobs.capture_source import FooterCoverage, read_capture, read_footer_coverage
+from kqp.spark_jobs.common import BUDGET_EXIT_CODE, Progress
 from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.analyze/1"
-PERCENTILES = (0.5, 0.95, 0.99, 0.999)
-PERCENTILE_NAMES = ("p50", "p95", "p99", "p99_9")
-STATS = (*PERCENTILE_NAMES, "max")
-RESOLUTIONS = {"1s": 1, "1min": 60}
-PRODUCE_KEY, FETCH_KEY = 0, 1
-ANONYMOUS = "ANONYMOUS"  # the principal name of unauthenticated connections, as the capture writes it
-
-# Additive per-bucket metrics of a throughput series (rates in bytes/s or requests/s).
-ADDITIVE_METRICS = ("produce_bytes", "fetch_bytes", "bytes_in", "bytes_out", "requests")
-NETWORK_METRICS = ("replication_in", "replication_out", "nw_in", "nw_out")
-SERIES_METRICS = (*ADDITIVE_METRICS, "connections", *NETWORK_METRICS)
-RESOURCE_OF_METRIC = {"nw_in": cap.NW_IN, "nw_out": cap.NW_OUT}
-
-# Batch-size buckets (upper bounds, bytes). Google's sizing notes flag batches under 10 KB
-# as CPU-expensive; the edges are powers of ten around that.
-BATCH_BUCKETS = ((1_000, "<1KB"), (10_000, "1-10KB"), (100_000, "10-100KB"), (1_000_000, "100KB-1MB"))
-BATCH_BUCKET_LAST = ">=1MB"
-SMALL_BATCH_BYTES = 10_000
-# Approximate percentiles for request latency: rank error 1/accuracy.
-LATENCY_ACCURACY = 10_000
-PARETO_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -93,546 +107,6 @@ class AnalyzeOptions:
     end_us: int | None = None
 
 
-class Progress:
-    """Step-by-step progress on stderr, with elapsed time, for long jobs."""
-
-    def __init__(self, job: str, steps: int, stream: Any = None) -> None:
-        self.job = job
-        self.steps = steps
-        self.done = 0
-        self.started = time.monotonic()
-        self.stream = stream if stream is not None else sys.stderr
-
-    def step(self, what: str) -> None:
-        self.done += 1
-        elapsed = time.monotonic() - self.started
-        print(f"[{self.job} {self.done}/{self.steps} {elapsed:6.1f}s] {what}", file=self.stream, flush=True)
-
-
-# ---------------------------------------------------------------- transforms (DataFrames)
-
-
-def prepare_requests(raw: DataFrame) -> DataFrame:
-    """One row per request with the derived columns every figure uses."""
-    has_response = F.col("ts_response_sent_us").isNotNull()
-    return raw.select(
-        F.col("ts_request_received_us").alias("ts_us"),
-        F.floor(F.col("ts_request_received_us") / US_PER_SECOND).cast("long").alias("second"),
-        F.coalesce(F.col("upstream_node_id"), F.lit(-1)).alias("broker"),
-        F.coalesce(F.col("sampling_one_in"), F.lit(1)).cast("double").alias("weight"),
-        "connection_id",
-        F.coalesce(F.col("principal"), F.lit(ANONYMOUS)).alias("principal"),
-        F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"),
-        F.col("api_key").cast("int").alias("api_key"),
-        F.col("api_version").cast("int").alias("api_version"),
-        F.col("request_bytes").cast("double").alias("request_bytes"),
-        F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("response_bytes"),
-        F.when(F.col("api_key") == PRODUCE_KEY, F.col("request_bytes"))
-        .otherwise(0)
-        .cast("double")
-        .alias("produce_bytes"),
-        F.when(F.col("api_key") == FETCH_KEY, F.coalesce(F.col("response_bytes"), F.lit(0)))
-        .otherwise(0)
-        .cast("double")
-        .alias("fetch_bytes"),
-        F.when(has_response, (F.col("ts_response_sent_us") - F.col("ts_request_received_us")) / 1000.0).alias(
-            "latency_ms"
-        ),
-        F.when(
-            F.col("ts_response_received_us").isNotNull(),
-            (F.col("ts_response_received_us") - F.col("ts_request_sent_us")) / 1000.0,
-        ).alias("broker_latency_ms"),
-        F.coalesce(F.col("error_code"), F.lit(0)).cast("int").alias("error_code"),
-        F.coalesce(F.col("broker_throttle_ms"), F.lit(0)).alias("broker_throttle_ms"),
-        F.coalesce(F.col("proxy_throttle_ms"), F.lit(0)).alias("proxy_throttle_ms"),
-        "partitions",
-        F.aggregate("partitions", F.lit(0.0), lambda acc, p: acc + F.coalesce(p["records"], F.lit(0))).alias("records"),
-    )
-
-
-def explode_partitions(requests: DataFrame) -> DataFrame:
-    """One row per (request, topic-partition) for Produce and Fetch."""
-    carried = ("second", "broker", "weight", "api_key", "principal", "client_id", "ts_us")
-    return (
-        requests.where(F.col("api_key").isin(PRODUCE_KEY, FETCH_KEY))
-        .select(*carried, F.explode("partitions").alias("p"))
-        .select(
-            *carried,
-            F.col("p.topic").alias("topic"),
-            F.col("p.partition").alias("partition"),
-            F.col("p.bytes").cast("double").alias("bytes"),
-            F.coalesce(F.col("p.records"), F.lit(0)).cast("double").alias("records"),
-            F.coalesce(F.col("p.batches"), F.lit(0)).alias("batches"),
-            F.col("p.compression").alias("compression"),
-        )
-    )
-
-
-def aggregate_traffic(requests: DataFrame) -> DataFrame:
-    """Requests summed per (second, broker, connection, principal, client-id, API, error code).
-
-    Every throughput, share and throttle figure is a sum over these groups, so they are
-    computed from this table, which is far smaller than the capture (a connection sends many
-    requests of one API per second), instead of passing over every request again. Sums are
-    weighted by the sampling factor.
-    """
-    weighted = {
-        "bytes_in": "request_bytes",
-        "bytes_out": "response_bytes",
-        "produce_bytes": "produce_bytes",
-        "fetch_bytes": "fetch_bytes",
-        "broker_throttle_ms_total": "broker_throttle_ms",
-        "proxy_throttle_ms_total": "proxy_throttle_ms",
-    }
-    keys = ("second", "broker", "connection_id", "principal", "client_id", "api_key", "api_version", "error_code")
-    return requests.groupBy(*keys).agg(
-        F.count("*").alias("rows"),
-        F.sum("weight").alias("requests"),
-        F.max("weight").alias("weight"),
-        F.min("ts_us").alias("first_us"),
-        F.max("ts_us").alias("last_us"),
-        *[F.sum(F.col(column) * F.col("weight")).alias(name) for name, column in weighted.items()],
-        F.sum(F.when(F.col("broker_throttle_ms") > 0, F.col("weight")).otherwise(0.0)).alias("broker_throttled"),
-        F.max("broker_throttle_ms").alias("broker_throttle_ms_max"),
-        F.sum(F.when(F.col("proxy_throttle_ms") > 0, F.col("weight")).otherwise(0.0)).alias("proxy_throttled"),
-        F.max("proxy_throttle_ms").alias("proxy_throttle_ms_max"),
-    )
-
-
-def _bucketed(traffic: DataFrame, unit_seconds: int) -> DataFrame:
-    return traffic.withColumn("bucket", F.floor(F.col("second") / unit_seconds).cast("long"))
-
-
-def _grid(spark: SparkSession, bucket_range: tuple[int, int], unit_seconds: int, brokers: Sequence[int]) -> DataFrame:
-    """Every (bucket, broker) of the capture window, with the seconds of the window in the bucket.
-
-    The first and last buckets are usually partial: their rates are averages over the seconds
-    captured, not over the whole bucket, so the edges of a capture do not look like dips.
-    """
-    first_second, last_second = bucket_range
-    buckets = spark.range(first_second // unit_seconds, last_second // unit_seconds + 1).withColumnRenamed(
-        "id", "bucket"
-    )
-    start = F.col("bucket") * unit_seconds
-    covered = F.least(start + unit_seconds - 1, F.lit(last_second)) - F.greatest(start, F.lit(first_second)) + 1
-    return buckets.withColumn("covered_s", covered.cast("double")).crossJoin(
-        spark.createDataFrame([(b,) for b in brokers], "broker int")
-    )
-
-
-def throughput_series(
-    spark: SparkSession,
-    traffic: DataFrame,
-    unit_seconds: int,
-    bucket_range: tuple[int, int],
-    brokers: Sequence[int],
-) -> DataFrame:
-    """Per broker and bucket: rates of the additive metrics and distinct connections.
-
-    Rates are per-second averages over the captured seconds of the bucket; every bucket of the
-    capture window is present (zeros where a broker was idle). `traffic` is aggregate_traffic's
-    table.
-    """
-    # Sampled connections stand for N connections each.
-    connections = F.countDistinct("connection_id") * F.max("weight")
-    aggregated = (
-        _bucketed(traffic, unit_seconds)
-        .groupBy("broker", "bucket")
-        .agg(*[F.sum(m).alias(m) for m in ADDITIVE_METRICS], connections.alias("connections"))
-    )
-    grid = _grid(spark, bucket_range, unit_seconds, brokers)
-    filled = grid.join(aggregated, ["broker", "bucket"], "left").fillna(0.0)
-    return filled.select(
-        "broker",
-        "bucket",
-        F.timestamp_seconds(F.col("bucket") * unit_seconds).alias("window_start"),
-        *[(F.col(m) / F.col("covered_s")).alias(m) for m in ADDITIVE_METRICS],
-        F.col("connections").cast("double").alias("connections"),
-    )
-
-
-def api_request_series(
-    spark: SparkSession,
-    traffic: DataFrame,
-    unit_seconds: int,
-    bucket_range: tuple[int, int],
-    brokers: Sequence[int],
-    api_keys: Sequence[int],
-) -> DataFrame:
-    """Per broker, bucket and API key: requests per second (zeros filled)."""
-    aggregated = (
-        _bucketed(traffic, unit_seconds).groupBy("broker", "bucket", "api_key").agg(F.sum("requests").alias("n"))
-    )
-    keys = spark.createDataFrame([(k,) for k in api_keys], "api_key int")
-    grid = _grid(spark, bucket_range, unit_seconds, brokers).crossJoin(keys)
-    filled = grid.join(aggregated, ["broker", "bucket", "api_key"], "left").fillna(0.0)
-    return filled.select(
-        "broker",
-        "bucket",
-        "api_key",
-        F.timestamp_seconds(F.col("bucket") * unit_seconds).alias("window_start"),
-        (F.col("n") / F.col("covered_s")).alias("requests"),
-    )
-
-
-def with_replication(series: DataFrame, replication_factor: int, broker_count: int) -> DataFrame:
-    """Add modelled follower traffic and total network in/out per broker and bucket.
-
-    See capacity.replication_load: replication_out = (RF-1) x produce, replication_in =
-    (RF-1)/(N-1) x (cluster produce - own produce); nw_in = all client request bytes +
-    replication_in, nw_out = all client response bytes + replication_out.
-    """
-    followers = min(replication_factor, broker_count) - 1
-    totals = series.groupBy("bucket").agg(F.sum("produce_bytes").alias("cluster_produce"))
-    joined = series.join(totals, "bucket")
-    if followers <= 0 or broker_count <= 1:
-        replication_in = F.lit(0.0)
-        replication_out = F.lit(0.0)
-    else:
-        replication_in = (F.col("cluster_produce") - F.col("produce_bytes")) * (followers / (broker_count - 1))
-        replication_out = F.col("produce_bytes") * float(followers)
-    return (
-        joined.withColumn("replication_in", replication_in)
-        .withColumn("replication_out", replication_out)
-        .withColumn("nw_in", F.col("bytes_in") + F.col("replication_in"))
-        .withColumn("nw_out", F.col("bytes_out") + F.col("replication_out"))
-        .drop("cluster_produce")
-    )
-
-
-def without_broker(series: DataFrame, lost: int, replication_factor: int, broker_count: int) -> DataFrame:
-    """Series as if broker `lost` failed: its client traffic spread evenly over the survivors.
-
-    Leaders move to the survivors (even re-homing), then replication is recomputed for
-    N-1 brokers. Input is a series before with_replication.
-    """
-    survivors = broker_count - 1
-    lost_traffic = series.where(F.col("broker") == lost).select(
-        "bucket", *[F.col(m).alias(f"lost_{m}") for m in (*ADDITIVE_METRICS, "connections")]
-    )
-    moved = series.where(F.col("broker") != lost).join(lost_traffic, "bucket")
-    for metric in (*ADDITIVE_METRICS, "connections"):
-        moved = moved.withColumn(metric, F.col(metric) + F.col(f"lost_{metric}") / survivors)
-    moved = moved.drop(*[f"lost_{m}" for m in (*ADDITIVE_METRICS, "connections")])
-    return with_replication(moved, replication_factor, survivors)
-
-
-def cluster_series(series: DataFrame) -> DataFrame:
-    """Cluster-wide series: the sum over brokers per bucket (connections are per broker, so they add)."""
-    metrics = [m for m in SERIES_METRICS if m in series.columns]
-    return series.groupBy("bucket", "window_start").agg(*[F.sum(m).alias(m) for m in metrics])
-
-
-def _long(series: DataFrame, metrics: Sequence[str], scope: str) -> DataFrame:
-    stack = ", ".join(f"'{m}', cast({m} as double)" for m in metrics)
-    broker = F.col("broker").cast("int") if scope == "broker" else F.lit(None).cast("int")
-    return series.select(
-        F.lit(scope).alias("scope"),
-        broker.alias("broker"),
-        "window_start",
-        F.expr(f"stack({len(metrics)}, {stack}) as (metric, value)"),
-    )
-
-
-def series_stats(long_series: DataFrame, unit_seconds: int, limits: DataFrame | None) -> DataFrame:
-    """Mean, exact percentiles, max and time of max per (scope, broker, metric).
-
-    With `limits` (scope, broker, metric, limit), also the seconds spent above the limit.
-    """
-    frame = long_series
-    if limits is not None:
-        renamed = limits.select(
-            F.col("scope").alias("l_scope"),
-            F.col("broker").alias("l_broker"),
-            F.col("metric").alias("l_metric"),
-            "limit",
-        )
-        condition = [
-            frame["scope"] == renamed["l_scope"],
-            frame["metric"] == renamed["l_metric"],
-            frame["broker"].eqNullSafe(renamed["l_broker"]),
-        ]
-        frame = frame.join(F.broadcast(renamed), condition, "left").drop("l_scope", "l_broker", "l_metric")
-    else:
-        frame = frame.withColumn("limit", F.lit(None).cast("double"))
-    quantiles = F.percentile("value", list(PERCENTILES))
-    return (
-        frame.groupBy("scope", "broker", "metric")
-        .agg(
-            F.mean("value").alias("mean"),
-            quantiles.alias("q"),
-            F.max("value").alias("max"),
-            F.max_by("window_start", "value").alias("max_at"),
-            F.first("limit", ignorenulls=True).alias("limit"),
-            (F.sum(F.when(F.col("value") > F.col("limit"), 1).otherwise(0)) * unit_seconds).alias(
-                "seconds_above_limit"
-            ),
-        )
-        .select(
-            "scope",
-            "broker",
-            "metric",
-            "mean",
-            *[F.col("q")[i].alias(name) for i, name in enumerate(PERCENTILE_NAMES)],
-            "max",
-            "max_at",
-            "limit",
-            F.when(F.col("limit").isNotNull(), F.col("seconds_above_limit")).alias("seconds_above_limit"),
-        )
-    )
-
-
-def entity_totals(traffic: DataFrame, dimension: str) -> DataFrame:
-    """Requests and bytes per principal, client-id or (principal, client-id)."""
-    key = (F.concat_ws(" / ", "principal", "client_id") if dimension == "principal_client" else F.col(dimension)).alias(
-        "entity"
-    )
-    return (
-        traffic.groupBy(key)
-        .agg(*[F.sum(m).alias(m) for m in ("requests", "bytes_in", "bytes_out", "produce_bytes", "fetch_bytes")])
-        .withColumn("bytes", F.col("bytes_in") + F.col("bytes_out"))
-    )
-
-
-def topic_totals(parts: DataFrame) -> DataFrame:
-    """Requests and record bytes per topic (Produce in, Fetch out)."""
-    weighted = F.col("bytes") * F.col("weight")
-    return (
-        parts.groupBy(F.col("topic").alias("entity"))
-        .agg(
-            F.sum("weight").alias("requests"),
-            F.sum(F.when(F.col("api_key") == PRODUCE_KEY, weighted).otherwise(0.0)).alias("produce_bytes"),
-            F.sum(F.when(F.col("api_key") == FETCH_KEY, weighted).otherwise(0.0)).alias("fetch_bytes"),
-        )
-        .withColumn("bytes", F.col("produce_bytes") + F.col("fetch_bytes"))
-    )
-
-
-def client_burstiness(traffic: DataFrame) -> DataFrame:
-    """Per client-id: median and p99 of its bytes/s over the seconds it was active, and their ratio."""
-    per_second = traffic.groupBy("client_id", "second").agg(F.sum(F.col("bytes_in") + F.col("bytes_out")).alias("bps"))
-    return (
-        per_second.groupBy(F.col("client_id").alias("entity"))
-        .agg(F.percentile("bps", [0.5, 0.99]).alias("q"), F.count("*").alias("active_seconds"))
-        .select(
-            "entity",
-            "active_seconds",
-            F.col("q")[0].alias("active_p50_bytes_per_s"),
-            F.col("q")[1].alias("active_p99_bytes_per_s"),
-            (F.col("q")[1] / F.col("q")[0]).alias("burstiness"),
-        )
-    )
-
-
-def client_broker_totals(traffic: DataFrame) -> DataFrame:
-    """Bytes per (broker, client-id), for per-broker shares."""
-    return traffic.groupBy("broker", "client_id").agg(
-        F.sum("requests").alias("requests"),
-        F.sum(F.col("bytes_in") + F.col("bytes_out")).alias("bytes"),
-    )
-
-
-def partition_load(parts: DataFrame, duration_s: float) -> DataFrame:
-    """Per topic-partition: bytes in/out, requests, records, mean and peak bytes/s."""
-    weighted = F.col("bytes") * F.col("weight")
-    per_second = parts.groupBy("topic", "partition", "second").agg(F.sum(weighted).alias("bps"))
-    peaks = per_second.groupBy("topic", "partition").agg(
-        F.max("bps").alias("peak_bytes_per_s"), F.max_by("second", "bps").alias("peak_second")
-    )
-    totals = parts.groupBy("topic", "partition").agg(
-        F.max("broker").alias("leader"),
-        F.sum("weight").alias("requests"),
-        F.sum(F.when(F.col("api_key") == PRODUCE_KEY, weighted).otherwise(0.0)).alias("produce_bytes"),
-        F.sum(F.when(F.col("api_key") == FETCH_KEY, weighted).otherwise(0.0)).alias("fetch_bytes"),
-        F.sum(F.when(F.col("api_key") == PRODUCE_KEY, F.col("records") * F.col("weight")).otherwise(0.0)).alias(
-            "produced_records"
-        ),
-    )
-    return (
-        totals.join(peaks, ["topic", "partition"])
-        .withColumn("bytes", F.col("produce_bytes") + F.col("fetch_bytes"))
-        .withColumn("mean_bytes_per_s", F.col("bytes") / F.lit(max(duration_s, 1.0)))
-    )
-
-
-def _batch_bucket(batch_bytes: Any) -> Any:
-    expression = F.lit(BATCH_BUCKET_LAST)
-    for upper, label in reversed(BATCH_BUCKETS):
-        expression = F.when(batch_bytes < upper, label).otherwise(expression)
-    return expression
-
-
-def batch_mix(parts: DataFrame) -> DataFrame:
-    """Produce batches by size bucket: batch count and bytes (a partition entry's mean batch size)."""
-    produce = parts.where((F.col("api_key") == PRODUCE_KEY) & (F.col("batches") > 0))
-    return (
-        produce.withColumn("bucket", _batch_bucket(F.col("bytes") / F.col("batches")))
-        .groupBy("bucket")
-        .agg(
-            F.sum(F.col("batches") * F.col("weight")).alias("batches"),
-            F.sum(F.col("bytes") * F.col("weight")).alias("bytes"),
-        )
-    )
-
-
-def batch_mix_by_client(requests: DataFrame, parts: DataFrame) -> DataFrame:
-    """Per client-id: Produce requests, mean/median batch size, share of small batches, records per request."""
-    produce_parts = parts.where((F.col("api_key") == PRODUCE_KEY) & (F.col("batches") > 0)).withColumn(
-        "batch_bytes", F.col("bytes") / F.col("batches")
-    )
-    per_batch = produce_parts.groupBy("client_id").agg(
-        (F.sum("bytes") / F.sum("batches")).alias("mean_batch_bytes"),
-        F.percentile_approx("batch_bytes", 0.5, LATENCY_ACCURACY).alias("median_batch_bytes"),
-        (
-            F.sum(F.when(F.col("batch_bytes") < SMALL_BATCH_BYTES, F.col("batches")).otherwise(0)) / F.sum("batches")
-        ).alias("small_batch_share"),
-    )
-    records_per_request = (
-        requests.where(F.col("api_key") == PRODUCE_KEY)
-        .select("client_id", "records")
-        .groupBy("client_id")
-        .agg(
-            F.count("*").alias("produce_requests"),
-            F.percentile_approx("records", [0.5, 0.95], LATENCY_ACCURACY).alias("q"),
-        )
-        .select(
-            "client_id",
-            "produce_requests",
-            F.col("q")[0].alias("p50_records_per_request"),
-            F.col("q")[1].alias("p95_records_per_request"),
-        )
-    )
-    return records_per_request.join(per_batch, "client_id", "left")
-
-
-def latency_by_api(requests: DataFrame) -> DataFrame:
-    """Latency percentiles at the proxy and to the broker, per (API key, broker) and per API key.
-
-    One pass (a rollup): rows with a null broker are the API-wide figures.
-    """
-    answered = requests.where(F.col("latency_ms").isNotNull())
-    return (
-        answered.rollup("api_key", "broker")
-        .agg(
-            F.count("*").alias("responses"),
-            F.percentile_approx("latency_ms", list(PERCENTILES), LATENCY_ACCURACY).alias("q"),
-            F.max("latency_ms").alias("max_ms"),
-            F.percentile_approx("broker_latency_ms", list(PERCENTILES), LATENCY_ACCURACY).alias("bq"),
-            F.max("broker_latency_ms").alias("broker_max_ms"),
-        )
-        .where(F.col("api_key").isNotNull())
-        .select(
-            "api_key",
-            "broker",
-            "responses",
-            *[F.col("q")[i].alias(f"{name}_ms") for i, name in enumerate(PERCENTILE_NAMES)],
-            "max_ms",
-            *[F.col("bq")[i].alias(f"broker_{name}_ms") for i, name in enumerate(PERCENTILE_NAMES)],
-            "broker_max_ms",
-        )
-    )
-
-
-def error_counts(traffic: DataFrame) -> DataFrame:
-    """Per API key and error code: responses with that error and the share of the API's responses."""
-    per_api = traffic.groupBy("api_key").agg(F.sum("requests").alias("api_requests"))
-    errors = (
-        traffic.where(F.col("error_code") != 0)
-        .groupBy("api_key", "error_code")
-        .agg(F.sum("requests").alias("requests"))
-    )
-    return errors.join(per_api, "api_key").withColumn("share", F.col("requests") / F.col("api_requests"))
-
-
-def throttle_counts(traffic: DataFrame) -> DataFrame:
-    """Per (principal, client-id): throttles the broker returned vs throttles the proxy applied."""
-    return (
-        traffic.groupBy("principal", "client_id")
-        .agg(
-            F.sum("requests").alias("requests"),
-            *[
-                aggregate(f"{side}_{column}").alias(f"{side}_{column}")
-                for side in ("broker", "proxy")
-                for aggregate, column in (
-                    (F.sum, "throttled"),
-                    (F.sum, "throttle_ms_total"),
-                    (F.max, "throttle_ms_max"),
-                )
-            ],
-        )
-        .where((F.col("broker_throttled") > 0) | (F.col("proxy_throttled") > 0))
-    )
-
-
-# ---------------------------------------------------------------- driver-side shaping (pandas)
-
-
-def rank_shares(totals: pd.DataFrame, dimension: str) -> pd.DataFrame:
-    """Rank entities by bytes; add byte and request shares and the cumulative byte share."""
-    frame = totals.sort_values(["bytes", "requests", "entity"], ascending=[False, False, True]).reset_index(drop=True)
-    total_bytes = frame["bytes"].sum()
-    total_requests = frame["requests"].sum()
-    frame.insert(0, "dimension", dimension)
-    frame.insert(1, "rank", range(1, len(frame) + 1))
-    frame["share_bytes"] = frame["bytes"] / total_bytes if total_bytes else 0.0
-    frame["share_requests"] = frame["requests"] / total_requests if total_requests else 0.0
-    frame["cumulative_share_bytes"] = frame["share_bytes"].cumsum()
-    return frame
-
-
-def pareto_summary(ranked: pd.DataFrame, top_n: int) -> dict[str, Any]:
-    """Concentration of bytes: top-1/top-N shares, entities carrying 80 %, share of the top 20 %."""
-    entities = len(ranked)
-    if entities == 0:
-        return {"entities": 0}
-    cumulative = ranked["cumulative_share_bytes"].to_numpy()
-    for_pareto = int((cumulative < PARETO_SHARE - 1e-12).sum()) + 1
-    top_fifth = max(1, math.ceil(entities * 0.2))
-    return {
-        "entities": entities,
-        "top1": {"entity": ranked["entity"].iloc[0], "share_bytes": float(ranked["share_bytes"].iloc[0])},
-        "top_n_share_bytes": float(ranked["share_bytes"].head(top_n).sum()),
-        "entities_for_80pct_bytes": min(for_pareto, entities),
-        "top_20pct_entities_share_bytes": float(ranked["share_bytes"].head(top_fifth).sum()),
-        "top": [
-            {"entity": row.entity, "bytes": float(row.bytes), "share_bytes": float(row.share_bytes)}
-            for row in ranked.head(top_n).itertuples()
-        ],
-    }
-
-
-def skew(values: pd.Series) -> float | None:
-    """max / mean (1.0 = perfectly even); None when there is nothing to compare."""
-    mean = float(values.mean()) if len(values) else 0.0
-    return float(values.max()) / mean if mean > 0 else None
-
-
-def topic_skew(partitions: pd.DataFrame) -> pd.DataFrame:
-    """Per topic: partitions seen, total bytes and max/mean partition bytes."""
-    grouped = partitions.groupby("topic")["bytes"]
-    frame = pd.DataFrame(
-        {
-            "partitions_seen": grouped.size(),
-            "bytes": grouped.sum(),
-            "max_partition_bytes": grouped.max(),
-            "skew": grouped.apply(skew),
-        }
-    ).reset_index()
-    return frame.sort_values("bytes", ascending=False).reset_index(drop=True)
-
-
-def resolve_lost_broker(stats: pd.DataFrame) -> int | None:
-    """The busiest broker: highest mean client bytes in + out."""
-    rows = stats[(stats["scope"] == "broker") & stats["metric"].isin(["bytes_in", "bytes_out"])]
-    if rows.empty:
-        return None
-    totals = rows.groupby("broker")["mean"].sum().sort_values(ascending=False)
-    return int(totals.index[0])
-
-
-# ---------------------------------------------------------------- the job
-
-
 @dataclass
 class AnalyzeResult:
     """Everything `load` writes: small tables as pandas, large series as Spark DataFrames."""
@@ -650,83 +124,280 @@ class AnalyzeResult:
         self.cached = []
 
 
-def _limits_frame(
-    spark: SparkSession, capacity_file: cap.CapacityFile | None, brokers: Sequence[int], thresholds: dict[str, float]
-) -> DataFrame | None:
-    if capacity_file is None:
-        return None
-    rows: list[tuple[str, int | None, str, float]] = []
-    totals = {metric: 0.0 for metric in RESOURCE_OF_METRIC}
-    for broker in brokers:
-        broker_capacity = capacity_file.for_broker(broker)
-        for metric, resource in RESOURCE_OF_METRIC.items():
-            limit = broker_capacity.network_bytes_per_s(resource) * thresholds[resource]
-            rows.append(("broker", broker, metric, limit))
-            totals[metric] += limit
-    rows.extend(("cluster", None, metric, limit) for metric, limit in totals.items())
-    return spark.createDataFrame(rows, "scope string, broker int, metric string, limit double")
+@dataclass
+class Extracted:
+    """The capture as the transforms use it, cached: requests, their partitions, per-second sums."""
+
+    requests: DataFrame
+    parts: DataFrame
+    traffic: DataFrame
 
 
-def _stats_for(series: DataFrame, unit: int, limits: DataFrame | None, resolution: str, scenario: str) -> pd.DataFrame:
-    long = _long(series, SERIES_METRICS, "broker").unionByName(_long(cluster_series(series), SERIES_METRICS, "cluster"))
-    frame = to_pandas(series_stats(long, unit, limits))
-    frame.insert(0, "resolution", resolution)
-    frame.insert(1, "scenario", scenario)
-    return frame
+def extract(spark: SparkSession, options: AnalyzeOptions) -> Extracted:
+    prepared = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us))
+    # The nested partition lists are only needed once exploded: caching them twice (nested
+    # and flat) would double the memory and the time spent building the cache.
+    parts = explode_partitions(prepared).drop("principal").persist()
+    requests = prepared.drop("partitions").persist()
+    return Extracted(requests, parts, aggregate_traffic(requests).persist())
 
 
-def _api_stats(api_series: DataFrame, unit: int, resolution: str, names: dict[int, str]) -> pd.DataFrame:
-    named = api_series.withColumn(
-        "metric",
-        F.concat(F.lit("requests:"), F.create_map(*[F.lit(x) for kv in names.items() for x in kv])[F.col("api_key")]),
+@dataclass
+class Coverage:
+    """What the capture spans: its first row of totals, brokers, APIs and time range."""
+
+    row: Any
+    brokers: list[int]
+    api_keys: list[int]
+    names: dict[int, str]
+    bucket_range: tuple[int, int]
+    topics: int
+    api_mix: pd.DataFrame
+    footer: FooterCoverage | None
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.bucket_range[1] - self.bucket_range[0] + 1)
+
+
+def coverage_of(data: Extracted, options: AnalyzeOptions) -> Coverage:
+    row = data.traffic.agg(
+        F.sum("rows").alias("rows"),
+        F.sum("requests").alias("requests"),
+        F.min("first_us").alias("first_us"),
+        F.max("last_us").alias("last_us"),
+        F.min("second").alias("first_second"),
+        F.max("second").alias("last_second"),
+        F.countDistinct("client_id").alias("client_ids"),
+        F.countDistinct("principal").alias("principals"),
+        F.countDistinct("connection_id").alias("connections"),
+        F.collect_set("broker").alias("brokers"),
+        F.collect_set("api_key").alias("api_keys"),
+        F.collect_set(F.col("weight").cast("int")).alias("sampling_one_in"),
+    ).first()
+    if row is None or not row["rows"]:
+        raise ValueError(f"capture {options.capture} holds no requests")
+    api_keys = sorted(int(k) for k in row["api_keys"])
+    names = api_names(api_keys)
+    topics = data.parts.select(F.countDistinct("topic")).first()
+    api_mix = to_pandas(data.traffic.groupBy("api_key", "api_version").agg(F.sum("requests").alias("requests")))
+    api_mix.insert(1, "api", api_mix["api_key"].map(names))
+    return Coverage(
+        row=row,
+        brokers=sorted(int(b) for b in row["brokers"]),
+        api_keys=api_keys,
+        names=names,
+        bucket_range=(int(row["first_second"]), int(row["last_second"])),
+        topics=int(topics[0]) if topics else 0,
+        api_mix=api_mix.sort_values(["api_key", "api_version"]).reset_index(drop=True),
+        footer=read_footer_coverage(options.capture),
     )
-    per_broker = named.select(
-        F.lit("broker").alias("scope"),
-        F.col("broker").cast("int").alias("broker"),
-        "window_start",
-        "metric",
-        F.col("requests").alias("value"),
-    )
-    cluster = (
-        named.groupBy("window_start", "metric")
-        .agg(F.sum("requests").alias("value"))
-        .select(
-            F.lit("cluster").alias("scope"), F.lit(None).cast("int").alias("broker"), "window_start", "metric", "value"
+
+
+def _throughput(
+    spark: SparkSession,
+    data: Extracted,
+    coverage: Coverage,
+    options: AnalyzeOptions,
+    limits: DataFrame | None,
+    result: AnalyzeResult,
+    progress: Progress,
+) -> tuple[pd.DataFrame, int | None, list[DataFrame]]:
+    """Series and percentiles per resolution, and the broker-loss scenario; (stats, lost broker, cached)."""
+    brokers = coverage.brokers
+    stats_frames = []
+    base_series: dict[str, DataFrame] = {}
+    for resolution, unit in RESOLUTIONS.items():
+        series = throughput_series(spark, data.traffic, unit, coverage.bucket_range, brokers).persist()
+        base_series[resolution] = series
+        networked = with_replication(series, options.replication_factor, len(brokers))
+        result.spark_tables[f"broker_series_{resolution}"] = networked
+        result.spark_tables[f"cluster_series_{resolution}"] = cluster_series(networked)
+        stats_frames.append(stats_for(networked, unit, limits, resolution, "observed"))
+        api_series = api_request_series(spark, data.traffic, unit, coverage.bucket_range, brokers, coverage.api_keys)
+        result.spark_tables[f"api_requests_{resolution}"] = api_series
+        stats_frames.append(api_stats(api_series, unit, resolution, coverage.names))
+        progress.step(f"throughput series and percentiles at {resolution}")
+    stats = ordered_stats(pd.concat(stats_frames, ignore_index=True))
+
+    lost_broker = resolve_lost_broker(stats[stats["resolution"] == options.headroom_resolution])
+    if lost_broker is not None and len(brokers) > 1:
+        unit = RESOLUTIONS[options.headroom_resolution]
+        degraded = without_broker(
+            base_series[options.headroom_resolution], lost_broker, options.replication_factor, len(brokers)
         )
+        stats = pd.concat(
+            [stats, stats_for(degraded, unit, limits, options.headroom_resolution, f"without_broker_{lost_broker}")],
+            ignore_index=True,
+        )
+        progress.step(f"broker-loss scenario: without broker {lost_broker}")
+    else:
+        progress.step("broker-loss scenario skipped: a single broker")
+    stats = ordered_stats(stats)
+    result.tables["throughput_stats"] = stats
+    return stats, lost_broker, list(base_series.values())
+
+
+def _shares(data: Extracted, options: AnalyzeOptions, result: AnalyzeResult) -> dict[str, Any]:
+    """Shares of principals, client-ids and topics; their Pareto summaries."""
+    shares = []
+    pareto: dict[str, Any] = {}
+    for dimension in ("principal", "client_id", "principal_client"):
+        ranked = rank_shares(to_pandas(entity_totals(data.traffic, dimension)), dimension)
+        shares.append(ranked)
+        pareto[dimension] = pareto_summary(ranked, options.top_n)
+    ranked_topics = rank_shares(to_pandas(topic_totals(data.parts)), "topic")
+    shares.append(ranked_topics)
+    pareto["topic"] = pareto_summary(ranked_topics, options.top_n)
+    result.tables["shares"] = pd.concat(shares, ignore_index=True)
+    result.tables["client_burstiness"] = to_pandas(client_burstiness(data.traffic)).sort_values("entity")
+    per_broker_clients = to_pandas(client_broker_totals(data.traffic))
+    per_broker_clients["share_of_broker_bytes"] = per_broker_clients["bytes"] / per_broker_clients.groupby("broker")[
+        "bytes"
+    ].transform("sum")
+    result.tables["client_broker_shares"] = per_broker_clients.sort_values(["broker", "bytes"], ascending=[True, False])
+    return pareto
+
+
+def _partitions(data: Extracted, coverage: Coverage, stats: pd.DataFrame, result: AnalyzeResult) -> pd.Series:
+    """Partition hot spots and topic skew; returns mean bytes in + out per broker (for skew)."""
+    partitions = (
+        to_pandas(partition_load(data.parts, coverage.duration_s))
+        .sort_values("bytes", ascending=False)
+        .reset_index(drop=True)
     )
-    frame = to_pandas(series_stats(per_broker.unionByName(cluster), unit, None))
-    frame.insert(0, "resolution", resolution)
-    frame.insert(1, "scenario", "observed")
-    return frame
-
-
-def _ordered_stats(stats: pd.DataFrame) -> pd.DataFrame:
-    order = {metric: i for i, metric in enumerate(SERIES_METRICS)}
-    keyed = stats.assign(
-        _scope=stats["scope"] != "cluster",
-        _metric=stats["metric"].map(lambda m: order.get(m, len(order))),
-        _broker=stats["broker"].fillna(-1),
+    partitions.insert(0, "rank", range(1, len(partitions) + 1))
+    result.tables["partitions"] = partitions
+    result.tables["topic_skew"] = topic_skew(partitions) if len(partitions) else pd.DataFrame()
+    broker_bytes: pd.Series = (
+        stats[
+            (stats["resolution"] == "1s")
+            & (stats["scenario"] == "observed")
+            & (stats["scope"] == "broker")
+            & (stats["metric"].isin(["bytes_in", "bytes_out"]))
+        ]
+        .groupby("broker")["mean"]
+        .sum()
     )
-    keyed = keyed.sort_values(["resolution", "scenario", "_scope", "_broker", "_metric", "metric"], kind="stable")
-    return keyed.drop(columns=["_scope", "_metric", "_broker"]).reset_index(drop=True)
+    return broker_bytes
 
 
-def _api_names(api_keys: Sequence[int]) -> dict[int, str]:
-    try:
-        from kqp.protocol.apis import api_name
-    except ImportError:  # kafka-python missing on the driver: fall back to numbers
-        return {k: f"api{k}" for k in api_keys}
-    return {k: api_name(k) for k in api_keys}
+def _batch_mix(data: Extracted, result: AnalyzeResult) -> None:
+    mix = to_pandas(batch_mix(data.parts))
+    order = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
+    mix["order"] = mix["bucket"].map(order.index)
+    mix = mix.sort_values("order").drop(columns="order").reset_index(drop=True)
+    total_batches = mix["batches"].sum()
+    mix["share_batches"] = mix["batches"] / total_batches if total_batches else 0.0
+    result.tables["batch_mix"] = mix
+    result.tables["batch_mix_by_client"] = to_pandas(batch_mix_by_client(data.requests, data.parts)).sort_values(
+        "client_id"
+    )
 
 
-def _headroom_loads(stats: pd.DataFrame, resolution: str, scenario: str, stat: str) -> list[tuple[int, str, float]]:
-    rows = stats[
-        (stats["resolution"] == resolution)
-        & (stats["scenario"] == scenario)
-        & (stats["scope"] == "broker")
-        & stats["metric"].isin(list(RESOURCE_OF_METRIC))
-    ]
-    return [(int(r.broker), RESOURCE_OF_METRIC[r.metric], float(getattr(r, stat))) for r in rows.itertuples()]
+def _latency_errors_throttles(data: Extracted, names: dict[int, str], result: AnalyzeResult) -> None:
+    latencies = to_pandas(latency_by_api(data.requests))
+    latency = latencies[latencies["broker"].isna()].drop(columns="broker").sort_values("api_key").reset_index(drop=True)
+    latency.insert(1, "api", latency["api_key"].map(names))
+    result.tables["latency_by_api"] = latency
+    latency_broker = latencies[latencies["broker"].notna()].astype({"broker": int})
+    latency_broker = latency_broker[["broker", *[c for c in latency_broker.columns if c != "broker"]]]
+    latency_broker = latency_broker.sort_values(["broker", "api_key"])
+    latency_broker.insert(2, "api", latency_broker["api_key"].map(names))
+    result.tables["latency_by_broker_api"] = latency_broker.reset_index(drop=True)
+    errors = to_pandas(error_counts(data.traffic)).sort_values(["api_key", "error_code"]).reset_index(drop=True)
+    errors.insert(1, "api", errors["api_key"].map(names))
+    result.tables["errors"] = errors
+    result.tables["throttles"] = (
+        to_pandas(throttle_counts(data.traffic)).sort_values(["principal", "client_id"]).reset_index(drop=True)
+    )
+
+
+@dataclass
+class Headroom:
+    rows: list[cap.Headroom]
+    loss_rows: list[cap.Headroom]
+    binding: cap.Headroom | None
+    binding_loss: cap.Headroom | None
+    sizing: dict[str, Any] | None
+
+
+def _headroom(
+    stats: pd.DataFrame,
+    capacity_file: cap.CapacityFile | None,
+    thresholds: dict[str, float],
+    lost_broker: int | None,
+    brokers: list[int],
+    options: AnalyzeOptions,
+    result: AnalyzeResult,
+) -> Headroom:
+    """Headroom against the capacity file (now and with the busiest broker lost), sizing, budget."""
+    headroom_rows: list[cap.Headroom] = []
+    loss_rows: list[cap.Headroom] = []
+    if capacity_file is not None:
+        headroom_rows = cap.headroom(
+            headroom_loads(stats, options.headroom_resolution, "observed", options.headroom_stat),
+            capacity_file,
+            thresholds,
+            options.monthly_growth,
+        )
+        if lost_broker is not None and len(brokers) > 1:
+            loss_rows = cap.headroom(
+                headroom_loads(
+                    stats, options.headroom_resolution, f"without_broker_{lost_broker}", options.headroom_stat
+                ),
+                capacity_file,
+                thresholds,
+                options.monthly_growth,
+            )
+        result.tables["headroom"] = pd.DataFrame([row.as_dict() for row in headroom_rows])
+        if loss_rows:
+            result.tables["headroom_broker_lost"] = pd.DataFrame([row.as_dict() for row in loss_rows])
+    binding = cap.binding_constraint(headroom_rows)
+    if options.budget_min_runway_months is not None and binding is not None:
+        months = binding.runway_months
+        if months is not None and months < options.budget_min_runway_months:
+            result.budget_violations.append(
+                f"growth runway {months:.1f} months on broker {binding.broker} {binding.resource} "
+                f"is below the budget of {options.budget_min_runway_months} months"
+            )
+    return Headroom(
+        rows=headroom_rows,
+        loss_rows=loss_rows,
+        binding=binding,
+        binding_loss=cap.binding_constraint(loss_rows),
+        sizing=_sizing(stats, capacity_file, brokers, options) if capacity_file is not None else None,
+    )
+
+
+def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress | None = None) -> AnalyzeResult:
+    """Extract and transform; returns the results for `load` (report.write_analyze_outputs)."""
+    progress = progress or Progress("analyze", 8)
+    if options.headroom_stat not in STATS:
+        raise ValueError(f"headroom stat must be one of {STATS}")
+    if options.headroom_resolution not in RESOLUTIONS:
+        raise ValueError(f"headroom resolution must be one of {tuple(RESOLUTIONS)}")
+    capacity_file = cap.load_capacity(options.capacity) if options.capacity else None
+    thresholds = {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold}
+
+    data = extract(spark, options)
+    coverage = coverage_of(data, options)
+    progress.step(f"read capture: {coverage.row['rows']} requests")
+    result = AnalyzeResult(summary={})
+    limits = limits_frame(spark, capacity_file, coverage.brokers, thresholds)
+    stats, lost_broker, cached_series = _throughput(spark, data, coverage, options, limits, result, progress)
+    pareto = _shares(data, options, result)
+    progress.step("shares of principals, client-ids and topics")
+    broker_bytes = _partitions(data, coverage, stats, result)
+    progress.step("partition hot spots and skew")
+    _batch_mix(data, result)
+    progress.step("batch-size mix")
+    _latency_errors_throttles(data, coverage.names, result)
+    progress.step("latency, errors and throttles")
+    headroom = _headroom(stats, capacity_file, thresholds, lost_broker, coverage.brokers, options, result)
+    result.summary = _summary(options, thresholds, coverage, stats, lost_broker, headroom, pareto, broker_bytes, result)
+    result.cached = [data.requests, data.traffic, data.parts, *cached_series]
+    return result
 
 
 def _sizing(
@@ -759,177 +430,21 @@ def _sizing(
     }
 
 
-def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress | None = None) -> AnalyzeResult:
-    """Extract and transform; returns the results for `load` (report.write_analyze_outputs)."""
-    progress = progress or Progress("analyze", 8)
-    if options.headroom_stat not in STATS:
-        raise ValueError(f"headroom stat must be one of {STATS}")
-    if options.headroom_resolution not in RESOLUTIONS:
-        raise ValueError(f"headroom resolution must be one of {tuple(RESOLUTIONS)}")
-    capacity_file = cap.load_capacity(options.capacity) if options.capacity else None
-    thresholds = {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold}
-
-    prepared = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us))
-    # The nested partition lists are only needed once exploded: caching them twice (nested
-    # and flat) would double the memory and the time spent building the cache.
-    parts = explode_partitions(prepared).drop("principal").persist()
-    requests = prepared.drop("partitions").persist()
-    traffic = aggregate_traffic(requests).persist()
-
-    coverage_row = traffic.agg(
-        F.sum("rows").alias("rows"),
-        F.sum("requests").alias("requests"),
-        F.min("first_us").alias("first_us"),
-        F.max("last_us").alias("last_us"),
-        F.min("second").alias("first_second"),
-        F.max("second").alias("last_second"),
-        F.countDistinct("client_id").alias("client_ids"),
-        F.countDistinct("principal").alias("principals"),
-        F.countDistinct("connection_id").alias("connections"),
-        F.collect_set("broker").alias("brokers"),
-        F.collect_set("api_key").alias("api_keys"),
-        F.collect_set(F.col("weight").cast("int")).alias("sampling_one_in"),
-    ).first()
-    progress.step(f"read capture: {coverage_row['rows'] if coverage_row else 0} requests")
-    if coverage_row is None or not coverage_row["rows"]:
-        raise ValueError(f"capture {options.capture} holds no requests")
-    brokers = sorted(int(b) for b in coverage_row["brokers"])
-    api_keys = sorted(int(k) for k in coverage_row["api_keys"])
-    names = _api_names(api_keys)
-    bucket_range = (int(coverage_row["first_second"]), int(coverage_row["last_second"]))
-    duration_s = float(bucket_range[1] - bucket_range[0] + 1)
-    topics = parts.select(F.countDistinct("topic")).first()
-    api_mix = to_pandas(traffic.groupBy("api_key", "api_version").agg(F.sum("requests").alias("requests")))
-    api_mix.insert(1, "api", api_mix["api_key"].map(names))
-    api_mix = api_mix.sort_values(["api_key", "api_version"]).reset_index(drop=True)
-    footer = read_footer_coverage(options.capture)
-
-    limits = _limits_frame(spark, capacity_file, brokers, thresholds)
-    result = AnalyzeResult(summary={})
-    stats_frames = []
-    base_series: dict[str, DataFrame] = {}
-    for resolution, unit in RESOLUTIONS.items():
-        series = throughput_series(spark, traffic, unit, bucket_range, brokers).persist()
-        base_series[resolution] = series
-        networked = with_replication(series, options.replication_factor, len(brokers))
-        result.spark_tables[f"broker_series_{resolution}"] = networked
-        result.spark_tables[f"cluster_series_{resolution}"] = cluster_series(networked)
-        stats_frames.append(_stats_for(networked, unit, limits, resolution, "observed"))
-        api_series = api_request_series(spark, traffic, unit, bucket_range, brokers, api_keys)
-        result.spark_tables[f"api_requests_{resolution}"] = api_series
-        stats_frames.append(_api_stats(api_series, unit, resolution, names))
-        progress.step(f"throughput series and percentiles at {resolution}")
-    stats = _ordered_stats(pd.concat(stats_frames, ignore_index=True))
-
-    lost_broker = resolve_lost_broker(stats[stats["resolution"] == options.headroom_resolution])
-    if lost_broker is not None and len(brokers) > 1:
-        unit = RESOLUTIONS[options.headroom_resolution]
-        degraded = without_broker(
-            base_series[options.headroom_resolution], lost_broker, options.replication_factor, len(brokers)
-        )
-        stats = pd.concat(
-            [stats, _stats_for(degraded, unit, limits, options.headroom_resolution, f"without_broker_{lost_broker}")],
-            ignore_index=True,
-        )
-        progress.step(f"broker-loss scenario: without broker {lost_broker}")
-    else:
-        progress.step("broker-loss scenario skipped: a single broker")
-    result.tables["throughput_stats"] = _ordered_stats(stats)
-
-    shares = []
-    pareto: dict[str, Any] = {}
-    for dimension in ("principal", "client_id", "principal_client"):
-        ranked = rank_shares(to_pandas(entity_totals(traffic, dimension)), dimension)
-        shares.append(ranked)
-        pareto[dimension] = pareto_summary(ranked, options.top_n)
-    ranked_topics = rank_shares(to_pandas(topic_totals(parts)), "topic")
-    shares.append(ranked_topics)
-    pareto["topic"] = pareto_summary(ranked_topics, options.top_n)
-    result.tables["shares"] = pd.concat(shares, ignore_index=True)
-    result.tables["client_burstiness"] = to_pandas(client_burstiness(traffic)).sort_values("entity")
-    per_broker_clients = to_pandas(client_broker_totals(traffic))
-    per_broker_clients["share_of_broker_bytes"] = per_broker_clients["bytes"] / per_broker_clients.groupby("broker")[
-        "bytes"
-    ].transform("sum")
-    result.tables["client_broker_shares"] = per_broker_clients.sort_values(["broker", "bytes"], ascending=[True, False])
-    progress.step("shares of principals, client-ids and topics")
-
-    partitions = (
-        to_pandas(partition_load(parts, duration_s)).sort_values("bytes", ascending=False).reset_index(drop=True)
-    )
-    partitions.insert(0, "rank", range(1, len(partitions) + 1))
-    result.tables["partitions"] = partitions
-    result.tables["topic_skew"] = topic_skew(partitions) if len(partitions) else pd.DataFrame()
-    broker_bytes = (
-        stats[
-            (stats["resolution"] == "1s")
-            & (stats["scenario"] == "observed")
-            & (stats["scope"] == "broker")
-            & (stats["metric"].isin(["bytes_in", "bytes_out"]))
-        ]
-        .groupby("broker")["mean"]
-        .sum()
-    )
-    progress.step("partition hot spots and skew")
-
-    mix = to_pandas(batch_mix(parts))
-    order = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
-    mix["order"] = mix["bucket"].map(order.index)
-    mix = mix.sort_values("order").drop(columns="order").reset_index(drop=True)
-    total_batches = mix["batches"].sum()
-    mix["share_batches"] = mix["batches"] / total_batches if total_batches else 0.0
-    result.tables["batch_mix"] = mix
-    result.tables["batch_mix_by_client"] = to_pandas(batch_mix_by_client(requests, parts)).sort_values("client_id")
-    progress.step("batch-size mix")
-
-    latencies = to_pandas(latency_by_api(requests))
-    latency = latencies[latencies["broker"].isna()].drop(columns="broker").sort_values("api_key").reset_index(drop=True)
-    latency.insert(1, "api", latency["api_key"].map(names))
-    result.tables["latency_by_api"] = latency
-    latency_broker = latencies[latencies["broker"].notna()].astype({"broker": int})
-    latency_broker = latency_broker[["broker", *[c for c in latency_broker.columns if c != "broker"]]]
-    latency_broker = latency_broker.sort_values(["broker", "api_key"])
-    latency_broker.insert(2, "api", latency_broker["api_key"].map(names))
-    result.tables["latency_by_broker_api"] = latency_broker.reset_index(drop=True)
-    errors = to_pandas(error_counts(traffic)).sort_values(["api_key", "error_code"]).reset_index(drop=True)
-    errors.insert(1, "api", errors["api_key"].map(names))
-    result.tables["errors"] = errors
-    throttles = to_pandas(throttle_counts(traffic)).sort_values(["principal", "client_id"]).reset_index(drop=True)
-    result.tables["throttles"] = throttles
-    progress.step("latency, errors and throttles")
-
-    headroom_rows: list[cap.Headroom] = []
-    loss_rows: list[cap.Headroom] = []
-    if capacity_file is not None:
-        headroom_rows = cap.headroom(
-            _headroom_loads(stats, options.headroom_resolution, "observed", options.headroom_stat),
-            capacity_file,
-            thresholds,
-            options.monthly_growth,
-        )
-        if lost_broker is not None and len(brokers) > 1:
-            loss_rows = cap.headroom(
-                _headroom_loads(
-                    stats, options.headroom_resolution, f"without_broker_{lost_broker}", options.headroom_stat
-                ),
-                capacity_file,
-                thresholds,
-                options.monthly_growth,
-            )
-        result.tables["headroom"] = pd.DataFrame([row.as_dict() for row in headroom_rows])
-        if loss_rows:
-            result.tables["headroom_broker_lost"] = pd.DataFrame([row.as_dict() for row in loss_rows])
-    binding = cap.binding_constraint(headroom_rows)
-    binding_loss = cap.binding_constraint(loss_rows)
-    sizing = _sizing(stats, capacity_file, brokers, options) if capacity_file is not None else None
-
-    if options.budget_min_runway_months is not None and binding is not None:
-        months = binding.runway_months
-        if months is not None and months < options.budget_min_runway_months:
-            result.budget_violations.append(
-                f"growth runway {months:.1f} months on broker {binding.broker} {binding.resource} "
-                f"is below the budget of {options.budget_min_runway_months} months"
-            )
+def _summary(
+    options: AnalyzeOptions,
+    thresholds: dict[str, float],
+    coverage: Coverage,
+    stats: pd.DataFrame,
+    lost_broker: int | None,
+    headroom: Headroom,
+    pareto: dict[str, Any],
+    broker_bytes: pd.Series,
+    result: AnalyzeResult,
+) -> dict[str, Any]:
+    """summary.json: the figures a reader (or a CI gate) wants without opening the tables."""
+    brokers, row, footer = coverage.brokers, coverage.row, coverage.footer
+    tables = result.tables
+    throttles, errors = tables["throttles"], tables["errors"]
 
     def peak(scope: str, metric: str, broker: int | None = None) -> dict[str, Any]:
         rows = stats[
@@ -942,14 +457,17 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
             rows = rows[rows["broker"] == broker]
         if rows.empty:
             return {}
-        row = rows.iloc[0]
+        first = rows.iloc[0]
         return {
-            **{name: float(row[name]) for name in ("mean", *STATS)},
-            "max_at": pd.Timestamp(row["max_at"]).isoformat(),
+            **{name: float(first[name]) for name in ("mean", *STATS)},
+            "max_at": pd.Timestamp(first["max_at"]).isoformat(),
         }
 
+    def throttle_total(column: str) -> float:
+        return float(throttles[column].sum()) if len(throttles) else 0.0
+
     peak_metrics = ("produce_bytes", "fetch_bytes", "requests", "connections", "nw_in", "nw_out")
-    result.summary = {
+    return {
         "schema": SUMMARY_SCHEMA,
         "generated_at": pd.Timestamp.now(tz="UTC").isoformat(),
         "options": {
@@ -962,17 +480,17 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
             "top_n": options.top_n,
         },
         "coverage": {
-            "first_request": pd.Timestamp(coverage_row["first_us"], unit="us", tz="UTC").isoformat(),
-            "last_request": pd.Timestamp(coverage_row["last_us"], unit="us", tz="UTC").isoformat(),
-            "duration_s": duration_s,
-            "rows": int(coverage_row["rows"]),
-            "requests": float(coverage_row["requests"]),
-            "client_ids": int(coverage_row["client_ids"]),
-            "principals": int(coverage_row["principals"]),
-            "connections": int(coverage_row["connections"]),
-            "topics": int(topics[0]) if topics else 0,
+            "first_request": pd.Timestamp(row["first_us"], unit="us", tz="UTC").isoformat(),
+            "last_request": pd.Timestamp(row["last_us"], unit="us", tz="UTC").isoformat(),
+            "duration_s": coverage.duration_s,
+            "rows": int(row["rows"]),
+            "requests": float(row["requests"]),
+            "client_ids": int(row["client_ids"]),
+            "principals": int(row["principals"]),
+            "connections": int(row["connections"]),
+            "topics": coverage.topics,
             "brokers": brokers,
-            "sampling_one_in": sorted(int(s) for s in coverage_row["sampling_one_in"]),
+            "sampling_one_in": sorted(int(s) for s in row["sampling_one_in"]),
             "files": footer.files if footer else None,
             "records_written": footer.records_written if footer else None,
             "records_dropped": footer.records_dropped if footer else None,
@@ -984,7 +502,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
                     "api_version": int(r.api_version),
                     "requests": float(r.requests),
                 }
-                for r in api_mix.itertuples()
+                for r in coverage.api_mix.itertuples()
             ],
         },
         "peaks": {
@@ -992,41 +510,39 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
             "brokers": {str(b): {metric: peak("broker", metric, b) for metric in peak_metrics} for b in brokers},
         },
         "headroom": {
-            "rows": [row.as_dict() for row in headroom_rows],
-            "binding_constraint": binding.as_dict() if binding else None,
+            "rows": [r.as_dict() for r in headroom.rows],
+            "binding_constraint": headroom.binding.as_dict() if headroom.binding else None,
             "broker_lost": lost_broker if len(brokers) > 1 else None,
-            "rows_broker_lost": [row.as_dict() for row in loss_rows],
-            "binding_constraint_broker_lost": binding_loss.as_dict() if binding_loss else None,
-            "runway_months": binding.runway_months if binding else None,
-            "brokers_needed": sizing,
+            "rows_broker_lost": [r.as_dict() for r in headroom.loss_rows],
+            "binding_constraint_broker_lost": headroom.binding_loss.as_dict() if headroom.binding_loss else None,
+            "runway_months": headroom.binding.runway_months if headroom.binding else None,
+            "brokers_needed": headroom.sizing,
         },
         "shares": pareto,
-        "hot_partitions": partitions.head(options.top_n)[
-            ["topic", "partition", "leader", "bytes", "mean_bytes_per_s", "peak_bytes_per_s"]
-        ].to_dict(orient="records"),
+        "hot_partitions": tables["partitions"]
+        .head(options.top_n)[["topic", "partition", "leader", "bytes", "mean_bytes_per_s", "peak_bytes_per_s"]]
+        .to_dict(orient="records"),
         "skew": {
             "broker_bytes_max_over_mean": skew(broker_bytes),
-            "topics": result.tables["topic_skew"].head(options.top_n).to_dict(orient="records"),
+            "topics": tables["topic_skew"].head(options.top_n).to_dict(orient="records"),
         },
-        "batch_mix": mix.to_dict(orient="records"),
-        "latency_by_api": latency.to_dict(orient="records"),
+        "batch_mix": tables["batch_mix"].to_dict(orient="records"),
+        "latency_by_api": tables["latency_by_api"].to_dict(orient="records"),
         "errors": {
             "total": float(errors["requests"].sum()) if len(errors) else 0.0,
             "by_api_and_code": errors.to_dict(orient="records"),
         },
         "throttles": {
-            "broker_throttled_requests": float(throttles["broker_throttled"].sum()) if len(throttles) else 0.0,
-            "proxy_throttled_requests": float(throttles["proxy_throttled"].sum()) if len(throttles) else 0.0,
-            "broker_throttle_ms_total": float(throttles["broker_throttle_ms_total"].sum()) if len(throttles) else 0.0,
-            "proxy_throttle_ms_total": float(throttles["proxy_throttle_ms_total"].sum()) if len(throttles) else 0.0,
+            "broker_throttled_requests": throttle_total("broker_throttled"),
+            "proxy_throttled_requests": throttle_total("proxy_throttled"),
+            "broker_throttle_ms_total": throttle_total("broker_throttle_ms_total"),
+            "proxy_throttle_ms_total": throttle_total("proxy_throttle_ms_total"),
         },
         "budget": {
             "min_runway_months": options.budget_min_runway_months,
             "violations": result.budget_violations,
         },
     }
-    result.cached = [requests, traffic, parts, *base_series.values()]
-    return result
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1078,9 +594,6 @@ def options_from_args(args: argparse.Namespace) -> AnalyzeOptions:
         start_us=_iso_to_us(args.start),
         end_us=_iso_to_us(args.end),
     )
-
-
-BUDGET_EXIT_CODE = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:

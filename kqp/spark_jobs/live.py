@@ -50,8 +50,9 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kqp.spark_jobs.analyze import FETCH_KEY, PRODUCE_KEY, Progress
+from kqp.protocol.api_keys import ApiKey
 from kqp.spark_jobs.capture_source import read_capture
+from kqp.spark_jobs.common import Progress
 from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.live/1"
@@ -92,12 +93,12 @@ class LiveOptions:
 
 def schedule(raw: DataFrame, speedup: float, copies: int, fetch: bool = True) -> DataFrame:
     """One row per (connection copy, Produce or Fetch partition entry) with its offset from the start."""
-    kinds = [PRODUCE_KEY, FETCH_KEY] if fetch else [PRODUCE_KEY]
+    kinds = [ApiKey.PRODUCE, ApiKey.FETCH] if fetch else [ApiKey.PRODUCE]
     traffic = raw.where(F.col("api_key").isin(kinds))
     t0 = traffic.agg(F.min("ts_request_received_us")).first()
     start_us = int(t0[0]) if t0 and t0[0] is not None else 0
     entries = traffic.select(
-        F.when(F.col("api_key") == PRODUCE_KEY, "produce").otherwise("fetch").alias("kind"),
+        F.when(F.col("api_key") == ApiKey.PRODUCE, "produce").otherwise("fetch").alias("kind"),
         "connection_id",
         ((F.col("ts_request_received_us") - start_us) / 1000.0 / speedup).alias("offset_ms"),
         F.coalesce(F.col("acks"), F.lit(-1)).cast("int").alias("acks"),

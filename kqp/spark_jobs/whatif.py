@@ -52,8 +52,8 @@ from kqp.quotas.recording import (
     request_charges,
 )
 from kqp.quotas.settings import QuotaSettings, QuotaType
-from kqp.spark_jobs.analyze import ANONYMOUS, BUDGET_EXIT_CODE, Progress
 from kqp.spark_jobs.capture_source import read_capture
+from kqp.spark_jobs.common import ANONYMOUS, BUDGET_EXIT_CODE, Progress
 from kqp.spark_jobs.quota_replay import (
     MODES,
     MUTATION_COLUMNS,

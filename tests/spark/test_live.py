@@ -11,8 +11,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from harness.local_kafka import KafkaCluster
-from kqp.spark_jobs.analyze import Progress
 from kqp.spark_jobs.capture_source import read_capture
+from kqp.spark_jobs.common import Progress
 from kqp.spark_jobs.live import LiveOptions, dry_run_figures, run_live, schedule, write_live_outputs
 from kqp.spark_jobs.synthetic import SyntheticSpec, write_capture
 from tests.spark.conftest import exploded

@@ -17,7 +17,8 @@ import pytest
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from kqp.spark_jobs.analyze import AnalyzeOptions, Progress, run_analyze
+from kqp.spark_jobs.analyze import AnalyzeOptions, run_analyze
+from kqp.spark_jobs.common import Progress
 from kqp.spark_jobs.whatif import WhatIfOptions, run_whatif
 
 pytestmark = pytest.mark.spark
