@@ -59,6 +59,23 @@ class FrameDecoder:
         return frames
 
 
+    def incomplete_frame(self) -> tuple[int, int]:
+        """(size, bytes received) of the frame being assembled; (-1, 0) before its size is known."""
+        if self._needed < 0:
+            return -1, 0
+        return self._needed, len(self._buffer)
+
+    def detach_incomplete(self) -> bytes:
+        """Hand over the frame being assembled (its bytes so far); the caller takes the rest of
+        it straight from the stream (cut-through), and the next byte fed starts a new frame."""
+        if self._needed < 0:
+            raise ValueError("no frame in progress")
+        partial = bytes(self._buffer)
+        self._buffer.clear()
+        self._needed = -1
+        return partial
+
+
 def frame(payload: bytes | bytearray | memoryview) -> bytes:
     """Prefix a payload with its size."""
     return len(payload).to_bytes(SIZE_PREFIX, "big") + bytes(payload)

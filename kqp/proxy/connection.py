@@ -30,6 +30,7 @@ from kqp.protocol.address_rewrite import (
 from kqp.protocol.apis import (
     API_SPECS,
     API_VERSIONS_KEY,
+    FETCH_KEY,
     METADATA_KEY,
     SASL_AUTHENTICATE_KEY,
     SASL_HANDSHAKE_KEY,
@@ -37,6 +38,7 @@ from kqp.protocol.apis import (
 from kqp.protocol.codec import decode_body, encode_body
 from kqp.protocol.correlation import expects_response
 from kqp.protocol.errors import CorrelationError, ProtocolDecodeError, ProtocolError, UnsupportedApiError
+from kqp.protocol.fetch_stream import FetchResponseStream, rewrite_fetch_tail
 from kqp.protocol.framing import FrameDecoder
 from kqp.protocol.headers import parse_request_header, response_body_offset, response_correlation_id
 from kqp.protocol.sasl import ANONYMOUS, SaslObserver
@@ -53,6 +55,11 @@ log = logging.getLogger(__name__)
 # and a broker returns at least one batch even if it is larger), so the upstream side only
 # guards against nonsense sizes.
 _MAX_RESPONSE_FRAME = 2**31 - 1
+# Fetch responses at least this large go to the client while they stream in (cut-through):
+# a consumer with one fetch in flight per broker does not wait for each response twice, and
+# the proxy holds no whole frame. The head must hold the response header and ThrottleTimeMs.
+CUT_THROUGH_MIN_BYTES = 64 * 1024
+_CUT_THROUGH_HEAD_BYTES = 64
 
 _CONNECTING = "connecting"
 _UPSTREAM_BACKLOG = "upstream-backlog"
@@ -68,6 +75,24 @@ def _size_prefix(frame: bytes | bytearray) -> bytes:
 
 class TruncatedFrameError(ProtocolDecodeError):
     """The peer went away in the middle of a frame."""
+
+
+class _CutThrough:
+    """A response being forwarded as it streams in."""
+
+    __slots__ = ("body_offset", "exchange", "frame_size", "mute_ms", "remaining", "stream", "tail")
+
+    def __init__(
+        self, exchange: Exchange, frame_size: int, remaining: int, body_offset: int, stream: FetchResponseStream,
+        tail: bytearray, mute_ms: int,
+    ) -> None:
+        self.exchange = exchange
+        self.frame_size = frame_size
+        self.remaining = remaining
+        self.body_offset = body_offset
+        self.stream = stream
+        self.tail = tail  # held back until the frame ends (FetchResponseStream)
+        self.mute_ms = mute_ms
 
 
 class ProxiedConnection:
@@ -93,6 +118,7 @@ class ProxiedConnection:
         self.requests_seen = 0
         self._client_frames = FrameDecoder(proxy.options.max_frame_bytes)
         self._upstream_frames = FrameDecoder(_MAX_RESPONSE_FRAME)
+        self._cut_through: _CutThrough | None = None
         self._pending: deque[bytes] = deque()
         self._inflight: deque[Exchange] = deque()
         self._client_blockers: set[str] = set()
@@ -392,14 +418,88 @@ class ProxiedConnection:
     def upstream_data(self, data: bytes) -> None:
         self.last_activity = self.proxy.loop.time()
         try:
-            frames = self._upstream_frames.feed(data)
-            for frame in frames:
-                self._handle_response(frame)
-                if self._closed:
-                    return
+            while data and not self._closed:
+                if self._cut_through is not None:
+                    data = self._continue_cut_through(data)
+                    continue
+                frames = self._upstream_frames.feed(data)
+                data = b""
+                for frame in frames:
+                    self._handle_response(frame)
+                    if self._closed:
+                        return
+                self._start_cut_through()
         except ProtocolError as exc:
             self.proxy.frame_rejected(self, "broker", exc)
             self.close(f"bad response from broker: {exc}", problem=True)
+
+    def _start_cut_through(self) -> None:
+        """Begin forwarding the incomplete frame now if it is a large Fetch response."""
+        size, received = self._upstream_frames.incomplete_frame()
+        if size < CUT_THROUGH_MIN_BYTES or received < _CUT_THROUGH_HEAD_BYTES or not self._inflight:
+            return
+        exchange = self._inflight[0]
+        header = exchange.header
+        if header.api_key != FETCH_KEY or exchange.local_response is not None:
+            return
+        if self.proxy.hooks.needs_whole_response(self, exchange):
+            return
+        head = bytearray(self._upstream_frames.detach_incomplete())
+        correlation_id = response_correlation_id(memoryview(head))
+        if correlation_id != header.correlation_id:
+            raise CorrelationError(
+                f"broker answered out of order: got correlation id {correlation_id}, "
+                f"expected {header.correlation_id}"
+            )
+        self._inflight.popleft()
+        exchange.response_received_at = self.proxy.loop.time()
+        body_offset = response_body_offset(memoryview(head), FETCH_KEY, header.api_version)
+        verdict = self.proxy.hooks.response_started(self, exchange, head, body_offset, size)
+        stream = FetchResponseStream(header.api_version)
+        passed = body_offset + stream.feed(memoryview(head)[body_offset:])
+        client = self.client
+        if client is not None:
+            client.writelines((size.to_bytes(4, "big"), bytes(head[:passed])))
+        self._cut_through = _CutThrough(
+            exchange, size, size - len(head), body_offset, stream, head[passed:],
+            verdict.mute_ms if verdict is not None else 0,
+        )
+
+    def _continue_cut_through(self, data: bytes) -> bytes:
+        """Forward the streamed frame's next bytes; returns what follows the frame in `data`."""
+        cut = self._cut_through
+        assert cut is not None
+        view = memoryview(data)
+        part, rest = view[: cut.remaining], view[cut.remaining :]
+        cut.remaining -= len(part)
+        passed = 0 if cut.stream.in_tail else cut.stream.feed(part)
+        client = self.client
+        if passed and client is not None:
+            client.write(part[:passed])
+        if passed < len(part):
+            cut.tail += part[passed:]
+        if not cut.remaining:
+            self._finish_cut_through(cut)
+        return bytes(rest)
+
+    def _finish_cut_through(self, cut: _CutThrough) -> None:
+        self._cut_through = None
+        if not cut.stream.streams_whole and not cut.stream.in_tail:
+            raise ProtocolDecodeError("Fetch response ended inside its structure")
+        client = self.client
+        if cut.tail and client is not None:
+            client.write(rewrite_fetch_tail(bytes(cut.tail), self.proxy.directory.map_address))
+        self.proxy.hooks.response_streamed(self, cut.exchange, cut.frame_size, cut.body_offset)
+        self._after_response(cut.mute_ms)
+
+    def _after_response(self, mute_ms: int) -> None:
+        self._flush_local_answers()
+        if not self._inflight:
+            self._drained.set()
+        if mute_ms:
+            self.mute(mute_ms)
+        if self._pending:
+            self._process_pending()
 
     def _handle_response(self, frame: bytes) -> None:
         correlation_id = response_correlation_id(frame)
@@ -442,13 +542,7 @@ class ProxiedConnection:
         client = self.client
         if client is not None:
             client.writelines((_size_prefix(out), out))
-        self._flush_local_answers()
-        if not self._inflight:
-            self._drained.set()
-        if mute_ms:
-            self.mute(mute_ms)
-        if self._pending:
-            self._process_pending()
+        self._after_response(mute_ms)
 
 
 class ClientSide(asyncio.Protocol):

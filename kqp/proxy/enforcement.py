@@ -202,19 +202,8 @@ class QuotaEnforcement(TrafficHooks):
             # Answered by the proxy (every topic rejected): the throttle is already in it.
             throttle = int(exchange.notes.get(NOTE_PROXY_THROTTLE_MS, 0))
             return ResponseVerdict(mute_ms=throttle) if throttle else None
-        principal = connection.principal
-        client_id = header.client_id or ""
-        round_trip_ms = (exchange.response_received_at - exchange.sent_at) * 1000.0
-        charges = response_charges(
-            api_key, exchange.request_bytes - 4, len(frame) - body_offset, round_trip_ms,
-            exchange.notes.get(_NOTE_FETCH_MAX_WAIT_MS),
-        )
-        trace = self._trace(connection, exchange)
-        now = self._now_ms()
-        self._engine_calls += 1
-        trace.response_seq, trace.response_now_ms, trace.response = self._engine_calls, now, charges
         throttles = [
-            charge_response(self.engine, self._client(connection, exchange), charges, now),
+            self._charge_response(connection, exchange, len(frame) - body_offset),
             int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0)),
         ]
         out: bytes | bytearray = frame
@@ -228,20 +217,57 @@ class QuotaEnforcement(TrafficHooks):
             exchange.notes[NOTE_MUTATIONS] = _mutation_notes(request, rejected)
         throttle = max(throttles)
         exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
-        try:
-            broker_throttle = read_throttle_time(out, body_offset, api_key, header.api_version)
-        except ProtocolError:
-            broker_throttle = None
-        if broker_throttle:
-            exchange.notes[NOTE_BROKER_THROTTLE_MS] = broker_throttle
+        broker_throttle = self._broker_throttle(exchange, out, body_offset)
         if throttle <= 0:
             return ResponseVerdict(frame=out) if out is not frame else None
-        self._note_throttle((principal, client_id), throttle, now)
+        self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
         if broker_throttle is not None and throttle > broker_throttle:
             patched = bytearray(out)
             patch_throttle_time(patched, body_offset, api_key, header.api_version, throttle)
             out = patched
         return ResponseVerdict(frame=out, mute_ms=throttle)
+
+    def response_started(
+        self, connection: ProxiedConnection, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
+    ) -> ResponseVerdict | None:
+        """A streamed (cut-through) response: charged by the size its frame header gives, its
+        ThrottleTimeMs (in the head) patched in place, as `response` does for a whole frame."""
+        throttle = max(
+            self._charge_response(connection, exchange, frame_size - body_offset),
+            int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0)),
+        )
+        exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
+        broker_throttle = self._broker_throttle(exchange, head, body_offset)
+        if throttle <= 0:
+            return None
+        self._note_throttle((connection.principal, exchange.header.client_id or ""), throttle, self._now_ms())
+        if broker_throttle is not None and throttle > broker_throttle:
+            header = exchange.header
+            patch_throttle_time(head, body_offset, header.api_key, header.api_version, throttle)
+        return ResponseVerdict(mute_ms=throttle)
+
+    def _charge_response(self, connection: ProxiedConnection, exchange: Exchange, body_size: int) -> int:
+        round_trip_ms = (exchange.response_received_at - exchange.sent_at) * 1000.0
+        charges = response_charges(
+            exchange.header.api_key, exchange.request_bytes - 4, body_size, round_trip_ms,
+            exchange.notes.get(_NOTE_FETCH_MAX_WAIT_MS),
+        )
+        trace = self._trace(connection, exchange)
+        now = self._now_ms()
+        self._engine_calls += 1
+        trace.response_seq, trace.response_now_ms, trace.response = self._engine_calls, now, charges
+        return charge_response(self.engine, self._client(connection, exchange), charges, now)
+
+    @staticmethod
+    def _broker_throttle(exchange: Exchange, frame: bytes | bytearray, body_offset: int) -> int | None:
+        header = exchange.header
+        try:
+            broker_throttle = read_throttle_time(frame, body_offset, header.api_key, header.api_version)
+        except ProtocolError:
+            return None
+        if broker_throttle:
+            exchange.notes[NOTE_BROKER_THROTTLE_MS] = broker_throttle
+        return broker_throttle
 
 
 def _mutation_notes(request: MutationRequest, rejected: list[TopicMutation]) -> list[tuple[str, int, int]]:

@@ -71,6 +71,26 @@ class TrafficHooks:
         """A request was forwarded that gets no response (Produce with acks=0)."""
         return None
 
+    # Cut-through: a large response goes to the client while it streams in, so a hook sees
+    # its head (the response header and at least the body's first field) when it starts,
+    # may patch the head in place (same length), and hears when the last byte has passed.
+
+    def needs_whole_response(self, connection: ProxiedConnection, exchange: Exchange) -> bool:
+        """True when this hook must see the response frame whole (no cut-through)."""
+        return False
+
+    def response_started(
+        self, connection: ProxiedConnection, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
+    ) -> ResponseVerdict | None:
+        """A streamed response began; `frame_size` is its whole size (without the size prefix)."""
+        return None
+
+    def response_streamed(
+        self, connection: ProxiedConnection, exchange: Exchange, frame_size: int, body_offset: int
+    ) -> None:
+        """The last byte of a streamed response went to the client."""
+        return None
+
     def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
         return None
 
@@ -122,6 +142,26 @@ class HookChain(TrafficHooks):
     def unanswered(self, connection: ProxiedConnection, exchange: Exchange) -> None:
         for hook in self.hooks:
             hook.unanswered(connection, exchange)
+
+    def needs_whole_response(self, connection: ProxiedConnection, exchange: Exchange) -> bool:
+        return any(hook.needs_whole_response(connection, exchange) for hook in self.hooks)
+
+    def response_started(
+        self, connection: ProxiedConnection, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
+    ) -> ResponseVerdict | None:
+        combined: ResponseVerdict | None = None
+        for hook in self.hooks:
+            verdict = hook.response_started(connection, exchange, head, body_offset, frame_size)
+            if verdict is not None:
+                combined = combined or ResponseVerdict()
+                combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
+        return combined
+
+    def response_streamed(
+        self, connection: ProxiedConnection, exchange: Exchange, frame_size: int, body_offset: int
+    ) -> None:
+        for hook in self.hooks:
+            hook.response_streamed(connection, exchange, frame_size, body_offset)
 
     def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
         for hook in self.hooks:

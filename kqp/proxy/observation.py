@@ -136,6 +136,16 @@ class ObservationHooks(TrafficHooks):
     def unanswered(self, connection: ProxiedConnection, exchange: Exchange) -> None:
         self._observe(connection, exchange, None, -1)
 
+    def needs_whole_response(self, connection: ProxiedConnection, exchange: Exchange) -> bool:
+        # A captured Fetch records its partitions, read from the whole response.
+        return self.capture is not None and self.capture.sampled(connection.connection_id)
+
+    def response_streamed(
+        self, connection: ProxiedConnection, exchange: Exchange, frame_size: int, body_offset: int
+    ) -> None:
+        if self.metrics is not None:
+            self._record_metrics(connection, exchange, frame_size + 4, [], answered=True)
+
     def _observe(
         self, connection: ProxiedConnection, exchange: Exchange, frame: bytes | None, body_offset: int
     ) -> None:
@@ -153,23 +163,10 @@ class ObservationHooks(TrafficHooks):
                 pass
         response_bytes = len(frame) + 4 if frame is not None else 0
         user = connection.principal
-        client_id = header.client_id or ""
         proxy_throttle = int(notes.get(NOTE_PROXY_THROTTLE_MS, 0))
         broker_throttle = int(notes.get(NOTE_BROKER_THROTTLE_MS, 0))
         if self.metrics is not None:
-            broker_seconds = None
-            if exchange.local_response is None and frame is not None:
-                broker_seconds = max(exchange.response_received_at - exchange.sent_at, 0.0)
-            proxy_seconds = max(exchange.sent_at - exchange.received_at, 0.0)
-            if frame is not None and exchange.response_received_at:
-                proxy_seconds += max(loop_now - exchange.response_received_at, 0.0)
-            self.metrics.request_completed(
-                api_key, header.api_version, exchange.request_bytes, response_bytes, broker_seconds,
-                proxy_seconds, error_codes, user=user, client_id=client_id,
-            )
-            if broker_throttle:
-                self.metrics.throttled(notes.get("broker_quota_type", "broker"), user, client_id, broker_throttle,
-                                       True, "broker")
+            self._record_metrics(connection, exchange, response_bytes, error_codes, answered=frame is not None)
         if self.capture is None or api_key in _SASL_APIS or not self.capture.sampled(connection.connection_id):
             return
         record: dict[str, Any] = {
@@ -210,6 +207,29 @@ class ObservationHooks(TrafficHooks):
             ]
         # A full queue drops the record; the writer counts drops and the server exports them.
         self.capture.submit(record)
+
+    def _record_metrics(
+        self, connection: ProxiedConnection, exchange: Exchange, response_bytes: int, error_codes: list[int],
+        answered: bool,
+    ) -> None:
+        assert self.metrics is not None
+        header = exchange.header
+        notes = exchange.notes
+        broker_seconds = None
+        if exchange.local_response is None and answered:
+            broker_seconds = max(exchange.response_received_at - exchange.sent_at, 0.0)
+        proxy_seconds = max(exchange.sent_at - exchange.received_at, 0.0)
+        if answered and exchange.response_received_at:
+            proxy_seconds += max(connection.proxy.loop.time() - exchange.response_received_at, 0.0)
+        user, client_id = connection.principal, header.client_id or ""
+        self.metrics.request_completed(
+            header.api_key, header.api_version, exchange.request_bytes, response_bytes, broker_seconds,
+            proxy_seconds, error_codes, user=user, client_id=client_id,
+        )
+        broker_throttle = int(notes.get(NOTE_BROKER_THROTTLE_MS, 0))
+        if broker_throttle:
+            self.metrics.throttled(notes.get("broker_quota_type", "broker"), user, client_id, broker_throttle,
+                                   True, "broker")
 
     @staticmethod
     def _data_partitions(

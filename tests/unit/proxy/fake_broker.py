@@ -30,6 +30,12 @@ class FakeBroker:
     reverse_pairs: bool = False
     # Seconds to wait before answering each request (a slow broker).
     delay_s: float = 0.0
+    # When set, responses go out in pieces of this many bytes, each flushed on its own (the
+    # proxy sees frames arrive in parts), and a response waits at `hold_at` bytes until
+    # `release` is set.
+    piece_bytes: int = 0
+    hold_at: int = 0
+    release: asyncio.Event = field(default_factory=asyncio.Event)
     request_seen: asyncio.Event = field(default_factory=asyncio.Event)
     server: asyncio.Server | None = None
     port: int = 0
@@ -75,6 +81,8 @@ class FakeBroker:
                         if len(held) == 2:
                             writer.write(held[1] + held[0])
                             held.clear()
+                    elif self.piece_bytes:
+                        await self._write_in_pieces(writer, response)
                     else:
                         writer.write(response)
                 await writer.drain()
@@ -82,6 +90,19 @@ class FakeBroker:
             pass
         finally:
             writer.close()
+
+
+    async def _write_in_pieces(self, writer: asyncio.StreamWriter, response: bytes) -> None:
+        for start in range(0, len(response), self.piece_bytes):
+            if self.hold_at and start <= self.hold_at < start + self.piece_bytes:
+                writer.write(response[start : self.hold_at])
+                await writer.drain()
+                await self.release.wait()
+                writer.write(response[self.hold_at : start + self.piece_bytes])
+            else:
+                writer.write(response[start : start + self.piece_bytes])
+            await writer.drain()
+            await asyncio.sleep(0)
 
 
 class RawClient:
@@ -98,6 +119,9 @@ class RawClient:
 
     def send(self, payload: bytes) -> None:
         self.writer.write(frame(payload))
+
+    async def receive_exactly(self, count: int, timeout: float = 5.0) -> bytes:
+        return await asyncio.wait_for(self.reader.readexactly(count), timeout)
 
     async def receive(self, timeout: float = 5.0) -> bytes:
         size = struct.unpack(">i", await asyncio.wait_for(self.reader.readexactly(4), timeout))[0]

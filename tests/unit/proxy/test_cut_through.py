@@ -1,0 +1,185 @@
+"""Cut-through: large Fetch responses reach the client while they stream in from the broker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.record import MemoryRecordsBuilder
+
+from kqp.protocol.apis import FETCH_KEY
+from kqp.protocol.headers import encode_request_header, response_body_offset, response_correlation_id
+from kqp.protocol.throttle_field import patch_throttle_time
+from kqp.proxy.connection import CUT_THROUGH_MIN_BYTES, ProxiedConnection
+from kqp.proxy.hooks import Exchange, ResponseVerdict, TrafficHooks
+from kqp.proxy.server import ProxyServer
+from tests.unit.proxy.fake_broker import FakeBroker, RawClient
+from tests.unit.proxy.test_connection_io import answer_heartbeat, heartbeat_request, start_proxy
+
+FETCH_VERSION = 17
+HEARTBEAT_KEY = 12
+TOPIC_ID = uuid.uuid4()
+
+
+def records(total_bytes: int) -> bytes:
+    builder = MemoryRecordsBuilder(2, 0, batch_size=total_bytes * 2, offset=0)
+    for index in range(total_bytes // 1_000):
+        builder.append(1_700_000_000_000 + index, None, bytes([index % 251]) * 1_000, [])
+    builder.close()
+    return bytes(builder.buffer())
+
+
+DATA = records(600_000)
+
+
+def fetch_request(correlation_id: int) -> bytes:
+    partition = FetchRequest.FetchTopic.FetchPartition(
+        partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1, log_start_offset=-1,
+        partition_max_bytes=1 << 20, replica_directory_id=None, high_watermark=-1)
+    body = FetchRequest[FETCH_VERSION](
+        cluster_id=None, replica_id=-1, replica_state=FetchRequest.ReplicaState(replica_id=-1, replica_epoch=-1),
+        max_wait_ms=500, min_bytes=1, max_bytes=52_428_800, isolation_level=0, session_id=0, session_epoch=-1,
+        topics=[FetchRequest.FetchTopic(topic="t", topic_id=TOPIC_ID, partitions=[partition])],
+        forgotten_topics_data=[], rack_id="").encode()
+    return encode_request_header(FETCH_KEY, FETCH_VERSION, correlation_id, "consumer") + bytes(body)
+
+
+def answer_fetch(header: object, body: bytes) -> bytes:
+    data_cls = FetchResponse.FetchableTopicResponse.PartitionData
+    leader = data_cls.LeaderIdAndEpoch(leader_id=1, leader_epoch=3)
+    partition = data_cls(
+        partition_index=0, error_code=0, high_watermark=10, last_stable_offset=10, log_start_offset=0,
+        diverging_epoch=None, current_leader=leader, snapshot_id=None, aborted_transactions=[],
+        preferred_read_replica=-1, records=DATA)
+    endpoint = FetchResponse.NodeEndpoint(node_id=1, host="kafka-1.broker.internal", port=9092, rack=None)
+    return bytes(FetchResponse[FETCH_VERSION](
+        throttle_time_ms=0, error_code=0, session_id=0, node_endpoints=[endpoint],
+        responses=[FetchResponse.FetchableTopicResponse(topic_id=TOPIC_ID, partitions=[partition])]).encode())
+
+
+@pytest.fixture
+async def broker() -> AsyncIterator[FakeBroker]:
+    fake = FakeBroker(handlers={HEARTBEAT_KEY: answer_heartbeat, FETCH_KEY: answer_fetch}, piece_bytes=16_384)
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+async def node_client(proxy: ProxyServer, broker: FakeBroker) -> RawClient:
+    return await RawClient.connect(proxy.directory.listeners[broker.node_id].port)
+
+
+def decode(response: bytes) -> FetchResponse:
+    return FetchResponse.decode(response[response_body_offset(response, FETCH_KEY, FETCH_VERSION):],
+                                version=FETCH_VERSION)
+
+
+async def test_a_large_fetch_response_is_forwarded_whole_and_rewritten(broker: FakeBroker) -> None:
+    proxy = await start_proxy(broker)
+    client = await node_client(proxy, broker)
+    client.send(fetch_request(1))
+    client.send(heartbeat_request(2))  # pipelined behind the fetch
+    response = await client.receive()
+    assert len(response) >= CUT_THROUGH_MIN_BYTES and response_correlation_id(response) == 1
+    message = decode(response)
+    assert message.responses[0].partitions[0].records == DATA
+    node_port = proxy.directory.listeners[broker.node_id].port
+    assert [(e.node_id, e.host, e.port) for e in message.node_endpoints] == [(1, "127.0.0.1", node_port)]
+    assert b"kafka-1.broker.internal" not in response
+    assert response_correlation_id(await client.receive()) == 2
+    client.close()
+    await proxy.stop()
+
+
+async def test_the_client_gets_the_head_before_the_broker_sent_the_rest(broker: FakeBroker) -> None:
+    broker.hold_at = 300_000  # the broker stops half way through the response
+    proxy = await start_proxy(broker)
+    client = await node_client(proxy, broker)
+    client.send(fetch_request(5))
+    size = int.from_bytes(await client.receive_exactly(4), "big")
+    head = await client.receive_exactly(200_000)  # arrives while the broker holds the rest
+    assert response_correlation_id(head) == 5 and not broker.release.is_set()
+    broker.release.set()
+    rest = await client.receive_exactly(size - len(head))
+    assert decode(head + rest).responses[0].partitions[0].records == DATA
+    client.close()
+    await proxy.stop()
+
+
+class ThrottleStreamed(TrafficHooks):
+    """Patches 1234 ms into a streamed response's head and mutes for it; counts the calls."""
+
+    def __init__(self, whole: bool = False) -> None:
+        self.whole = whole
+        self.started: list[int] = []
+        self.streamed: list[int] = []
+        self.responses = 0
+
+    def needs_whole_response(self, connection: ProxiedConnection, exchange: Exchange) -> bool:
+        return self.whole
+
+    def response_started(
+        self, connection: ProxiedConnection, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
+    ) -> ResponseVerdict | None:
+        self.started.append(frame_size)
+        patch_throttle_time(head, body_offset, FETCH_KEY, FETCH_VERSION, 1234)
+        return ResponseVerdict(mute_ms=50)
+
+    def response_streamed(
+        self, connection: ProxiedConnection, exchange: Exchange, frame_size: int, body_offset: int
+    ) -> None:
+        self.streamed.append(frame_size)
+
+    def response(
+        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> ResponseVerdict | None:
+        self.responses += 1
+        return None
+
+
+async def test_hooks_see_a_streamed_response_start_and_end(broker: FakeBroker) -> None:
+    hooks = ThrottleStreamed()
+    proxy = await start_proxy(broker, hooks)
+    client = await node_client(proxy, broker)
+    client.send(fetch_request(1))
+    response = await client.receive()
+    assert decode(response).throttle_time_ms == 1234
+    assert hooks.started == hooks.streamed == [len(response)] and hooks.responses == 0
+    connection = next(iter(proxy.connections))
+    assert connection.muted
+    client.close()
+    await proxy.stop()
+
+
+async def test_a_hook_that_needs_the_whole_frame_gets_it(broker: FakeBroker) -> None:
+    hooks = ThrottleStreamed(whole=True)
+    proxy = await start_proxy(broker, hooks)
+    client = await node_client(proxy, broker)
+    client.send(fetch_request(1))
+    response = await client.receive()
+    assert decode(response).responses[0].partitions[0].records == DATA
+    assert hooks.responses == 1 and hooks.started == []
+    client.close()
+    await proxy.stop()
+
+
+async def test_a_malformed_streamed_response_closes_the_connection_with_a_reason(
+    broker: FakeBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    def short_fetch(header: object, body: bytes) -> bytes:
+        return answer_fetch(header, body)[:-40]  # the frame ends inside the records
+
+    broker.handlers[FETCH_KEY] = short_fetch
+    proxy = await start_proxy(broker)
+    client = await node_client(proxy, broker)
+    with caplog.at_level(logging.WARNING):
+        client.send(fetch_request(1))
+        # What streamed through reaches the client; then the proxy closes (EOF ends the read).
+        received = await asyncio.wait_for(client.reader.read(), 5.0)
+    assert received[4:8] == (1).to_bytes(4, "big")
+    assert "Fetch response ended inside its structure" in caplog.text
+    await proxy.stop()
