@@ -45,7 +45,7 @@ integration: setup
 	$(VENV)/bin/pytest -q tests/integration
 
 demo: setup
-	$(PY) -m kqp.demo
+	$(PY) -m harness.demo
 
 # Benchmarks print progress and write markdown reports under out/; figures go to docs/benchmarks.md.
 bench: setup
