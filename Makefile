@@ -25,11 +25,15 @@ $(KAFKA_DIR)/libs/.complete: harness/pom.xml
 	mvn -B -q -f harness/pom.xml dependency:copy-dependencies
 	touch $@
 
-# kcat (librdkafka's CLI) comes from Debian; install it when missing.
+# From Debian, installed when missing: kcat (librdkafka's CLI) and prometheus (its package ships
+# promtool too) for the Prometheus integration test.
+SYSTEM_COMMANDS := kcat:kcat prometheus:prometheus promtool:prometheus
 system-deps:
-	@command -v kcat >/dev/null || { \
+	@missing=$$(for pair in $(SYSTEM_COMMANDS); do command -v $${pair%%:*} >/dev/null || echo $${pair#*:}; done \
+	  | sort -u); \
+	[ -z "$$missing" ] || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq kcat >/dev/null; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; }
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
@@ -45,7 +49,7 @@ integration: setup
 	$(VENV)/bin/pytest -q tests/integration
 
 demo: setup
-	$(PY) -m kqp.demo
+	$(PY) -m harness.demo
 
 # Benchmarks print progress and write markdown reports under out/; figures go to docs/benchmarks.md.
 bench: setup

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from collections.abc import Mapping
 from typing import cast
 
@@ -65,9 +64,6 @@ def get_spark(
             # Local Python workers must use this interpreter (the virtualenv with pandas,
             # numpy and kqp), not whatever `python3` is first on PATH.
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # PySpark 4.x warns on every pandas conversion under pandas 3 although the conversions
-    # these jobs use work; one line per conversion would drown the progress output.
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

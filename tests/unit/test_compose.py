@@ -133,6 +133,16 @@ def test_prometheus_scrapes_the_proxy_metrics_port(services: dict[str, Any], pro
     assert job["static_configs"][0]["targets"] == [f"kqp:{proxy_config['metrics']['port']}"]
 
 
+def test_prometheus_finds_its_alerting_rules_in_the_container(services: dict[str, Any]) -> None:
+    mounts = bind_mounts(services["prometheus"])
+    prometheus = load_yaml(REPO / mounts["/etc/prometheus/prometheus.yml"])
+    assert prometheus["rule_files"]
+    for rule_file in prometheus["rule_files"]:
+        in_container = f"/etc/prometheus/{rule_file}"  # relative to the config file's directory
+        directory, name = in_container.rsplit("/", 1)
+        assert (REPO / mounts[directory] / name).exists(), in_container
+
+
 def test_grafana_provisions_the_datasource_and_dashboard(services: dict[str, Any], dashboard: dict[str, Any]) -> None:
     mounts = bind_mounts(services["grafana"])
     datasources = load_yaml(REPO / mounts["/etc/grafana/provisioning/datasources"] / "prometheus.yaml")

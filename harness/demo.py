@@ -6,7 +6,10 @@ ProducerPerformance twice through the proxy (a quota-limited client and a free o
 everything back with ConsumerPerformance, then prints the achieved rates, the throttling the
 proxy's /metrics endpoint reports, and a summary of the captured traffic.
 
-Run from the repository root (it uses the test harness in harness/).
+It lives in the harness, not in the kqp package: the broker comes from the jars harness/pom.xml
+assembles, which only a checkout has. The proxy it starts is whichever kqp `python -m kqp` finds
+(the checkout in the Makefile's editable install, or an installed package). Run from the
+repository root: `make demo` or `python -m harness.demo`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def _step(text: str) -> None:
 
 def _config(path: Path, upstream: str, ports: list[int], capture_dir: Path) -> None:
     path.write_text(
-        f"""# Written by kqp.demo
+        f"""# Written by harness.demo
 proxy:
   bootstrap_port: {ports[0]}
   node_port_base: {ports[1] - 1}
