@@ -41,11 +41,13 @@ def test_the_location_table_matches_kafkas() -> None:
     assert not has_throttle_field(API_VERSIONS_KEY, 0) and has_throttle_field(API_VERSIONS_KEY, 1)
     assert has_throttle_field(PRODUCE_KEY, 3) and has_throttle_field(FETCH_KEY, 4)
     assert not any(has_throttle_field(key, version) for key, version in ALL_VERSIONS if key in (17, 27, 36))
-    # Spec 5.3: first in the body everywhere except Produce (after Responses), ApiVersions
-    # (after ErrorCode and ApiKeys) and OffsetDelete (after ErrorCode).
-    elsewhere = {PRODUCE_KEY, API_VERSIONS_KEY, OFFSET_DELETE_KEY}
+    # First in the body everywhere except Produce (after Responses), ApiVersions (after
+    # ErrorCode and ApiKeys), OffsetDelete (after ErrorCode) and the delegation-token APIs
+    # 38-41 (after ErrorCode and the token fields).
+    elsewhere = {PRODUCE_KEY, API_VERSIONS_KEY, OFFSET_DELETE_KEY, 38, 39, 40, 41}
     assert all(throttle_location(*pair) == 0 for pair in WITH_FIELD if pair[0] not in elsewhere)
     assert throttle_location(OFFSET_DELETE_KEY, 0) == 2
+    assert throttle_location(39, 2) == 10  # RenewDelegationToken: ErrorCode, ExpiryTimestampMs
     assert callable(throttle_location(PRODUCE_KEY, 9)) and callable(throttle_location(API_VERSIONS_KEY, 3))
 
 
