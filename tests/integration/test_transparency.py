@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -183,6 +184,25 @@ def test_share_group_consumers_get_every_record(kafka_3nodes: KafkaCluster, prox
     values = [line.split(" ", 1)[1] for line in run.stdout.splitlines() if line.startswith("value ")]
     assert sorted(values, key=int) == [str(i) for i in range(RECORDS)]
     assert_only_proxy(run.watch, proxy, kafka_3nodes)
+
+
+def test_two_share_consumers_split_the_records_with_none_lost(kafka_3nodes: KafkaCluster, proxy: ProxyProcess,
+                                                              topic_name: str) -> None:
+    create_topic(proxy.bootstrap, topic_name)
+    _produce(proxy.bootstrap, topic_name, RECORDS)
+    command = _java(kafka_3nodes, "share-consume", proxy.bootstrap, topic_name, f"{topic_name}-share",
+                    str(RECORDS), "120", "15")
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda _: run_watched(command, timeout_s=240), range(2)))
+    per_consumer = []
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+        per_consumer.append([line.split(" ", 1)[1] for line in run.stdout.splitlines() if line.startswith("value ")])
+    # Every record delivered and acknowledged once, across the two members.
+    assert sorted(per_consumer[0] + per_consumer[1], key=int) == [str(i) for i in range(RECORDS)]
+    assert all(per_consumer), f"one member got nothing: {[len(v) for v in per_consumer]}"
+    for run in runs:
+        assert_only_proxy(run.watch, proxy, kafka_3nodes)
 
 
 def test_transactions_read_committed_gets_exactly_the_committed_records(

@@ -4,10 +4,11 @@
 // Modes:
 //   consume BOOTSTRAP TOPIC GROUP EXPECTED [key=value ...]
 //       KafkaConsumer (subscribe, poll, commitSync) until EXPECTED records; prints "consumed N".
-//   share-consume BOOTSTRAP TOPIC GROUP EXPECTED SECONDS
-//       KafkaShareConsumer (share group), acknowledging every record, until the group has
-//       EXPECTED records in all or SECONDS pass; prints "share-consumed N" and each value as
-//       "value V" lines. Sets the group's share.auto.offset.reset=earliest first.
+//   share-consume BOOTSTRAP TOPIC GROUP EXPECTED SECONDS [IDLE_SECONDS]
+//       KafkaShareConsumer (share group), acknowledging every record, until it has EXPECTED
+//       records, or it has some and none came for IDLE_SECONDS, or SECONDS pass; prints
+//       "share-consumed N" and each value as "value V" lines. Sets the group's
+//       share.auto.offset.reset=earliest first.
 //   txn-produce BOOTSTRAP TOPIC COMMITTED ABORTED
 //       A transactional producer: COMMITTED records "c<i>" in a committed transaction and
 //       ABORTED records "a<i>" in an aborted one; prints "committed N aborted M".
@@ -91,11 +92,17 @@ public class FeatureClients {
         props.put("value.deserializer", StringDeserializer.class.getName());
         long expected = Long.parseLong(args[4]);
         long deadline = System.currentTimeMillis() + Long.parseLong(args[5]) * 1000;
+        long idleMs = args.length > 6 ? Long.parseLong(args[6]) * 1000 : Long.MAX_VALUE / 2;
+        long lastRecordAt = System.currentTimeMillis();
         long count = 0;
         try (KafkaShareConsumer<String, String> consumer = new KafkaShareConsumer<>(props)) {
             consumer.subscribe(List.of(args[2]));
-            while (count < expected && System.currentTimeMillis() < deadline) {
+            while (count < expected && System.currentTimeMillis() < deadline
+                   && !(count > 0 && System.currentTimeMillis() - lastRecordAt > idleMs)) {
                 ConsumerRecords<String, String> records = consumer.poll(Duration.ofMillis(500));
+                if (!records.isEmpty()) {
+                    lastRecordAt = System.currentTimeMillis();
+                }
                 for (ConsumerRecord<String, String> record : records) {
                     System.out.println("value " + record.value());
                     consumer.acknowledge(record, AcknowledgeType.ACCEPT);
