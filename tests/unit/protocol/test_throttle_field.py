@@ -18,6 +18,7 @@ from kqp.protocol.throttle_field import (
     has_throttle_field,
     patch_throttle_time,
     read_throttle_time,
+    throttle_field_offset,
     throttle_location,
 )
 from tests.unit.protocol.schema_messages import body_strategy
@@ -106,11 +107,13 @@ def test_values_are_clamped_to_the_int32_range() -> None:
 @given(data=st.data())
 def test_frames_cut_before_the_field_are_protocol_errors(api_key: int, version: int, data: st.DataObject) -> None:
     # In these responses ThrottleTimeMs comes after an array, at the end of the body
-    # (followed only by the empty tagged-field section in flexible versions).
+    # (followed only by the tagged-field section in flexible versions).
     body = data.draw(body_strategy(api_key, version, is_request=False))
     frame = encode_response_header(api_key, version, 1) + body
     body_offset = response_body_offset(frame, api_key, version)
-    field_end = len(frame) - (1 if API_SPECS[api_key].is_flexible(version) else 0)
+    offset = throttle_field_offset(frame, body_offset, api_key, version)
+    assert offset is not None
+    field_end = offset + 4
     assert read_throttle_time(frame[:field_end], body_offset, api_key, version) is not None
     for cut in range(body_offset, field_end):
         with pytest.raises(ProtocolDecodeError):
