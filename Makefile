@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 KAFKA_VERSION := 4.3.1
 KAFKA_DIR := .cache/kafka-$(KAFKA_VERSION)
 
-.PHONY: demo test lint typecheck unit integration bench setup kafka system-deps clean
+.PHONY: demo test lint typecheck unit integration bench setup kafka kafka-messages system-deps clean
 
 setup: $(VENV)/.installed kafka system-deps
 
@@ -24,6 +24,10 @@ kafka: $(KAFKA_DIR)/libs/.complete
 $(KAFKA_DIR)/libs/.complete: harness/pom.xml
 	mvn -B -q -f harness/pom.xml dependency:copy-dependencies
 	touch $@
+
+# Refresh the committed copy of Kafka's JSON message definitions (the codec's schemas) from the jar.
+kafka-messages: kafka
+	./harness/extract_kafka_messages.sh $(KAFKA_VERSION)
 
 # From Debian, installed when missing: kcat (librdkafka's CLI) and prometheus (its package ships
 # promtool too) for the Prometheus integration test.

@@ -1,10 +1,12 @@
 """Rewriting every broker address a response carries, so clients stay on the proxy.
 
-A Kafka client learns broker addresses from Metadata, FindCoordinator, DescribeCluster
-and, since KIP-951, from the NodeEndpoints of Produce and Fetch responses that report a
-leader change. If any of them reaches the client unrewritten, the client connects to the
-broker directly and leaves the proxy. The rewrite is a callback so the proxy can open a
-listener for a broker it has not seen before.
+A Kafka client learns broker addresses from Metadata, FindCoordinator, DescribeCluster,
+the NodeEndpoints of Produce and Fetch (KIP-951) and of ShareFetch and ShareAcknowledge
+(KIP-932), and DescribeQuorum's node listeners. If any of them reaches the client
+unrewritten, the client connects to the broker directly and leaves the proxy. The rewrite
+is a callback so the proxy can open a listener for a broker it has not seen before.
+Controller addresses (DescribeCluster for controllers, DescribeQuorum's listeners) are left
+out instead: the proxy fronts brokers only.
 """
 
 from __future__ import annotations
@@ -15,22 +17,36 @@ from typing import Any
 from kqp.protocol.apis import (
     API_SPECS,
     API_VERSIONS_KEY,
+    DECODED_APIS,
     DESCRIBE_CLUSTER_KEY,
+    DESCRIBE_QUORUM_KEY,
     FETCH_KEY,
     FIND_COORDINATOR_KEY,
     METADATA_KEY,
     PRODUCE_KEY,
+    SHARE_ACKNOWLEDGE_KEY,
+    SHARE_FETCH_KEY,
+    can_decode,
 )
-from kqp.protocol.codec import decode_body, encode_body
+from kqp.protocol.codec import decode_body, decode_body_exactly, encode_body
+from kqp.protocol.errors import ProtocolDecodeError
 
 # (node_id, upstream host, upstream port) -> (advertised host, advertised port)
 AddressMapper = Callable[[int, str, int], tuple[str, int]]
 
 # API keys whose responses always carry broker addresses.
-ADDRESS_BEARING_APIS = frozenset({METADATA_KEY, FIND_COORDINATOR_KEY, DESCRIBE_CLUSTER_KEY})
-# First versions whose responses may carry KIP-951 NodeEndpoints.
-NODE_ENDPOINT_VERSIONS = {PRODUCE_KEY: 10, FETCH_KEY: 16}
+ADDRESS_BEARING_APIS = frozenset({METADATA_KEY, FIND_COORDINATOR_KEY, DESCRIBE_CLUSTER_KEY, DESCRIBE_QUORUM_KEY})
+# First versions whose responses may carry NodeEndpoints.
+NODE_ENDPOINT_VERSIONS: dict[int, int] = {PRODUCE_KEY: 10, FETCH_KEY: 16, SHARE_FETCH_KEY: 0, SHARE_ACKNOWLEDGE_KEY: 0}
 _DESCRIBE_CLUSTER_CONTROLLERS = 2
+
+
+def carries_addresses(api_key: int, api_version: int) -> bool:
+    """Whether responses of this API version may hold broker addresses."""
+    if api_key in ADDRESS_BEARING_APIS:
+        return True
+    first = NODE_ENDPOINT_VERSIONS.get(api_key)
+    return first is not None and api_version >= first
 
 
 def _rewrite_nodes(nodes: Any, id_field: str, mapper: AddressMapper) -> None:
@@ -54,12 +70,24 @@ def rewrite_addresses(message: Any, api_key: int, api_version: int, mapper: Addr
             return True
         return False
     if api_key == DESCRIBE_CLUSTER_KEY:
-        # Controllers (KIP-919 endpoint type 2) are not proxied: the proxy fronts brokers.
         if getattr(message, "endpoint_type", 1) == _DESCRIBE_CLUSTER_CONTROLLERS:
-            return False
+            # KIP-919 controller endpoints: not proxied, so not passed on (a broker answers
+            # this with UNSUPPORTED_ENDPOINT_TYPE and no nodes anyway).
+            had = bool(message.brokers)
+            message.brokers = []
+            return had
         _rewrite_nodes(message.brokers, "broker_id", mapper)
         return bool(message.brokers)
-    if api_key in NODE_ENDPOINT_VERSIONS and api_version >= NODE_ENDPOINT_VERSIONS[api_key]:
+    if api_key == DESCRIBE_QUORUM_KEY:
+        # v2+: the controllers' listeners (KIP-853). Left out: the proxy fronts brokers only.
+        nodes = getattr(message, "nodes", None) or []
+        changed = False
+        for node in nodes:
+            if node.listeners:
+                node.listeners = []
+                changed = True
+        return changed
+    if carries_addresses(api_key, api_version):
         endpoints = getattr(message, "node_endpoints", None) or []
         _rewrite_nodes(endpoints, "node_id", mapper)
         return bool(endpoints)
@@ -76,32 +104,58 @@ def rewrite_response_body(
     return encode_body(message, api_version)
 
 
-def intersect_api_versions(message: Any) -> None:
-    """Limit an ApiVersions response to the APIs and versions the proxy can decode.
+def cap_api_versions(message: Any) -> bool:
+    """Cap the APIs the proxy must decode to the versions its definitions describe.
 
-    API keys the proxy does not know are removed, so a client never negotiates something
-    the proxy cannot read. The broker's minimum is kept as it is: Kafka advertises Produce
-    from v0 although it rejects v0-2, to keep old librdkafka versions working.
+    Everything else is left exactly as the broker advertised it (forward by default): the
+    proxy passes those requests on as opaque bytes. The broker's minimum is kept as it is:
+    Kafka advertises Produce from v0 although it rejects v0-2, to keep old librdkafka
+    versions working. Returns whether anything changed.
     """
     kept = []
+    changed = False
     for entry in message.api_keys:
-        spec = API_SPECS.get(entry.api_key)
-        if spec is None:
+        if entry.api_key not in DECODED_APIS:
+            kept.append(entry)
             continue
-        max_version = min(entry.max_version, spec.max_version)
+        max_version = min(entry.max_version, API_SPECS[entry.api_key].max_version)
         if entry.min_version > max_version:
+            changed = True
             continue
-        entry.max_version = max_version
+        if max_version != entry.max_version:
+            entry.max_version = max_version
+            changed = True
         kept.append(entry)
     message.api_keys = kept
+    return changed
 
 
-def proxy_api_versions_body(api_version: int, body: bytes | memoryview) -> bytes:
-    """An upstream ApiVersions response body, intersected with what the proxy decodes."""
-    # A non-zero error means the broker answered with a v0 body whatever the request
-    # version (UNSUPPORTED_VERSION); decode it as v0.
-    error_code = int.from_bytes(body[0:2], "big", signed=True) if len(body) >= 2 else 0
-    version = 0 if error_code else api_version
-    message = decode_body(API_VERSIONS_KEY, version, body, is_request=False)
-    intersect_api_versions(message)
+def decode_api_versions(api_version: int, body: bytes | memoryview) -> tuple[Any, int]:
+    """An ApiVersions response body, read as Kafka's client reads it: in the request's
+    version first, then as v0 (a broker answers a version it does not support with a v0
+    body; other errors, e.g. INVALID_REQUEST, come in the request's version)."""
+    first: tuple[Any, int] | None = None
+    if api_version != 0 and can_decode(API_VERSIONS_KEY, api_version):
+        try:
+            message, used = decode_body_exactly(API_VERSIONS_KEY, api_version, body, is_request=False)
+        except ProtocolDecodeError:
+            pass
+        else:
+            if used == len(body):
+                return message, api_version
+            first = (message, api_version)
+    try:
+        return decode_body(API_VERSIONS_KEY, 0, body, is_request=False), 0
+    except ProtocolDecodeError:
+        if first is not None:
+            return first
+        raise
+
+
+def proxy_api_versions_body(api_version: int, body: bytes | memoryview) -> bytes | None:
+    """An upstream ApiVersions response body with the proxy's caps applied; None when the
+    broker's bytes can go to the client unchanged."""
+    message, version = decode_api_versions(api_version, body)
+    if not cap_api_versions(message):
+        return None
     return encode_body(message, version)

@@ -24,6 +24,8 @@ class ApiKey(IntEnum):
     ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_QUORUM = 55
     DESCRIBE_CLUSTER = 60
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
 
 
 # CreateTopics, DeleteTopics and CreatePartitions: charged to the controller-mutation quota (KIP-599).

@@ -1,37 +1,58 @@
-"""The catalogue of Kafka APIs the proxy can decode, taken from kafka-python's bundled schemas.
+"""The catalogue of Kafka APIs, read from Kafka's own JSON message definitions.
 
-kafka-python >= 3.0 ships Kafka's own JSON message specs and compiles a codec from them, so
-the version ranges and flexible-version thresholds here are Kafka's, not hand-copied. An API
-key missing from this table is one the proxy cannot decode: it is never advertised to clients.
+The definitions are Kafka 4.3.1's (kqp/protocol/kafka_message_definitions, copied from the
+kafka-clients jar), compiled on first use into kafka-python's JSON-driven codec, so version
+ranges, flexible versions and field layouts are the brokers', not hand-copied. A key or
+version missing here is not an error: the proxy forwards what it does not need to read as
+opaque bytes. Only the APIs in `DECODED_APIS` must be readable, and only they are capped in
+the ApiVersions answer.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.resources
+import json
+import re
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.api_message import ApiMessage, ApiMessageData
+from kafka.protocol.schemas import BaseField
 
-API_VERSIONS_KEY = 18
-PRODUCE_KEY = 0
-FETCH_KEY = 1
-METADATA_KEY = 3
-FIND_COORDINATOR_KEY = 10
-SASL_HANDSHAKE_KEY = 17
-CREATE_TOPICS_KEY = 19
-DELETE_TOPICS_KEY = 20
-SASL_AUTHENTICATE_KEY = 36
-CREATE_PARTITIONS_KEY = 37
-DESCRIBE_CLUSTER_KEY = 60
+from kqp.protocol.api_keys import ApiKey
+from kqp.protocol.tagged_fields import keep_unknown_tags
 
-_SCHEMA_MODULES = (
-    "kafka.protocol.metadata",
-    "kafka.protocol.admin",
-    "kafka.protocol.consumer",
-    "kafka.protocol.producer",
-    "kafka.protocol.sasl",
-)
+# The names the protocol code uses; the values are kqp.protocol.api_keys.ApiKey's.
+API_VERSIONS_KEY = ApiKey.API_VERSIONS
+PRODUCE_KEY = ApiKey.PRODUCE
+FETCH_KEY = ApiKey.FETCH
+METADATA_KEY = ApiKey.METADATA
+FIND_COORDINATOR_KEY = ApiKey.FIND_COORDINATOR
+SASL_HANDSHAKE_KEY = ApiKey.SASL_HANDSHAKE
+CREATE_TOPICS_KEY = ApiKey.CREATE_TOPICS
+DELETE_TOPICS_KEY = ApiKey.DELETE_TOPICS
+SASL_AUTHENTICATE_KEY = ApiKey.SASL_AUTHENTICATE
+CREATE_PARTITIONS_KEY = ApiKey.CREATE_PARTITIONS
+DESCRIBE_CLIENT_QUOTAS_KEY = ApiKey.DESCRIBE_CLIENT_QUOTAS
+ALTER_CLIENT_QUOTAS_KEY = ApiKey.ALTER_CLIENT_QUOTAS
+DESCRIBE_QUORUM_KEY = ApiKey.DESCRIBE_QUORUM
+DESCRIBE_CLUSTER_KEY = ApiKey.DESCRIBE_CLUSTER
+SHARE_FETCH_KEY = ApiKey.SHARE_FETCH
+SHARE_ACKNOWLEDGE_KEY = ApiKey.SHARE_ACKNOWLEDGE
+
+# What the proxy itself reads or writes: responses with broker addresses, the requests quotas
+# act on (byte rates, partition mutations), the quota admin APIs it answers, SASL (for the
+# principal) and ApiVersions. Every other API is forwarded without being decoded.
+DECODED_APIS = frozenset({
+    API_VERSIONS_KEY, PRODUCE_KEY, FETCH_KEY, METADATA_KEY, FIND_COORDINATOR_KEY, DESCRIBE_CLUSTER_KEY,
+    DESCRIBE_QUORUM_KEY, SHARE_FETCH_KEY, SHARE_ACKNOWLEDGE_KEY, CREATE_TOPICS_KEY, DELETE_TOPICS_KEY,
+    CREATE_PARTITIONS_KEY, DESCRIBE_CLIENT_QUOTAS_KEY, ALTER_CLIENT_QUOTAS_KEY, SASL_HANDSHAKE_KEY,
+    SASL_AUTHENTICATE_KEY,
+})
+
+DEFINITIONS_PACKAGE = "kqp.protocol.kafka_message_definitions"
+_COMMENT = re.compile(r"(?m)^\s*//.*\n?")
 
 
 def parse_versions(text: str) -> tuple[int, int] | None:
@@ -47,6 +68,45 @@ def parse_versions(text: str) -> tuple[int, int] | None:
     return int(text), int(text)
 
 
+def kafka_version() -> str:
+    """The Kafka release the bundled definitions come from."""
+    return importlib.resources.files(DEFINITIONS_PACKAGE).joinpath("KAFKA_VERSION").read_text().strip()
+
+
+def _read_definition(name: str) -> dict[str, Any]:
+    text = importlib.resources.files(DEFINITIONS_PACKAGE).joinpath(f"{name}.json").read_text()
+    definition: dict[str, Any] = json.loads(_COMMENT.sub("", text))
+    return definition
+
+
+class KafkaMessage(ApiMessage, init=False):  # type: ignore[misc,call-arg]
+    """Base of the codec classes compiled from the bundled definitions.
+
+    kafka-python's own message classes register themselves as the response class of their
+    API key (its client decodes with them); ours must not replace them, so this repeats
+    ApiMessage's set-up without the registration.
+    """
+
+    # Placeholder that lets ApiMessage's own subclass hook accept this abstract base.
+    _json = {"name": "KafkaMessage", "type": "request", "validVersions": "none", "flexibleVersions": "none"}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        if "_json" not in cls.__dict__:  # versioned views (cls[3]) inherit everything
+            super(ApiMessage, cls).__init_subclass__(**kw)
+            return
+        super(ApiMessage, cls).__init_subclass__(**kw)
+        cls._flexible_versions = BaseField.parse_versions(cls._json["flexibleVersions"])
+        cls._valid_versions = BaseField.parse_versions(cls._json["validVersions"])
+
+
+@cache
+def message_class(name: str) -> Any:
+    """kafka-python codec class for one bundled definition (e.g. "MetadataResponse")."""
+    cls = ApiMessageData(name, (KafkaMessage,), {"__module__": __name__}, load_json=DEFINITIONS_PACKAGE)
+    keep_unknown_tags(cls._struct)
+    return cls
+
+
 @dataclass(frozen=True, slots=True)
 class ApiSpec:
     key: int
@@ -54,11 +114,12 @@ class ApiSpec:
     min_version: int
     max_version: int
     first_flexible: int | None
-    request_class: Any
-    response_class: Any
 
     def is_flexible(self, version: int) -> bool:
         return self.first_flexible is not None and version >= self.first_flexible
+
+    def supports(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
 
     def request_header_version(self, version: int) -> int:
         return 2 if self.is_flexible(version) else 1
@@ -70,46 +131,42 @@ class ApiSpec:
             return 0
         return 1 if self.is_flexible(version) else 0
 
+    @property
+    def request_class(self) -> Any:
+        return message_class(f"{self.name}Request")
 
-def _collect_message_classes() -> dict[tuple[int, str], Any]:
-    for module in _SCHEMA_MODULES:
-        importlib.import_module(module)
-    found: dict[tuple[int, str], Any] = {}
-    pending: list[Any] = [ApiMessage]
-    while pending:
-        cls = pending.pop()
-        subclasses: list[Any] = cls.__subclasses__()
-        for sub in subclasses:
-            pending.append(sub)
-            if getattr(sub, "_class_version", None) is None and getattr(sub, "_json", None):
-                found[(sub.API_KEY, sub.type)] = sub
-    return found
+    @property
+    def response_class(self) -> Any:
+        return message_class(f"{self.name}Response")
 
 
 def _build_catalogue() -> dict[int, ApiSpec]:
-    classes = _collect_message_classes()
     catalogue: dict[int, ApiSpec] = {}
-    for (key, kind), request_class in classes.items():
-        if kind != "request" or (key, "response") not in classes:
+    for entry in importlib.resources.files(DEFINITIONS_PACKAGE).iterdir():
+        if not entry.name.endswith("Request.json"):
             continue
-        schema = request_class.json
-        valid = parse_versions(schema["validVersions"])
-        if valid is None:
+        request = _read_definition(entry.name.removesuffix(".json"))
+        valid = parse_versions(str(request["validVersions"]))
+        if valid is None:  # removed APIs (LeaderAndIsr, ...) keep a stub definition
             continue
-        flexible = parse_versions(schema["flexibleVersions"])
+        flexible = parse_versions(str(request["flexibleVersions"]))
+        key = int(request["apiKey"])
         catalogue[key] = ApiSpec(
             key=key,
-            name=str(schema["name"]).removesuffix("Request"),
+            name=str(request["name"]).removesuffix("Request"),
             min_version=valid[0],
             max_version=valid[1],
             first_flexible=None if flexible is None else flexible[0],
-            request_class=request_class,
-            response_class=classes[(key, "response")],
         )
-    return catalogue
+    return dict(sorted(catalogue.items()))
 
 
 API_SPECS: dict[int, ApiSpec] = _build_catalogue()
+
+
+def can_decode(api_key: int, api_version: int) -> bool:
+    spec = API_SPECS.get(api_key)
+    return spec is not None and spec.supports(api_version)
 
 
 def api_name(api_key: int) -> str:

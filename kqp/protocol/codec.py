@@ -1,9 +1,10 @@
 """Full decode/encode of message bodies through kafka-python's schema-driven codec.
 
-Only control-plane messages go through here (Metadata, FindCoordinator, ApiVersions, ...);
-Produce and Fetch stay on the zero-copy fast path. kafka-python 3.0.12 cannot re-encode a
-decoded message: `decode` bypasses `__init__`, so the `_header` slot is never set and
-`encode` fails reading it. We set it to None after decoding.
+The classes are compiled from Kafka's own definitions (kqp.protocol.apis), with tagged-field
+sections that keep unknown tags (kqp.protocol.tagged_fields). Only what the proxy reads goes
+through here; Produce and Fetch stay on the zero-copy fast path. kafka-python 3.0.12 cannot
+re-encode a decoded message: `decode` bypasses `__init__`, so the `_header` slot is never
+set and `encode` fails reading it. We set it to None after decoding.
 """
 
 from __future__ import annotations
@@ -14,24 +15,37 @@ from kqp.protocol.apis import API_SPECS
 from kqp.protocol.errors import ProtocolDecodeError, UnsupportedApiError
 
 
-def _message_class(api_key: int, is_request: bool) -> Any:
+def _message_class(api_key: int, api_version: int, is_request: bool) -> Any:
     spec = API_SPECS.get(api_key)
     if spec is None:
         raise UnsupportedApiError(f"unknown API key {api_key}")
+    if not spec.supports(api_version):
+        raise UnsupportedApiError(
+            f"{spec.name} v{api_version} is outside the known range {spec.min_version}-{spec.max_version}")
     return spec.request_class if is_request else spec.response_class
 
 
-def decode_body(api_key: int, api_version: int, body: bytes | memoryview, *, is_request: bool) -> Any:
-    cls = _message_class(api_key, is_request)
+def decode_body_exactly(
+    api_key: int, api_version: int, body: bytes | memoryview, *, is_request: bool
+) -> tuple[Any, int]:
+    """Decode a body; returns the message and how many bytes of the body it used."""
+    cls = _message_class(api_key, api_version, is_request)
+    flexible = cls.flexible_version_q(api_version)
     try:
-        message = cls.decode(bytes(body), version=api_version)
+        decode = cls._struct.compiled_decode_from(api_version, compact=flexible, tagged=flexible, data_class=cls)
+        message, used = decode(memoryview(bytes(body)), 0)
     except Exception as exc:  # the codec raises struct/Value/Index errors on bad bytes
         kind = "request" if is_request else "response"
         raise ProtocolDecodeError(
             f"cannot decode {API_SPECS[api_key].name} v{api_version} {kind}: {exc!r}"
         ) from exc
     message._header = None
-    return message
+    message._version = api_version
+    return message, int(used)
+
+
+def decode_body(api_key: int, api_version: int, body: bytes | memoryview, *, is_request: bool) -> Any:
+    return decode_body_exactly(api_key, api_version, body, is_request=is_request)[0]
 
 
 def encode_body(message: Any, api_version: int) -> bytes:
@@ -40,5 +54,5 @@ def encode_body(message: Any, api_version: int) -> bytes:
 
 def build_response(api_key: int, api_version: int, **fields: Any) -> Any:
     """A new response message of the given version (fields by their snake_case names)."""
-    cls = _message_class(api_key, is_request=False)
+    cls = _message_class(api_key, api_version, is_request=False)
     return cls[api_version](**fields)

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 
 from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY
-from kqp.protocol.errors import ProtocolDecodeError, UnsupportedApiError
+from kqp.protocol.errors import ProtocolDecodeError
 
 _HEADER_FIXED = struct.Struct(">hhih")
 
@@ -57,59 +57,75 @@ class RequestHeader:
     api_version: int
     correlation_id: int
     client_id: str | None
-    # Where the body starts in the frame.
+    # Where the body starts in the frame. For an API version the codec has no definition of,
+    # the header's tagged fields (if any) are left unread: such requests are only forwarded.
     body_offset: int
+    # Whether the bundled definitions describe this API version (so the body can be decoded).
+    known: bool = True
 
 
-def request_is_flexible(api_key: int, api_version: int) -> bool:
-    spec = API_SPECS[api_key]
-    if api_key == API_VERSIONS_KEY and api_version > spec.max_version:
-        # A client probing a newer ApiVersions still uses the flexible header of v3+.
+def request_is_flexible(api_key: int, api_version: int) -> bool | None:
+    """Whether the request uses header v2; None when the definitions cannot tell."""
+    spec = API_SPECS.get(api_key)
+    if spec is None:
+        return None
+    if spec.supports(api_version):
+        return spec.is_flexible(api_version)
+    if api_version > spec.max_version and spec.first_flexible is not None:
+        # Flexible versions are open-ended ("N+"): a newer version is flexible too. A client
+        # probing a newer ApiVersions relies on this.
         return True
-    return spec.is_flexible(api_version)
+    return None
 
 
 def parse_request_header(frame: bytes | memoryview) -> RequestHeader:
     """Parse the header of a request frame (size prefix already removed).
 
-    Raises UnsupportedApiError for API keys or versions the proxy cannot decode, except an
-    ApiVersions request of a newer version, which the proxy must answer (clients probe with
-    their newest version and fall back on UNSUPPORTED_VERSION).
+    Any API key and version is accepted: api_key, api_version, correlation_id and client_id
+    sit at the same place in every request header, so a request the definitions do not
+    describe can still be tracked and forwarded.
     """
     if len(frame) < _HEADER_FIXED.size:
         raise ProtocolDecodeError(f"request header needs {_HEADER_FIXED.size} bytes, frame has {len(frame)}")
     api_key, api_version, correlation_id, client_id_length = _HEADER_FIXED.unpack_from(frame, 0)
-    spec = API_SPECS.get(api_key)
-    if spec is None:
-        raise UnsupportedApiError(f"unknown API key {api_key} (correlation id {correlation_id})")
-    if api_version < 0 or (api_version > spec.max_version and api_key != API_VERSIONS_KEY):
-        raise UnsupportedApiError(
-            f"{spec.name} v{api_version} is outside the supported range "
-            f"{spec.min_version}-{spec.max_version} (correlation id {correlation_id})"
-        )
     offset = _HEADER_FIXED.size
     client_id: str | None = None
     if client_id_length >= 0:
         end = offset + client_id_length
         if end > len(frame):
             raise ProtocolDecodeError("client id runs past the end of the frame")
-        try:
-            client_id = bytes(frame[offset:end]).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ProtocolDecodeError("client id is not valid UTF-8") from exc
+        # A broker decodes the client id leniently too; it is only a label here.
+        client_id = bytes(frame[offset:end]).decode("utf-8", errors="replace")
         offset = end
     elif client_id_length != -1:
         raise ProtocolDecodeError(f"invalid client id length {client_id_length}")
-    if request_is_flexible(api_key, api_version):
+    spec = API_SPECS.get(api_key)
+    known = spec is not None and spec.supports(api_version)
+    flexible = request_is_flexible(api_key, api_version)
+    if flexible and (known or api_key == API_VERSIONS_KEY):
         offset = skip_tagged_fields(frame, offset)
-    return RequestHeader(api_key, api_version, correlation_id, client_id, offset)
+    return RequestHeader(api_key, api_version, correlation_id, client_id, offset, known)
+
+
+def response_header_flexible(api_key: int, api_version: int) -> bool | None:
+    """Whether the response header has a tagged-field section; None when unknown."""
+    if api_key == API_VERSIONS_KEY:
+        return False
+    spec = API_SPECS.get(api_key)
+    if spec is None or not spec.supports(api_version):
+        return None
+    return spec.response_header_version(api_version) == 1
 
 
 def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: int) -> int:
-    """Where the body of a response frame starts (after correlation id and header tags)."""
+    """Where the body of a response frame starts (after correlation id and header tags).
+
+    For an API version the definitions do not describe this is 4, right after the
+    correlation id: such responses are forwarded as they are and never decoded.
+    """
     if len(frame) < 4:
         raise ProtocolDecodeError("response shorter than its correlation id")
-    if API_SPECS[api_key].response_header_version(api_version) == 1:
+    if response_header_flexible(api_key, api_version):
         return skip_tagged_fields(frame, 4)
     return 4
 
@@ -134,6 +150,6 @@ def encode_request_header(
 
 def encode_response_header(api_key: int, api_version: int, correlation_id: int) -> bytes:
     header = correlation_id.to_bytes(4, "big", signed=True)
-    if API_SPECS[api_key].response_header_version(api_version) == 1:
+    if response_header_flexible(api_key, api_version):
         header += b"\x00"
     return header

@@ -159,20 +159,25 @@ def _field(field: Mapping[str, Any], version: int, flexible: bool) -> Skipper | 
 
 
 @cache
-def throttle_location(api_key: int, api_version: int) -> Skipper | int | None:
-    """How to reach ThrottleTimeMs from the start of the body: a constant offset, a skipper
-    over the fields before it, or None when this response version has no such field."""
+def field_location(api_key: int, api_version: int, name: str) -> Skipper | int | None:
+    """How to reach a top-level response field from the start of the body: a constant offset,
+    a skipper over the fields before it, or None when this version has no such field (or the
+    definitions do not describe the version: its layout is then unknown)."""
     spec = API_SPECS.get(api_key)
-    if spec is None:
+    if spec is None or not spec.supports(api_version):
         return None
     fields: list[Mapping[str, Any]] = spec.response_class.json["fields"]
     flexible = spec.is_flexible(api_version)
     before: list[Skipper | int] = []
     for field in _wire_fields(fields, api_version):
-        if field["name"] == THROTTLE_FIELD:
+        if field["name"] == name:
             return _sequence(before)
         before.append(_field(field, api_version, flexible))
     return None
+
+
+def throttle_location(api_key: int, api_version: int) -> Skipper | int | None:
+    return field_location(api_key, api_version, THROTTLE_FIELD)
 
 
 def has_throttle_field(api_key: int, api_version: int) -> bool:

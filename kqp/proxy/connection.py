@@ -22,14 +22,14 @@ from collections import deque
 from typing import TYPE_CHECKING, cast
 
 from kqp.protocol.address_rewrite import (
-    ADDRESS_BEARING_APIS,
     NODE_ENDPOINT_VERSIONS,
+    carries_addresses,
     proxy_api_versions_body,
     rewrite_addresses,
 )
 from kqp.protocol.apis import (
-    API_SPECS,
     API_VERSIONS_KEY,
+    DECODED_APIS,
     FETCH_KEY,
     METADATA_KEY,
     SASL_AUTHENTICATE_KEY,
@@ -358,12 +358,12 @@ class ProxiedConnection:
 
     def _handle_request(self, frame: bytes) -> None:
         header = parse_request_header(frame)
-        minimum = API_SPECS[header.api_key].min_version
-        if header.api_version < minimum and header.api_key != API_VERSIONS_KEY:
-            # A broker closes the connection for these too; often a response sent the wrong way.
+        if not header.known and header.api_key in DECODED_APIS and header.api_key != API_VERSIONS_KEY:
+            # An API the proxy must read, in a version it cannot: never advertised, and the
+            # brokers (whose definitions these are) close the connection for it too.
             raise UnsupportedApiError(
-                f"{API_SPECS[header.api_key].name} v{header.api_version} is below the supported minimum "
-                f"v{minimum} (correlation id {header.correlation_id})"
+                f"API {header.api_key} v{header.api_version} is outside the versions the proxy decodes "
+                f"(correlation id {header.correlation_id})"
             )
         body = memoryview(frame)[header.body_offset :]
         api_key = header.api_key
@@ -440,8 +440,8 @@ class ProxiedConnection:
             return
         exchange = self._inflight[0]
         header = exchange.header
-        if header.api_key != FETCH_KEY or exchange.local_response is not None:
-            return
+        if header.api_key != FETCH_KEY or not header.known or exchange.local_response is not None:
+            return  # a Fetch version newer than the definitions may lay its body out differently
         if self.proxy.hooks.needs_whole_response(self, exchange):
             return
         head = bytearray(self._upstream_frames.detach_incomplete())
@@ -520,9 +520,9 @@ class ProxiedConnection:
         rewritten: bytes | None = None
         if api_key == API_VERSIONS_KEY:
             rewritten = proxy_api_versions_body(api_version, memoryview(frame)[body_offset:])
-        elif api_key in ADDRESS_BEARING_APIS or (
-            api_key in NODE_ENDPOINT_VERSIONS and api_version >= NODE_ENDPOINT_VERSIONS[api_key]
-            and self.proxy.may_carry_node_endpoints(api_key, api_version, frame, body_offset)
+        elif carries_addresses(api_key, api_version) and (
+            api_key not in NODE_ENDPOINT_VERSIONS
+            or self.proxy.may_carry_node_endpoints(api_key, api_version, frame, body_offset)
         ):
             message = decode_body(api_key, api_version, memoryview(frame)[body_offset:], is_request=False)
             if api_key == METADATA_KEY:

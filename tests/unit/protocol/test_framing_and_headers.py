@@ -14,7 +14,6 @@ from kqp.protocol.errors import (
     CorrelationError,
     FrameTooLargeError,
     ProtocolDecodeError,
-    UnsupportedApiError,
 )
 from kqp.protocol.framing import FrameDecoder, frame
 from kqp.protocol.headers import (
@@ -70,18 +69,20 @@ def test_null_client_id_is_allowed() -> None:
     assert parse_request_header(encoded).client_id is None
 
 
-def test_unknown_api_key_is_unsupported() -> None:
-    with pytest.raises(UnsupportedApiError, match="unknown API key 9999"):
-        parse_request_header(struct.pack(">hhih", 9999, 0, 1, -1))
+def test_unknown_api_key_is_read_for_forwarding() -> None:
+    header = parse_request_header(struct.pack(">hhih", 9999, 3, 77, 2) + b"id" + b"BODY")
+    assert (header.api_key, header.api_version, header.correlation_id, header.client_id) == (9999, 3, 77, "id")
+    assert not header.known
 
 
-def test_too_new_version_is_unsupported_except_for_api_versions() -> None:
+def test_too_new_version_is_read_for_forwarding_and_api_versions_probes_keep_their_header() -> None:
     too_new = API_SPECS[METADATA_KEY].max_version + 1
-    with pytest.raises(UnsupportedApiError, match="outside the supported range"):
-        parse_request_header(struct.pack(">hhih", METADATA_KEY, too_new, 1, -1))
+    header = parse_request_header(struct.pack(">hhih", METADATA_KEY, too_new, 1, -1) + b"\x00")
+    assert (header.api_version, header.known) == (too_new, False)
     probe = API_SPECS[API_VERSIONS_KEY].max_version + 1
-    header = parse_request_header(struct.pack(">hhih", API_VERSIONS_KEY, probe, 1, -1) + b"\x00")
+    header = parse_request_header(struct.pack(">hhih", API_VERSIONS_KEY, probe, 1, -1) + b"\x00BODY")
     assert header.api_version == probe
+    assert header.body_offset == 11  # flexible header: its tagged-field section is skipped
 
 
 def test_truncated_header_is_a_decode_error() -> None:

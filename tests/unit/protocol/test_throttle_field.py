@@ -18,6 +18,7 @@ from kqp.protocol.throttle_field import (
     has_throttle_field,
     patch_throttle_time,
     read_throttle_time,
+    throttle_field_offset,
     throttle_location,
 )
 from tests.unit.protocol.schema_messages import body_strategy
@@ -41,11 +42,13 @@ def test_the_location_table_matches_kafkas() -> None:
     assert not has_throttle_field(API_VERSIONS_KEY, 0) and has_throttle_field(API_VERSIONS_KEY, 1)
     assert has_throttle_field(PRODUCE_KEY, 3) and has_throttle_field(FETCH_KEY, 4)
     assert not any(has_throttle_field(key, version) for key, version in ALL_VERSIONS if key in (17, 27, 36))
-    # Spec 5.3: first in the body everywhere except Produce (after Responses), ApiVersions
-    # (after ErrorCode and ApiKeys) and OffsetDelete (after ErrorCode).
-    elsewhere = {PRODUCE_KEY, API_VERSIONS_KEY, OFFSET_DELETE_KEY}
+    # First in the body everywhere except Produce (after Responses), ApiVersions (after
+    # ErrorCode and ApiKeys), OffsetDelete (after ErrorCode) and the delegation-token APIs
+    # 38-41 (after ErrorCode and the token fields).
+    elsewhere = {PRODUCE_KEY, API_VERSIONS_KEY, OFFSET_DELETE_KEY, 38, 39, 40, 41}
     assert all(throttle_location(*pair) == 0 for pair in WITH_FIELD if pair[0] not in elsewhere)
     assert throttle_location(OFFSET_DELETE_KEY, 0) == 2
+    assert throttle_location(39, 2) == 10  # RenewDelegationToken: ErrorCode, ExpiryTimestampMs
     assert callable(throttle_location(PRODUCE_KEY, 9)) and callable(throttle_location(API_VERSIONS_KEY, 3))
 
 
@@ -104,11 +107,13 @@ def test_values_are_clamped_to_the_int32_range() -> None:
 @given(data=st.data())
 def test_frames_cut_before_the_field_are_protocol_errors(api_key: int, version: int, data: st.DataObject) -> None:
     # In these responses ThrottleTimeMs comes after an array, at the end of the body
-    # (followed only by the empty tagged-field section in flexible versions).
+    # (followed only by the tagged-field section in flexible versions).
     body = data.draw(body_strategy(api_key, version, is_request=False))
     frame = encode_response_header(api_key, version, 1) + body
     body_offset = response_body_offset(frame, api_key, version)
-    field_end = len(frame) - (1 if API_SPECS[api_key].is_flexible(version) else 0)
+    offset = throttle_field_offset(frame, body_offset, api_key, version)
+    assert offset is not None
+    field_end = offset + 4
     assert read_throttle_time(frame[:field_end], body_offset, api_key, version) is not None
     for cut in range(body_offset, field_end):
         with pytest.raises(ProtocolDecodeError):

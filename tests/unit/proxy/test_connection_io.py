@@ -104,8 +104,7 @@ async def test_oversized_frame_closes_only_that_connection(
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
-        (struct.pack(">hhih", 9999, 0, 1, -1), "unknown API key 9999"),
-        (struct.pack(">hhih", METADATA_KEY, 99, 1, -1), "outside the supported range"),
+        (struct.pack(">hhih", METADATA_KEY, 99, 1, -1), "outside the versions the proxy decodes"),
         (b"\x00\x03", "request header needs"),
         (struct.pack(">hhih", METADATA_KEY, 12, 1, 200) + b"x", "client id runs past"),
     ],
@@ -120,6 +119,20 @@ async def test_malformed_requests_close_the_connection_with_a_reason(
         assert await client.closed_by_peer()
     assert reason in caplog.text
     assert "127.0.0.1" in caplog.text  # the log names the peer
+    await proxy.stop()
+
+
+async def test_an_api_the_proxy_does_not_know_is_forwarded_as_bytes(broker: FakeBroker) -> None:
+    # API key 9999 in a version no definition describes: the header is read, the rest is not.
+    broker.handlers[9999] = lambda header, body: b"ANSWER:" + bytes(body)
+    proxy = await start_proxy(broker)
+    client = await RawClient.connect(proxy.bootstrap_port)
+    client.send(struct.pack(">hhih", 9999, 7, 41, 2) + b"id" + b"\x00opaque body")
+    response = await client.receive()
+    assert response == struct.pack(">i", 41) + b"ANSWER:\x00opaque body"
+    assert [(h.api_key, h.api_version, h.correlation_id) for h in broker.received if h.api_key == 9999] == [
+        (9999, 7, 41)]
+    client.close()
     await proxy.stop()
 
 

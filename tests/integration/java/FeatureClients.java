@@ -1,0 +1,143 @@
+// Kafka's own Java clients using the newer protocol features, for the transparency tests.
+// Run as a single-file source program:
+//   java -cp '<kafka libs>/*' FeatureClients.java MODE BOOTSTRAP TOPIC ...
+// Modes:
+//   consume BOOTSTRAP TOPIC GROUP EXPECTED [key=value ...]
+//       KafkaConsumer (subscribe, poll, commitSync) until EXPECTED records; prints "consumed N".
+//   share-consume BOOTSTRAP TOPIC GROUP EXPECTED SECONDS [IDLE_SECONDS]
+//       KafkaShareConsumer (share group), acknowledging every record, until it has EXPECTED
+//       records, or it has some and none came for IDLE_SECONDS, or SECONDS pass; prints
+//       "share-consumed N" and each value as "value V" lines. Sets the group's
+//       share.auto.offset.reset=earliest first.
+//   txn-produce BOOTSTRAP TOPIC COMMITTED ABORTED
+//       A transactional producer: COMMITTED records "c<i>" in a committed transaction and
+//       ABORTED records "a<i>" in an aborted one; prints "committed N aborted M".
+import java.time.Duration;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AlterConfigOp;
+import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.clients.consumer.AcknowledgeType;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.KafkaShareConsumer;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.config.ConfigResource;
+import org.apache.kafka.common.serialization.StringDeserializer;
+import org.apache.kafka.common.serialization.StringSerializer;
+
+public class FeatureClients {
+    public static void main(String[] args) throws Exception {
+        switch (args[0]) {
+            case "consume" -> consume(args);
+            case "share-consume" -> shareConsume(args);
+            case "txn-produce" -> txnProduce(args);
+            default -> throw new IllegalArgumentException("unknown mode " + args[0]);
+        }
+    }
+
+    static void consume(String[] args) {
+        Properties props = new Properties();
+        props.put("bootstrap.servers", args[1]);
+        props.put("group.id", args[3]);
+        props.put("auto.offset.reset", "earliest");
+        props.put("enable.auto.commit", "false");
+        props.put("key.deserializer", StringDeserializer.class.getName());
+        props.put("value.deserializer", StringDeserializer.class.getName());
+        for (int i = 5; i < args.length; i++) {
+            String[] kv = args[i].split("=", 2);
+            props.put(kv[0], kv[1]);
+        }
+        long expected = Long.parseLong(args[4]);
+        long count = 0;
+        long deadline = System.currentTimeMillis() + 120_000;
+        try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(props)) {
+            consumer.subscribe(List.of(args[2]));
+            while (count < expected && System.currentTimeMillis() < deadline) {
+                ConsumerRecords<String, String> records = consumer.poll(Duration.ofMillis(500));
+                for (ConsumerRecord<String, String> record : records) {
+                    System.out.println("value " + record.value());
+                    count++;
+                }
+                if (!records.isEmpty()) {
+                    consumer.commitSync();
+                }
+            }
+            // Anything past the expected count would show up here.
+            ConsumerRecords<String, String> extra = consumer.poll(Duration.ofSeconds(2));
+            count += extra.count();
+            consumer.commitSync();
+        }
+        System.out.println("consumed " + count);
+    }
+
+    static void shareConsume(String[] args) throws Exception {
+        String bootstrap = args[1];
+        String group = args[3];
+        try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
+            ConfigResource resource = new ConfigResource(ConfigResource.Type.GROUP, group);
+            AlterConfigOp op = new AlterConfigOp(new ConfigEntry("share.auto.offset.reset", "earliest"),
+                                                 AlterConfigOp.OpType.SET);
+            admin.incrementalAlterConfigs(Map.of(resource, List.of(op))).all().get();
+        }
+        Properties props = new Properties();
+        props.put("bootstrap.servers", bootstrap);
+        props.put("group.id", group);
+        props.put("share.acknowledgement.mode", "explicit");
+        props.put("key.deserializer", StringDeserializer.class.getName());
+        props.put("value.deserializer", StringDeserializer.class.getName());
+        long expected = Long.parseLong(args[4]);
+        long deadline = System.currentTimeMillis() + Long.parseLong(args[5]) * 1000;
+        long idleMs = args.length > 6 ? Long.parseLong(args[6]) * 1000 : Long.MAX_VALUE / 2;
+        long lastRecordAt = System.currentTimeMillis();
+        long count = 0;
+        try (KafkaShareConsumer<String, String> consumer = new KafkaShareConsumer<>(props)) {
+            consumer.subscribe(List.of(args[2]));
+            while (count < expected && System.currentTimeMillis() < deadline
+                   && !(count > 0 && System.currentTimeMillis() - lastRecordAt > idleMs)) {
+                ConsumerRecords<String, String> records = consumer.poll(Duration.ofMillis(500));
+                if (!records.isEmpty()) {
+                    lastRecordAt = System.currentTimeMillis();
+                }
+                for (ConsumerRecord<String, String> record : records) {
+                    System.out.println("value " + record.value());
+                    consumer.acknowledge(record, AcknowledgeType.ACCEPT);
+                    count++;
+                }
+                if (!records.isEmpty()) {
+                    consumer.commitSync();
+                }
+            }
+        }
+        System.out.println("share-consumed " + count);
+    }
+
+    static void txnProduce(String[] args) {
+        Properties props = new Properties();
+        props.put("bootstrap.servers", args[1]);
+        props.put("transactional.id", args[2] + "-txn");
+        props.put("key.serializer", StringSerializer.class.getName());
+        props.put("value.serializer", StringSerializer.class.getName());
+        int committed = Integer.parseInt(args[3]);
+        int aborted = Integer.parseInt(args[4]);
+        try (KafkaProducer<String, String> producer = new KafkaProducer<>(props)) {
+            producer.initTransactions();
+            producer.beginTransaction();
+            for (int i = 0; i < committed; i++) {
+                producer.send(new ProducerRecord<>(args[2], "c" + i));
+            }
+            producer.commitTransaction();
+            producer.beginTransaction();
+            for (int i = 0; i < aborted; i++) {
+                producer.send(new ProducerRecord<>(args[2], "a" + i));
+            }
+            producer.flush();
+            producer.abortTransaction();
+        }
+        System.out.println("committed " + committed + " aborted " + aborted);
+    }
+}

@@ -1,0 +1,239 @@
+"""Acceptance: every Kafka 4.3 client feature works through the proxy.
+
+The proxy advertises every API and version the brokers do and forwards what it does not
+need to read as bytes, so the newer protocols work unchanged: the consumer group protocol
+(KIP-848) with Java and librdkafka, share groups (KIP-932), transactions, and
+kafka-metadata-quorum. Each client's sockets are watched: none may reach a broker port.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from harness.local_kafka import KafkaCluster
+from harness.proxy_process import ProxyProcess
+from tests.integration.conftest import ProxyFactory
+from tests.integration.socket_watch import SocketWatch
+from tests.integration.through_proxy import (
+    assert_only_proxy,
+    committed_offsets,
+    create_topic,
+    end_offsets,
+    run_watched,
+)
+
+pytestmark = pytest.mark.integration
+
+FEATURE_CLIENTS = Path(__file__).parent / "java" / "FeatureClients.java"
+RECORDS = 3000
+
+
+def _java(cluster: KafkaCluster, *args: str) -> list[str]:
+    return ["java", "-Xmx256m", "-cp", f"{cluster.kafka_dir / 'libs'}/*", str(FEATURE_CLIENTS), *args]
+
+
+def _produce(bootstrap: str, topic: str, count: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    for i in range(count):
+        producer.produce(topic, str(i).encode())
+    assert producer.flush(60) == 0
+
+
+# ---- raw ApiVersions ------------------------------------------------------------------
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise OSError("connection closed")
+        data += chunk
+    return data
+
+
+def _compact_string(text: str) -> bytes:
+    raw = text.encode()
+    return bytes([len(raw) + 1]) + raw
+
+
+def _api_versions(sock: socket.socket, correlation_id: int, version: int = 3,
+                  software: str = "kqp-test") -> tuple[int, dict[int, tuple[int, int]]]:
+    """One ApiVersions round trip: (error code, {api key: (min, max)})."""
+    header = struct.pack(">hhih", 18, version, correlation_id, 4) + b"test"
+    if version >= 3:
+        request = header + b"\x00" + _compact_string(software) + _compact_string("1.0") + b"\x00"
+    else:
+        request = header
+    sock.sendall(struct.pack(">i", len(request)) + request)
+    size = struct.unpack(">i", _recv_exact(sock, 4))[0]
+    payload = _recv_exact(sock, size)
+    assert struct.unpack(">i", payload[:4])[0] == correlation_id
+    body = payload[4:]
+    error_code = struct.unpack(">h", body[:2])[0]
+    apis: dict[int, tuple[int, int]] = {}
+    if version >= 3:
+        count = body[2] - 1  # compact array; fine below 127 entries
+        offset = 3
+        for _ in range(max(count, 0)):
+            key, low, high = struct.unpack(">hhh", body[offset:offset + 6])
+            apis[key] = (low, high)
+            offset += 7  # and an empty tagged-field section per entry
+    return error_code, apis
+
+
+def _ask(port: int, version: int = 3) -> dict[int, tuple[int, int]]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        error_code, apis = _api_versions(sock, 1, version)
+    assert error_code == 0
+    return apis
+
+
+@pytest.fixture
+def proxy(kafka_3nodes: KafkaCluster, start_proxy: ProxyFactory) -> ProxyProcess:
+    proxy = start_proxy(kafka_3nodes)
+    assert proxy.readyz() == 200
+    return proxy
+
+
+def test_proxy_advertises_every_api_and_version_of_every_broker(kafka_3nodes: KafkaCluster,
+                                                                proxy: ProxyProcess) -> None:
+    # Versions the proxy does not advertise as the broker does; the goal is none.
+    documented_caps: dict[int, tuple[int, int]] = {}
+    for node_id, node in kafka_3nodes.nodes.items():
+        broker = _ask(node.plaintext_port)
+        # The newer protocols are the point: they must be among what the brokers offer.
+        assert {68, 69, 76, 77, 78, 79, 88} <= broker.keys()
+        expected = {**broker, **documented_caps}
+        assert _ask(proxy.node_port(node_id)) == expected
+        assert _ask(proxy.bootstrap_port) == expected
+
+
+def test_api_versions_error_for_a_bad_client_software_name_keeps_the_connection(proxy: ProxyProcess) -> None:
+    with socket.create_connection(("127.0.0.1", proxy.bootstrap_port), timeout=10) as sock:
+        error_code, _ = _api_versions(sock, 7, software="bad name!")
+        assert error_code == 42  # INVALID_REQUEST, as the broker answers it
+        error_code, apis = _api_versions(sock, 8)
+        assert error_code == 0
+        assert 18 in apis
+
+
+# ---- clients --------------------------------------------------------------------------
+
+
+def test_java_consumer_with_the_consumer_group_protocol(kafka_3nodes: KafkaCluster, proxy: ProxyProcess,
+                                                        topic_name: str) -> None:
+    create_topic(proxy.bootstrap, topic_name)
+    _produce(proxy.bootstrap, topic_name, RECORDS)
+    group = f"{topic_name}-kip848"
+    run = run_watched(_java(kafka_3nodes, "consume", proxy.bootstrap, topic_name, group, str(RECORDS),
+                            "group.protocol=consumer"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"consumed {RECORDS}" in run.stdout
+    values = [line.split(" ", 1)[1] for line in run.stdout.splitlines() if line.startswith("value ")]
+    assert sorted(values, key=int) == [str(i) for i in range(RECORDS)]
+    ends = end_offsets(proxy.bootstrap, topic_name)
+    assert sum(ends) == RECORDS
+    assert committed_offsets(proxy.bootstrap, group, topic_name) == ends
+    assert_only_proxy(run.watch, proxy, kafka_3nodes)
+
+
+def test_librdkafka_consumer_with_the_consumer_group_protocol(kafka_3nodes: KafkaCluster, proxy: ProxyProcess,
+                                                              topic_name: str) -> None:
+    create_topic(proxy.bootstrap, topic_name)
+    group = f"{topic_name}-kip848"
+    with SocketWatch() as watch:
+        _produce(proxy.bootstrap, topic_name, RECORDS)
+        consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": group,
+                             "group.protocol": "consumer", "auto.offset.reset": "earliest",
+                             "enable.auto.commit": False})
+        values: list[str] = []
+        try:
+            consumer.subscribe([topic_name])
+            deadline = time.monotonic() + 120
+            while len(values) < RECORDS and time.monotonic() < deadline:
+                message = consumer.poll(0.5)
+                if message is None:
+                    continue
+                assert message.error() is None, message.error()
+                values.append(message.value().decode())
+            consumer.commit(asynchronous=False)
+        finally:
+            consumer.close()
+    assert sorted(values, key=int) == [str(i) for i in range(RECORDS)]
+    ends = end_offsets(proxy.bootstrap, topic_name)
+    assert committed_offsets(proxy.bootstrap, group, topic_name) == ends
+    assert sum(ends) == RECORDS
+    assert_only_proxy(watch, proxy, kafka_3nodes)
+
+
+def test_share_group_consumers_get_every_record(kafka_3nodes: KafkaCluster, proxy: ProxyProcess,
+                                                topic_name: str) -> None:
+    create_topic(proxy.bootstrap, topic_name)
+    _produce(proxy.bootstrap, topic_name, RECORDS)
+    run = run_watched(_java(kafka_3nodes, "share-consume", proxy.bootstrap, topic_name, f"{topic_name}-share",
+                            str(RECORDS), "90"), timeout_s=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    values = [line.split(" ", 1)[1] for line in run.stdout.splitlines() if line.startswith("value ")]
+    assert sorted(values, key=int) == [str(i) for i in range(RECORDS)]
+    assert_only_proxy(run.watch, proxy, kafka_3nodes)
+
+
+def test_two_share_consumers_split_the_records_with_none_lost(kafka_3nodes: KafkaCluster, proxy: ProxyProcess,
+                                                              topic_name: str) -> None:
+    create_topic(proxy.bootstrap, topic_name)
+    _produce(proxy.bootstrap, topic_name, RECORDS)
+    command = _java(kafka_3nodes, "share-consume", proxy.bootstrap, topic_name, f"{topic_name}-share",
+                    str(RECORDS), "120", "15")
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda _: run_watched(command, timeout_s=240), range(2)))
+    per_consumer = []
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+        per_consumer.append([line.split(" ", 1)[1] for line in run.stdout.splitlines() if line.startswith("value ")])
+    # Every record delivered and acknowledged once, across the two members.
+    assert sorted(per_consumer[0] + per_consumer[1], key=int) == [str(i) for i in range(RECORDS)]
+    assert all(per_consumer), f"one member got nothing: {[len(v) for v in per_consumer]}"
+    for run in runs:
+        assert_only_proxy(run.watch, proxy, kafka_3nodes)
+
+
+def test_transactions_read_committed_gets_exactly_the_committed_records(
+        kafka_3nodes: KafkaCluster, proxy: ProxyProcess, topic_name: str) -> None:
+    create_topic(proxy.bootstrap, topic_name)
+    committed, aborted = 1500, 700
+    produced = run_watched(_java(kafka_3nodes, "txn-produce", proxy.bootstrap, topic_name,
+                                 str(committed), str(aborted)))
+    assert produced.returncode == 0, produced.stderr[-3000:]
+    assert f"committed {committed} aborted {aborted}" in produced.stdout
+    consumed = run_watched(_java(kafka_3nodes, "consume", proxy.bootstrap, topic_name, f"{topic_name}-rc",
+                                 str(committed), "isolation.level=read_committed"))
+    assert consumed.returncode == 0, consumed.stderr[-3000:]
+    values = [line.split(" ", 1)[1] for line in consumed.stdout.splitlines() if line.startswith("value ")]
+    assert sorted(values) == sorted(f"c{i}" for i in range(committed))
+    assert f"consumed {committed}" in consumed.stdout
+    for run in (produced, consumed):
+        assert_only_proxy(run.watch, proxy, kafka_3nodes)
+
+
+@pytest.mark.parametrize("mode", ["--status", "--replication"])
+def test_metadata_quorum_tool_prints_no_upstream_address(kafka_3nodes: KafkaCluster, proxy: ProxyProcess,
+                                                         mode: str) -> None:
+    run = run_watched(kafka_3nodes.tool_command("org.apache.kafka.tools.MetadataQuorumCommand",
+                                                "--bootstrap-server", proxy.bootstrap, "describe", mode))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "LeaderId" in run.stdout or "NodeId" in run.stdout, run.stdout
+    upstream_ports = {str(n.plaintext_port) for n in kafka_3nodes.nodes.values()} | {
+        str(n.controller_port) for n in kafka_3nodes.nodes.values()} | {
+        str(n.sasl_port) for n in kafka_3nodes.nodes.values()}
+    leaked = [port for port in upstream_ports if f":{port}" in run.stdout]
+    assert not leaked, run.stdout
+    assert_only_proxy(run.watch, proxy, kafka_3nodes)
+
