@@ -51,6 +51,8 @@ class EnforcementSettings:
     default_partitions: int = 1
     # KRaft controllers charge validate-only requests; ZooKeeper-era brokers did not.
     charge_validate_only: bool = False
+    # Who may describe/alter quotas through the proxy besides the brokers' ACLs (None: anyone they allow).
+    admin_principals: frozenset[str] | None = None
 
 
 class QuotaEnforcement(TrafficHooks):
