@@ -313,6 +313,11 @@ class ProxiedConnection:
         while self._pending and not self._client_blockers and not self._closed:
             if self._inflight and self._one_at_a_time_until > self.proxy.loop.time():
                 return
+            if self._inflight and self._inflight[-1].local_response is not None:
+                # A local answer waits for the responses ahead of it, and its throttle must
+                # hold the requests behind it: read no more until it is sent (a broker reads
+                # nothing on a connection while a request of it is unanswered).
+                return
             frame = self._pending.popleft()
             try:
                 self._handle_request(frame)
@@ -374,16 +379,22 @@ class ProxiedConnection:
             self.mute(verdict.mute_ms)
 
     def _flush_local_answers(self) -> None:
+        # A local answer leaves in its place among the forwarded responses, and its verdict
+        # (throttle time, mute) applies exactly as for a forwarded one: requests pipelined
+        # behind a throttled local answer wait out the mute, as on a broker (KIP-219).
         client = self.client
         while self._inflight and self._inflight[0].local_response is not None and client is not None:
             exchange = self._inflight.popleft()
             answer = exchange.local_response
             assert answer is not None
-            client.writelines((_size_prefix(answer), answer))
             exchange.response_received_at = self.proxy.loop.time()
             header = exchange.header
             body_offset = response_body_offset(answer, header.api_key, header.api_version)
-            self.proxy.hooks.response(self, exchange, answer, body_offset)
+            verdict = self.proxy.hooks.response(self, exchange, answer, body_offset)
+            out = answer if verdict is None or verdict.frame is None else bytes(verdict.frame)
+            client.writelines((_size_prefix(out), out))
+            if verdict is not None and verdict.mute_ms:
+                self.mute(verdict.mute_ms)
         if not self._inflight:
             self._drained.set()
 

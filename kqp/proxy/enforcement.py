@@ -178,7 +178,10 @@ class QuotaEnforcement(TrafficHooks):
         if exchange.local_response is not None:
             # Answered by the proxy (every topic rejected): the throttle is already in it.
             throttle = int(exchange.notes.get(NOTE_PROXY_THROTTLE_MS, 0))
-            return ResponseVerdict(mute_ms=throttle) if throttle else None
+            if not throttle:
+                return None
+            self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
+            return ResponseVerdict(mute_ms=throttle)
         now = self._now_ms()
         broker = self._broker(connection)
         principal = connection.principal
