@@ -38,7 +38,7 @@ from kqp.quotas.stats import (
     NO_QUOTA_BOUND,
     TokenBucket,
     WindowedRate,
-    clamp_int32,
+    java_int,
     token_bucket_throttle_time,
 )
 
@@ -446,10 +446,11 @@ class QuotaEngine:
         if sensor is None or sensor.expired or manager.poll_reset:
             sensor = manager.sensor(broker, user, client_id, t)
         sensor.last_record_ms = t
-        throttle = sensor.record_and_throttle(nbytes, t)
+        # Kafka narrows the long throttle to an int (l2i, wrapping); a negative one is no throttle.
+        throttle = java_int(sensor.record_and_throttle(nbytes, t))
         if throttle <= 0:
             return 0
-        return self._throttled("producer_byte_rate", sensor, clamp_int32(throttle))
+        return self._throttled("producer_byte_rate", sensor, throttle)
 
     def record_fetch(
         self,
@@ -477,14 +478,14 @@ class QuotaEngine:
         if sensor is None or sensor.expired or manager.poll_reset:
             sensor = manager.sensor(broker, user, client_id, t)
         sensor.last_record_ms = t
-        throttle = sensor.record_and_throttle(nbytes, t)
+        throttle = java_int(sensor.record_and_throttle(nbytes, t))
         if throttle <= 0 and request_throttle_ms <= 0:
             return 0
         if not delivered and not sensor.identity.dry_run:
             sensor.record(-nbytes, t)
         if throttle <= 0:
             return 0
-        return self._throttled("consumer_byte_rate", sensor, clamp_int32(throttle))
+        return self._throttled("consumer_byte_rate", sensor, throttle)
 
     def fetch_max_bytes_cap(self, broker: str, user: str, client_id: str, now_ms: float) -> int | None:
         """getMaxValueInQuotaWindow as an int: limit x (samples - 1) x window_s, the largest
@@ -581,7 +582,7 @@ class QuotaEngine:
                 tokens = bucket.measure(t)
                 if tokens < 0:
                     last_throttle = token_bucket_throttle_time(tokens, bucket.bound)
-        throttle = clamp_int32(last_throttle) if last_throttle > 0 else 0
+        throttle = max(java_int(last_throttle), 0)  # AbstractControllerMutationQuota.throttleTime
         enforced = self._throttled("controller_mutation_rate", sensor, throttle) if throttle else 0
         accepted = [True] * len(verdicts) if dry_run else verdicts
         return MutationOutcome(accepted, enforced, verdicts, throttle, dry_run)
