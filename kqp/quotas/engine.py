@@ -47,12 +47,16 @@ CONNECTION_CREATION_RATE = "connection_creation_rate"
 # ClientRequestQuotaManager.NanosToPercentagePerSecond: 1 ms of thread time per second = 0.1 %.
 NANOS_TO_PERCENT = 100.0 / 1_000_000_000
 
-# Responses the broker sends with sendResponseExemptThrottle, or that only reach controllers
-# as cluster actions (Raft RPCs, broker lifecycle): their time is never charged to a client.
-# UpdateFeatures (57) and DescribeQuorum (55) are cluster actions that Kafka does throttle.
-EXEMPT_REQUEST_API_KEYS: frozenset[int] = frozenset(
-    {4, 5, 6, 7, 27, 52, 53, 54, 56, 58, 62, 63, 67, 70, 83, 84, 85, 86, 87}
-)
+# Kafka 4.3.1's request-quota exemptions by API key (sendResponseExemptThrottle), read from
+# its bytecode: on brokers (KafkaApis) WriteTxnMarkers (27); on controllers (ControllerApis)
+# AlterPartition (56) and the KRaft RPCs that only controllers serve: Vote (52),
+# BeginQuorumEpoch (53), EndQuorumEpoch (54), FetchSnapshot (59), UpdateRaftVoter (82). The
+# proxy fronts brokers, so APIs a broker serves itself take the broker's rule: DescribeQuorum
+# (55), AddRaftVoter (80), RemoveRaftVoter (81) and UpdateFeatures (57) are forwarded to the
+# controller and charged, as are BrokerRegistration/Heartbeat (62, 63), AllocateProducerIds
+# (67), ControllerRegistration (70), Envelope (58) and the share-group state APIs (83-87).
+# Produce with acks=0 and follower Fetch are exempt per request (`exempt=True`).
+EXEMPT_REQUEST_API_KEYS: frozenset[int] = frozenset({27, 52, 53, 54, 56, 59, 82})
 
 # KIP-599: versions from which a mutation over quota is rejected per topic (strict) rather
 # than accepted and followed by a throttle (permissive).
