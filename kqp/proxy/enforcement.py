@@ -69,6 +69,12 @@ class QuotaEnforcement(TrafficHooks):
         # new connection while throttled (librdkafka does after a request timeout) must not
         # pipeline its backlog through it: see `read_one_request_at_a_time`.
         self._throttled_until: dict[tuple[str, str], float] = {}
+        # (principal, client-id) -> its open connections, kept only while some quota has
+        # `scope: cluster`: a throttle on that one budget holds every connection, as one broker.
+        self._connections_of: dict[tuple[str, str], set[ProxiedConnection]] = {}
+        self._clients_on: dict[ProxiedConnection, set[tuple[str, str]]] = {}
+        self._scope_checked_for: object = None
+        self._cluster_scope = False
 
     def _note_throttle(self, client: tuple[str, str], throttle_ms: int, now_ms: float) -> None:
         until = now_ms + throttle_ms
@@ -89,9 +95,37 @@ class QuotaEnforcement(TrafficHooks):
 
     # ---- requests --------------------------------------------------------------------
 
+    def _cluster_scope_in_use(self) -> bool:
+        settings = self.engine.settings
+        if settings is not self._scope_checked_for:  # once per configuration, not per request
+            self._scope_checked_for = settings
+            self._cluster_scope = settings.scope == "cluster" or any(e.scope == "cluster" for e in settings.entries)
+        return self._cluster_scope
+
+    def _hold_every_connection(self, connection: ProxiedConnection, client: tuple[str, str], throttle: int) -> None:
+        """`scope: cluster`: mute the client's other connections too, as a single broker would."""
+        others = self._connections_of.get(client)
+        if not others or len(others) < 2 or not self.engine.cluster_scoped(*client):
+            return
+        for other in others:
+            if other is not connection:
+                other.mute(throttle)
+
+    def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
+        for key in self._clients_on.pop(connection, ()):
+            conns = self._connections_of.get(key)
+            if conns is not None:
+                conns.discard(connection)
+                if not conns:
+                    del self._connections_of[key]
+
     def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
         api_key = header.api_key
+        if self._cluster_scope_in_use():
+            key = (connection.principal, header.client_id or "")
+            self._connections_of.setdefault(key, set()).add(connection)
+            self._clients_on.setdefault(connection, set()).add(key)
         if self._throttled_until:
             until = self._throttled_until.get((connection.principal, header.client_id or ""))
             if until is not None:
@@ -108,6 +142,7 @@ class QuotaEnforcement(TrafficHooks):
             if not throttle:
                 return None
             self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
+            self._hold_every_connection(connection, (connection.principal, header.client_id or ""), throttle)
             return RequestVerdict(mute_ms=throttle)
         if api_key == FETCH_KEY:
             return self._cap_fetch(connection, exchange, frame)
@@ -181,6 +216,7 @@ class QuotaEnforcement(TrafficHooks):
             if not throttle:
                 return None
             self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
+            self._hold_every_connection(connection, (connection.principal, header.client_id or ""), throttle)
             return ResponseVerdict(mute_ms=throttle)
         now = self._now_ms()
         broker = self._broker(connection)
@@ -223,6 +259,7 @@ class QuotaEnforcement(TrafficHooks):
         if throttle <= 0:
             return ResponseVerdict(frame=out) if out is not frame else None
         self._note_throttle((principal, client_id), throttle, now)
+        self._hold_every_connection(connection, (principal, client_id), throttle)
         if broker_throttle is not None and throttle > broker_throttle:
             patched = bytearray(out)
             patch_throttle_time(patched, body_offset, api_key, header.api_version, throttle)

@@ -438,6 +438,22 @@ class QuotaEngine:
             tags = self.callback.quota_metric_tags(quota_type, user, client_id)
         return self.callback.quota_limit(quota_type, tags)
 
+    def cluster_scoped(self, user: str, client_id: str) -> bool:
+        """Whether any client quota that limits this client has `scope: cluster` (one budget
+        across every broker), so a throttle for it must hold all the client's connections."""
+        for quota_type, manager in self._managers.items():
+            if quota_type == CONNECTION_CREATION_RATE or not manager.enabled:
+                continue
+            default = manager.default_callback
+            if default is not None:
+                user_tag, client_tag = default.metric_tags(quota_type, user, client_id)
+                tags: Mapping[str, str] = {USER_TAG: user_tag, CLIENT_ID_TAG: client_tag}
+            else:
+                tags = self.callback.quota_metric_tags(quota_type, user, client_id)
+            if manager.limit_for(tags) < NO_QUOTA_BOUND and manager.entry_policy(tags)[0] == "cluster":
+                return True
+        return False
+
     # -- byte rates (KIP-13) -------------------------------------------------------------------
 
     def record_produce(self, broker: str, user: str, client_id: str, nbytes: int, now_ms: float) -> int:
