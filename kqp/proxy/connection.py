@@ -254,8 +254,11 @@ class ProxiedConnection:
             self._unblock_client(_UPSTREAM_BACKLOG)
             self._process_pending()
 
-    def mute(self, throttle_ms: int) -> None:
-        """KIP-219: after a throttled response, read nothing from this client for a while."""
+    def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None:
+        """KIP-219: after a throttled response, read nothing from this client for a while.
+
+        `one_at_a_time=False` mutes without the one-request-at-a-time span that follows a
+        throttle on this connection itself (a cluster-wide budget throttled elsewhere)."""
         if throttle_ms <= 0 or self._closed:
             return
         loop = self.proxy.loop
@@ -266,7 +269,8 @@ class ProxiedConnection:
         # A broker reads one request per connection at a time, so a throttled client's
         # pipelined requests wait in the socket. Do the same while it is being throttled,
         # or requests read before the throttle would all go through at once.
-        self._one_at_a_time_until = until + _ONE_AT_A_TIME_AFTER_THROTTLE_S
+        if one_at_a_time:
+            self._one_at_a_time_until = until + _ONE_AT_A_TIME_AFTER_THROTTLE_S
         if self._unmute_handle is not None:
             self._unmute_handle.cancel()
         self._block_client(_THROTTLED)

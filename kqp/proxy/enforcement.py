@@ -109,7 +109,7 @@ class QuotaEnforcement(TrafficHooks):
             return
         for other in others:
             if other is not connection:
-                other.mute(throttle)
+                other.mute(throttle, one_at_a_time=False)
 
     def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
         for key in self._clients_on.pop(connection, ()):
