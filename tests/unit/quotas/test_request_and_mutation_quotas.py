@@ -99,6 +99,10 @@ def test_strict_controller_mutation_quota_f2() -> None:
     third = _mutate(engine, 6, [90], 0)
     assert (third.accepted, third.throttle_ms, _tokens(engine, 0)) == ([False], 8000, -80)
     assert _tokens(engine, 5000) == -30  # 3000 ms left to refill
+    # Step 4, observed: a request at t = 5000 is rejected (not recorded) with the time-adjusted
+    # throttle, 8000 - 5000 = 3000 ms (AbstractControllerMutationQuota.throttleTime).
+    fourth = _mutate(engine, 6, [1], 5000)
+    assert (fourth.accepted, fourth.throttle_ms, _tokens(engine, 5000)) == ([False], 3000, -30)
 
 
 def test_permissive_controller_mutation_quota_f3() -> None:
@@ -109,6 +113,10 @@ def test_permissive_controller_mutation_quota_f3() -> None:
     third = _mutate(engine, 5, [90], 0)
     assert (third.accepted, third.throttle_ms) == ([True], 17000)
     assert _tokens(engine, 5000) == -120  # 12000 ms
+    # Step 4, observed: at t = 5000 the throttle is 17000 - 5000 = 12000 ms (a request that
+    # records nothing, as a topic with no partitions to create).
+    fourth = _mutate(engine, 5, [0], 5000)
+    assert (fourth.accepted, fourth.throttle_ms) == ([True], 12000)
 
 
 def test_controller_mutation_quota_manager_test_violation_f4() -> None:
