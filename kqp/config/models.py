@@ -213,6 +213,9 @@ class EnforcementSection(Section):
     default_partitions: Annotated[int, Field(ge=1)] = 1
     # KRaft brokers charge validateOnly CreateTopics/CreatePartitions; ZooKeeper brokers did not.
     charge_validate_only: bool = False
+    # Principals ("User:alice") allowed to describe/alter quotas through the proxy, on top of
+    # what the brokers' authorizer allows; None leaves it to the brokers alone.
+    admin_principals: tuple[str, ...] | None = None
 
 
 class EntitySection(Section):

@@ -104,7 +104,10 @@ class ProxyApp:
         hooks: list[TrafficHooks] = []
         if self.engine is not None:
             engine = self.engine
-            hooks.append(QuotaAdminHooks(lambda: engine.settings, self._store_quotas))
+            hooks.append(QuotaAdminHooks(
+                lambda: engine.settings, self._store_quotas, self._admin_principals,
+                self.metrics.quota_admin_refused if self.metrics is not None else None,
+            ))
             if self.metrics is not None:
                 self.engine.on_throttle = self._report_throttle
                 self.metrics.set_quota_stats_source(self.engine.snapshot)
@@ -128,6 +131,11 @@ class ProxyApp:
             )
             await self.endpoint.start()
         self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
+
+    def _admin_principals(self) -> frozenset[str] | None:
+        # Read at each request: enforcement settings apply live on reload.
+        enforcement = self.enforcement.settings if self.enforcement is not None else self.settings.enforcement
+        return enforcement.admin_principals
 
     def _report_throttle(self, quota_type: str, tags: Mapping[str, str], throttle_ms: int, enforced: bool) -> None:
         metrics = self.metrics
@@ -236,6 +244,8 @@ def enforcement_settings(config: KqpConfig) -> EnforcementSettings:
     return EnforcementSettings(
         default_partitions=config.enforcement.default_partitions,
         charge_validate_only=config.enforcement.charge_validate_only,
+        admin_principals=(frozenset(config.enforcement.admin_principals)
+                          if config.enforcement.admin_principals is not None else None),
     )
 
 

@@ -280,8 +280,11 @@ class ProxiedConnection:
             self._unblock_client(_UPSTREAM_BACKLOG)
             self._process_pending()
 
-    def mute(self, throttle_ms: int) -> None:
-        """KIP-219: after a throttled response, read nothing from this client for a while."""
+    def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None:
+        """KIP-219: after a throttled response, read nothing from this client for a while.
+
+        `one_at_a_time=False` mutes without the one-request-at-a-time span that follows a
+        throttle on this connection itself (a cluster-wide budget throttled elsewhere)."""
         if throttle_ms <= 0 or self._closed:
             return
         loop = self.proxy.loop
@@ -292,7 +295,8 @@ class ProxiedConnection:
         # A broker reads one request per connection at a time, so a throttled client's
         # pipelined requests wait in the socket. Do the same while it is being throttled,
         # or requests read before the throttle would all go through at once.
-        self._one_at_a_time_until = until + _ONE_AT_A_TIME_AFTER_THROTTLE_S
+        if one_at_a_time:
+            self._one_at_a_time_until = until + _ONE_AT_A_TIME_AFTER_THROTTLE_S
         if self._unmute_handle is not None:
             self._unmute_handle.cancel()
         self._block_client(_THROTTLED)
@@ -338,6 +342,11 @@ class ProxiedConnection:
         # client gets nothing through even if it had pipelined requests.
         while self._pending and not self._client_blockers and not self._closed:
             if self._inflight and self._one_at_a_time_until > self.proxy.loop.time():
+                return
+            if self._inflight and self._inflight[-1].local_response is not None:
+                # A local answer waits for the responses ahead of it, and its throttle must
+                # hold the requests behind it: read no more until it is sent (a broker reads
+                # nothing on a connection while a request of it is unanswered).
                 return
             frame = self._pending.popleft()
             try:
@@ -400,16 +409,22 @@ class ProxiedConnection:
             self.mute(verdict.mute_ms)
 
     def _flush_local_answers(self) -> None:
+        # A local answer leaves in its place among the forwarded responses, and its verdict
+        # (throttle time, mute) applies exactly as for a forwarded one: requests pipelined
+        # behind a throttled local answer wait out the mute, as on a broker (KIP-219).
         client = self.client
         while self._inflight and self._inflight[0].local_response is not None and client is not None:
             exchange = self._inflight.popleft()
             answer = exchange.local_response
             assert answer is not None
-            client.writelines((_size_prefix(answer), answer))
             exchange.response_received_at = self.proxy.loop.time()
             header = exchange.header
             body_offset = response_body_offset(answer, header.api_key, header.api_version)
-            self.proxy.hooks.response(self, exchange, answer, body_offset)
+            verdict = self.proxy.hooks.response(self, exchange, answer, body_offset)
+            out = answer if verdict is None or verdict.frame is None else bytes(verdict.frame)
+            client.writelines((_size_prefix(out), out))
+            if verdict is not None and verdict.mute_ms:
+                self.mute(verdict.mute_ms)
         if not self._inflight:
             self._drained.set()
 

@@ -62,6 +62,8 @@ class EnforcementSettings:
     default_partitions: int = 1
     # KRaft controllers charge validate-only requests; ZooKeeper-era brokers did not.
     charge_validate_only: bool = False
+    # Who may describe/alter quotas through the proxy besides the brokers' ACLs (None: anyone they allow).
+    admin_principals: frozenset[str] | None = None
 
 
 class QuotaEnforcement(TrafficHooks):
@@ -81,6 +83,12 @@ class QuotaEnforcement(TrafficHooks):
         # Numbers every engine call, so a replay of the capture can order calls whose clock
         # readings tie (see kqp.quotas.recording.QuotaTrace).
         self._engine_calls = 0
+        # (principal, client-id) -> its open connections, kept only while some quota has
+        # `scope: cluster`: a throttle on that one budget holds every connection, as one broker.
+        self._connections_of: dict[tuple[str, str], set[ProxiedConnection]] = {}
+        self._clients_on: dict[ProxiedConnection, set[tuple[str, str]]] = {}
+        self._scope_checked_for: object = None
+        self._cluster_scope = False
 
     def _note_throttle(self, client: tuple[str, str], throttle_ms: int, now_ms: float) -> None:
         until = now_ms + throttle_ms
@@ -118,9 +126,37 @@ class QuotaEnforcement(TrafficHooks):
 
     # ---- requests --------------------------------------------------------------------
 
+    def _cluster_scope_in_use(self) -> bool:
+        settings = self.engine.settings
+        if settings is not self._scope_checked_for:  # once per configuration, not per request
+            self._scope_checked_for = settings
+            self._cluster_scope = settings.scope == "cluster" or any(e.scope == "cluster" for e in settings.entries)
+        return self._cluster_scope
+
+    def _hold_every_connection(self, connection: ProxiedConnection, client: tuple[str, str], throttle: int) -> None:
+        """`scope: cluster`: mute the client's other connections too, as a single broker would."""
+        others = self._connections_of.get(client)
+        if not others or len(others) < 2 or not self.engine.cluster_scoped(*client):
+            return
+        for other in others:
+            if other is not connection:
+                other.mute(throttle, one_at_a_time=False)
+
+    def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
+        for key in self._clients_on.pop(connection, ()):
+            conns = self._connections_of.get(key)
+            if conns is not None:
+                conns.discard(connection)
+                if not conns:
+                    del self._connections_of[key]
+
     def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
         api_key = header.api_key
+        if self._cluster_scope_in_use():
+            key = (connection.principal, header.client_id or "")
+            self._connections_of.setdefault(key, set()).add(connection)
+            self._clients_on.setdefault(connection, set()).add(key)
         if self._throttled_until:
             until = self._throttled_until.get((connection.principal, header.client_id or ""))
             if until is not None:
@@ -135,6 +171,7 @@ class QuotaEnforcement(TrafficHooks):
             if not throttle:
                 return None
             self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
+            self._hold_every_connection(connection, (connection.principal, header.client_id or ""), throttle)
             return RequestVerdict(mute_ms=throttle)
         if api_key == ApiKey.FETCH:
             return self._cap_fetch(connection, exchange, frame)
@@ -201,7 +238,11 @@ class QuotaEnforcement(TrafficHooks):
         if exchange.local_response is not None:
             # Answered by the proxy (every topic rejected): the throttle is already in it.
             throttle = int(exchange.notes.get(NOTE_PROXY_THROTTLE_MS, 0))
-            return ResponseVerdict(mute_ms=throttle) if throttle else None
+            if not throttle:
+                return None
+            self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
+            self._hold_every_connection(connection, (connection.principal, header.client_id or ""), throttle)
+            return ResponseVerdict(mute_ms=throttle)
         throttles = [
             self._charge_response(connection, exchange, len(frame) - body_offset),
             int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0)),
@@ -221,6 +262,7 @@ class QuotaEnforcement(TrafficHooks):
         if throttle <= 0:
             return ResponseVerdict(frame=out) if out is not frame else None
         self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
+        self._hold_every_connection(connection, (connection.principal, header.client_id or ""), throttle)
         if broker_throttle is not None and throttle > broker_throttle:
             patched = bytearray(out)
             patch_throttle_time(patched, body_offset, api_key, header.api_version, throttle)
@@ -240,7 +282,9 @@ class QuotaEnforcement(TrafficHooks):
         broker_throttle = self._broker_throttle(exchange, head, body_offset)
         if throttle <= 0:
             return None
-        self._note_throttle((connection.principal, exchange.header.client_id or ""), throttle, self._now_ms())
+        client = (connection.principal, exchange.header.client_id or "")
+        self._note_throttle(client, throttle, self._now_ms())
+        self._hold_every_connection(connection, client, throttle)
         if broker_throttle is not None and throttle > broker_throttle:
             header = exchange.header
             patch_throttle_time(head, body_offset, header.api_key, header.api_version, throttle)

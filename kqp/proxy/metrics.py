@@ -234,6 +234,13 @@ class ProxyMetrics:
             ["reason"],
             registry=registry,
         )
+        self._quota_admin_refused = Counter(
+            "kqp_quota_admin_refused_total",
+            "DescribeClientQuotas/AlterClientQuotas refused, by API and by who refused (the brokers' authorizer, "
+            "admin_principals, or a SASL listener before authentication).",
+            ["api", "reason"],
+            registry=registry,
+        )
         registry.register(_AccumulatorCollector(self))
 
     # ---- configuration ----------------------------------------------------------------
@@ -364,6 +371,9 @@ class ProxyMetrics:
 
     def frame_rejected(self, reason: str) -> None:
         self._frames_rejected.labels(reason).inc()
+
+    def quota_admin_refused(self, api: str, reason: str) -> None:
+        self._quota_admin_refused.labels(api, reason).inc()
 
     # ---- label policy ------------------------------------------------------------------
 

@@ -4,6 +4,17 @@ So `kafka-configs.sh --bootstrap-server <proxy> --describe/--alter --entity-type
 users|clients` shows and changes the quotas the proxy enforces. The matching and the
 validation are KRaft's (`kqp.quotas.admin`); an accepted alteration is written back to the
 quota file and applied live through the normal reload path.
+
+Who may do it is decided by the brokers, so that ACLs live in one place: the request goes
+upstream first, over the client's own (authenticated) connection, as a DescribeClientQuotas
+or as an AlterClientQuotas with validate_only set, so the brokers change nothing. Kafka
+checks DESCRIBE_CONFIGS / ALTER_CONFIGS on the CLUSTER resource before anything else; a
+CLUSTER_AUTHORIZATION_FAILED answer goes back to the client unchanged (Kafka's own error code
+and message) and the proxy's quotas are not touched. Only an authorized answer is replaced by
+the proxy's own. On a SASL listener a broker closes a connection that sends such a request
+before authenticating (SaslServerAuthenticator: "Unexpected Kafka request of type ... during
+SASL handshake"), and the proxy closes the client's with it. Brokers without an authorizer
+let everyone in; `enforcement.admin_principals` narrows that further.
 """
 
 from __future__ import annotations
@@ -14,11 +25,13 @@ from typing import Any
 
 from kqp.protocol.apis import API_SPECS
 from kqp.protocol.codec import build_response, decode_body, encode_body
-from kqp.protocol.headers import encode_response_header
+from kqp.protocol.errors import ProtocolError
 from kqp.proxy.connection import ProxiedConnection
-from kqp.proxy.hooks import Exchange, RequestVerdict, TrafficHooks
+from kqp.proxy.hooks import Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
 from kqp.quotas.admin import (
+    INVALID_REQUEST,
     NONE,
+    UNSUPPORTED_VERSION,
     FilterComponent,
     QuotaAlteration,
     QuotaOp,
@@ -33,43 +46,110 @@ log = logging.getLogger(__name__)
 
 DESCRIBE_CLIENT_QUOTAS_KEY = 48
 ALTER_CLIENT_QUOTAS_KEY = 49
+CLUSTER_AUTHORIZATION_FAILED = 31
+# A SASL listener's answer to a request sent after SaslHandshake but before SaslAuthenticate.
+ILLEGAL_SASL_STATE = 34
+# Errors.CLUSTER_AUTHORIZATION_FAILED's default message, which brokers send with it.
+CLUSTER_AUTHORIZATION_FAILED_MESSAGE = "Cluster authorization failed."
 _UNKNOWN_SERVER_ERROR = -1
+# Errors the brokers' own validation gives for a request the proxy also judges itself.
+_VALIDATION_ERRORS = frozenset({NONE, INVALID_REQUEST, UNSUPPORTED_VERSION})
+_NOTE_REQUEST = "quota_admin_request"
+
+# refused(api name, reason): counted in kqp_quota_admin_refused_total.
+RefusalCounter = Callable[[str, str], None]
 
 
 class QuotaAdminHooks(TrafficHooks):
-    """Answers the two client-quota admin APIs locally instead of forwarding them."""
+    """Asks the brokers whether the client may, then answers from the proxy's own quotas."""
 
     def __init__(
         self,
         current: Callable[[], QuotaSettings],
         store: Callable[[QuotaSettings], None],
+        admin_principals: Callable[[], frozenset[str] | None] = lambda: None,
+        refused: RefusalCounter | None = None,
     ) -> None:
         # current(): the quota settings in force; store(settings): persist and apply them.
         self._current = current
         self._store = store
+        self._admin_principals = admin_principals
+        self._refused = refused
 
     def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
-        if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
-            body = self._describe(header.api_version, decode_body(
-                header.api_key, header.api_version, memoryview(frame)[header.body_offset:], is_request=True))
-        elif header.api_key == ALTER_CLIENT_QUOTAS_KEY:
-            body = self._alter(header.api_version, decode_body(
-                header.api_key, header.api_version, memoryview(frame)[header.body_offset:], is_request=True),
-                connection)
-        else:
+        if header.api_key not in (DESCRIBE_CLIENT_QUOTAS_KEY, ALTER_CLIENT_QUOTAS_KEY):
             return None
-        answer = encode_response_header(header.api_key, header.api_version, header.correlation_id) + body
-        return RequestVerdict(answer=answer)
+        request = decode_body(header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
+                              is_request=True)
+        exchange.notes[_NOTE_REQUEST] = request
+        if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
+            return None  # the brokers' describe is harmless: forward it as it is
+        # Re-encoded rather than patched: validate_only follows the entries, whose size varies.
+        asked = request.validate_only
+        request.validate_only = True
+        body = encode_body(request, header.api_version)
+        request.validate_only = asked
+        return RequestVerdict(frame=frame[: header.body_offset] + body)
 
-    def _describe(self, version: int, request: Any) -> bytes:
-        components = [FilterComponent(c.entity_type, c.match_type, c.match) for c in request.components]
+    def response(
+        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> ResponseVerdict | None:
+        request = exchange.notes.get(_NOTE_REQUEST)
+        if request is None or exchange.local_response is not None:
+            return None
+        header = exchange.header
+        api = API_SPECS[header.api_key].name
+        try:
+            upstream = decode_body(header.api_key, header.api_version, memoryview(frame)[body_offset:],
+                                   is_request=False)
+        except ProtocolError as exc:
+            log.warning("%s from %s: undecodable broker answer, forwarded as it is: %s", api, connection.peer, exc)
+            return None
+        if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
+            codes = [upstream.error_code]
+        else:
+            codes = [entry.error_code for entry in upstream.entries]
+        if CLUSTER_AUTHORIZATION_FAILED in codes:
+            self._refuse(connection, api, "broker authorizer")
+            return None  # Kafka's own answer, unchanged
+        if ILLEGAL_SASL_STATE in codes:
+            self._refuse(connection, api, "before authentication")
+            return None  # the broker closes the connection right after it
+        if any(code not in _VALIDATION_ERRORS for code in codes):
+            # Not an answer about the request (controller unavailable, timeout...): the client retries.
+            log.info("%s from %s: brokers answered %s, forwarded as it is", api, connection.peer, codes)
+            return None
+        allowed = self._admin_principals()
+        # Kafka names principals "User:<name>"; the quota entity (and connection.principal) is the name.
+        refused = allowed is not None and f"User:{connection.principal}" not in allowed
+        if refused:
+            self._refuse(connection, api, "admin_principals")
+        throttle = int(upstream.throttle_time_ms)
+        if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
+            body = self._describe(header.api_version, request, throttle, refused)
+        else:
+            body = self._alter(header.api_version, request, throttle, refused, connection)
+        return ResponseVerdict(frame=frame[:body_offset] + body)
+
+    def _refuse(self, connection: ProxiedConnection, api: str, reason: str) -> None:
+        log.warning("%s from %s (principal %s) refused (%s)", api, connection.peer, connection.principal, reason)
+        if self._refused is not None:
+            self._refused(api, reason)
+
+    def _describe(self, version: int, request: Any, throttle: int, refused: bool) -> bytes:
         response_class = API_SPECS[DESCRIBE_CLIENT_QUOTAS_KEY].response_class[version]
         entry_class = response_class.EntryData
+        if refused:
+            response = build_response(DESCRIBE_CLIENT_QUOTAS_KEY, version, throttle_time_ms=throttle,
+                                      error_code=CLUSTER_AUTHORIZATION_FAILED,
+                                      error_message=CLUSTER_AUTHORIZATION_FAILED_MESSAGE, entries=None)
+            return encode_body(response, version)
+        components = [FilterComponent(c.entity_type, c.match_type, c.match) for c in request.components]
         try:
             described = describe_quotas(self._current(), components, bool(request.strict))
         except QuotaRequestError as exc:
-            response = build_response(DESCRIBE_CLIENT_QUOTAS_KEY, version, throttle_time_ms=0,
+            response = build_response(DESCRIBE_CLIENT_QUOTAS_KEY, version, throttle_time_ms=throttle,
                                       error_code=exc.error_code, error_message=exc.message, entries=None)
             return encode_body(response, version)
         entries = [
@@ -79,11 +159,12 @@ class QuotaAdminHooks(TrafficHooks):
             )
             for d in described
         ]
-        response = build_response(DESCRIBE_CLIENT_QUOTAS_KEY, version, throttle_time_ms=0, error_code=NONE,
+        response = build_response(DESCRIBE_CLIENT_QUOTAS_KEY, version, throttle_time_ms=throttle, error_code=NONE,
                                   error_message=None, entries=entries)
         return encode_body(response, version)
 
-    def _alter(self, version: int, request: Any, connection: ProxiedConnection) -> bytes:
+    def _alter(self, version: int, request: Any, throttle: int, refused: bool,
+               connection: ProxiedConnection) -> bytes:
         alterations = [
             QuotaAlteration(
                 entity=[(e.entity_type, e.entity_name) for e in entry.entity],
@@ -91,6 +172,17 @@ class QuotaAdminHooks(TrafficHooks):
             )
             for entry in request.entries
         ]
+        response_class = API_SPECS[ALTER_CLIENT_QUOTAS_KEY].response_class[version]
+        entry_class = response_class.EntryData
+        if refused:
+            # As a broker's authorizer refusal: every entity gets the error, nothing is changed.
+            entries = [
+                entry_class(error_code=CLUSTER_AUTHORIZATION_FAILED, error_message=CLUSTER_AUTHORIZATION_FAILED_MESSAGE,
+                            entity=[entry_class.EntityData(entity_type=t, entity_name=n) for t, n in a.entity])
+                for a in alterations
+            ]
+            response = build_response(ALTER_CLIENT_QUOTAS_KEY, version, throttle_time_ms=throttle, entries=entries)
+            return encode_body(response, version)
         results = validate_alterations(alterations)
         failure: str | None = None
         if not request.validate_only and any(r.error_code == NONE for r in results):
@@ -102,8 +194,6 @@ class QuotaAdminHooks(TrafficHooks):
             else:
                 log.info("AlterClientQuotas from %s (user %s): %d entities changed", connection.peer,
                          connection.principal, sum(r.error_code == NONE for r in results))
-        response_class = API_SPECS[ALTER_CLIENT_QUOTAS_KEY].response_class[version]
-        entry_class = response_class.EntryData
         entries = [
             entry_class(
                 error_code=_UNKNOWN_SERVER_ERROR if failure and r.error_code == NONE else r.error_code,
@@ -112,5 +202,5 @@ class QuotaAdminHooks(TrafficHooks):
             )
             for r in results
         ]
-        response = build_response(ALTER_CLIENT_QUOTAS_KEY, version, throttle_time_ms=0, entries=entries)
+        response = build_response(ALTER_CLIENT_QUOTAS_KEY, version, throttle_time_ms=throttle, entries=entries)
         return encode_body(response, version)

@@ -111,6 +111,8 @@ class DefaultQuotaCallback:
     def __init__(self) -> None:
         self._quotas: dict[QuotaType, dict[QuotaEntity, float]] = {t: {} for t in QUOTA_TYPES}
         self._kinds: dict[QuotaType, int] = dict.fromkeys(QUOTA_TYPES, 0)
+        # Entities with a quota, per quota type and kind bit.
+        self._kind_counts: dict[QuotaType, dict[int, int]] = {t: {} for t in QUOTA_TYPES}
 
     # -- what the engine asks ------------------------------------------------------------------
 
@@ -170,13 +172,28 @@ class DefaultQuotaCallback:
     # -- what the engine tells it --------------------------------------------------------------
 
     def update_quota(self, quota_type: QuotaType, entity: QuotaEntity, value: float) -> None:
-        self._kinds[quota_type] |= entity_kind(entity)
-        self._quotas[quota_type][entity] = value
+        # Kafka 4.1+ (KAFKA-19282, ClientQuotaManager.updateQuotaTypes): each kind counts its
+        # entities with a quota, and a kind is on while its count is positive.
+        quotas = self._quotas[quota_type]
+        if entity not in quotas:
+            kind = entity_kind(entity)
+            counts = self._kind_counts[quota_type]
+            counts[kind] = counts.get(kind, 0) + 1
+            self._kinds[quota_type] |= kind
+        quotas[entity] = value
 
     def remove_quota(self, quota_type: QuotaType, entity: QuotaEntity) -> None:
-        # Kafka sets the kind bit on removals too (updateQuota runs for both).
-        self._kinds[quota_type] |= entity_kind(entity)
-        self._quotas[quota_type].pop(entity, None)
+        # The last entity of a kind switches it off; with no kind on, nothing is recorded
+        # (quotasEnabled() is false). Kafka <= 4.0 left the bit set forever.
+        quotas = self._quotas[quota_type]
+        if entity in quotas:
+            del quotas[entity]
+            kind = entity_kind(entity)
+            counts = self._kind_counts[quota_type]
+            counts[kind] = counts.get(kind, 0) - 1
+            if counts[kind] <= 0:
+                del counts[kind]
+                self._kinds[quota_type] &= ~kind
 
     def quota_reset_required(self, quota_type: QuotaType) -> bool:
         return False

@@ -38,7 +38,7 @@ from kqp.quotas.stats import (
     NO_QUOTA_BOUND,
     TokenBucket,
     WindowedRate,
-    clamp_int32,
+    java_int,
     token_bucket_throttle_time,
 )
 
@@ -47,12 +47,16 @@ CONNECTION_CREATION_RATE = "connection_creation_rate"
 # ClientRequestQuotaManager.NanosToPercentagePerSecond: 1 ms of thread time per second = 0.1 %.
 NANOS_TO_PERCENT = 100.0 / 1_000_000_000
 
-# Responses the broker sends with sendResponseExemptThrottle, or that only reach controllers
-# as cluster actions (Raft RPCs, broker lifecycle): their time is never charged to a client.
-# UpdateFeatures (57) and DescribeQuorum (55) are cluster actions that Kafka does throttle.
-EXEMPT_REQUEST_API_KEYS: frozenset[int] = frozenset(
-    {4, 5, 6, 7, 27, 52, 53, 54, 56, 58, 62, 63, 67, 70, 83, 84, 85, 86, 87}
-)
+# Kafka 4.3.1's request-quota exemptions by API key (sendResponseExemptThrottle), read from
+# its bytecode: on brokers (KafkaApis) WriteTxnMarkers (27); on controllers (ControllerApis)
+# AlterPartition (56) and the KRaft RPCs that only controllers serve: Vote (52),
+# BeginQuorumEpoch (53), EndQuorumEpoch (54), FetchSnapshot (59), UpdateRaftVoter (82). The
+# proxy fronts brokers, so APIs a broker serves itself take the broker's rule: DescribeQuorum
+# (55), AddRaftVoter (80), RemoveRaftVoter (81) and UpdateFeatures (57) are forwarded to the
+# controller and charged, as are BrokerRegistration/Heartbeat (62, 63), AllocateProducerIds
+# (67), ControllerRegistration (70), Envelope (58) and the share-group state APIs (83-87).
+# Produce with acks=0 and follower Fetch are exempt per request (`exempt=True`).
+EXEMPT_REQUEST_API_KEYS: frozenset[int] = frozenset({27, 52, 53, 54, 56, 59, 82})
 
 # KIP-599: versions from which a mutation over quota is rejected per topic (strict) rather
 # than accepted and followed by a throttle (permissive).
@@ -434,6 +438,22 @@ class QuotaEngine:
             tags = self.callback.quota_metric_tags(quota_type, user, client_id)
         return self.callback.quota_limit(quota_type, tags)
 
+    def cluster_scoped(self, user: str, client_id: str) -> bool:
+        """Whether any client quota that limits this client has `scope: cluster` (one budget
+        across every broker), so a throttle for it must hold all the client's connections."""
+        for quota_type, manager in self._managers.items():
+            if quota_type == CONNECTION_CREATION_RATE or not manager.enabled:
+                continue
+            default = manager.default_callback
+            if default is not None:
+                user_tag, client_tag = default.metric_tags(quota_type, user, client_id)
+                tags: Mapping[str, str] = {USER_TAG: user_tag, CLIENT_ID_TAG: client_tag}
+            else:
+                tags = self.callback.quota_metric_tags(quota_type, user, client_id)
+            if manager.limit_for(tags) < NO_QUOTA_BOUND and manager.entry_policy(tags)[0] == "cluster":
+                return True
+        return False
+
     # -- byte rates (KIP-13) -------------------------------------------------------------------
 
     def record_produce(self, broker: str, user: str, client_id: str, nbytes: int, now_ms: float) -> int:
@@ -446,10 +466,11 @@ class QuotaEngine:
         if sensor is None or sensor.expired or manager.poll_reset:
             sensor = manager.sensor(broker, user, client_id, t)
         sensor.last_record_ms = t
-        throttle = sensor.record_and_throttle(nbytes, t)
+        # Kafka narrows the long throttle to an int (l2i, wrapping); a negative one is no throttle.
+        throttle = java_int(sensor.record_and_throttle(nbytes, t))
         if throttle <= 0:
             return 0
-        return self._throttled("producer_byte_rate", sensor, clamp_int32(throttle))
+        return self._throttled("producer_byte_rate", sensor, throttle)
 
     def record_fetch(
         self,
@@ -477,14 +498,14 @@ class QuotaEngine:
         if sensor is None or sensor.expired or manager.poll_reset:
             sensor = manager.sensor(broker, user, client_id, t)
         sensor.last_record_ms = t
-        throttle = sensor.record_and_throttle(nbytes, t)
+        throttle = java_int(sensor.record_and_throttle(nbytes, t))
         if throttle <= 0 and request_throttle_ms <= 0:
             return 0
         if not delivered and not sensor.identity.dry_run:
             sensor.record(-nbytes, t)
         if throttle <= 0:
             return 0
-        return self._throttled("consumer_byte_rate", sensor, clamp_int32(throttle))
+        return self._throttled("consumer_byte_rate", sensor, throttle)
 
     def fetch_max_bytes_cap(self, broker: str, user: str, client_id: str, now_ms: float) -> int | None:
         """getMaxValueInQuotaWindow as an int: limit x (samples - 1) x window_s, the largest
@@ -581,7 +602,7 @@ class QuotaEngine:
                 tokens = bucket.measure(t)
                 if tokens < 0:
                     last_throttle = token_bucket_throttle_time(tokens, bucket.bound)
-        throttle = clamp_int32(last_throttle) if last_throttle > 0 else 0
+        throttle = max(java_int(last_throttle), 0)  # AbstractControllerMutationQuota.throttleTime
         enforced = self._throttled("controller_mutation_rate", sensor, throttle) if throttle else 0
         accepted = [True] * len(verdicts) if dry_run else verdicts
         return MutationOutcome(accepted, enforced, verdicts, throttle, dry_run)

@@ -16,8 +16,23 @@ INT_MAX = 2**31 - 1
 
 
 def java_round(x: float) -> int:
-    """Java's Math.round(double): halves round up, -0.5 -> 0 (not Python's round-half-even)."""
-    return math.floor(x + 0.5)
+    """Java's Math.round(double): the closest long, halves up (-0.5 -> 0, not Python's
+    round-half-even); NaN -> 0; saturates at Long.MIN/MAX_VALUE (so +Infinity -> Long.MAX)."""
+    if x != x:
+        return 0
+    if x >= NO_QUOTA_BOUND:
+        return LONG_MAX
+    if x <= -NO_QUOTA_BOUND:
+        return -LONG_MAX - 1
+    floor = math.floor(x)
+    # x - floor is exact, so 0.49999999999999994 rounds to 0 as in Java 7+ (floor(x + 0.5) gives 1).
+    return floor + 1 if x - floor >= 0.5 else floor
+
+
+def java_long_div(a: int, b: int) -> int:
+    """Java's long division: truncates toward zero, where Python's // floors."""
+    quotient = abs(a) // abs(b)
+    return quotient if (a >= 0) == (b > 0) else -quotient
 
 
 def throttle_time(value: float, bound: float, window_size_ms: float) -> int:
@@ -42,10 +57,13 @@ def token_bucket_throttle_time(tokens: float, rate: float) -> int:
     return java_round(-tokens / rate * 1000)
 
 
-def clamp_int32(ms: int) -> int:
-    # Kafka converts a Long throttle with Scala `.toInt`, which wraps; saturating keeps a huge
-    # throttle huge instead of turning it negative (= not throttled).
-    return ms if ms <= INT_MAX else INT_MAX
+def java_int(ms: int) -> int:
+    """Java's (int) of a long, as Kafka 4.3 converts every throttle (`l2i`): it wraps.
+
+    A throttle beyond Integer.MAX_VALUE ms (24.8 days, only with absurdly small quotas) thus
+    comes out negative, which Kafka treats as no throttle; kqp does the same.
+    """
+    return ((ms + 2**31) % 2**32) - 2**31
 
 
 class WindowedRate:
@@ -158,7 +176,9 @@ class WindowedRate:
 
     def _padded_elapsed(self, elapsed: int) -> int:
         window = self.window_ms
-        full_windows = elapsed // window
+        # (int) (elapsed / window) in Rate.windowSize: truncation, which differs from // when a
+        # record is older than the oldest sample (elapsed < 0).
+        full_windows = java_long_div(elapsed, window)
         if full_windows < self._min_full_windows:
             elapsed += (self._min_full_windows - full_windows) * window
         return elapsed if elapsed > 1 else 1
@@ -196,7 +216,7 @@ class WindowedRate:
         # Rate.windowSize, inlined.
         elapsed = now_ms - self._oldest_start
         window = self.window_ms
-        full_windows = elapsed // window
+        full_windows = elapsed // window if elapsed >= 0 else java_long_div(elapsed, window)
         if full_windows < self._min_full_windows:
             elapsed += (self._min_full_windows - full_windows) * window
         if elapsed < 1:

@@ -182,4 +182,5 @@ async def test_a_malformed_streamed_response_closes_the_connection_with_a_reason
         received = await asyncio.wait_for(client.reader.read(), 5.0)
     assert received[4:8] == (1).to_bytes(4, "big")
     assert "Fetch response ended inside its structure" in caplog.text
+    client.close()
     await proxy.stop()

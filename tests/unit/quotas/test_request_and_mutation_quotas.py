@@ -30,11 +30,32 @@ def test_client_request_quota_manager_test_request_percentage_quota_violation_e1
     assert request(0, 32_710) == 0
 
 
-@pytest.mark.parametrize("api_key", sorted(EXEMPT_REQUEST_API_KEYS))
+# Kafka 4.3.1's exemptions, read from KafkaApis/ControllerApis bytecode (handlers that send
+# with sendResponseExemptThrottle): WriteTxnMarkers; AlterPartition and the controller-only
+# KRaft RPCs Vote, BeginQuorumEpoch, EndQuorumEpoch, FetchSnapshot, UpdateRaftVoter.
+KAFKA_431_EXEMPT = [27, 52, 53, 54, 56, 59, 82]
+# Charged by Kafka 4.3.1 although kqp once exempted them (or their brokers forward them and
+# charge): ZooKeeper-era keys gone since 4.0 included.
+KAFKA_431_CHARGED = [4, 5, 6, 7, 55, 57, 58, 62, 63, 67, 70, 80, 81, 83, 84, 85, 86, 87]
+
+
+@pytest.mark.parametrize("api_key", KAFKA_431_EXEMPT)
 def test_exempt_apis_are_never_charged(api_key: int) -> None:
     engine = QuotaEngine(settings_for("request_percentage", {(None, D): 0.001}))
     assert engine.record_request_time("1", "u", "c", api_key, 10_000, 0) == 0
     assert engine.tracked_sensors() == 0
+
+
+@pytest.mark.parametrize("api_key", KAFKA_431_CHARGED)
+def test_apis_kafka_charges_are_charged(api_key: int) -> None:
+    # 0.001 % of a thread is 0.00001 s of time per second; 10 s of request time throttles
+    # for the whole 1000 ms window the request quota's throttle is capped at.
+    engine = QuotaEngine(settings_for("request_percentage", {(None, D): 0.001}))
+    assert engine.record_request_time("1", "u", "c", api_key, 10_000, 0) == 1000
+
+
+def test_the_exempt_list_is_exactly_kafkas() -> None:
+    assert sorted(EXEMPT_REQUEST_API_KEYS) == KAFKA_431_EXEMPT
 
 
 def test_acks0_produce_and_follower_fetch_are_exempt_by_flag() -> None:
@@ -78,6 +99,10 @@ def test_strict_controller_mutation_quota_f2() -> None:
     third = _mutate(engine, 6, [90], 0)
     assert (third.accepted, third.throttle_ms, _tokens(engine, 0)) == ([False], 8000, -80)
     assert _tokens(engine, 5000) == -30  # 3000 ms left to refill
+    # Step 4, observed: a request at t = 5000 is rejected (not recorded) with the time-adjusted
+    # throttle, 8000 - 5000 = 3000 ms (AbstractControllerMutationQuota.throttleTime).
+    fourth = _mutate(engine, 6, [1], 5000)
+    assert (fourth.accepted, fourth.throttle_ms, _tokens(engine, 5000)) == ([False], 3000, -30)
 
 
 def test_permissive_controller_mutation_quota_f3() -> None:
@@ -88,6 +113,10 @@ def test_permissive_controller_mutation_quota_f3() -> None:
     third = _mutate(engine, 5, [90], 0)
     assert (third.accepted, third.throttle_ms) == ([True], 17000)
     assert _tokens(engine, 5000) == -120  # 12000 ms
+    # Step 4, observed: at t = 5000 the throttle is 17000 - 5000 = 12000 ms (a request that
+    # records nothing, as a topic with no partitions to create).
+    fourth = _mutate(engine, 5, [0], 5000)
+    assert (fourth.accepted, fourth.throttle_ms) == ([True], 12000)
 
 
 def test_controller_mutation_quota_manager_test_violation_f4() -> None:

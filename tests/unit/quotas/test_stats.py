@@ -208,3 +208,23 @@ def test_rate_peek_matches_measure_without_purging() -> None:
         peeked = stat.peek(now)
         assert list(stat._starts) == starts_before
         assert stat.measure(now) == pytest.approx(peeked)
+
+
+# B1, B3, B5, B6 through the path the engine really takes (record_and_throttle, then the
+# request quota's cap), not through the standalone helpers: a fresh Rate, W = 1 s, so the
+# window is (N - 1) x 1000 ms and recording O x (N - 1) gives an observed rate of O.
+@pytest.mark.parametrize(
+    ("observed", "bound", "samples", "cap", "expected"),
+    [
+        (16.5, 16.5, 10, None, 0),  # B1: at the bound is not over it
+        (100.0, 50.0, 3, None, 2000),  # B3: (100 - 50) / 50 x 2000
+        (55.0, 50.0, 2, 500, 100),  # B5: (55 - 50) / 50 x 1000, under the cap
+        (100.0, 50.0, 10, 500, 500),  # B6: 9000 unbounded, capped at 500
+    ],
+)
+def test_quota_utils_vectors_on_the_hot_path(
+    observed: float, bound: float, samples: int, cap: int | None, expected: int
+) -> None:
+    rate = WindowedRate(samples=samples, window_ms=1000, bound=bound)
+    throttle = rate.record_and_throttle(observed * (samples - 1), 0)
+    assert (throttle if cap is None else min(throttle, cap)) == expected
