@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kqp.protocol.api_keys import ApiKey
@@ -263,6 +263,16 @@ def _long(series: DataFrame, metrics: Sequence[str], scope: str) -> DataFrame:
     )
 
 
+def earliest_max_by(when: str, value: str) -> Column:
+    """`when` of the row with the largest `value`, the earliest one among ties.
+
+    F.max_by picks any of the tied rows, depending on how the rows were partitioned: a cluster
+    and local[*] reported different times for the same peak (measured, connection peaks).
+    """
+    key = F.when(F.col(value).isNotNull(), F.struct(-F.col(value), F.col(when)))
+    return F.min_by(when, key)
+
+
 def series_stats(long_series: DataFrame, unit_seconds: int, limits: DataFrame | None) -> DataFrame:
     """Mean, exact percentiles, max and time of max per (scope, broker, metric).
 
@@ -291,7 +301,7 @@ def series_stats(long_series: DataFrame, unit_seconds: int, limits: DataFrame | 
             F.mean("value").alias("mean"),
             quantiles.alias("q"),
             F.max("value").alias("max"),
-            F.max_by("window_start", "value").alias("max_at"),
+            earliest_max_by("window_start", "value").alias("max_at"),
             F.first("limit", ignorenulls=True).alias("limit"),
             (F.sum(F.when(F.col("value") > F.col("limit"), 1).otherwise(0)) * unit_seconds).alias(
                 "seconds_above_limit"
@@ -366,7 +376,7 @@ def partition_load(parts: DataFrame, duration_s: float) -> DataFrame:
     weighted = F.col("bytes") * F.col("weight")
     per_second = parts.groupBy("topic", "partition", "second").agg(F.sum(weighted).alias("bps"))
     peaks = per_second.groupBy("topic", "partition").agg(
-        F.max("bps").alias("peak_bytes_per_s"), F.max_by("second", "bps").alias("peak_second")
+        F.max("bps").alias("peak_bytes_per_s"), earliest_max_by("second", "bps").alias("peak_second")
     )
     totals = parts.groupBy("topic", "partition").agg(
         F.max("broker").alias("leader"),

@@ -23,6 +23,7 @@ from kqp.capture.schema import (
     META_RECORDS_INVALID,
     META_RECORDS_WRITTEN,
 )
+from kqp.spark_jobs.session import fit_shuffle_partitions
 
 US_PER_SECOND = 1_000_000
 
@@ -41,9 +42,13 @@ def read_capture(
 ) -> DataFrame:
     """All capture rows under `path` (a local path or any Hadoop-compatible URI).
 
+    Every job reads its capture here, so this is also where the session's shuffle partitions
+    are sized to the capture (session.fit_shuffle_partitions).
+
     Args:
         start_us / end_us: optional [start, end) filter on `ts_request_received_us`.
     """
+    fit_shuffle_partitions(spark, path)
     frame = spark.read.schema(capture_struct_type()).option("basePath", path).parquet(path)
     # Partition columns (date, hour) are only a layout detail; every job works from timestamps.
     frame = frame.select(*[F.col(name) for name in CAPTURE_SCHEMA.names])

@@ -8,6 +8,7 @@ Under `spark-submit` the master comes from the command line, so the code must no
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -17,9 +18,11 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 DEFAULT_MASTER = "local[*]"
-# Local runs aggregate small data: Spark's default of 200 shuffle partitions would mostly
-# schedule empty tasks. On a cluster, spark-submit's --conf decides.
-LOCAL_SHUFFLE_PARTITIONS = "8"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+# Capture Parquet per shuffle partition. Spark's default of 200 partitions turns a capture of a
+# few MB into stages of 200 mostly empty tasks (measured: a 20,000-request capture ran 200-task
+# stages at ~0.3 s a task on a busy 2-core machine). A 10M-request capture (~570 MB) gets 9.
+CAPTURE_BYTES_PER_SHUFFLE_PARTITION = 64 * 2**20
 # Local runs hold everything in the driver JVM, whose default heap (1 GB) makes a 10M-request
 # capture spill its cache to disk. The heap is reserved lazily, so small runs do not pay for it.
 LOCAL_DRIVER_MEMORY = "4g"
@@ -59,7 +62,6 @@ def get_spark(
     if master is not None:
         builder = builder.master(master)
         if master.startswith("local"):
-            settings["spark.sql.shuffle.partitions"] = LOCAL_SHUFFLE_PARTITIONS
             settings["spark.driver.memory"] = LOCAL_DRIVER_MEMORY
             # Local Python workers must use this interpreter (the virtualenv with pandas,
             # numpy and kqp), not whatever `python3` is first on PATH.
@@ -67,6 +69,25 @@ def get_spark(
     for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def fit_shuffle_partitions(spark: SparkSession, input_path: str) -> int:
+    """Size the shuffle partitions to the input, unless the user set them; returns the number used.
+
+    One partition per CAPTURE_BYTES_PER_SHUFFLE_PARTITION of input, and at least one per core
+    (Spark's default parallelism: the executors' cores, or local[N]'s N), so a small capture runs
+    a task per core on any master. `--conf spark.sql.shuffle.partitions=N` still wins.
+    """
+    if spark.sparkContext.getConf().contains(SHUFFLE_PARTITIONS):
+        return int(spark.conf.get(SHUFFLE_PARTITIONS) or 0)
+    # The Hadoop file system Spark itself reads with: local paths and any Hadoop-compatible URI.
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    path = jvm.org.apache.hadoop.fs.Path(input_path)
+    size = int(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).getContentSummary(path).getLength())
+    partitions = max(spark.sparkContext.defaultParallelism, math.ceil(size / CAPTURE_BYTES_PER_SHUFFLE_PARTITION), 1)
+    spark.conf.set(SHUFFLE_PARTITIONS, str(partitions))
+    return partitions
 
 
 def to_pandas(frame: DataFrame) -> pd.DataFrame:
