@@ -65,8 +65,9 @@ _CONNECTING = "connecting"
 _UPSTREAM_BACKLOG = "upstream-backlog"
 _THROTTLED = "throttled"
 _SHUTDOWN = "shutdown"
-# How long a throttled connection keeps reading one request at a time: a default quota span.
-_ONE_AT_A_TIME_AFTER_THROTTLE_S = 11.0
+# How long a throttled connection keeps reading one request at a time: a default quota span
+# (11 windows of 1 s). The enforcement hook holds a client's new connections for as long.
+ONE_AT_A_TIME_AFTER_THROTTLE_S = 11.0
 
 
 def _size_prefix(frame: bytes | bytearray) -> bytes:
@@ -296,7 +297,7 @@ class ProxiedConnection:
         # pipelined requests wait in the socket. Do the same while it is being throttled,
         # or requests read before the throttle would all go through at once.
         if one_at_a_time:
-            self._one_at_a_time_until = until + _ONE_AT_A_TIME_AFTER_THROTTLE_S
+            self._one_at_a_time_until = until + ONE_AT_A_TIME_AFTER_THROTTLE_S
         if self._unmute_handle is not None:
             self._unmute_handle.cancel()
         self._block_client(_THROTTLED)

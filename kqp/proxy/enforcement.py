@@ -29,7 +29,7 @@ from kqp.protocol.mutations import (
     throttled_response,
 )
 from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time
-from kqp.proxy.connection import ProxiedConnection
+from kqp.proxy.connection import ONE_AT_A_TIME_AFTER_THROTTLE_S, ProxiedConnection
 from kqp.proxy.hooks import Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
 from kqp.proxy.observation import NOTE_BROKER_THROTTLE_MS, NOTE_MUTATIONS, NOTE_PROXY_THROTTLE_MS
 from kqp.quotas import QuotaEngine
@@ -52,8 +52,6 @@ _NOTE_MUTATION_REQUEST = "mutation_request"
 _NOTE_MUTATION_REJECTED = "mutation_rejected"
 _NOTE_REQUEST_THROTTLE = "request_throttle_ms"
 _NOTE_FETCH_MAX_WAIT_MS = "fetch_max_wait_ms"
-# As a connection that was throttled itself (connection.py): a default quota span.
-_ONE_AT_A_TIME_SPAN_MS = 11_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +94,7 @@ class QuotaEnforcement(TrafficHooks):
             self._throttled_until[client] = until
 
     def forget_expired_throttles(self, now_ms: float) -> None:
-        cutoff = now_ms - _ONE_AT_A_TIME_SPAN_MS
+        cutoff = now_ms - ONE_AT_A_TIME_AFTER_THROTTLE_S * 1000.0
         expired = [client for client, until in self._throttled_until.items() if until < cutoff]
         for client in expired:
             del self._throttled_until[client]
@@ -160,7 +158,7 @@ class QuotaEnforcement(TrafficHooks):
         if self._throttled_until:
             until = self._throttled_until.get((connection.principal, header.client_id or ""))
             if until is not None:
-                remaining_ms = until + _ONE_AT_A_TIME_SPAN_MS - self._now_ms()
+                remaining_ms = until + ONE_AT_A_TIME_AFTER_THROTTLE_S * 1000.0 - self._now_ms()
                 if remaining_ms > 0:
                     connection.read_one_request_at_a_time(remaining_ms / 1000.0)
         if api_key == ApiKey.PRODUCE and not exchange.expects_response:

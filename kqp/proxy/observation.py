@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from kqp.capture.writer import CaptureWriter
+from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.apis import (
     FETCH_KEY,
     PRODUCE_KEY,
@@ -43,6 +44,10 @@ _NOTE_PRODUCE_PARTITIONS = "capture_produce_partitions"
 
 _SASL_APIS = frozenset({SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 _DATA_APIS = frozenset({PRODUCE_KEY, FETCH_KEY})
+# Responses whose error codes are not worth a full decode for metrics: the data APIs (their
+# partitions are read by the fast path when captured), and the share-group data APIs, whose
+# bodies are mostly records.
+_NO_ERROR_DECODE = _DATA_APIS | {ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE}
 # Requests that name a consumer group (FindCoordinator calls it `key`).
 _GROUP_FIELDS = ("group_id", "key")
 
@@ -154,7 +159,7 @@ class ObservationHooks(TrafficHooks):
         loop_now = connection.proxy.loop.time()
         notes = exchange.notes
         error_codes: list[int] = notes.get("error_codes", [])
-        if frame is not None and not error_codes and api_key not in _DATA_APIS:
+        if frame is not None and not error_codes and api_key not in _NO_ERROR_DECODE and exchange.header.known:
             try:
                 message = decode_body(api_key, header.api_version, memoryview(frame)[body_offset:],
                                       is_request=False)

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.apis import API_SPECS
 from kqp.protocol.codec import build_response, decode_body, encode_body
 from kqp.protocol.errors import ProtocolError
@@ -44,8 +45,8 @@ from kqp.quotas.settings import QuotaSettings
 
 log = logging.getLogger(__name__)
 
-DESCRIBE_CLIENT_QUOTAS_KEY = 48
-ALTER_CLIENT_QUOTAS_KEY = 49
+DESCRIBE_CLIENT_QUOTAS_KEY = ApiKey.DESCRIBE_CLIENT_QUOTAS
+ALTER_CLIENT_QUOTAS_KEY = ApiKey.ALTER_CLIENT_QUOTAS
 CLUSTER_AUTHORIZATION_FAILED = 31
 # A SASL listener's answer to a request sent after SaslHandshake but before SaslAuthenticate.
 ILLEGAL_SASL_STATE = 34

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from kqp.protocol.api_keys import ApiKey
 from kqp.quotas.callbacks import (
     CLIENT_ID_TAG,
     USER_TAG,
@@ -60,10 +61,11 @@ EXEMPT_REQUEST_API_KEYS: frozenset[int] = frozenset({27, 52, 53, 54, 56, 59, 82}
 
 # KIP-599: versions from which a mutation over quota is rejected per topic (strict) rather
 # than accepted and followed by a throttle (permissive).
-CREATE_TOPICS = 19
-DELETE_TOPICS = 20
-CREATE_PARTITIONS = 37
-STRICT_MUTATION_SINCE: Mapping[int, int] = {CREATE_TOPICS: 6, DELETE_TOPICS: 5, CREATE_PARTITIONS: 3}
+STRICT_MUTATION_SINCE: Mapping[int, int] = {
+    ApiKey.CREATE_TOPICS: 6,
+    ApiKey.DELETE_TOPICS: 5,
+    ApiKey.CREATE_PARTITIONS: 3,
+}
 
 # Kafka's broker default MetricConfig (metrics.num.samples, metrics.sample.window.ms), used by
 # the observability-only mutation-rate stat.
