@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable, Generator
 
 from kqp.protocol.errors import ProtocolDecodeError
-from kqp.protocol.headers import read_uvarint
+from kqp.protocol.headers import encode_uvarint, read_uvarint
 
 # First Fetch version with a flexible body, and the first with NodeEndpoints (KIP-951).
 FETCH_FLEXIBLE_SINCE = 12
@@ -143,19 +143,10 @@ class FetchResponseStream:
             self.in_tail = True
 
 
-def _uvarint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _rewrite_node_endpoints(data: bytes, mapper: AddressMapper) -> bytes:
     """NodeEndpoints (compact array of NodeId, Host, Port, Rack, tags) with the proxy's addresses."""
     count, offset = read_uvarint(data, 0)
-    out = bytearray(_uvarint_bytes(count))
+    out = bytearray(encode_uvarint(count))
     for _ in range(max(count - 1, 0)):
         node_id = _INT32.unpack_from(data, offset)[0]
         host_length, offset = read_uvarint(data, offset + 4)
@@ -173,7 +164,7 @@ def _rewrite_node_endpoints(data: bytes, mapper: AddressMapper) -> bytes:
             offset += size
         new_host, new_port = mapper(node_id, host, port)
         encoded = new_host.encode()
-        out += _INT32.pack(node_id) + _uvarint_bytes(len(encoded) + 1) + encoded + _INT32.pack(new_port)
+        out += _INT32.pack(node_id) + encode_uvarint(len(encoded) + 1) + encoded + _INT32.pack(new_port)
         out += data[rest_start:offset]
     if offset != len(data):
         raise ProtocolDecodeError(f"NodeEndpoints field has {len(data) - offset} bytes past its entries")
@@ -182,9 +173,9 @@ def _rewrite_node_endpoints(data: bytes, mapper: AddressMapper) -> bytes:
 
 def _padding(room: int) -> bytes | None:
     """An unknown tagged field of exactly `room` bytes, or None when no such field fits."""
-    tag = _uvarint_bytes(PADDING_TAG)
+    tag = encode_uvarint(PADDING_TAG)
     for size in range(max(room - len(tag) - 5, 0), room - len(tag)):
-        field = tag + _uvarint_bytes(size) + bytes(size)
+        field = tag + encode_uvarint(size) + bytes(size)
         if len(field) == room:
             return field
     return None
@@ -210,9 +201,9 @@ def rewrite_fetch_tail(tail: bytes, mapper: AddressMapper) -> bytes:
         return tail
 
     def encode(kept: list[tuple[int, bytes]]) -> bytes:
-        out = bytearray(_uvarint_bytes(len(kept)))
+        out = bytearray(encode_uvarint(len(kept)))
         for tag, data in kept:
-            out += _uvarint_bytes(tag) + _uvarint_bytes(len(data)) + data
+            out += encode_uvarint(tag) + encode_uvarint(len(data)) + data
         return bytes(out)
 
     rewritten = [(tag, _rewrite_node_endpoints(data, mapper) if tag == NODE_ENDPOINTS_TAG else data)
@@ -233,7 +224,7 @@ def _fit(
 ) -> bytes | None:
     """`kept` plus a padding field, encoded to exactly `length` bytes, if possible."""
     base = encode([*kept, (PADDING_TAG, b"")])
-    room = length - len(base) + len(_uvarint_bytes(PADDING_TAG)) + 1  # bytes the padding field may use
+    room = length - len(base) + len(encode_uvarint(PADDING_TAG)) + 1  # bytes the padding field may use
     if room <= 0:
         return None
     field = _padding(room)
@@ -241,7 +232,7 @@ def _fit(
         return None
     out = encode(kept)
     # Same fields plus one: the count grows by one (one byte while there are fewer than 127).
-    count = _uvarint_bytes(len(kept) + 1)
-    head_length = len(_uvarint_bytes(len(kept)))
+    count = encode_uvarint(len(kept) + 1)
+    head_length = len(encode_uvarint(len(kept)))
     candidate = count + out[head_length:] + field
     return candidate if len(candidate) == length else None

@@ -38,6 +38,16 @@ def read_uvarint(data: bytes | bytearray | memoryview, offset: int) -> tuple[int
             raise ProtocolDecodeError("varint longer than 5 bytes")
 
 
+def encode_uvarint(value: int) -> bytes:
+    """Unsigned LEB128 varint, as read by `read_uvarint`."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def skip_tagged_fields(data: bytes | bytearray | memoryview, offset: int) -> int:
     if offset < len(data) and data[offset] == 0:
         return offset + 1  # the usual empty section

@@ -431,14 +431,15 @@ class QuotaEngine:
 
     def quota(self, quota_type: QuotaType, user: str, client_id: str) -> float | None:
         """The limit that applies to a client now (Kafka's `quota(user, clientId)`), or None."""
-        manager = self._managers[quota_type]
-        default = manager.default_callback
+        return self.callback.quota_limit(quota_type, self._metric_tags(quota_type, user, client_id))
+
+    def _metric_tags(self, quota_type: QuotaType, user: str, client_id: str) -> Mapping[str, str]:
+        """The sensor tags a client's quota of this type resolves to (its entity)."""
+        default = self._managers[quota_type].default_callback
         if default is not None:
             user_tag, client_tag = default.metric_tags(quota_type, user, client_id)
-            tags: Mapping[str, str] = {USER_TAG: user_tag, CLIENT_ID_TAG: client_tag}
-        else:
-            tags = self.callback.quota_metric_tags(quota_type, user, client_id)
-        return self.callback.quota_limit(quota_type, tags)
+            return {USER_TAG: user_tag, CLIENT_ID_TAG: client_tag}
+        return self.callback.quota_metric_tags(quota_type, user, client_id)
 
     def cluster_scoped(self, user: str, client_id: str) -> bool:
         """Whether any client quota that limits this client has `scope: cluster` (one budget
@@ -446,12 +447,7 @@ class QuotaEngine:
         for quota_type, manager in self._managers.items():
             if quota_type == CONNECTION_CREATION_RATE or not manager.enabled:
                 continue
-            default = manager.default_callback
-            if default is not None:
-                user_tag, client_tag = default.metric_tags(quota_type, user, client_id)
-                tags: Mapping[str, str] = {USER_TAG: user_tag, CLIENT_ID_TAG: client_tag}
-            else:
-                tags = self.callback.quota_metric_tags(quota_type, user, client_id)
+            tags = self._metric_tags(quota_type, user, client_id)
             if manager.limit_for(tags) < NO_QUOTA_BOUND and manager.entry_policy(tags)[0] == "cluster":
                 return True
         return False
