@@ -19,13 +19,14 @@ _LISTEN_STATE = "0A"
 def _socket_inodes(pid: int) -> set[str]:
     inodes: set[str] = set()
     try:
-        for fd in os.scandir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(fd.path)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
+        with os.scandir(f"/proc/{pid}/fd") as entries:
+            for fd in entries:
+                try:
+                    target = os.readlink(fd.path)
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
     except OSError:
         pass
     return inodes
@@ -38,9 +39,10 @@ def _descendants(pid: int) -> list[int]:
         current = found[index]
         index += 1
         try:
-            for task in os.scandir(f"/proc/{current}/task"):
-                children = Path(task.path, "children").read_text().split()
-                found.extend(int(child) for child in children)
+            with os.scandir(f"/proc/{current}/task") as tasks:
+                for task in tasks:
+                    children = Path(task.path, "children").read_text().split()
+                    found.extend(int(child) for child in children)
         except OSError:
             continue
     return found

@@ -207,5 +207,6 @@ async def test_a_broker_closing_the_connection_answers_nothing() -> None:
     client.send(alter_request(3, 99999999.0))
     assert await client.closed_by_peer()
     assert closed == [True] and quota_file.stored == []
+    client.close()
     await proxy.stop()
     await broker.stop()
