@@ -22,6 +22,7 @@ from harness.proxy_process import ProxyProcess
 from tests.integration.conftest import ProxyFactory
 from tests.integration.socket_watch import SocketWatch
 from tests.integration.through_proxy import (
+    PARTITIONS,
     assert_only_proxy,
     committed_offsets,
     create_topic,
@@ -39,11 +40,17 @@ def _java(cluster: KafkaCluster, *args: str) -> list[str]:
     return ["java", "-Xmx256m", "-cp", f"{cluster.kafka_dir / 'libs'}/*", str(FEATURE_CLIENTS), *args]
 
 
-def _produce(bootstrap: str, topic: str, count: int) -> None:
+def _produce(bootstrap: str, topic: str, count: int, batches: int = 1, pause_s: float = 0.0) -> None:
+    """`count` records spread over every partition (so every partition has a position to
+    commit), in `batches` flushed `pause_s` apart."""
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
-    for i in range(count):
-        producer.produce(topic, str(i).encode())
-    assert producer.flush(60) == 0
+    per_batch = -(-count // batches)
+    for start in range(0, count, per_batch):
+        for i in range(start, min(start + per_batch, count)):
+            producer.produce(topic, str(i).encode(), partition=i % PARTITIONS)
+        assert producer.flush(60) == 0
+        if pause_s and start + per_batch < count:
+            time.sleep(pause_s)  # traffic shape: records keep arriving while both members join
 
 
 # ---- raw ApiVersions ------------------------------------------------------------------
@@ -189,11 +196,14 @@ def test_share_group_consumers_get_every_record(kafka_3nodes: KafkaCluster, prox
 def test_two_share_consumers_split_the_records_with_none_lost(kafka_3nodes: KafkaCluster, proxy: ProxyProcess,
                                                               topic_name: str) -> None:
     create_topic(proxy.bootstrap, topic_name)
-    _produce(proxy.bootstrap, topic_name, RECORDS)
     command = _java(kafka_3nodes, "share-consume", proxy.bootstrap, topic_name, f"{topic_name}-share",
                     str(RECORDS), "120", "15")
     with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(lambda _: run_watched(command, timeout_s=240), range(2)))
+        members = [pool.submit(run_watched, command, timeout_s=240) for _ in range(2)]
+        # Records arrive over ~12 s, so both members are in the group while there is work to
+        # share: records produced before the second member joined could all go to the first.
+        _produce(proxy.bootstrap, topic_name, RECORDS, batches=30, pause_s=0.4)
+        runs = [member.result() for member in members]
     per_consumer = []
     for run in runs:
         assert run.returncode == 0, run.stderr[-3000:]
