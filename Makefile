@@ -42,6 +42,7 @@ system-deps:
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy kqp
+	$(VENV)/bin/lint-imports
 
 test: setup lint
 	$(VENV)/bin/pytest -q tests

@@ -26,6 +26,7 @@ from kqp.proxy.options import ListenerTls, ProxyOptions, UpstreamTls
 from kqp.proxy.quota_admin import QuotaAdminHooks
 from kqp.proxy.server import ProxyServer
 from kqp.proxy.tls import parse_principal_mapping_rules
+from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine, QuotaSettings
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class ProxyApp:
             )
             self.capture.start()
         hooks: list[TrafficHooks] = []
+        topics = TopicDirectory()  # learned from Metadata by the server, read by the hooks
         if self.engine is not None:
             engine = self.engine
             hooks.append(QuotaAdminHooks(
@@ -112,13 +114,14 @@ class ProxyApp:
                 self.engine.on_throttle = self._report_throttle
                 self.metrics.set_quota_stats_source(self.engine.snapshot)
                 self._label_configured_entities()
-            self.enforcement = QuotaEnforcement(self.engine, settings.enforcement, self.now_ms)
+            self.enforcement = QuotaEnforcement(self.engine, settings.enforcement, self.now_ms, topics)
             hooks.append(self.enforcement)
         if self.metrics is not None or self.capture is not None:
-            hooks.append(ObservationHooks(self.metrics, self.capture, settings.capture.sample_one_in))
+            hooks.append(ObservationHooks(self.metrics, self.capture, settings.capture.sample_one_in,
+                                          clock=asyncio.get_running_loop().time, topics=topics))
         quota_engine, proxy_metrics = self.engine, self.metrics
         self.server = ProxyServer(
-            settings.proxy, HookChain(hooks),
+            settings.proxy, HookChain(hooks), topics=topics,
             accept_throttle=(
                 (lambda ip: quota_engine.connection_created(ip, self.now_ms())) if quota_engine is not None else None
             ),

@@ -19,7 +19,9 @@ import logging
 import ssl
 import time
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import cast
 
 from kqp.protocol.address_rewrite import (
     NODE_ENDPOINT_VERSIONS,
@@ -41,13 +43,13 @@ from kqp.protocol.errors import CorrelationError, ProtocolDecodeError, ProtocolE
 from kqp.protocol.fetch_stream import FetchResponseStream, rewrite_fetch_tail
 from kqp.protocol.framing import FrameDecoder
 from kqp.protocol.headers import parse_request_header, response_body_offset, response_correlation_id
+from kqp.protocol.node_endpoints import may_carry_node_endpoints
 from kqp.protocol.sasl import ANONYMOUS, SaslObserver
-from kqp.proxy.cluster import BOOTSTRAP, Listener
-from kqp.proxy.hooks import Exchange
-from kqp.proxy.tls import CertificateParseError, PrincipalMappingError
-
-if TYPE_CHECKING:
-    from kqp.proxy.server import ProxyServer
+from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
+from kqp.proxy.hooks import ONE_AT_A_TIME_AFTER_THROTTLE_S, ClientView, Exchange, TrafficHooks
+from kqp.proxy.options import ProxyOptions
+from kqp.proxy.tls import CertificateParseError, ListenerTlsState, PrincipalMappingError
+from kqp.proxy.topics import TopicDirectory
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +67,6 @@ _CONNECTING = "connecting"
 _UPSTREAM_BACKLOG = "upstream-backlog"
 _THROTTLED = "throttled"
 _SHUTDOWN = "shutdown"
-# How long a throttled connection keeps reading one request at a time: a default quota span
-# (11 windows of 1 s). The enforcement hook holds a client's new connections for as long.
-ONE_AT_A_TIME_AFTER_THROTTLE_S = 11.0
 
 
 def _size_prefix(frame: bytes | bytearray) -> bytes:
@@ -96,9 +95,34 @@ class _CutThrough:
         self.mute_ms = mute_ms
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionServices:
+    """What a connection works with, shared by all connections of a proxy server."""
+
+    loop: asyncio.AbstractEventLoop
+    options: ProxyOptions
+    directory: ClusterDirectory  # broker addresses and the proxy's listener for each
+    topics: TopicDirectory  # topic names by id, learned from Metadata
+    hooks: TrafficHooks
+    listener_tls: ListenerTlsState | None
+    upstream_ssl: Callable[[], ssl.SSLContext | None]  # the context for a new upstream connection
+    closed: Callable[[ProxiedConnection, str], None]
+    frame_rejected: Callable[[ProxiedConnection, str, ProtocolError], None]
+
+
+def _may_carry_node_endpoints(api_key: int, api_version: int, frame: bytes, body_offset: int) -> bool:
+    """Whether a Produce/Fetch response needs the full decode for KIP-951 endpoints."""
+    try:
+        return may_carry_node_endpoints(api_key, api_version, frame, body_offset)
+    except ProtocolError:
+        return True  # the full decode then reports what is wrong with it
+
+
 class ProxiedConnection:
-    def __init__(self, proxy: ProxyServer, listener: Listener, connection_id: int) -> None:
-        self.proxy = proxy
+    def __init__(self, services: ConnectionServices, listener: Listener, connection_id: int) -> None:
+        self.services = services
+        self._loop = services.loop
+        self._hooks = services.hooks
         self.listener = listener
         self.connection_id = connection_id
         self.client: asyncio.Transport | None = None
@@ -115,9 +139,9 @@ class ProxiedConnection:
         # Event-loop time the first byte of a still incomplete request frame arrived.
         self.frame_started_at: float | None = None
         self.opened_at = time.time()
-        self.last_activity = proxy.loop.time()
+        self.last_activity = self._loop.time()
         self.requests_seen = 0
-        self._client_frames = FrameDecoder(proxy.options.max_frame_bytes)
+        self._client_frames = FrameDecoder(services.options.max_frame_bytes)
         self._upstream_frames = FrameDecoder(_MAX_RESPONSE_FRAME)
         self._cut_through: _CutThrough | None = None
         self._pending: deque[bytes] = deque()
@@ -131,12 +155,22 @@ class ProxiedConnection:
         self._closed = False
         self._drained = asyncio.Event()
         self._drained.set()
+        self._view = ClientView(connection_id, self.peer, listener.name, self.upstream_node_id, ANONYMOUS, self)
 
     # ---- lifecycle ------------------------------------------------------------------
 
     @property
     def principal(self) -> str:
         return self.sasl.principal if self.sasl.authenticated else self.tls_principal
+
+    @property
+    def view(self) -> ClientView:
+        """What hooks see of this connection's client (rebuilt when the principal changes)."""
+        view = self._view
+        principal = self.principal
+        if view.principal != principal or view.peer != self.peer:
+            view = self._view = replace(view, principal=principal, peer=self.peer)
+        return view
 
     @property
     def closed(self) -> bool:
@@ -153,26 +187,26 @@ class ProxiedConnection:
         if peer:
             self.peer_ip = str(peer[0])
             self.peer = f"{peer[0]}:{peer[1]}"
-        transport.set_write_buffer_limits(high=self.proxy.options.write_buffer_high_bytes)
+        transport.set_write_buffer_limits(high=self.services.options.write_buffer_high_bytes)
         self._block_client(_CONNECTING)
-        self.proxy.hooks.connection_opened(self)
+        self._hooks.connection_opened(self.view)
 
     def start(self) -> None:
         """Terminate TLS if the listener has it, then connect upstream and start forwarding."""
-        self.proxy.loop.create_task(self._open())
+        self._loop.create_task(self._open())
 
     def hold_then_close(self, hold_ms: int, reason: str) -> None:
         """KIP-612: keep a throttled new connection open, unread, then close it, as a broker does."""
-        self._hold_handle = self.proxy.loop.call_later(hold_ms / 1000.0, self.close, reason)
+        self._hold_handle = self._loop.call_later(hold_ms / 1000.0, self.close, reason)
 
     async def _open(self) -> None:
-        if self.proxy.listener_tls is not None and not self._take_tls_principal():
+        if self.services.listener_tls is not None and not self._take_tls_principal():
             return
         await self._connect_upstream()
 
     def _take_tls_principal(self) -> bool:
         """The loop completed the TLS handshake before accepting; name the client by its certificate."""
-        tls = self.proxy.listener_tls
+        tls = self.services.listener_tls
         assert tls is not None and self.client is not None
         try:
             principal = tls.principal_of(cast("ssl.SSLObject | None", self.client.get_extra_info("ssl_object")))
@@ -184,11 +218,11 @@ class ProxiedConnection:
         return True
 
     async def _connect_upstream(self) -> None:
-        loop = self.proxy.loop
+        loop = self._loop
         if self.listener.node_id == BOOTSTRAP:
-            candidates = self.proxy.directory.bootstrap_candidates()
+            candidates = self.services.directory.bootstrap_candidates()
         else:
-            known = self.proxy.directory.upstream_of(self.listener.node_id)
+            known = self.services.directory.upstream_of(self.listener.node_id)
             candidates = [known] if known is not None else []
         failure = "upstream address of this node is unknown"
         for host, port in candidates:
@@ -196,8 +230,8 @@ class ProxiedConnection:
                 return
             try:
                 transport, _ = await asyncio.wait_for(
-                    loop.create_connection(lambda: _UpstreamSide(self), host, port, ssl=self.proxy.upstream_ssl()),
-                    self.proxy.options.upstream_connect_timeout_s,
+                    loop.create_connection(lambda: _UpstreamSide(self), host, port, ssl=self.services.upstream_ssl()),
+                    self.services.options.upstream_connect_timeout_s,
                 )
             except (OSError, TimeoutError) as exc:  # including failed TLS handshakes
                 failure = f"{host}:{port}: {exc or type(exc).__name__}"
@@ -214,7 +248,7 @@ class ProxiedConnection:
 
     def upstream_connected(self, transport: asyncio.Transport) -> None:
         self.upstream = transport
-        transport.set_write_buffer_limits(high=self.proxy.options.write_buffer_high_bytes)
+        transport.set_write_buffer_limits(high=self.services.options.write_buffer_high_bytes)
 
     def close(self, reason: str, *, problem: bool = False) -> None:
         if self._closed:
@@ -230,7 +264,7 @@ class ProxiedConnection:
             if transport is not None:
                 transport.close()
         self._drained.set()
-        self.proxy.connection_closed(self, reason)
+        self.services.closed(self, reason)
 
     async def drain(self) -> None:
         """Stop taking requests and wait for the ones in flight to be answered."""
@@ -251,7 +285,7 @@ class ProxiedConnection:
             self.client.resume_reading()
             if self.frame_started_at is not None:
                 # The rest of the frame could not be read while paused; its clock restarts.
-                self.frame_started_at = self.proxy.loop.time()
+                self.frame_started_at = self._loop.time()
 
     def block_upstream_reads(self) -> None:
         if not self._upstream_blockers and self.upstream is not None and not self._closed:
@@ -260,7 +294,7 @@ class ProxiedConnection:
 
     def unblock_upstream_reads(self) -> None:
         # The client is reading again: that is activity, whatever the idle clock said.
-        self.last_activity = self.proxy.loop.time()
+        self.last_activity = self._loop.time()
         self._upstream_blockers.discard("client-backlog")
         if not self._upstream_blockers and self.upstream is not None and not self._closed:
             self.upstream.resume_reading()
@@ -288,7 +322,7 @@ class ProxiedConnection:
         throttle on this connection itself (a cluster-wide budget throttled elsewhere)."""
         if throttle_ms <= 0 or self._closed:
             return
-        loop = self.proxy.loop
+        loop = self._loop
         until = loop.time() + throttle_ms / 1000.0
         if until <= self._muted_until:
             return
@@ -306,7 +340,7 @@ class ProxiedConnection:
     def read_one_request_at_a_time(self, seconds: float) -> None:
         """Forward one request at a time for a while: this client is being throttled, maybe on
         another connection, and a broker would not let it pipeline past its throttles."""
-        until = self.proxy.loop.time() + seconds
+        until = self._loop.time() + seconds
         if until > self._one_at_a_time_until:
             self._one_at_a_time_until = until
 
@@ -322,12 +356,12 @@ class ProxiedConnection:
     # ---- requests --------------------------------------------------------------------
 
     def client_data(self, data: bytes) -> None:
-        now = self.last_activity = self.proxy.loop.time()
+        now = self.last_activity = self._loop.time()
         decoder = self._client_frames
         try:
             frames = decoder.feed(data)
         except ProtocolError as exc:
-            self.proxy.frame_rejected(self, "client", exc)
+            self.services.frame_rejected(self, "client", exc)
             self.close(f"bad frame from client: {exc}", problem=True)
             return
         if not decoder.buffered_bytes:
@@ -342,7 +376,7 @@ class ProxiedConnection:
         # Frames already read stay queued while the connection is blocked, so a muted
         # client gets nothing through even if it had pipelined requests.
         while self._pending and not self._client_blockers and not self._closed:
-            if self._inflight and self._one_at_a_time_until > self.proxy.loop.time():
+            if self._inflight and self._one_at_a_time_until > self._loop.time():
                 return
             if self._inflight and self._inflight[-1].local_response is not None:
                 # A local answer waits for the responses ahead of it, and its throttle must
@@ -353,7 +387,7 @@ class ProxiedConnection:
             try:
                 self._handle_request(frame)
             except ProtocolError as exc:
-                self.proxy.frame_rejected(self, "client", exc)
+                self.services.frame_rejected(self, "client", exc)
                 self.close(f"bad request from client: {exc}", problem=True)
                 return
 
@@ -361,7 +395,7 @@ class ProxiedConnection:
         buffered = self._client_frames.buffered_bytes
         if buffered and not self._closed:
             error = TruncatedFrameError(f"client went away {buffered} bytes into a frame")
-            self.proxy.frame_rejected(self, "client", error)
+            self.services.frame_rejected(self, "client", error)
             self.close(f"truncated frame from client: {error}", problem=True)
         else:
             self.close("client disconnected" if exc is None else f"client connection lost: {exc}")
@@ -380,7 +414,7 @@ class ProxiedConnection:
         exchange = Exchange(
             header=header,
             request_bytes=len(frame) + 4,
-            received_at=self.proxy.loop.time(),
+            received_at=self._loop.time(),
             expects_response=expects_response(api_key, header.api_version, body),
         )
         self.requests_seen += 1
@@ -389,7 +423,7 @@ class ProxiedConnection:
         elif api_key == SASL_AUTHENTICATE_KEY:
             message = decode_body(api_key, header.api_version, body, is_request=True)
             self.sasl.authenticate_request(bytes(message.auth_bytes))
-        verdict = self.proxy.hooks.request(self, exchange, frame)
+        verdict = self._hooks.request(self.view, exchange, frame)
         if verdict is not None and verdict.answer is not None:
             exchange.local_response = verdict.answer
             self._inflight.append(exchange)
@@ -400,14 +434,17 @@ class ProxiedConnection:
             upstream = self.upstream
             assert upstream is not None  # requests are only processed once connected
             upstream.writelines((_size_prefix(out), out))
-            exchange.sent_at = self.proxy.loop.time()
+            exchange.sent_at = self._loop.time()
             if exchange.expects_response:
                 self._inflight.append(exchange)
                 self._drained.clear()
             else:
-                self.proxy.hooks.unanswered(self, exchange)
-        if verdict is not None and verdict.mute_ms:
-            self.mute(verdict.mute_ms)
+                self._hooks.unanswered(self.view, exchange)
+        if verdict is not None:
+            if verdict.one_at_a_time_s:
+                self.read_one_request_at_a_time(verdict.one_at_a_time_s)
+            if verdict.mute_ms:
+                self.mute(verdict.mute_ms)
 
     def _flush_local_answers(self) -> None:
         # A local answer leaves in its place among the forwarded responses, and its verdict
@@ -418,10 +455,10 @@ class ProxiedConnection:
             exchange = self._inflight.popleft()
             answer = exchange.local_response
             assert answer is not None
-            exchange.response_received_at = self.proxy.loop.time()
+            exchange.response_received_at = self._loop.time()
             header = exchange.header
             body_offset = response_body_offset(answer, header.api_key, header.api_version)
-            verdict = self.proxy.hooks.response(self, exchange, answer, body_offset)
+            verdict = self._hooks.response(self.view, exchange, answer, body_offset)
             out = answer if verdict is None or verdict.frame is None else bytes(verdict.frame)
             client.writelines((_size_prefix(out), out))
             if verdict is not None and verdict.mute_ms:
@@ -432,7 +469,7 @@ class ProxiedConnection:
     # ---- responses -------------------------------------------------------------------
 
     def upstream_data(self, data: bytes) -> None:
-        self.last_activity = self.proxy.loop.time()
+        self.last_activity = self._loop.time()
         try:
             while data and not self._closed:
                 if self._cut_through is not None:
@@ -446,7 +483,7 @@ class ProxiedConnection:
                         return
                 self._start_cut_through()
         except ProtocolError as exc:
-            self.proxy.frame_rejected(self, "broker", exc)
+            self.services.frame_rejected(self, "broker", exc)
             self.close(f"bad response from broker: {exc}", problem=True)
 
     def _start_cut_through(self) -> None:
@@ -458,7 +495,7 @@ class ProxiedConnection:
         header = exchange.header
         if header.api_key != FETCH_KEY or not header.known or exchange.local_response is not None:
             return  # a Fetch version newer than the definitions may lay its body out differently
-        if self.proxy.hooks.needs_whole_response(self, exchange):
+        if self._hooks.needs_whole_response(self.view, exchange):
             return
         head = bytearray(self._upstream_frames.detach_incomplete())
         correlation_id = response_correlation_id(memoryview(head))
@@ -468,9 +505,9 @@ class ProxiedConnection:
                 f"expected {header.correlation_id}"
             )
         self._inflight.popleft()
-        exchange.response_received_at = self.proxy.loop.time()
+        exchange.response_received_at = self._loop.time()
         body_offset = response_body_offset(memoryview(head), FETCH_KEY, header.api_version)
-        verdict = self.proxy.hooks.response_started(self, exchange, head, body_offset, size)
+        verdict = self._hooks.response_started(self.view, exchange, head, body_offset, size)
         stream = FetchResponseStream(header.api_version)
         passed = body_offset + stream.feed(memoryview(head)[body_offset:])
         client = self.client
@@ -504,8 +541,8 @@ class ProxiedConnection:
             raise ProtocolDecodeError("Fetch response ended inside its structure")
         client = self.client
         if cut.tail and client is not None:
-            client.write(rewrite_fetch_tail(bytes(cut.tail), self.proxy.directory.map_address))
-        self.proxy.hooks.response_streamed(self, cut.exchange, cut.frame_size, cut.body_offset)
+            client.write(rewrite_fetch_tail(bytes(cut.tail), self.services.directory.map_address))
+        self._hooks.response_streamed(self.view, cut.exchange, cut.frame_size, cut.body_offset)
         self._after_response(cut.mute_ms)
 
     def _after_response(self, mute_ms: int) -> None:
@@ -528,7 +565,7 @@ class ProxiedConnection:
                 f"expected {exchange.header.correlation_id}"
             )
         self._inflight.popleft()
-        exchange.response_received_at = self.proxy.loop.time()
+        exchange.response_received_at = self._loop.time()
         api_key = exchange.header.api_key
         api_version = exchange.header.api_version
         body_offset = response_body_offset(frame, api_key, api_version)
@@ -538,19 +575,19 @@ class ProxiedConnection:
             rewritten = proxy_api_versions_body(api_version, memoryview(frame)[body_offset:])
         elif carries_addresses(api_key, api_version) and (
             api_key not in NODE_ENDPOINT_VERSIONS
-            or self.proxy.may_carry_node_endpoints(api_key, api_version, frame, body_offset)
+            or _may_carry_node_endpoints(api_key, api_version, frame, body_offset)
         ):
             message = decode_body(api_key, api_version, memoryview(frame)[body_offset:], is_request=False)
             if api_key == METADATA_KEY:
-                self.proxy.topics.learn_metadata(message)
-            if rewrite_addresses(message, api_key, api_version, self.proxy.directory.map_address):
+                self.services.topics.learn_metadata(message)
+            if rewrite_addresses(message, api_key, api_version, self.services.directory.map_address):
                 rewritten = encode_body(message, api_version)
         elif api_key == SASL_AUTHENTICATE_KEY:
             self.sasl.authenticate_response(int.from_bytes(frame[body_offset : body_offset + 2], "big", signed=True))
         if rewritten is not None:
             out = frame[:body_offset] + rewritten
         mute_ms = 0
-        verdict = self.proxy.hooks.response(self, exchange, out, body_offset)
+        verdict = self._hooks.response(self.view, exchange, out, body_offset)
         if verdict is not None:
             if verdict.frame is not None:
                 out = bytes(verdict.frame)
@@ -562,14 +599,13 @@ class ProxiedConnection:
 
 
 class ClientSide(asyncio.Protocol):
-    def __init__(self, proxy: ProxyServer, listener: Listener) -> None:
-        self._proxy = proxy
-        self._listener = listener
+    def __init__(self, accept: Callable[[asyncio.Transport], ProxiedConnection]) -> None:
+        self._accept = accept
         self.connection: ProxiedConnection | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.connection = self._proxy.connection_accepted(self._listener, cast(asyncio.Transport, transport))
+        self.connection = self._accept(cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
         if self.connection is not None:

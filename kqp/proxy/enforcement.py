@@ -29,9 +29,17 @@ from kqp.protocol.mutations import (
     throttled_response,
 )
 from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time
-from kqp.proxy.connection import ONE_AT_A_TIME_AFTER_THROTTLE_S, ProxiedConnection
-from kqp.proxy.hooks import Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
-from kqp.proxy.observation import NOTE_BROKER_THROTTLE_MS, NOTE_MUTATIONS, NOTE_PROXY_THROTTLE_MS
+from kqp.proxy.hooks import (
+    ONE_AT_A_TIME_AFTER_THROTTLE_S,
+    ClientView,
+    ConnectionControl,
+    Exchange,
+    MutationNote,
+    RequestVerdict,
+    ResponseVerdict,
+    TrafficHooks,
+)
+from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
 from kqp.quotas.recording import (
     QuotaClient,
@@ -47,11 +55,6 @@ from kqp.quotas.recording import (
 )
 
 log = logging.getLogger(__name__)
-
-_NOTE_MUTATION_REQUEST = "mutation_request"
-_NOTE_MUTATION_REJECTED = "mutation_rejected"
-_NOTE_REQUEST_THROTTLE = "request_throttle_ms"
-_NOTE_FETCH_MAX_WAIT_MS = "fetch_max_wait_ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +73,12 @@ class QuotaEnforcement(TrafficHooks):
         engine: QuotaEngine,
         settings: EnforcementSettings,
         clock_ms: Callable[[], float],
+        topics: TopicDirectory,
     ) -> None:
         self.engine = engine
         self.settings = settings
         self._now_ms = clock_ms
+        self._topics = topics
         # (principal, client-id) -> when its latest throttle ends (ms). A client that opens a
         # new connection while throttled (librdkafka does after a request timeout) must not
         # pipeline its backlog through it: see `read_one_request_at_a_time`.
@@ -83,8 +88,8 @@ class QuotaEnforcement(TrafficHooks):
         self._engine_calls = 0
         # (principal, client-id) -> its open connections, kept only while some quota has
         # `scope: cluster`: a throttle on that one budget holds every connection, as one broker.
-        self._connections_of: dict[tuple[str, str], set[ProxiedConnection]] = {}
-        self._clients_on: dict[ProxiedConnection, set[tuple[str, str]]] = {}
+        self._connections_of: dict[tuple[str, str], dict[int, ConnectionControl]] = {}
+        self._clients_on: dict[int, set[tuple[str, str]]] = {}
         self._scope_checked_for: object = None
         self._cluster_scope = False
 
@@ -100,26 +105,26 @@ class QuotaEnforcement(TrafficHooks):
             del self._throttled_until[client]
 
     @staticmethod
-    def _client(connection: ProxiedConnection, exchange: Exchange) -> QuotaClient:
+    def _client(client: ClientView, exchange: Exchange) -> QuotaClient:
         return QuotaClient(
-            broker_label(connection.upstream_node_id), connection.principal, exchange.header.client_id or ""
+            broker_label(client.broker), client.principal, exchange.header.client_id or ""
         )
 
-    def _trace(self, connection: ProxiedConnection, exchange: Exchange) -> QuotaTrace:
+    def _trace(self, client: ClientView, exchange: Exchange) -> QuotaTrace:
         if exchange.quota is None:
-            exchange.quota = QuotaTrace(broker_label(connection.upstream_node_id))
+            exchange.quota = QuotaTrace(broker_label(client.broker))
         return exchange.quota
 
     def _charge_request(
-        self, connection: ProxiedConnection, exchange: Exchange, charges: RequestCharges
+        self, client: ClientView, exchange: Exchange, charges: RequestCharges
     ) -> RequestOutcome:
-        trace = self._trace(connection, exchange)
+        trace = self._trace(client, exchange)
         now = self._now_ms()
         self._engine_calls += 1
         trace.request_seq, trace.request_now_ms, trace.request = self._engine_calls, now, charges
-        outcome = charge_request(self.engine, self._client(connection, exchange), charges, now)
+        outcome = charge_request(self.engine, self._client(client, exchange), charges, now)
         if outcome.throttle_ms:
-            exchange.notes[_NOTE_REQUEST_THROTTLE] = outcome.throttle_ms
+            exchange.request_throttle_ms = outcome.throttle_ms
         return outcome
 
     # ---- requests --------------------------------------------------------------------
@@ -131,53 +136,62 @@ class QuotaEnforcement(TrafficHooks):
             self._cluster_scope = settings.scope == "cluster" or any(e.scope == "cluster" for e in settings.entries)
         return self._cluster_scope
 
-    def _hold_every_connection(self, connection: ProxiedConnection, client: tuple[str, str], throttle: int) -> None:
+    def _hold_every_connection(self, client: ClientView, key: tuple[str, str], throttle: int) -> None:
         """`scope: cluster`: mute the client's other connections too, as a single broker would."""
-        others = self._connections_of.get(client)
-        if not others or len(others) < 2 or not self.engine.cluster_scoped(*client):
+        others = self._connections_of.get(key)
+        if not others or len(others) < 2 or not self.engine.cluster_scoped(*key):
             return
-        for other in others:
-            if other is not connection:
+        for connection_id, other in others.items():
+            if connection_id != client.connection_id:
                 other.mute(throttle, one_at_a_time=False)
 
-    def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
-        for key in self._clients_on.pop(connection, ()):
+    def connection_closed(self, client: ClientView, reason: str) -> None:
+        for key in self._clients_on.pop(client.connection_id, ()):
             conns = self._connections_of.get(key)
             if conns is not None:
-                conns.discard(connection)
+                conns.pop(client.connection_id, None)
                 if not conns:
                     del self._connections_of[key]
 
-    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
-        api_key = header.api_key
         if self._cluster_scope_in_use():
-            key = (connection.principal, header.client_id or "")
-            self._connections_of.setdefault(key, set()).add(connection)
-            self._clients_on.setdefault(connection, set()).add(key)
+            key = (client.principal, header.client_id or "")
+            self._connections_of.setdefault(key, {})[client.connection_id] = client.control
+            self._clients_on.setdefault(client.connection_id, set()).add(key)
+        one_at_a_time_s = 0.0
         if self._throttled_until:
-            until = self._throttled_until.get((connection.principal, header.client_id or ""))
+            until = self._throttled_until.get((client.principal, header.client_id or ""))
             if until is not None:
                 remaining_ms = until + ONE_AT_A_TIME_AFTER_THROTTLE_S * 1000.0 - self._now_ms()
                 if remaining_ms > 0:
-                    connection.read_one_request_at_a_time(remaining_ms / 1000.0)
+                    one_at_a_time_s = remaining_ms / 1000.0
+        verdict = self._request_verdict(client, exchange, frame)
+        if one_at_a_time_s:
+            verdict = verdict or RequestVerdict()
+            verdict.one_at_a_time_s = one_at_a_time_s
+        return verdict
+
+    def _request_verdict(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        header = exchange.header
+        api_key = header.api_key
         if api_key == ApiKey.PRODUCE and not exchange.expects_response:
             # acks=0: no response will carry a throttle, so record now and mute at once.
             charges = request_charges(api_key, header.api_version, exchange.request_bytes - 4, expects_response=False)
-            throttle = self._charge_request(connection, exchange, charges).throttle_ms
-            exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
+            throttle = self._charge_request(client, exchange, charges).throttle_ms
+            exchange.proxy_throttle_ms = throttle
             if not throttle:
                 return None
-            self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
-            self._hold_every_connection(connection, (connection.principal, header.client_id or ""), throttle)
+            self._note_throttle((client.principal, header.client_id or ""), throttle, self._now_ms())
+            self._hold_every_connection(client, (client.principal, header.client_id or ""), throttle)
             return RequestVerdict(mute_ms=throttle)
         if api_key == ApiKey.FETCH:
-            return self._cap_fetch(connection, exchange, frame)
+            return self._cap_fetch(client, exchange, frame)
         if api_key in MUTATION_APIS:
-            return self._mutations(connection, exchange, frame)
+            return self._mutations(client, exchange, frame)
         return None
 
-    def _cap_fetch(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+    def _cap_fetch(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
         charges = request_charges(header.api_key, header.api_version, exchange.request_bytes - 4, True)
         if not request_charged_at_arrival(self.engine, charges):
@@ -186,8 +200,8 @@ class QuotaEnforcement(TrafficHooks):
             fetch = parse_fetch_request(memoryview(frame)[header.body_offset:], header.api_version)
         except ProtocolError:
             return None
-        exchange.notes[_NOTE_FETCH_MAX_WAIT_MS] = fetch.max_wait_ms
-        cap = self._charge_request(connection, exchange, charges).fetch_max_bytes_cap
+        exchange.fetch_max_wait_ms = fetch.max_wait_ms
+        cap = self._charge_request(client, exchange, charges).fetch_max_bytes_cap
         offset = fetch.max_bytes_offset
         if cap is None or offset is None or fetch.max_bytes is None or cap >= fetch.max_bytes:
             return None
@@ -200,28 +214,28 @@ class QuotaEnforcement(TrafficHooks):
             patch_fetch_max_bytes(patched, header.body_offset + offset - 4, cap)
         return RequestVerdict(frame=bytes(patched))
 
-    def _mutations(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+    def _mutations(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
         request = read_mutation_request(
             header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
-            connection.proxy.topics.partitions, self.settings.default_partitions,
+            self._topics.partitions, self.settings.default_partitions,
         )
-        exchange.notes[_NOTE_MUTATION_REQUEST] = request
+        exchange.mutation_request = request
         if request.validate_only and not self.settings.charge_validate_only:
             return None
         topics = [(t.label, t.partitions) for t in request.topics]
         charges = request_charges(header.api_key, header.api_version, exchange.request_bytes - 4, True, topics)
-        outcome = self._charge_request(connection, exchange, charges).mutation
+        outcome = self._charge_request(client, exchange, charges).mutation
         assert outcome is not None  # a mutation API with topics to charge
         rejected = [t for t, accepted in zip(request.topics, outcome.accepted, strict=True) if not accepted]
-        exchange.notes[_NOTE_MUTATION_REJECTED] = rejected
+        exchange.mutations_rejected = rejected
         if not rejected:
             return None
         if len(rejected) == len(request.topics):
             body = throttled_response(request, rejected, outcome.throttle_ms)
             answer = encode_response_header(header.api_key, header.api_version, header.correlation_id) + body
-            exchange.notes[NOTE_PROXY_THROTTLE_MS] = outcome.throttle_ms
-            exchange.notes[NOTE_MUTATIONS] = _mutation_notes(request, rejected)
+            exchange.proxy_throttle_ms = outcome.throttle_ms
+            exchange.mutations = _mutation_notes(request, rejected)
             return RequestVerdict(answer=answer, mute_ms=0)
         body = request_without(request, rejected)
         return RequestVerdict(frame=frame[: header.body_offset] + body)
@@ -229,38 +243,38 @@ class QuotaEnforcement(TrafficHooks):
     # ---- responses -------------------------------------------------------------------
 
     def response(
-        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
         header = exchange.header
         api_key = header.api_key
         if exchange.local_response is not None:
             # Answered by the proxy (every topic rejected): the throttle is already in it.
-            throttle = int(exchange.notes.get(NOTE_PROXY_THROTTLE_MS, 0))
+            throttle = exchange.proxy_throttle_ms
             if not throttle:
                 return None
-            self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
-            self._hold_every_connection(connection, (connection.principal, header.client_id or ""), throttle)
+            self._note_throttle((client.principal, header.client_id or ""), throttle, self._now_ms())
+            self._hold_every_connection(client, (client.principal, header.client_id or ""), throttle)
             return ResponseVerdict(mute_ms=throttle)
         throttles = [
-            self._charge_response(connection, exchange, len(frame) - body_offset),
-            int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0)),
+            self._charge_response(client, exchange, len(frame) - body_offset),
+            exchange.request_throttle_ms,
         ]
         out: bytes | bytearray = frame
-        request = exchange.notes.get(_NOTE_MUTATION_REQUEST)
-        if isinstance(request, MutationRequest):
-            rejected: list[TopicMutation] = exchange.notes.get(_NOTE_MUTATION_REJECTED, [])
+        request = exchange.mutation_request
+        if request is not None:
+            rejected = exchange.mutations_rejected
             if rejected:
-                mutation_throttle = int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0))
+                mutation_throttle = exchange.request_throttle_ms
                 body = merge_rejections(request, memoryview(frame)[body_offset:], rejected, mutation_throttle)
                 out = frame[:body_offset] + body
-            exchange.notes[NOTE_MUTATIONS] = _mutation_notes(request, rejected)
+            exchange.mutations = _mutation_notes(request, rejected)
         throttle = max(throttles)
-        exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
+        exchange.proxy_throttle_ms = throttle
         broker_throttle = self._broker_throttle(exchange, out, body_offset)
         if throttle <= 0:
             return ResponseVerdict(frame=out) if out is not frame else None
-        self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
-        self._hold_every_connection(connection, (connection.principal, header.client_id or ""), throttle)
+        self._note_throttle((client.principal, header.client_id or ""), throttle, self._now_ms())
+        self._hold_every_connection(client, (client.principal, header.client_id or ""), throttle)
         if broker_throttle is not None and throttle > broker_throttle:
             patched = bytearray(out)
             patch_throttle_time(patched, body_offset, api_key, header.api_version, throttle)
@@ -268,37 +282,37 @@ class QuotaEnforcement(TrafficHooks):
         return ResponseVerdict(frame=out, mute_ms=throttle)
 
     def response_started(
-        self, connection: ProxiedConnection, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
+        self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
     ) -> ResponseVerdict | None:
         """A streamed (cut-through) response: charged by the size its frame header gives, its
         ThrottleTimeMs (in the head) patched in place, as `response` does for a whole frame."""
         throttle = max(
-            self._charge_response(connection, exchange, frame_size - body_offset),
-            int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0)),
+            self._charge_response(client, exchange, frame_size - body_offset),
+            exchange.request_throttle_ms,
         )
-        exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
+        exchange.proxy_throttle_ms = throttle
         broker_throttle = self._broker_throttle(exchange, head, body_offset)
         if throttle <= 0:
             return None
-        client = (connection.principal, exchange.header.client_id or "")
-        self._note_throttle(client, throttle, self._now_ms())
-        self._hold_every_connection(connection, client, throttle)
+        key = (client.principal, exchange.header.client_id or "")
+        self._note_throttle(key, throttle, self._now_ms())
+        self._hold_every_connection(client, key, throttle)
         if broker_throttle is not None and throttle > broker_throttle:
             header = exchange.header
             patch_throttle_time(head, body_offset, header.api_key, header.api_version, throttle)
         return ResponseVerdict(mute_ms=throttle)
 
-    def _charge_response(self, connection: ProxiedConnection, exchange: Exchange, body_size: int) -> int:
+    def _charge_response(self, client: ClientView, exchange: Exchange, body_size: int) -> int:
         round_trip_ms = (exchange.response_received_at - exchange.sent_at) * 1000.0
         charges = response_charges(
             exchange.header.api_key, exchange.request_bytes - 4, body_size, round_trip_ms,
-            exchange.notes.get(_NOTE_FETCH_MAX_WAIT_MS),
+            exchange.fetch_max_wait_ms,
         )
-        trace = self._trace(connection, exchange)
+        trace = self._trace(client, exchange)
         now = self._now_ms()
         self._engine_calls += 1
         trace.response_seq, trace.response_now_ms, trace.response = self._engine_calls, now, charges
-        return charge_response(self.engine, self._client(connection, exchange), charges, now)
+        return charge_response(self.engine, self._client(client, exchange), charges, now)
 
     @staticmethod
     def _broker_throttle(exchange: Exchange, frame: bytes | bytearray, body_offset: int) -> int | None:
@@ -308,13 +322,13 @@ class QuotaEnforcement(TrafficHooks):
         except ProtocolError:
             return None
         if broker_throttle:
-            exchange.notes[NOTE_BROKER_THROTTLE_MS] = broker_throttle
+            exchange.broker_throttle_ms = broker_throttle
         return broker_throttle
 
 
-def _mutation_notes(request: MutationRequest, rejected: list[TopicMutation]) -> list[tuple[str, int, int]]:
+def _mutation_notes(request: MutationRequest, rejected: list[TopicMutation]) -> list[MutationNote]:
     rejected_labels = {t.label for t in rejected}
     return [
-        (t.label, t.partitions, THROTTLING_QUOTA_EXCEEDED if t.label in rejected_labels else 0)
+        MutationNote(t.label, t.partitions, THROTTLING_QUOTA_EXCEEDED if t.label in rejected_labels else 0)
         for t in request.topics
     ]

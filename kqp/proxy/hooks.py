@@ -8,13 +8,44 @@ the event loop, inline with the data path, so they must not block.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kqp.protocol.headers import RequestHeader
+from kqp.protocol.mutations import MutationRequest, TopicMutation
 from kqp.quotas.recording import QuotaTrace
 
-if TYPE_CHECKING:
-    from kqp.proxy.connection import ProxiedConnection
+# How long a throttled connection keeps reading one request at a time: a default quota span
+# (11 windows of 1 s). The enforcement hook holds a client's new connections for as long.
+ONE_AT_A_TIME_AFTER_THROTTLE_S = 11.0
+
+
+class ConnectionControl(Protocol):
+    """What a hook may do to a connection other than the one whose traffic it is looking at
+    (a `scope: cluster` throttle holds every connection of the client)."""
+
+    def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClientView:
+    """The client behind a connection, as hooks see it. A new view replaces the old one when
+    the principal changes (SASL completes); the client id is per request (`Exchange.header`)."""
+
+    connection_id: int
+    peer: str  # host:port of the client
+    listener: str  # the proxy listener's name
+    broker: int | None  # node id of the upstream broker; None on the bootstrap listener
+    principal: str
+    control: ConnectionControl = field(compare=False, repr=False)
+
+
+@dataclass(slots=True)
+class MutationNote:
+    """A topic of a CreateTopics/CreatePartitions/DeleteTopics request and what it got."""
+
+    topic: str
+    partitions: int
+    error_code: int
 
 
 @dataclass(slots=True)
@@ -31,8 +62,24 @@ class Exchange:
     local_response: bytes | None = None
     # What the quota engine was given for this exchange (enforcement writes, capture reads).
     quota: QuotaTrace | None = None
-    # Per-feature state carried from request to response.
-    notes: dict[str, Any] = field(default_factory=dict)
+    # Throttle the proxy's own quotas gave the exchange, and the one the broker put in its response (ms).
+    proxy_throttle_ms: int = 0
+    broker_throttle_ms: int = 0
+    # The request-time or mutation throttle charged when the request arrived (ms).
+    request_throttle_ms: int = 0
+    # Fetch MaxWaitMs as asked (a fetch that waits is not charged as request time for it).
+    fetch_max_wait_ms: int | None = None
+    # Partition mutations: the request as read, the topics refused here, and per topic what
+    # the client got (for metrics and capture).
+    mutation_request: MutationRequest | None = None
+    mutations_rejected: list[TopicMutation] = field(default_factory=list)
+    mutations: list[MutationNote] | None = None
+    # Capture fields read from the request (acks, fetch limits, group id).
+    request_details: dict[str, Any] = field(default_factory=dict)
+    # Produce partitions as read from the request, completed with the response's error codes.
+    produce_partitions: list[dict[str, Any]] | None = None
+    # A quota-admin request the proxy applies once the brokers have authorized it.
+    quota_admin_request: Any = None
 
 
 @dataclass(slots=True)
@@ -45,6 +92,9 @@ class RequestVerdict:
     answer: bytes | None = None
     # Stop reading from the client for this long after the request (acks=0 throttling).
     mute_ms: int = 0
+    # Forward this connection's requests one at a time for this long: its client is being
+    # throttled, maybe on another connection, and a broker would not let it pipeline past that.
+    one_at_a_time_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -56,18 +106,18 @@ class ResponseVerdict:
 class TrafficHooks:
     """No-op hooks; subclasses override what they need."""
 
-    def connection_opened(self, connection: ProxiedConnection) -> None:
+    def connection_opened(self, client: ClientView) -> None:
         return None
 
-    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         return None
 
     def response(
-        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
         return None
 
-    def unanswered(self, connection: ProxiedConnection, exchange: Exchange) -> None:
+    def unanswered(self, client: ClientView, exchange: Exchange) -> None:
         """A request was forwarded that gets no response (Produce with acks=0)."""
         return None
 
@@ -75,23 +125,23 @@ class TrafficHooks:
     # its head (the response header and at least the body's first field) when it starts,
     # may patch the head in place (same length), and hears when the last byte has passed.
 
-    def needs_whole_response(self, connection: ProxiedConnection, exchange: Exchange) -> bool:
+    def needs_whole_response(self, client: ClientView, exchange: Exchange) -> bool:
         """True when this hook must see the response frame whole (no cut-through)."""
         return False
 
     def response_started(
-        self, connection: ProxiedConnection, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
+        self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
     ) -> ResponseVerdict | None:
         """A streamed response began; `frame_size` is its whole size (without the size prefix)."""
         return None
 
     def response_streamed(
-        self, connection: ProxiedConnection, exchange: Exchange, frame_size: int, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame_size: int, body_offset: int
     ) -> None:
         """The last byte of a streamed response went to the client."""
         return None
 
-    def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
+    def connection_closed(self, client: ClientView, reason: str) -> None:
         return None
 
 
@@ -101,20 +151,21 @@ class HookChain(TrafficHooks):
     def __init__(self, hooks: list[TrafficHooks]) -> None:
         self.hooks = hooks
 
-    def connection_opened(self, connection: ProxiedConnection) -> None:
+    def connection_opened(self, client: ClientView) -> None:
         for hook in self.hooks:
-            hook.connection_opened(connection)
+            hook.connection_opened(client)
 
-    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         combined: RequestVerdict | None = None
         for hook in self.hooks:
-            verdict = hook.request(connection, exchange, frame)
+            verdict = hook.request(client, exchange, frame)
             if verdict is None:
                 continue
             if combined is None:
                 combined = verdict
             else:
                 combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
+                combined.one_at_a_time_s = max(combined.one_at_a_time_s, verdict.one_at_a_time_s)
                 combined.frame = verdict.frame if verdict.frame is not None else combined.frame
                 combined.answer = verdict.answer if verdict.answer is not None else combined.answer
             if combined.frame is not None:
@@ -124,11 +175,11 @@ class HookChain(TrafficHooks):
         return combined
 
     def response(
-        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
         combined: ResponseVerdict | None = None
         for hook in self.hooks:
-            verdict = hook.response(connection, exchange, frame, body_offset)
+            verdict = hook.response(client, exchange, frame, body_offset)
             if verdict is None:
                 continue
             if combined is None:
@@ -139,30 +190,30 @@ class HookChain(TrafficHooks):
             combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
         return combined
 
-    def unanswered(self, connection: ProxiedConnection, exchange: Exchange) -> None:
+    def unanswered(self, client: ClientView, exchange: Exchange) -> None:
         for hook in self.hooks:
-            hook.unanswered(connection, exchange)
+            hook.unanswered(client, exchange)
 
-    def needs_whole_response(self, connection: ProxiedConnection, exchange: Exchange) -> bool:
-        return any(hook.needs_whole_response(connection, exchange) for hook in self.hooks)
+    def needs_whole_response(self, client: ClientView, exchange: Exchange) -> bool:
+        return any(hook.needs_whole_response(client, exchange) for hook in self.hooks)
 
     def response_started(
-        self, connection: ProxiedConnection, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
+        self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
     ) -> ResponseVerdict | None:
         combined: ResponseVerdict | None = None
         for hook in self.hooks:
-            verdict = hook.response_started(connection, exchange, head, body_offset, frame_size)
+            verdict = hook.response_started(client, exchange, head, body_offset, frame_size)
             if verdict is not None:
                 combined = combined or ResponseVerdict()
                 combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
         return combined
 
     def response_streamed(
-        self, connection: ProxiedConnection, exchange: Exchange, frame_size: int, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame_size: int, body_offset: int
     ) -> None:
         for hook in self.hooks:
-            hook.response_streamed(connection, exchange, frame_size, body_offset)
+            hook.response_streamed(client, exchange, frame_size, body_offset)
 
-    def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
+    def connection_closed(self, client: ClientView, reason: str) -> None:
         for hook in self.hooks:
-            hook.connection_closed(connection, reason)
+            hook.connection_closed(client, reason)

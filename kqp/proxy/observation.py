@@ -1,7 +1,7 @@
 """Metrics and capture: the hooks that watch the traffic without changing it.
 
 They run last in the hook chain, so they see the throttle the enforcement hook decided
-(in `exchange.notes`) and the response exactly as the client gets it.
+(typed fields of the `Exchange`) and the response exactly as the client gets it.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kqp.capture.writer import CaptureWriter
@@ -27,20 +28,12 @@ from kqp.protocol.fast_path import (
     parse_fetch_response,
     parse_produce_request,
 )
-from kqp.proxy.connection import ProxiedConnection
-from kqp.proxy.hooks import Exchange, ResponseVerdict, TrafficHooks
+from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks
 from kqp.proxy.metrics import ProxyMetrics
+from kqp.proxy.topics import TopicDirectory
 from kqp.quotas.recording import QuotaTrace, broker_label
 
 log = logging.getLogger(__name__)
-
-# Notes the enforcement hook leaves on an exchange for the observers.
-NOTE_PROXY_THROTTLE_MS = "proxy_throttle_ms"
-NOTE_BROKER_THROTTLE_MS = "broker_throttle_ms"
-NOTE_MUTATIONS = "mutations"  # list of (topic, partitions, error_code)
-NOTE_REQUEST_DETAILS = "request_details"  # dict of capture fields read from the request
-# Produce partitions as read from the request, completed with error codes from the response.
-_NOTE_PRODUCE_PARTITIONS = "capture_produce_partitions"
 
 _SASL_APIS = frozenset({SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 _DATA_APIS = frozenset({PRODUCE_KEY, FETCH_KEY})
@@ -66,42 +59,47 @@ def collect_error_codes(value: Any, found: list[int]) -> None:
             collect_error_codes(item, found)
 
 
-def _node_label(connection: ProxiedConnection) -> str:
-    return broker_label(connection.upstream_node_id)
+def _node_label(client: ClientView) -> str:
+    return broker_label(client.broker)
 
 
 class ObservationHooks(TrafficHooks):
-    def __init__(self, metrics: ProxyMetrics | None, capture: CaptureWriter | None, sampling_one_in: int = 1) -> None:
+    def __init__(
+        self, metrics: ProxyMetrics | None, capture: CaptureWriter | None, sampling_one_in: int = 1, *,
+        clock: Callable[[], float], topics: TopicDirectory,
+    ) -> None:
         self.metrics = metrics
         self.capture = capture
         self.sampling_one_in = sampling_one_in
+        self._clock = clock  # the event loop's, which exchanges' times are read from
+        self._topics = topics
         # Exchanges carry event-loop (monotonic) times; captures want wall-clock instants.
         self._wall_offset: float | None = None
 
-    def _wall_us(self, connection: ProxiedConnection, loop_time: float) -> int:
+    def _wall_us(self, loop_time: float) -> int:
         if self._wall_offset is None:
-            self._wall_offset = time.time() - connection.proxy.loop.time()
+            self._wall_offset = time.time() - self._clock()
         return int((loop_time + self._wall_offset) * 1_000_000)
 
-    def connection_opened(self, connection: ProxiedConnection) -> None:
+    def connection_opened(self, client: ClientView) -> None:
         if self.metrics is not None:
-            self.metrics.connection_opened(connection.listener.name, _node_label(connection))
+            self.metrics.connection_opened(client.listener, _node_label(client))
 
-    def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
+    def connection_closed(self, client: ClientView, reason: str) -> None:
         if self.metrics is not None:
             # Reasons carry details (addresses, sizes); the label keeps only the kind.
-            self.metrics.connection_closed(connection.listener.name, _node_label(connection),
+            self.metrics.connection_closed(client.listener, _node_label(client),
                                            reason.split(":")[0].split("(")[0].strip())
 
-    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> None:
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> None:
         if self.capture is None or exchange.header.api_key in _SASL_APIS:
             return None
-        if not self.capture.sampled(connection.connection_id):
+        if not self.capture.sampled(client.connection_id):
             return None
-        exchange.notes.setdefault(NOTE_REQUEST_DETAILS, {}).update(self._request_details(connection, exchange, frame))
+        exchange.request_details.update(self._request_details(exchange, frame))
         return None
 
-    def _request_details(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> dict[str, Any]:
+    def _request_details(self, exchange: Exchange, frame: bytes) -> dict[str, Any]:
         header = exchange.header
         body = memoryview(frame)[header.body_offset:]
         if header.api_key == PRODUCE_KEY:
@@ -109,9 +107,7 @@ class ObservationHooks(TrafficHooks):
                 produce = parse_produce_request(body, header.api_version)
             except ProtocolError:
                 return {}
-            exchange.notes[_NOTE_PRODUCE_PARTITIONS] = [
-                _partition_entry(connection, p) for p in produce.partitions
-            ]
+            exchange.produce_partitions = [self._partition_entry(p) for p in produce.partitions]
             return {"acks": produce.acks}
         if header.api_key == FETCH_KEY:
             # The request as forwarded: MaxBytes may already be capped by quota enforcement.
@@ -133,33 +129,32 @@ class ObservationHooks(TrafficHooks):
         return {}
 
     def response(
-        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
-        self._observe(connection, exchange, frame, body_offset)
+        self._observe(client, exchange, frame, body_offset)
         return None
 
-    def unanswered(self, connection: ProxiedConnection, exchange: Exchange) -> None:
-        self._observe(connection, exchange, None, -1)
+    def unanswered(self, client: ClientView, exchange: Exchange) -> None:
+        self._observe(client, exchange, None, -1)
 
-    def needs_whole_response(self, connection: ProxiedConnection, exchange: Exchange) -> bool:
+    def needs_whole_response(self, client: ClientView, exchange: Exchange) -> bool:
         # A captured Fetch records its partitions, read from the whole response.
-        return self.capture is not None and self.capture.sampled(connection.connection_id)
+        return self.capture is not None and self.capture.sampled(client.connection_id)
 
     def response_streamed(
-        self, connection: ProxiedConnection, exchange: Exchange, frame_size: int, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame_size: int, body_offset: int
     ) -> None:
         if self.metrics is not None:
-            self._record_metrics(connection, exchange, frame_size + 4, [], answered=True)
+            self._record_metrics(client, exchange, frame_size + 4, [], answered=True)
 
     def _observe(
-        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes | None, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame: bytes | None, body_offset: int
     ) -> None:
         header = exchange.header
         api_key = header.api_key
-        loop_now = connection.proxy.loop.time()
-        notes = exchange.notes
-        error_codes: list[int] = notes.get("error_codes", [])
-        if frame is not None and not error_codes and api_key not in _NO_ERROR_DECODE and exchange.header.known:
+        loop_now = self._clock()
+        error_codes: list[int] = []
+        if frame is not None and api_key not in _NO_ERROR_DECODE and exchange.header.known:
             try:
                 message = decode_body(api_key, header.api_version, memoryview(frame)[body_offset:],
                                       is_request=False)
@@ -167,24 +162,21 @@ class ObservationHooks(TrafficHooks):
             except ProtocolError:
                 pass
         response_bytes = len(frame) + 4 if frame is not None else 0
-        user = connection.principal
-        proxy_throttle = int(notes.get(NOTE_PROXY_THROTTLE_MS, 0))
-        broker_throttle = int(notes.get(NOTE_BROKER_THROTTLE_MS, 0))
         if self.metrics is not None:
-            self._record_metrics(connection, exchange, response_bytes, error_codes, answered=frame is not None)
-        if self.capture is None or api_key in _SASL_APIS or not self.capture.sampled(connection.connection_id):
+            self._record_metrics(client, exchange, response_bytes, error_codes, answered=frame is not None)
+        if self.capture is None or api_key in _SASL_APIS or not self.capture.sampled(client.connection_id):
             return
         record: dict[str, Any] = {
-            "ts_request_received_us": self._wall_us(connection, exchange.received_at),
-            "ts_request_sent_us": self._wall_us(connection, exchange.sent_at) if exchange.sent_at else None,
-            "ts_response_received_us": (self._wall_us(connection, exchange.response_received_at)
+            "ts_request_received_us": self._wall_us(exchange.received_at),
+            "ts_request_sent_us": self._wall_us(exchange.sent_at) if exchange.sent_at else None,
+            "ts_response_received_us": (self._wall_us(exchange.response_received_at)
                                         if exchange.response_received_at else None),
-            "ts_response_sent_us": self._wall_us(connection, loop_now) if frame is not None else None,
-            "connection_id": connection.connection_id,
-            "listener": connection.listener.name,
-            "upstream_node_id": connection.upstream_node_id,
-            "client_address": connection.peer,
-            "principal": user,
+            "ts_response_sent_us": self._wall_us(loop_now) if frame is not None else None,
+            "connection_id": client.connection_id,
+            "listener": client.listener,
+            "upstream_node_id": client.broker,
+            "client_address": client.peer,
+            "principal": client.principal,
             "client_id": header.client_id,
             "api_key": api_key,
             "api_version": header.api_version,
@@ -192,59 +184,55 @@ class ObservationHooks(TrafficHooks):
             "request_bytes": exchange.request_bytes,
             "response_bytes": response_bytes if frame is not None else None,
             "error_code": error_codes[0] if error_codes else 0,
-            "broker_throttle_ms": broker_throttle,
-            "proxy_throttle_ms": proxy_throttle,
+            "broker_throttle_ms": exchange.broker_throttle_ms,
+            "proxy_throttle_ms": exchange.proxy_throttle_ms,
             "sampling_one_in": self.sampling_one_in,
         }
-        record.update(notes.get(NOTE_REQUEST_DETAILS, {}))
+        record.update(exchange.request_details)
         if exchange.quota is not None:
             record.update(_quota_fields(exchange.quota))
         if api_key in _DATA_APIS:
-            partitions, top_error = self._data_partitions(connection, exchange, frame, body_offset)
+            partitions, top_error = self._data_partitions(exchange, frame, body_offset)
             if partitions is not None:
                 record["partitions"] = partitions
                 first_partition_error = next((p["error_code"] for p in partitions if p["error_code"]), 0)
                 record["error_code"] = top_error or first_partition_error
-        mutations = notes.get(NOTE_MUTATIONS)
-        if mutations:
+        if exchange.mutations:
             record["mutations"] = [
-                {"topic": topic, "partitions": partitions, "error_code": code} for topic, partitions, code in mutations
+                {"topic": m.topic, "partitions": m.partitions, "error_code": m.error_code} for m in exchange.mutations
             ]
         # A full queue drops the record; the writer counts drops and the server exports them.
         self.capture.submit(record)
 
     def _record_metrics(
-        self, connection: ProxiedConnection, exchange: Exchange, response_bytes: int, error_codes: list[int],
+        self, client: ClientView, exchange: Exchange, response_bytes: int, error_codes: list[int],
         answered: bool,
     ) -> None:
         assert self.metrics is not None
         header = exchange.header
-        notes = exchange.notes
         broker_seconds = None
         if exchange.local_response is None and answered:
             broker_seconds = max(exchange.response_received_at - exchange.sent_at, 0.0)
         proxy_seconds = max(exchange.sent_at - exchange.received_at, 0.0)
         if answered and exchange.response_received_at:
-            proxy_seconds += max(connection.proxy.loop.time() - exchange.response_received_at, 0.0)
-        user, client_id = connection.principal, header.client_id or ""
+            proxy_seconds += max(self._clock() - exchange.response_received_at, 0.0)
+        user, client_id = client.principal, header.client_id or ""
         self.metrics.request_completed(
             header.api_key, header.api_version, exchange.request_bytes, response_bytes, broker_seconds,
             proxy_seconds, error_codes, user=user, client_id=client_id,
         )
-        broker_throttle = int(notes.get(NOTE_BROKER_THROTTLE_MS, 0))
-        if broker_throttle:
-            self.metrics.throttled(notes.get("broker_quota_type", "broker"), user, client_id, broker_throttle,
-                                   True, "broker")
+        if exchange.broker_throttle_ms:
+            # Which of its quotas the broker applied is not in the response.
+            self.metrics.throttled("broker", user, client_id, exchange.broker_throttle_ms, True, "broker")
 
-    @staticmethod
     def _data_partitions(
-        connection: ProxiedConnection, exchange: Exchange, frame: bytes | None, body_offset: int
+        self, exchange: Exchange, frame: bytes | None, body_offset: int
     ) -> tuple[list[dict[str, Any]] | None, int]:
         """Per topic-partition figures (Produce from its request, Fetch from its response) and
         the response's top-level error code."""
         header = exchange.header
         if header.api_key == PRODUCE_KEY:
-            partitions: list[dict[str, Any]] | None = exchange.notes.get(_NOTE_PRODUCE_PARTITIONS)
+            partitions = exchange.produce_partitions
             if partitions is not None and frame is not None and exchange.local_response is None:
                 _add_produce_errors(partitions, frame, body_offset, header.api_version)
             return partitions, 0
@@ -254,7 +242,25 @@ class ObservationHooks(TrafficHooks):
             fetch = parse_fetch_response(memoryview(frame)[body_offset:], header.api_version)
         except ProtocolError:
             return None, 0
-        return [_partition_entry(connection, p) for p in fetch.partitions], fetch.error_code
+        return [self._partition_entry(p) for p in fetch.partitions], fetch.error_code
+
+    def _topic_name(self, topic: str | None, topic_id: uuid.UUID | None) -> str | None:
+        if topic is not None or topic_id is None:
+            return topic
+        # Produce v13 / Fetch v13+ name topics by id; the proxy learned the names from Metadata.
+        # An id it has not seen stays visible as its UUID rather than vanishing.
+        return self._topics.name_of(topic_id) or str(topic_id)
+
+    def _partition_entry(self, summary: PartitionSummary) -> dict[str, Any]:
+        return {
+            "topic": self._topic_name(summary.topic, summary.topic_id),
+            "partition": summary.partition,
+            "bytes": summary.bytes,
+            "records": summary.records,
+            "batches": summary.batches,
+            "compression": summary.compression,
+            "error_code": summary.error_code,
+        }
 
 
 def _quota_fields(trace: QuotaTrace) -> dict[str, Any]:
@@ -273,26 +279,6 @@ def _quota_fields(trace: QuotaTrace) -> dict[str, Any]:
         fields["quota_fetch_bytes"] = trace.response.fetch_bytes
         fields["quota_request_time_ms"] = trace.response.request_time_ms
     return fields
-
-
-def _topic_name(connection: ProxiedConnection, topic: str | None, topic_id: uuid.UUID | None) -> str | None:
-    if topic is not None or topic_id is None:
-        return topic
-    # Produce v13 / Fetch v13+ name topics by id; the proxy learned the names from Metadata.
-    # An id it has not seen stays visible as its UUID rather than vanishing.
-    return connection.proxy.topics.name_of(topic_id) or str(topic_id)
-
-
-def _partition_entry(connection: ProxiedConnection, summary: PartitionSummary) -> dict[str, Any]:
-    return {
-        "topic": _topic_name(connection, summary.topic, summary.topic_id),
-        "partition": summary.partition,
-        "bytes": summary.bytes,
-        "records": summary.records,
-        "batches": summary.batches,
-        "compression": summary.compression,
-        "error_code": summary.error_code,
-    }
 
 
 def _add_produce_errors(partitions: list[dict[str, Any]], frame: bytes, body_offset: int, api_version: int) -> None:

@@ -27,8 +27,7 @@ from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.apis import API_SPECS
 from kqp.protocol.codec import build_response, decode_body, encode_body
 from kqp.protocol.errors import ProtocolError
-from kqp.proxy.connection import ProxiedConnection
-from kqp.proxy.hooks import Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
+from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
 from kqp.quotas.admin import (
     INVALID_REQUEST,
     NONE,
@@ -55,7 +54,6 @@ CLUSTER_AUTHORIZATION_FAILED_MESSAGE = "Cluster authorization failed."
 _UNKNOWN_SERVER_ERROR = -1
 # Errors the brokers' own validation gives for a request the proxy also judges itself.
 _VALIDATION_ERRORS = frozenset({NONE, INVALID_REQUEST, UNSUPPORTED_VERSION})
-_NOTE_REQUEST = "quota_admin_request"
 
 # refused(api name, reason): counted in kqp_quota_admin_refused_total.
 RefusalCounter = Callable[[str, str], None]
@@ -77,13 +75,13 @@ class QuotaAdminHooks(TrafficHooks):
         self._admin_principals = admin_principals
         self._refused = refused
 
-    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
         if header.api_key not in (DESCRIBE_CLIENT_QUOTAS_KEY, ALTER_CLIENT_QUOTAS_KEY):
             return None
         request = decode_body(header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
                               is_request=True)
-        exchange.notes[_NOTE_REQUEST] = request
+        exchange.quota_admin_request = request
         if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
             return None  # the brokers' describe is harmless: forward it as it is
         # Re-encoded rather than patched: validate_only follows the entries, whose size varies.
@@ -94,9 +92,9 @@ class QuotaAdminHooks(TrafficHooks):
         return RequestVerdict(frame=frame[: header.body_offset] + body)
 
     def response(
-        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
-        request = exchange.notes.get(_NOTE_REQUEST)
+        request = exchange.quota_admin_request
         if request is None or exchange.local_response is not None:
             return None
         header = exchange.header
@@ -105,36 +103,36 @@ class QuotaAdminHooks(TrafficHooks):
             upstream = decode_body(header.api_key, header.api_version, memoryview(frame)[body_offset:],
                                    is_request=False)
         except ProtocolError as exc:
-            log.warning("%s from %s: undecodable broker answer, forwarded as it is: %s", api, connection.peer, exc)
+            log.warning("%s from %s: undecodable broker answer, forwarded as it is: %s", api, client.peer, exc)
             return None
         if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
             codes = [upstream.error_code]
         else:
             codes = [entry.error_code for entry in upstream.entries]
         if CLUSTER_AUTHORIZATION_FAILED in codes:
-            self._refuse(connection, api, "broker authorizer")
+            self._refuse(client, api, "broker authorizer")
             return None  # Kafka's own answer, unchanged
         if ILLEGAL_SASL_STATE in codes:
-            self._refuse(connection, api, "before authentication")
+            self._refuse(client, api, "before authentication")
             return None  # the broker closes the connection right after it
         if any(code not in _VALIDATION_ERRORS for code in codes):
             # Not an answer about the request (controller unavailable, timeout...): the client retries.
-            log.info("%s from %s: brokers answered %s, forwarded as it is", api, connection.peer, codes)
+            log.info("%s from %s: brokers answered %s, forwarded as it is", api, client.peer, codes)
             return None
         allowed = self._admin_principals()
-        # Kafka names principals "User:<name>"; the quota entity (and connection.principal) is the name.
-        refused = allowed is not None and f"User:{connection.principal}" not in allowed
+        # Kafka names principals "User:<name>"; the quota entity (and client.principal) is the name.
+        refused = allowed is not None and f"User:{client.principal}" not in allowed
         if refused:
-            self._refuse(connection, api, "admin_principals")
+            self._refuse(client, api, "admin_principals")
         throttle = int(upstream.throttle_time_ms)
         if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
             body = self._describe(header.api_version, request, throttle, refused)
         else:
-            body = self._alter(header.api_version, request, throttle, refused, connection)
+            body = self._alter(header.api_version, request, throttle, refused, client)
         return ResponseVerdict(frame=frame[:body_offset] + body)
 
-    def _refuse(self, connection: ProxiedConnection, api: str, reason: str) -> None:
-        log.warning("%s from %s (principal %s) refused (%s)", api, connection.peer, connection.principal, reason)
+    def _refuse(self, client: ClientView, api: str, reason: str) -> None:
+        log.warning("%s from %s (principal %s) refused (%s)", api, client.peer, client.principal, reason)
         if self._refused is not None:
             self._refused(api, reason)
 
@@ -165,7 +163,7 @@ class QuotaAdminHooks(TrafficHooks):
         return encode_body(response, version)
 
     def _alter(self, version: int, request: Any, throttle: int, refused: bool,
-               connection: ProxiedConnection) -> bytes:
+               client: ClientView) -> bytes:
         alterations = [
             QuotaAlteration(
                 entity=[(e.entity_type, e.entity_name) for e in entry.entity],
@@ -190,11 +188,11 @@ class QuotaAdminHooks(TrafficHooks):
             try:
                 self._store(apply_alterations(self._current(), alterations))
             except Exception as exc:  # a write-back failure answers every entity, it doesn't kill the proxy
-                log.error("AlterClientQuotas from %s: could not apply: %s", connection.peer, exc)
+                log.error("AlterClientQuotas from %s: could not apply: %s", client.peer, exc)
                 failure = f"the proxy could not store the quotas: {exc}"
             else:
-                log.info("AlterClientQuotas from %s (user %s): %d entities changed", connection.peer,
-                         connection.principal, sum(r.error_code == NONE for r in results))
+                log.info("AlterClientQuotas from %s (user %s): %d entities changed", client.peer,
+                         client.principal, sum(r.error_code == NONE for r in results))
         entries = [
             entry_class(
                 error_code=_UNKNOWN_SERVER_ERROR if failure and r.error_code == NONE else r.error_code,

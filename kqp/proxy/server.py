@@ -16,9 +16,8 @@ from kqp.protocol.apis import METADATA_KEY
 from kqp.protocol.codec import decode_body
 from kqp.protocol.errors import CorrelationError, FrameTooLargeError, ProtocolError, UnsupportedApiError
 from kqp.protocol.headers import encode_request_header, response_body_offset
-from kqp.protocol.node_endpoints import may_carry_node_endpoints
 from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
-from kqp.proxy.connection import ClientSide, ProxiedConnection, TruncatedFrameError
+from kqp.proxy.connection import ClientSide, ConnectionServices, ProxiedConnection, TruncatedFrameError
 from kqp.proxy.hooks import TrafficHooks
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.tls import ListenerTlsState, ReloadingContext, upstream_context, upstream_files
@@ -54,6 +53,7 @@ class ProxyServer:
         options: ProxyOptions,
         hooks: TrafficHooks | None = None,
         *,
+        topics: TopicDirectory | None = None,
         accept_throttle: AcceptThrottle | None = None,
         on_frame_rejected: Callable[[str], None] | None = None,
     ) -> None:
@@ -69,7 +69,7 @@ class ProxyServer:
                                                  functools.partial(upstream_context, options.upstream_tls))
         self.loop = asyncio.get_running_loop()
         self.directory = ClusterDirectory(options, self._serve_listener)
-        self.topics = TopicDirectory()
+        self.topics = topics if topics is not None else TopicDirectory()
         self.connections: set[ProxiedConnection] = set()
         self._servers: list[asyncio.Server] = []
         self._server_tasks: set[asyncio.Task[None]] = set()
@@ -81,6 +81,10 @@ class ProxyServer:
         self._accept_tasks: set[asyncio.Task[None]] = set()
         self._handshakes: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._services = ConnectionServices(
+            self.loop, options, self.directory, self.topics, self.hooks, self.listener_tls, self.upstream_ssl,
+            self.connection_closed, self.frame_rejected,
+        )
 
     @property
     def bootstrap_port(self) -> int:
@@ -110,13 +114,16 @@ class ProxyServer:
             await asyncio.sleep(self.options.certificate_check_interval_s)
             self.check_certificates()
 
+    def _client_side(self, listener: Listener) -> ClientSide:
+        return ClientSide(functools.partial(self.connection_accepted, listener))
+
     def _serve_listener(self, listener: Listener, sock: socket.socket) -> None:
         if self.listener_tls is not None:
             self._accept_tasks.add(self.loop.create_task(self._accept_tls(listener, sock)))
             return
 
         async def serve() -> None:
-            server = await self.loop.create_server(lambda: ClientSide(self, listener), sock=sock)
+            server = await self.loop.create_server(lambda: self._client_side(listener), sock=sock)
             self._servers.append(server)
 
         task = self.loop.create_task(serve())
@@ -142,7 +149,7 @@ class ProxyServer:
             peer = "?"
         try:
             await self.loop.connect_accepted_socket(
-                lambda: ClientSide(self, listener), client_sock, ssl=tls.reloading.context,
+                lambda: self._client_side(listener), client_sock, ssl=tls.reloading.context,
                 ssl_handshake_timeout=tls.options.handshake_timeout_s,
             )
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
@@ -189,7 +196,7 @@ class ProxyServer:
         return False
 
     def connection_accepted(self, listener: Listener, transport: asyncio.Transport) -> ProxiedConnection:
-        connection = ProxiedConnection(self, listener, next(self._ids))
+        connection = ProxiedConnection(self._services, listener, next(self._ids))
         self.connections.add(connection)
         connection.client_connected(transport)
         ip = connection.peer_ip
@@ -226,20 +233,13 @@ class ProxyServer:
                 self._per_ip[ip] = remaining
             else:
                 self._per_ip.pop(ip, None)
-        self.hooks.connection_closed(connection, reason)
+        self.hooks.connection_closed(connection.view, reason)
 
     def frame_rejected(self, connection: ProxiedConnection, side: str, error: ProtocolError) -> None:
         log.warning("connection %d from %s: rejected %s frame: %s", connection.connection_id,
                     connection.peer, side, error)
         if self.on_frame_rejected is not None:
             self.on_frame_rejected(rejection_kind(side, error))
-
-    def may_carry_node_endpoints(self, api_key: int, api_version: int, frame: bytes, body_offset: int) -> bool:
-        """Whether a Produce/Fetch response needs the full decode for KIP-951 endpoints."""
-        try:
-            return may_carry_node_endpoints(api_key, api_version, frame, body_offset)
-        except ProtocolError:
-            return True  # the full decode then reports what is wrong with it
 
     async def _close_idle_connections(self) -> None:
         idle_limit = self.options.idle_timeout_s

@@ -4,7 +4,6 @@ acks, Fetch settings, error codes, and topic ids resolved to names."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,7 +20,7 @@ from kqp.protocol.headers import (
     parse_request_header,
     response_body_offset,
 )
-from kqp.proxy.hooks import Exchange
+from kqp.proxy.hooks import ClientView, Exchange
 from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.topics import TopicDirectory
 
@@ -40,40 +39,24 @@ class RecordingWriter(CaptureWriter):
         return True
 
 
-@dataclass
-class FakeLoop:
-    now: float = 100.0
-
-    def time(self) -> float:
-        return self.now
+class NoControl:
+    def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None:
+        raise AssertionError("no connection is muted in these tests")
 
 
-@dataclass
-class FakeProxy:
-    loop: FakeLoop = field(default_factory=FakeLoop)
-    topics: TopicDirectory = field(default_factory=TopicDirectory)
+CLIENT = ClientView(connection_id=3, peer="127.0.0.1:40000", listener="node-1", broker=1, principal="alice",
+                    control=NoControl())
 
 
-@dataclass
-class FakeListener:
-    name: str = "node-1"
+def observer(writer: CaptureWriter, topics: TopicDirectory | None = None) -> ObservationHooks:
+    return ObservationHooks(None, writer, clock=lambda: 100.0, topics=topics or TopicDirectory())
 
 
-@dataclass
-class FakeConnection:
-    proxy: FakeProxy = field(default_factory=FakeProxy)
-    connection_id: int = 3
-    listener: FakeListener = field(default_factory=FakeListener)
-    upstream_node_id: int = 1
-    peer: str = "127.0.0.1:40000"
-    principal: str = "alice"
-
-
-def learn_orders(connection: FakeConnection) -> None:
+def learn_orders(topics: TopicDirectory) -> None:
     """A Metadata response naming topic `orders` passes through the proxy."""
     partitions = [SimpleNamespace(partition_index=i) for i in range(3)]
     topic = SimpleNamespace(name="orders", topic_id=ORDERS_ID, error_code=0, partitions=partitions)
-    connection.proxy.topics.learn_metadata(SimpleNamespace(topics=[topic]))
+    topics.learn_metadata(SimpleNamespace(topics=[topic]))
 
 
 def batch(count: int, value_size: int, codec: int = 0) -> bytes:
@@ -94,15 +77,14 @@ def exchange_for(frame: bytes) -> Exchange:
 
 
 def run_pair(api_key: int, version: int, request: Any, response: Any,
-             connection: FakeConnection | None = None) -> list[Record]:
-    connection = connection or FakeConnection()
+             topics: TopicDirectory | None = None) -> list[Record]:
     writer = RecordingWriter(Path("unused"))
-    hooks = ObservationHooks(None, writer)
+    hooks = observer(writer, topics)
     frame = request_frame(api_key, version, request)
     exchange = exchange_for(frame)
-    hooks.request(connection, exchange, frame)  # type: ignore[arg-type]
+    hooks.request(CLIENT, exchange, frame)
     answer = encode_response_header(api_key, version, 7) + bytes(response.encode())
-    hooks.response(connection, exchange, answer, response_body_offset(answer, api_key, version))  # type: ignore[arg-type]
+    hooks.response(CLIENT, exchange, answer, response_body_offset(answer, api_key, version))
     return writer.records
 
 
@@ -136,10 +118,10 @@ def test_produce_record_carries_acks_and_partition_figures_and_errors() -> None:
 
 
 def test_produce_v13_topic_id_is_resolved_to_the_name_learned_from_metadata() -> None:
-    connection = FakeConnection()
-    learn_orders(connection)
+    topics = TopicDirectory()
+    learn_orders(topics)
     request, response = produce_pair(13, {"topic_id": ORDERS_ID}, (0, 0))
-    (record,) = run_pair(PRODUCE_KEY, 13, request, response, connection)
+    (record,) = run_pair(PRODUCE_KEY, 13, request, response, topics)
     assert [p["topic"] for p in record["partitions"]] == ["orders", "orders"]
 
 
@@ -162,11 +144,11 @@ def fetch_pair(version: int, topic: dict[str, Any], records: bytes) -> tuple[Any
 
 
 def test_fetch_record_carries_settings_and_response_partitions_by_name() -> None:
-    connection = FakeConnection()
-    learn_orders(connection)
+    topics = TopicDirectory()
+    learn_orders(topics)
     records = batch(4, 50)
     request, response = fetch_pair(13, {"topic_id": ORDERS_ID}, records)
-    (record,) = run_pair(FETCH_KEY, 13, request, response, connection)
+    (record,) = run_pair(FETCH_KEY, 13, request, response, topics)
     assert (record["fetch_max_wait_ms"], record["fetch_min_bytes"], record["fetch_max_bytes"]) == (500, 1, 52_428_800)
     assert "acks" not in record
     (partition,) = record["partitions"]
@@ -182,13 +164,12 @@ def test_fetch_topic_id_never_seen_in_metadata_stays_visible_as_the_uuid() -> No
 
 def test_sasl_frames_are_not_captured() -> None:
     writer = RecordingWriter(Path("unused"))
-    hooks = ObservationHooks(None, writer)
-    connection = FakeConnection()
+    hooks = observer(writer)
     frame = encode_request_header(SASL_HANDSHAKE_KEY, 1, 1, "c") + b"\x00\x05PLAIN"
     exchange = exchange_for(frame)
-    hooks.request(connection, exchange, frame)  # type: ignore[arg-type]
+    hooks.request(CLIENT, exchange, frame)
     answer = encode_response_header(SASL_HANDSHAKE_KEY, 1, 1) + b"\x00\x00\x00\x00\x00\x01\x00\x05PLAIN"
-    hooks.response(connection, exchange, answer, 4)  # type: ignore[arg-type]
+    hooks.response(CLIENT, exchange, answer, 4)
     assert writer.records == []
 
 
@@ -200,16 +181,16 @@ def test_a_record_carries_the_exact_inputs_the_quota_engine_got() -> None:
     settings = QuotaSettings(entries=(QuotaEntry(QuotaEntity(None, DEFAULT_ENTITY), {"producer_byte_rate": 10}),))
     engine_clock = [5_000.125]
     writer = RecordingWriter(Path("unused"))
-    chain = HookChain([QuotaEnforcement(QuotaEngine(settings), EnforcementSettings(), lambda: engine_clock[0]),
-                       ObservationHooks(None, writer)])
-    connection = FakeConnection()
+    chain = HookChain([QuotaEnforcement(QuotaEngine(settings), EnforcementSettings(), lambda: engine_clock[0],
+                                        TopicDirectory()),
+                       observer(writer)])
     request, response = produce_pair(9, {"name": "orders"}, (0, 0))
     frame = request_frame(PRODUCE_KEY, 9, request)
     exchange = exchange_for(frame)
-    chain.request(connection, exchange, frame)  # type: ignore[arg-type]
+    chain.request(CLIENT, exchange, frame)
     answer = encode_response_header(PRODUCE_KEY, 9, 7) + bytes(response.encode())
     engine_clock[0] = 5_010.5
-    chain.response(connection, exchange, answer, response_body_offset(answer, PRODUCE_KEY, 9))  # type: ignore[arg-type]
+    chain.response(CLIENT, exchange, answer, response_body_offset(answer, PRODUCE_KEY, 9))
 
     (record,) = writer.records
     assert record["quota_broker"] == "1"

@@ -14,8 +14,7 @@ from kafka.protocol.metadata import MetadataRequest
 from kqp.protocol.apis import METADATA_KEY, PRODUCE_KEY
 from kqp.protocol.codec import decode_body
 from kqp.protocol.headers import encode_request_header, response_body_offset, response_correlation_id
-from kqp.proxy.connection import ProxiedConnection
-from kqp.proxy.hooks import Exchange, ResponseVerdict, TrafficHooks
+from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.server import ProxyServer
 from tests.unit.proxy.fake_broker import FakeBroker, RawClient
@@ -185,7 +184,7 @@ class MuteFirstResponse(TrafficHooks):
         self.mute_ms = mute_ms
         self.muted_once = False
 
-    def response(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes,
+    def response(self, client: ClientView, exchange: Exchange, frame: bytes,
                  body_offset: int) -> ResponseVerdict | None:
         if self.muted_once:
             return None

@@ -14,8 +14,8 @@ from kafka.record import MemoryRecordsBuilder
 from kqp.protocol.apis import FETCH_KEY
 from kqp.protocol.headers import encode_request_header, response_body_offset, response_correlation_id
 from kqp.protocol.throttle_field import patch_throttle_time
-from kqp.proxy.connection import CUT_THROUGH_MIN_BYTES, ProxiedConnection
-from kqp.proxy.hooks import Exchange, ResponseVerdict, TrafficHooks
+from kqp.proxy.connection import CUT_THROUGH_MIN_BYTES
+from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks
 from kqp.proxy.server import ProxyServer
 from tests.unit.proxy.fake_broker import FakeBroker, RawClient
 from tests.unit.proxy.test_connection_io import answer_heartbeat, heartbeat_request, start_proxy
@@ -119,23 +119,23 @@ class ThrottleStreamed(TrafficHooks):
         self.streamed: list[int] = []
         self.responses = 0
 
-    def needs_whole_response(self, connection: ProxiedConnection, exchange: Exchange) -> bool:
+    def needs_whole_response(self, client: ClientView, exchange: Exchange) -> bool:
         return self.whole
 
     def response_started(
-        self, connection: ProxiedConnection, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
+        self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
     ) -> ResponseVerdict | None:
         self.started.append(frame_size)
         patch_throttle_time(head, body_offset, FETCH_KEY, FETCH_VERSION, 1234)
         return ResponseVerdict(mute_ms=50)
 
     def response_streamed(
-        self, connection: ProxiedConnection, exchange: Exchange, frame_size: int, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame_size: int, body_offset: int
     ) -> None:
         self.streamed.append(frame_size)
 
     def response(
-        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
         self.responses += 1
         return None

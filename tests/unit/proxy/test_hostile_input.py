@@ -26,6 +26,7 @@ from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.server import ProxyServer
+from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
 from kqp.quotas.settings import IpQuotaEntry, QuotaSettings
 from tests.unit.proxy.fake_broker import FakeBroker, RawClient
@@ -76,7 +77,9 @@ async def start(broker: FakeBroker) -> AsyncIterator[Callable[..., asyncio.Futur
         options = ProxyOptions(upstream_bootstrap=(("127.0.0.1", broker.port),), bootstrap_port=0,
                                node_ports={broker.node_id: 0}, **overrides)  # type: ignore[arg-type]
         metrics = ProxyMetrics()
-        proxy = ProxyServer(options, ObservationHooks(metrics, None), accept_throttle=accept_throttle,
+        topics = TopicDirectory()
+        observation = ObservationHooks(metrics, None, clock=asyncio.get_running_loop().time, topics=topics)
+        proxy = ProxyServer(options, observation, topics=topics, accept_throttle=accept_throttle,
                             on_frame_rejected=metrics.frame_rejected)
         await proxy.start()
         started.append(proxy)

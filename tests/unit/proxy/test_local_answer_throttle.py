@@ -23,9 +23,9 @@ from kqp.protocol.headers import (
     response_body_offset,
     response_correlation_id,
 )
-from kqp.proxy.connection import ProxiedConnection
 from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
-from kqp.proxy.hooks import Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
+from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
+from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
 from kqp.quotas.settings import QuotaEntity, QuotaEntry, QuotaSettings
 from tests.unit.proxy.fake_broker import FakeBroker, RawClient
@@ -40,7 +40,7 @@ class AnswerSecondLocally(TrafficHooks):
     def __init__(self, mute_ms: int) -> None:
         self.mute_ms = mute_ms
 
-    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
         if header.correlation_id != 2:
             return None
@@ -48,7 +48,7 @@ class AnswerSecondLocally(TrafficHooks):
         return RequestVerdict(answer=encode_response_header(header.api_key, header.api_version, 2) + body)
 
     def response(
-        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
         return ResponseVerdict(mute_ms=self.mute_ms) if exchange.local_response is not None else None
 
@@ -104,7 +104,8 @@ async def test_a_strict_create_topics_rejected_locally_mutes_the_connection() ->
     # 1000 partitions/s over 11 one-second windows: a bucket of 11000 partitions.
     settings = QuotaSettings(entries=(
         QuotaEntry(QuotaEntity(client_id="creator"), {"controller_mutation_rate": 1000.0}),))
-    enforcement = QuotaEnforcement(QuotaEngine(settings), EnforcementSettings(), lambda: loop.time() * 1000.0)
+    enforcement = QuotaEnforcement(QuotaEngine(settings), EnforcementSettings(), lambda: loop.time() * 1000.0,
+                                   TopicDirectory())
     proxy = await start_proxy(broker, enforcement)
     client = await RawClient.connect(proxy.bootstrap_port)
     # 11300 partitions on a full bucket: admitted (strict checks the bucket before), 300 in debt.

@@ -9,14 +9,13 @@ for its response, then the next.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
 
 from kqp.protocol.headers import RequestHeader, parse_request_header, response_correlation_id
-from kqp.proxy.connection import ProxiedConnection
 from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
-from kqp.proxy.hooks import Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
+from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
+from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
 from kqp.quotas.settings import QuotaEntity, QuotaEntry, QuotaSettings
 from tests.unit.proxy.fake_broker import FakeBroker, RawClient
@@ -30,14 +29,12 @@ class EventLog(TrafficHooks):
         self.one_at_a_time = one_at_a_time
         self.events: list[str] = []
 
-    def request(self, connection: ProxiedConnection, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
-        if self.one_at_a_time:
-            connection.read_one_request_at_a_time(30.0)
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         self.events.append(f"request {exchange.header.correlation_id}")
-        return None
+        return RequestVerdict(one_at_a_time_s=30.0) if self.one_at_a_time else None
 
     def response(
-        self, connection: ProxiedConnection, exchange: Exchange, frame: bytes, body_offset: int
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
         self.events.append(f"response {exchange.header.correlation_id}")
         return None
@@ -74,14 +71,17 @@ async def test_a_throttled_client_gets_one_request_forwarded_at_a_time(slow_brok
     assert events == ["request 1", "response 1", "request 2", "response 2", "request 3", "response 3"]
 
 
-@dataclass
-class StubConnection:
-    principal: str = "ANONYMOUS"
-    upstream_node_id: int | None = 1
-    one_at_a_time_for: float = 0.0
+class NoControl:
+    def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None:
+        raise AssertionError("no connection is muted here")
 
-    def read_one_request_at_a_time(self, seconds: float) -> None:
-        self.one_at_a_time_for = seconds
+
+def client_view(connection_id: int) -> ClientView:
+    return ClientView(connection_id, "127.0.0.1:4000", "bootstrap", 1, "ANONYMOUS", NoControl())
+
+
+def one_at_a_time_for(verdict: RequestVerdict | None) -> float:
+    return verdict.one_at_a_time_s if verdict is not None else 0.0
 
 
 def exchange_for(client_id: str) -> Exchange:
@@ -94,16 +94,14 @@ def test_a_new_connection_of_a_throttled_client_starts_one_request_at_a_time() -
     now = [1_000_000.0]
     entry = QuotaEntry(QuotaEntity(client_id="test"), {"producer_byte_rate": 1000.0})
     enforcement = QuotaEnforcement(QuotaEngine(QuotaSettings(entries=(entry,))), EnforcementSettings(),
-                                   lambda: now[0])
-    second, other = StubConnection(), StubConnection()
+                                   lambda: now[0], TopicDirectory())
     enforcement._note_throttle(("ANONYMOUS", "test"), 2000, now[0])
-    enforcement.request(second, exchange_for("test"), heartbeat_request(1))  # type: ignore[arg-type]
-    enforcement.request(other, exchange_for("else"), heartbeat_request(1))  # type: ignore[arg-type]
+    second = enforcement.request(client_view(2), exchange_for("test"), heartbeat_request(1))
+    other = enforcement.request(client_view(3), exchange_for("else"), heartbeat_request(1))
     # The throttle's 2 s plus a quota span of 11 s; another client is not affected.
-    assert second.one_at_a_time_for == pytest.approx(13.0)
-    assert other.one_at_a_time_for == 0.0
+    assert one_at_a_time_for(second) == pytest.approx(13.0)
+    assert one_at_a_time_for(other) == 0.0
     now[0] += 14_000
     enforcement.forget_expired_throttles(now[0])
-    later = StubConnection()
-    enforcement.request(later, exchange_for("test"), heartbeat_request(1))  # type: ignore[arg-type]
-    assert later.one_at_a_time_for == 0.0
+    later = enforcement.request(client_view(4), exchange_for("test"), heartbeat_request(1))
+    assert one_at_a_time_for(later) == 0.0
