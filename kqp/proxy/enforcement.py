@@ -41,6 +41,7 @@ from kqp.quotas.recording import (
     broker_label,
     charge_request,
     charge_response,
+    exchange_throttle,
     request_charged_at_arrival,
     request_charges,
     response_charges,
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 _NOTE_MUTATION_REQUEST = "mutation_request"
 _NOTE_MUTATION_REJECTED = "mutation_rejected"
-_NOTE_REQUEST_THROTTLE = "request_throttle_ms"
+_NOTE_REQUEST_OUTCOME = "request_outcome"
 _NOTE_FETCH_MAX_WAIT_MS = "fetch_max_wait_ms"
 
 
@@ -119,7 +120,7 @@ class QuotaEnforcement(TrafficHooks):
         trace.request_seq, trace.request_now_ms, trace.request = self._engine_calls, now, charges
         outcome = charge_request(self.engine, self._client(connection, exchange), charges, now)
         if outcome.throttle_ms:
-            exchange.notes[_NOTE_REQUEST_THROTTLE] = outcome.throttle_ms
+            exchange.notes[_NOTE_REQUEST_OUTCOME] = outcome
         return outcome
 
     # ---- requests --------------------------------------------------------------------
@@ -241,20 +242,20 @@ class QuotaEnforcement(TrafficHooks):
             self._note_throttle((connection.principal, header.client_id or ""), throttle, self._now_ms())
             self._hold_every_connection(connection, (connection.principal, header.client_id or ""), throttle)
             return ResponseVerdict(mute_ms=throttle)
-        throttles = [
-            self._charge_response(connection, exchange, len(frame) - body_offset),
-            int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0)),
-        ]
+        response_throttle = self._charge_response(connection, exchange, len(frame) - body_offset)
+        outcome: RequestOutcome | None = exchange.notes.get(_NOTE_REQUEST_OUTCOME)
+        now = self._trace(connection, exchange).response_now_ms
+        assert now is not None  # set by _charge_response
         out: bytes | bytearray = frame
         request = exchange.notes.get(_NOTE_MUTATION_REQUEST)
         if isinstance(request, MutationRequest):
             rejected: list[TopicMutation] = exchange.notes.get(_NOTE_MUTATION_REJECTED, [])
             if rejected:
-                mutation_throttle = int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0))
+                mutation_throttle = outcome.throttle_at(now) if outcome is not None else 0
                 body = merge_rejections(request, memoryview(frame)[body_offset:], rejected, mutation_throttle)
                 out = frame[:body_offset] + body
             exchange.notes[NOTE_MUTATIONS] = _mutation_notes(request, rejected)
-        throttle = max(throttles)
+        throttle = exchange_throttle(outcome, response_throttle, now)
         exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
         broker_throttle = self._broker_throttle(exchange, out, body_offset)
         if throttle <= 0:
@@ -272,10 +273,10 @@ class QuotaEnforcement(TrafficHooks):
     ) -> ResponseVerdict | None:
         """A streamed (cut-through) response: charged by the size its frame header gives, its
         ThrottleTimeMs (in the head) patched in place, as `response` does for a whole frame."""
-        throttle = max(
-            self._charge_response(connection, exchange, frame_size - body_offset),
-            int(exchange.notes.get(_NOTE_REQUEST_THROTTLE, 0)),
-        )
+        response_throttle = self._charge_response(connection, exchange, frame_size - body_offset)
+        now = self._trace(connection, exchange).response_now_ms
+        assert now is not None  # set by _charge_response
+        throttle = exchange_throttle(exchange.notes.get(_NOTE_REQUEST_OUTCOME), response_throttle, now)
         exchange.notes[NOTE_PROXY_THROTTLE_MS] = throttle
         broker_throttle = self._broker_throttle(exchange, head, body_offset)
         if throttle <= 0:
