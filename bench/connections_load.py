@@ -142,6 +142,8 @@ def probe(bootstrap: str, topic: str, api_rounds: int, produce_rounds: int) -> d
             size = struct.unpack(">i", _recv_exact(sock, 4))[0]
             _recv_exact(sock, size)
             api_ms.append((time.perf_counter() - started) * 1000)
+    if not produce_rounds:
+        return {"api_versions": summary(api_ms[50:])}
     producer = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 0})
     produce_ms: list[float] = []
     payload = b"x" * 100

@@ -129,6 +129,11 @@ class KafkaNode:
     log: Path
     process: subprocess.Popen[bytes] | None = None
     ssl_port: int | None = None  # an SSL listener, when the cluster has SSL material
+    # A RELAY listener (plaintext) on relay_port that advertises relay_advertised_port, where a
+    # byte relay listens: clients that bootstrap through the relay stay on it without the relay
+    # rewriting anything (the floor of a proxy hop, for bench/proxy_throughput.py).
+    relay_port: int | None = None
+    relay_advertised_port: int | None = None
 
     @property
     def running(self) -> bool:
@@ -138,7 +143,7 @@ class KafkaNode:
 class KafkaCluster:
     def __init__(self, nodes: int = 1, workdir: Path | None = None, kafka_dir: Path = DEFAULT_KAFKA_DIR,
                  heap: str = "512m", extra_config: dict[str, str] | None = None,
-                 ssl: SslMaterial | None = None) -> None:
+                 ssl: SslMaterial | None = None, relay_listener: bool = False) -> None:
         if not (kafka_dir / "libs").is_dir():
             raise KafkaHarnessError(f"Kafka jars not found in {kafka_dir}/libs: run `make kafka` first")
         self.kafka_dir = kafka_dir
@@ -150,6 +155,7 @@ class KafkaCluster:
         self.cluster_id = kafka_cluster_id()
         per_node = 4 if ssl is not None else 3
         ports = free_ports(per_node * nodes)
+        relay_ports = free_ports(2 * nodes) if relay_listener else []
         self.nodes: dict[int, KafkaNode] = {}
         for index in range(nodes):
             node_id = index + 1
@@ -159,6 +165,8 @@ class KafkaCluster:
                 node_id, ports[first], ports[first + 1], ports[first + 2],
                 node_dir / "server.properties", node_dir / "broker.log",
                 ssl_port=ports[first + 3] if ssl is not None else None,
+                relay_port=relay_ports[2 * index] if relay_ports else None,
+                relay_advertised_port=relay_ports[2 * index + 1] if relay_ports else None,
             )
         self.tools_log4j = self.workdir / "tools-log4j2.yaml"
         self.broker_log4j = self.workdir / "log4j2.yaml"
@@ -180,7 +188,8 @@ class KafkaCluster:
     @property
     def broker_ports(self) -> set[int]:
         return {p for n in self.nodes.values()
-                for p in (n.plaintext_port, n.sasl_port, n.controller_port, n.ssl_port) if p is not None}
+                for p in (n.plaintext_port, n.sasl_port, n.controller_port, n.ssl_port, n.relay_port)
+                if p is not None}
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -237,6 +246,10 @@ class KafkaCluster:
                 "ssl.truststore.location": str(self.ssl.ca.cert),
                 "ssl.client.auth": "required" if self.ssl.client_auth else "none",
             })
+        if node.relay_port is not None:
+            lines["listeners"] += f",RELAY://127.0.0.1:{node.relay_port}"
+            lines["advertised.listeners"] += f",RELAY://127.0.0.1:{node.relay_advertised_port}"
+            lines["listener.security.protocol.map"] += ",RELAY:PLAINTEXT"
         lines.update(self.extra_config)
         node.config.parent.mkdir(parents=True, exist_ok=True)
         node.config.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))

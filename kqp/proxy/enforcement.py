@@ -49,6 +49,7 @@ from kqp.quotas.recording import (
     broker_label,
     charge_request,
     charge_response,
+    exchange_throttle,
     request_charged_at_arrival,
     request_charges,
     response_charges,
@@ -124,7 +125,7 @@ class QuotaEnforcement(TrafficHooks):
         trace.request_seq, trace.request_now_ms, trace.request = self._engine_calls, now, charges
         outcome = charge_request(self.engine, self._client(client, exchange), charges, now)
         if outcome.throttle_ms:
-            exchange.request_throttle_ms = outcome.throttle_ms
+            exchange.request_outcome = outcome
         return outcome
 
     # ---- requests --------------------------------------------------------------------
@@ -255,20 +256,20 @@ class QuotaEnforcement(TrafficHooks):
             self._note_throttle((client.principal, header.client_id or ""), throttle, self._now_ms())
             self._hold_every_connection(client, (client.principal, header.client_id or ""), throttle)
             return ResponseVerdict(mute_ms=throttle)
-        throttles = [
-            self._charge_response(client, exchange, len(frame) - body_offset),
-            exchange.request_throttle_ms,
-        ]
+        response_throttle = self._charge_response(client, exchange, len(frame) - body_offset)
+        outcome = exchange.request_outcome
+        now = self._trace(client, exchange).response_now_ms
+        assert now is not None  # set by _charge_response
         out: bytes | bytearray = frame
         request = exchange.mutation_request
         if request is not None:
             rejected = exchange.mutations_rejected
             if rejected:
-                mutation_throttle = exchange.request_throttle_ms
+                mutation_throttle = outcome.throttle_at(now) if outcome is not None else 0
                 body = merge_rejections(request, memoryview(frame)[body_offset:], rejected, mutation_throttle)
                 out = frame[:body_offset] + body
             exchange.mutations = _mutation_notes(request, rejected)
-        throttle = max(throttles)
+        throttle = exchange_throttle(outcome, response_throttle, now)
         exchange.proxy_throttle_ms = throttle
         broker_throttle = self._broker_throttle(exchange, out, body_offset)
         if throttle <= 0:
@@ -286,10 +287,10 @@ class QuotaEnforcement(TrafficHooks):
     ) -> ResponseVerdict | None:
         """A streamed (cut-through) response: charged by the size its frame header gives, its
         ThrottleTimeMs (in the head) patched in place, as `response` does for a whole frame."""
-        throttle = max(
-            self._charge_response(client, exchange, frame_size - body_offset),
-            exchange.request_throttle_ms,
-        )
+        response_throttle = self._charge_response(client, exchange, frame_size - body_offset)
+        now = self._trace(client, exchange).response_now_ms
+        assert now is not None  # set by _charge_response
+        throttle = exchange_throttle(exchange.request_outcome, response_throttle, now)
         exchange.proxy_throttle_ms = throttle
         broker_throttle = self._broker_throttle(exchange, head, body_offset)
         if throttle <= 0:

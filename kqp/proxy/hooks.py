@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from kqp.protocol.headers import RequestHeader
 from kqp.protocol.mutations import MutationRequest, TopicMutation
-from kqp.quotas.recording import QuotaTrace
+from kqp.quotas.recording import QuotaTrace, RequestOutcome
 
 # How long a throttled connection keeps reading one request at a time: a default quota span
 # (11 windows of 1 s). The enforcement hook holds a client's new connections for as long.
@@ -65,8 +65,8 @@ class Exchange:
     # Throttle the proxy's own quotas gave the exchange, and the one the broker put in its response (ms).
     proxy_throttle_ms: int = 0
     broker_throttle_ms: int = 0
-    # The request-time or mutation throttle charged when the request arrived (ms).
-    request_throttle_ms: int = 0
+    # What the quotas charged when the request arrived gave (a mutation throttle), if anything.
+    request_outcome: RequestOutcome | None = None
     # Fetch MaxWaitMs as asked (a fetch that waits is not charged as request time for it).
     fetch_max_wait_ms: int | None = None
     # Partition mutations: the request as read, the topics refused here, and per topic what

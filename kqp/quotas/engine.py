@@ -82,9 +82,10 @@ class MutationOutcome:
     """What the broker answers a CreateTopics/CreatePartitions/DeleteTopics with.
 
     accepted: per topic in request order (False = THROTTLING_QUOTA_EXCEEDED);
-    throttle_ms: the controller-mutation ThrottleTimeMs to enforce (combine with the
-    request-quota throttle by max); would_accept / computed_throttle_ms: the verdict before
-    dry run, equal to the above when enforced.
+    throttle_ms: the controller-mutation ThrottleTimeMs to enforce at `computed_at_ms`
+    (combine with the request-quota throttle by max; later, use `throttle_at`);
+    would_accept / computed_throttle_ms: the verdict before dry run, equal to the above when
+    enforced.
     """
 
     accepted: list[bool]
@@ -92,6 +93,15 @@ class MutationOutcome:
     would_accept: list[bool] = field(default_factory=list)
     computed_throttle_ms: int = 0
     dry_run: bool = False
+    computed_at_ms: int = 0
+
+    def throttle_at(self, now_ms: float) -> int:
+        """The throttle a response sent at `now_ms` carries (AbstractControllerMutationQuota.
+        throttleTime): less the time since it was computed, so the client waits until the
+        same instant however long the request took to answer; never below 0."""
+        if self.throttle_ms == 0:
+            return 0
+        return max(0, java_int(self.throttle_ms - (int(now_ms) - self.computed_at_ms)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -603,7 +613,7 @@ class QuotaEngine:
         throttle = max(java_int(last_throttle), 0)  # AbstractControllerMutationQuota.throttleTime
         enforced = self._throttled("controller_mutation_rate", sensor, throttle) if throttle else 0
         accepted = [True] * len(verdicts) if dry_run else verdicts
-        return MutationOutcome(accepted, enforced, verdicts, throttle, dry_run)
+        return MutationOutcome(accepted, enforced, verdicts, throttle, dry_run, t)
 
     # -- connections (KIP-612) -----------------------------------------------------------------
 

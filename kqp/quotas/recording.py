@@ -7,11 +7,13 @@ proxy recorded takes the proxy's decisions exactly. Each exchange has up to two 
 * when the request arrives: Produce with acks=0 (no response will come) records its size;
   CreateTopics / CreatePartitions / DeleteTopics charge the controller-mutation bucket
   (KIP-599); a Fetch looks up the cap on its MaxBytes (the quota window's worth of bytes);
-* when the response comes back: Produce records its request size, Fetch its response size
-  (4 + body, as Kafka counts it), every API its request time (the broker round trip, less a
-  long-poll's wait in purgatory, which Kafka does not count).
+* when the response comes back: Produce records its request size, Fetch and ShareFetch their
+  response size (4 + body, as Kafka counts it) to the consumer byte rate, every API its
+  request time (the broker round trip, less a long-poll Fetch's wait in purgatory, which
+  Kafka does not count).
 
-The exchange's throttle is the largest of the two moments' throttles.
+The exchange's throttle is the largest of the two moments' throttles (`exchange_throttle`),
+never their sum.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from kqp.quotas.engine import MutationOutcome, QuotaEngine
 AUTHENTICATOR_API_KEYS: frozenset[int] = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 # The 4-byte size prefix Kafka adds back when it counts a Fetch response (4 + body size).
 SIZE_PREFIX_BYTES = 4
+# Responses whose size Kafka 4.3 charges to the consumer byte rate (quotas.fetch): Fetch, and
+# ShareFetch (KIP-932; KafkaApis.processShareFetchResponse records 4 + body the same way).
+FETCH_QUOTA_API_KEYS: frozenset[int] = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
 
 
 def broker_label(node_id: int | None) -> str:
@@ -65,6 +70,23 @@ class RequestOutcome:
     throttle_ms: int = 0
     fetch_max_bytes_cap: int | None = None
     mutation: MutationOutcome | None = None
+
+    def throttle_at(self, now_ms: float) -> int:
+        """The request's throttle as a response sent at `now_ms` reports it: a controller
+        mutation's shrinks by the time since it was charged, as Kafka's controller reports it."""
+        return self.mutation.throttle_at(now_ms) if self.mutation is not None else self.throttle_ms
+
+
+def exchange_throttle(request: RequestOutcome | None, response_throttle_ms: int, response_now_ms: float) -> int:
+    """The throttle an exchange's response carries and the client is muted for.
+
+    Kafka takes the max of every quota a request violated, never the sum: produce or fetch
+    bandwidth against the request quota (KafkaApis), the controller-mutation throttle against
+    the request quota (RequestHandlerHelper.sendResponseMaybeThrottleWithControllerQuota, and
+    sendForwardedResponse on the broker for the controller's answer).
+    """
+    request_throttle = request.throttle_at(response_now_ms) if request is not None else 0
+    return max(request_throttle, response_throttle_ms, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +165,7 @@ def response_charges(
     """
     produce_bytes = request_size if api_key == ApiKey.PRODUCE else None
     fetch_bytes = None
-    if api_key == ApiKey.FETCH and response_body_size is not None:
+    if api_key in FETCH_QUOTA_API_KEYS and response_body_size is not None:
         fetch_bytes = SIZE_PREFIX_BYTES + response_body_size
     request_ms = round_trip_ms
     if request_ms is not None and api_key in AUTHENTICATOR_API_KEYS:

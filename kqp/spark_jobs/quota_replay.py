@@ -28,9 +28,11 @@ from kqp.protocol.api_keys import ApiKey
 from kqp.quotas.engine import QuotaEngine
 from kqp.quotas.recording import (
     QuotaClient,
+    RequestOutcome,
     ResponseCharges,
     charge_request,
     charge_response,
+    exchange_throttle,
     request_charges,
     response_charges,
 )
@@ -92,7 +94,10 @@ def charged_inputs(requests: pd.DataFrame) -> pd.DataFrame:
         else:
             response_body = None
             if _present(row.response_bytes):
-                flexible_fetch = row.api_key == ApiKey.FETCH and row.api_version >= _FETCH_FLEXIBLE_SINCE
+                # ShareFetch is flexible in every version.
+                flexible_fetch = row.api_key == ApiKey.SHARE_FETCH or (
+                    row.api_key == ApiKey.FETCH and row.api_version >= _FETCH_FLEXIBLE_SINCE
+                )
                 response_body = int(row.response_bytes) - _SIZE_PREFIX_BYTES - _RESPONSE_HEADER_BYTES - flexible_fetch
             round_trip = float(row.round_trip_ms) if _present(row.round_trip_ms) else None
             wait = int(row.fetch_max_wait_ms) if _present(row.fetch_max_wait_ms) else None
@@ -135,6 +140,7 @@ def replay_recorded(requests: pd.DataFrame, engine: QuotaEngine) -> pd.DataFrame
         events.extend((float(nows[i]), int(seqs[i]), phase, int(i)) for i in np.flatnonzero(charged))
     events.sort()
     throttles = np.zeros(len(frame), dtype=np.float64)
+    outcomes: dict[int, RequestOutcome] = {}
     rows = frame.to_dict("records")
     for now, _seq, phase, index in events:
         row = rows[index]
@@ -148,7 +154,8 @@ def replay_recorded(requests: pd.DataFrame, engine: QuotaEngine) -> pd.DataFrame
             if mutations is not None and len(mutations):
                 topics = [(str(m["topic"]), int(m["partitions"])) for m in mutations]
             charges = request_charges(api_key, int(row["api_version"]), produce_bytes, not acks_zero, topics)
-            throttle = float(charge_request(engine, client, charges, now).throttle_ms)
+            outcomes[index] = outcome = charge_request(engine, client, charges, now)
+            throttle = float(outcome.throttle_ms)
         else:
             response = ResponseCharges(
                 api_key,
@@ -156,8 +163,10 @@ def replay_recorded(requests: pd.DataFrame, engine: QuotaEngine) -> pd.DataFrame
                 int(row["quota_fetch_bytes"]) if _present(row["quota_fetch_bytes"]) else None,
                 float(row["quota_request_time_ms"]) if _present(row["quota_request_time_ms"]) else None,
             )
-            throttle = float(charge_response(engine, client, response, now))
-        throttles[index] = max(throttles[index], throttle)
+            # The request's throttle as the response reports it, max'd with the response's.
+            charged = charge_response(engine, client, response, now)
+            throttle = float(exchange_throttle(outcomes.get(index), charged, now))
+        throttles[index] = throttle
     frame["sim_ts_ms"] = frame["ts_ms"].to_numpy(dtype=np.int64)
     frame["sim_throttle_ms"] = throttles
     return frame

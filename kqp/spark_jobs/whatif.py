@@ -44,6 +44,7 @@ from pyspark.sql import functions as F
 
 from kqp.protocol.api_keys import MUTATION_API_KEYS, ApiKey
 from kqp.quotas.recording import (
+    FETCH_QUOTA_API_KEYS,
     QuotaClient,
     ResponseCharges,
     broker_label,
@@ -139,7 +140,7 @@ def engine_throttle_function(settings: QuotaSettings, engine: Any = None) -> Thr
         charges = ResponseCharges(
             api_key,
             produce_bytes=nbytes if api_key == ApiKey.PRODUCE else None,
-            fetch_bytes=nbytes if api_key == ApiKey.FETCH else None,
+            fetch_bytes=nbytes if api_key in FETCH_QUOTA_API_KEYS else None,
             request_time_ms=request_ms if request_ms == request_ms else None,  # NaN: no response
         )
         return float(charge_response(engine, QuotaClient(broker_label(broker), principal, client_id), charges, now_ms))
