@@ -12,8 +12,15 @@
 //   txn-produce BOOTSTRAP TOPIC COMMITTED ABORTED
 //       A transactional producer: COMMITTED records "c<i>" in a committed transaction and
 //       ABORTED records "a<i>" in an aborted one; prints "committed N aborted M".
+//   streams BOOTSTRAP IN OUT APPID PROTOCOL EXPECTED SECONDS
+//       A Kafka Streams app (processing.guarantee=exactly_once_v2, group.protocol=PROTOCOL:
+//       classic or streams) copying IN to OUT with each value V written as "s-V", until it has
+//       processed EXPECTED records or SECONDS pass; then closes (committing) and prints
+//       "processed N". Exits non-zero if the app fails.
 import java.time.Duration;
 import java.util.List;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicReference;
 import java.util.Map;
 import java.util.Properties;
 import org.apache.kafka.clients.admin.Admin;
@@ -28,7 +35,12 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.config.ConfigResource;
 import org.apache.kafka.common.serialization.StringDeserializer;
+import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.serialization.StringSerializer;
+import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler;
 
 public class FeatureClients {
     public static void main(String[] args) throws Exception {
@@ -36,6 +48,7 @@ public class FeatureClients {
             case "consume" -> consume(args);
             case "share-consume" -> shareConsume(args);
             case "txn-produce" -> txnProduce(args);
+            case "streams" -> streams(args);
             default -> throw new IllegalArgumentException("unknown mode " + args[0]);
         }
     }
@@ -139,5 +152,46 @@ public class FeatureClients {
             producer.abortTransaction();
         }
         System.out.println("committed " + committed + " aborted " + aborted);
+    }
+
+    static void streams(String[] args) throws Exception {
+        Properties props = new Properties();
+        props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args[1]);
+        props.put(StreamsConfig.APPLICATION_ID_CONFIG, args[4]);
+        props.put(StreamsConfig.GROUP_PROTOCOL_CONFIG, args[5]);
+        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
+        props.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class.getName());
+        props.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.StringSerde.class.getName());
+        props.put(StreamsConfig.STATE_DIR_CONFIG,
+                  java.nio.file.Files.createTempDirectory("kqp-streams-").toString());
+        props.put(StreamsConfig.consumerPrefix("auto.offset.reset"), "earliest");
+        long expected = Long.parseLong(args[6]);
+        long deadline = System.currentTimeMillis() + Long.parseLong(args[7]) * 1000;
+        AtomicLong processed = new AtomicLong();
+        AtomicReference<Throwable> failure = new AtomicReference<>();
+        StreamsBuilder builder = new StreamsBuilder();
+        builder.<String, String>stream(args[2])
+               .peek((key, value) -> processed.incrementAndGet())
+               .mapValues(value -> "s-" + value)
+               .to(args[3]);
+        KafkaStreams streams = new KafkaStreams(builder.build(), props);
+        streams.setUncaughtExceptionHandler(error -> {
+            failure.compareAndSet(null, error);
+            return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
+        });
+        streams.start();
+        try {
+            while (processed.get() < expected && failure.get() == null
+                   && System.currentTimeMillis() < deadline) {
+                Thread.sleep(100);
+            }
+        } finally {
+            streams.close(Duration.ofSeconds(60));
+        }
+        System.out.println("processed " + processed.get());
+        if (failure.get() != null) {
+            failure.get().printStackTrace();
+            System.exit(1);
+        }
     }
 }
