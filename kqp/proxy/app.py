@@ -126,6 +126,9 @@ class ProxyApp:
                 (lambda ip: quota_engine.connection_created(ip, self.now_ms())) if quota_engine is not None else None
             ),
             on_frame_rejected=proxy_metrics.frame_rejected if proxy_metrics is not None else None,
+            on_node_endpoints_rewritten=(
+                proxy_metrics.node_endpoints_rewritten if proxy_metrics is not None else None
+            ),
         )
         await self.server.start()
         if self.metrics is not None:

@@ -108,6 +108,7 @@ class ConnectionServices:
     upstream_ssl: Callable[[], ssl.SSLContext | None]  # the context for a new upstream connection
     closed: Callable[[ProxiedConnection, str], None]
     frame_rejected: Callable[[ProxiedConnection, str, ProtocolError], None]
+    node_endpoints_rewritten: Callable[[int], None]  # by API key: KIP-951 endpoints rewritten
 
 
 def _may_carry_node_endpoints(api_key: int, api_version: int, frame: bytes, body_offset: int) -> bool:
@@ -541,7 +542,11 @@ class ProxiedConnection:
             raise ProtocolDecodeError("Fetch response ended inside its structure")
         client = self.client
         if cut.tail and client is not None:
-            client.write(rewrite_fetch_tail(bytes(cut.tail), self.services.directory.map_address))
+            tail = bytes(cut.tail)
+            rewritten_tail = rewrite_fetch_tail(tail, self.services.directory.map_address)
+            if rewritten_tail != tail:
+                self.services.node_endpoints_rewritten(cut.exchange.header.api_key)
+            client.write(rewritten_tail)
         self._hooks.response_streamed(self.view, cut.exchange, cut.frame_size, cut.body_offset)
         self._after_response(cut.mute_ms)
 
@@ -582,6 +587,8 @@ class ProxiedConnection:
                 self.services.topics.learn_metadata(message)
             if rewrite_addresses(message, api_key, api_version, self.services.directory.map_address):
                 rewritten = encode_body(message, api_version)
+                if api_key in NODE_ENDPOINT_VERSIONS:
+                    self.services.node_endpoints_rewritten(api_key)
         elif api_key == SASL_AUTHENTICATE_KEY:
             self.sasl.authenticate_response(int.from_bytes(frame[body_offset : body_offset + 2], "big", signed=True))
         if rewritten is not None:

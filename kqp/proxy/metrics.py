@@ -234,6 +234,13 @@ class ProxyMetrics:
             ["reason"],
             registry=registry,
         )
+        self._node_endpoints_rewritten = Counter(
+            "kqp_node_endpoints_rewritten_total",
+            "Produce, Fetch, ShareFetch and ShareAcknowledge responses whose NodeEndpoints (a new leader's "
+            "address, KIP-951) the proxy rewrote to its own, by API.",
+            ["api"],
+            registry=registry,
+        )
         self._quota_admin_refused = Counter(
             "kqp_quota_admin_refused_total",
             "DescribeClientQuotas/AlterClientQuotas refused, by API and by who refused (the brokers' authorizer, "
@@ -371,6 +378,9 @@ class ProxyMetrics:
 
     def frame_rejected(self, reason: str) -> None:
         self._frames_rejected.labels(reason).inc()
+
+    def node_endpoints_rewritten(self, api: str) -> None:
+        self._node_endpoints_rewritten.labels(api).inc()
 
     def quota_admin_refused(self, api: str, reason: str) -> None:
         self._quota_admin_refused.labels(api, reason).inc()

@@ -12,7 +12,7 @@ import ssl
 import struct
 from collections.abc import Callable
 
-from kqp.protocol.apis import METADATA_KEY
+from kqp.protocol.apis import METADATA_KEY, api_name
 from kqp.protocol.codec import decode_body
 from kqp.protocol.errors import CorrelationError, FrameTooLargeError, ProtocolError, UnsupportedApiError
 from kqp.protocol.headers import encode_request_header, response_body_offset
@@ -56,12 +56,16 @@ class ProxyServer:
         topics: TopicDirectory | None = None,
         accept_throttle: AcceptThrottle | None = None,
         on_frame_rejected: Callable[[str], None] | None = None,
+        on_node_endpoints_rewritten: Callable[[str], None] | None = None,
     ) -> None:
         self.options = options
         self.hooks = hooks or TrafficHooks()
         # KIP-612 connection_creation_rate, asked for each accepted connection.
         self.accept_throttle = accept_throttle
         self.on_frame_rejected = on_frame_rejected
+        # Told the API name each time a Produce/Fetch/ShareFetch/ShareAcknowledge response's
+        # NodeEndpoints (KIP-951) are rewritten: the rare path a leader change takes.
+        self.on_node_endpoints_rewritten = on_node_endpoints_rewritten
         self.listener_tls = ListenerTlsState(options.tls) if options.tls is not None else None
         self.upstream_tls: ReloadingContext | None = None
         if options.upstream_tls is not None:
@@ -83,7 +87,7 @@ class ProxyServer:
         self._stopping = False
         self._services = ConnectionServices(
             self.loop, options, self.directory, self.topics, self.hooks, self.listener_tls, self.upstream_ssl,
-            self.connection_closed, self.frame_rejected,
+            self.connection_closed, self.frame_rejected, self.node_endpoints_rewritten,
         )
 
     @property
@@ -240,6 +244,10 @@ class ProxyServer:
                     connection.peer, side, error)
         if self.on_frame_rejected is not None:
             self.on_frame_rejected(rejection_kind(side, error))
+
+    def node_endpoints_rewritten(self, api_key: int) -> None:
+        if self.on_node_endpoints_rewritten is not None:
+            self.on_node_endpoints_rewritten(api_name(api_key))
 
     async def _close_idle_connections(self) -> None:
         idle_limit = self.options.idle_timeout_s
