@@ -12,6 +12,10 @@
 //   txn-produce BOOTSTRAP TOPIC COMMITTED ABORTED
 //       A transactional producer: COMMITTED records "c<i>" in a committed transaction and
 //       ABORTED records "a<i>" in an aborted one; prints "committed N aborted M".
+//   produce BOOTSTRAP TOPIC COUNT RATE
+//       An idempotent acks=all KafkaProducer sending the values "0" .. COUNT-1 at about RATE
+//       records/s; waits for every acknowledgement and prints "produced N" (N acknowledged).
+//       Exits non-zero if any send failed.
 //   streams BOOTSTRAP IN OUT APPID PROTOCOL EXPECTED SECONDS
 //       A Kafka Streams app (processing.guarantee=exactly_once_v2, group.protocol=PROTOCOL:
 //       classic or streams) copying IN to OUT with each value V written as "s-V", until it has
@@ -49,6 +53,7 @@ public class FeatureClients {
             case "share-consume" -> shareConsume(args);
             case "txn-produce" -> txnProduce(args);
             case "streams" -> streams(args);
+            case "produce" -> produce(args);
             default -> throw new IllegalArgumentException("unknown mode " + args[0]);
         }
     }
@@ -189,6 +194,44 @@ public class FeatureClients {
             streams.close(Duration.ofSeconds(60));
         }
         System.out.println("processed " + processed.get());
+        if (failure.get() != null) {
+            failure.get().printStackTrace();
+            System.exit(1);
+        }
+    }
+
+    static void produce(String[] args) throws Exception {
+        Properties props = new Properties();
+        props.put("bootstrap.servers", args[1]);
+        props.put("acks", "all");
+        props.put("enable.idempotence", "true");
+        props.put("linger.ms", "5");
+        props.put("delivery.timeout.ms", "120000");
+        props.put("key.serializer", StringSerializer.class.getName());
+        props.put("value.serializer", StringSerializer.class.getName());
+        int count = Integer.parseInt(args[3]);
+        double rate = Double.parseDouble(args[4]);
+        AtomicLong acked = new AtomicLong();
+        AtomicReference<Exception> failure = new AtomicReference<>();
+        long start = System.nanoTime();
+        try (KafkaProducer<String, String> producer = new KafkaProducer<>(props)) {
+            for (int i = 0; i < count; i++) {
+                long due = start + (long) (i * 1e9 / rate);
+                long wait = due - System.nanoTime();
+                if (wait > 0) {
+                    Thread.sleep(wait / 1_000_000, (int) (wait % 1_000_000));
+                }
+                producer.send(new ProducerRecord<>(args[2], Integer.toString(i)), (metadata, error) -> {
+                    if (error != null) {
+                        failure.compareAndSet(null, error);
+                    } else {
+                        acked.incrementAndGet();
+                    }
+                });
+            }
+            producer.flush();
+        }
+        System.out.println("produced " + acked.get());
         if (failure.get() != null) {
             failure.get().printStackTrace();
             System.exit(1);

@@ -1,0 +1,143 @@
+"""Acceptance: a partition leader moves while Kafka's Java clients produce and fetch through the proxy.
+
+Java clients of Kafka 4.3.1 speak Produce v13 and Fetch v18. When a partition moves away from
+a broker, that broker answers them NOT_LEADER_OR_FOLLOWER with the new leader's id and its
+address in NodeEndpoints (KIP-951), and the client goes straight there without a Metadata
+round trip. The proxy must rewrite that address to its own: the proxy's
+kqp_node_endpoints_rewritten_total shows it did, for Produce and for Fetch (so the test fails
+if the moves missed the clients or the rewrite were skipped), and the socket watch shows the
+clients never reached a broker. The partition moves by reassignment, as an operator would
+move it, twice, with no broker stopped, so every record must be produced once and consumed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from kafka import KafkaAdminClient
+from kafka import TopicPartition as KafkaTopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness.local_kafka import KafkaCluster
+from harness.proxy_process import ProxyProcess
+from tests.integration.conftest import ProxyFactory
+from tests.integration.test_transparency import FEATURE_CLIENTS
+from tests.integration.through_proxy import assert_only_proxy, run_watched
+
+pytestmark = pytest.mark.integration
+
+RECORDS = 6000
+RATE_PER_S = 250  # about 24 s of producing: time for two leader moves under both clients
+PRODUCE_V13, FETCH_V18 = "13", "18"
+PREFERRED = 0  # ElectLeaders election type
+
+
+def _java(cluster: KafkaCluster, *args: str) -> list[str]:
+    # Kafka's clients log a leader change (NOT_LEADER_OR_FOLLOWER, a new leader) at WARN, to stderr.
+    return ["java", "-Xmx256m", f"-Dlog4j2.configurationFile={cluster.tools_log4j}",
+            "-cp", f"{cluster.kafka_dir / 'libs'}/*", str(FEATURE_CLIENTS), *args]
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _samples(proxy: ProxyProcess, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    found: dict[tuple[tuple[str, str], ...], float] = {}
+    for family in text_string_to_metric_families(proxy.metrics_text()):
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+class Operator:
+    """Moves partition 0 of `topic` between brokers, talking to them directly, as an
+    operator's tools would (Admin API: AlterPartitionReassignments, ElectLeaders)."""
+
+    def __init__(self, cluster: KafkaCluster, topic: str) -> None:
+        self.cluster, self.topic = cluster, topic
+        self.admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+        self.reader = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"{topic}-operator"})
+
+    def close(self) -> None:
+        self.admin.close()
+        self.reader.close()
+
+    def leader(self) -> int:
+        metadata = self.reader.list_topics(self.topic, timeout=10)
+        return int(metadata.topics[self.topic].partitions[0].leader)
+
+    def high_watermark(self) -> int:
+        return int(self.reader.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)[1])
+
+    def move_to(self, replicas: list[int]) -> None:
+        """Reassign partition 0 to `replicas`, the first of them its leader."""
+        errors = self.admin.alter_partition_reassignments({KafkaTopicPartition(self.topic, 0): replicas})
+        assert all(error is None for error in errors.values()), errors
+        _wait_until(lambda: not self.admin.list_partition_reassignments(), 60, "the reassignment to complete")
+        # The old leader left the replica set, so the controller already chose a new one from
+        # the new set; the preferred election makes sure it is the first (or finds nothing to do).
+        self.admin.elect_leaders(PREFERRED, {self.topic: [0]}, raise_errors=False)
+        _wait_until(lambda: self.leader() == replicas[0], 30, f"node {replicas[0]} to lead {self.topic}-0")
+
+
+@pytest.fixture
+def proxy(kafka_3nodes: KafkaCluster, start_proxy: ProxyFactory) -> ProxyProcess:
+    proxy = start_proxy(kafka_3nodes)
+    assert proxy.readyz() == 200
+    return proxy
+
+
+def test_leader_moves_under_java_producer_and_consumer(kafka_3nodes: KafkaCluster, proxy: ProxyProcess,
+                                                      topic_name: str, request: pytest.FixtureRequest) -> None:
+    one, two, three = sorted(kafka_3nodes.nodes)
+    kafka_3nodes.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", kafka_3nodes.bootstrap,
+                          "--create", "--topic", topic_name, "--replica-assignment", f"{one}:{two}")
+    operator = Operator(kafka_3nodes, topic_name)
+    request.addfinalizer(operator.close)
+    _wait_until(lambda: operator.leader() == one, 30, "the first replica to lead")
+
+    producer_command = _java(kafka_3nodes, "produce", proxy.bootstrap, topic_name, str(RECORDS), str(RATE_PER_S))
+    consumer_command = _java(kafka_3nodes, "consume", proxy.bootstrap, topic_name, f"{topic_name}-group",
+                             str(RECORDS), "group.protocol=consumer")
+    with ThreadPoolExecutor(2) as pool:
+        consuming = pool.submit(run_watched, consumer_command, timeout_s=240)
+        producing = pool.submit(run_watched, producer_command, timeout_s=240)
+        # Each move happens while records flow: some are written before it and some after.
+        # The old leader leaves the replica set each time: a follower would go on serving
+        # the consumer (KIP-392: a v11+ Fetch may read from a follower), one that no longer
+        # holds the partition answers NOT_LEADER_OR_FOLLOWER with the new leader's address.
+        for step, replicas in enumerate(([two, three], [three, one]), start=1):
+            _wait_until(lambda step=step: operator.high_watermark() >= step * RECORDS // 3, 120,
+                        f"{step * RECORDS // 3} records written")
+            operator.move_to(replicas)
+            assert operator.high_watermark() < RECORDS, "the producer finished before the leader moved"
+        produced, consumed = producing.result(), consuming.result()
+
+    assert produced.returncode == 0, produced.stderr[-3000:]
+    assert f"produced {RECORDS}" in produced.stdout
+    assert operator.high_watermark() == RECORDS  # idempotent: each record written once
+    assert consumed.returncode == 0, consumed.stderr[-3000:]
+    values = [line.split(" ", 1)[1] for line in consumed.stdout.splitlines() if line.startswith("value ")]
+    assert sorted(values, key=int) == [str(i) for i in range(RECORDS)]
+    assert f"consumed {RECORDS}" in consumed.stdout
+
+    requests = _samples(proxy, "kqp_requests_total")
+    assert requests.get((("api", "Produce"), ("api_version", PRODUCE_V13)), 0) > 0, requests
+    assert requests.get((("api", "Fetch"), ("api_version", FETCH_V18)), 0) > 0, requests
+    # The old leader told both clients where the new one is, and the proxy put itself there.
+    rewritten = _samples(proxy, "kqp_node_endpoints_rewritten_total")
+    errors = _samples(proxy, "kqp_request_errors_total")
+    assert rewritten.get((("api", "Produce"),), 0) > 0, (rewritten, errors)
+    assert rewritten.get((("api", "Fetch"),), 0) > 0, (rewritten, errors)
+    for run in (produced, consumed):
+        assert_only_proxy(run.watch, proxy, kafka_3nodes)
