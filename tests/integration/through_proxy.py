@@ -4,12 +4,13 @@ check that a client only ever talked to the proxy."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
 from tests.integration.socket_watch import SocketWatch
 
@@ -41,7 +42,17 @@ def end_offsets(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> lis
         consumer.close()
 
 
-def assert_only_proxy(watch: SocketWatch, proxy: ProxyProcess, cluster: KafkaCluster) -> None:
+class Upstream(Protocol):
+    """What the proxy fronts: a KafkaCluster, or a TansuBroker."""
+
+    @property
+    def nodes(self) -> Mapping[int, object]: ...
+
+    @property
+    def broker_ports(self) -> set[int]: ...
+
+
+def assert_only_proxy(watch: SocketWatch, proxy: ProxyProcess, cluster: Upstream) -> None:
     """The watched process reached the proxy and never held a connection to a broker port."""
     proxy_ports = {proxy.bootstrap_port, *(proxy.node_port(n) for n in cluster.nodes)}
     assert watch.samples >= 3, "socket watch took too few samples to mean anything"
