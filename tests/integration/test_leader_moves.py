@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from kafka import KafkaAdminClient
 from kafka import TopicPartition as KafkaTopicPartition
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,6 +34,9 @@ RECORDS = 6000
 RATE_PER_S = 250  # about 24 s of producing: time for two leader moves under both clients
 PRODUCE_V13, FETCH_V18 = "13", "18"
 PREFERRED = 0  # ElectLeaders election type
+# What a partition being moved may answer ListOffsets with for a moment.
+_MOVING = {KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION,
+           KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH}
 
 
 def _java(cluster: KafkaCluster, *args: str) -> list[str]:
@@ -77,7 +80,17 @@ class Operator:
         return int(metadata.topics[self.topic].partitions[0].leader)
 
     def high_watermark(self) -> int:
-        return int(self.reader.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)[1])
+        # Right after a move the new leader may answer OFFSET_NOT_AVAILABLE until its high
+        # watermark has caught up: ask again.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return int(self.reader.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)[1])
+            except KafkaException as exc:
+                error = exc.args[0]
+                if time.monotonic() > deadline or not (error.retriable() or error.code() in _MOVING):
+                    raise
+            time.sleep(0.1)
 
     def move_to(self, replicas: list[int]) -> None:
         """Reassign partition 0 to `replicas`, the first of them its leader."""
