@@ -185,6 +185,8 @@ def test_rare_events() -> None:
     metrics.capture_dropped(2)
     metrics.capture_files_closed(1)
     metrics.frame_rejected("too_large")
+    metrics.node_endpoints_rewritten("Produce")
+    metrics.node_endpoints_rewritten("Produce")
 
     assert sample(metrics, "kqp_connections_open", listener="node-1", upstream_node="1") == 1
     assert sample(metrics, "kqp_connections_opened_total", listener="node-1", upstream_node="1") == 2
@@ -198,6 +200,7 @@ def test_rare_events() -> None:
     assert sample(metrics, "kqp_capture_records_dropped_total") == 2
     assert sample(metrics, "kqp_capture_files_closed_total") == 1
     assert sample(metrics, "kqp_frames_rejected_total", reason="too_large") == 1
+    assert sample(metrics, "kqp_node_endpoints_rewritten_total", api="Produce") == 2
 
 
 def test_default_registry_is_private_and_carries_process_metrics() -> None:

@@ -80,6 +80,8 @@ def decode(response: bytes) -> FetchResponse:
 
 async def test_a_large_fetch_response_is_forwarded_whole_and_rewritten(broker: FakeBroker) -> None:
     proxy = await start_proxy(broker)
+    rewritten: list[str] = []
+    proxy.on_node_endpoints_rewritten = rewritten.append
     client = await node_client(proxy, broker)
     client.send(fetch_request(1))
     client.send(heartbeat_request(2))  # pipelined behind the fetch
@@ -91,6 +93,7 @@ async def test_a_large_fetch_response_is_forwarded_whole_and_rewritten(broker: F
     assert [(e.node_id, e.host, e.port) for e in message.node_endpoints] == [(1, "127.0.0.1", node_port)]
     assert b"kafka-1.broker.internal" not in response
     assert response_correlation_id(await client.receive()) == 2
+    assert rewritten == ["Fetch"]  # the heartbeat carried no endpoints
     client.close()
     await proxy.stop()
 
