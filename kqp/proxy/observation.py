@@ -6,10 +6,11 @@ They run last in the hook chain, so they see the throttle the enforcement hook d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kqp.capture.writer import CaptureWriter
@@ -21,6 +22,7 @@ from kqp.protocol.apis import (
     SASL_HANDSHAKE_KEY,
 )
 from kqp.protocol.codec import decode_body
+from kqp.protocol.error_codes import response_error_codes
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.fast_path import (
     PartitionSummary,
@@ -43,20 +45,6 @@ _DATA_APIS = frozenset({PRODUCE_KEY, FETCH_KEY})
 _NO_ERROR_DECODE = _DATA_APIS | {ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE}
 # Requests that name a consumer group (FindCoordinator calls it `key`).
 _GROUP_FIELDS = ("group_id", "key")
-
-
-def collect_error_codes(value: Any, found: list[int]) -> None:
-    """Every `error_code` in a decoded message's dict form, top level first."""
-    if isinstance(value, dict):
-        code = value.get("error_code")
-        if isinstance(code, int) and code:
-            found.append(code)
-        for item in value.values():
-            if isinstance(item, (dict, list)):
-                collect_error_codes(item, found)
-    elif isinstance(value, list):
-        for item in value:
-            collect_error_codes(item, found)
 
 
 def _node_label(client: ClientView) -> str:
@@ -153,14 +141,10 @@ class ObservationHooks(TrafficHooks):
         header = exchange.header
         api_key = header.api_key
         loop_now = self._clock()
-        error_codes: list[int] = []
+        error_codes: tuple[int, ...] = ()
         if frame is not None and api_key not in _NO_ERROR_DECODE and exchange.header.known:
-            try:
-                message = decode_body(api_key, header.api_version, memoryview(frame)[body_offset:],
-                                      is_request=False)
-                collect_error_codes(message.to_dict(), error_codes)
-            except ProtocolError:
-                pass
+            with contextlib.suppress(ProtocolError):
+                error_codes = response_error_codes(api_key, header.api_version, memoryview(frame)[body_offset:])
         response_bytes = len(frame) + 4 if frame is not None else 0
         if self.metrics is not None:
             self._record_metrics(client, exchange, response_bytes, error_codes, answered=frame is not None)
@@ -205,7 +189,7 @@ class ObservationHooks(TrafficHooks):
         self.capture.submit(record)
 
     def _record_metrics(
-        self, client: ClientView, exchange: Exchange, response_bytes: int, error_codes: list[int],
+        self, client: ClientView, exchange: Exchange, response_bytes: int, error_codes: Sequence[int],
         answered: bool,
     ) -> None:
         assert self.metrics is not None
