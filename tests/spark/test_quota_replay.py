@@ -8,9 +8,11 @@ from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, Quo
 from kqp.quotas.recording import (
     QuotaClient,
     RequestCharges,
+    RequestOutcome,
     ResponseCharges,
     charge_request,
     charge_response,
+    exchange_throttle,
     request_charges,
 )
 from kqp.spark_jobs.quota_replay import is_recorded, quota_groups, replay_group, replay_recorded
@@ -141,24 +143,27 @@ def test_a_recorded_capture_replays_the_proxys_decisions_in_its_call_order() -> 
             mutations=[{"topic": "t1", "partitions": 30}, {"topic": "t2", "partitions": 1}],
         ),
     }
+    outcomes: dict[str, RequestOutcome] = {}
     for seq, (name, phase, now, charges) in enumerate(calls, start=1):
         row, client = rows[name], QuotaClient(str(rows[name]["quota_broker"]), "u", "c")
         if phase == "request":
             assert isinstance(charges, RequestCharges)
-            throttle = charge_request(proxy, client, charges, now).throttle_ms
+            outcomes[name] = charge_request(proxy, client, charges, now)
+            throttle = outcomes[name].throttle_ms
             row.update(quota_request_seq=seq, quota_request_now_ms=now)
             if charges.produce_bytes is not None:
                 row["quota_produce_bytes"] = charges.produce_bytes
         else:
             assert isinstance(charges, ResponseCharges)
-            throttle = charge_response(proxy, client, charges, now)
+            # As the proxy decides: the request's (time-adjusted) throttle against the response's.
+            throttle = exchange_throttle(outcomes.get(name), charge_response(proxy, client, charges, now), now)
             row.update(
                 quota_response_seq=seq,
                 quota_response_now_ms=now,
                 quota_produce_bytes=charges.produce_bytes,
                 quota_request_time_ms=charges.request_time_ms,
             )
-        decided[name] = max(decided.get(name, 0.0), float(throttle))
+        decided[name] = float(throttle)
     frame = pd.DataFrame(list(rows.values()), index=list(rows)).sample(frac=1.0, random_state=3)
     assert is_recorded(frame)
 
