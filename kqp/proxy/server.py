@@ -9,13 +9,13 @@ import itertools
 import logging
 import socket
 import ssl
-import struct
 from collections.abc import Callable
 
 from kqp.protocol.apis import METADATA_KEY, api_name
 from kqp.protocol.codec import decode_body
 from kqp.protocol.errors import CorrelationError, FrameTooLargeError, ProtocolError, UnsupportedApiError
-from kqp.protocol.headers import encode_request_header, response_body_offset
+from kqp.protocol.framing import FrameDecoder, frame
+from kqp.protocol.headers import encode_request_header, response_body_offset, response_correlation_id
 from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
 from kqp.proxy.connection import ClientSide, ConnectionServices, ProxiedConnection, TruncatedFrameError
 from kqp.proxy.hooks import TrafficHooks
@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 _IDLE_SCAN_INTERVAL_S = 5.0
 _DISCOVERY_METADATA_VERSION = 12
+_DISCOVERY_CORRELATION_ID = 1
+# A Metadata answer naming no topics is a few KB even for hundreds of brokers; a size prefix
+# beyond this is not a Kafka broker talking, and is refused before anything is allocated.
+_DISCOVERY_MAX_FRAME_BYTES = 8 * 1024 * 1024
 
 # An IP address -> milliseconds to hold a new connection from it before closing it (0: accept).
 AcceptThrottle = Callable[[str], int]
@@ -45,6 +49,18 @@ def rejection_kind(side: str, error: ProtocolError) -> str:
     else:
         kind = "malformed"
     return f"{kind} {'request' if side == 'client' else 'response'}"
+
+
+async def _read_one_frame(reader: asyncio.StreamReader) -> bytes:
+    """The first whole frame from `reader`, through the same framing as the data path."""
+    decoder = FrameDecoder(_DISCOVERY_MAX_FRAME_BYTES)
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            raise TruncatedFrameError(f"broker closed the connection {decoder.buffered_bytes} bytes into its answer")
+        frames = decoder.feed(data)
+        if frames:
+            return frames[0]
 
 
 class ProxyServer:
@@ -169,7 +185,8 @@ class ProxyServer:
         refuses an unauthenticated Metadata request, and then addresses are learned from
         the first Metadata response a client receives through the bootstrap port.
         """
-        request = encode_request_header(METADATA_KEY, _DISCOVERY_METADATA_VERSION, 1, "kqp-discovery")
+        request = encode_request_header(METADATA_KEY, _DISCOVERY_METADATA_VERSION, _DISCOVERY_CORRELATION_ID,
+                                        "kqp-discovery")
         # Metadata v12 body: empty topics array (compact: 0 + 1), allow_auto_topic_creation,
         # include_topic_authorized_operations, then no tagged fields.
         request += b"\x01\x00\x00\x00"
@@ -183,12 +200,13 @@ class ProxyServer:
                 log.warning("discovery: %s:%d unreachable: %s", host, port, exc)
                 continue
             try:
-                writer.write(struct.pack(">i", len(request)) + request)
-                size = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 10))[0]
-                frame = await asyncio.wait_for(reader.readexactly(size), 10)
-                offset = response_body_offset(frame, METADATA_KEY, _DISCOVERY_METADATA_VERSION)
-                message = decode_body(METADATA_KEY, _DISCOVERY_METADATA_VERSION, frame[offset:], is_request=False)
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError) as exc:
+                writer.write(frame(request))
+                answer = await asyncio.wait_for(_read_one_frame(reader), 10)
+                if response_correlation_id(answer) != _DISCOVERY_CORRELATION_ID:
+                    raise CorrelationError(f"answered correlation id {response_correlation_id(answer)}")
+                offset = response_body_offset(answer, METADATA_KEY, _DISCOVERY_METADATA_VERSION)
+                message = decode_body(METADATA_KEY, _DISCOVERY_METADATA_VERSION, answer[offset:], is_request=False)
+            except (OSError, TimeoutError, ProtocolError) as exc:
                 log.warning("discovery via %s:%d failed: %s", host, port, exc)
                 continue
             finally:
