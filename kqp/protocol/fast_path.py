@@ -33,6 +33,7 @@ FETCH_FIRST_TOPIC_ID = 13
 _INT8 = struct.Struct(">b")
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
+_THREE_INT32 = struct.Struct(">iii")
 _INT64 = struct.Struct(">q")
 _PARTITION_HEAD = struct.Struct(">ihq")  # partition, error code, high watermark
 _UUID_SIZE = 16
@@ -120,6 +121,23 @@ class FetchRequestSummary:
     max_bytes_offset: int | None
     isolation_level: int
     partitions: list[FetchPartitionRequest]
+
+
+def parse_share_fetch_request(body: Buffer, api_version: int) -> FetchRequestSummary:
+    """The limits of a ShareFetch request (KIP-932; flexible in every version): MaxWaitMs,
+    MinBytes and MaxBytes follow GroupId, MemberId and ShareSessionEpoch. Partitions are not
+    read (the capture does not record them)."""
+    return _guarded(_parse_share_fetch_request, body, api_version, "ShareFetch request")
+
+
+def _parse_share_fetch_request(body: Buffer, version: int) -> FetchRequestSummary:
+    offset = 0
+    for _ in range(2):  # GroupId, MemberId: compact nullable strings
+        length_plus_one, offset = read_uvarint(body, offset)
+        offset += max(length_plus_one - 1, 0)
+    offset += 4  # ShareSessionEpoch
+    max_wait_ms, min_bytes, max_bytes = _THREE_INT32.unpack_from(body, offset)
+    return FetchRequestSummary(max_wait_ms, min_bytes, max_bytes, offset + 8, 0, [])
 
 
 def read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, int]:

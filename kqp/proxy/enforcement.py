@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.errors import ProtocolError
-from kqp.protocol.fast_path import parse_fetch_request, patch_fetch_max_bytes
+from kqp.protocol.fast_path import parse_fetch_request, parse_share_fetch_request, patch_fetch_max_bytes
 from kqp.protocol.headers import encode_response_header
 from kqp.protocol.mutations import (
     MUTATION_APIS,
@@ -186,7 +186,7 @@ class QuotaEnforcement(TrafficHooks):
             self._note_throttle((client.principal, header.client_id or ""), throttle, self._now_ms())
             self._hold_every_connection(client, (client.principal, header.client_id or ""), throttle)
             return RequestVerdict(mute_ms=throttle)
-        if api_key == ApiKey.FETCH:
+        if api_key in (ApiKey.FETCH, ApiKey.SHARE_FETCH):
             return self._cap_fetch(client, exchange, frame)
         if api_key in MUTATION_APIS:
             return self._mutations(client, exchange, frame)
@@ -194,11 +194,14 @@ class QuotaEnforcement(TrafficHooks):
 
     def _cap_fetch(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
+        if not header.known:
+            return None  # a ShareFetch version newer than the definitions may lay its limits out differently
         charges = request_charges(header.api_key, header.api_version, exchange.request_bytes - 4, True)
         if not request_charged_at_arrival(self.engine, charges):
             return None  # nothing needs the request's limits: skip parsing it
+        parse = parse_fetch_request if header.api_key == ApiKey.FETCH else parse_share_fetch_request
         try:
-            fetch = parse_fetch_request(memoryview(frame)[header.body_offset:], header.api_version)
+            fetch = parse(memoryview(frame)[header.body_offset:], header.api_version)
         except ProtocolError:
             return None
         exchange.fetch_max_wait_ms = fetch.max_wait_ms

@@ -115,7 +115,7 @@ def request_charges(
     """
     if api_key == ApiKey.PRODUCE and not expects_response:
         return RequestCharges(api_key, api_version, produce_bytes=request_size)
-    if api_key == ApiKey.FETCH:
+    if api_key in FETCH_QUOTA_API_KEYS:  # KafkaApis caps Fetch and ShareFetch MaxBytes at the quota window
         return RequestCharges(api_key, api_version, fetch=True)
     if api_key in MUTATION_API_KEYS and mutations is not None:
         return RequestCharges(api_key, api_version, mutations=tuple(mutations))
@@ -161,7 +161,7 @@ def response_charges(
         request_size: the request frame's size without its 4-byte size prefix.
         response_body_size: the response frame less its size prefix and response header.
         round_trip_ms: from forwarding the request to receiving the response.
-        fetch_max_wait_ms: a Fetch request's MaxWaitMs, when the proxy read it.
+        fetch_max_wait_ms: a Fetch or ShareFetch request's MaxWaitMs, when the proxy read it.
     """
     produce_bytes = request_size if api_key == ApiKey.PRODUCE else None
     fetch_bytes = None
@@ -170,8 +170,9 @@ def response_charges(
     request_ms = round_trip_ms
     if request_ms is not None and api_key in AUTHENTICATOR_API_KEYS:
         request_ms = None
-    elif request_ms is not None and api_key == ApiKey.FETCH and fetch_max_wait_ms and request_ms >= fetch_max_wait_ms:
-        # A long-poll fetch waits in the broker's purgatory, which Kafka does not count.
+    elif (request_ms is not None and api_key in FETCH_QUOTA_API_KEYS and fetch_max_wait_ms
+          and request_ms >= fetch_max_wait_ms):
+        # A long-poll (share) fetch waits in the broker's purgatory, which Kafka does not count.
         request_ms -= fetch_max_wait_ms
     return ResponseCharges(api_key, produce_bytes, fetch_bytes, request_ms)
 

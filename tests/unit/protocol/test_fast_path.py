@@ -27,6 +27,7 @@ from kqp.protocol.fast_path import (
     parse_fetch_request,
     parse_fetch_response,
     parse_produce_request,
+    parse_share_fetch_request,
     patch_fetch_max_bytes,
 )
 
@@ -276,3 +277,48 @@ def test_trailing_bytes_after_a_produce_request_are_rejected() -> None:
     parse_produce_request(body, 9)
     with pytest.raises(ProtocolDecodeError, match="unread bytes"):
         parse_produce_request(body + b"\x00", 9)
+
+
+SHARE_FETCH_SPEC = API_SPECS[78]
+SHARE_FETCH_VERSIONS = range(SHARE_FETCH_SPEC.min_version, SHARE_FETCH_SPEC.max_version + 1)
+
+
+@st.composite
+def share_fetch_requests(draw: st.DrawFn, version: int) -> bytes:
+    request = SHARE_FETCH_SPEC.request_class
+    topic = request.FetchTopic
+    topics = [topic(topic_id=uuid.UUID(int=draw(st.integers(0, 2**128 - 1))), partitions=[
+        topic.FetchPartition(partition_index=draw(INT32), partition_max_bytes=0, acknowledgement_batches=[])
+        for _ in range(draw(st.integers(0, 2)))]) for _ in range(draw(st.integers(0, 2)))]
+    message = request[version](
+        group_id=draw(st.one_of(st.none(), st.text(max_size=40))),
+        member_id=draw(st.one_of(st.none(), st.text(max_size=30))),
+        share_session_epoch=draw(INT32), max_wait_ms=draw(INT32), min_bytes=draw(INT32), max_bytes=draw(INT32),
+        max_records=draw(INT32), batch_size=draw(INT32), share_acquire_mode=draw(st.sampled_from([0, 1])),
+        is_renew_ack=draw(st.booleans()), topics=topics, forgotten_topics_data=[],
+    )
+    return bytes(message.encode())
+
+
+@pytest.mark.parametrize("version", SHARE_FETCH_VERSIONS)
+@PROPERTY_SETTINGS
+@given(data=st.data(), new_max=st.integers(0, 2**31 - 1))
+def test_share_fetch_request_limits_and_max_bytes_patch(version: int, data: st.DataObject, new_max: int) -> None:
+    body = data.draw(share_fetch_requests(version))
+    summary = parse_share_fetch_request(body, version)
+    decoded = SHARE_FETCH_SPEC.request_class[version].decode(body, version=version)
+    assert (summary.max_wait_ms, summary.min_bytes, summary.max_bytes) == (
+        decoded.max_wait_ms, decoded.min_bytes, decoded.max_bytes)
+    assert summary.max_bytes_offset is not None
+    # MinBytes is the int32 right before MaxBytes, as in Fetch: the cap patches both in place.
+    frame = bytearray(b"HEADER" + body)
+    patch_fetch_max_bytes(frame, 6 + summary.max_bytes_offset, new_max)
+    patch_fetch_max_bytes(frame, 6 + summary.max_bytes_offset - 4, 7)
+    patched = SHARE_FETCH_SPEC.request_class[version].decode(bytes(frame[6:]), version=version)
+    decoded.max_bytes, decoded.min_bytes = new_max, 7
+    assert patched.to_dict() == decoded.to_dict()
+
+
+def test_a_truncated_share_fetch_request_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolDecodeError):
+        parse_share_fetch_request(b"\x06group\x03me\x00\x00", 1)

@@ -101,8 +101,17 @@ def test_the_largest_throttle_of_a_response_wins() -> None:
     assert throttle == max(by_bytes, by_time) == by_bytes > by_time > 0
 
 
-def test_a_fetch_reads_its_cap_only_when_a_quota_needs_it() -> None:
-    fetch = request_charges(ApiKey.FETCH, 17, 90, True)
+@pytest.mark.parametrize("api_key", [ApiKey.FETCH, ApiKey.SHARE_FETCH])
+def test_a_share_fetch_long_poll_is_charged_without_its_wait_too(api_key: ApiKey) -> None:
+    # DelayedShareFetch waits in purgatory as DelayedFetch does.
+    assert response_charges(api_key, 80, 100, 520.0, 500).request_time_ms == 20.0
+
+
+@pytest.mark.parametrize("api_key", [ApiKey.FETCH, ApiKey.SHARE_FETCH])
+def test_a_fetch_reads_its_cap_only_when_a_quota_needs_it(api_key: ApiKey) -> None:
+    # KafkaApis caps both Fetch and ShareFetch MaxBytes at the quota window
+    # (handleFetchRequest, handleFetchFromShareFetchRequest).
+    fetch = request_charges(api_key, 1, 90, True)
     unlimited = QuotaEngine(settings_for("producer_byte_rate", {(None, D): 100}))
     assert not request_charged_at_arrival(unlimited, fetch)
     assert charge_request(unlimited, CLIENT, fetch, 0).fetch_max_bytes_cap is None
