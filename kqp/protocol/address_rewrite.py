@@ -30,7 +30,8 @@ from kqp.protocol.apis import (
     can_decode,
 )
 from kqp.protocol.codec import decode_body, decode_body_exactly, encode_body
-from kqp.protocol.errors import ProtocolDecodeError
+from kqp.protocol.errors import ProtocolDecodeError, ProtocolError
+from kqp.protocol.node_endpoints import may_carry_node_endpoints
 
 # (node_id, upstream host, upstream port) -> (advertised host, advertised port)
 AddressMapper = Callable[[int, str, int], tuple[str, int]]
@@ -96,13 +97,46 @@ def rewrite_addresses(message: Any, api_key: int, api_version: int, mapper: Addr
 
 
 def rewrite_response_body(
-    api_key: int, api_version: int, body: bytes | memoryview, mapper: AddressMapper
+    api_key: int, api_version: int, body: bytes | memoryview, mapper: AddressMapper,
+    on_decoded: Callable[[Any], None] | None = None,
 ) -> bytes | None:
-    """Decode, rewrite and re-encode a response body; None when nothing needed changing."""
+    """Decode, rewrite and re-encode a response body; None when nothing needed changing.
+    `on_decoded` sees the decoded message first (the proxy learns topic ids from Metadata)."""
     message = decode_body(api_key, api_version, body, is_request=False)
+    if on_decoded is not None:
+        on_decoded(message)
     if not rewrite_addresses(message, api_key, api_version, mapper):
         return None
     return encode_body(message, api_version)
+
+
+def client_response(
+    api_key: int, api_version: int, frame: bytes, body_offset: int, mapper: AddressMapper,
+    on_metadata: Callable[[Any], None] | None = None,
+) -> tuple[bytes, bool]:
+    """A broker's whole response frame as the client must get it: ApiVersions with the
+    proxy's caps, every broker address rewritten. Returns the frame (the same object when
+    nothing changed) and whether KIP-951 NodeEndpoints in it were rewritten."""
+    body = memoryview(frame)[body_offset:]
+    rewritten: bytes | None = None
+    if api_key == API_VERSIONS_KEY:
+        rewritten = proxy_api_versions_body(api_version, body)
+    elif carries_addresses(api_key, api_version) and (
+        api_key not in NODE_ENDPOINT_VERSIONS or _may_carry_node_endpoints(api_key, api_version, frame, body_offset)
+    ):
+        rewritten = rewrite_response_body(api_key, api_version, body, mapper,
+                                          on_metadata if api_key == METADATA_KEY else None)
+    if rewritten is None:
+        return frame, False
+    return frame[:body_offset] + rewritten, api_key in NODE_ENDPOINT_VERSIONS
+
+
+def _may_carry_node_endpoints(api_key: int, api_version: int, frame: bytes, body_offset: int) -> bool:
+    """Whether a Produce/Fetch/ShareFetch/ShareAcknowledge response needs the full decode."""
+    try:
+        return may_carry_node_endpoints(api_key, api_version, frame, body_offset)
+    except ProtocolError:
+        return True  # the full decode then reports what is wrong with it
 
 
 def cap_api_versions(message: Any) -> bool:

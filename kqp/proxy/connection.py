@@ -23,27 +23,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import cast
 
-from kqp.protocol.address_rewrite import (
-    NODE_ENDPOINT_VERSIONS,
-    carries_addresses,
-    proxy_api_versions_body,
-    rewrite_addresses,
-)
+from kqp.protocol.address_rewrite import client_response
 from kqp.protocol.apis import (
     API_VERSIONS_KEY,
     DECODED_APIS,
     FETCH_KEY,
-    METADATA_KEY,
     SASL_AUTHENTICATE_KEY,
     SASL_HANDSHAKE_KEY,
 )
-from kqp.protocol.codec import decode_body, encode_body
+from kqp.protocol.codec import decode_body
 from kqp.protocol.correlation import expects_response
 from kqp.protocol.errors import CorrelationError, ProtocolDecodeError, ProtocolError, UnsupportedApiError
 from kqp.protocol.fetch_stream import FetchResponseStream, rewrite_fetch_tail
 from kqp.protocol.framing import FrameDecoder
 from kqp.protocol.headers import parse_request_header, response_body_offset, response_correlation_id
-from kqp.protocol.node_endpoints import may_carry_node_endpoints
 from kqp.protocol.sasl import ANONYMOUS, SaslObserver
 from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
 from kqp.proxy.hooks import ONE_AT_A_TIME_AFTER_THROTTLE_S, ClientView, Exchange, TrafficHooks
@@ -109,14 +102,6 @@ class ConnectionServices:
     closed: Callable[[ProxiedConnection, str], None]
     frame_rejected: Callable[[ProxiedConnection, str, ProtocolError], None]
     node_endpoints_rewritten: Callable[[int], None]  # by API key: KIP-951 endpoints rewritten
-
-
-def _may_carry_node_endpoints(api_key: int, api_version: int, frame: bytes, body_offset: int) -> bool:
-    """Whether a Produce/Fetch response needs the full decode for KIP-951 endpoints."""
-    try:
-        return may_carry_node_endpoints(api_key, api_version, frame, body_offset)
-    except ProtocolError:
-        return True  # the full decode then reports what is wrong with it
 
 
 class ProxiedConnection:
@@ -574,25 +559,13 @@ class ProxiedConnection:
         api_key = exchange.header.api_key
         api_version = exchange.header.api_version
         body_offset = response_body_offset(frame, api_key, api_version)
-        out: bytes = frame
-        rewritten: bytes | None = None
-        if api_key == API_VERSIONS_KEY:
-            rewritten = proxy_api_versions_body(api_version, memoryview(frame)[body_offset:])
-        elif carries_addresses(api_key, api_version) and (
-            api_key not in NODE_ENDPOINT_VERSIONS
-            or _may_carry_node_endpoints(api_key, api_version, frame, body_offset)
-        ):
-            message = decode_body(api_key, api_version, memoryview(frame)[body_offset:], is_request=False)
-            if api_key == METADATA_KEY:
-                self.services.topics.learn_metadata(message)
-            if rewrite_addresses(message, api_key, api_version, self.services.directory.map_address):
-                rewritten = encode_body(message, api_version)
-                if api_key in NODE_ENDPOINT_VERSIONS:
-                    self.services.node_endpoints_rewritten(api_key)
-        elif api_key == SASL_AUTHENTICATE_KEY:
+        if api_key == SASL_AUTHENTICATE_KEY:
             self.sasl.authenticate_response(int.from_bytes(frame[body_offset : body_offset + 2], "big", signed=True))
-        if rewritten is not None:
-            out = frame[:body_offset] + rewritten
+        out, endpoints_rewritten = client_response(api_key, api_version, frame, body_offset,
+                                                   self.services.directory.map_address,
+                                                   self.services.topics.learn_metadata)
+        if endpoints_rewritten:
+            self.services.node_endpoints_rewritten(api_key)
         mute_ms = 0
         verdict = self._hooks.response(self.view, exchange, out, body_offset)
         if verdict is not None:
