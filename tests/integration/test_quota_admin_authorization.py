@@ -12,11 +12,13 @@ from __future__ import annotations
 import re
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from confluent_kafka import Producer
 
 from harness.local_kafka import USERS, KafkaCluster
 from kqp.protocol.apis import API_SPECS
@@ -83,7 +85,7 @@ DESCRIBE_ALICE = ("--describe", "--entity-type", "users", "--entity-name", "alic
 
 
 def test_quota_admin_follows_the_brokers_acls(
-    kafka_acl: KafkaCluster, proxy_and_file: tuple[ConfiguredProxy, Path], tmp_path: Path
+    kafka_acl: KafkaCluster, proxy_and_file: tuple[ConfiguredProxy, Path], tmp_path: Path, topic_name: str
 ) -> None:
     proxy, config = proxy_and_file
     alice, admin = client_properties(tmp_path, "alice"), client_properties(tmp_path, "admin")
@@ -99,6 +101,11 @@ def test_quota_admin_follows_the_brokers_acls(
     print("alice --alter through the proxy:", out.strip().splitlines()[-1:])
     assert code != 0 and REFUSAL in out, out
     assert config.read_text() == before
+    # Her traffic still follows the old quota, 1000 B/s: ~15.5 KB produced at once over
+    # Kafka's 10-11 s rate window is ~1.5 kB/s, a throttle of (1.5 - 1) / 1 x ~10 s = ~5 s.
+    # At the 99999999 she asked for there would be none.
+    throttle_ms = produce_throttle_ms(kafka_acl, admin, proxy.bootstrap, topic_name, "alice")
+    assert 3000 <= throttle_ms <= 8000, throttle_ms
     code, out = configs(kafka_acl, proxy.bootstrap, alice, *DESCRIBE_ALICE)
     assert code != 0 and REFUSAL in out, out
     assert refusals(proxy, "DescribeClientQuotas") == 2
@@ -139,6 +146,26 @@ def test_quota_admin_follows_the_brokers_acls(
     code, out = configs(kafka_acl, proxy.bootstrap, alice, *DESCRIBE_ALICE)
     assert code == 0 and "producer_byte_rate=3000.0" in out, out
     assert refusals(proxy, "AlterClientQuotas") == 1
+
+
+def produce_throttle_ms(cluster: KafkaCluster, admin: Path, bootstrap: str, topic: str, user: str) -> float:
+    """The longest throttle `user` is told of after producing 15 records of 1 KB at once."""
+    cluster.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", cluster.sasl_bootstrap,
+                     "--command-config", str(admin), "--create", "--topic", topic, "--partitions", "1")
+    cluster.run_tool("org.apache.kafka.tools.AclCommand", "--bootstrap-server", cluster.sasl_bootstrap,
+                     "--command-config", str(admin), "--add", "--allow-principal", f"User:{user}",
+                     "--operation", "Write", "--operation", "Describe", "--topic", topic)
+    throttles: list[float] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanism": "PLAIN", "sasl.username": user, "sasl.password": USERS[user],
+                         "linger.ms": 50, "throttle_cb": lambda event: throttles.append(event.throttle_time * 1000)})
+    for _ in range(15):
+        producer.produce(topic, b"x" * 1000)
+    assert producer.flush(60) == 0
+    deadline = time.monotonic() + 10
+    while not throttles and time.monotonic() < deadline:
+        producer.poll(0.2)  # throttle events are delivered from poll
+    return max(throttles, default=0.0)
 
 
 def acl(cluster: KafkaCluster, admin: Path, *operations: str) -> None:

@@ -10,12 +10,11 @@ itself could not enforce.
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from harness.local_kafka import DEFAULT_KAFKA_DIR, java_command
@@ -35,6 +34,7 @@ from tests.integration.through_proxy import (
     PARTITIONS,
     assert_only_proxy,
     committed_offsets,
+    consume_and_commit,
     create_topic,
     end_offsets,
 )
@@ -99,22 +99,7 @@ def test_produce_consume_in_a_group_and_admin_through_the_proxy(tansu: TansuBrok
 
         # tansu completes a group's first join after about half the session timeout (23 s at
         # librdkafka's default 45 s, 3 s at 6 s; the same without the proxy).
-        consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": group,
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                             "session.timeout.ms": 6000})
-        values: list[str] = []
-        try:
-            consumer.subscribe([topic_name])
-            deadline = time.monotonic() + 120
-            while len(values) < RECORDS and time.monotonic() < deadline:
-                message = consumer.poll(0.5)
-                if message is None:
-                    continue
-                assert message.error() is None, message.error()
-                values.append(message.value().decode())
-            consumer.commit(asynchronous=False)
-        finally:
-            consumer.close()
+        values = consume_and_commit(proxy.bootstrap, topic_name, group, RECORDS, **{"session.timeout.ms": 6000})
         ends = end_offsets(proxy.bootstrap, topic_name)
         committed = committed_offsets(proxy.bootstrap, group, topic_name)
     assert sorted(values, key=int) == [str(i) for i in range(RECORDS)]

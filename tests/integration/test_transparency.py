@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
@@ -25,6 +25,7 @@ from tests.integration.through_proxy import (
     PARTITIONS,
     assert_only_proxy,
     committed_offsets,
+    consume_and_commit,
     create_topic,
     end_offsets,
     run_watched,
@@ -158,22 +159,7 @@ def test_librdkafka_consumer_with_the_consumer_group_protocol(kafka_3nodes: Kafk
     group = f"{topic_name}-kip848"
     with SocketWatch() as watch:
         _produce(proxy.bootstrap, topic_name, RECORDS)
-        consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": group,
-                             "group.protocol": "consumer", "auto.offset.reset": "earliest",
-                             "enable.auto.commit": False})
-        values: list[str] = []
-        try:
-            consumer.subscribe([topic_name])
-            deadline = time.monotonic() + 120
-            while len(values) < RECORDS and time.monotonic() < deadline:
-                message = consumer.poll(0.5)
-                if message is None:
-                    continue
-                assert message.error() is None, message.error()
-                values.append(message.value().decode())
-            consumer.commit(asynchronous=False)
-        finally:
-            consumer.close()
+        values = consume_and_commit(proxy.bootstrap, topic_name, group, RECORDS, **{"group.protocol": "consumer"})
     assert sorted(values, key=int) == [str(i) for i in range(RECORDS)]
     ends = end_offsets(proxy.bootstrap, topic_name)
     assert committed_offsets(proxy.bootstrap, group, topic_name) == ends

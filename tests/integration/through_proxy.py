@@ -4,6 +4,7 @@ check that a client only ever talked to the proxy."""
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,6 +32,26 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int = 
         return [tp.offset for tp in sorted(committed, key=lambda tp: tp.partition)]
     finally:
         consumer.close()
+
+
+def consume_and_commit(bootstrap: str, topic: str, group: str, count: int, **config: str | int) -> list[str]:
+    """Up to `count` values (decoded) read in `group` within 120 s, then committed synchronously."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False, **config})
+    values: list[str] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 120
+        while len(values) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            values.append(message.value().decode())
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return values
 
 
 def end_offsets(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> list[int]:
