@@ -20,9 +20,10 @@ from kqp.protocol.headers import (
     parse_request_header,
     response_body_offset,
 )
-from kqp.proxy.hooks import ClientView, Exchange
+from kqp.proxy.hooks import Exchange
 from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.topics import TopicDirectory
+from tests.unit.client_views import client_view
 
 ORDERS_ID = uuid.uuid4()
 
@@ -39,13 +40,7 @@ class RecordingWriter(CaptureWriter):
         return True
 
 
-class NoControl:
-    def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None:
-        raise AssertionError("no connection is muted in these tests")
-
-
-CLIENT = ClientView(connection_id=3, peer="127.0.0.1:40000", listener="node-1", broker=1, principal="alice",
-                    control=NoControl())
+CLIENT = client_view(connection_id=3, principal="alice", listener="node-1")
 
 
 def observer(writer: CaptureWriter, topics: TopicDirectory | None = None) -> ObservationHooks:

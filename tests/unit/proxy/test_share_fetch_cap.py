@@ -7,16 +7,12 @@ from kqp.protocol.apis import API_SPECS
 from kqp.protocol.fast_path import parse_share_fetch_request
 from kqp.protocol.headers import encode_request_header, parse_request_header
 from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
-from kqp.proxy.hooks import ClientView, Exchange
+from kqp.proxy.hooks import Exchange
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
+from tests.unit.client_views import client_view
 
 SHARE_FETCH = 78
-
-
-class NoControl:
-    def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None:
-        raise AssertionError("nothing is muted here")
 
 
 def share_fetch_frame(version: int, min_bytes: int, max_bytes: int) -> bytes:
@@ -34,8 +30,7 @@ def capped(rate: float | None, version: int, min_bytes: int, max_bytes: int) -> 
     frame = share_fetch_frame(version, min_bytes, max_bytes)
     header = parse_request_header(frame)
     exchange = Exchange(header=header, request_bytes=len(frame) + 4, received_at=0.0)
-    verdict = enforcement.request(ClientView(1, "127.0.0.1:1", "bootstrap", 1, "ANONYMOUS", NoControl()),
-                                  exchange, frame)
+    verdict = enforcement.request(client_view(), exchange, frame)
     out = frame if verdict is None or verdict.frame is None else verdict.frame
     limits = parse_share_fetch_request(memoryview(out)[header.body_offset:], version)
     assert exchange.fetch_max_wait_ms == (500 if rate is not None else None)

@@ -18,6 +18,7 @@ from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdic
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
 from kqp.quotas.settings import QuotaEntity, QuotaEntry, QuotaSettings
+from tests.unit.client_views import client_view
 from tests.unit.proxy.fake_broker import FakeBroker, RawClient
 from tests.unit.proxy.test_connection_io import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request, start_proxy
 
@@ -69,15 +70,6 @@ async def test_pipelined_requests_are_forwarded_together_normally(slow_broker: F
 async def test_a_throttled_client_gets_one_request_forwarded_at_a_time(slow_broker: FakeBroker) -> None:
     events = await pipelined_events(slow_broker, one_at_a_time=True)
     assert events == ["request 1", "response 1", "request 2", "response 2", "request 3", "response 3"]
-
-
-class NoControl:
-    def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None:
-        raise AssertionError("no connection is muted here")
-
-
-def client_view(connection_id: int) -> ClientView:
-    return ClientView(connection_id, "127.0.0.1:4000", "bootstrap", 1, "ANONYMOUS", NoControl())
 
 
 def one_at_a_time_for(verdict: RequestVerdict | None) -> float:
