@@ -141,7 +141,8 @@ class ProxiedConnection:
         self._closed = False
         self._drained = asyncio.Event()
         self._drained.set()
-        self._view = ClientView(connection_id, self.peer, listener.name, self.upstream_node_id, ANONYMOUS, self)
+        # What hooks see of this connection's client: replaced where the peer or principal changes.
+        self.view = ClientView(connection_id, self.peer, listener.name, self.upstream_node_id, ANONYMOUS, self)
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -149,14 +150,8 @@ class ProxiedConnection:
     def principal(self) -> str:
         return self.sasl.principal if self.sasl.authenticated else self.tls_principal
 
-    @property
-    def view(self) -> ClientView:
-        """What hooks see of this connection's client (rebuilt when the principal changes)."""
-        view = self._view
-        principal = self.principal
-        if view.principal != principal or view.peer != self.peer:
-            view = self._view = replace(view, principal=principal, peer=self.peer)
-        return view
+    def _refresh_view(self) -> None:
+        self.view = replace(self.view, principal=self.principal, peer=self.peer)
 
     @property
     def closed(self) -> bool:
@@ -173,6 +168,7 @@ class ProxiedConnection:
         if peer:
             self.peer_ip = str(peer[0])
             self.peer = f"{peer[0]}:{peer[1]}"
+            self._refresh_view()
         transport.set_write_buffer_limits(high=self.services.options.write_buffer_high_bytes)
         self._block_client(_CONNECTING)
         self._hooks.connection_opened(self.view)
@@ -201,6 +197,7 @@ class ProxiedConnection:
             return False
         if principal is not None:
             self.tls_principal = principal
+            self._refresh_view()
         return True
 
     async def _connect_upstream(self) -> None:
@@ -561,6 +558,7 @@ class ProxiedConnection:
         body_offset = response_body_offset(frame, api_key, api_version)
         if api_key == SASL_AUTHENTICATE_KEY:
             self.sasl.authenticate_response(int.from_bytes(frame[body_offset : body_offset + 2], "big", signed=True))
+            self._refresh_view()
         out, endpoints_rewritten = client_response(api_key, api_version, frame, body_offset,
                                                    self.services.directory.map_address,
                                                    self.services.topics.learn_metadata)

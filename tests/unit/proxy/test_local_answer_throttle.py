@@ -97,15 +97,21 @@ def answer_create_topics(header: RequestHeader, body: bytes) -> bytes:
     return encode_body(response_class(throttle_time_ms=0, topics=topics), header.api_version)
 
 
+def creator_enforcement() -> QuotaEnforcement:
+    """Client "creator" at 1000 partitions/s over 11 one-second windows: a bucket of 11000
+    partitions, on the running loop's clock."""
+    loop = asyncio.get_running_loop()
+    settings = QuotaSettings(entries=(
+        QuotaEntry(QuotaEntity(client_id="creator"), {"controller_mutation_rate": 1000.0}),))
+    return QuotaEnforcement(QuotaEngine(settings), EnforcementSettings(), lambda: loop.time() * 1000.0,
+                            TopicDirectory())
+
+
 async def test_a_strict_create_topics_rejected_locally_mutes_the_connection() -> None:
     broker = FakeBroker(handlers={CREATE_TOPICS_KEY: answer_create_topics, HEARTBEAT_KEY: answer_heartbeat})
     await broker.start()
     loop = asyncio.get_running_loop()
-    # 1000 partitions/s over 11 one-second windows: a bucket of 11000 partitions.
-    settings = QuotaSettings(entries=(
-        QuotaEntry(QuotaEntity(client_id="creator"), {"controller_mutation_rate": 1000.0}),))
-    enforcement = QuotaEnforcement(QuotaEngine(settings), EnforcementSettings(), lambda: loop.time() * 1000.0,
-                                   TopicDirectory())
+    enforcement = creator_enforcement()
     proxy = await start_proxy(broker, enforcement)
     client = await RawClient.connect(proxy.bootstrap_port)
     # 11300 partitions on a full bucket: admitted (strict checks the bucket before), 300 in debt.
