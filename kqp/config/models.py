@@ -149,6 +149,7 @@ class ProxySection(Section):
     upstream_connect_timeout_seconds: PositiveSeconds = 10.0
     max_frame_bytes: Annotated[int, Field(ge=1)] = DEFAULT_MAX_FRAME_BYTES
     write_buffer_high_bytes: Annotated[int, Field(ge=1)] = 4 * 1024 * 1024
+    socket_receive_buffer_bytes: Annotated[int, Field(ge=-1)] = 102400  # -1 = the OS default
     idle_timeout_seconds: PositiveSeconds = 600.0
     max_connections: Annotated[int, Field(ge=0)] = 0  # 0 = unlimited
     max_connections_per_ip: Annotated[int, Field(ge=0)] = 0

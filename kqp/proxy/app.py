@@ -267,6 +267,7 @@ def app_settings_from_config(config: KqpConfig) -> AppSettings:
         upstream_connect_timeout_s=p.upstream_connect_timeout_seconds,
         max_frame_bytes=p.max_frame_bytes,
         write_buffer_high_bytes=p.write_buffer_high_bytes,
+        socket_receive_buffer_bytes=p.socket_receive_buffer_bytes,
         idle_timeout_s=p.idle_timeout_seconds,
         max_connections=p.max_connections,
         max_connections_per_ip=p.max_connections_per_ip,

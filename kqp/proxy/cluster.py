@@ -67,6 +67,10 @@ class ClusterDirectory:
         # the event loop starts serving it right after.
         sock = socket.socket(socket.AF_INET6 if ":" in self._options.bind_host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self._options.socket_receive_buffer_bytes > 0:
+            # Set before listen() so accepted sockets inherit it and the TCP window is
+            # negotiated for it (Kafka sets socket.receive.buffer.bytes on each accepted socket).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._options.socket_receive_buffer_bytes)
         sock.bind((self._options.bind_host, port))
         sock.listen(1024)
         sock.setblocking(False)

@@ -50,6 +50,10 @@ class ProxyOptions:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     # Stop reading from one side while the other side has more than this buffered.
     write_buffer_high_bytes: int = 4 * 1024 * 1024
+    # SO_RCVBUF of client connections, as Kafka's socket.receive.buffer.bytes (-1: the OS's).
+    # Kept small as on a broker, so a muted client feels back-pressure at once instead of
+    # queueing megabytes of requests in the kernel that then wait out many throttles.
+    socket_receive_buffer_bytes: int = 102400
     idle_timeout_s: float = 600.0  # Kafka's connections.max.idle.ms
     # 0 means unlimited, as Kafka's max.connections / max.connections.per.ip defaults do.
     max_connections: int = 0
