@@ -27,7 +27,6 @@ QUOTA = 1024 * 1024  # bytes/s
 RECORD_SIZE = 1024
 WARMUP_S = 14.0
 TOLERANCE = 0.10
-LIBRDKAFKA_TOLERANCE = 0.20
 
 # ProducerPerformance prints one of these every 5 s, then a summary with percentiles.
 _WINDOW = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\)", re.M)
@@ -174,11 +173,10 @@ def test_librdkafka_producer_is_held_to_the_quota_by_muting(
     rate = cycle_rate(per_second)
     print(f"librdkafka rate through the proxy over whole cycles: {rate / QUOTA:.3f} x quota; "
           f"per second: {[round(b / QUOTA, 1) for b in per_second]}")
-    # Measured over steady cycles: 1.04-1.12 x the quota through the proxy (0.98 x on a broker
-    # quota in one comparison run), so the 10 % is not met reliably for a client that
-    # ignores ThrottleTimeMs; this asserts what the proxy does hold (before the one-request-at-a-
-    # time fix it let librdkafka through at 1.4-1.8 x). See the closing note and docs/design.md.
-    assert abs(rate - QUOTA) <= LIBRDKAFKA_TOLERANCE * QUOTA, f"librdkafka achieved {rate:.0f} B/s"
+    # Held by the mute alone: 1.4-1.8 x before the one-request-at-a-time span, 1.04-1.12 x
+    # before client sockets got a broker's 100 KB receive buffer, 0.97 x since (the broker's
+    # own quota: 0.97-1.01 x over whole cycles in bench/quota_accuracy.py). docs/design.md.
+    assert abs(rate - QUOTA) <= TOLERANCE * QUOTA, f"librdkafka achieved {rate:.0f} B/s"
 
 
 def test_editing_the_quota_file_changes_the_rate_live_and_a_broken_file_changes_nothing(
