@@ -90,6 +90,16 @@ def parse_host_port(text: str) -> tuple[str, int]:
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+def _buffer_size(size: int) -> int:
+    # Kafka's socket.*.buffer.bytes: -1 leaves the OS default; 0 is no size (a broker fails on it).
+    if size == 0 or size < -1:
+        raise ValueError(f"expected a size in bytes >= 1, or -1 for the OS default, got {size}")
+    return size
+
+
+SocketBufferBytes = Annotated[int, AfterValidator(_buffer_size)]
 NonEmptyText = Annotated[str, Field(min_length=1)]
 HostPort = Annotated[str, AfterValidator(_host_port)]
 EntityName = Annotated[str, AfterValidator(_non_empty_name)]
@@ -149,7 +159,7 @@ class ProxySection(Section):
     upstream_connect_timeout_seconds: PositiveSeconds = 10.0
     max_frame_bytes: Annotated[int, Field(ge=1)] = DEFAULT_MAX_FRAME_BYTES
     write_buffer_high_bytes: Annotated[int, Field(ge=1)] = 4 * 1024 * 1024
-    socket_receive_buffer_bytes: Annotated[int, Field(ge=-1)] = 102400  # -1 = the OS default
+    socket_receive_buffer_bytes: SocketBufferBytes = 102400
     idle_timeout_seconds: PositiveSeconds = 600.0
     max_connections: Annotated[int, Field(ge=0)] = 0  # 0 = unlimited
     max_connections_per_ip: Annotated[int, Field(ge=0)] = 0

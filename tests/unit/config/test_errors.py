@@ -32,6 +32,8 @@ CASES = [
     Case("port as a string", 'proxy:\n  bootstrap_port: "9192"\n', "proxy.bootstrap_port", "valid integer", 2),
     Case("port out of range", "proxy:\n  bootstrap_port: 70000\n", "proxy.bootstrap_port",
          "less than or equal to 65535, got 70000", 2),
+    Case("zero receive buffer", "proxy:\n  socket_receive_buffer_bytes: 0\n", "proxy.socket_receive_buffer_bytes",
+         "expected a size in bytes >= 1, or -1 for the OS default, got 0", 2),
     Case("section is a list", "metrics: [1, 2]\n", "metrics", "expected a mapping, got a list", 1),
     Case("entries is a mapping", "quotas:\n  entries: {user: a}\n", "quotas.entries", "expected a list", 2),
     Case("negative byte rate",
