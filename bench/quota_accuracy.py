@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import Producer
 
+from bench.soak import ConfiguredProxy
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
-from harness.proxy_process import ProxyProcess
 
 QUOTA = 1024 * 1024  # bytes/s
 RECORD_SIZE = 1024
@@ -48,17 +48,6 @@ _JAVA_WINDOW = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec \(([\d.]+)
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-class QuotaProxy(ProxyProcess):
-    """`kqp serve` with a quota file."""
-
-    def __init__(self, upstream: str, log_path: Path, config: Path) -> None:
-        super().__init__(upstream, log_path)
-        self.config = config
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--config", str(self.config)]
 
 
 def quota_config(path: Path, scope: str) -> Path:
@@ -171,7 +160,7 @@ def single(workdir: Path, seconds: float, runs: int, warmup_s: int) -> list[Meas
         cluster.create_topic("accuracy", partitions=1, replication=1)
         config = quota_config(workdir / "single.yaml", "broker")
         broker_quota(cluster, "broker-limited", QUOTA)
-        with QuotaProxy(cluster.bootstrap, workdir / "proxy-single.log", config) as proxy:
+        with ConfiguredProxy(cluster.bootstrap, workdir / "proxy-single.log", config) as proxy:
             for run in range(1, runs + 1):
                 for label, bootstrap, client_id in (("kqp", proxy.bootstrap, "limited"),
                                                     ("broker", cluster.bootstrap, "broker-limited")):
@@ -186,7 +175,7 @@ def cluster_scope(workdir: Path, seconds: float, warmup_s: int) -> list[Measurem
     with KafkaCluster(nodes=3, workdir=workdir / "kafka-3") as cluster:
         cluster.create_topic("accuracy-6", partitions=6, replication=1)
         config = quota_config(workdir / "cluster.yaml", "cluster")
-        with QuotaProxy(cluster.bootstrap, workdir / "proxy-cluster.log", config) as proxy:
+        with ConfiguredProxy(cluster.bootstrap, workdir / "proxy-cluster.log", config) as proxy:
             progress("cluster scope: librdkafka offering 1.5x quota over 3 brokers")
             results.append(librdkafka_offer(proxy.bootstrap, "accuracy-6", "limited", 1.5 * QUOTA, seconds, warmup_s,
                                             "librdkafka, scope: cluster"))

@@ -2,8 +2,8 @@
 
 A broker sets SO_RCVBUF to 100 KB on every client socket. With the OS's autotuned buffer (up
 to several MB on Linux) a client the proxy has muted for a throttle keeps writing requests
-into the kernel, and those then wait out throttle after throttle until librdkafka times them
-out and reconnects; bench/quota_accuracy.py shows the effect on the achieved rate.
+into the kernel, and each of them then waits out a throttle of its own;
+bench/quota_accuracy.py shows the effect on the achieved rate.
 """
 
 from __future__ import annotations
