@@ -29,7 +29,7 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add received bytes; return every frame completed by them, in order."""
         buffer = self._buffer
         buffer += data

@@ -17,11 +17,16 @@ from kqp.protocol.headers import read_uvarint
 from kqp.protocol.throttle_field import field_location, throttle_field_offset
 
 
-def may_carry_node_endpoints(api_key: int, api_version: int, frame: bytes, body_offset: int) -> bool:
-    """False when the response certainly has no NodeEndpoints; raises ProtocolError on bad bytes."""
+def may_carry_node_endpoints(
+    api_key: int, api_version: int, frame: bytes, body_offset: int, produce_throttle_offset: int | None = None
+) -> bool:
+    """False when the response certainly has no NodeEndpoints; raises ProtocolError on bad bytes.
+    `produce_throttle_offset`: where a Produce response's ThrottleTimeMs is, if already known."""
     if api_key == PRODUCE_KEY:
         # Produce v10+: [Responses] ThrottleTimeMs <tagged fields>; any top-level tag may be one.
-        offset = throttle_field_offset(frame, body_offset, api_key, api_version)
+        offset = produce_throttle_offset
+        if offset is None:
+            offset = throttle_field_offset(frame, body_offset, api_key, api_version)
         if offset is None:
             return True
         tag_count, _ = read_uvarint(frame, offset + 4)

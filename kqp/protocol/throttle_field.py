@@ -218,3 +218,8 @@ def patch_throttle_time(buf: bytearray, body_offset: int, api_key: int, api_vers
     offset = throttle_field_offset(buf, body_offset, api_key, api_version)
     if offset is not None:
         _INT32.pack_into(buf, offset, max(0, min(value, MAX_THROTTLE_MS)))
+
+
+def write_throttle_time(buf: bytearray, offset: int, value: int) -> None:
+    """Overwrite the ThrottleTimeMs found at `offset` (clamped to int32)."""
+    _INT32.pack_into(buf, offset, max(0, min(value, MAX_THROTTLE_MS)))

@@ -1,11 +1,12 @@
-"""One client connection and its upstream connection, with the Kafka framing in between.
+"""One client connection and its upstream connection: the sockets, flow control and timers.
 
-The client side and the upstream side are plain asyncio protocols (no streams: one less
-copy and no task per connection). Requests are read whole, tracked in order and forwarded;
-responses are matched to the oldest request in flight, rewritten where they carry broker
-addresses, and sent back. Reading from the client stops while any of these holds: the
-upstream is not connected yet, the upstream's write buffer is full (back-pressure), the
-connection is muted for a throttle (KIP-219), or the proxy is shutting down.
+The Kafka conversation itself (framing, request headers, requests in flight, matching
+responses, SASL, rewriting, cut-through) is `kqp.protocol.session.KafkaSession`, which does
+no IO; this module feeds it the bytes each side sends, calls the hooks on what comes out and
+writes the results. Both sides are plain asyncio protocols (no streams: one less copy and no
+task per connection). Reading from the client stops while any of these holds: the upstream
+is not connected yet, the upstream's write buffer is full (back-pressure), the connection is
+muted for a throttle (KIP-219), or the proxy is shutting down.
 
 With TLS termination the event loop completes the handshake before the connection is
 accepted here, and the certificate of an mTLS client names the connection's principal unless SASL (passed
@@ -18,43 +19,31 @@ import asyncio
 import logging
 import ssl
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import cast
 
-from kqp.protocol.address_rewrite import client_response
-from kqp.protocol.apis import (
-    API_VERSIONS_KEY,
-    DECODED_APIS,
-    FETCH_KEY,
-    SASL_AUTHENTICATE_KEY,
-    SASL_HANDSHAKE_KEY,
-)
-from kqp.protocol.codec import decode_body
-from kqp.protocol.correlation import expects_response
-from kqp.protocol.errors import CorrelationError, ProtocolDecodeError, ProtocolError, UnsupportedApiError
-from kqp.protocol.fetch_stream import FetchResponseStream, rewrite_fetch_tail
-from kqp.protocol.framing import FrameDecoder
-from kqp.protocol.headers import parse_request_header, response_body_offset, response_correlation_id
+from kqp.protocol.apis import SASL_AUTHENTICATE_KEY
+from kqp.protocol.errors import ProtocolError
 from kqp.protocol.sasl import ANONYMOUS, SaslObserver
+from kqp.protocol.session import (
+    KafkaSession,
+    Request,
+    Response,
+    StreamData,
+    StreamEnded,
+    StreamStarted,
+    TruncatedFrameError,
+)
 from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
 from kqp.proxy.hooks import ONE_AT_A_TIME_AFTER_THROTTLE_S, ClientView, Exchange, TrafficHooks
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.tls import CertificateParseError, ListenerTlsState, PrincipalMappingError
 from kqp.proxy.topics import TopicDirectory
 
-log = logging.getLogger(__name__)
+__all__ = ["ClientSide", "ConnectionServices", "ProxiedConnection", "TruncatedFrameError"]
 
-# Responses may legitimately be far larger than requests (fetch.max.bytes is per request,
-# and a broker returns at least one batch even if it is larger), so the upstream side only
-# guards against nonsense sizes.
-_MAX_RESPONSE_FRAME = 2**31 - 1
-# Fetch responses at least this large go to the client while they stream in (cut-through):
-# a consumer with one fetch in flight per broker does not wait for each response twice, and
-# the proxy holds no whole frame. The head must hold the response header and ThrottleTimeMs.
-CUT_THROUGH_MIN_BYTES = 64 * 1024
-_CUT_THROUGH_HEAD_BYTES = 64
+log = logging.getLogger(__name__)
 
 _CONNECTING = "connecting"
 _UPSTREAM_BACKLOG = "upstream-backlog"
@@ -64,28 +53,6 @@ _SHUTDOWN = "shutdown"
 
 def _size_prefix(frame: bytes | bytearray) -> bytes:
     return len(frame).to_bytes(4, "big")
-
-
-class TruncatedFrameError(ProtocolDecodeError):
-    """The peer went away in the middle of a frame."""
-
-
-class _CutThrough:
-    """A response being forwarded as it streams in."""
-
-    __slots__ = ("body_offset", "exchange", "frame_size", "mute_ms", "remaining", "stream", "tail")
-
-    def __init__(
-        self, exchange: Exchange, frame_size: int, remaining: int, body_offset: int, stream: FetchResponseStream,
-        tail: bytearray, mute_ms: int,
-    ) -> None:
-        self.exchange = exchange
-        self.frame_size = frame_size
-        self.remaining = remaining
-        self.body_offset = body_offset
-        self.stream = stream
-        self.tail = tail  # held back until the frame ends (FetchResponseStream)
-        self.mute_ms = mute_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +84,10 @@ class ProxiedConnection:
         self.upstream_address: tuple[str, int] | None = None
         self.peer = "?"
         self.peer_ip = "?"
-        self.sasl = SaslObserver()
+        self.session: KafkaSession[Exchange] = KafkaSession(
+            services.options.max_frame_bytes, services.directory.map_address, services.topics.learn_metadata,
+            may_stream=self._may_stream,
+        )
         # The mapped subject of an mTLS client certificate.
         self.tls_principal = ANONYMOUS
         # Whether the connection holds one of its IP's max_connections_per_ip slots.
@@ -127,11 +97,7 @@ class ProxiedConnection:
         self.opened_at = time.time()
         self.last_activity = self._loop.time()
         self.requests_seen = 0
-        self._client_frames = FrameDecoder(services.options.max_frame_bytes)
-        self._upstream_frames = FrameDecoder(_MAX_RESPONSE_FRAME)
-        self._cut_through: _CutThrough | None = None
-        self._pending: deque[bytes] = deque()
-        self._inflight: deque[Exchange] = deque()
+        self._stream_mute_ms = 0  # the mute due once the streaming response has passed
         self._client_blockers: set[str] = set()
         self._upstream_blockers: set[str] = set()
         self._muted_until = 0.0
@@ -147,8 +113,13 @@ class ProxiedConnection:
     # ---- lifecycle ------------------------------------------------------------------
 
     @property
+    def sasl(self) -> SaslObserver:
+        return self.session.sasl
+
+    @property
     def principal(self) -> str:
-        return self.sasl.principal if self.sasl.authenticated else self.tls_principal
+        sasl = self.session.sasl
+        return sasl.principal if sasl.authenticated else self.tls_principal
 
     def _refresh_view(self) -> None:
         self.view = replace(self.view, principal=self.principal, peer=self.peer)
@@ -159,7 +130,7 @@ class ProxiedConnection:
 
     @property
     def in_flight(self) -> int:
-        return len(self._inflight)
+        return self.session.in_flight
 
     def client_connected(self, transport: asyncio.Transport) -> None:
         """The client's connection is accepted (after its TLS handshake, if any); nothing is read until `start()`."""
@@ -252,7 +223,7 @@ class ProxiedConnection:
     async def drain(self) -> None:
         """Stop taking requests and wait for the ones in flight to be answered."""
         self._block_client(_SHUTDOWN)
-        self._pending.clear()
+        self.session.drop_queued_requests()
         await self._drained.wait()
 
     # ---- flow control ----------------------------------------------------------------
@@ -340,42 +311,39 @@ class ProxiedConnection:
 
     def client_data(self, data: bytes) -> None:
         now = self.last_activity = self._loop.time()
-        decoder = self._client_frames
+        session = self.session
         try:
-            frames = decoder.feed(data)
+            completed = session.client_bytes(data)
         except ProtocolError as exc:
             self.services.frame_rejected(self, "client", exc)
             self.close(f"bad frame from client: {exc}", problem=True)
             return
-        if not decoder.buffered_bytes:
+        if not session.client_bytes_buffered:
             self.frame_started_at = None
-        elif frames or self.frame_started_at is None:
+        elif completed or self.frame_started_at is None:
             self.frame_started_at = now
-        if frames:
-            self._pending.extend(frames)
+        if completed:
             self._process_pending()
 
     def _process_pending(self) -> None:
-        # Frames already read stay queued while the connection is blocked, so a muted
+        # Requests already read stay queued while the connection is blocked, so a muted
         # client gets nothing through even if it had pipelined requests.
-        while self._pending and not self._client_blockers and not self._closed:
-            if self._inflight and self._one_at_a_time_until > self._loop.time():
+        session = self.session
+        while session.requests_queued and not self._client_blockers and not self._closed:
+            if session.in_flight and self._one_at_a_time_until > self._loop.time():
                 return
-            if self._inflight and self._inflight[-1].local_response is not None:
-                # A local answer waits for the responses ahead of it, and its throttle must
-                # hold the requests behind it: read no more until it is sent (a broker reads
-                # nothing on a connection while a request of it is unanswered).
+            if session.local_answer_waiting:
+                # Its throttle must hold the requests behind it: read no more until it is sent.
                 return
-            frame = self._pending.popleft()
             try:
-                self._handle_request(frame)
+                self._handle_request(session.next_request())
             except ProtocolError as exc:
                 self.services.frame_rejected(self, "client", exc)
                 self.close(f"bad request from client: {exc}", problem=True)
                 return
 
     def client_lost(self, exc: Exception | None) -> None:
-        buffered = self._client_frames.buffered_bytes
+        buffered = self.session.client_bytes_buffered
         if buffered and not self._closed:
             error = TruncatedFrameError(f"client went away {buffered} bytes into a frame")
             self.services.frame_rejected(self, "client", error)
@@ -383,33 +351,20 @@ class ProxiedConnection:
         else:
             self.close("client disconnected" if exc is None else f"client connection lost: {exc}")
 
-    def _handle_request(self, frame: bytes) -> None:
-        header = parse_request_header(frame)
-        if not header.known and header.api_key in DECODED_APIS and header.api_key != API_VERSIONS_KEY:
-            # An API the proxy must read, in a version it cannot: never advertised, and the
-            # brokers (whose definitions these are) close the connection for it too.
-            raise UnsupportedApiError(
-                f"API {header.api_key} v{header.api_version} is outside the versions the proxy decodes "
-                f"(correlation id {header.correlation_id})"
-            )
-        body = memoryview(frame)[header.body_offset :]
-        api_key = header.api_key
+    def _handle_request(self, request: Request) -> None:
+        header = request.header
+        frame = request.frame
         exchange = Exchange(
             header=header,
             request_bytes=len(frame) + 4,
             received_at=self._loop.time(),
-            expects_response=expects_response(api_key, header.api_version, body),
+            expects_response=request.expects_response,
         )
         self.requests_seen += 1
-        if api_key == SASL_HANDSHAKE_KEY:
-            self.sasl.handshake(decode_body(api_key, header.api_version, body, is_request=True).mechanism)
-        elif api_key == SASL_AUTHENTICATE_KEY:
-            message = decode_body(api_key, header.api_version, body, is_request=True)
-            self.sasl.authenticate_request(bytes(message.auth_bytes))
         verdict = self._hooks.request(self.view, exchange, frame)
         if verdict is not None and verdict.answer is not None:
             exchange.local_response = verdict.answer
-            self._inflight.append(exchange)
+            self.session.answer_locally(request, exchange, verdict.answer)
             self._drained.clear()
             self._flush_local_answers()
         else:
@@ -418,8 +373,8 @@ class ProxiedConnection:
             assert upstream is not None  # requests are only processed once connected
             upstream.writelines((_size_prefix(out), out))
             exchange.sent_at = self._loop.time()
-            if exchange.expects_response:
-                self._inflight.append(exchange)
+            self.session.forwarded(request, exchange)
+            if request.expects_response:
                 self._drained.clear()
             else:
                 self._hooks.unanswered(self.view, exchange)
@@ -433,147 +388,85 @@ class ProxiedConnection:
         # A local answer leaves in its place among the forwarded responses, and its verdict
         # (throttle time, mute) applies exactly as for a forwarded one: requests pipelined
         # behind a throttled local answer wait out the mute, as on a broker (KIP-219).
-        client = self.client
-        while self._inflight and self._inflight[0].local_response is not None and client is not None:
-            exchange = self._inflight.popleft()
-            answer = exchange.local_response
-            assert answer is not None
-            exchange.response_received_at = self._loop.time()
-            header = exchange.header
-            body_offset = response_body_offset(answer, header.api_key, header.api_version)
-            verdict = self._hooks.response(self.view, exchange, answer, body_offset)
-            out = answer if verdict is None or verdict.frame is None else bytes(verdict.frame)
-            client.writelines((_size_prefix(out), out))
-            if verdict is not None and verdict.mute_ms:
-                self.mute(verdict.mute_ms)
-        if not self._inflight:
+        if self.client is not None:
+            for response in self.session.local_answers():
+                mute_ms = self._send_response(response)
+                if mute_ms:
+                    self.mute(mute_ms)
+        if not self.session.in_flight:
             self._drained.set()
 
     # ---- responses -------------------------------------------------------------------
 
+    def _may_stream(self, exchange: Exchange) -> bool:
+        return not self._hooks.needs_whole_response(self.view, exchange)
+
     def upstream_data(self, data: bytes) -> None:
         self.last_activity = self._loop.time()
         try:
-            while data and not self._closed:
-                if self._cut_through is not None:
-                    data = self._continue_cut_through(data)
-                    continue
-                frames = self._upstream_frames.feed(data)
-                data = b""
-                for frame in frames:
-                    self._handle_response(frame)
-                    if self._closed:
-                        return
-                self._start_cut_through()
+            for event in self.session.broker_bytes(data):
+                if isinstance(event, StreamData):
+                    self._write_client(event.data)
+                elif isinstance(event, Response):
+                    self._after_response(self._send_response(event))
+                elif isinstance(event, StreamStarted):
+                    self._stream_started(event)
+                else:
+                    self._stream_ended(event)
+                if self._closed:
+                    return
         except ProtocolError as exc:
             self.services.frame_rejected(self, "broker", exc)
             self.close(f"bad response from broker: {exc}", problem=True)
 
-    def _start_cut_through(self) -> None:
-        """Begin forwarding the incomplete frame now if it is a large Fetch response."""
-        size, received = self._upstream_frames.incomplete_frame()
-        if size < CUT_THROUGH_MIN_BYTES or received < _CUT_THROUGH_HEAD_BYTES or not self._inflight:
-            return
-        exchange = self._inflight[0]
-        header = exchange.header
-        if header.api_key != FETCH_KEY or not header.known or exchange.local_response is not None:
-            return  # a Fetch version newer than the definitions may lay its body out differently
-        if self._hooks.needs_whole_response(self.view, exchange):
-            return
-        head = bytearray(self._upstream_frames.detach_incomplete())
-        correlation_id = response_correlation_id(memoryview(head))
-        if correlation_id != header.correlation_id:
-            raise CorrelationError(
-                f"broker answered out of order: got correlation id {correlation_id}, "
-                f"expected {header.correlation_id}"
-            )
-        self._inflight.popleft()
+    def _write_client(self, data: memoryview | bytes) -> None:
+        if self.client is not None:
+            self.client.write(data)
+
+    def _send_response(self, response: Response[Exchange]) -> int:
+        """A whole response, forwarded or local: through the hooks, then to the client.
+        Returns how long to mute the client after it (ms)."""
+        exchange = response.context
         exchange.response_received_at = self._loop.time()
-        body_offset = response_body_offset(memoryview(head), FETCH_KEY, header.api_version)
-        verdict = self._hooks.response_started(self.view, exchange, head, body_offset, size)
-        stream = FetchResponseStream(header.api_version)
-        passed = body_offset + stream.feed(memoryview(head)[body_offset:])
-        client = self.client
-        if client is not None:
-            client.writelines((size.to_bytes(4, "big"), bytes(head[:passed])))
-        self._cut_through = _CutThrough(
-            exchange, size, size - len(head), body_offset, stream, head[passed:],
-            verdict.mute_ms if verdict is not None else 0,
-        )
-
-    def _continue_cut_through(self, data: bytes) -> bytes:
-        """Forward the streamed frame's next bytes; returns what follows the frame in `data`."""
-        cut = self._cut_through
-        assert cut is not None
-        view = memoryview(data)
-        part, rest = view[: cut.remaining], view[cut.remaining :]
-        cut.remaining -= len(part)
-        passed = 0 if cut.stream.in_tail else cut.stream.feed(part)
-        client = self.client
-        if passed and client is not None:
-            client.write(part[:passed])
-        if passed < len(part):
-            cut.tail += part[passed:]
-        if not cut.remaining:
-            self._finish_cut_through(cut)
-        return bytes(rest)
-
-    def _finish_cut_through(self, cut: _CutThrough) -> None:
-        self._cut_through = None
-        if not cut.stream.streams_whole and not cut.stream.in_tail:
-            raise ProtocolDecodeError("Fetch response ended inside its structure")
-        client = self.client
-        if cut.tail and client is not None:
-            tail = bytes(cut.tail)
-            rewritten_tail = rewrite_fetch_tail(tail, self.services.directory.map_address)
-            if rewritten_tail != tail:
-                self.services.node_endpoints_rewritten(cut.exchange.header.api_key)
-            client.write(rewritten_tail)
-        self._hooks.response_streamed(self.view, cut.exchange, cut.frame_size, cut.body_offset)
-        self._after_response(cut.mute_ms)
-
-    def _after_response(self, mute_ms: int) -> None:
-        self._flush_local_answers()
-        if not self._inflight:
-            self._drained.set()
-        if mute_ms:
-            self.mute(mute_ms)
-        if self._pending:
-            self._process_pending()
-
-    def _handle_response(self, frame: bytes) -> None:
-        correlation_id = response_correlation_id(frame)
-        if not self._inflight or self._inflight[0].local_response is not None:
-            raise CorrelationError(f"broker sent response {correlation_id} with no request in flight")
-        exchange = self._inflight[0]
-        if exchange.header.correlation_id != correlation_id:
-            raise CorrelationError(
-                f"broker answered out of order: got correlation id {correlation_id}, "
-                f"expected {exchange.header.correlation_id}"
-            )
-        self._inflight.popleft()
-        exchange.response_received_at = self._loop.time()
-        api_key = exchange.header.api_key
-        api_version = exchange.header.api_version
-        body_offset = response_body_offset(frame, api_key, api_version)
-        if api_key == SASL_AUTHENTICATE_KEY:
-            self.sasl.authenticate_response(int.from_bytes(frame[body_offset : body_offset + 2], "big", signed=True))
+        header = response.header
+        if response.endpoints_rewritten:
+            self.services.node_endpoints_rewritten(header.api_key)
+        if header.api_key == SASL_AUTHENTICATE_KEY and not response.local:
             self._refresh_view()
-        out, endpoints_rewritten = client_response(api_key, api_version, frame, body_offset,
-                                                   self.services.directory.map_address,
-                                                   self.services.topics.learn_metadata)
-        if endpoints_rewritten:
-            self.services.node_endpoints_rewritten(api_key)
-        mute_ms = 0
-        verdict = self._hooks.response(self.view, exchange, out, body_offset)
-        if verdict is not None:
-            if verdict.frame is not None:
-                out = bytes(verdict.frame)
-            mute_ms = verdict.mute_ms
+        exchange.response_throttle_offset = response.throttle_offset
+        out: bytes | bytearray = response.frame
+        verdict = self._hooks.response(self.view, exchange, response.frame, response.body_offset)
+        if verdict is not None and verdict.frame is not None:
+            out = verdict.frame
         client = self.client
         if client is not None:
             client.writelines((_size_prefix(out), out))
+        return verdict.mute_ms if verdict is not None else 0
+
+    def _stream_started(self, event: StreamStarted[Exchange]) -> None:
+        exchange = event.context
+        exchange.response_received_at = self._loop.time()
+        verdict = self._hooks.response_started(self.view, exchange, event.head, event.body_offset, event.frame_size)
+        self._stream_mute_ms = verdict.mute_ms if verdict is not None else 0
+        client = self.client
+        if client is not None:
+            client.writelines((event.frame_size.to_bytes(4, "big"), bytes(event.head[: event.passed])))
+
+    def _stream_ended(self, event: StreamEnded[Exchange]) -> None:
+        if event.tail:
+            self._write_client(event.tail)
+        if event.endpoints_rewritten:
+            self.services.node_endpoints_rewritten(event.header.api_key)
+        self._hooks.response_streamed(self.view, event.context, event.frame_size, event.body_offset)
+        mute_ms, self._stream_mute_ms = self._stream_mute_ms, 0
         self._after_response(mute_ms)
+
+    def _after_response(self, mute_ms: int) -> None:
+        self._flush_local_answers()
+        if mute_ms:
+            self.mute(mute_ms)
+        if self.session.requests_queued:
+            self._process_pending()
 
 
 class ClientSide(asyncio.Protocol):

@@ -28,7 +28,7 @@ from kqp.protocol.mutations import (
     request_without,
     throttled_response,
 )
-from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time
+from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time, write_throttle_time
 from kqp.proxy.hooks import (
     ONE_AT_A_TIME_AFTER_THROTTLE_S,
     ClientView,
@@ -274,14 +274,19 @@ class QuotaEnforcement(TrafficHooks):
             exchange.mutations = _mutation_notes(request, rejected)
         throttle = exchange_throttle(outcome, response_throttle, now)
         exchange.proxy_throttle_ms = throttle
-        broker_throttle = self._broker_throttle(exchange, out, body_offset)
+        # The session may have found ThrottleTimeMs already (Produce); that holds for `frame` only.
+        known_offset = exchange.response_throttle_offset if out is frame else None
+        broker_throttle = self._broker_throttle(exchange, out, body_offset, known_offset)
         if throttle <= 0:
             return ResponseVerdict(frame=out) if out is not frame else None
         self._note_throttle((client.principal, header.client_id or ""), throttle, self._now_ms())
         self._hold_every_connection(client, (client.principal, header.client_id or ""), throttle)
         if broker_throttle is not None and throttle > broker_throttle:
             patched = bytearray(out)
-            patch_throttle_time(patched, body_offset, api_key, header.api_version, throttle)
+            if known_offset is not None:
+                write_throttle_time(patched, known_offset, throttle)
+            else:
+                patch_throttle_time(patched, body_offset, api_key, header.api_version, throttle)
             out = patched
         return ResponseVerdict(frame=out, mute_ms=throttle)
 
@@ -319,10 +324,16 @@ class QuotaEnforcement(TrafficHooks):
         return charge_response(self.engine, self._client(client, exchange), charges, now)
 
     @staticmethod
-    def _broker_throttle(exchange: Exchange, frame: bytes | bytearray, body_offset: int) -> int | None:
+    def _broker_throttle(
+        exchange: Exchange, frame: bytes | bytearray, body_offset: int, known_offset: int | None = None
+    ) -> int | None:
         header = exchange.header
         try:
-            broker_throttle = read_throttle_time(frame, body_offset, header.api_key, header.api_version)
+            if known_offset is not None:
+                broker_throttle: int | None = int.from_bytes(frame[known_offset : known_offset + 4], "big",
+                                                              signed=True)
+            else:
+                broker_throttle = read_throttle_time(frame, body_offset, header.api_key, header.api_version)
         except ProtocolError:
             return None
         if broker_throttle:

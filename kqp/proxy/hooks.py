@@ -80,6 +80,9 @@ class Exchange:
     produce_partitions: list[dict[str, Any]] | None = None
     # A quota-admin request the proxy applies once the brokers have authorized it.
     quota_admin_request: Any = None
+    # Where ThrottleTimeMs sits in the response frame the hooks are given, when the session
+    # already found it (None: not known; read it from the frame's layout).
+    response_throttle_offset: int | None = None
 
 
 @dataclass(slots=True)

@@ -9,9 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY, METADATA_KEY, PRODUCE_KEY
-from kqp.protocol.correlation import CorrelationTracker, expects_response, produce_acks
+from kqp.protocol.correlation import expects_response, produce_acks
 from kqp.protocol.errors import (
-    CorrelationError,
     FrameTooLargeError,
     ProtocolDecodeError,
 )
@@ -115,15 +114,3 @@ def test_produce_acks_zero_expects_no_response(version: int, transactional_id: s
         body = _produce_body(version, acks, transactional_id)
         assert produce_acks(body, version) == acks
         assert expects_response(PRODUCE_KEY, version, body) is (acks != 0)
-
-
-def test_responses_must_come_in_request_order() -> None:
-    tracker: CorrelationTracker[str] = CorrelationTracker()
-    tracker.add(1, METADATA_KEY, 12, "first")
-    tracker.add(2, METADATA_KEY, 12, "second")
-    with pytest.raises(CorrelationError, match="expected 1"):
-        tracker.match(2)
-    assert tracker.match(1).context == "first"
-    assert tracker.match(2).context == "second"
-    with pytest.raises(CorrelationError, match="nothing in flight"):
-        tracker.match(3)

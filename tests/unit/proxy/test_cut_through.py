@@ -13,8 +13,8 @@ from kafka.record import MemoryRecordsBuilder
 
 from kqp.protocol.apis import FETCH_KEY
 from kqp.protocol.headers import encode_request_header, response_body_offset, response_correlation_id
+from kqp.protocol.session import CUT_THROUGH_MIN_BYTES
 from kqp.protocol.throttle_field import patch_throttle_time
-from kqp.proxy.connection import CUT_THROUGH_MIN_BYTES
 from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks
 from kqp.proxy.server import ProxyServer
 from tests.unit.proxy.fake_broker import FakeBroker, RawClient

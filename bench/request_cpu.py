@@ -1,0 +1,167 @@
+"""CPU the proxy spends on one request and its response, without sockets or a broker.
+
+    .venv/bin/python bench/request_cpu.py [--requests 20000] [--rounds 5] [--profile]
+
+A `ProxiedConnection` with the hooks `kqp serve` installs (quota admin, enforcement with a
+`<default>` client-id quota, metrics, observation; capture off) is fed small Produce
+requests and their responses through stand-in transports, pipelined as a busy producer
+pipelines them. Prints microseconds of process CPU per request+response pair (best round),
+for the whole path and for the connection alone (no hooks), so the hooks' share is visible.
+This is the Python work of the hop; the syscalls and the event loop come on top of it
+(bench/proxy_throughput.py measures those, end to end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import pstats
+import socket
+import time
+from typing import Any
+
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kafka.record import MemoryRecordsBuilder
+
+from kqp.protocol.apis import PRODUCE_KEY
+from kqp.protocol.headers import encode_request_header
+from kqp.proxy.cluster import ClusterDirectory, Listener
+from kqp.proxy.connection import ConnectionServices, ProxiedConnection
+from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
+from kqp.proxy.hooks import HookChain, TrafficHooks
+from kqp.proxy.metrics import ProxyMetrics
+from kqp.proxy.observation import ObservationHooks
+from kqp.proxy.options import ProxyOptions
+from kqp.proxy.quota_admin import QuotaAdminHooks
+from kqp.proxy.topics import TopicDirectory
+from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
+
+PRODUCE_VERSION = 11  # what Kafka 4.3's Java producer sends by name
+PIPELINE = 5  # max.in.flight.requests.per.connection
+
+
+class NullTransport:
+    """Takes what a connection writes and drops it."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def writelines(self, parts: Any) -> None:
+        for part in parts:
+            self.written += len(part)
+
+    def write(self, data: Any) -> None:
+        self.written += len(data)
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def set_write_buffer_limits(self, high: int) -> None: ...
+    def close(self) -> None: ...
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else None
+
+
+def produce_frame(correlation_id: int, record_bytes: int, records: int) -> bytes:
+    builder = MemoryRecordsBuilder(2, 0, batch_size=1 << 20)
+    for index in range(records):
+        builder.append(1_700_000_000_000 + index, None, b"x" * record_bytes, [])
+    builder.close()
+    topic_cls = ProduceRequest.TopicProduceData
+    body = ProduceRequest[PRODUCE_VERSION](transactional_id=None, acks=-1, timeout_ms=30_000, topic_data=[
+        topic_cls(name="bench", partition_data=[
+            topic_cls.PartitionProduceData(index=0, records=bytes(builder.buffer()))])]).encode()
+    return encode_request_header(PRODUCE_KEY, PRODUCE_VERSION, correlation_id, "perf-producer") + bytes(body)
+
+
+def produce_response_frame(correlation_id: int) -> bytes:
+    topic_cls = ProduceResponse.TopicProduceResponse
+    body = ProduceResponse[PRODUCE_VERSION](throttle_time_ms=0, responses=[
+        topic_cls(name="bench", partition_responses=[topic_cls.PartitionProduceResponse(
+            index=0, error_code=0, base_offset=1, log_append_time_ms=-1, log_start_offset=0,
+            record_errors=[], error_message=None)])]).encode()
+    return correlation_id.to_bytes(4, "big") + b"\x00" + bytes(body)  # header v1: no tagged fields
+
+
+def sized(frame: bytes) -> bytes:
+    return len(frame).to_bytes(4, "big") + frame
+
+
+def kqp_serve_hooks(topics: TopicDirectory) -> TrafficHooks:
+    entry = QuotaEntry(QuotaEntity(client_id="<default>"), {"producer_byte_rate": 10 * 2**30})
+    engine = QuotaEngine(QuotaSettings(entries=(entry,)))
+    metrics = ProxyMetrics(top_n_client_ids=100)
+    metrics.set_quota_stats_source(engine.snapshot)
+    loop = asyncio.get_running_loop()
+    return HookChain([
+        QuotaAdminHooks(lambda: engine.settings, lambda _settings: None),
+        QuotaEnforcement(engine, EnforcementSettings(), lambda: time.monotonic() * 1000.0, topics),
+        ObservationHooks(metrics, None, clock=loop.time, topics=topics),
+    ])
+
+
+def connection(hooks: TrafficHooks) -> ProxiedConnection:
+    options = ProxyOptions(upstream_bootstrap=(("127.0.0.1", 9092),))
+    directory = ClusterDirectory(options, lambda _listener, _sock: None)
+    services = ConnectionServices(
+        asyncio.get_running_loop(), options, directory, TopicDirectory(), hooks, None, lambda: None,
+        lambda _c, _r: None, lambda _c, _r, _e: None, lambda _k: None,
+    )
+    proxied = ProxiedConnection(services, Listener(1, 0), 1)
+    proxied.client_connected(NullTransport())  # type: ignore[arg-type]
+    proxied.upstream_connected(NullTransport())  # type: ignore[arg-type]
+    proxied._unblock_client("connecting")  # as _connect_upstream does once connected
+    return proxied
+
+
+def run_round(proxied: ProxiedConnection, requests: list[bytes], responses: list[bytes]) -> float:
+    """Seconds of process CPU per request+response pair, PIPELINE requests in flight."""
+    gc.collect()
+    gc.disable()
+    start = time.process_time()
+    for index in range(0, len(requests), PIPELINE):
+        for request in requests[index : index + PIPELINE]:
+            proxied.client_data(request)
+        for response in responses[index : index + PIPELINE]:
+            proxied.upstream_data(response)
+    elapsed = time.process_time() - start
+    gc.enable()
+    if proxied.closed or proxied.in_flight:
+        raise RuntimeError("the connection did not answer every request")
+    return elapsed / len(requests)
+
+
+async def measure(count: int, rounds: int, record_bytes: int, records: int, profile: bool) -> None:
+    requests = [sized(produce_frame(i, record_bytes, records)) for i in range(count)]
+    responses = [sized(produce_response_frame(i)) for i in range(count)]
+    print(f"{count} Produce v{PRODUCE_VERSION} requests of {len(requests[0])} bytes "
+          f"({records} records of {record_bytes} bytes in one batch), {PIPELINE} in flight")
+    for name, hooks in (("connection alone", TrafficHooks()), ("kqp serve hooks", kqp_serve_hooks(TopicDirectory()))):
+        proxied = connection(hooks)
+        run_round(proxied, requests[:1000], responses[:1000])  # warm caches and sensors
+        best = min(run_round(proxied, requests, responses) for _ in range(rounds))
+        print(f"  {name:18s} {best * 1e6:7.1f} µs per request+response (best of {rounds})")
+        if profile and name == "kqp serve hooks":
+            profiler = cProfile.Profile()
+            profiler.enable()
+            run_round(proxied, requests, responses)
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--record-bytes", type=int, default=100)
+    parser.add_argument("--records", type=int, default=1, help="records per request (one batch)")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of one round with the hooks")
+    args = parser.parse_args()
+    socket.setdefaulttimeout(None)
+    asyncio.run(measure(args.requests, args.rounds, args.record_bytes, args.records, args.profile))
+
+
+if __name__ == "__main__":
+    main()
