@@ -32,32 +32,40 @@ class FrameDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add received bytes; return every frame completed by them, in order."""
         buffer = self._buffer
-        buffer += data
+        # Read straight from `data` when nothing is buffered (the usual case: whole frames per
+        # read), so each frame is copied once, not appended to the buffer and copied out.
+        if buffer:
+            buffer += data
+            source: bytes | bytearray | memoryview = buffer
+        else:
+            source = data
         frames: list[bytes] = []
         start = 0
-        end = len(buffer)
-        while True:
-            if self._needed < 0:
-                if end - start < SIZE_PREFIX:
+        end = len(source)
+        with memoryview(source) as view:
+            while True:
+                if self._needed < 0:
+                    if end - start < SIZE_PREFIX:
+                        break
+                    size = int.from_bytes(view[start : start + SIZE_PREFIX], "big", signed=True)
+                    if size < 0:
+                        raise ProtocolDecodeError(f"negative frame size {size}")
+                    if size > self._max_frame_bytes:
+                        raise FrameTooLargeError(
+                            f"frame of {size} bytes exceeds the limit of {self._max_frame_bytes} bytes"
+                        )
+                    self._needed = size
+                    start += SIZE_PREFIX
+                if end - start < self._needed:
                     break
-                size = int.from_bytes(buffer[start : start + SIZE_PREFIX], "big", signed=True)
-                if size < 0:
-                    raise ProtocolDecodeError(f"negative frame size {size}")
-                if size > self._max_frame_bytes:
-                    raise FrameTooLargeError(
-                        f"frame of {size} bytes exceeds the limit of {self._max_frame_bytes} bytes"
-                    )
-                self._needed = size
-                start += SIZE_PREFIX
-            if end - start < self._needed:
-                break
-            frames.append(bytes(buffer[start : start + self._needed]))
-            start += self._needed
-            self._needed = -1
-        if start:
+                frames.append(bytes(view[start : start + self._needed]))
+                start += self._needed
+                self._needed = -1
+            if source is not buffer and start < end:
+                buffer += view[start:end]
+        if source is buffer and start:
             del buffer[:start]
         return frames
-
 
     def incomplete_frame(self) -> tuple[int, int]:
         """(size, bytes received) of the frame being assembled; (-1, 0) before its size is known."""

@@ -23,7 +23,7 @@ from kqp.protocol.headers import (
 )
 
 
-@given(st.lists(st.binary(max_size=300), max_size=8), st.integers(min_value=1, max_value=64))
+@given(st.lists(st.binary(max_size=300), max_size=8), st.integers(min_value=1, max_value=700))
 def test_frames_survive_any_split_of_the_stream(payloads: list[bytes], chunk: int) -> None:
     stream = b"".join(frame(p) for p in payloads)
     decoder = FrameDecoder()
