@@ -1,21 +1,67 @@
 """Every error code in a response, for the metrics (Kafka's ErrorsPerSec counts each one).
 
-A full decode through the codec costs hundreds of microseconds for a small response, and
-most small responses repeat byte for byte (a Heartbeat's "no error", a cluster's ApiVersions
-answer, an OffsetCommit of the same partitions): bodies up to `MEMO_MAX_BODY_BYTES` are
-memoized, so a repeated response costs a hash and a dict lookup. Larger ones (Metadata,
-OffsetFetch of many partitions) still get the full decode; Produce/Fetch never come here.
+The body is not decoded: for each (API, version) a walker compiled once from Kafka's JSON
+definitions (kqp.protocol.schema_walk) skips every field by its wire layout and reads only
+the int16 fields named ErrorCode, at any depth. The codes come out in the order the full
+decode's dict form gives them (`decoded_error_codes`, kept as the reference the tests hold
+the scan to): a struct's own code first, then those nested in it, depth first.
+
+Most small responses repeat byte for byte (a Heartbeat's "no error", a cluster's
+ApiVersions answer, an OffsetCommit of the same partitions): bodies up to
+`MEMO_MAX_BODY_BYTES` are memoized, so a repeated one costs a hash and a dict lookup,
+less than walking it. Produce/Fetch never come here.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
+from kqp.protocol.apis import API_SPECS
 from kqp.protocol.codec import decode_body
+from kqp.protocol.errors import ProtocolDecodeError, UnsupportedApiError
+from kqp.protocol.schema_walk import SHORT_READ, Step, response_layout_version, struct_step
 
 MEMO_MAX_BODY_BYTES = 2048
 _MEMO_ENTRIES = 1024
+
+
+@cache
+def error_code_walker(api_key: int, api_version: int) -> Step:
+    """The compiled walk of a response body of this version (raises UnsupportedApiError)."""
+    spec = API_SPECS.get(api_key)
+    if spec is None:
+        raise UnsupportedApiError(f"unknown API key {api_key}")
+    if not spec.supports(api_version):
+        raise UnsupportedApiError(
+            f"{spec.name} v{api_version} is outside the known range {spec.min_version}-{spec.max_version}")
+    fields = spec.response_class.json["fields"]
+    return struct_step(fields, api_version, spec.is_flexible(api_version), collect=True)
+
+
+def scan_error_codes(api_key: int, api_version: int, body: bytes | memoryview) -> tuple[int, ...]:
+    """The non-zero error codes of a response body, walked without decoding (raises ProtocolError)."""
+    walker = error_code_walker(api_key, response_layout_version(api_key, api_version, body, 0))
+    found: list[int] = []
+    try:
+        end = walker if isinstance(walker, int) else walker(body, 0, found)
+    except SHORT_READ as exc:
+        raise ProtocolDecodeError(f"truncated {API_SPECS[api_key].name} v{api_version} response: {exc!r}") from exc
+    # Fixed-size fields are skipped without reading them: a cut inside the last ones shows here.
+    if end > len(body):
+        raise ProtocolDecodeError(
+            f"{API_SPECS[api_key].name} v{api_version} response needs {end} bytes, has {len(body)}")
+    return tuple(found)
+
+
+_memoized_error_codes = lru_cache(maxsize=_MEMO_ENTRIES)(scan_error_codes)
+
+
+def response_error_codes(api_key: int, api_version: int, body: bytes | memoryview) -> tuple[int, ...]:
+    """The non-zero error codes of a response body, top level first (raises ProtocolError)."""
+    if len(body) <= MEMO_MAX_BODY_BYTES:
+        return _memoized_error_codes(api_key, api_version, bytes(body))
+    return scan_error_codes(api_key, api_version, body)
 
 
 def collect_error_codes(value: Any, found: list[int]) -> None:
@@ -32,17 +78,9 @@ def collect_error_codes(value: Any, found: list[int]) -> None:
             collect_error_codes(item, found)
 
 
-def _decoded_error_codes(api_key: int, api_version: int, body: bytes | memoryview) -> tuple[int, ...]:
+def decoded_error_codes(api_key: int, api_version: int, body: bytes | memoryview) -> tuple[int, ...]:
+    """The same codes read through a full decode: the reference for tests and bench/error_codes.py,
+    tens of times slower than the scan, never called by the proxy."""
     found: list[int] = []
     collect_error_codes(decode_body(api_key, api_version, body, is_request=False).to_dict(), found)
     return tuple(found)
-
-
-_memoized_error_codes = lru_cache(maxsize=_MEMO_ENTRIES)(_decoded_error_codes)
-
-
-def response_error_codes(api_key: int, api_version: int, body: bytes | memoryview) -> tuple[int, ...]:
-    """The non-zero error codes of a response body, top level first (raises ProtocolError)."""
-    if len(body) <= MEMO_MAX_BODY_BYTES:
-        return _memoized_error_codes(api_key, api_version, bytes(body))
-    return _decoded_error_codes(api_key, api_version, body)

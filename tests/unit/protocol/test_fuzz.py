@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from kqp.protocol.apis import API_SPECS, FETCH_KEY, PRODUCE_KEY
 from kqp.protocol.codec import decode_body
+from kqp.protocol.error_codes import scan_error_codes
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.fast_path import parse_fetch_request, parse_fetch_response, parse_produce_request
 from kqp.protocol.framing import FrameDecoder, frame
@@ -146,6 +147,7 @@ def test_throttle_field_and_codec_on_responses(data: st.DataObject, seed: int) -
     base = data.draw(body_strategy(*pair, is_request=False))
     for body in inputs(base, seed):
         only_protocol_errors(_throttle_round(pair), body)
+        only_protocol_errors(lambda raw: scan_error_codes(*pair, raw), body)
         only_protocol_errors(lambda raw: decode_body(*pair, raw, is_request=False), body)
 
 
@@ -165,4 +167,5 @@ def test_random_bytes_everywhere(raw: bytes, pair: tuple[int, int]) -> None:
     only_protocol_errors(lambda data: parse_fetch_response(data, pair[1] % 19), raw)
     only_protocol_errors(lambda data: parse_fetch_request(data, pair[1] % 19), raw)
     only_protocol_errors(_throttle_round(pair), raw)
+    only_protocol_errors(lambda data: scan_error_codes(*pair, data), raw)
     only_protocol_errors(lambda data: decode_body(*pair, data, is_request=False), raw)
