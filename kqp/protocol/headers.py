@@ -10,7 +10,8 @@ fields, except for ApiVersions, which always answers with v0.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from functools import cache
+from typing import NamedTuple
 
 from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY
 from kqp.protocol.errors import ProtocolDecodeError
@@ -61,8 +62,10 @@ def skip_tagged_fields(data: bytes | bytearray | memoryview, offset: int) -> int
     return offset
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHeader:
+class RequestHeader(NamedTuple):
+    """A request header as read (a named tuple: built for every request, and a frozen
+    dataclass costs several times as much to build)."""
+
     api_key: int
     api_version: int
     correlation_id: int
@@ -88,6 +91,33 @@ def request_is_flexible(api_key: int, api_version: int) -> bool | None:
     return None
 
 
+@cache
+def _header_layout(api_key: int, api_version: int) -> tuple[bool, bool]:
+    """(whether the definitions describe this version, whether its header has tagged fields
+    the proxy reads past)."""
+    spec = API_SPECS.get(api_key)
+    known = spec is not None and spec.supports(api_version)
+    flexible = request_is_flexible(api_key, api_version)
+    return known, bool(flexible and (known or api_key == API_VERSIONS_KEY))
+
+
+# Client ids repeat on every request of a connection; decoding each anew costs more than the
+# rest of the header. Bounded, so a client inventing ids cannot grow it without limit.
+_CLIENT_ID_MEMO_ENTRIES = 4096
+_client_ids: dict[bytes, str] = {}
+
+
+def _client_id(raw: bytes) -> str:
+    client_id = _client_ids.get(raw)
+    if client_id is None:
+        # A broker decodes the client id leniently too; it is only a label here.
+        client_id = raw.decode("utf-8", errors="replace")
+        if len(_client_ids) >= _CLIENT_ID_MEMO_ENTRIES:
+            _client_ids.clear()
+        _client_ids[raw] = client_id
+    return client_id
+
+
 def parse_request_header(frame: bytes | memoryview) -> RequestHeader:
     """Parse the header of a request frame (size prefix already removed).
 
@@ -104,15 +134,12 @@ def parse_request_header(frame: bytes | memoryview) -> RequestHeader:
         end = offset + client_id_length
         if end > len(frame):
             raise ProtocolDecodeError("client id runs past the end of the frame")
-        # A broker decodes the client id leniently too; it is only a label here.
-        client_id = bytes(frame[offset:end]).decode("utf-8", errors="replace")
+        client_id = _client_id(bytes(frame[offset:end]))
         offset = end
     elif client_id_length != -1:
         raise ProtocolDecodeError(f"invalid client id length {client_id_length}")
-    spec = API_SPECS.get(api_key)
-    known = spec is not None and spec.supports(api_version)
-    flexible = request_is_flexible(api_key, api_version)
-    if flexible and (known or api_key == API_VERSIONS_KEY):
+    known, has_tags = _header_layout(api_key, api_version)
+    if has_tags:
         offset = skip_tagged_fields(frame, offset)
     return RequestHeader(api_key, api_version, correlation_id, client_id, offset, known)
 
