@@ -42,6 +42,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.connections_load import run_probe
+from bench.soak import ConfiguredProxy
 from harness import perf_tools
 from harness.local_kafka import REPO, KafkaCluster
 from harness.proxy_process import ProxyProcess
@@ -212,12 +213,15 @@ def _machine() -> str:
 
 
 def report(workloads: list[Workload], results: list[Measurement], latency: list[LatencyMeasurement],
-           nodes: int, partitions: int, load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:
+           nodes: int, partitions: int, load_before: tuple[float, ...], load_after: tuple[float, ...],
+           proxy_config: Path | None = None) -> str:
+    config = "defaults" if proxy_config is None else f"`{proxy_config}`: {proxy_config.read_text().strip()!r}"
     lines = [
         "## Proxy throughput and latency", "",
         f"Machine: {_machine()}. Load average before/after: "
         f"{'/'.join(f'{x:.1f}' for x in load_before)} and {'/'.join(f'{x:.1f}' for x in load_after)}.",
-        f"Cluster: {nodes} Kafka 4.3.1 node(s) on loopback, topics with {partitions} partitions, acks=all.", "",
+        f"Cluster: {nodes} Kafka 4.3.1 node(s) on loopback, topics with {partitions} partitions, acks=all.",
+        f"Proxy configuration: {config}.", "",
         "### Producer (ProducerPerformance, max throughput)", "",
         "| workload | path | round | records/s | MB/s | avg ms | p99 ms | proxy CPU s/GB | proxy CPU s/100k req |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
@@ -279,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unbatched-records", type=int, default=300_000, help="100-byte records per run")
     parser.add_argument("--half-rate-seconds", type=float, default=10.0, help="length of the half-rate runs")
     parser.add_argument("--output", type=Path, default=REPO / "out" / "proxy_throughput.md")
+    parser.add_argument("--proxy-config", type=Path, default=None,
+                        help="a kqp config file for the proxy (e.g. to try proxy.socket_receive_buffer_bytes: -1)")
     args = parser.parse_args(argv)
 
     workloads = [
@@ -293,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     with KafkaCluster(nodes=args.nodes, relay_listener=True) as cluster:
         proxy_log = args.output.parent / "proxy_throughput-proxy.log"
         relay = BareRelay(cluster)
-        with ProxyProcess(cluster.bootstrap, proxy_log) as proxy:
+        with (ProxyProcess(cluster.bootstrap, proxy_log) if args.proxy_config is None
+              else ConfiguredProxy(cluster.bootstrap, proxy_log, args.proxy_config)) as proxy:
             progress(f"proxy on {proxy.bootstrap} (pid {proxy.pid}), relay on {relay.bootstrap}, "
                      f"broker on {cluster.bootstrap}")
             bench = Bench(cluster, proxy, relay, args.partitions)
@@ -321,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             exit_code = proxy.stop()
             relay.stop()
             progress(f"proxy exited with {exit_code}")
-    text = report(workloads, results, latency, args.nodes, args.partitions, load_before, os.getloadavg())
+    text = report(workloads, results, latency, args.nodes, args.partitions, load_before, os.getloadavg(),
+                  args.proxy_config)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
     print(text)
