@@ -21,6 +21,7 @@ from kafka.protocol.api_message import ApiMessage, ApiMessageData
 from kafka.protocol.schemas import BaseField
 
 from kqp.protocol.api_keys import ApiKey
+from kqp.protocol.errors import UnsupportedApiError
 from kqp.protocol.tagged_fields import keep_unknown_tags
 
 # The names the protocol code uses; the values are kqp.protocol.api_keys.ApiKey's.
@@ -162,6 +163,17 @@ def _build_catalogue() -> dict[int, ApiSpec]:
 
 
 API_SPECS: dict[int, ApiSpec] = _build_catalogue()
+
+
+def supported_spec(api_key: int, api_version: int) -> ApiSpec:
+    """The definition of an API whose version the definitions describe (raises UnsupportedApiError)."""
+    spec = API_SPECS.get(api_key)
+    if spec is None:
+        raise UnsupportedApiError(f"unknown API key {api_key}")
+    if not spec.supports(api_version):
+        raise UnsupportedApiError(
+            f"{spec.name} v{api_version} is outside the known range {spec.min_version}-{spec.max_version}")
+    return spec
 
 
 def can_decode(api_key: int, api_version: int) -> bool:

@@ -11,17 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kqp.protocol.apis import API_SPECS
-from kqp.protocol.errors import ProtocolDecodeError, UnsupportedApiError
+from kqp.protocol.apis import API_SPECS, supported_spec
+from kqp.protocol.errors import ProtocolDecodeError
 
 
 def _message_class(api_key: int, api_version: int, is_request: bool) -> Any:
-    spec = API_SPECS.get(api_key)
-    if spec is None:
-        raise UnsupportedApiError(f"unknown API key {api_key}")
-    if not spec.supports(api_version):
-        raise UnsupportedApiError(
-            f"{spec.name} v{api_version} is outside the known range {spec.min_version}-{spec.max_version}")
+    spec = supported_spec(api_key, api_version)
     return spec.request_class if is_request else spec.response_class
 
 

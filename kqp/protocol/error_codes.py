@@ -17,9 +17,9 @@ from __future__ import annotations
 from functools import cache, lru_cache
 from typing import Any
 
-from kqp.protocol.apis import API_SPECS
+from kqp.protocol.apis import API_SPECS, supported_spec
 from kqp.protocol.codec import decode_body
-from kqp.protocol.errors import ProtocolDecodeError, UnsupportedApiError
+from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.schema_walk import SHORT_READ, Step, response_layout_version, struct_step
 
 MEMO_MAX_BODY_BYTES = 2048
@@ -29,12 +29,7 @@ _MEMO_ENTRIES = 1024
 @cache
 def error_code_walker(api_key: int, api_version: int) -> Step:
     """The compiled walk of a response body of this version (raises UnsupportedApiError)."""
-    spec = API_SPECS.get(api_key)
-    if spec is None:
-        raise UnsupportedApiError(f"unknown API key {api_key}")
-    if not spec.supports(api_version):
-        raise UnsupportedApiError(
-            f"{spec.name} v{api_version} is outside the known range {spec.min_version}-{spec.max_version}")
+    spec = supported_spec(api_key, api_version)
     fields = spec.response_class.json["fields"]
     return struct_step(fields, api_version, spec.is_flexible(api_version), collect=True)
 
