@@ -190,6 +190,7 @@ class HookChain(TrafficHooks):
             if verdict.frame is not None:
                 frame = bytes(verdict.frame)
                 combined.frame = frame
+                exchange.response_throttle_offset = None  # it described the frame replaced
             combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
         return combined
 
