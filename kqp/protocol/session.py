@@ -234,10 +234,6 @@ class KafkaSession(Generic[C]):
 
     # ---- the broker's side -----------------------------------------------------------
 
-    @property
-    def broker_bytes_buffered(self) -> int:
-        return self._broker_frames.buffered_bytes
-
     def broker_bytes(self, data: bytes) -> Iterator[BrokerEvent[C]]:
         """Take bytes from the broker; yields what goes to the client, in order. Raises
         ProtocolError (at the event it happens) on a bad or out-of-order response."""
