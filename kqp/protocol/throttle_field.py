@@ -87,10 +87,7 @@ def throttle_field_offset(frame: Buffer, body_offset: int, api_key: int, api_ver
 def read_throttle_time(frame: Buffer, body_offset: int, api_key: int, api_version: int) -> int | None:
     """ThrottleTimeMs of a response frame (without its size prefix); None if it has none."""
     offset = throttle_field_offset(frame, body_offset, api_key, api_version)
-    if offset is None:
-        return None
-    value: int = _INT32.unpack_from(frame, offset)[0]
-    return value
+    return None if offset is None else read_throttle_time_at(frame, offset)
 
 
 def patch_throttle_time(buf: bytearray, body_offset: int, api_key: int, api_version: int, value: int) -> None:
@@ -98,6 +95,12 @@ def patch_throttle_time(buf: bytearray, body_offset: int, api_key: int, api_vers
     offset = throttle_field_offset(buf, body_offset, api_key, api_version)
     if offset is not None:
         _INT32.pack_into(buf, offset, max(0, min(value, MAX_THROTTLE_MS)))
+
+
+def read_throttle_time_at(frame: Buffer, offset: int) -> int:
+    """The ThrottleTimeMs found at `offset` (by throttle_field_offset)."""
+    value: int = _INT32.unpack_from(frame, offset)[0]
+    return value
 
 
 def write_throttle_time(buf: bytearray, offset: int, value: int) -> None:

@@ -28,7 +28,12 @@ from kqp.protocol.mutations import (
     request_without,
     throttled_response,
 )
-from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time, write_throttle_time
+from kqp.protocol.throttle_field import (
+    patch_throttle_time,
+    read_throttle_time,
+    read_throttle_time_at,
+    write_throttle_time,
+)
 from kqp.proxy.hooks import (
     ONE_AT_A_TIME_AFTER_THROTTLE_S,
     ClientView,
@@ -330,8 +335,7 @@ class QuotaEnforcement(TrafficHooks):
         header = exchange.header
         try:
             if known_offset is not None:
-                broker_throttle: int | None = int.from_bytes(frame[known_offset : known_offset + 4], "big",
-                                                              signed=True)
+                broker_throttle: int | None = read_throttle_time_at(frame, known_offset)
             else:
                 broker_throttle = read_throttle_time(frame, body_offset, header.api_key, header.api_version)
         except ProtocolError:

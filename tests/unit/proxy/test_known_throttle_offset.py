@@ -46,8 +46,9 @@ class GrowsTheResponse(TrafficHooks):
         return ResponseVerdict(frame=produce_response(4))
 
 
-def test_the_offset_the_session_found_is_where_the_throttle_is_written() -> None:
-    hooks = enforcement()
+def respond_through(hooks: TrafficHooks) -> tuple[Exchange, bytes]:
+    """A Produce request and its 2-partition response through `hooks`, with the offset the
+    session would have found in that response; returns the exchange and what the client gets."""
     exchange, request = exchange_and_frame()
     hooks.request(CLIENT, exchange, request)
     answer = produce_response(2)
@@ -55,19 +56,16 @@ def test_the_offset_the_session_found_is_where_the_throttle_is_written() -> None
     exchange.response_throttle_offset = throttle_field_offset(answer, body_offset, PRODUCE_KEY, VERSION)
     verdict = hooks.response(CLIENT, exchange, answer, body_offset)
     assert verdict is not None and verdict.frame is not None
-    assert throttle_of(bytes(verdict.frame)) == exchange.proxy_throttle_ms > 0
+    return exchange, bytes(verdict.frame)
+
+
+def test_the_offset_the_session_found_is_where_the_throttle_is_written() -> None:
+    exchange, out = respond_through(enforcement())
+    assert throttle_of(out) == exchange.proxy_throttle_ms > 0
 
 
 def test_an_offset_that_described_a_replaced_frame_is_not_used() -> None:
-    chain = HookChain([GrowsTheResponse(), enforcement()])
-    exchange, request = exchange_and_frame()
-    chain.request(CLIENT, exchange, request)
-    answer = produce_response(2)
-    body_offset = response_body_offset(answer, PRODUCE_KEY, VERSION)
-    exchange.response_throttle_offset = throttle_field_offset(answer, body_offset, PRODUCE_KEY, VERSION)
-    verdict = chain.response(CLIENT, exchange, answer, body_offset)
-    assert verdict is not None and verdict.frame is not None
-    out = bytes(verdict.frame)
+    exchange, out = respond_through(HookChain([GrowsTheResponse(), enforcement()]))
     # Written where the replaced frame has it: the frame still decodes, with the throttle in it.
     assert throttle_of(out) == exchange.proxy_throttle_ms > 0
     assert len(out) == len(produce_response(4))
