@@ -11,7 +11,7 @@ client-ids cannot grow the cache without bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -25,6 +25,7 @@ from kqp.quotas.callbacks import (
     EntityResolvingCallback,
     load_callback,
 )
+from kqp.quotas.fleet import UsageDelta
 from kqp.quotas.settings import (
     DEFAULT_ENTITY,
     QUOTA_TYPES,
@@ -149,7 +150,9 @@ class _SensorIdentity:
 class RateSensor(WindowedRate):
     """A quota sensor metered by a Rate: what the client's requests are recorded into."""
 
-    __slots__ = ("expired", "identity", "last_record_ms", "throttle_count", "throttle_ms_total")
+    __slots__ = (
+        "expired", "identity", "last_record_ms", "throttle_count", "throttle_ms_total", "unshared", "unshared_listed",
+    )
 
     def __init__(self, samples: int, window_ms: int, bound: float, now_ms: int, identity: _SensorIdentity) -> None:
         super().__init__(samples, window_ms, bound)
@@ -158,12 +161,18 @@ class RateSensor(WindowedRate):
         self.expired = False
         self.throttle_count = 0
         self.throttle_ms_total = 0
+        # Fleet sharing: what this instance recorded since its last usage report.
+        self.unshared = 0.0
+        self.unshared_listed = False
 
 
 class MutationSensor:
     """ControllerMutation sensor: the KIP-599 `tokens` bucket and the `mutation-rate` Rate."""
 
-    __slots__ = ("bucket", "expired", "identity", "last_record_ms", "rate", "throttle_count", "throttle_ms_total")
+    __slots__ = (
+        "bucket", "expired", "identity", "last_record_ms", "rate", "throttle_count", "throttle_ms_total",
+        "unshared", "unshared_listed",
+    )
 
     def __init__(self, samples: int, window_ms: int, bound: float, now_ms: int, identity: _SensorIdentity) -> None:
         self.bucket = TokenBucket(samples, window_ms, bound, now_ms)
@@ -173,6 +182,12 @@ class MutationSensor:
         self.expired = False
         self.throttle_count = 0
         self.throttle_ms_total = 0
+        self.unshared = 0.0
+        self.unshared_listed = False
+
+    def record(self, partitions: float, now_ms: int) -> None:
+        self.bucket.record(partitions, now_ms)
+        self.rate.record(partitions, now_ms)
 
     @property
     def bound(self) -> float:
@@ -277,23 +292,41 @@ class _Manager(Generic[S]):
         else:
             custom_tags = dict(self.callback.quota_metric_tags(self.quota_type, user, client_id))
             tags = custom_tags
-            user_tag, client_tag = tags.get(USER_TAG, ""), tags.get(CLIENT_ID_TAG, "")
         scope, dry_run = self.entry_policy(tags)
         scope_broker = broker if scope == "broker" else None
+        return self._sensor_for(scope_broker, tags, custom_tags, dry_run, now_ms)
+
+    def _sensor_for(
+        self,
+        scope_broker: str | None,
+        tags: Mapping[str, str],
+        custom_tags: dict[str, str] | None,
+        dry_run: bool,
+        now_ms: int,
+    ) -> S:
+        user_tag, client_tag = tags.get(USER_TAG, ""), tags.get(CLIENT_ID_TAG, "")
         # Default tags need no more than their two values (keys are a memory cost per client).
         sensor_key: tuple[object, ...] = (
             (scope_broker, user_tag, client_tag) if custom_tags is None else (scope_broker, *tags.items())
         )
         sensor = self.sensors.get(sensor_key)
         if sensor is None:
+            scope: Scope = "cluster" if scope_broker is None else "broker"
             identity = _SensorIdentity(scope_broker, scope, user_tag, client_tag, custom_tags, dry_run)
             sensor = self.factory(self.samples, self.window_ms, self.limit_for(tags), now_ms, identity)
             self.sensors[sensor_key] = sensor
         return sensor
 
+    def shared_sensor(self, scope_broker: str | None, tags: Mapping[str, str], now_ms: int) -> S:
+        """The sensor another fleet instance's usage report names (created if this one has none)."""
+        custom_tags = None if self.default_callback is not None else dict(tags)
+        return self._sensor_for(scope_broker, tags, custom_tags, self.entry_policy(tags)[1], now_ms)
+
     def limit_for(self, tags: Mapping[str, str]) -> float:
+        """The bound a sensor with these tags enforces: the quota, times this instance's share
+        of it while a fleet exchange is down under the `share` policy (1 otherwise)."""
         limit = self.callback.quota_limit(self.quota_type, tags)
-        return NO_QUOTA_BOUND if limit is None else float(limit)
+        return NO_QUOTA_BOUND if limit is None else float(limit) * self.engine.budget_share
 
     def entry_policy(self, tags: Mapping[str, str]) -> tuple[Scope, bool]:
         """Scope and dry run of the configured entry whose limit applies to these tags."""
@@ -396,6 +429,10 @@ class QuotaEngine:
         self._connection_max_throttle_ms = 0
         self._expiry_ms = 0.0
         self._rotated_at_ms: float | None = None
+        # Fleet sharing (kqp.quotas.fleet): off until an exchange asks for local usage.
+        self.budget_share = 1.0
+        self._sharing = False
+        self._unshared: list[tuple[QuotaType, _Sensor]] = []
         self.update(settings)
 
     @classmethod
@@ -476,6 +513,8 @@ class QuotaEngine:
         sensor.last_record_ms = t
         # Kafka narrows the long throttle to an int (l2i, wrapping); a negative one is no throttle.
         throttle = java_int(sensor.record_and_throttle(nbytes, t))
+        if self._sharing:
+            self._unshared_usage("producer_byte_rate", sensor, nbytes)
         if throttle <= 0:
             return 0
         return self._throttled("producer_byte_rate", sensor, throttle)
@@ -507,9 +546,12 @@ class QuotaEngine:
             sensor = manager.sensor(broker, user, client_id, t)
         sensor.last_record_ms = t
         throttle = java_int(sensor.record_and_throttle(nbytes, t))
+        unrecord = (throttle > 0 or request_throttle_ms > 0) and not delivered and not sensor.identity.dry_run
+        if self._sharing and not unrecord:
+            self._unshared_usage("consumer_byte_rate", sensor, nbytes)
         if throttle <= 0 and request_throttle_ms <= 0:
             return 0
-        if not delivered and not sensor.identity.dry_run:
+        if unrecord:
             sensor.record(-nbytes, t)
         if throttle <= 0:
             return 0
@@ -555,7 +597,10 @@ class QuotaEngine:
         if sensor is None or sensor.expired or manager.poll_reset:
             sensor = manager.sensor(broker, user, client_id, t)
         sensor.last_record_ms = t
-        throttle = sensor.record_and_throttle(request_ms * 1_000_000 * NANOS_TO_PERCENT, t)
+        percent = request_ms * 1_000_000 * NANOS_TO_PERCENT
+        throttle = sensor.record_and_throttle(percent, t)
+        if self._sharing:
+            self._unshared_usage("request_percentage", sensor, percent)
         if throttle <= 0:
             return 0
         return self._throttled("request_percentage", sensor, min(throttle, self._request_max_throttle_ms))
@@ -587,10 +632,11 @@ class QuotaEngine:
         t = int(now_ms)
         sensor = manager.sensor(broker, user, client_id, t)
         sensor.last_record_ms = t
-        bucket, rate, dry_run = sensor.bucket, sensor.rate, sensor.identity.dry_run
+        bucket, dry_run = sensor.bucket, sensor.identity.dry_run
         strict = api_version >= STRICT_MUTATION_SINCE[api_key]
         verdicts: list[bool] = []
         last_throttle = 0
+        recorded = 0
         for _topic, partitions in topics:
             if strict:
                 tokens = bucket.measure(t)
@@ -601,15 +647,17 @@ class QuotaEngine:
                         continue
                 else:
                     verdicts.append(True)
-                bucket.record(partitions, t)
-                rate.record(partitions, t)
+                sensor.record(partitions, t)
+                recorded += partitions
             else:
                 verdicts.append(True)
-                bucket.record(partitions, t)
-                rate.record(partitions, t)
+                sensor.record(partitions, t)
+                recorded += partitions
                 tokens = bucket.measure(t)
                 if tokens < 0:
                     last_throttle = token_bucket_throttle_time(tokens, bucket.bound)
+        if self._sharing and recorded:
+            self._unshared_usage("controller_mutation_rate", sensor, recorded)
         throttle = max(java_int(last_throttle), 0)  # AbstractControllerMutationQuota.throttleTime
         enforced = self._throttled("controller_mutation_rate", sensor, throttle) if throttle else 0
         accepted = [True] * len(verdicts) if dry_run else verdicts
@@ -639,6 +687,54 @@ class QuotaEngine:
         if not sensor.identity.dry_run:
             sensor.record(-1.0, t)
         return self._throttled(CONNECTION_CREATION_RATE, sensor, min(throttle, self._connection_max_throttle_ms))
+
+    # -- fleet sharing (kqp.quotas.fleet) -------------------------------------------------------
+
+    def share_usage(self, enabled: bool) -> None:
+        """Start (or stop) keeping what each sensor records until `take_local_usage` asks."""
+        self._sharing = enabled
+        if not enabled:
+            self.take_local_usage()
+
+    def _unshared_usage(self, quota_type: QuotaType, sensor: _Sensor, amount: float) -> None:
+        if not sensor.unshared_listed:
+            sensor.unshared_listed = True
+            self._unshared.append((quota_type, sensor))
+        sensor.unshared += amount
+
+    def take_local_usage(self) -> list[UsageDelta]:
+        """What this instance recorded into each sensor since the last call: its usage report."""
+        pending, self._unshared = self._unshared, []
+        usage = []
+        for quota_type, sensor in pending:
+            amount, sensor.unshared, sensor.unshared_listed = sensor.unshared, 0.0, False
+            if amount:
+                identity = sensor.identity
+                usage.append(UsageDelta(quota_type, identity.broker, tuple(_tags(identity).items()), amount))
+        return usage
+
+    def record_remote_usage(self, usage: Iterable[UsageDelta], now_ms: float) -> None:
+        """Another instance's report: its usage counts against the same sensors as this one's.
+
+        Nothing is throttled here; the next local request measures the fleet's rate. A quota
+        type this instance does not enforce ignores the usage (its sensors would never be read).
+        """
+        t = int(now_ms)
+        managers = self._managers
+        for delta in usage:
+            manager = managers[delta.quota_type]
+            if not manager.enabled:
+                continue
+            sensor = manager.shared_sensor(delta.broker, dict(delta.tags), t)
+            sensor.record(delta.amount, t)
+            sensor.last_record_ms = t
+
+    def set_budget_share(self, share: float) -> None:
+        """Enforce `share` of every client quota (the fleet's `share` policy); 1 restores them."""
+        if share != self.budget_share:
+            self.budget_share = share
+            for manager in self._managers.values():
+                manager.refresh_limits()
 
     # -- housekeeping and observability --------------------------------------------------------
 
