@@ -58,12 +58,8 @@ def progress(message: str) -> None:
 class ConfiguredProxy(ProxyProcess):
     """`kqp serve` with a config file on top of the harness's command-line flags."""
 
-    def __init__(self, upstream: str, log_path: Path, config: Path) -> None:
-        super().__init__(upstream, log_path)
-        self.config = config
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--config", str(self.config)]
+    def __init__(self, upstream: str, log_path: Path, config: Path, workers: int = 1) -> None:
+        super().__init__(upstream, log_path, config=config, workers=workers)
 
 
 @dataclass

@@ -43,12 +43,26 @@ def free_port_block(count: int, low: int = 20000, high: int = 32000) -> int:
     raise KafkaHarnessError(f"no block of {count} free ports between {low} and {high}")
 
 
-class ProxyProcess:
-    """One `kqp serve` child in front of `upstream` (HOST:PORT, comma-separated allowed)."""
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process so far (0 if it has exited)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
-    def __init__(self, upstream: str, log_path: Path, max_node_id: int = 8) -> None:
+
+class ProxyProcess:
+    """One `kqp serve` child in front of `upstream` (HOST:PORT, comma-separated allowed), with
+    an optional config file on top of the command-line flags and `--workers`."""
+
+    def __init__(self, upstream: str, log_path: Path, max_node_id: int = 8, config: Path | None = None,
+                 workers: int = 1) -> None:
         self.upstream = [address for address in upstream.split(",") if address]
         self.log_path = log_path
+        self.config = config
+        self.workers = workers
         self.bootstrap_port, self.metrics_port = free_ports(2)
         self.node_port_base = free_port_block(max_node_id)
         self.process: subprocess.Popen[bytes] | None = None
@@ -72,6 +86,10 @@ class ProxyProcess:
             command += ["--upstream", address]
         command += ["--bootstrap-port", str(self.bootstrap_port), "--node-port-base", str(self.node_port_base),
                     "--advertised-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)]
+        if self.config is not None:
+            command += ["--config", str(self.config)]
+        if self.workers != 1:
+            command += ["--workers", str(self.workers)]
         return command
 
     def start(self, timeout_s: float = 30.0) -> ProxyProcess:
@@ -110,10 +128,17 @@ class ProxyProcess:
             return str(response.read().decode())
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time the proxy process has used so far."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3.
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        """User + system CPU time the proxy has used so far (its workers' included)."""
+        return sum(process_cpu_seconds(pid) for pid in self.pids())
+
+    def pids(self) -> list[int]:
+        """The proxy process and, with --workers, the worker processes it forked."""
+        pids = [self.pid]
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            with_children = task / "children"
+            if with_children.exists():
+                pids += [int(pid) for pid in with_children.read_text().split()]
+        return pids
 
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """SIGTERM, wait, and return the exit code (None if it had to be killed)."""

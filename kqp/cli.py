@@ -21,7 +21,7 @@ def _raise_open_file_limit() -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from kqp.proxy.app import serve_forever
+    from kqp.proxy.app import configure_logging, load_serve_setup, serve_forever
 
     _raise_open_file_limit()
     overrides = {
@@ -33,7 +33,16 @@ def _serve(args: argparse.Namespace) -> int:
         "metrics_port": args.metrics_port,
         "capture_dir": args.capture_dir,
     }
-    return serve_forever(args.config or [], overrides)
+    if args.workers < 1:
+        print("kqp serve: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if args.workers == 1:
+        return serve_forever(args.config or [], overrides)
+    from kqp.proxy.workers import serve_workers
+
+    configure_logging()
+    setup = load_serve_setup(args.config or [], overrides)
+    return 2 if setup is None else serve_workers(setup, args.workers)
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -62,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--bind-host", help="address to listen on")
     serve.add_argument("--metrics-port", type=int, help="port of /metrics, /healthz and /readyz")
     serve.add_argument("--capture-dir", help="capture every request to Parquet files under this folder")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="proxy processes sharing every port (SO_REUSEPORT) and one budget (default 1)")
     serve.set_defaults(func=_serve)
 
     check = commands.add_parser("check-config", help="validate config files and print effective quotas")

@@ -229,6 +229,29 @@ class EnforcementSection(Section):
     admin_principals: tuple[str, ...] | None = None
 
 
+class FleetSection(Section):
+    """The usage exchange between proxy instances that enforce one budget (docs/scaling.md)."""
+
+    enabled: bool = False
+    # A one-partition topic of the fronted cluster, created at start if missing.
+    topic: NonEmptyText = "_kqp_fleet_usage"
+    # Unique per instance; default host:bootstrap-port:pid.
+    instance_id: NonEmptyText | None = None
+    report_interval_seconds: Annotated[float, Field(ge=0.01, le=10.0, allow_inf_nan=False)] = 0.1
+    # How long this instance's own reports may fail to come back before the fallback applies.
+    unreachable_after_seconds: PositiveSeconds = 3.0
+    # local: enforce this instance's own budget alone; share: quota / instances last seen.
+    on_unreachable: Literal["local", "share"] = "share"
+    # -1: 3, or the number of brokers when there are fewer.
+    replication_factor: Annotated[int, Field(ge=-1)] = -1
+    # Defaults to upstream.bootstrap_servers and upstream.tls; needs credentials of its own
+    # when the brokers require SASL (the proxy holds none of its clients').
+    bootstrap_servers: tuple[HostPort, ...] | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+
+
 class EntitySection(Section):
     """Kafka's (user, client-id) entity; a missing key is an absent part, "<default>" the default."""
 
@@ -388,6 +411,7 @@ class KqpConfig(Section):
     capture: CaptureSection = CaptureSection()
     quotas: QuotasSection = QuotasSection()
     enforcement: EnforcementSection = EnforcementSection()
+    fleet: FleetSection = FleetSection()
 
     def quota_settings(self) -> QuotaSettings:
         q = self.quotas

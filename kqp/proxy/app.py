@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import logging
 import signal
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from kqp.capture.writer import CaptureWriter
 from kqp.config import ConfigError, ConfigFiles, KqpConfig, find_quota_file, load_config, write_quota_entries
 from kqp.config.models import parse_host_port
 from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
+from kqp.proxy.fleet import FleetExchange, FleetOptions, default_instance_id
 from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 from kqp.proxy.metrics import ProxyMetrics
@@ -25,7 +27,7 @@ from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.options import ListenerTls, ProxyOptions, UpstreamTls
 from kqp.proxy.quota_admin import QuotaAdminHooks
 from kqp.proxy.server import ProxyServer
-from kqp.proxy.tls import parse_principal_mapping_rules
+from kqp.proxy.tls import parse_principal_mapping_rules, upstream_context
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine, QuotaSettings
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 
 _MAINTENANCE_INTERVAL_S = 1.0
 # Sections a reload cannot change on a running proxy (listeners, sockets, files in use).
-_RESTART_SECTIONS = ("proxy", "upstream", "metrics", "capture")
+_RESTART_SECTIONS = ("proxy", "upstream", "metrics", "capture", "fleet")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,8 @@ class MetricsOptions:
     host: str = "127.0.0.1"
     port: int = 9644
     top_n_client_ids: int = 20
+    # A worker's endpoint: a loopback socket its supervisor listens on and scrapes.
+    listen_socket: socket.socket | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,8 @@ class AppSettings:
     enforcement: EnforcementSettings
     metrics: MetricsOptions
     capture: CaptureOptions
+    # The usage exchange of a fleet of proxies with one budget; None: this instance alone.
+    fleet: FleetOptions | None = None
 
 
 class ProxyApp:
@@ -82,6 +88,7 @@ class ProxyApp:
         self.capture: CaptureWriter | None = None
         self.server: ProxyServer | None = None
         self.enforcement: QuotaEnforcement | None = None
+        self.fleet: FleetExchange | None = None
         self._stop = asyncio.Event()
         self._maintenance: asyncio.Task[None] | None = None
 
@@ -131,9 +138,20 @@ class ProxyApp:
             ),
         )
         await self.server.start()
+        if settings.fleet is not None and self.engine is not None:
+            fleet = settings.fleet
+            if not fleet.instance_id:
+                fleet = dataclasses.replace(fleet, instance_id=default_instance_id(settings.proxy.bootstrap_port))
+            engine = self.engine
+            self.fleet = FleetExchange(
+                fleet, engine, self.now_ms,
+                lambda: engine.settings.window_num * engine.settings.window_size_s * 1000.0, self.metrics,
+            )
+            await self.fleet.start()
         if self.metrics is not None:
             self.endpoint = ObservabilityEndpoint(
-                self.metrics.registry, settings.metrics.host, settings.metrics.port, ready=self._ready
+                self.metrics.registry, settings.metrics.host, settings.metrics.port, ready=self._ready,
+                sock=settings.metrics.listen_socket,
             )
             await self.endpoint.start()
         self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
@@ -164,6 +182,9 @@ class ProxyApp:
             return False, "starting"
         if not server.directory.known_nodes():
             return False, "no upstream broker discovered yet"
+        if self.fleet is not None:
+            # Still serving under the fallback policy: ready, with the fallback in the body.
+            return True, self.fleet.describe()
         return True, "ok"
 
     async def _maintain(self) -> None:
@@ -236,6 +257,8 @@ class ProxyApp:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
+        if self.fleet is not None:
+            await self.fleet.stop()
         if self.server is not None:
             await self.server.stop()
         if self.endpoint is not None:
@@ -290,6 +313,7 @@ def app_settings_from_config(config: KqpConfig) -> AppSettings:
         parse_principal_mapping_rules(proxy.tls.principal_mapping_rules)
     m, c = config.metrics, config.capture
     return AppSettings(
+        fleet=fleet_options(config, proxy),
         proxy=proxy,
         enforcement=enforcement_settings(config),
         metrics=MetricsOptions(enabled=m.enabled, host=m.host, port=m.port, top_n_client_ids=m.top_n_client_ids),
@@ -298,6 +322,26 @@ def app_settings_from_config(config: KqpConfig) -> AppSettings:
             rotate_seconds=c.rotate_seconds, queue_capacity=c.queue_capacity, sample_one_in=c.sample_one_in,
         ),
     )
+
+
+def fleet_options(config: KqpConfig, proxy: ProxyOptions, enable: bool = False) -> FleetOptions | None:
+    """The `fleet` section as options; None when it is off, unless `enable` (`--workers`)."""
+    f = config.fleet
+    if not (f.enabled or enable):
+        return None
+    # Empty until `settings_from_overrides` knows the upstream (a file or --upstream).
+    servers = f.bootstrap_servers or _addresses(proxy.upstream_bootstrap)
+    return FleetOptions(
+        bootstrap_servers=tuple(servers), topic=f.topic, instance_id=f.instance_id or "",
+        report_interval_s=f.report_interval_seconds, unreachable_after_s=f.unreachable_after_seconds,
+        on_unreachable=f.on_unreachable, replication_factor=f.replication_factor,
+        ssl_context=upstream_context(proxy.upstream_tls) if proxy.upstream_tls is not None else None,
+        sasl_mechanism=f.sasl_mechanism, sasl_username=f.sasl_username, sasl_password=f.sasl_password,
+    )
+
+
+def _addresses(servers: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    return tuple(f"{host}:{port}" for host, port in servers)
 
 
 def settings_from_overrides(base: AppSettings | None, overrides: dict[str, Any]) -> AppSettings:
@@ -323,14 +367,23 @@ def settings_from_overrides(base: AppSettings | None, overrides: dict[str, Any])
     capture = base.capture
     if overrides.get("capture_dir"):
         capture = dataclasses.replace(capture, enabled=True, directory=overrides["capture_dir"])
-    return dataclasses.replace(base, proxy=proxy, metrics=metrics, capture=capture)
+    fleet = base.fleet
+    if fleet is not None and not fleet.bootstrap_servers:
+        fleet = dataclasses.replace(fleet, bootstrap_servers=_addresses(proxy.upstream_bootstrap))
+    return dataclasses.replace(base, proxy=proxy, metrics=metrics, capture=capture, fleet=fleet)
 
 
-def serve_forever(config_paths: list[str], overrides: dict[str, Any] | None = None) -> int:
-    """`kqp serve`: run until SIGTERM/SIGINT; SIGHUP or a file change reloads the config."""
-    import uvloop
+@dataclass(frozen=True, slots=True)
+class ServeSetup:
+    """What `kqp serve` runs with: the merged config, its files (for reloads), the settings."""
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config: KqpConfig
+    files: ConfigFiles | None
+    settings: AppSettings
+
+
+def load_serve_setup(config_paths: list[str], overrides: dict[str, Any] | None = None) -> ServeSetup | None:
+    """The config files and command-line options, validated; None (reason logged) if invalid."""
     files = ConfigFiles(config_paths) if config_paths else None
     config = KqpConfig()
     try:
@@ -339,11 +392,31 @@ def serve_forever(config_paths: list[str], overrides: dict[str, Any] | None = No
         settings = settings_from_overrides(app_settings_from_config(config), overrides or {})
     except (ConfigError, ValueError) as exc:
         log.error("%s", exc)
-        return 2
+        return None
+    return ServeSetup(config, files, settings)
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_app(setup: ServeSetup) -> None:
+    """Run one proxy process on a new uvloop event loop until SIGTERM/SIGINT."""
+    import uvloop
 
     async def main() -> None:
-        app = ProxyApp(settings, QuotaEngine(config.quota_settings()), config=config, files=files)
+        app = ProxyApp(setup.settings, QuotaEngine(setup.config.quota_settings()), config=setup.config,
+                       files=setup.files)
         await app.run()
 
     uvloop.run(main())
+
+
+def serve_forever(config_paths: list[str], overrides: dict[str, Any] | None = None) -> int:
+    """`kqp serve`: run until SIGTERM/SIGINT; SIGHUP or a file change reloads the config."""
+    configure_logging()
+    setup = load_serve_setup(config_paths, overrides)
+    if setup is None:
+        return 2
+    run_app(setup)
     return 0

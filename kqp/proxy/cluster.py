@@ -67,6 +67,9 @@ class ClusterDirectory:
         # the event loop starts serving it right after.
         sock = socket.socket(socket.AF_INET6 if ":" in self._options.bind_host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self._options.reuse_port:
+            # The kernel spreads new connections over the workers that bound the same port.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if self._options.socket_receive_buffer_bytes > 0:
             # Set before listen() so accepted sockets inherit it and the TCP window is
             # negotiated for it (Kafka sets socket.receive.buffer.bytes on each accepted socket).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -44,8 +45,11 @@ class ObservabilityEndpoint:
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
         ready: ReadinessCheck | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         self.registry = registry
+        # A socket already listening (a worker's, bound by its supervisor before the fork).
+        self.sock = sock
         self.host = host
         self.requested_port = port
         self.ready = ready
@@ -60,7 +64,12 @@ class ObservabilityEndpoint:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.requested_port, limit=_MAX_HEAD_BYTES)
+        if self.sock is not None:
+            self._server = await asyncio.start_server(self._handle, sock=self.sock, limit=_MAX_HEAD_BYTES)
+        else:
+            self._server = await asyncio.start_server(
+                self._handle, self.host, self.requested_port, limit=_MAX_HEAD_BYTES
+            )
         log.info("metrics endpoint on http://%s:%d/metrics", self.host, self.port)
 
     async def stop(self) -> None:
@@ -116,7 +125,11 @@ class ObservabilityEndpoint:
         elif path == "/readyz":
             is_ready, reason = self._check_ready()
             status = HTTPStatus.OK if is_ready else HTTPStatus.SERVICE_UNAVAILABLE
-            text = "ready\n" if is_ready else f"not ready: {reason}\n"
+            if is_ready:
+                # A degraded but serving proxy (a fleet fallback) says how in the body.
+                text = "ready\n" if reason in ("", "ok") else f"ready: {reason}\n"
+            else:
+                text = f"not ready: {reason}\n"
             await _respond(writer, status, text.encode(), head_only=head_only)
         else:
             await _respond(writer, HTTPStatus.NOT_FOUND, b"try /metrics, /healthz or /readyz\n", head_only=head_only)

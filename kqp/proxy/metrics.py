@@ -248,6 +248,28 @@ class ProxyMetrics:
             ["api", "reason"],
             registry=registry,
         )
+        self._fleet_reports = Counter(
+            "kqp_fleet_reports_total",
+            "Usage reports of the fleet exchange: sent or failed by this instance, received (from every "
+            "instance, this one included) or rejected as unreadable.",
+            ["result"],
+            registry=registry,
+        )
+        self._fleet_state = Gauge(
+            "kqp_fleet_exchange_state",
+            "1 for the fleet exchange's current state: starting, ok, or the fallback policy in force "
+            "(local, share) while the usage topic is unreachable.",
+            ["state"],
+            registry=registry,
+        )
+        self._fleet_instances = Gauge(
+            "kqp_fleet_instances", "Proxy instances that reported usage within the last quota window.",
+            registry=registry,
+        )
+        self._fleet_budget_share = Gauge(
+            "kqp_fleet_budget_share", "Fraction of each quota this instance enforces (below 1 under policy share).",
+            registry=registry,
+        )
         registry.register(_AccumulatorCollector(self))
 
     # ---- configuration ----------------------------------------------------------------
@@ -366,6 +388,21 @@ class ProxyMetrics:
             self._config_last_success.set_to_current_time()
         else:
             self._config_reload_failed.inc()
+
+    def fleet_report_sent(self) -> None:
+        self._fleet_reports.labels(result="sent").inc()
+
+    def fleet_report_failed(self) -> None:
+        self._fleet_reports.labels(result="failed").inc()
+
+    def fleet_report_received(self, accepted: bool) -> None:
+        self._fleet_reports.labels(result="received" if accepted else "rejected").inc()
+
+    def fleet_status(self, state: str, instances: int, budget_share: float) -> None:
+        for name in ("starting", "ok", "local", "share"):
+            self._fleet_state.labels(state=name).set(1 if name == state else 0)
+        self._fleet_instances.set(instances)
+        self._fleet_budget_share.set(budget_share)
 
     def capture_written(self, n: int) -> None:
         self._capture_written.inc(n)

@@ -65,6 +65,8 @@ class ProxyOptions:
     upstream_tls: UpstreamTls | None = None
     # How often certificate files are checked for changes.
     certificate_check_interval_s: float = 5.0
+    # SO_REUSEPORT on every listener: `kqp serve --workers N` runs N processes on the same ports.
+    reuse_port: bool = False
 
     def node_port(self, node_id: int) -> int:
         return self.node_ports.get(node_id, self.node_port_base + node_id)

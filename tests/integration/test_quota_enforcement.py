@@ -36,12 +36,8 @@ _THROTTLE_AVG = re.compile(r"producer-metrics:produce-throttle-time-avg:\{client
 class ConfiguredProxy(ProxyProcess):
     """`kqp serve` with a config file on top of the harness's command-line flags."""
 
-    def __init__(self, upstream: str, log_path: Path, config: Path) -> None:
-        super().__init__(upstream, log_path)
-        self.config = config
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--config", str(self.config)]
+    def __init__(self, upstream: str, log_path: Path, config: Path, workers: int = 1) -> None:
+        super().__init__(upstream, log_path, config=config, workers=workers)
 
 
 def quota_file(path: Path, entries: str) -> Path:

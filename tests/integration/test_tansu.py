@@ -49,11 +49,7 @@ class TansuProxy(ProxyProcess):
     """`kqp serve` in front of tansu, with a quota file; tansu's node 111 gets a proxy port too."""
 
     def __init__(self, tansu: TansuBroker, log_path: Path, config: Path) -> None:
-        super().__init__(tansu.bootstrap, log_path, max_node_id=TANSU_NODE_ID)
-        self.config = config
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--config", str(self.config)]
+        super().__init__(tansu.bootstrap, log_path, max_node_id=TANSU_NODE_ID, config=config)
 
 
 @pytest.fixture

@@ -44,11 +44,7 @@ class TlsProxyProcess(ProxyProcess):
     """`kqp serve` with a config file; ready once /readyz says it discovered the broker over TLS."""
 
     def __init__(self, upstream: str, log_path: Path, config: Path) -> None:
-        super().__init__(upstream, log_path)
-        self.config = config
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--config", str(self.config)]
+        super().__init__(upstream, log_path, config=config)
 
     def start(self, timeout_s: float = 30.0) -> TlsProxyProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

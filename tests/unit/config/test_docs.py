@@ -13,6 +13,7 @@ from kqp.config.models import (
     CallbackSection,
     CaptureSection,
     EnforcementSection,
+    FleetSection,
     IpQuotaEntrySection,
     KqpConfig,
     MetricsSection,
@@ -34,6 +35,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "quotas.ip_entries[]": IpQuotaEntrySection,
     "quotas.callback": CallbackSection,
     "enforcement": EnforcementSection,
+    "fleet": FleetSection,
 }
 
 

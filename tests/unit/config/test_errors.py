@@ -98,6 +98,8 @@ CASES = [
     Case("zero sampling", "capture:\n  sample_one_in: 0\n", "capture.sample_one_in", "greater than or equal to 1", 2),
     Case("enforcement default partitions", "enforcement:\n  default_partitions: 0\n",
          "enforcement.default_partitions", "greater than or equal to 1", 2),
+    Case("fleet fallback policy", "fleet:\n  enabled: true\n  on_unreachable: ignore\n",
+         "fleet.on_unreachable", "'local' or 'share'", 3),
 ]
 
 

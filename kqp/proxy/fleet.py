@@ -1,0 +1,275 @@
+"""The fleet's usage exchange: every instance's quota usage, through a topic of the Kafka
+cluster the proxy fronts (no other infrastructure).
+
+Every `report_interval` an instance sends what its sensors recorded since its last report
+(kqp.quotas.fleet) to a one-partition topic, and reads every report back: the others' usage
+goes into its own sensors, its own report coming back tells it the exchange works. When its
+own reports stop coming back for `unreachable_after`, the instance enforces the configured
+fallback (`local` or `share`) until they come back. docs/scaling.md has the design and the
+error bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from kqp.proxy.metrics import ProxyMetrics
+from kqp.quotas import QuotaEngine
+from kqp.quotas.fleet import (
+    ExchangeState,
+    FailurePolicy,
+    FleetView,
+    ReportError,
+    UsageReport,
+    decode_report,
+    encode_report,
+    split_usage,
+)
+
+log = logging.getLogger(__name__)
+
+_TOPIC_ALREADY_EXISTS = 36
+# Deltas per record: about 80 bytes each in JSON, so a record stays far below Kafka's 1 MB.
+_DELTAS_PER_REPORT = 5_000
+_RETRY_SETUP_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class FleetOptions:
+    bootstrap_servers: tuple[str, ...]
+    topic: str = "_kqp_fleet_usage"
+    instance_id: str = ""
+    report_interval_s: float = 0.1
+    unreachable_after_s: float = 3.0
+    on_unreachable: FailurePolicy = "share"
+    replication_factor: int = -1
+    retention_ms: int = 60_000
+    ssl_context: ssl.SSLContext | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+
+
+def default_instance_id(listener_port: int) -> str:
+    """Unique per process on a host, and readable in the usage topic and the logs."""
+    return f"{socket.gethostname()}:{listener_port}:{os.getpid()}"
+
+
+class FleetExchange:
+    """Publishes this instance's usage and applies the others', on the proxy's event loop."""
+
+    def __init__(
+        self,
+        options: FleetOptions,
+        engine: QuotaEngine,
+        now_ms: Callable[[], float],
+        quota_window_ms: Callable[[], float],
+        metrics: ProxyMetrics | None = None,
+    ) -> None:
+        self.options = options
+        self.engine = engine
+        self._now_ms = now_ms
+        self._quota_window_ms = quota_window_ms
+        self._metrics = metrics
+        self.view = FleetView(
+            options.instance_id, options.on_unreachable, member_timeout_ms=quota_window_ms(),
+            unreachable_after_ms=options.unreachable_after_s * 1000.0, started_ms=now_ms(),
+        )
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._seq = 0
+        self._state: ExchangeState = "starting"
+        # Running totals (bench/fleet_exchange.py reads them; /metrics has the report counts).
+        self.records_sent = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.deltas_applied = 0
+
+    def _security(self) -> dict[str, object]:
+        o = self.options
+        protocol = ("SASL_SSL" if o.ssl_context else "SASL_PLAINTEXT") if o.sasl_mechanism else (
+            "SSL" if o.ssl_context else "PLAINTEXT")
+        settings: dict[str, object] = {"security_protocol": protocol, "ssl_context": o.ssl_context}
+        if o.sasl_mechanism:
+            settings.update(sasl_mechanism=o.sasl_mechanism, sasl_plain_username=o.sasl_username,
+                            sasl_plain_password=o.sasl_password)
+        return settings
+
+    async def start(self) -> None:
+        """Start in the background: a cluster that is not reachable yet delays the exchange,
+        never the proxy (which enforces the fallback policy meanwhile)."""
+        self.engine.share_usage(True)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run(), name="kqp-fleet")]
+
+    def state(self) -> ExchangeState:
+        return self._state
+
+    def describe(self) -> str:
+        """One line for /readyz and the log."""
+        now = self._now_ms()
+        instances = self.view.instances(now)
+        if self._state == "share":
+            return (f"fleet exchange unreachable: enforcing 1/{self.view.last_known_instances} of each quota "
+                    f"(policy share)")
+        if self._state == "local":
+            return "fleet exchange unreachable: enforcing this instance's own budget (policy local)"
+        return f"fleet exchange {self._state}, {instances} instance(s)"
+
+    async def _run(self) -> None:
+        o = self.options
+        while True:
+            try:
+                await self._connect()
+                break
+            except Exception as exc:  # keep trying: the cluster may come up after the proxy
+                log.warning("fleet exchange: cannot reach %s yet (%s); retrying", o.topic, exc)
+                await self._close_clients()
+                self._update_state()
+                await asyncio.sleep(_RETRY_SETUP_S)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._consume(), name="kqp-fleet-consume"))
+        await self._publish()
+
+    async def _connect(self) -> None:
+        o = self.options
+        servers = list(o.bootstrap_servers)
+        admin = AIOKafkaAdminClient(bootstrap_servers=servers, client_id="kqp-fleet", **self._security())
+        await admin.start()
+        try:
+            replication = o.replication_factor
+            if replication < 0:
+                # The brokers' default.replication.factor is not readable from a client: take
+                # Kafka's usual 3, or fewer on a smaller cluster.
+                brokers = (await admin.describe_cluster())["brokers"]
+                replication = min(3, max(1, len(brokers)))
+            response = await admin.create_topics([NewTopic(
+                o.topic, num_partitions=1, replication_factor=replication,
+                topic_configs={"retention.ms": str(o.retention_ms), "cleanup.policy": "delete"},
+            )])
+            for _name, code, *_rest in response.topic_errors:
+                if code not in (0, _TOPIC_ALREADY_EXISTS):
+                    raise RuntimeError(f"creating {o.topic}: error code {code}")
+        finally:
+            await admin.close()
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=servers, client_id="kqp-fleet", acks=1, linger_ms=0,
+            request_timeout_ms=max(1000, int(o.unreachable_after_s * 1000)), **self._security(),
+        )
+        await self._producer.start()
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=servers, client_id="kqp-fleet", group_id=None, enable_auto_commit=False,
+            fetch_max_wait_ms=max(10, int(o.report_interval_s * 1000)), **self._security(),
+        )
+        await self._consumer.start()
+        partition = TopicPartition(o.topic, 0)
+        self._consumer.assign([partition])
+        # Only what happens from now on matters: older usage is already in the others' windows.
+        await self._consumer.seek_to_end(partition)
+        log.info("fleet exchange: instance %s on topic %s", o.instance_id, o.topic)
+
+    async def _publish(self) -> None:
+        o = self.options
+        producer = self._producer
+        assert producer is not None
+        while True:
+            await asyncio.sleep(o.report_interval_s)
+            usage = self.engine.take_local_usage()
+            # An empty report still says "alive" (membership) and "the topic works" (own echo).
+            for chunk in split_usage(usage, _DELTAS_PER_REPORT) or [()]:
+                self._seq += 1
+                report = encode_report(UsageReport(o.instance_id, self._seq, chunk))
+                self.records_sent += 1
+                self.bytes_sent += len(report)
+                try:
+                    future = await asyncio.wait_for(
+                        producer.send(o.topic, report, key=o.instance_id.encode()), o.unreachable_after_s)
+                    future.add_done_callback(self._sent)
+                except Exception as exc:  # the state machine turns lasting failures into the fallback
+                    self._send_failed(exc)
+            self._update_state()
+
+    def _sent(self, future: asyncio.Future[object]) -> None:
+        exc = future.exception() if not future.cancelled() else None
+        if exc is not None:
+            self._send_failed(exc)
+        elif self._metrics is not None:
+            self._metrics.fleet_report_sent()
+
+    def _send_failed(self, exc: BaseException) -> None:
+        if self._metrics is not None:
+            self._metrics.fleet_report_failed()
+        log.debug("fleet exchange: a usage report was not written: %r", exc)
+
+    async def _consume(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        own = self.options.instance_id
+        while True:
+            batches = await consumer.getmany(timeout_ms=int(self.options.report_interval_s * 1000))
+            now = self._now_ms()
+            for records in batches.values():
+                for record in records:
+                    self._apply(record.value, own, now)
+            self._update_state()
+
+    def _apply(self, value: bytes | None, own: str, now: float) -> None:
+        self.bytes_received += len(value or b"")
+        try:
+            report = decode_report(value or b"")
+        except ReportError as exc:
+            if self._metrics is not None:
+                self._metrics.fleet_report_received(accepted=False)
+            log.warning("fleet exchange: a record of %s is not a usage report kqp reads: %s",
+                        self.options.topic, exc)
+            return
+        self.view.report_seen(report.instance, now)
+        if report.instance != own:
+            self.engine.record_remote_usage(report.usage, now)
+            self.deltas_applied += len(report.usage)
+        if self._metrics is not None:
+            self._metrics.fleet_report_received(accepted=True)
+
+    def _update_state(self) -> None:
+        now = self._now_ms()
+        view = self.view
+        view.member_timeout_ms = self._quota_window_ms()
+        instances = view.instances(now)
+        state = view.state(now)
+        if state != self._state:
+            previous, self._state = self._state, state
+            if state in ("local", "share"):
+                log.error("fleet exchange: own usage reports not seen back for %.1f s; %s",
+                          self.options.unreachable_after_s, self.describe())
+            elif previous in ("local", "share"):
+                log.warning("fleet exchange: reachable again; %s", self.describe())
+        self.engine.set_budget_share(view.budget_share(now))
+        if self._metrics is not None:
+            self._metrics.fleet_status(state, instances, self.engine.budget_share)
+
+    async def _close_clients(self) -> None:
+        for client in (self._producer, self._consumer):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.stop()
+        self._producer = self._consumer = None
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._close_clients()
+        self.engine.share_usage(False)

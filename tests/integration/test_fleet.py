@@ -1,0 +1,207 @@
+"""Acceptance (issue 13): a fleet of `kqp serve` instances enforces one budget, through a topic
+of the Kafka cluster it fronts, and falls back by its policy when that topic is unreachable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from harness.local_kafka import KafkaCluster
+from harness.proxy_process import ProxyProcess
+
+pytestmark = pytest.mark.integration
+
+QUOTA = 256 * 1024  # bytes/s, for the three clients together
+RECORD_SIZE = 1024
+CLIENT_ID = "fleet-client"
+# Kafka's default windows (11 x 1 s): a fresh sensor admits about ten windows' worth first.
+WARMUP_S = 14
+STEADY_S = 60
+TOLERANCE = 0.10
+
+
+def fleet_config(path: Path, usage_topic: str, policy: str = "share", enabled: bool = True) -> Path:
+    """CLIENT_ID limited to QUOTA for the cluster; `enabled: false` leaves the exchange to --workers."""
+    path.write_text(
+        "quotas:\n"
+        "  scope: cluster\n"
+        "  entries:\n"
+        f"    - entity: {{client-id: {CLIENT_ID}}}\n"
+        f"      producer_byte_rate: {QUOTA}\n"
+        "fleet:\n"
+        f"  enabled: {str(enabled).lower()}\n"
+        f"  topic: {usage_topic}\n"
+        f"  on_unreachable: {policy}\n"
+        "  report_interval_seconds: 0.1\n"
+        "  unreachable_after_seconds: 2\n"
+    )
+    return path
+
+
+@pytest.fixture
+def usage_topic(topic_name: str) -> str:
+    return f"_kqp_usage-{topic_name}"[:200]
+
+
+def start_fleet(cluster: KafkaCluster, tmp_path: Path, usage_topic: str, policies: list[str]) -> list[ProxyProcess]:
+    proxies = []
+    for index, policy in enumerate(policies):
+        config = fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, policy)
+        proxies.append(ProxyProcess(cluster.bootstrap, tmp_path / f"fleet-{index}.log", config=config).start())
+    return proxies
+
+
+@pytest.fixture
+def stop_at_end() -> Iterator[list[ProxyProcess]]:
+    started: list[ProxyProcess] = []
+    yield started
+    codes = {proxy.log_path.name: proxy.stop() for proxy in started}
+    assert all(code == 0 for code in codes.values()), f"a proxy did not exit cleanly: {codes}"
+
+
+def metric(proxy: ProxyProcess, name: str, **labels: str) -> float | None:
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    for line in proxy.metrics_text().splitlines():
+        if line.startswith(name) and re.match(rf"{re.escape(name)}[{{ ]", line) and all(w in line for w in wanted):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def readyz_body(proxy: ProxyProcess) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/readyz", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Seconds it took; fails with `what` when it does not happen in time."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def wait_for_fleet(proxies: list[ProxyProcess]) -> None:
+    wait_until(lambda: all(metric(p, "kqp_fleet_instances") == len(proxies) for p in proxies), 60,
+               f"every instance sees {len(proxies)} instances")
+
+
+def produce_through(bootstrap: str, topic: str, seconds: float, per_second: list[int], lock: threading.Lock,
+                    start: float) -> None:
+    """One librdkafka producer offering one quota's worth of bytes/s; acknowledged bytes are
+    added to `per_second` by the second they were acknowledged in."""
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": CLIENT_ID, "linger.ms": 5,
+                         "queue.buffering.max.kbytes": 2048})
+    payload = b"x" * RECORD_SIZE
+
+    def on_delivery(error: object, message: object) -> None:
+        second = int(time.monotonic() - start)
+        if error is None and second < len(per_second):
+            with lock:
+                per_second[second] += RECORD_SIZE
+
+    sent = 0
+    began = time.monotonic()  # the offer starts when this producer does
+    while time.monotonic() - start < seconds:
+        if sent * RECORD_SIZE < (time.monotonic() - began) * QUOTA:
+            # Muted: the offer beyond the queue is dropped, as a bounded client would drop it.
+            with contextlib.suppress(BufferError):
+                producer.produce(topic, payload, on_delivery=on_delivery)
+            sent += 1
+        else:
+            producer.poll(0.002)
+        producer.poll(0)
+    # What is still queued would be acknowledged after the measured seconds: drop it.
+    producer.purge(in_queue=True, in_flight=False)
+    producer.flush(10)
+
+
+def steady_rate(per_second: list[int], first: int, last: int) -> float:
+    """Bytes/s acknowledged from second `first` to `last`, over whole throttling cycles.
+
+    librdkafka ignores ThrottleTimeMs and is held by the mute alone, so it sends in cycles (a
+    burst of several seconds, then seconds near zero) of about one quota window: averaging
+    over a window that cuts a cycle would count part of a burst or part of a pause. The
+    average runs from the first burst that starts in [first, last] to the last one; traffic
+    with fewer than two bursts there is smooth, and is averaged over [first, last].
+    """
+    quiet = 0.5 * QUOTA
+    starts = [i for i in range(max(first, 1), last + 1) if per_second[i] >= quiet > per_second[i - 1]]
+    if len(starts) >= 2:
+        first, last = starts[0], starts[-1]
+    return sum(per_second[first:last]) / (last - first)
+
+
+def test_three_instances_hold_three_producers_to_one_quota(
+    kafka_3nodes: KafkaCluster, tmp_path: Path, usage_topic: str, topic_name: str, stop_at_end: list[ProxyProcess]
+) -> None:
+    proxies = start_fleet(kafka_3nodes, tmp_path, usage_topic, ["share"] * 3)
+    stop_at_end.extend(proxies)
+    wait_for_fleet(proxies)
+    kafka_3nodes.create_topic(topic_name, partitions=3)
+    seconds = WARMUP_S + STEADY_S
+    per_second = [0] * (seconds + 1)
+    lock = threading.Lock()
+    start = time.monotonic()
+    producers = [threading.Thread(target=produce_through, args=(p.bootstrap, topic_name, seconds, per_second,
+                                                                  lock, start)) for p in proxies]
+    for thread in producers:
+        thread.start()
+    for thread in producers:
+        thread.join(seconds + 60)
+    rate = steady_rate(per_second, WARMUP_S, WARMUP_S + STEADY_S)
+    print(f"three producers through three instances: {rate / QUOTA:.3f} x quota; per second "
+          f"{[round(b / QUOTA, 1) for b in per_second]}")
+    # Every instance throttled its producer: the budget was shared, not tripled.
+    for proxy in proxies:
+        assert (metric(proxy, "kqp_throttle_time_seconds_total", client_id=CLIENT_ID, source="proxy") or 0) > 0
+    assert abs(rate - QUOTA) <= TOLERANCE * QUOTA, f"the fleet admitted {rate / QUOTA:.3f} x the quota"
+
+
+def test_an_unreachable_usage_topic_switches_each_instance_to_its_policy_and_back(
+    kafka_3nodes: KafkaCluster, tmp_path: Path, usage_topic: str, stop_at_end: list[ProxyProcess]
+) -> None:
+    # The usage topic lives on one broker only, so stopping that broker makes it unreachable.
+    leader = max(kafka_3nodes.nodes)
+    kafka_3nodes.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", kafka_3nodes.bootstrap,
+                          "--create", "--topic", usage_topic, "--replica-assignment", str(leader))
+    proxies = start_fleet(kafka_3nodes, tmp_path, usage_topic, ["share", "share", "local"])
+    stop_at_end.extend(proxies)
+    wait_for_fleet(proxies)
+    for proxy in proxies:
+        assert metric(proxy, "kqp_fleet_exchange_state", state="ok") == 1
+        assert "fleet exchange ok, 3 instance(s)" in readyz_body(proxy)
+
+    kafka_3nodes.kill_node(leader)
+    try:
+        took = wait_until(
+            lambda: [metric(p, "kqp_fleet_exchange_state", state=s) for p, s in
+                     zip(proxies, ["share", "share", "local"], strict=True)] == [1, 1, 1],
+            30, "every instance switched to its policy")
+        print(f"instances switched to their policy {took:.1f} s after the usage topic's broker stopped")
+        # Within one quota window (11 s), the reports' own failure time (2 s) included.
+        assert took <= 11
+        for proxy in proxies[:2]:
+            assert metric(proxy, "kqp_fleet_budget_share") == pytest.approx(1 / 3)
+            assert "enforcing 1/3 of each quota (policy share)" in readyz_body(proxy)
+            assert proxy.readyz() == 200  # still serving
+            assert "own usage reports not seen back" in proxy.log_tail(400)
+        assert metric(proxies[2], "kqp_fleet_budget_share") == 1
+        assert "policy local" in readyz_body(proxies[2])
+    finally:
+        kafka_3nodes.start_node(leader)
+    wait_until(lambda: all(metric(p, "kqp_fleet_exchange_state", state="ok") == 1 for p in proxies), 60,
+               "every instance recovered by itself")
+    for proxy in proxies:
+        assert metric(proxy, "kqp_fleet_budget_share") == 1
+        assert "reachable again" in proxy.log_tail(400)
