@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.1, help="report interval in seconds")
     parser.add_argument("--nodes", type=int, default=1)
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     results = []
     with KafkaCluster(nodes=args.nodes) as cluster:
         for instances in args.instances:

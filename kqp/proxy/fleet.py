@@ -42,6 +42,9 @@ _TOPIC_ALREADY_EXISTS = 36
 # Deltas per record: about 80 bytes each in JSON, so a record stays far below Kafka's 1 MB.
 _DELTAS_PER_REPORT = 5_000
 _RETRY_SETUP_S = 2.0
+_CLOSE_TIMEOUT_S = 5.0
+_HEARTBEAT_S = 1.0
+_FETCH_MAX_WAIT_MS = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,12 @@ class FleetOptions:
 def default_instance_id(listener_port: int) -> str:
     """Unique per process on a host, and readable in the usage topic and the logs."""
     return f"{socket.gethostname()}:{listener_port}:{os.getpid()}"
+
+
+def _log_unexpected_end(task: asyncio.Task[None]) -> None:
+    # The loops only end when stopped; anything else would silently end the exchange.
+    if not task.cancelled() and task.exception() is not None:
+        log.error("fleet exchange: %s stopped", task.get_name(), exc_info=task.exception())
 
 
 class FleetExchange:
@@ -112,6 +121,7 @@ class FleetExchange:
         self.engine.share_usage(True)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run(), name="kqp-fleet")]
+        self._tasks[0].add_done_callback(_log_unexpected_end)
 
     def state(self) -> ExchangeState:
         return self._state
@@ -139,7 +149,9 @@ class FleetExchange:
                 self._update_state()
                 await asyncio.sleep(_RETRY_SETUP_S)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._consume(), name="kqp-fleet-consume"))
+        consume = loop.create_task(self._consume(), name="kqp-fleet-consume")
+        consume.add_done_callback(_log_unexpected_end)
+        self._tasks.append(consume)
         await self._publish()
 
     async def _connect(self) -> None:
@@ -170,7 +182,8 @@ class FleetExchange:
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=servers, client_id="kqp-fleet", group_id=None, enable_auto_commit=False,
-            fetch_max_wait_ms=max(10, int(o.report_interval_s * 1000)), **self._security(),
+            # A fetch returns as soon as a report arrives; a long wait only saves idle requests.
+            fetch_max_wait_ms=_FETCH_MAX_WAIT_MS, **self._security(),
         )
         await self._consumer.start()
         partition = TopicPartition(o.topic, 0)
@@ -183,10 +196,18 @@ class FleetExchange:
         o = self.options
         producer = self._producer
         assert producer is not None
+        # An empty report still says "alive" (membership) and "the topic works" (own echo), but
+        # an idle instance need not say it ten times a second.
+        heartbeat_s = min(_HEARTBEAT_S, o.unreachable_after_s / 3)
+        last_sent = 0.0
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(o.report_interval_s)
             usage = self.engine.take_local_usage()
-            # An empty report still says "alive" (membership) and "the topic works" (own echo).
+            if not usage and loop.time() - last_sent < heartbeat_s:
+                self._update_state()
+                continue
+            last_sent = loop.time()
             for chunk in split_usage(usage, _DELTAS_PER_REPORT) or [()]:
                 self._seq += 1
                 report = encode_report(UsageReport(o.instance_id, self._seq, chunk))
@@ -217,7 +238,13 @@ class FleetExchange:
         assert consumer is not None
         own = self.options.instance_id
         while True:
-            batches = await consumer.getmany(timeout_ms=int(self.options.report_interval_s * 1000))
+            try:
+                batches = await consumer.getmany(timeout_ms=_FETCH_MAX_WAIT_MS)
+            except Exception as exc:  # the topic's outage shows as own reports missing: keep reading
+                log.warning("fleet exchange: reading %s failed: %r", self.options.topic, exc)
+                self._update_state()
+                await asyncio.sleep(self.options.report_interval_s)
+                continue
             now = self._now_ms()
             for records in batches.values():
                 for record in records:
@@ -261,8 +288,9 @@ class FleetExchange:
     async def _close_clients(self) -> None:
         for client in (self._producer, self._consumer):
             if client is not None:
+                # Reports still queued for an unreachable topic are not worth a hung shutdown.
                 with contextlib.suppress(Exception):
-                    await client.stop()
+                    await asyncio.wait_for(client.stop(), _CLOSE_TIMEOUT_S)
         self._producer = self._consumer = None
 
     async def stop(self) -> None:

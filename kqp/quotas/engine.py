@@ -697,6 +697,8 @@ class QuotaEngine:
             self.take_local_usage()
 
     def _unshared_usage(self, quota_type: QuotaType, sensor: _Sensor, amount: float) -> None:
+        if sensor.bound == NO_QUOTA_BOUND:
+            return  # no quota limits this client: nobody's throttle depends on its usage
         if not sensor.unshared_listed:
             sensor.unshared_listed = True
             self._unshared.append((quota_type, sensor))

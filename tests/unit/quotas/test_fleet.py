@@ -81,6 +81,14 @@ def test_remote_usage_counts_against_the_local_sensor_but_is_never_reported_back
     assert alone.record_produce("1", "u", "c", 1000, 0) == 0
 
 
+def test_clients_no_quota_limits_are_not_reported() -> None:
+    engine = QuotaEngine(settings_for(PRODUCE, {(None, "limited"): QUOTA}))
+    engine.share_usage(True)
+    engine.record_produce("1", "u", "unlimited", 300, 0)
+    engine.record_produce("1", "u", "limited", 300, 0)
+    assert [dict(d.tags)["client-id"] for d in engine.take_local_usage()] == ["limited"]
+
+
 def test_without_sharing_nothing_is_kept_for_a_report() -> None:
     engine = QuotaEngine(settings_for(PRODUCE, {(None, D): QUOTA}))
     engine.record_produce("1", "u", "c", 300, 0)
