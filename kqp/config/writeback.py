@@ -9,6 +9,7 @@ new one, never a half-written one.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -116,3 +117,37 @@ def replace_file_atomically(path: Path, text: str) -> None:
         os.fsync(directory_fd)
     finally:
         os.close(directory_fd)
+
+
+# -- the fleet's quota configuration (docs/scaling.md) ------------------------------------------
+
+QUOTA_SNAPSHOT_FORMAT = 1
+_SNAPSHOT_SOURCE = "the fleet's quota topic"
+
+
+def encode_quota_snapshot(instance: str, entries: Sequence[QuotaEntry], ip_entries: Sequence[IpQuotaEntry]) -> bytes:
+    """The quota entries as one record of the fleet's compacted quota topic, in the YAML
+    files' own shape (so a snapshot reads back exactly as a file would)."""
+    body = {
+        "format": QUOTA_SNAPSHOT_FORMAT,
+        "instance": instance,
+        "entries": [entry_as_yaml(entry) for entry in entries],
+        "ip_entries": [{"ip": e.ip, "connection_creation_rate": round(e.connection_creation_rate)} for e in ip_entries],
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_quota_snapshot(data: bytes) -> tuple[str, tuple[QuotaEntry, ...], tuple[IpQuotaEntry, ...]]:
+    """(instance, entries, ip entries) of a snapshot; ConfigError says what is wrong with it."""
+    try:
+        body = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError([ConfigProblem((_SNAPSHOT_SOURCE,), "", f"not JSON: {exc}")]) from None
+    if not isinstance(body, dict) or body.get("format") != QUOTA_SNAPSHOT_FORMAT:
+        reason = f"not a format {QUOTA_SNAPSHOT_FORMAT} quota snapshot"
+        raise ConfigError([ConfigProblem((_SNAPSHOT_SOURCE,), "", reason)])
+    text = yaml.safe_dump({"quotas": {"entries": body.get("entries", []), "ip_entries": body.get("ip_entries", [])}})
+    config = validate_sources([ConfigSource(_SNAPSHOT_SOURCE, text, yaml.safe_load(text))])
+    entries = tuple(entry.to_entry() for entry in config.quotas.entries)
+    ip_entries = tuple(entry.to_entry() for entry in config.quotas.ip_entries)
+    return str(body.get("instance", "")), entries, ip_entries

@@ -18,6 +18,7 @@ from typing import Any
 from kqp.capture.writer import CaptureWriter
 from kqp.config import ConfigError, ConfigFiles, KqpConfig, find_quota_file, load_config, write_quota_entries
 from kqp.config.models import parse_host_port
+from kqp.config.writeback import decode_quota_snapshot, encode_quota_snapshot
 from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
 from kqp.proxy.fleet import FleetExchange, FleetOptions, default_instance_id
 from kqp.proxy.hooks import HookChain, TrafficHooks
@@ -29,7 +30,7 @@ from kqp.proxy.quota_admin import QuotaAdminHooks
 from kqp.proxy.server import ProxyServer
 from kqp.proxy.tls import parse_principal_mapping_rules, upstream_context
 from kqp.proxy.topics import TopicDirectory
-from kqp.quotas import QuotaEngine, QuotaSettings
+from kqp.quotas import IpQuotaEntry, QuotaEngine, QuotaEntry, QuotaSettings
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class ProxyApp:
         self.server: ProxyServer | None = None
         self.enforcement: QuotaEnforcement | None = None
         self.fleet: FleetExchange | None = None
+        # The last quota configuration known to be the fleet's (read from or sent to its topic).
+        self._fleet_quotas: tuple[tuple[QuotaEntry, ...], tuple[IpQuotaEntry, ...]] | None = None
         self._stop = asyncio.Event()
         self._maintenance: asyncio.Task[None] | None = None
 
@@ -146,6 +149,7 @@ class ProxyApp:
             self.fleet = FleetExchange(
                 fleet, engine, self.now_ms,
                 lambda: engine.settings.window_num * engine.settings.window_size_s * 1000.0, self.metrics,
+                on_quotas=self._apply_fleet_quotas, on_no_quotas=self._share_quotas,
             )
             await self.fleet.start()
         if self.metrics is not None:
@@ -226,7 +230,43 @@ class ProxyApp:
         if self.metrics is not None:
             self.metrics.config_reload(True)
         log.info("config reloaded (%s): %d quota entries", why, len(config.quotas.entries))
+        self._share_quotas()
         return True
+
+    def _share_quotas(self) -> None:
+        """Send this instance's quota entries to the fleet, unless they are the fleet's already."""
+        if self.fleet is None or self.engine is None:
+            return
+        settings = self.engine.settings
+        current = (tuple(settings.entries), tuple(settings.ip_entries))
+        if current == self._fleet_quotas:
+            return  # the change came from the fleet (or changed no entry)
+        self._fleet_quotas = current
+        self.fleet.publish_quotas(encode_quota_snapshot(self.fleet.options.instance_id, *current))
+        log.info("quota configuration sent to the fleet: %d entries", len(current[0]))
+
+    def _apply_fleet_quotas(self, snapshot: bytes) -> None:
+        """Another instance changed the fleet's quotas: take them, through the quota file."""
+        try:
+            instance, entries, ip_entries = decode_quota_snapshot(snapshot)
+        except ConfigError as exc:
+            log.error("a quota snapshot on the fleet's topic is not usable, quotas unchanged:\n%s", exc)
+            return
+        self._fleet_quotas = (entries, ip_entries)
+        engine = self.engine
+        if engine is None or (tuple(engine.settings.entries), tuple(engine.settings.ip_entries)) == self._fleet_quotas:
+            return
+        if self.files is None:
+            engine.update(dataclasses.replace(engine.settings, entries=entries, ip_entries=ip_entries))
+            log.info("quotas from instance %s through the fleet: %d entries", instance, len(entries))
+            return
+        path = find_quota_file(self.files.paths)
+        try:
+            write_quota_entries(path, entries, ip_entries)
+        except ConfigError as exc:
+            log.error("quotas from instance %s could not be written to %s, quotas unchanged:\n%s", instance, path, exc)
+            return
+        self.reload(f"quotas from instance {instance} through the fleet, written to {path}")
 
     def _store_quotas(self, settings: QuotaSettings) -> None:
         """AlterClientQuotas: write the entries back to the quota file, then reload from it."""
@@ -234,6 +274,7 @@ class ProxyApp:
             # Command-line only: nothing to write to, so the change lives until a restart.
             if self.engine is not None:
                 self.engine.update(settings)
+                self._share_quotas()
             return
         path = find_quota_file(self.files.paths)
         write_quota_entries(path, settings.entries, settings.ip_entries)
@@ -332,7 +373,8 @@ def fleet_options(config: KqpConfig, proxy: ProxyOptions, enable: bool = False) 
     # Empty until `settings_from_overrides` knows the upstream (a file or --upstream).
     servers = f.bootstrap_servers or _addresses(proxy.upstream_bootstrap)
     return FleetOptions(
-        bootstrap_servers=tuple(servers), topic=f.topic, instance_id=f.instance_id or "",
+        bootstrap_servers=tuple(servers), topic=f.topic, quota_topic=f"{f.topic}-quotas",
+        instance_id=f.instance_id or "",
         report_interval_s=f.report_interval_seconds, unreachable_after_s=f.unreachable_after_seconds,
         on_unreachable=f.on_unreachable, replication_factor=f.replication_factor,
         ssl_context=upstream_context(proxy.upstream_tls) if proxy.upstream_tls is not None else None,

@@ -52,6 +52,7 @@ class FleetOptions:
     bootstrap_servers: tuple[str, ...]
     topic: str = "_kqp_fleet_usage"
     instance_id: str = ""
+    quota_topic: str = "_kqp_fleet_usage-quotas"
     report_interval_s: float = 0.1
     unreachable_after_s: float = 3.0
     on_unreachable: FailurePolicy = "share"
@@ -84,12 +85,19 @@ class FleetExchange:
         now_ms: Callable[[], float],
         quota_window_ms: Callable[[], float],
         metrics: ProxyMetrics | None = None,
+        on_quotas: Callable[[bytes], None] | None = None,
+        on_no_quotas: Callable[[], None] | None = None,
     ) -> None:
         self.options = options
         self.engine = engine
         self._now_ms = now_ms
         self._quota_window_ms = quota_window_ms
         self._metrics = metrics
+        # The fleet's quota configuration: a snapshot read from the quota topic, and the
+        # call made when that topic holds none yet (this instance's files are the seed).
+        self._on_quotas = on_quotas
+        self._on_no_quotas = on_no_quotas
+        self._unsent_quotas: bytes | None = None
         self.view = FleetView(
             options.instance_id, options.on_unreachable, member_timeout_ms=quota_window_ms(),
             unreachable_after_ms=options.unreachable_after_s * 1000.0, started_ms=now_ms(),
@@ -166,13 +174,16 @@ class FleetExchange:
                 # Kafka's usual 3, or fewer on a smaller cluster.
                 brokers = (await admin.describe_cluster())["brokers"]
                 replication = min(3, max(1, len(brokers)))
-            response = await admin.create_topics([NewTopic(
-                o.topic, num_partitions=1, replication_factor=replication,
-                topic_configs={"retention.ms": str(o.retention_ms), "cleanup.policy": "delete"},
-            )])
+            response = await admin.create_topics([
+                NewTopic(o.topic, num_partitions=1, replication_factor=replication,
+                         topic_configs={"retention.ms": str(o.retention_ms), "cleanup.policy": "delete"}),
+                # The last snapshot of the quota configuration, kept for good by compaction.
+                NewTopic(o.quota_topic, num_partitions=1, replication_factor=replication,
+                         topic_configs={"cleanup.policy": "compact"}),
+            ])
             for _name, code, *_rest in response.topic_errors:
                 if code not in (0, _TOPIC_ALREADY_EXISTS):
-                    raise RuntimeError(f"creating {o.topic}: error code {code}")
+                    raise RuntimeError(f"creating {_name}: error code {code}")
         finally:
             await admin.close()
         self._producer = AIOKafkaProducer(
@@ -186,11 +197,17 @@ class FleetExchange:
             fetch_max_wait_ms=_FETCH_MAX_WAIT_MS, **self._security(),
         )
         await self._consumer.start()
-        partition = TopicPartition(o.topic, 0)
-        self._consumer.assign([partition])
+        usage, quotas = TopicPartition(o.topic, 0), TopicPartition(o.quota_topic, 0)
+        self._consumer.assign([usage, quotas])
         # Only what happens from now on matters: older usage is already in the others' windows.
-        await self._consumer.seek_to_end(partition)
-        log.info("fleet exchange: instance %s on topic %s", o.instance_id, o.topic)
+        await self._consumer.seek_to_end(usage)
+        # The quota configuration is read from the start: its last record is the fleet's.
+        await self._consumer.seek_to_beginning(quotas)
+        if (await self._consumer.end_offsets([quotas]))[quotas] == 0 and self._on_no_quotas is not None:
+            self._on_no_quotas()
+        if self._unsent_quotas is not None:
+            await self._send_quotas(self._unsent_quotas)
+        log.info("fleet exchange: instance %s on topics %s and %s", o.instance_id, o.topic, o.quota_topic)
 
     async def _publish(self) -> None:
         o = self.options
@@ -246,7 +263,15 @@ class FleetExchange:
                 await asyncio.sleep(self.options.report_interval_s)
                 continue
             now = self._now_ms()
-            for records in batches.values():
+            for partition, records in batches.items():
+                if partition.topic == self.options.quota_topic:
+                    for record in records:
+                        if self._on_quotas is not None and record.value is not None:
+                            try:
+                                self._on_quotas(record.value)
+                            except Exception:  # the exchange must outlive one bad quota change
+                                log.exception("fleet exchange: applying the fleet's quotas failed")
+                    continue
                 for record in records:
                     self._apply(record.value, own, now)
             self._update_state()
@@ -285,6 +310,25 @@ class FleetExchange:
         if self._metrics is not None:
             self._metrics.fleet_status(state, instances, self.engine.budget_share)
 
+    def publish_quotas(self, snapshot: bytes) -> None:
+        """Make `snapshot` the fleet's quota configuration (every instance reads it back)."""
+        if self._producer is None:
+            self._unsent_quotas = snapshot  # sent once the exchange is connected
+            return
+        task = asyncio.get_running_loop().create_task(self._send_quotas(snapshot))
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
+
+    async def _send_quotas(self, snapshot: bytes) -> None:
+        producer = self._producer
+        assert producer is not None
+        try:
+            await (await producer.send(self.options.quota_topic, snapshot, key=b"quotas"))
+            self._unsent_quotas = None
+        except Exception as exc:  # kept, and sent again at the next change or reconnection
+            self._unsent_quotas = snapshot
+            log.error("fleet exchange: the quota change was applied here but not shared with the fleet: %r", exc)
+
     async def _close_clients(self) -> None:
         for client in (self._producer, self._consumer):
             if client is not None:
@@ -294,9 +338,10 @@ class FleetExchange:
         self._producer = self._consumer = None
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = list(self._tasks)  # a quota send removes itself from the list when done
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._close_clients()

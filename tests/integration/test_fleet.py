@@ -205,3 +205,28 @@ def test_an_unreachable_usage_topic_switches_each_instance_to_its_policy_and_bac
     for proxy in proxies:
         assert metric(proxy, "kqp_fleet_budget_share") == 1
         assert "reachable again" in proxy.log_tail(400)
+
+
+def test_a_quota_altered_through_one_instance_reaches_the_others(
+    kafka_1node: KafkaCluster, tmp_path: Path, usage_topic: str, stop_at_end: list[ProxyProcess]
+) -> None:
+    proxies = start_fleet(kafka_1node, tmp_path, usage_topic, ["share", "share"])
+    stop_at_end.extend(proxies)
+    wait_for_fleet(proxies)
+    first, second = proxies
+    kafka_1node.run_tool("kafka.admin.ConfigCommand", "--bootstrap-server", first.bootstrap, "--alter",
+                         "--add-config", "producer_byte_rate=4096", "--entity-type", "clients",
+                         "--entity-name", "batch-job")
+    altered = time.monotonic()
+    second_file = tmp_path / "fleet-1.yaml"
+    took = wait_until(lambda: "batch-job" in second_file.read_text(), 10, "the other instance's quota file")
+    print(f"the alteration reached the other instance {time.monotonic() - altered:.2f} s after kafka-configs "
+          f"returned ({took:.2f} s of polling)")
+    assert took <= 2.0
+    described = kafka_1node.run_tool("kafka.admin.ConfigCommand", "--bootstrap-server", second.bootstrap,
+                                     "--describe", "--entity-type", "clients", "--entity-name", "batch-job").stdout
+    assert "producer_byte_rate=4096.0" in described, described
+    # Both instances still hold the entry they started with.
+    for index in range(2):
+        assert CLIENT_ID in (tmp_path / f"fleet-{index}.yaml").read_text()
+    assert "quotas from instance" in second.log_tail(200)
