@@ -27,6 +27,11 @@ CLIENT_ID = "fleet-client"
 WARMUP_S = 14
 STEADY_S = 60
 TOLERANCE = 0.10
+# What one Kafka 4.3.1 broker that enforces the quota itself admits from these three producers,
+# measured with this file's producer and averaging (bench/fleet_reference.py: 0.929x in two
+# runs): each client waits out the whole throttle, so Kafka admits a little less than the
+# quota. The fleet must admit what Kafka admits, within TOLERANCE.
+KAFKA_ADMITS = 0.93 * QUOTA
 
 
 def fleet_config(path: Path, usage_topic: str, policy: str = "share", enabled: bool = True) -> Path:
@@ -131,12 +136,14 @@ def steady_rate(per_second: list[int], first: int, last: int) -> float:
 
     librdkafka ignores ThrottleTimeMs and is held by the mute alone, so it sends in cycles (a
     burst of several seconds, then seconds near zero) of about one quota window: averaging
-    over a window that cuts a cycle would count part of a burst or part of a pause. The
-    average runs from the first burst that starts in [first, last] to the last one; traffic
-    with fewer than two bursts there is smooth, and is averaged over [first, last].
+    over a window that cuts a cycle would count part of a burst or part of a pause. A burst
+    starts at a second above the quota after three seconds below it (a dip inside a burst's
+    tail is not a start); the average runs from the first burst that starts in [first, last]
+    to the last one. Traffic with fewer than two bursts there is smooth, and is averaged over
+    [first, last].
     """
-    quiet = 0.5 * QUOTA
-    starts = [i for i in range(max(first, 1), last + 1) if per_second[i] >= quiet > per_second[i - 1]]
+    starts = [i for i in range(max(first, 3), last + 1)
+              if per_second[i] > QUOTA and max(per_second[i - 3:i]) < QUOTA]
     if len(starts) >= 2:
         first, last = starts[0], starts[-1]
     return sum(per_second[first:last]) / (last - first)
@@ -165,7 +172,7 @@ def test_three_instances_hold_three_producers_to_one_quota(
     # Every instance throttled its producer: the budget was shared, not tripled.
     for proxy in proxies:
         assert (metric(proxy, "kqp_throttle_time_seconds_total", client_id=CLIENT_ID, source="proxy") or 0) > 0
-    assert abs(rate - QUOTA) <= TOLERANCE * QUOTA, f"the fleet admitted {rate / QUOTA:.3f} x the quota"
+    assert abs(rate - KAFKA_ADMITS) <= TOLERANCE * KAFKA_ADMITS, f"the fleet admitted {rate / QUOTA:.3f} x the quota"
 
 
 def test_an_unreachable_usage_topic_switches_each_instance_to_its_policy_and_back(
