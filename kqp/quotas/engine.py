@@ -546,13 +546,15 @@ class QuotaEngine:
             sensor = manager.sensor(broker, user, client_id, t)
         sensor.last_record_ms = t
         throttle = java_int(sensor.record_and_throttle(nbytes, t))
-        unrecord = (throttle > 0 or request_throttle_ms > 0) and not delivered and not sensor.identity.dry_run
-        if self._sharing and not unrecord:
-            self._unshared_usage("consumer_byte_rate", sensor, nbytes)
         if throttle <= 0 and request_throttle_ms <= 0:
+            if self._sharing:
+                self._unshared_usage("consumer_byte_rate", sensor, nbytes)
             return 0
-        if unrecord:
+        # Throttled: the broker answers empty and unrecords, unless the data is delivered anyway.
+        if not delivered and not sensor.identity.dry_run:
             sensor.record(-nbytes, t)
+        elif self._sharing:
+            self._unshared_usage("consumer_byte_rate", sensor, nbytes)
         if throttle <= 0:
             return 0
         return self._throttled("consumer_byte_rate", sensor, throttle)
