@@ -288,7 +288,7 @@ class FleetExchange:
             return
         self.view.report_seen(report.instance, now)
         if report.instance != own:
-            self.engine.record_remote_usage(report.usage, now)
+            self.engine.record_remote_usage(report.usage, now, report.instance)
             self.deltas_applied += len(report.usage)
         if self._metrics is not None:
             self._metrics.fleet_report_received(accepted=True)

@@ -151,7 +151,8 @@ class RateSensor(WindowedRate):
     """A quota sensor metered by a Rate: what the client's requests are recorded into."""
 
     __slots__ = (
-        "expired", "identity", "last_record_ms", "throttle_count", "throttle_ms_total", "unshared", "unshared_listed",
+        "expired", "identity", "last_record_ms", "remote_instances", "throttle_count", "throttle_ms_total", "unshared",
+        "unshared_listed",
     )
 
     def __init__(self, samples: int, window_ms: int, bound: float, now_ms: int, identity: _SensorIdentity) -> None:
@@ -164,6 +165,8 @@ class RateSensor(WindowedRate):
         # Fleet sharing: what this instance recorded since its last usage report.
         self.unshared = 0.0
         self.unshared_listed = False
+        # Fleet sharing, fetch sensors only: the other instances that reported this client's usage.
+        self.remote_instances: set[str] | None = None
 
 
 class MutationSensor:
@@ -433,6 +436,8 @@ class QuotaEngine:
         self.budget_share = 1.0
         self._sharing = False
         self._unshared: list[tuple[QuotaType, _Sensor]] = []
+        # Fleet sharing: when each other instance last reported (heartbeats included).
+        self._remote_report_ms: dict[str, int] = {}
         self.update(settings)
 
     @classmethod
@@ -545,7 +550,17 @@ class QuotaEngine:
         if sensor is None or sensor.expired or manager.poll_reset:
             sensor = manager.sensor(broker, user, client_id, t)
         sensor.last_record_ms = t
-        throttle = java_int(sensor.record_and_throttle(nbytes, t))
+        remote = sensor.remote_instances
+        sharers = self._live_sharers(remote, t - manager.samples * manager.window_ms) if remote else 0
+        if sharers:
+            # Other instances serve this client too, and what they served since their last
+            # report is not known here yet. Consumers that come back from a throttle together
+            # fetch together: until this instance's usage is reported, each other instance is
+            # taken to have served as much, as one broker would have seen all of it.
+            sensor.record(nbytes, t)
+            throttle = java_int(sensor.throttle_with(sharers * (sensor.unshared + nbytes), t))
+        else:
+            throttle = java_int(sensor.record_and_throttle(nbytes, t))
         if throttle <= 0 and request_throttle_ms <= 0:
             if self._sharing:
                 self._unshared_usage("consumer_byte_rate", sensor, nbytes)
@@ -717,14 +732,19 @@ class QuotaEngine:
                 usage.append(UsageDelta(quota_type, identity.broker, tuple(_tags(identity).items()), amount))
         return usage
 
-    def record_remote_usage(self, usage: Iterable[UsageDelta], now_ms: float) -> None:
+    def record_remote_usage(self, usage: Iterable[UsageDelta], now_ms: float, instance: str | None = None) -> None:
         """Another instance's report: its usage counts against the same sensors as this one's.
 
         Nothing is throttled here; the next local request measures the fleet's rate. A quota
         type this instance does not enforce ignores the usage (its sensors would never be read).
+        `instance` (the reporter; give it for heartbeats too) lets fetch sensors know how many
+        live instances serve a client.
         """
         t = int(now_ms)
         managers = self._managers
+        fetch = self._fetch
+        if instance is not None:
+            self._remote_report_ms[instance] = t
         for delta in usage:
             manager = managers[delta.quota_type]
             if not manager.enabled:
@@ -732,6 +752,17 @@ class QuotaEngine:
             sensor = manager.shared_sensor(delta.broker, dict(delta.tags), t)
             sensor.record(delta.amount, t)
             sensor.last_record_ms = t
+            if manager is fetch and instance is not None:
+                if sensor.remote_instances is None:
+                    sensor.remote_instances = set()
+                sensor.remote_instances.add(instance)
+
+    def _live_sharers(self, instances: set[str], horizon_ms: int) -> int:
+        """How many of `instances` (those that have served a client) reported since `horizon_ms`,
+        forgetting the others; a throttled client's instance stays, as it sends heartbeats."""
+        reported = self._remote_report_ms
+        instances -= {i for i in instances if reported.get(i, horizon_ms - 1) < horizon_ms}
+        return len(instances)
 
     def set_budget_share(self, share: float) -> None:
         """Enforce `share` of every client quota (the fleet's `share` policy); 1 restores them."""

@@ -222,12 +222,24 @@ class WindowedRate:
         if elapsed < 1:
             elapsed = 1
         rate = sum(values) / (elapsed / 1000.0)
-        bound = self.bound
-        if rate <= bound:
+        if rate <= self.bound:
             return 0
+        return self._throttle_time(rate, elapsed)
+
+    def throttle_with(self, extra: float, now_ms: int) -> int:
+        """The throttle `record_and_throttle` would give if `extra` more had been recorded."""
+        elapsed = self.window_size(now_ms)
+        rate = (self.total(now_ms) + extra) / (elapsed / 1000.0)
+        if rate <= self.bound:
+            return 0
+        return self._throttle_time(rate, elapsed)
+
+    def _throttle_time(self, rate: float, elapsed_ms: int) -> int:
+        """QuotaUtils.throttleTime for a rate above the bound."""
+        bound = self.bound
         if bound <= 0:
             return LONG_MAX  # Java: (O - 0) / 0.0 = Infinity, and Math.round(Infinity) = Long.MAX
-        return java_round((rate - bound) / bound * elapsed)
+        return java_round((rate - bound) / bound * elapsed_ms)
 
     def peek(self, now_ms: int) -> float:
         """The rate `measure(now_ms)` would report, without purging (observability must not

@@ -21,6 +21,7 @@ from .helpers import D, settings_for
 
 PRODUCE: QuotaType = "producer_byte_rate"
 MUTATION: QuotaType = "controller_mutation_rate"
+CONSUME: QuotaType = "consumer_byte_rate"
 QUOTA = 100_000.0  # bytes/s
 
 
@@ -204,3 +205,72 @@ def test_three_instances_sharing_usage_admit_what_one_broker_would() -> None:
     assert _aggregate_rate(3, exchange=True) == pytest.approx(one_broker, rel=0.05)
     # Without the exchange each instance admits a budget of its own.
     assert _aggregate_rate(3, exchange=False) > 2.5 * QUOTA
+
+
+def _consumers_rate(exchange: bool | None, instances: int = 3, exchange_interval_ms: int = 100) -> float:
+    """Consumers with one client-id, one per instance, each reading a backlog as fast as its
+    throttles let it (a fetch returns one second of the quota, as a Java consumer's 1 MiB
+    against 1 MiB/s); the proxy delivers a throttled fetch's data and keeps it recorded.
+    Bytes/s delivered in total over 45 s of steady state.
+
+    exchange None: all go through one engine (one broker's figure); True: each through its
+    own instance with the usage exchange; False: the same, but the reports do not say which
+    instance sent them, so no instance knows that others serve the client.
+    """
+    engines = [_sharing_engine(CONSUME, scope="cluster") for _ in range(1 if exchange is None else instances)]
+    fetch_bytes, round_trip_ms = int(QUOTA), 5.0
+    events = [(0.0, "fetch", i) for i in range(instances)]
+    events += [(float(exchange_interval_ms), "exchange", -1)]
+    delivered = 0
+    steady_from, end = 15_000, 60_000
+    while events:
+        now, kind, who = heapq.heappop(events)
+        if now > end:
+            break
+        if kind == "exchange":
+            reports = [engine.take_local_usage() for engine in engines]
+            for i, engine in enumerate(engines):
+                for j, usage in enumerate(reports):
+                    if i != j:
+                        engine.record_remote_usage(usage, now, f"instance-{j}" if exchange else None)
+            heapq.heappush(events, (now + exchange_interval_ms, "exchange", -1))
+            continue
+        throttle = engines[who % len(engines)].record_fetch("1", "u", "c", fetch_bytes, now + round_trip_ms,
+                                                            delivered=True)
+        if now >= steady_from:
+            delivered += fetch_bytes
+        heapq.heappush(events, (now + round_trip_ms + throttle, "fetch", who))
+    return delivered / ((end - steady_from) / 1000)
+
+
+def test_an_instance_counts_its_unreported_fetches_once_for_each_instance_serving_the_client() -> None:
+    engines = {name: _sharing_engine(CONSUME, scope="cluster") for name in ("a", "b", "c")}
+    for name in ("b", "c"):
+        engines[name].record_fetch("1", "u", "c", 1_000, 0, delivered=True)
+        engines["a"].record_remote_usage(engines[name].take_local_usage(), 0, name)
+    # 2,000 known + 3 x 350,000: more than the 10 windows' worth (1,000,000) a fresh sensor admits.
+    assert engines["a"].record_fetch("1", "u", "c", 350_000, 0, delivered=True) > 0
+    # Once reported, its usage counts once: 353,000 + 2 x 1,000 is within the window.
+    engines["a"].take_local_usage()
+    assert engines["a"].record_fetch("1", "u", "c", 1_000, 0, delivered=True) == 0
+
+
+def test_an_instance_that_stopped_reporting_no_longer_counts_as_serving_the_client() -> None:
+    a, b = _sharing_engine(CONSUME, scope="cluster"), _sharing_engine(CONSUME, scope="cluster")
+    b.record_fetch("1", "u", "c", 1_000, 0, delivered=True)
+    a.record_remote_usage(b.take_local_usage(), 0, "b")
+    # b is silent for a whole quota window (11 x 1 s): a's fetch counts once.
+    assert a.record_fetch("1", "u", "c", 600_000, 11_001, delivered=True) == 0
+
+
+def test_three_instances_hold_consumers_that_fetch_together_to_the_quota() -> None:
+    # Through one engine the three fetch together too, and each throttle is computed before
+    # the fetches that came with it are recorded: a little over the quota, as the proxy alone.
+    one_instance = _consumers_rate(exchange=None)
+    assert QUOTA < one_instance < 1.2 * QUOTA
+    fleet = _consumers_rate(exchange=True)
+    assert fleet == pytest.approx(QUOTA, rel=0.05)
+    assert fleet <= one_instance
+    # Without knowing who else serves the client, each instance fills the room the others'
+    # reports have not yet taken, after every throttle: a lasting excess.
+    assert _consumers_rate(exchange=False) > 1.3 * QUOTA
