@@ -29,9 +29,9 @@ $(KAFKA_DIR)/libs/.complete: harness/pom.xml
 kafka-messages: kafka
 	./harness/extract_kafka_messages.sh $(KAFKA_VERSION)
 
-# From Debian, installed when missing: kcat (librdkafka's CLI) and prometheus (its package ships
-# promtool too) for the Prometheus integration test.
-SYSTEM_COMMANDS := kcat:kcat prometheus:prometheus promtool:prometheus
+# From Debian, installed when missing: kcat (librdkafka's CLI), prometheus (its package ships
+# promtool too) for the Prometheus integration test, and haproxy for the fleet behind a balancer.
+SYSTEM_COMMANDS := kcat:kcat prometheus:prometheus promtool:prometheus haproxy:haproxy
 system-deps:
 	@missing=$$(for pair in $(SYSTEM_COMMANDS); do command -v $${pair%%:*} >/dev/null || echo $${pair#*:}; done \
 	  | sort -u); \

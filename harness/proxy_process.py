@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from harness.local_kafka import REPO, KafkaHarnessError, api_versions_ok, free_ports
@@ -24,16 +25,19 @@ from harness.local_kafka import REPO, KafkaHarnessError, api_versions_ok, free_p
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def free_port_block(count: int, low: int = 20000, high: int = 32000) -> int:
-    """A base port B such that B+1 .. B+count are all free (the proxy serves node N on B+N)."""
+def free_port_block(count: int, low: int = 20000, high: int = 32000,
+                    hosts: Sequence[str] = ("127.0.0.1",)) -> int:
+    """A base port B such that B+1 .. B+count are free on every one of `hosts` (the proxy
+    serves node N on B+N)."""
     for _ in range(200):
         base = random.randrange(low, high - count)
         sockets: list[socket.socket] = []
         try:
-            for port in range(base + 1, base + count + 1):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
+            for host in hosts:
+                for port in range(base + 1, base + count + 1):
+                    s = socket.socket()
+                    sockets.append(s)
+                    s.bind((host, port))
             return base
         except OSError:
             continue
@@ -55,21 +59,33 @@ def process_cpu_seconds(pid: int) -> float:
 
 class ProxyProcess:
     """One `kqp serve` child in front of `upstream` (HOST:PORT, comma-separated allowed), with
-    an optional config file on top of the command-line flags and `--workers`."""
+    an optional config file on top of the command-line flags and `--workers`.
+
+    By default it listens on free ports of 127.0.0.1 and advertises them. Instances behind a
+    load balancer get the same `ports` (bootstrap port, node port base) on a `bind_host` of
+    their own and advertise the balancer's address.
+    """
 
     def __init__(self, upstream: str, log_path: Path, max_node_id: int = 8, config: Path | None = None,
-                 workers: int = 1) -> None:
+                 workers: int = 1, bind_host: str = "127.0.0.1", advertised_host: str | None = None,
+                 ports: tuple[int, int] | None = None) -> None:
         self.upstream = [address for address in upstream.split(",") if address]
         self.log_path = log_path
         self.config = config
         self.workers = workers
-        self.bootstrap_port, self.metrics_port = free_ports(2)
-        self.node_port_base = free_port_block(max_node_id)
+        self.bind_host = bind_host
+        self.advertised_host = advertised_host or bind_host
+        if ports is None:
+            self.bootstrap_port, self.metrics_port = free_ports(2)
+            self.node_port_base = free_port_block(max_node_id)
+        else:
+            self.bootstrap_port, self.node_port_base = ports
+            (self.metrics_port,) = free_ports(1)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.bootstrap_port}"
+        return f"{self.bind_host}:{self.bootstrap_port}"
 
     @property
     def pid(self) -> int:
@@ -85,7 +101,8 @@ class ProxyProcess:
         for address in self.upstream:
             command += ["--upstream", address]
         command += ["--bootstrap-port", str(self.bootstrap_port), "--node-port-base", str(self.node_port_base),
-                    "--advertised-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)]
+                    "--bind-host", self.bind_host, "--advertised-host", self.advertised_host,
+                    "--metrics-port", str(self.metrics_port)]
         if self.config is not None:
             command += ["--config", str(self.config)]
         if self.workers != 1:
@@ -98,7 +115,7 @@ class ProxyProcess:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         deadline = time.monotonic() + timeout_s
         # The metrics endpoint opens after upstream discovery, so it is the later of the two.
-        while not (api_versions_ok("127.0.0.1", self.bootstrap_port, timeout=2.0) and self._endpoint_up()):
+        while not (api_versions_ok(self.bind_host, self.bootstrap_port, timeout=2.0) and self._endpoint_up()):
             if self.process.poll() is not None:
                 raise KafkaHarnessError(f"kqp serve exited with {self.process.returncode}:\n{self.log_tail()}")
             if time.monotonic() > deadline:

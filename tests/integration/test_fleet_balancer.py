@@ -1,0 +1,133 @@
+"""Acceptance (issue 13, criterion 3): a fleet behind a TCP load balancer (HAProxy) loses one
+instance mid-run; its clients reconnect through the others and the budget still holds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.load_balancer import LoadBalancer
+from harness.local_kafka import KafkaCluster
+from harness.proxy_process import ProxyProcess, free_port_block
+from tests.integration.test_fleet import (
+    CLIENT_ID,
+    KAFKA_ADMITS,
+    QUOTA,
+    TOLERANCE,
+    WARMUP_S,
+    fleet_config,
+    metric,
+    produce_through,
+    steady_rate,
+    wait_for_fleet,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+BALANCER_HOST = "127.0.0.10"
+INSTANCE_HOSTS = ["127.0.0.11", "127.0.0.12", "127.0.0.13"]
+KILL_AT_S = WARMUP_S + 16
+# Kafka's default quota window (11 x 1 s): from one window after the kill, the killed
+# instance's usage has left every window, and only the survivors' usage counts.
+WINDOW_S = 11
+AFTER_WINDOW_S = 40
+
+
+def open_connections(proxy: ProxyProcess) -> float:
+    """Client connections open on the instance, every listener together (HAProxy's health
+    checks last a fraction of a millisecond and are rarely among them)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in proxy.metrics_text().splitlines()
+               if line.startswith("kqp_connections_open{"))
+
+
+@pytest.fixture
+def fleet_behind_balancer(
+    kafka_3nodes: KafkaCluster, tmp_path: Path, topic_name: str
+) -> Iterator[tuple[LoadBalancer, list[ProxyProcess]]]:
+    """Three instances on the same ports of 127.0.0.11-13, advertising HAProxy on 127.0.0.10."""
+    usage_topic = f"_kqp_usage-{topic_name}"[:200]
+    highest_node = max(kafka_3nodes.nodes)
+    base = free_port_block(highest_node + 2, hosts=[BALANCER_HOST, *INSTANCE_HOSTS])
+    node_port_base, bootstrap_port = base + 1, base + highest_node + 2
+    proxies = [
+        ProxyProcess(kafka_3nodes.bootstrap, tmp_path / f"instance-{index}.log",
+                     config=fleet_config(tmp_path / f"instance-{index}.yaml", usage_topic),
+                     bind_host=host, advertised_host=BALANCER_HOST, ports=(bootstrap_port, node_port_base))
+        for index, host in enumerate(INSTANCE_HOSTS)
+    ]
+    balancer = LoadBalancer(BALANCER_HOST, [bootstrap_port, *(node_port_base + n for n in kafka_3nodes.nodes)],
+                            INSTANCE_HOSTS, tmp_path)
+    started: list[ProxyProcess] = []
+    try:
+        for proxy in proxies:
+            started.append(proxy.start())
+        balancer.start()
+        yield balancer, proxies
+    finally:
+        balancer.stop()
+        codes = {proxy.log_path.name: proxy.stop() for proxy in started}
+    survivors = {name: code for name, code in codes.items() if code != -9}
+    assert all(code == 0 for code in survivors.values()), f"an instance did not exit cleanly: {codes}"
+
+
+def test_a_killed_instance_leaves_its_clients_to_the_others_and_the_budget_holds(
+    fleet_behind_balancer: tuple[LoadBalancer, list[ProxyProcess]], kafka_3nodes: KafkaCluster, topic_name: str
+) -> None:
+    balancer, proxies = fleet_behind_balancer
+    wait_for_fleet(proxies)
+    kafka_3nodes.create_topic(topic_name, partitions=3)
+    seconds = KILL_AT_S + WINDOW_S + AFTER_WINDOW_S
+    # One count per producer, to see that each one goes on after the kill.
+    per_producer = [[0] * (seconds + 1) for _ in range(3)]
+    locks = [threading.Lock() for _ in range(3)]
+    bootstrap = f"{balancer.listen_host}:{balancer.ports[0]}"
+    start = time.monotonic()
+    producers = [threading.Thread(target=produce_through, args=(bootstrap, topic_name, seconds, counts, lock, start))
+                 for counts, lock in zip(per_producer, locks, strict=True)]
+    for thread in producers:
+        thread.start()
+    try:
+        time.sleep(max(0.0, start + KILL_AT_S - time.monotonic()))  # the experiment's schedule
+        # The balancer spread the client-id's connections: every instance throttled it.
+        for proxy in proxies:
+            assert (metric(proxy, "kqp_throttle_time_seconds_total", client_id=CLIENT_ID, source="proxy") or 0) > 0
+        victim, survivors = proxies[-1], proxies[:-1]
+        survivors_held = sum(open_connections(p) for p in survivors)
+        victim_held = open_connections(victim)
+        assert victim_held >= 1, "the balancer gave the instance to be killed no client"
+        assert victim.process is not None
+        victim.process.kill()
+        victim.process.wait(10)
+        killed = time.monotonic()
+        # Its clients come back through the survivors.
+        wait_until(lambda: sum(open_connections(p) for p in survivors) >= survivors_held + victim_held,
+                   WINDOW_S, f"the survivors hold the killed instance's {victim_held:g} connections too")
+        reconnected = time.monotonic() - killed
+        wait_until(lambda: all(metric(p, "kqp_fleet_instances") == 2 for p in survivors), WINDOW_S + 5,
+                   "the survivors count two instances")
+        aged_out = time.monotonic() - killed
+        print(f"the survivors held {survivors_held:g} client connections and the killed instance {victim_held:g}; "
+              f"all were back through the survivors {reconnected:.1f} s after the kill, and the killed instance "
+              f"left their membership after {aged_out:.1f} s")
+    finally:
+        for thread in producers:
+            thread.join(seconds + 60)
+    after = int(killed - start) + WINDOW_S
+    aggregate = [sum(counts[i] for counts in per_producer) for i in range(seconds + 1)]
+    rate = steady_rate(aggregate, after, seconds)
+    before = steady_rate(aggregate, WARMUP_S, KILL_AT_S)
+    print(f"three producers through HAProxy and three instances: {before / QUOTA:.3f} x quota before the kill, "
+          f"{rate / QUOTA:.3f} x from one window after it; per second {[round(b / QUOTA, 1) for b in aggregate]}")
+    # One window after its last report (at most 100 ms before the kill), plus the metric's refresh.
+    assert aged_out <= WINDOW_S + 0.5
+    # Every producer kept being acknowledged to the end.
+    for counts in per_producer:
+        assert sum(counts[after:seconds]) > 0
+    assert abs(rate - KAFKA_ADMITS) <= TOLERANCE * KAFKA_ADMITS, \
+        f"after the kill the fleet admitted {rate / QUOTA:.3f} x the quota"
