@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
 import threading
 import time
 import urllib.request
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from harness import perf_tools
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
 
@@ -34,14 +36,15 @@ TOLERANCE = 0.10
 KAFKA_ADMITS = 0.93 * QUOTA
 
 
-def fleet_config(path: Path, usage_topic: str, policy: str = "share", enabled: bool = True) -> Path:
-    """CLIENT_ID limited to QUOTA for the cluster; `enabled: false` leaves the exchange to --workers."""
+def fleet_config(path: Path, usage_topic: str, policy: str = "share", enabled: bool = True,
+                 quota_type: str = "producer_byte_rate", quota: int = QUOTA) -> Path:
+    """CLIENT_ID limited to `quota` for the cluster; `enabled: false` leaves the exchange to --workers."""
     path.write_text(
         "quotas:\n"
         "  scope: cluster\n"
         "  entries:\n"
         f"    - entity: {{client-id: {CLIENT_ID}}}\n"
-        f"      producer_byte_rate: {QUOTA}\n"
+        f"      {quota_type}: {quota}\n"
         "fleet:\n"
         f"  enabled: {str(enabled).lower()}\n"
         f"  topic: {usage_topic}\n"
@@ -57,10 +60,12 @@ def usage_topic(topic_name: str) -> str:
     return f"_kqp_usage-{topic_name}"[:200]
 
 
-def start_fleet(cluster: KafkaCluster, tmp_path: Path, usage_topic: str, policies: list[str]) -> list[ProxyProcess]:
+def start_fleet(cluster: KafkaCluster, tmp_path: Path, usage_topic: str, policies: list[str],
+                quota_type: str = "producer_byte_rate", quota: int = QUOTA) -> list[ProxyProcess]:
     proxies = []
     for index, policy in enumerate(policies):
-        config = fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, policy)
+        config = fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, policy, quota_type=quota_type,
+                              quota=quota)
         proxies.append(ProxyProcess(cluster.bootstrap, tmp_path / f"fleet-{index}.log", config=config).start())
     return proxies
 
@@ -131,7 +136,7 @@ def produce_through(bootstrap: str, topic: str, seconds: float, per_second: list
     producer.flush(10)
 
 
-def steady_rate(per_second: list[int], first: int, last: int) -> float:
+def steady_rate(per_second: list[int], first: int, last: int, quota: int = QUOTA) -> float:
     """Bytes/s acknowledged from second `first` to `last`, over whole throttling cycles.
 
     librdkafka ignores ThrottleTimeMs and is held by the mute alone, so it sends in cycles (a
@@ -143,7 +148,7 @@ def steady_rate(per_second: list[int], first: int, last: int) -> float:
     [first, last].
     """
     starts = [i for i in range(max(first, 3), last + 1)
-              if per_second[i] > QUOTA and max(per_second[i - 3:i]) < QUOTA]
+              if per_second[i] > quota and max(per_second[i - 3:i]) < quota]
     if len(starts) >= 2:
         first, last = starts[0], starts[-1]
     return sum(per_second[first:last]) / (last - first)
@@ -173,6 +178,55 @@ def test_three_instances_hold_three_producers_to_one_quota(
     for proxy in proxies:
         assert (metric(proxy, "kqp_throttle_time_seconds_total", client_id=CLIENT_ID, source="proxy") or 0) > 0
     assert abs(rate - KAFKA_ADMITS) <= TOLERANCE * KAFKA_ADMITS, f"the fleet admitted {rate / QUOTA:.3f} x the quota"
+
+
+CONSUME_RATE = Path(__file__).parent / "java" / "ConsumeRate.java"
+CONSUMER_QUOTA = 512 * 1024  # bytes/s, for the three consumers together
+
+
+def consume_through(cluster: KafkaCluster, bootstrap: str, topic: str, start_epoch_ms: int, seconds: int,
+                    log: Path) -> subprocess.Popen[str]:
+    """Kafka's Java consumer (it honours ThrottleTimeMs) in group CLIENT_ID, printing the value
+    bytes it read in each second since `start_epoch_ms`."""
+    return subprocess.Popen(
+        ["java", "-cp", f"{cluster.kafka_dir / 'libs'}/*", f"-Dlog4j2.configurationFile={cluster.tools_log4j}",
+         str(CONSUME_RATE), bootstrap, topic, CLIENT_ID, CLIENT_ID, str(start_epoch_ms), str(seconds)],
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+
+
+def test_three_instances_hold_three_java_consumers_to_one_quota(
+    kafka_3nodes: KafkaCluster, tmp_path: Path, usage_topic: str, topic_name: str, stop_at_end: list[ProxyProcess]
+) -> None:
+    proxies = start_fleet(kafka_3nodes, tmp_path, usage_topic, ["share"] * 3, quota_type="consumer_byte_rate",
+                          quota=CONSUMER_QUOTA)
+    stop_at_end.extend(proxies)
+    kafka_3nodes.create_topic(topic_name, partitions=3, replication=1)
+    seconds = WARMUP_S + STEADY_S
+    # Twice what the fleet may read in the run: without one budget the three consumers (one
+    # partition each) would read it all, about 2x the quota over the run.
+    records = 2 * CONSUMER_QUOTA * seconds // RECORD_SIZE
+    perf_tools.producer_perf(kafka_3nodes, kafka_3nodes.bootstrap, topic_name, records, RECORD_SIZE,
+                             props={"acks": "1", "linger.ms": "5", "batch.size": "262144"})
+    wait_for_fleet(proxies)
+    # The seconds count from a moment after the JVMs have started and the group has formed.
+    start_epoch_ms = int(time.time() * 1000) + 5000
+    consumers = [consume_through(kafka_3nodes, p.bootstrap, topic_name, start_epoch_ms, seconds,
+                                 tmp_path / f"consumer-{i}.log") for i, p in enumerate(proxies)]
+    per_second = [0] * seconds
+    for index, consumer in enumerate(consumers):
+        out, _ = consumer.communicate(timeout=seconds + 120)
+        assert consumer.returncode == 0, (tmp_path / f"consumer-{index}.log").read_text()[-3000:]
+        for line in out.splitlines():
+            _, second, size = line.split()
+            per_second[int(second)] += int(size)
+    rate = steady_rate(per_second, WARMUP_S, seconds - 1, quota=CONSUMER_QUOTA)
+    print(f"three Java consumers through three instances: {rate / CONSUMER_QUOTA:.3f} x quota; per second "
+          f"{[round(b / CONSUMER_QUOTA, 1) for b in per_second]}")
+    for proxy in proxies:
+        assert (metric(proxy, "kqp_throttle_time_seconds_total", client_id=CLIENT_ID, quota_type="consumer_byte_rate",
+                       source="proxy") or 0) > 0
+    assert abs(rate - CONSUMER_QUOTA) <= TOLERANCE * CONSUMER_QUOTA, \
+        f"the fleet let the consumers read {rate / CONSUMER_QUOTA:.3f} x the quota"
 
 
 def test_an_unreachable_usage_topic_switches_each_instance_to_its_policy_and_back(

@@ -1,7 +1,8 @@
 // Kafka's own KafkaConsumer reading a topic for a while and printing the value bytes it got
 // in each second, so a test can measure the rate a consumer quota holds it to. Run as a
 // single-file source program:
-//   java -cp '<kafka libs>/*' ConsumeRate.java BOOTSTRAP TOPIC GROUP CLIENT_ID SECONDS
+//   java -cp '<kafka libs>/*' ConsumeRate.java BOOTSTRAP TOPIC GROUP CLIENT_ID START_EPOCH_MS SECONDS
+// Seconds count from START_EPOCH_MS (wall clock), so several consumers' counts line up.
 // Prints "second <i> <bytes>" lines for i = 0 .. SECONDS-1.
 import java.time.Duration;
 import java.util.List;
@@ -21,24 +22,20 @@ public class ConsumeRate {
         props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
         props.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
         props.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
-        int seconds = Integer.parseInt(args[4]);
+        long start = Long.parseLong(args[4]);
+        int seconds = Integer.parseInt(args[5]);
         long[] perSecond = new long[seconds];
         try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(props)) {
             consumer.subscribe(List.of(args[1]));
-            long start = -1;
             while (true) {
                 ConsumerRecords<byte[], byte[]> records = consumer.poll(Duration.ofMillis(100));
-                long now = System.nanoTime();
-                if (start < 0 && !records.isEmpty()) {
-                    start = now;  // time starts with the first data, after the group has formed
+                long second = (System.currentTimeMillis() - start) / 1000;
+                if (second >= seconds) {
+                    break;
                 }
-                if (start >= 0) {
-                    int second = (int) ((now - start) / 1_000_000_000L);
-                    if (second >= seconds) {
-                        break;
-                    }
+                if (second >= 0) {
                     for (ConsumerRecord<byte[], byte[]> record : records) {
-                        perSecond[second] += record.serializedValueSize();
+                        perSecond[(int) second] += record.serializedValueSize();
                     }
                 }
             }
