@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kqp.config.errors import ConfigError
-from kqp.config.loader import load_config
+from kqp.config.loader import line_of, load_config, read_config_file
 from kqp.config.models import KqpConfig, entity_text
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaType
 
@@ -27,8 +27,23 @@ def check_config_command(files: Sequence[str | Path]) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(render_summary(config, files))
+    print(render_summary(config, files, entry_origins(config, files)))
     return 0
+
+
+def entry_origins(config: KqpConfig, files: Sequence[str | Path]) -> list[str]:
+    """Where each of `config.quotas.entries` comes from: "FILE:LINE", and who wrote it when
+    the proxy did (AlterClientQuotas, the fleet's quota topic)."""
+    sources = [read_config_file(path) for path in files]
+    # Lists replace when files merge: the entries are those of the last file that sets them.
+    holder = next((source for source in reversed(sources)
+                   if isinstance(source.data.get("quotas"), dict) and "entries" in source.data["quotas"]), None)
+    origins = []
+    for index, entry in enumerate(config.quotas.entries):
+        line = line_of(holder, ("quotas", "entries", index)) if holder is not None else None
+        where = f"{holder.path}:{line}" if holder is not None and line is not None else "?"
+        origins.append(f"{where}, written by {entry.origin}" if entry.origin else where)
+    return origins
 
 
 def precedence_level(entity: QuotaEntity) -> int:
@@ -67,7 +82,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
             for row in [header, *rows]]
 
 
-def render_summary(config: KqpConfig, files: Sequence[str | Path]) -> str:
+def render_summary(config: KqpConfig, files: Sequence[str | Path], origins: Sequence[str] | None = None) -> str:
+    """The summary; `origins` (entry_origins) adds where each quota entry comes from."""
     lines = [f"OK: {', '.join(str(f) for f in files)}", "", "Listener"]
     proxy = config.proxy
     listener_rows = [
@@ -101,7 +117,8 @@ def render_summary(config: KqpConfig, files: Sequence[str | Path]) -> str:
         f"validateOnly requests are {'charged' if enforcement.charge_validate_only else 'not charged'}"
     )
     rows = []
-    for entry in sorted(settings.entries, key=lambda e: (precedence_level(e.entity), str(e.entity))):
+    numbered = sorted(enumerate(settings.entries), key=lambda e: (precedence_level(e[1].entity), str(e[1].entity)))
+    for index, entry in numbered:
         for quota_type, value in entry.limits.items():
             rows.append([
                 str(precedence_level(entry.entity)),
@@ -110,9 +127,11 @@ def render_summary(config: KqpConfig, files: Sequence[str | Path]) -> str:
                 format_limit(quota_type, value),
                 "yes" if entry.dry_run or q.dry_run else "no",
                 entry.scope or q.scope,
+                *([origins[index]] if origins is not None else []),
             ])
     if rows:
-        lines.extend(_table(["level", "entity", "quota", "limit", "dry-run", "scope"], rows))
+        header = ["level", "entity", "quota", "limit", "dry-run", "scope"]
+        lines.extend(_table([*header, "from"] if origins is not None else header, rows))
     else:
         lines.append("  no quota entries: clients are not throttled by the proxy")
     if settings.ip_entries:

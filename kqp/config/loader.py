@@ -278,6 +278,11 @@ def _has_path(data: Any, loc: Loc) -> bool:
     return _existing_prefix(data, loc) == loc
 
 
+def line_of(source: ConfigSource, loc: Loc) -> int | None:
+    """1-based line of the key (or list item) at `loc` in a file, if it is there."""
+    return _position(source.text, loc)[0]
+
+
 def _position(text: str, loc: Loc) -> tuple[int | None, int | None]:
     """1-based line and column of the key (or list item) at `loc` in the YAML text."""
     try:

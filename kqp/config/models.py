@@ -302,6 +302,9 @@ class QuotaEntrySection(Section):
     controller_mutation_rate: DoubleQuota | None = None  # partitions/s
     dry_run: bool = False
     scope: Scope | None = None
+    # Who last wrote the entry, when the proxy did (AlterClientQuotas, the fleet's quota
+    # topic): `kqp check-config` shows it. Not part of the quota.
+    origin: NonEmptyText | None = None
 
     @model_validator(mode="after")
     def _sets_a_quota(self) -> QuotaEntrySection:

@@ -70,10 +70,16 @@ def entry_as_yaml(entry: QuotaEntry) -> dict[str, Any]:
 
 
 def write_quota_entries(
-    path: str | Path, entries: Sequence[QuotaEntry], ip_entries: Sequence[IpQuotaEntry] | None = None
+    path: str | Path,
+    entries: Sequence[QuotaEntry],
+    ip_entries: Sequence[IpQuotaEntry] | None = None,
+    origin: str | None = None,
 ) -> None:
     """Replace `quotas.entries` (and `quotas.ip_entries` when given) in the file at `path`,
     keeping its other keys.
+
+    `origin` (who asked for this write) is stamped on each entry the write adds or changes;
+    an entry it leaves as it was keeps its stamp, or its lack of one.
 
     Raises ConfigError, leaving the file untouched, when the file cannot be read or the
     result would not be a valid configuration file.
@@ -82,7 +88,7 @@ def write_quota_entries(
     data = dict(source.data)
     quotas = data.get("quotas")
     quotas = dict(quotas) if isinstance(quotas, dict) else {}
-    quotas["entries"] = [entry_as_yaml(entry) for entry in entries]
+    quotas["entries"] = [_stamped(entry_as_yaml(entry), quotas.get("entries"), origin) for entry in entries]
     if ip_entries is not None and (ip_entries or "ip_entries" in quotas):
         quotas["ip_entries"] = [
             {"ip": e.ip, "connection_creation_rate": round(e.connection_creation_rate)} for e in ip_entries
@@ -92,6 +98,20 @@ def write_quota_entries(
     # Validate what would be written, as the file will be read back by the reload loop.
     validate_sources([ConfigSource(source.path, text, yaml.safe_load(text))])
     replace_file_atomically(Path(path), text)
+
+
+def _stamped(item: dict[str, Any], written: object, origin: str | None) -> dict[str, Any]:
+    """`item` with the origin of the same entry as the file holds it, if unchanged, else `origin`."""
+    for old in written if isinstance(written, list) else ():
+        if isinstance(old, dict) and _comparable(old) == _comparable(item):
+            return {**item, "origin": old["origin"]} if "origin" in old else item
+    return {**item, "origin": origin} if origin else item
+
+
+def _comparable(item: dict[str, Any]) -> dict[str, Any]:
+    # 100 and 100.0 are one limit, and `dry_run: false` is the default spelled out.
+    return {key: float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+            for key, value in item.items() if key != "origin" and not (key == "dry_run" and value is False)}
 
 
 def replace_file_atomically(path: Path, text: str) -> None:

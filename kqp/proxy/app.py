@@ -262,13 +262,19 @@ class ProxyApp:
             return
         path = find_quota_file(self.files.paths)
         try:
-            write_quota_entries(path, entries, ip_entries)
+            origin = self._origin(f"the fleet's quota topic, from instance {instance}")
+            write_quota_entries(path, entries, ip_entries, origin)
         except ConfigError as exc:
             log.error("quotas from instance %s could not be written to %s, quotas unchanged:\n%s", instance, path, exc)
             return
         self.reload(f"quotas from instance {instance} through the fleet, written to {path}")
 
-    def _store_quotas(self, settings: QuotaSettings) -> None:
+    def _origin(self, what: str) -> str:
+        """An entry's origin stamp (kqp check-config shows it): what wrote it, where and when."""
+        here = f" through instance {self.fleet.options.instance_id}" if self.fleet is not None else ""
+        return f"{what}{here} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+
+    def _store_quotas(self, settings: QuotaSettings, who: str) -> None:
         """AlterClientQuotas: write the entries back to the quota file, then reload from it."""
         if self.files is None:
             # Command-line only: nothing to write to, so the change lives until a restart.
@@ -277,7 +283,7 @@ class ProxyApp:
                 self._share_quotas()
             return
         path = find_quota_file(self.files.paths)
-        write_quota_entries(path, settings.entries, settings.ip_entries)
+        write_quota_entries(path, settings.entries, settings.ip_entries, self._origin(who))
         if not self.reload(f"AlterClientQuotas wrote {path}"):
             raise RuntimeError(f"{path} was written but does not reload; see the log")
 

@@ -65,11 +65,11 @@ class QuotaAdminHooks(TrafficHooks):
     def __init__(
         self,
         current: Callable[[], QuotaSettings],
-        store: Callable[[QuotaSettings], None],
+        store: Callable[[QuotaSettings, str], None],
         admin_principals: Callable[[], frozenset[str] | None] = lambda: None,
         refused: RefusalCounter | None = None,
     ) -> None:
-        # current(): the quota settings in force; store(settings): persist and apply them.
+        # current(): the quota settings in force; store(settings, who): persist and apply them.
         self._current = current
         self._store = store
         self._admin_principals = admin_principals
@@ -186,7 +186,8 @@ class QuotaAdminHooks(TrafficHooks):
         failure: str | None = None
         if not request.validate_only and any(r.error_code == NONE for r in results):
             try:
-                self._store(apply_alterations(self._current(), alterations))
+                self._store(apply_alterations(self._current(), alterations),
+                            f"AlterClientQuotas from {client.principal} ({client.peer})")
             except Exception as exc:  # a write-back failure answers every entity, it doesn't kill the proxy
                 log.error("AlterClientQuotas from %s: could not apply: %s", client.peer, exc)
                 failure = f"the proxy could not store the quotas: {exc}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -304,3 +305,20 @@ def test_a_quota_altered_through_one_instance_reaches_the_others(
     for index in range(2):
         assert CLIENT_ID in (tmp_path / f"fleet-{index}.yaml").read_text()
     assert "quotas from instance" in second.log_tail(200)
+    # kqp check-config tells where the entry came from on each instance.
+    origins = {index: check_config_output(tmp_path / f"fleet-{index}.yaml") for index in range(2)}
+    batch_line = [next(line for line in origins[i].splitlines() if "client-id=batch-job" in line) for i in range(2)]
+    assert re.search(r"fleet-0\.yaml:\d+, written by AlterClientQuotas from \S+ \(127\.0\.0\.1:\d+\) through "
+                     r"instance \S+ at \d{4}-\d\d-\d\dT", batch_line[0]), batch_line[0]
+    assert re.search(r"fleet-1\.yaml:\d+, written by the fleet's quota topic, from instance \S+ through instance "
+                     r"\S+ at ", batch_line[1]), batch_line[1]
+    # The entries both files started with were not touched: no stamp.
+    assert all(next(line for line in origins[i].splitlines() if f"client-id={CLIENT_ID}" in line).endswith(
+        f"fleet-{i}.yaml:4") for i in range(2)), origins
+
+
+def check_config_output(path: Path) -> str:
+    result = subprocess.run([sys.executable, "-m", "kqp", "check-config", str(path)], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout

@@ -11,6 +11,8 @@ from kqp.config.check import format_limit, precedence_level
 from kqp.quotas.settings import QuotaEntity
 
 REPO = Path(__file__).resolve().parents[3]
+MINIMAL_ENTRY_LINE = next(number for number, line in enumerate((REPO / "config/minimal.yaml").read_text().splitlines())
+                          if line.strip().startswith("- entity")) + 1
 
 
 def test_summary_of_the_minimal_example(capsys: pytest.CaptureFixture[str]) -> None:
@@ -20,11 +22,12 @@ def test_summary_of_the_minimal_example(capsys: pytest.CaptureFixture[str]) -> N
     assert "  bootstrap   127.0.0.1:9192, advertised as 127.0.0.1" in lines
     assert "  upstream    localhost:9092" in lines
     header = next(line for line in lines if line.strip().startswith("level"))
-    assert header.split() == ["level", "entity", "quota", "limit", "dry-run", "scope"]
+    assert header.split() == ["level", "entity", "quota", "limit", "dry-run", "scope", "from"]
     rows = [line.split() for line in lines[lines.index(header) + 1:] if line.strip()]
+    where = f"{REPO / 'config/minimal.yaml'}:{MINIMAL_ENTRY_LINE}"
     assert rows == [
-        ["8", "client-id=<default>", "producer_byte_rate", "1048576", "B/s", "(1", "MiB/s)", "no", "broker"],
-        ["8", "client-id=<default>", "consumer_byte_rate", "2097152", "B/s", "(2", "MiB/s)", "no", "broker"],
+        ["8", "client-id=<default>", "producer_byte_rate", "1048576", "B/s", "(1", "MiB/s)", "no", "broker", where],
+        ["8", "client-id=<default>", "consumer_byte_rate", "2097152", "B/s", "(2", "MiB/s)", "no", "broker", where],
     ]
 
 
@@ -54,10 +57,27 @@ quotas:
     table = lines[start:lines.index("", start)]
     cells = [[cell.strip() for cell in row.split("  ") if cell.strip()] for row in table]
     assert cells == [
-        ["1", "user=bob, client-id=app", "controller_mutation_rate", "2.5 partitions/s", "yes", "broker"],
-        ["8", "client-id=<default>", "request_percentage", "40 % of a thread", "no", "cluster"],
+        ["1", "user=bob, client-id=app", "controller_mutation_rate", "2.5 partitions/s", "yes", "broker", f"{path}:8"],
+        ["8", "client-id=<default>", "request_percentage", "40 % of a thread", "no", "cluster", f"{path}:6"],
     ]
     assert ["10.1.2.3", "7", "connections/s"] in [line.split() for line in lines]
+
+
+def test_each_entry_shows_the_file_that_holds_it_and_who_wrote_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, override = tmp_path / "base.yaml", tmp_path / "override.yaml"
+    base.write_text("quotas:\n  entries:\n    - entity: {user: old}\n      producer_byte_rate: 100\n")
+    stamp = "AlterClientQuotas from User:ops through instance kqp-1 at 2026-11-24T01:00:00Z"
+    override.write_text("proxy:\n  bootstrap_port: 9300\nquotas:\n  entries:\n    - entity: {user: a}\n"
+                        "      producer_byte_rate: 100\n    - entity: {user: b}\n      producer_byte_rate: 200\n"
+                        f"      origin: {stamp}\n")
+    assert main(["check-config", str(base), str(override)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # Lists replace when files merge: base.yaml's entry is not in force.
+    assert not any("user=old" in line for line in lines)
+    assert next(line for line in lines if "user=a" in line).endswith(f"{override}:5")
+    assert next(line for line in lines if "user=b" in line).endswith(f"{override}:7, written by {stamp}")
 
 
 def test_broken_file_exits_2_with_the_problem_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -124,3 +124,25 @@ def test_find_quota_file(tmp_path: Path) -> None:
     assert find_quota_file([listener, tuning]) == tuning  # the only quotas section
     assert find_quota_file([listener]) == listener  # nowhere else to put them
     assert find_quota_file([str(with_entries), str(listener)]) == with_entries
+
+
+def test_the_entries_a_write_adds_or_changes_carry_its_origin_and_the_others_keep_theirs(tmp_path: Path) -> None:
+    path = tmp_path / "quotas.yaml"
+    path.write_text("quotas:\n  entries:\n    - entity: {user: hand}\n      producer_byte_rate: 5\n"
+                    "      dry_run: false\n")
+    hand = QuotaEntry(QuotaEntity(user="hand"), {"producer_byte_rate": 5.0})
+    alice = QuotaEntry(QuotaEntity(user="alice"), {"producer_byte_rate": 10.0})
+    write_quota_entries(path, (hand, alice), origin="first")
+    write_quota_entries(path, (hand, alice, QuotaEntry(QuotaEntity(user="bob"), {"consumer_byte_rate": 7.0})),
+                        origin="second")
+    entries = yaml.safe_load(path.read_text())["quotas"]["entries"]
+    assert [(e["entity"]["user"], e.get("origin")) for e in entries] == [
+        ("hand", None), ("alice", "first"), ("bob", "second"),
+    ]
+    write_quota_entries(path, (hand, QuotaEntry(QuotaEntity(user="alice"), {"producer_byte_rate": 11.0})),
+                        origin="third")
+    entries = yaml.safe_load(path.read_text())["quotas"]["entries"]
+    assert [e.get("origin") for e in entries] == [None, "third"]
+    # The stamp is not part of the quota.
+    assert load_config([path]).quota_settings().entries[1] == QuotaEntry(QuotaEntity(user="alice"),
+                                                                         {"producer_byte_rate": 11.0})

@@ -58,10 +58,12 @@ class Authorizer:
 class QuotaFile:
     settings: QuotaSettings = ALICE
     stored: list[QuotaSettings] = field(default_factory=list)
+    who: list[str] = field(default_factory=list)
     refusals: list[tuple[str, str]] = field(default_factory=list)
 
-    def store(self, settings: QuotaSettings) -> None:
+    def store(self, settings: QuotaSettings, who: str) -> None:
         self.stored.append(settings)
+        self.who.append(who)
         self.settings = settings
 
     def hooks(self, admin_principals: frozenset[str] | None = None) -> QuotaAdminHooks:
@@ -139,6 +141,8 @@ async def test_an_alteration_the_brokers_allow_is_applied_by_the_proxy_only(
     assert response.throttle_time_ms == 7  # the brokers' request-quota throttle is kept
     assert authorizer.alter_validate_only == [True]
     assert [s.entries[0].limits for s in quota_file.stored] == [{"producer_byte_rate": 5000.0}]
+    # Who asked, for the entry's origin stamp (kqp check-config shows it).
+    assert len(quota_file.who) == 1 and quota_file.who[0].startswith("AlterClientQuotas from ")
     assert quota_file.refusals == []
 
 
