@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.local_kafka import KafkaHarnessError
+from harness.local_kafka import KafkaHarnessError, terminate
 
 CHECK_INTERVAL_MS = 200
 
@@ -74,10 +74,4 @@ class LoadBalancer:
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        terminate(self.process)

@@ -76,6 +76,18 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def terminate(process: subprocess.Popen[bytes] | None, timeout_s: float = 10.0) -> None:
+    """SIGTERM a child that is still running, and SIGKILL it if it has not exited in time."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout_s)
+
+
 def kafka_cluster_id() -> str:
     while True:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()

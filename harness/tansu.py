@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness.local_kafka import KafkaHarnessError, api_versions_ok, free_ports
+from harness.local_kafka import KafkaHarnessError, api_versions_ok, free_ports, terminate
 
 TANSU_NODE_ID = 111
 
@@ -67,13 +67,7 @@ class TansuBroker:
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        terminate(self.process)
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log.exists():

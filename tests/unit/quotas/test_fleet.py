@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import pytest
 
@@ -163,6 +164,35 @@ def test_the_local_policy_keeps_the_whole_budget_when_the_exchange_stops() -> No
     assert (view.state(5_000), view.budget_share(5_000)) == ("local", 1.0)
 
 
+def _simulate(engines: list[QuotaEngine], clients: int, exchange: bool | None, interval_ms: int,
+              step: Callable[[QuotaEngine, float], tuple[int, float]]) -> float:
+    """Clients spread over `engines` (client i on engine i mod n), instances exchanging usage
+    every `interval_ms` (with their names when `exchange` is True, anonymously when False).
+    `step(engine, now)` serves one request: (bytes it moved, ms until the client's next one).
+    Returns the bytes/s moved in total over 45 s of steady state."""
+    events = [(float(i), "request", i) for i in range(clients)]
+    events += [(float(interval_ms), "exchange", -1)]
+    moved = 0
+    steady_from, end = 15_000, 60_000
+    while events:
+        now, kind, who = heapq.heappop(events)
+        if now > end:
+            break
+        if kind == "exchange":
+            reports = [engine.take_local_usage() for engine in engines]
+            for i, engine in enumerate(engines):
+                for j, usage in enumerate(reports):
+                    if i != j and exchange is not None:
+                        engine.record_remote_usage(usage, now, f"instance-{j}" if exchange else None)
+            heapq.heappush(events, (now + interval_ms, "exchange", -1))
+            continue
+        nbytes, next_in_ms = step(engines[who % len(engines)], now)
+        if now >= steady_from:
+            moved += nbytes
+        heapq.heappush(events, (now + next_in_ms, "request", who))
+    return moved / ((end - steady_from) / 1000)
+
+
 def _aggregate_rate(instances: int, exchange: bool | None, exchange_interval_ms: int = 100) -> float:
     """Three producers with one client-id each offer twice the quota and wait out every
     throttle (as librdkafka does); bytes/s admitted in total over 45 s of steady state.
@@ -174,27 +204,11 @@ def _aggregate_rate(instances: int, exchange: bool | None, exchange_interval_ms:
     engines = [_sharing_engine(scope="cluster") for _ in range(1 if exchange is None else instances)]
     request = 10_000
     send_every_ms = request / (2 * QUOTA) * 1000
-    events = [(float(i), "send", i) for i in range(instances)]
-    events += [(float(exchange_interval_ms), "exchange", -1)]
-    admitted = 0
-    steady_from, end = 15_000, 60_000
-    while events:
-        now, kind, who = heapq.heappop(events)
-        if now > end:
-            break
-        if kind == "exchange":
-            reports = [engine.take_local_usage() for engine in engines]
-            for i, engine in enumerate(engines):
-                for j, usage in enumerate(reports):
-                    if i != j and exchange:
-                        engine.record_remote_usage(usage, now)
-            heapq.heappush(events, (now + exchange_interval_ms, "exchange", -1))
-            continue
-        throttle = engines[who % len(engines)].record_produce("1", "u", "c", request, now)
-        if now >= steady_from:
-            admitted += request
-        heapq.heappush(events, (now + max(send_every_ms, throttle), "send", who))
-    return admitted / ((end - steady_from) / 1000)
+
+    def produce(engine: QuotaEngine, now: float) -> tuple[int, float]:
+        return request, max(send_every_ms, engine.record_produce("1", "u", "c", request, now))
+
+    return _simulate(engines, instances, True if exchange else None, exchange_interval_ms, produce)
 
 
 def test_three_instances_sharing_usage_admit_what_one_broker_would() -> None:
@@ -219,28 +233,12 @@ def _consumers_rate(exchange: bool | None, instances: int = 3, exchange_interval
     """
     engines = [_sharing_engine(CONSUME, scope="cluster") for _ in range(1 if exchange is None else instances)]
     fetch_bytes, round_trip_ms = int(QUOTA), 5.0
-    events = [(0.0, "fetch", i) for i in range(instances)]
-    events += [(float(exchange_interval_ms), "exchange", -1)]
-    delivered = 0
-    steady_from, end = 15_000, 60_000
-    while events:
-        now, kind, who = heapq.heappop(events)
-        if now > end:
-            break
-        if kind == "exchange":
-            reports = [engine.take_local_usage() for engine in engines]
-            for i, engine in enumerate(engines):
-                for j, usage in enumerate(reports):
-                    if i != j:
-                        engine.record_remote_usage(usage, now, f"instance-{j}" if exchange else None)
-            heapq.heappush(events, (now + exchange_interval_ms, "exchange", -1))
-            continue
-        throttle = engines[who % len(engines)].record_fetch("1", "u", "c", fetch_bytes, now + round_trip_ms,
-                                                            delivered=True)
-        if now >= steady_from:
-            delivered += fetch_bytes
-        heapq.heappush(events, (now + round_trip_ms + throttle, "fetch", who))
-    return delivered / ((end - steady_from) / 1000)
+
+    def fetch(engine: QuotaEngine, now: float) -> tuple[int, float]:
+        throttle = engine.record_fetch("1", "u", "c", fetch_bytes, now + round_trip_ms, delivered=True)
+        return fetch_bytes, round_trip_ms + throttle
+
+    return _simulate(engines, instances, exchange, exchange_interval_ms, fetch)
 
 
 def test_an_instance_counts_its_unreported_fetches_once_for_each_instance_serving_the_client() -> None:
