@@ -151,6 +151,8 @@ class ProxyApp:
                 lambda: engine.settings.window_num * engine.settings.window_size_s * 1000.0, self.metrics,
                 on_quotas=self._apply_fleet_quotas, on_no_quotas=self._share_quotas,
             )
+            if self.enforcement is not None:
+                self.enforcement.mutation_order = self.fleet
             await self.fleet.start()
         if self.metrics is not None:
             self.endpoint = ObservabilityEndpoint(

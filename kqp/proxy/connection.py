@@ -6,7 +6,8 @@ no IO; this module feeds it the bytes each side sends, calls the hooks on what c
 writes the results. Both sides are plain asyncio protocols (no streams: one less copy and no
 task per connection). Reading from the client stops while any of these holds: the upstream
 is not connected yet, the upstream's write buffer is full (back-pressure), the connection is
-muted for a throttle (KIP-219), or the proxy is shutting down.
+muted for a throttle (KIP-219), a request is held until a hook may decide it (a partition
+mutation the fleet orders), or the proxy is shutting down.
 
 With TLS termination the event loop completes the handshake before the connection is
 accepted here, and the certificate of an mTLS client names the connection's principal unless SASL (passed
@@ -49,6 +50,7 @@ _CONNECTING = "connecting"
 _UPSTREAM_BACKLOG = "upstream-backlog"
 _THROTTLED = "throttled"
 _SHUTDOWN = "shutdown"
+_HELD = "held"
 
 
 def _size_prefix(frame: bytes | bytearray) -> bytes:
@@ -105,6 +107,7 @@ class ProxiedConnection:
         self._unmute_handle: asyncio.TimerHandle | None = None
         self._hold_handle: asyncio.TimerHandle | None = None
         self._closed = False
+        self._held = False  # a request waits for a hook's hold (see `hold` in kqp.proxy.hooks)
         self._drained = asyncio.Event()
         self._drained.set()
         # What hooks see of this connection's client: replaced where the peer or principal changes.
@@ -361,6 +364,28 @@ class ProxiedConnection:
             expects_response=request.expects_response,
         )
         self.requests_seen += 1
+        wait = self._hooks.hold(self.view, exchange, frame)
+        if wait is not None:
+            # Nothing behind it is read until it is decided, and shutdown waits for it.
+            self._block_client(_HELD)
+            self._held = True
+            self._drained.clear()
+            wait.add_done_callback(lambda _done: self._release(request, exchange))
+            return
+        self._decide(request, exchange)
+
+    def _release(self, request: Request, exchange: Exchange) -> None:
+        if self._closed:
+            return
+        self._held = False
+        self._unblock_client(_HELD)
+        self._decide(request, exchange)
+        if not self.session.in_flight:
+            self._drained.set()
+        self._process_pending()
+
+    def _decide(self, request: Request, exchange: Exchange) -> None:
+        frame = request.frame
         verdict = self._hooks.request(self.view, exchange, frame)
         if verdict is not None and verdict.answer is not None:
             exchange.local_response = verdict.answer
@@ -393,7 +418,7 @@ class ProxiedConnection:
                 mute_ms = self._send_response(response)
                 if mute_ms:
                     self.mute(mute_ms)
-        if not self.session.in_flight:
+        if not self.session.in_flight and not self._held:
             self._drained.set()
 
     # ---- responses -------------------------------------------------------------------

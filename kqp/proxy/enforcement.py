@@ -10,9 +10,11 @@ requests unread until the throttle ends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.errors import ProtocolError
@@ -39,6 +41,7 @@ from kqp.proxy.hooks import (
     ClientView,
     ConnectionControl,
     Exchange,
+    FleetCharge,
     MutationNote,
     RequestVerdict,
     ResponseVerdict,
@@ -73,6 +76,14 @@ class EnforcementSettings:
     admin_principals: frozenset[str] | None = None
 
 
+class MutationOrder(Protocol):
+    """Charges partition mutations in an order every proxy of a fleet shares (kqp.proxy.fleet)."""
+
+    def claim(self, client: QuotaClient, charges: RequestCharges) -> asyncio.Future[FleetCharge | None] | None:
+        """A future for the charge once the fleet has applied it; None to charge here at once."""
+        ...
+
+
 class QuotaEnforcement(TrafficHooks):
     def __init__(
         self,
@@ -98,6 +109,8 @@ class QuotaEnforcement(TrafficHooks):
         self._clients_on: dict[int, set[tuple[str, str]]] = {}
         self._scope_checked_for: object = None
         self._cluster_scope = False
+        # Set when the proxy is one of a fleet: mutations wait for the fleet's order.
+        self.mutation_order: MutationOrder | None = None
 
     def _note_throttle(self, client: tuple[str, str], throttle_ms: int, now_ms: float) -> None:
         until = now_ms + throttle_ms
@@ -122,13 +135,17 @@ class QuotaEnforcement(TrafficHooks):
         return exchange.quota
 
     def _charge_request(
-        self, client: ClientView, exchange: Exchange, charges: RequestCharges
+        self, client: ClientView, exchange: Exchange, charges: RequestCharges, charged: FleetCharge | None = None
     ) -> RequestOutcome:
+        """Charge the request now, or record the charge the fleet already made (`charged`)."""
         trace = self._trace(client, exchange)
-        now = self._now_ms()
+        now = self._now_ms() if charged is None else charged.charged_at_ms
         self._engine_calls += 1
         trace.request_seq, trace.request_now_ms, trace.request = self._engine_calls, now, charges
-        outcome = charge_request(self.engine, self._client(client, exchange), charges, now)
+        if charged is None:
+            outcome = charge_request(self.engine, self._client(client, exchange), charges, now)
+        else:
+            outcome = charged.outcome
         if outcome.throttle_ms:
             exchange.request_outcome = outcome
         return outcome
@@ -223,18 +240,48 @@ class QuotaEnforcement(TrafficHooks):
             patch_fetch_max_bytes(patched, header.body_offset + offset - 4, cap)
         return RequestVerdict(frame=bytes(patched))
 
-    def _mutations(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+    def _mutation_charges(self, exchange: Exchange, frame: bytes) -> RequestCharges | None:
+        """What a mutation request charges (None: nothing, validate-only); read once per request."""
         header = exchange.header
-        request = read_mutation_request(
-            header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
-            self._topics.partitions, self.settings.default_partitions,
-        )
-        exchange.mutation_request = request
+        request = exchange.mutation_request
+        if request is None:
+            request = read_mutation_request(
+                header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
+                self._topics.partitions, self.settings.default_partitions,
+            )
+            exchange.mutation_request = request
         if request.validate_only and not self.settings.charge_validate_only:
             return None
         topics = [(t.label, t.partitions) for t in request.topics]
-        charges = request_charges(header.api_key, header.api_version, exchange.request_bytes - 4, True, topics)
-        outcome = self._charge_request(client, exchange, charges).mutation
+        return request_charges(header.api_key, header.api_version, exchange.request_bytes - 4, True, topics)
+
+    def hold(self, client: ClientView, exchange: Exchange, frame: bytes) -> asyncio.Future[FleetCharge | None] | None:
+        """In a fleet, a mutation with a quota waits for the fleet to charge it in its order."""
+        order = self.mutation_order
+        header = exchange.header
+        if order is None or header.api_key not in MUTATION_APIS:
+            return None
+        if self.engine.quota("controller_mutation_rate", client.principal, header.client_id or "") is None:
+            return None  # nothing limits this client's mutations: no verdict to agree on
+        try:
+            charges = self._mutation_charges(exchange, frame)
+        except ProtocolError:
+            return None  # `request` reports it as for any proxy
+        if charges is None:
+            return None
+        exchange.mutation_claim = order.claim(self._client(client, exchange), charges)
+        return exchange.mutation_claim
+
+    def _mutations(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        header = exchange.header
+        charges = self._mutation_charges(exchange, frame)
+        request = exchange.mutation_request
+        assert request is not None  # read by _mutation_charges
+        if charges is None:
+            return None
+        claim = exchange.mutation_claim
+        charged = claim.result() if claim is not None and claim.done() and not claim.cancelled() else None
+        outcome = self._charge_request(client, exchange, charges, charged).mutation
         assert outcome is not None  # a mutation API with topics to charge
         rejected = [t for t, accepted in zip(request.topics, outcome.accepted, strict=True) if not accepted]
         exchange.mutations_rejected = rejected

@@ -7,6 +7,11 @@ goes into its own sensors, its own report coming back tells it the exchange work
 own reports stop coming back for `unreachable_after`, the instance enforces the configured
 fallback (`local` or `share`) until they come back. docs/scaling.md has the design and the
 error bound.
+
+Partition mutations go through the same topic as claims (kqp.quotas.fleet.MutationClaim): the
+instance that received one waits until its claim comes back, by then every instance has
+charged, or will charge, the claims in the same order, and answers with the verdict its own
+engine gave its claim.
 """
 
 from __future__ import annotations
@@ -17,24 +22,30 @@ import logging
 import os
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from kqp.proxy.hooks import FleetCharge
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.quotas import QuotaEngine
 from kqp.quotas.fleet import (
+    ClaimClock,
     ExchangeState,
     FailurePolicy,
     FleetView,
+    MutationClaim,
     ReportError,
     UsageReport,
-    decode_report,
+    decode_record,
+    encode_claim,
     encode_report,
     split_usage,
 )
+from kqp.quotas.recording import QuotaClient, RequestCharges, charge_request
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +56,9 @@ _RETRY_SETUP_S = 2.0
 _CLOSE_TIMEOUT_S = 5.0
 _HEARTBEAT_S = 1.0
 _FETCH_MAX_WAIT_MS = 500
+# A bucket emptied by a large mutation takes longer than a quota span to fill again: read a
+# joining instance's claim history a little further back than one span.
+_CLAIM_HISTORY_MARGIN_MS = 30_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +126,16 @@ class FleetExchange:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.deltas_applied = 0
+        # Partition mutations (see the module's docstring): this instance's claims still to come
+        # back, those it charged alone because they did not come back in time, and the clock
+        # that puts every instance's claims on this engine's timeline.
+        self._claims: dict[int, asyncio.Future[FleetCharge | None]] = {}
+        self._charged_alone: set[int] = set()
+        self._claim_seq = 0
+        self._claim_clock = ClaimClock(time.time() * 1000.0 - now_ms())
+        # Records of the usage topic before this offset were written before this instance
+        # joined: only their claims are charged (their usage is already in the others' windows).
+        self._joined_at_offset = 0
 
     def _security(self) -> dict[str, object]:
         o = self.options
@@ -126,7 +150,7 @@ class FleetExchange:
     async def start(self) -> None:
         """Start in the background: a cluster that is not reachable yet delays the exchange,
         never the proxy (which enforces the fallback policy meanwhile)."""
-        self.engine.share_usage(True)
+        self.engine.share_usage(True, mutations_claimed=True)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run(), name="kqp-fleet")]
         self._tasks[0].add_done_callback(_log_unexpected_end)
@@ -199,8 +223,16 @@ class FleetExchange:
         await self._consumer.start()
         usage, quotas = TopicPartition(o.topic, 0), TopicPartition(o.quota_topic, 0)
         self._consumer.assign([usage, quotas])
-        # Only what happens from now on matters: older usage is already in the others' windows.
-        await self._consumer.seek_to_end(usage)
+        # Older usage is already in the others' windows, but the claims of the last quota span
+        # are in their mutation buckets: charge those too, so that this instance's buckets are
+        # the others' from the start.
+        self._joined_at_offset = (await self._consumer.end_offsets([usage]))[usage]
+        span_ms = self._quota_window_ms() + _CLAIM_HISTORY_MARGIN_MS
+        since = (await self._consumer.offsets_for_times({usage: int(time.time() * 1000 - span_ms)}))[usage]
+        if since is None:
+            await self._consumer.seek_to_end(usage)
+        else:
+            self._consumer.seek(usage, since.offset)
         # The quota configuration is read from the start: its last record is the fleet's.
         await self._consumer.seek_to_beginning(quotas)
         if (await self._consumer.end_offsets([quotas]))[quotas] == 0 and self._on_no_quotas is not None:
@@ -273,18 +305,23 @@ class FleetExchange:
                                 log.exception("fleet exchange: applying the fleet's quotas failed")
                     continue
                 for record in records:
-                    self._apply(record.value, own, now)
+                    self._apply(record.value, own, now, history=record.offset < self._joined_at_offset)
             self._update_state()
 
-    def _apply(self, value: bytes | None, own: str, now: float) -> None:
+    def _apply(self, value: bytes | None, own: str, now: float, *, history: bool = False) -> None:
         self.bytes_received += len(value or b"")
         try:
-            report = decode_report(value or b"")
+            report = decode_record(value or b"")
         except ReportError as exc:
             if self._metrics is not None:
                 self._metrics.fleet_report_received(accepted=False)
             log.warning("fleet exchange: a record of %s is not a usage report kqp reads: %s",
                         self.options.topic, exc)
+            return
+        if isinstance(report, MutationClaim):
+            self._charge_claim(report, own, history)
+            return
+        if history:
             return
         self.view.report_seen(report.instance, now)
         if report.instance != own:
@@ -309,6 +346,73 @@ class FleetExchange:
         self.engine.set_budget_share(view.budget_share(now))
         if self._metrics is not None:
             self._metrics.fleet_status(state, instances, self.engine.budget_share)
+
+    # ---- partition mutations ----------------------------------------------------------
+
+    def claim(self, client: QuotaClient, charges: RequestCharges) -> asyncio.Future[FleetCharge | None] | None:
+        """Send a mutation request's claim; the future gets the charge once the claim is back
+        (None if it is not back within `unreachable_after`). None: charge it here at once, as
+        while the exchange is down (the fallback policy covers mutations too)."""
+        producer = self._producer
+        if producer is None or self._state != "ok" or charges.mutations is None:
+            return None
+        self._claim_seq += 1
+        claim = MutationClaim(
+            self.options.instance_id, self._claim_seq, time.time() * 1000.0, client.broker, client.principal,
+            client.client_id, charges.api_key, charges.api_version, charges.mutations,
+        )
+        loop = asyncio.get_running_loop()
+        waiting: asyncio.Future[FleetCharge | None] = loop.create_future()
+        self._claims[claim.claim_id] = waiting
+        timeout = loop.call_later(self.options.unreachable_after_s, self._claim_timed_out, claim.claim_id)
+        sent_at = loop.time()
+
+        def answered(done: asyncio.Future[FleetCharge | None]) -> None:
+            timeout.cancel()
+            if self._metrics is not None and not done.cancelled():
+                self._metrics.fleet_mutation_claimed(loop.time() - sent_at, ordered=done.result() is not None)
+
+        waiting.add_done_callback(answered)
+        task = loop.create_task(self._send_claim(claim))
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
+        return waiting
+
+    async def _send_claim(self, claim: MutationClaim) -> None:
+        producer = self._producer
+        assert producer is not None
+        record = encode_claim(claim)
+        self.records_sent += 1
+        self.bytes_sent += len(record)
+        try:
+            await producer.send(self.options.topic, record, key=self.options.instance_id.encode())
+        except Exception as exc:  # the claim will not come back: charge it here instead
+            log.warning("fleet exchange: a mutation claim was not written (%r); charging it here", exc)
+            self._claim_timed_out(claim.claim_id)
+
+    def _claim_timed_out(self, claim_id: int) -> None:
+        waiting = self._claims.pop(claim_id, None)
+        if waiting is not None and not waiting.done():
+            # The request is charged here and now; if the claim still arrives, the others
+            # charge it and this instance must not charge it twice.
+            self._charged_alone.add(claim_id)
+            waiting.set_result(None)
+            log.warning("fleet exchange: mutation claim %d not back within %.1f s; charged here alone",
+                        claim_id, self.options.unreachable_after_s)
+
+    def _charge_claim(self, claim: MutationClaim, own: str, history: bool) -> None:
+        # An instance restarted under the same name finds its predecessor's claims in the history.
+        mine = claim.instance == own and not history
+        if mine and claim.claim_id in self._charged_alone:
+            self._charged_alone.discard(claim.claim_id)
+            return
+        at = self._claim_clock.engine_time(claim)
+        charges = RequestCharges(claim.api_key, claim.api_version, mutations=claim.topics)
+        outcome = charge_request(self.engine, QuotaClient(claim.broker, claim.user, claim.client_id), charges, at)
+        if mine:
+            waiting = self._claims.pop(claim.claim_id, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(FleetCharge(outcome, at))
 
     def publish_quotas(self, snapshot: bytes) -> None:
         """Make `snapshot` the fleet's quota configuration (every instance reads it back)."""
@@ -338,6 +442,8 @@ class FleetExchange:
         self._producer = self._consumer = None
 
     async def stop(self) -> None:
+        for claim_id in list(self._claims):
+            self._claim_timed_out(claim_id)  # requests still waiting are charged here
         tasks = list(self._tasks)  # a quota send removes itself from the list when done
         for task in tasks:
             task.cancel()

@@ -7,6 +7,7 @@ the event loop, inline with the data path, so they must not block.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -83,6 +84,17 @@ class Exchange:
     # Where ThrottleTimeMs sits in the response frame the hooks are given, when the session
     # already found it (None: not known; read it from the frame's layout).
     response_throttle_offset: int | None = None
+    # A partition mutation the fleet charges in its own order (kqp.proxy.fleet): done before
+    # the request hooks run; its result is None when the fleet did not answer in time.
+    mutation_claim: asyncio.Future[FleetCharge | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCharge:
+    """What a request's charges gave when the fleet applied them, and the engine time it did."""
+
+    outcome: RequestOutcome
+    charged_at_ms: float
 
 
 @dataclass(slots=True)
@@ -110,6 +122,13 @@ class TrafficHooks:
     """No-op hooks; subclasses override what they need."""
 
     def connection_opened(self, client: ClientView) -> None:
+        return None
+
+    def hold(self, client: ClientView, exchange: Exchange, frame: bytes) -> asyncio.Future[Any] | None:
+        """Something the request must wait for before the hooks decide it (None: nothing).
+
+        The connection reads no further request meanwhile, as a broker reads none from a
+        connection whose request is being handled."""
         return None
 
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
@@ -157,6 +176,13 @@ class HookChain(TrafficHooks):
     def connection_opened(self, client: ClientView) -> None:
         for hook in self.hooks:
             hook.connection_opened(client)
+
+    def hold(self, client: ClientView, exchange: Exchange, frame: bytes) -> asyncio.Future[Any] | None:
+        for hook in self.hooks:
+            wait = hook.hold(client, exchange, frame)
+            if wait is not None:
+                return wait
+        return None
 
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         combined: RequestVerdict | None = None

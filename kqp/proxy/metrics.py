@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import kafka.errors
-from prometheus_client import CollectorRegistry, Counter, Gauge, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -41,6 +41,8 @@ OTHER = "__other__"
 BROKER_LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+# A claim's round trip through the usage topic: a produce and a fetch, then the fallback timeout.
+FLEET_CLAIM_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, float("inf"))
 # Time the proxy adds should be tens of microseconds; the upper buckets catch event-loop stalls.
 PROXY_LATENCY_BUCKETS_S = (
     0.00002, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5,
@@ -270,6 +272,12 @@ class ProxyMetrics:
             "kqp_fleet_budget_share", "Fraction of each quota this instance enforces (below 1 under policy share).",
             registry=registry,
         )
+        self._fleet_claims = Histogram(
+            "kqp_fleet_mutation_claim_seconds",
+            "How long a partition mutation waited for its claim to come back through the usage topic: "
+            "ordered (charged in the fleet's order) or alone (not back in time, charged by this instance alone).",
+            ["result"], buckets=FLEET_CLAIM_BUCKETS_S, registry=registry,
+        )
         registry.register(_AccumulatorCollector(self))
 
     # ---- configuration ----------------------------------------------------------------
@@ -397,6 +405,9 @@ class ProxyMetrics:
 
     def fleet_report_received(self, accepted: bool) -> None:
         self._fleet_reports.labels(result="received" if accepted else "rejected").inc()
+
+    def fleet_mutation_claimed(self, seconds: float, ordered: bool) -> None:
+        self._fleet_claims.labels(result="ordered" if ordered else "alone").observe(seconds)
 
     def fleet_status(self, state: str, instances: int, budget_share: float) -> None:
         for name in ("starting", "ok", "local", "share"):

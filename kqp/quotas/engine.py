@@ -435,6 +435,9 @@ class QuotaEngine:
         # Fleet sharing (kqp.quotas.fleet): off until an exchange asks for local usage.
         self.budget_share = 1.0
         self._sharing = False
+        # Fleet sharing: mutations travel as claims every instance charges (kqp.quotas.fleet),
+        # so what they record is not usage to report as well.
+        self.mutations_claimed = False
         self._unshared: list[tuple[QuotaType, _Sensor]] = []
         # Fleet sharing: when each other instance last reported (heartbeats included).
         self._remote_report_ms: dict[str, int] = {}
@@ -673,7 +676,7 @@ class QuotaEngine:
                 tokens = bucket.measure(t)
                 if tokens < 0:
                     last_throttle = token_bucket_throttle_time(tokens, bucket.bound)
-        if self._sharing and recorded:
+        if self._sharing and recorded and not self.mutations_claimed:
             self._unshared_usage("controller_mutation_rate", sensor, recorded)
         throttle = max(java_int(last_throttle), 0)  # AbstractControllerMutationQuota.throttleTime
         enforced = self._throttled("controller_mutation_rate", sensor, throttle) if throttle else 0
@@ -707,9 +710,11 @@ class QuotaEngine:
 
     # -- fleet sharing (kqp.quotas.fleet) -------------------------------------------------------
 
-    def share_usage(self, enabled: bool) -> None:
-        """Start (or stop) keeping what each sensor records until `take_local_usage` asks."""
+    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
+        """Start (or stop) keeping what each sensor records until `take_local_usage` asks;
+        `mutations_claimed`: partition mutations are shared as claims, not as usage."""
         self._sharing = enabled
+        self.mutations_claimed = enabled and mutations_claimed
         if not enabled:
             self.take_local_usage()
 

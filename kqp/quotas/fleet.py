@@ -7,6 +7,14 @@ into its own sensor for the same entity as they arrive, so the rate a sensor mea
 fleet's rate, late by the exchange's lag, and the throttle computed from it is the fleet's
 throttle. An instance that stops reporting stops adding: its past usage leaves every window
 by itself, one quota window later.
+
+Partition mutations (KIP-599) cannot work that way: a CreateTopics is admitted or refused per
+topic the moment it arrives, and two instances that each see a full bucket would both admit.
+So an instance does not decide a mutation alone: it writes a `MutationClaim` to the same
+one-partition topic and waits for it to come back. Every instance applies every claim in the
+topic's order to its own controller-mutation bucket, at times derived from the claims alone
+(`ClaimClock`), so every instance computes the same verdict for each claim, the one a single
+controller would give the requests in that order.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
+from kqp.protocol.api_keys import MUTATION_API_KEYS
 from kqp.quotas.settings import QUOTA_TYPES, QuotaType
 
 REPORT_FORMAT = 1
@@ -80,6 +89,86 @@ def decode_report(data: bytes) -> UsageReport:
             raise ReportError(f"malformed usage entry {item!r}")
         deltas.append(UsageDelta(cast(QuotaType, quota_type), broker, pairs, float(amount)))
     return UsageReport(instance, seq, tuple(deltas))
+
+
+@dataclass(frozen=True, slots=True)
+class MutationClaim:
+    """A mutation request one instance received, for every instance to charge in topic order.
+
+    claim_id: unique per instance (with `instance`, it names the claim when it comes back);
+    wall_ms: the claimer's wall clock when it sent the claim (the only time every instance shares);
+    broker, user, client_id: whose controller-mutation sensor pays (a broker label, as in
+    kqp.quotas.recording.QuotaClient); topics: (label, partitions) in request order.
+    """
+
+    instance: str
+    claim_id: int
+    wall_ms: float
+    broker: str
+    user: str
+    client_id: str
+    api_key: int
+    api_version: int
+    topics: tuple[tuple[str, int], ...]
+
+
+def encode_claim(claim: MutationClaim) -> bytes:
+    body = {
+        "format": REPORT_FORMAT, "claim": claim.claim_id, "instance": claim.instance, "wall_ms": claim.wall_ms,
+        "broker": claim.broker, "user": claim.user, "client_id": claim.client_id, "api_key": claim.api_key,
+        "api_version": claim.api_version, "topics": [list(topic) for topic in claim.topics],
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_record(data: bytes) -> UsageReport | MutationClaim:
+    """A record of the usage topic: a usage report or a mutation claim; ReportError otherwise."""
+    try:
+        body = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportError(f"not JSON: {exc}") from None
+    if isinstance(body, dict) and "claim" in body and body.get("format") == REPORT_FORMAT:
+        return _claim(body)
+    return decode_report(data)
+
+
+def _claim(body: dict[str, object]) -> MutationClaim:
+    claim_id, instance, wall_ms = body.get("claim"), body.get("instance"), body.get("wall_ms")
+    broker, user, client_id = body.get("broker"), body.get("user"), body.get("client_id")
+    api_key, api_version, topics = body.get("api_key"), body.get("api_version"), body.get("topics")
+    if not (isinstance(claim_id, int) and isinstance(instance, str) and isinstance(wall_ms, int | float)
+            and isinstance(broker, str) and isinstance(user, str) and isinstance(client_id, str)
+            and isinstance(api_version, int) and isinstance(topics, list)):
+        raise ReportError("a mutation claim with fields missing or of the wrong type")
+    if api_key not in MUTATION_API_KEYS:
+        raise ReportError(f"a mutation claim for API key {api_key!r}, not a partition mutation")
+    try:
+        pairs = tuple((str(label), int(partitions)) for label, partitions in topics)
+    except (TypeError, ValueError):
+        raise ReportError(f"a mutation claim with malformed topics {topics!r}") from None
+    return MutationClaim(instance, claim_id, float(wall_ms), broker, user, client_id, int(api_key),
+                         api_version, pairs)
+
+
+@dataclass(slots=True)
+class ClaimClock:
+    """The engine time at which an instance charges each claim.
+
+    A claim's time is its claimer's wall clock moved onto this instance's engine clock by a
+    fixed offset, and never earlier than the previous claim's: times go forward, as a token
+    bucket needs, and the gaps between claims (all a bucket's refills depend on) are the same
+    on every instance, whatever its own clock reads.
+    """
+
+    wall_minus_engine_ms: float
+    last_ms: float | None = None
+
+    def engine_time(self, claim: MutationClaim) -> float:
+        t = claim.wall_ms - self.wall_minus_engine_ms
+        if self.last_ms is not None and t < self.last_ms:
+            t = self.last_ms
+        self.last_ms = t
+        return t
 
 
 def split_usage(usage: Iterable[UsageDelta], per_report: int) -> list[tuple[UsageDelta, ...]]:

@@ -7,16 +7,22 @@ from collections.abc import Callable
 
 import pytest
 
+from kqp.protocol.api_keys import ApiKey
 from kqp.quotas import QuotaEngine, QuotaType
 from kqp.quotas.fleet import (
+    ClaimClock,
     FleetView,
+    MutationClaim,
     ReportError,
     UsageDelta,
     UsageReport,
+    decode_record,
     decode_report,
+    encode_claim,
     encode_report,
     split_usage,
 )
+from kqp.quotas.recording import QuotaClient, RequestCharges, charge_request
 
 from .helpers import D, settings_for
 
@@ -114,6 +120,66 @@ def test_remote_partitions_drain_the_local_token_bucket() -> None:
     outcome = second.mutations("1", "u", "c", 19, 7, [("t3", 40)], 100)
     assert outcome.accepted == [False]
     assert outcome.throttle_ms == 5000  # a deficit of 25 tokens at 5/s, as on one broker
+
+
+def _claim(instance: str, claim_id: int, wall_ms: float, topics: int = 7, partitions: int = 40) -> MutationClaim:
+    names = tuple((f"{instance}-{claim_id}-{i}", partitions) for i in range(topics))
+    return MutationClaim(instance, claim_id, wall_ms, "1", "u", "c", ApiKey.CREATE_TOPICS, 7, names)
+
+
+def test_a_claim_survives_its_encoding_and_is_told_apart_from_a_report() -> None:
+    claim = _claim("host:1:42", 3, 1_700_000_000_123.5, topics=2)
+    assert decode_record(encode_claim(claim)) == claim
+    report = UsageReport("host:1", 7, ())
+    assert decode_record(encode_report(report)) == report
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b'{"format": 1, "claim": 1, "instance": "a"}', "wrong type"),
+    (b'{"format": 1, "claim": 1, "instance": "a", "wall_ms": 1, "broker": "1", "user": "", "client_id": "c",'
+     b' "api_key": 0, "api_version": 7, "topics": []}', "not a partition mutation"),
+    (b'{"format": 1, "claim": 1, "instance": "a", "wall_ms": 1, "broker": "1", "user": "", "client_id": "c",'
+     b' "api_key": 19, "api_version": 7, "topics": [["t"]]}', "malformed topics"),
+])
+def test_an_unreadable_claim_is_refused_with_its_reason(data: bytes, reason: str) -> None:
+    with pytest.raises(ReportError, match=reason):
+        decode_record(data)
+
+
+def test_the_claim_clock_keeps_the_gaps_between_claims_and_never_goes_back() -> None:
+    clock = ClaimClock(wall_minus_engine_ms=1_000_000.0)
+    times = [clock.engine_time(_claim("a", i, wall)) for i, wall in enumerate([1_000_500.0, 1_000_400.0, 1_002_500.0])]
+    assert times == [500.0, 500.0, 2500.0]
+
+
+def test_instances_charging_the_same_claims_in_the_same_order_agree_with_one_controller() -> None:
+    """Issue 13, criterion 2, in the pure model: two instances each receive CreateTopics of 7
+    topics x 40 partitions at the same moment, with 5 partitions/s over 11 windows (55 tokens).
+    Both claims go through one topic; every instance charges them in its order, on its own
+    clock, and every instance computes the verdicts a single controller gives: the first
+    request gets 2 topics (strict mode admits a topic while the bucket is not negative: 55,
+    then 15), everything else THROTTLING_QUOTA_EXCEEDED with the same throttle."""
+    log = [_claim("a", 1, 5_000_000.0), _claim("b", 1, 5_000_000.0), _claim("a", 2, 5_003_000.0, topics=1)]
+    verdicts: list[list[tuple[list[bool], int]]] = []
+    for engine_clock_offset in (4_000_000.0, 123.0):  # instances whose engine clocks differ
+        engine = _sharing_engine(MUTATION, 5.0)
+        engine.share_usage(True, mutations_claimed=True)
+        clock = ClaimClock(engine_clock_offset)
+        seen = []
+        for claim in log:
+            charges = RequestCharges(claim.api_key, claim.api_version, mutations=claim.topics)
+            outcome = charge_request(engine, QuotaClient(claim.broker, claim.user, claim.client_id), charges,
+                                     clock.engine_time(claim)).mutation
+            assert outcome is not None
+            seen.append((outcome.accepted, outcome.throttle_ms))
+        assert engine.take_local_usage() == []  # the claims are the sharing: no usage reported as well
+        verdicts.append(seen)
+    assert verdicts[0] == verdicts[1]
+    first, second, third = verdicts[0]
+    assert first == ([True, True] + [False] * 5, 5000)  # 25 tokens of debt at 5/s
+    assert second == ([False] * 7, 5000)
+    assert third == ([False], 2000)  # 3 s later: 10 of the 25 tokens back
+    assert sum(40 for accepted, _ in verdicts[0] for ok in accepted if ok) == 80
 
 
 def test_the_share_policy_scales_every_limit_and_restores_them() -> None:
