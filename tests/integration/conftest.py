@@ -8,16 +8,21 @@ started are attached to its report.
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
 
 _PROXIES = pytest.StashKey[list[ProxyProcess]]()
+_LEFT_OPEN: list[str] = []
+_CLIENT_TYPES = (Producer, Consumer, AdminClient)
 
 
 def _cluster(nodes: int) -> Iterator[KafkaCluster]:
@@ -74,3 +79,43 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed:
         for proxy in item.stash.get(_PROXIES, []):
             report.sections.append((f"kqp serve log ({proxy.log_path})", proxy.log_tail(200)))
+
+
+def _open_clients() -> dict[int, object]:
+    gc.collect()
+    return {id(o): o for o in gc.get_objects() if isinstance(o, _CLIENT_TYPES)}
+
+
+@pytest.fixture(autouse=True)
+def close_clients_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A librdkafka client a test forgets keeps reconnecting to its stopped proxy for the rest
+    of the session (CPU on a 2-core machine, and pages of log over the next failure's output):
+    close it here and name the test in the summary."""
+    before = _open_clients()
+    yield
+    for key, client in _open_clients().items():
+        if key in before:
+            continue
+        try:
+            _close_if_open(client)
+        except RuntimeError:
+            continue  # the test had closed it: the object merely outlived the test
+        _LEFT_OPEN.append(f"{request.node.nodeid}: {type(client).__name__}")
+
+
+def _close_if_open(client: object) -> None:
+    """Close a client still open; RuntimeError when it was closed already."""
+    if isinstance(client, Producer):
+        client.poll(0)  # raises once closed
+        client.close()
+    elif isinstance(client, Consumer):
+        client.assignment()  # raises once closed
+        client.close()
+    # AdminClient (confluent-kafka 2.16) has no close(): it is only named.
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _LEFT_OPEN:
+        terminalreporter.section("librdkafka clients left open by tests (closed after them)")
+        for line in _LEFT_OPEN:
+            terminalreporter.line(line)

@@ -139,7 +139,7 @@ def cycle_rate(per_second: list[int]) -> float:
     """
     bursting = [size > 3 * QUOTA for size in per_second]
     bursts = [i for i, burst in enumerate(bursting) if burst and (i == 0 or not bursting[i - 1])]
-    assert len(bursts) >= 3, f"expected at least three throttling bursts, per-second bytes {per_second}"
+    assert len(bursts) >= 4, f"expected at least four throttling bursts, per-second bytes {per_second}"
     first, last = bursts[1], bursts[-1]
     return sum(per_second[first:last]) / (last - first)
 
@@ -149,7 +149,9 @@ def test_librdkafka_producer_is_held_to_the_quota_by_muting(
 ) -> None:
     proxy, _config = configured_proxy
     kafka_1node.create_topic("quota-librdkafka", partitions=1, replication=1)
-    seconds = 48
+    # One cycle's rate varies from 0.96 to 1.16 x with where the burst falls in the window
+    # (measured), so the average needs three or four whole cycles to be within 10%.
+    seconds = 72
     per_second = [0] * (seconds + 1)
     producer = Producer({"bootstrap.servers": proxy.bootstrap, "client.id": "limited", "linger.ms": 5,
                          "queue.buffering.max.kbytes": 4096})
