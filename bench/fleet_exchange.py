@@ -48,8 +48,14 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def engine_for(entities: int) -> QuotaEngine:
-    default = QuotaEntry(QuotaEntity(client_id="<default>"), {"producer_byte_rate": 1e9})
+REQUEST_BYTES = 16384  # what each client records per report interval
+
+
+def engine_for(client_rate: float, client_load: float) -> QuotaEngine:
+    """Each client's quota such that its traffic is `client_load` of it (1: at its limit,
+    every delta reported; far below `max_unreported_share` / instances: none reported)."""
+    quota = client_rate / client_load
+    default = QuotaEntry(QuotaEntity(client_id="<default>"), {"producer_byte_rate": quota})
     return QuotaEngine(QuotaSettings(entries=(default,), scope="cluster"))
 
 
@@ -68,20 +74,23 @@ async def drive(engines: list[QuotaEngine], entities: int, interval_s: float, se
         now = time.monotonic() * 1000.0
         for index, engine in enumerate(engines):
             for client in range(entities):
-                engine.record_produce("1", "", f"i{index}-client-{client:06d}", 16384, now)
+                engine.record_produce("1", "", f"i{index}-client-{client:06d}", REQUEST_BYTES, now)
         await asyncio.sleep(interval_s)
     return time.process_time() - cpu_before
 
 
-async def measure(bootstrap: str, instances: int, entities: int, seconds: float, interval_s: float) -> Result:
+async def measure(bootstrap: str, instances: int, entities: int, seconds: float, interval_s: float,
+                  client_load: float, max_unreported_share: float) -> Result:
+    client_rate = REQUEST_BYTES / interval_s
     # The same traffic without the exchange first: what remains after it is the exchange's CPU.
-    baseline_cpu = await drive([engine_for(entities) for _ in range(instances)], entities, interval_s, seconds)
+    baseline_cpu = await drive([engine_for(client_rate, client_load) for _ in range(instances)], entities,
+                               interval_s, seconds)
     topic = f"_kqp_bench_usage_{instances}_{entities}_{int(time.time())}"
-    engines = [engine_for(entities) for _ in range(instances)]
+    engines = [engine_for(client_rate, client_load) for _ in range(instances)]
     exchanges = []
     for index, engine in enumerate(engines):
         options = FleetOptions(bootstrap_servers=(bootstrap,), topic=topic, instance_id=f"bench-{index}",
-                               report_interval_s=interval_s)
+                               report_interval_s=interval_s, max_unreported_share=max_unreported_share)
         exchange = FleetExchange(options, engine, lambda: time.monotonic() * 1000.0, lambda: 11_000.0)
         exchanges.append(exchange)
         await exchange.start()
@@ -119,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--interval", type=float, default=0.1, help="report interval in seconds")
     parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--client-load", type=float, default=1.0,
+                        help="each client's traffic as a fraction of its quota (1: the worst case)")
+    parser.add_argument("--max-unreported-share", type=float, default=0.02, help="fleet.max_unreported_share")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     results = []
@@ -127,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             for entities in args.entities:
                 progress(f"{instances} instance(s) x {entities} active clients each, {args.seconds:.0f} s")
                 results.append(asyncio.run(measure(cluster.bootstrap, instances, entities, args.seconds,
-                                                   args.interval)))
-    print(f"report interval {args.interval} s; one report's delta is "
+                                                   args.interval, args.client_load, args.max_unreported_share)))
+    print(f"report interval {args.interval} s; clients at {args.client_load:g} x their quota, "
+          f"max_unreported_share {args.max_unreported_share:g}; one report's delta is "
           f"{(report_bytes(1000) - report_bytes(0)) / 1000:.0f} bytes of JSON\n")
     print("| instances | active clients per instance | records/s written | bytes/s written "
           "| bytes/s read per instance | deltas applied/s (all instances) | CPU, share of one core (all instances) |")

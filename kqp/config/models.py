@@ -242,6 +242,10 @@ class FleetSection(Section):
     unreachable_after_seconds: PositiveSeconds = 3.0
     # local: enforce this instance's own budget alone; share: quota / instances last seen.
     on_unreachable: Literal["local", "share"] = "share"
+    # A client's usage is left out of this instance's reports while its rate is below this
+    # share of its quota divided by the number of instances, so the fleet under-counts any
+    # client by less than this share of its quota; 0 reports every client with a quota.
+    max_unreported_share: Annotated[float, Field(ge=0.0, le=0.5, allow_inf_nan=False)] = 0.02
     # -1: 3, or the number of brokers when there are fewer.
     replication_factor: Annotated[int, Field(ge=-1)] = -1
     # Defaults to upstream.bootstrap_servers and upstream.tls; needs credentials of its own

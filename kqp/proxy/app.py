@@ -384,7 +384,8 @@ def fleet_options(config: KqpConfig, proxy: ProxyOptions, enable: bool = False) 
         bootstrap_servers=tuple(servers), topic=f.topic, quota_topic=f"{f.topic}-quotas",
         instance_id=f.instance_id or "",
         report_interval_s=f.report_interval_seconds, unreachable_after_s=f.unreachable_after_seconds,
-        on_unreachable=f.on_unreachable, replication_factor=f.replication_factor,
+        on_unreachable=f.on_unreachable, max_unreported_share=f.max_unreported_share,
+        replication_factor=f.replication_factor,
         ssl_context=upstream_context(proxy.upstream_tls) if proxy.upstream_tls is not None else None,
         sasl_mechanism=f.sasl_mechanism, sasl_username=f.sasl_username, sasl_password=f.sasl_password,
     )

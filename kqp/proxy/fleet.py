@@ -70,6 +70,8 @@ class FleetOptions:
     report_interval_s: float = 0.1
     unreachable_after_s: float = 3.0
     on_unreachable: FailurePolicy = "share"
+    # A client's usage goes unreported while below this share of its quota / instances.
+    max_unreported_share: float = 0.02
     replication_factor: int = -1
     retention_ms: int = 60_000
     ssl_context: ssl.SSLContext | None = None
@@ -252,7 +254,13 @@ class FleetExchange:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(o.report_interval_s)
-            usage = self.engine.take_local_usage()
+            now = self._now_ms()
+            # Fewer instances than there are would loosen the bound: count the most seen lately.
+            instances = max(self.view.instances(now), self.view.last_known_instances, 1)
+            quiet_before = self.engine.deltas_kept_quiet
+            usage = self.engine.take_local_usage(now, o.max_unreported_share / instances)
+            if self._metrics is not None:
+                self._metrics.fleet_usage_deltas(len(usage), self.engine.deltas_kept_quiet - quiet_before)
             if not usage and loop.time() - last_sent < heartbeat_s:
                 self._update_state()
                 continue

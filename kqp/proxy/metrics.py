@@ -272,6 +272,12 @@ class ProxyMetrics:
             "kqp_fleet_budget_share", "Fraction of each quota this instance enforces (below 1 under policy share).",
             registry=registry,
         )
+        self._fleet_deltas = Counter(
+            "kqp_fleet_usage_deltas_total",
+            "Per-client usage deltas of this instance: reported (sent to the fleet) or quiet (left out: "
+            "the client was below fleet.max_unreported_share of its quota per instance).",
+            ["result"], registry=registry,
+        )
         self._fleet_claims = Histogram(
             "kqp_fleet_mutation_claim_seconds",
             "How long a partition mutation waited for its claim to come back through the usage topic: "
@@ -405,6 +411,10 @@ class ProxyMetrics:
 
     def fleet_report_received(self, accepted: bool) -> None:
         self._fleet_reports.labels(result="received" if accepted else "rejected").inc()
+
+    def fleet_usage_deltas(self, reported: int, quiet: int) -> None:
+        self._fleet_deltas.labels(result="reported").inc(reported)
+        self._fleet_deltas.labels(result="quiet").inc(quiet)
 
     def fleet_mutation_claimed(self, seconds: float, ordered: bool) -> None:
         self._fleet_claims.labels(result="ordered" if ordered else "alone").observe(seconds)

@@ -439,6 +439,8 @@ class QuotaEngine:
         # so what they record is not usage to report as well.
         self.mutations_claimed = False
         self._unshared: list[tuple[QuotaType, _Sensor]] = []
+        # Deltas `take_local_usage` left out because their client was far from its quota.
+        self.deltas_kept_quiet = 0
         # Fleet sharing: when each other instance last reported (heartbeats included).
         self._remote_report_ms: dict[str, int] = {}
         self.update(settings)
@@ -726,15 +728,28 @@ class QuotaEngine:
             self._unshared.append((quota_type, sensor))
         sensor.unshared += amount
 
-    def take_local_usage(self) -> list[UsageDelta]:
-        """What this instance recorded into each sensor since the last call: its usage report."""
+    def take_local_usage(self, now_ms: float = 0.0, quiet_below: float = 0.0) -> list[UsageDelta]:
+        """What this instance recorded into each sensor since the last call: its usage report.
+
+        `quiet_below` (a fraction of each quota) leaves out the byte-rate and request-time
+        usage of a sensor whose rate, as this instance measures it at `now_ms` (its own usage
+        plus what the others reported), is below that fraction of its bound: a client far from
+        its quota cannot be throttled by that share of it. Given `quiet_below` = e / N for a fleet
+        of N instances, what the fleet leaves unreported is less than e of the quota.
+        """
         pending, self._unshared = self._unshared, []
         usage = []
+        t = int(now_ms)
         for quota_type, sensor in pending:
             amount, sensor.unshared, sensor.unshared_listed = sensor.unshared, 0.0, False
-            if amount:
-                identity = sensor.identity
-                usage.append(UsageDelta(quota_type, identity.broker, tuple(_tags(identity).items()), amount))
+            if not amount:
+                continue
+            if quiet_below > 0.0 and isinstance(sensor, RateSensor) and \
+                    sensor.measure(t) < quiet_below * sensor.bound:
+                self.deltas_kept_quiet += 1
+                continue
+            identity = sensor.identity
+            usage.append(UsageDelta(quota_type, identity.broker, tuple(_tags(identity).items()), amount))
         return usage
 
     def record_remote_usage(self, usage: Iterable[UsageDelta], now_ms: float, instance: str | None = None) -> None:

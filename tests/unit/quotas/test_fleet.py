@@ -231,7 +231,7 @@ def test_the_local_policy_keeps_the_whole_budget_when_the_exchange_stops() -> No
 
 
 def _simulate(engines: list[QuotaEngine], clients: int, exchange: bool | None, interval_ms: int,
-              step: Callable[[QuotaEngine, float], tuple[int, float]]) -> float:
+              step: Callable[[QuotaEngine, float], tuple[int, float]], quiet_below: float = 0.0) -> float:
     """Clients spread over `engines` (client i on engine i mod n), instances exchanging usage
     every `interval_ms` (with their names when `exchange` is True, anonymously when False).
     `step(engine, now)` serves one request: (bytes it moved, ms until the client's next one).
@@ -245,7 +245,7 @@ def _simulate(engines: list[QuotaEngine], clients: int, exchange: bool | None, i
         if now > end:
             break
         if kind == "exchange":
-            reports = [engine.take_local_usage() for engine in engines]
+            reports = [engine.take_local_usage(now, quiet_below) for engine in engines]
             for i, engine in enumerate(engines):
                 for j, usage in enumerate(reports):
                     if i != j and exchange is not None:
@@ -259,7 +259,8 @@ def _simulate(engines: list[QuotaEngine], clients: int, exchange: bool | None, i
     return moved / ((end - steady_from) / 1000)
 
 
-def _aggregate_rate(instances: int, exchange: bool | None, exchange_interval_ms: int = 100) -> float:
+def _aggregate_rate(instances: int, exchange: bool | None, exchange_interval_ms: int = 100,
+                    quiet_below: float = 0.0) -> float:
     """Three producers with one client-id each offer twice the quota and wait out every
     throttle (as librdkafka does); bytes/s admitted in total over 45 s of steady state.
 
@@ -274,7 +275,7 @@ def _aggregate_rate(instances: int, exchange: bool | None, exchange_interval_ms:
     def produce(engine: QuotaEngine, now: float) -> tuple[int, float]:
         return request, max(send_every_ms, engine.record_produce("1", "u", "c", request, now))
 
-    return _simulate(engines, instances, True if exchange else None, exchange_interval_ms, produce)
+    return _simulate(engines, instances, True if exchange else None, exchange_interval_ms, produce, quiet_below)
 
 
 def test_three_instances_sharing_usage_admit_what_one_broker_would() -> None:
@@ -285,6 +286,45 @@ def test_three_instances_sharing_usage_admit_what_one_broker_would() -> None:
     assert _aggregate_rate(3, exchange=True) == pytest.approx(one_broker, rel=0.05)
     # Without the exchange each instance admits a budget of its own.
     assert _aggregate_rate(3, exchange=False) > 2.5 * QUOTA
+
+
+def test_a_client_far_from_its_quota_is_kept_quiet_and_one_near_it_is_reported() -> None:
+    engine = _sharing_engine(scope="cluster")
+    for second in range(11):  # a whole window: the rate is what the client sends
+        engine.record_produce("1", "u", "far", 0.01 * QUOTA, second * 1000)
+        engine.record_produce("1", "u", "near", 0.5 * QUOTA, second * 1000)
+    usage = engine.take_local_usage(11_000, quiet_below=0.02)
+    assert [d.tags for d in usage] == [(("user", ""), ("client-id", "near"))]
+    assert engine.deltas_kept_quiet == 1
+    # Without the share, both are reported; a kept-quiet delta is dropped, not held back.
+    engine.record_produce("1", "u", "far", 0.01 * QUOTA, 11_000)
+    engine.record_produce("1", "u", "near", 0.5 * QUOTA, 11_000)
+    assert sorted(d.amount for d in engine.take_local_usage(11_000)) == [0.01 * QUOTA, 0.5 * QUOTA]
+
+
+def test_quiet_clients_change_nothing_for_a_client_over_its_quota() -> None:
+    # The fleet default: 2 % of a quota for the fleet, so 2/3 % per instance of three.
+    full = _aggregate_rate(3, exchange=True)
+    assert _aggregate_rate(3, exchange=True, quiet_below=0.02 / 3) == pytest.approx(full, rel=0.01)
+
+
+def test_what_instances_keep_quiet_is_less_than_the_share_of_the_quota() -> None:
+    """Three instances serve one client-id, each just under the per-instance threshold: none
+    reports it and none throttles, and the fleet admits less than the share of the quota it
+    left unreported; a little more on one instance, and that instance reports it."""
+    share, instances = 0.02, 3
+    engines = [_sharing_engine(scope="cluster") for _ in range(instances)]
+    per_instance = 0.9 * share / instances * QUOTA  # bytes/s
+    admitted, reported = 0.0, 0
+    for second in range(30):
+        for engine in engines:
+            assert engine.record_produce("1", "u", "c", per_instance, second * 1000) == 0
+            admitted += per_instance
+        for engine in engines:
+            reported += len(engine.take_local_usage(second * 1000 + 500, share / instances))
+    assert reported == 0 and admitted / 30 < share * QUOTA
+    engines[0].record_produce("1", "u", "c", 0.2 * share / instances * QUOTA * 11, 30_000)
+    assert len(engines[0].take_local_usage(30_500, share / instances)) == 1
 
 
 def _consumers_rate(exchange: bool | None, instances: int = 3, exchange_interval_ms: int = 100) -> float:
