@@ -9,6 +9,14 @@ pipelines them. Prints microseconds of process CPU per request+response pair (be
 for the whole path and for the connection alone (no hooks), so the hooks' share is visible.
 This is the Python work of the hop; the syscalls and the event loop come on top of it
 (bench/proxy_throughput.py measures those, end to end).
+
+In a running proxy each request wakes the process after the broker's and the client's JVMs
+have run on the same cores, so the interpreter starts every request with cold caches.
+`--cold-mb N` measures that case too: one request and its response at a time, with N MB
+touched between the two (what another process does to the caches), and prints the
+wall-clock microseconds spent inside the proxy's calls. With 8 MB (past this machine's
+2 MB L2) it reproduces the 5-6x that `perf stat` shows between a running proxy and the
+pipelined rounds.
 """
 
 from __future__ import annotations
@@ -20,11 +28,14 @@ import gc
 import pstats
 import socket
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from bare_relay import _Side  # bench/ is on sys.path when this script runs
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record import MemoryRecordsBuilder
 
+from kqp.protocol import session
 from kqp.protocol.apis import PRODUCE_KEY
 from kqp.protocol.headers import encode_request_header
 from kqp.proxy.cluster import ClusterDirectory, Listener
@@ -96,7 +107,7 @@ def kqp_serve_hooks(topics: TopicDirectory) -> TrafficHooks:
     metrics.set_quota_stats_source(engine.snapshot)
     loop = asyncio.get_running_loop()
     return HookChain([
-        QuotaAdminHooks(lambda: engine.settings, lambda _settings: None),
+        QuotaAdminHooks(lambda: engine.settings, lambda _settings, _who: None),
         QuotaEnforcement(engine, EnforcementSettings(), lambda: time.monotonic() * 1000.0, topics),
         ObservationHooks(metrics, None, clock=loop.time, topics=topics),
     ])
@@ -116,39 +127,128 @@ def connection(hooks: TrafficHooks) -> ProxiedConnection:
     return proxied
 
 
-def run_round(proxied: ProxiedConnection, requests: list[bytes], responses: list[bytes]) -> float:
+class Hop(Protocol):
+    """What a round drives: bytes from the client, bytes from the broker."""
+
+    def client_data(self, data: bytes) -> None: ...
+    def upstream_data(self, data: bytes) -> None: ...
+
+
+class RelayHop:
+    """bench/bare_relay.py's two protocol objects, wired to stand-in transports: the floor."""
+
+    def __init__(self) -> None:
+        self.client, self.upstream = _Side(), _Side()
+        self.client.peer, self.upstream.peer = self.upstream, self.client
+        self.client.connection_made(NullTransport())  # type: ignore[arg-type]
+        self.upstream.connection_made(NullTransport())  # type: ignore[arg-type]
+        self.client_data = self.client.data_received
+        self.upstream_data = self.upstream.data_received
+
+
+def check_answered(hop: Hop) -> None:
+    if isinstance(hop, ProxiedConnection) and (hop.closed or hop.in_flight):
+        raise RuntimeError("the connection did not answer every request")
+
+
+def run_cold_round(hop: Hop, requests: list[bytes], responses: list[bytes], evict: bytearray,
+                   pieces: int = 1) -> float:
+    """Seconds inside the hop per request+response pair, caches evicted before each call;
+    each request arrives in `pieces` reads."""
+    half = len(evict) // 2
+
+    def touch() -> None:
+        evict[:half], evict[half:] = evict[half:], evict[:half]  # read and write every cache line
+
+    spent = 0.0
+    gc.collect()
+    gc.disable()
+    for request, response in zip(requests, responses, strict=True):
+        step = -(-len(request) // pieces)
+        for offset in range(0, len(request), step):
+            touch()
+            start = time.perf_counter()
+            hop.client_data(request[offset : offset + step])
+            spent += time.perf_counter() - start
+        touch()
+        start = time.perf_counter()
+        hop.upstream_data(response)
+        spent += time.perf_counter() - start
+    gc.enable()
+    check_answered(hop)
+    return spent / len(requests)
+
+
+def run_round(hop: Hop, requests: list[bytes], responses: list[bytes]) -> float:
     """Seconds of process CPU per request+response pair, PIPELINE requests in flight."""
     gc.collect()
     gc.disable()
     start = time.process_time()
     for index in range(0, len(requests), PIPELINE):
         for request in requests[index : index + PIPELINE]:
-            proxied.client_data(request)
+            hop.client_data(request)
         for response in responses[index : index + PIPELINE]:
-            proxied.upstream_data(response)
+            hop.upstream_data(response)
     elapsed = time.process_time() - start
     gc.enable()
-    if proxied.closed or proxied.in_flight:
-        raise RuntimeError("the connection did not answer every request")
+    check_answered(hop)
     return elapsed / len(requests)
 
 
-async def measure(count: int, rounds: int, record_bytes: int, records: int, profile: bool) -> None:
+def protocol_for_free(requests: list[bytes], responses: list[bytes]) -> None:
+    """Replace the session's header, acks, correlation, body-offset, ThrottleTimeMs and
+    rewrite routines by lookups of their precomputed answers: the most a compiled extension
+    of those routines could save (framing and everything around them stay as they are)."""
+    real: Any = session  # the module's own names, before they are replaced
+    headers = {frame[4:]: real.parse_request_header(frame[4:]) for frame in requests}
+    body_offset = real.response_body_offset(responses[0][4:], PRODUCE_KEY, PRODUCE_VERSION)
+    throttle_offsets = {frame[4:]: real.throttle_field_offset(frame[4:], body_offset, PRODUCE_KEY, PRODUCE_VERSION)
+                        for frame in responses}
+    correlation_ids = {frame[4:]: real.response_correlation_id(frame[4:]) for frame in responses}
+    replacements: dict[str, Callable[..., Any]] = {
+        "parse_request_header": headers.__getitem__,
+        "expects_response": lambda _key, _version, _body: True,
+        "response_correlation_id": correlation_ids.__getitem__,
+        "response_body_offset": lambda _frame, _key, _version: body_offset,
+        "throttle_field_offset": lambda frame, _offset, _key, _version: throttle_offsets[frame],
+        "client_response": lambda _key, _version, frame, *_args, **_kwargs: (frame, False),
+    }
+    for name, replacement in replacements.items():
+        setattr(session, name, replacement)
+
+
+async def measure(count: int, rounds: int, record_bytes: int, records: int, profile: bool, cold_mb: int,
+                  pieces: int, free_protocol: bool) -> None:
     requests = [sized(produce_frame(i, record_bytes, records)) for i in range(count)]
     responses = [sized(produce_response_frame(i)) for i in range(count)]
+    if free_protocol:
+        protocol_for_free(requests, responses)
+        print("protocol routines replaced by lookups (--protocol-for-free)")
     print(f"{count} Produce v{PRODUCE_VERSION} requests of {len(requests[0])} bytes "
           f"({records} records of {record_bytes} bytes in one batch), {PIPELINE} in flight")
-    for name, hooks in (("connection alone", TrafficHooks()), ("kqp serve hooks", kqp_serve_hooks(TopicDirectory()))):
-        proxied = connection(hooks)
-        run_round(proxied, requests[:1000], responses[:1000])  # warm caches and sensors
-        best = min(run_round(proxied, requests, responses) for _ in range(rounds))
+    hops: list[tuple[str, Callable[[], Hop]]] = [
+        ("bare relay", RelayHop),
+        ("connection alone", lambda: connection(TrafficHooks())),
+        ("kqp serve hooks", lambda: connection(kqp_serve_hooks(TopicDirectory()))),
+    ]
+    for name, make_hop in hops:
+        hop = make_hop()
+        run_round(hop, requests[:1000], responses[:1000])  # warm caches and sensors
+        best = min(run_round(hop, requests, responses) for _ in range(rounds))
         print(f"  {name:18s} {best * 1e6:7.1f} µs per request+response (best of {rounds})")
         if profile and name == "kqp serve hooks":
             profiler = cProfile.Profile()
             profiler.enable()
-            run_round(proxied, requests, responses)
+            run_round(hop, requests, responses)
             profiler.disable()
             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        if cold_mb:
+            evict = bytearray(cold_mb * 2**20)
+            cold_count = min(count, 1000)
+            cold = sorted(run_cold_round(make_hop(), requests[:cold_count], responses[:cold_count], evict, pieces)
+                          for _ in range(rounds))
+            print(f"  {name:18s} {cold[len(cold) // 2] * 1e6:7.1f} µs per request+response, caches cold "
+                  f"({cold_mb} MB touched between calls, requests in {pieces} reads, median of {rounds})")
 
 
 def main() -> None:
@@ -158,9 +258,15 @@ def main() -> None:
     parser.add_argument("--record-bytes", type=int, default=100)
     parser.add_argument("--records", type=int, default=1, help="records per request (one batch)")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one round with the hooks")
+    parser.add_argument("--cold-mb", type=int, default=0,
+                        help="also measure with this many MB touched between calls (cold caches)")
+    parser.add_argument("--pieces", type=int, default=1, help="reads each request arrives in (cold rounds)")
+    parser.add_argument("--protocol-for-free", action="store_true",
+                        help="replace the session's protocol routines by lookups (a compiled extension's best case)")
     args = parser.parse_args()
     socket.setdefaulttimeout(None)
-    asyncio.run(measure(args.requests, args.rounds, args.record_bytes, args.records, args.profile))
+    asyncio.run(measure(args.requests, args.rounds, args.record_bytes, args.records, args.profile, args.cold_mb,
+                          args.pieces, args.protocol_for_free))
 
 
 if __name__ == "__main__":
