@@ -45,7 +45,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 test: setup lint
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q --durations=15 tests
 
 unit: $(VENV)/.installed
 	$(VENV)/bin/pytest -q tests/unit
