@@ -30,18 +30,11 @@ from harness import perf_tools
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
 
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
 
 def syscalls(pid: int) -> tuple[int, int]:
     """(read, write) system calls of a process so far."""
     fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
     return int(fields["syscr"]), int(fields["syscw"])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def main() -> int:
@@ -59,15 +52,16 @@ def main() -> int:
             bench = Bench(cluster, proxy, relay, partitions=3)
             for round_index in range(1, args.rounds + 1):
                 runs = []
-                for path, pid in ((RELAY, relay.process.pid), (PROXY, proxy.pid)):
+                hops = ((RELAY, relay.process.pid, relay.cpu_seconds), (PROXY, proxy.pid, proxy.cpu_seconds))
+                for path, pid, cpu_seconds in hops:
                     topic = f"hop-cost-{path}-{round_index}-{os.getpid()}"
                     bench.create_topic(topic)
                     print(f"[{time.strftime('%H:%M:%S')}] round {round_index}: {path}", file=sys.stderr, flush=True)
-                    before, cpu, counted = syscalls(pid), cpu_seconds(pid), proxy_requests(proxy)
+                    before, cpu, counted = syscalls(pid), cpu_seconds(), proxy_requests(proxy)
                     result = perf_tools.producer_perf(cluster, bench.bootstrap(path), topic, args.records,
                                                       args.record_size, props)
                     reads, writes = (end - start for end, start in zip(syscalls(pid), before, strict=True))
-                    runs.append((path, result, reads, writes, cpu_seconds(pid) - cpu, proxy_requests(proxy) - counted))
+                    runs.append((path, result, reads, writes, cpu_seconds() - cpu, proxy_requests(proxy) - counted))
                 requests = runs[-1][-1]  # kqp's count; the relay forwarded as many of the same records
                 for path, result, reads, writes, cpu, _ in runs:
                     print(f"| {round_index} | {path} | {result.records_per_s:,.0f} | {result.mb_per_s:.1f} | "
