@@ -15,8 +15,9 @@ have run on the same cores, so the interpreter starts every request with cold ca
 `--cold-mb N` measures that case too: one request and its response at a time, with N MB
 touched between the two (what another process does to the caches), and prints the
 wall-clock microseconds spent inside the proxy's calls. With 8 MB (past this machine's
-2 MB L2) it reproduces the 5-6x that `perf stat` shows between a running proxy and the
-pipelined rounds.
+2 MB L2) it gives about 107 µs per request+response where the pipelined rounds give 33,
+close to the 140 µs of Python per request that `perf stat` finds in a running proxy
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -266,7 +267,7 @@ def main() -> None:
     args = parser.parse_args()
     socket.setdefaulttimeout(None)
     asyncio.run(measure(args.requests, args.rounds, args.record_bytes, args.records, args.profile, args.cold_mb,
-                          args.pieces, args.protocol_for_free))
+                        args.pieces, args.protocol_for_free))
 
 
 if __name__ == "__main__":
