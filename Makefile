@@ -30,14 +30,20 @@ kafka-messages: kafka
 	./harness/extract_kafka_messages.sh $(KAFKA_VERSION)
 
 # From Debian, installed when missing: kcat (librdkafka's CLI), prometheus (its package ships
-# promtool too) for the Prometheus integration test, and haproxy for the fleet behind a balancer.
+# promtool too) for the Prometheus integration test, and haproxy for the fleet behind a balancer;
+# and libnss-myhostname, whose glibc module resolves every name under .localhost to loopback, for
+# the SNI routing test's host names (docs/testing.md; its install adds it to /etc/nsswitch.conf).
 SYSTEM_COMMANDS := kcat:kcat prometheus:prometheus promtool:prometheus haproxy:haproxy
+LOCALHOST_PROBE := kqp-probe.localhost
 system-deps:
 	@missing=$$(for pair in $(SYSTEM_COMMANDS); do command -v $${pair%%:*} >/dev/null || echo $${pair#*:}; done \
 	  | sort -u); \
+	getent ahosts $(LOCALHOST_PROBE) >/dev/null || missing="$$missing libnss-myhostname"; \
 	[ -z "$$missing" ] || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; }; \
+	getent ahosts $(LOCALHOST_PROBE) >/dev/null || echo "warning: $(LOCALHOST_PROBE) does not resolve: add" \
+	  "myhostname to the hosts: line of /etc/nsswitch.conf (the SNI routing test needs it)" >&2
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

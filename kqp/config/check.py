@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kqp.config.errors import ConfigError
 from kqp.config.loader import line_of, load_config, read_config_file
-from kqp.config.models import KqpConfig, entity_text
+from kqp.config.models import KqpConfig, ProxySection, entity_text
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaType
 
 _UNITS: dict[str, str] = {
@@ -82,14 +82,28 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
             for row in [header, *rows]]
 
 
+def _routing_rows(proxy: ProxySection) -> list[list[str]]:
+    """How clients reach the bootstrap and each broker: a port each, or one port by SNI name."""
+    sni = proxy.sni_routing
+    if sni is None:
+        return [
+            ["bootstrap", f"{proxy.bind_host}:{proxy.bootstrap_port}, advertised as {proxy.advertised_host}"],
+            ["brokers", "node N on port " + f"{proxy.node_port_base} + N"
+             + "".join(f"; node {node} on {port}" for node, port in sorted(proxy.node_ports.items()))],
+        ]
+    port = sni.advertised_port or proxy.bootstrap_port
+    return [
+        ["routing", f"by TLS server name (SNI), everything on {proxy.bind_host}:{proxy.bootstrap_port}"],
+        ["bootstrap", f"{sni.bootstrap_host}:{port}"],
+        ["brokers", f"node N as {sni.broker_host_pattern.replace('$(nodeId)', 'N')}:{port}"],
+    ]
+
+
 def render_summary(config: KqpConfig, files: Sequence[str | Path], origins: Sequence[str] | None = None) -> str:
     """The summary; `origins` (entry_origins) adds where each quota entry comes from."""
     lines = [f"OK: {', '.join(str(f) for f in files)}", "", "Listener"]
     proxy = config.proxy
-    listener_rows = [
-        ["bootstrap", f"{proxy.bind_host}:{proxy.bootstrap_port}, advertised as {proxy.advertised_host}"],
-        ["brokers", "node N on port " + f"{proxy.node_port_base} + N"
-         + "".join(f"; node {node} on {port}" for node, port in sorted(proxy.node_ports.items()))],
+    listener_rows = [*_routing_rows(proxy),
         ["upstream", ", ".join(config.upstream.bootstrap_servers) if config.upstream
          else "not configured (give it in a file or with kqp serve --upstream)"],
         ["connections", f"max {proxy.max_connections or 'unlimited'}, "

@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from kqp.protocol.sni_routing import SniNameError, SniRoutes, check_broker_pattern, check_host_name
 from kqp.quotas.settings import (
     DEFAULT_ENTITY,
     QUOTA_TYPES,
@@ -149,6 +150,46 @@ class UpstreamTlsSection(Section):
         return self
 
 
+def _sni_host_name(value: str) -> str:
+    try:
+        return check_host_name(value)
+    except SniNameError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _sni_broker_pattern(value: str) -> str:
+    try:
+        return check_broker_pattern(value)
+    except SniNameError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class SniRoutingSection(Section):
+    """One TLS port for the bootstrap and every broker, told apart by the SNI name the client
+    sends, instead of a port per broker (node_port_base)."""
+
+    bootstrap_host: Annotated[str, AfterValidator(_sni_host_name)]
+    # Names advertised for the brokers, `$(nodeId)` standing for the node id.
+    broker_host_pattern: Annotated[str, AfterValidator(_sni_broker_pattern)]
+    # The port advertised with those names (a load balancer's); none: bootstrap_port.
+    advertised_port: Port | None = None
+
+    @model_validator(mode="after")
+    def _bootstrap_not_a_broker(self) -> SniRoutingSection:
+        try:
+            self.to_routes()
+        except SniNameError as exc:
+            raise nested_error("ambiguous_name", "{reason}", ("bootstrap_host",), reason=str(exc)) from None
+        return self
+
+    def to_routes(self) -> SniRoutes:
+        return SniRoutes(self.bootstrap_host, self.broker_host_pattern, self.advertised_port)
+
+
+# Settings that give brokers ports and an address of their own, meaningless with sni_routing.
+_PER_BROKER_PORT_SETTINGS = ("node_port_base", "node_ports", "advertised_host")
+
+
 class ProxySection(Section):
     bind_host: NonEmptyText = "127.0.0.1"
     bootstrap_port: Port = 9192
@@ -167,6 +208,21 @@ class ProxySection(Section):
     frame_read_timeout_seconds: PositiveSeconds = 120.0
     certificate_check_interval_seconds: PositiveSeconds = 5.0
     tls: ListenerTlsSection | None = None
+    sni_routing: SniRoutingSection | None = None
+
+    @model_validator(mode="after")
+    def _sni_routing_alone(self) -> ProxySection:
+        if self.sni_routing is None:
+            return self
+        if self.tls is None:
+            raise nested_error("sni_without_tls", "sni_routing reads the TLS server name: it needs proxy.tls "
+                               "(TLS terminated at the proxy)", ("sni_routing",))
+        for name in _PER_BROKER_PORT_SETTINGS:
+            if name in self.model_fields_set:
+                raise nested_error("sni_with_node_ports", "{name} has no meaning with sni_routing: every broker "
+                                   "is advertised as sni_routing.broker_host_pattern on one port; remove it",
+                                   (name,), name=name)
+        return self
 
     @model_validator(mode="after")
     def _ports_distinct(self) -> ProxySection:

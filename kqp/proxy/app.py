@@ -352,6 +352,7 @@ def app_settings_from_config(config: KqpConfig) -> AppSettings:
             principal_mapping_rules=p.tls.principal_mapping_rules,
             handshake_timeout_s=p.tls.handshake_timeout_seconds,
         ) if p.tls is not None else None,
+        sni_routing=p.sni_routing.to_routes() if p.sni_routing is not None else None,
         upstream_tls=UpstreamTls(
             ca_file=u.ca_file, cert_file=u.cert_file, key_file=u.key_file, key_password=u.key_password,
             check_hostname=u.check_hostname,

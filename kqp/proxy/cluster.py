@@ -3,7 +3,8 @@
 Clients reach broker N through advertised_host:node_port(N). The upstream address of N is
 learned from the responses that carry it (Metadata, FindCoordinator, ...) while they are
 rewritten, so a broker that joins the cluster gets its listener the first time a client
-could hear of it.
+could hear of it. With SNI routing there is one listener: broker N is advertised as the
+pattern's name for N on that listener's port, and connections are told apart by the name.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kqp.protocol.sni_routing import BOOTSTRAP_ROUTE
 from kqp.proxy.options import ProxyOptions
 
 log = logging.getLogger(__name__)
 
-BOOTSTRAP = -1  # listener id of the bootstrap port
+BOOTSTRAP = BOOTSTRAP_ROUTE  # listener id of the bootstrap port
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,9 @@ class ClusterDirectory:
     @property
     def listeners(self) -> dict[int, Listener]:
         return self._listeners
+
+    def is_known(self, node_id: int) -> bool:
+        return node_id in self._upstream
 
     def known_nodes(self) -> list[int]:
         return sorted(self._upstream)
@@ -90,6 +95,11 @@ class ClusterDirectory:
             self._upstream[node_id] = (host, port)
             if previous is not None:
                 log.info("node %d moved from %s:%d to %s:%d", node_id, *previous, host, port)
+        sni = self._options.sni_routing
+        if sni is not None:
+            listening = self._listeners.get(BOOTSTRAP)
+            port = sni.advertised_port or (listening.port if listening else self._options.bootstrap_port)
+            return sni.broker_host(node_id), port
         listener = self._listeners.get(node_id)
         if listener is None:
             try:

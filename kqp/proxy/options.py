@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from kqp.protocol.sni_routing import SniRoutes
 
 ClientAuth = Literal["none", "requested", "required"]  # Kafka's ssl.client.auth
 
@@ -62,6 +63,8 @@ class ProxyOptions:
     # A request frame must arrive whole within this long of its first byte (slowloris guard).
     frame_read_timeout_s: float = 120.0
     tls: ListenerTls | None = None
+    # One TLS port for everything, brokers told apart by SNI name; None: a port per broker.
+    sni_routing: SniRoutes | None = None
     upstream_tls: UpstreamTls | None = None
     # How often certificate files are checked for changes.
     certificate_check_interval_s: float = 5.0

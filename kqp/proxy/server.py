@@ -20,7 +20,14 @@ from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
 from kqp.proxy.connection import ClientSide, ConnectionServices, ProxiedConnection, TruncatedFrameError
 from kqp.proxy.hooks import TrafficHooks
 from kqp.proxy.options import ProxyOptions
-from kqp.proxy.tls import ListenerTlsState, ReloadingContext, upstream_context, upstream_files
+from kqp.proxy.tls import (
+    ListenerTlsState,
+    ReloadingContext,
+    SniSelector,
+    handshake_started,
+    upstream_context,
+    upstream_files,
+)
 from kqp.proxy.topics import TopicDirectory
 
 log = logging.getLogger(__name__)
@@ -82,13 +89,18 @@ class ProxyServer:
         # Told the API name each time a Produce/Fetch/ShareFetch/ShareAcknowledge response's
         # NodeEndpoints (KIP-951) are rewritten: the rare path a leader change takes.
         self.on_node_endpoints_rewritten = on_node_endpoints_rewritten
-        self.listener_tls = ListenerTlsState(options.tls) if options.tls is not None else None
+        self.directory = ClusterDirectory(options, self._serve_listener)
+        sni = SniSelector(options.sni_routing, self.directory.is_known) if options.sni_routing is not None else None
+        self.listener_tls = ListenerTlsState(options.tls, sni) if options.tls is not None else None
+        if sni is not None and self.listener_tls is None:
+            raise ValueError("SNI routing needs TLS termination at the proxy (proxy.tls)")
+        # SNI routing: the listener each routed node's connections belong to (all on one port).
+        self._routed: dict[int, Listener] = {}
         self.upstream_tls: ReloadingContext | None = None
         if options.upstream_tls is not None:
             self.upstream_tls = ReloadingContext("upstream TLS", upstream_files(options.upstream_tls),
                                                  functools.partial(upstream_context, options.upstream_tls))
         self.loop = asyncio.get_running_loop()
-        self.directory = ClusterDirectory(options, self._serve_listener)
         self.topics = topics if topics is not None else TopicDirectory()
         self.connections: set[ProxiedConnection] = set()
         self._servers: list[asyncio.Server] = []
@@ -135,7 +147,26 @@ class ProxyServer:
             self.check_certificates()
 
     def _client_side(self, listener: Listener) -> ClientSide:
+        if self.listener_tls is not None and self.listener_tls.sni is not None:
+            return ClientSide(self._routed_connection_accepted)
         return ClientSide(functools.partial(self.connection_accepted, listener))
+
+    def _routed_connection_accepted(self, transport: asyncio.Transport) -> ProxiedConnection:
+        """SNI routing: the connection belongs to the node its TLS server name chose."""
+        assert self.listener_tls is not None and self.listener_tls.sni is not None
+        node = self.listener_tls.sni.node_of(transport.get_extra_info("ssl_object"))
+        bootstrap = self.directory.listeners[BOOTSTRAP]
+        if node is None:
+            # The SNI callback refuses every handshake it routes nowhere; this is a safety net.
+            connection = ProxiedConnection(self._services, bootstrap, next(self._ids))
+            self.connections.add(connection)
+            connection.client_connected(transport)
+            connection.close("TLS handshake chose no node by server name", problem=True)
+            return connection
+        listener = self._routed.get(node)
+        if listener is None:
+            listener = self._routed[node] = bootstrap if node == BOOTSTRAP else Listener(node, bootstrap.port)
+        return self.connection_accepted(listener, transport)
 
     def _serve_listener(self, listener: Listener, sock: socket.socket) -> None:
         if self.listener_tls is not None:
@@ -167,14 +198,16 @@ class ProxyServer:
             peer = "{}:{}".format(*client_sock.getpeername()[:2])
         except OSError:
             peer = "?"
+        handshake = handshake_started(peer)
         try:
             await self.loop.connect_accepted_socket(
                 lambda: self._client_side(listener), client_sock, ssl=tls.reloading.context,
                 ssl_handshake_timeout=tls.options.handshake_timeout_s,
             )
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
-            log.warning("connection from %s via %s: TLS handshake failed: %s", peer, listener.name,
-                        exc or type(exc).__name__)
+            if not handshake.refused:  # a refused SNI name is logged where it is refused
+                log.warning("connection from %s via %s: TLS handshake failed: %s", peer, listener.name,
+                            exc or type(exc).__name__)
             client_sock.close()
 
     async def discover_brokers(self) -> bool:

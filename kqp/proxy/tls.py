@@ -9,13 +9,16 @@ keeps quota entities identical whether a client talks to the broker or to the pr
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import re
 import ssl
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kqp.protocol.sni_routing import SniRoutes
 from kqp.proxy.options import ListenerTls, UpstreamTls
 
 log = logging.getLogger(__name__)
@@ -262,9 +265,11 @@ def subject_dn(der_certificate: bytes) -> str:
 _CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 
-def listener_context(options: ListenerTls) -> ssl.SSLContext:
-    """The server-side context for client connections (TLS termination, optional mTLS)."""
+def listener_context(options: ListenerTls, sni: SniSelector | None = None) -> ssl.SSLContext:
+    """The server-side context for client connections (TLS termination, optional mTLS, SNI routing)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if sni is not None:
+        context.sni_callback = sni.server_name_received
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(options.cert_file, options.key_file, options.key_password)
     context.verify_mode = _CLIENT_AUTH[options.client_auth]
@@ -337,13 +342,81 @@ def upstream_files(options: UpstreamTls) -> tuple[str, ...]:
     return tuple(p for p in (options.ca_file, options.cert_file, options.key_file) if p is not None)
 
 
+# ---- SNI routing ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Handshake:
+    """One client's TLS handshake in progress, as the SNI callback sees it."""
+
+    peer: str
+    refused: bool = False  # the SNI callback refused it and said why
+
+
+# Set by the task that runs a handshake; the event loop runs the TLS layer, and so the SNI
+# callback, in a copy of that task's context (asyncio and uvloop alike), so the callback
+# can name the client it refuses.
+_handshake: contextvars.ContextVar[Handshake | None] = contextvars.ContextVar("kqp_tls_handshake", default=None)
+
+
+def handshake_started(peer: str) -> Handshake:
+    """Call in the task about to run a client's handshake."""
+    handshake = Handshake(peer)
+    _handshake.set(handshake)
+    return handshake
+
+
+class SniSelector:
+    """The SNI callback of an SNI-routed listener: it remembers which node each connection's
+    name is for, and refuses a handshake without a name, or with one that is neither the
+    bootstrap name nor the name of a broker the proxy knows.
+
+    The refusal is the `unrecognized_name` alert from the callback. asyncio's and uvloop's TLS
+    layers abort the connection on a failed handshake without sending what OpenSSL queued, so
+    the client sees its handshake fail (reset) rather than the alert itself; the proxy's log
+    names the name it sent.
+    """
+
+    def __init__(self, routes: SniRoutes, is_known: Callable[[int], bool]) -> None:
+        self.routes = routes
+        self._is_known = is_known
+        self._nodes: weakref.WeakKeyDictionary[ssl.SSLObject | ssl.SSLSocket, int] = weakref.WeakKeyDictionary()
+
+    def server_name_received(self, ssl_object: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
+                             _context: ssl.SSLContext) -> int | None:
+        node = self.routes.route(server_name)
+        if node is not None and (node < 0 or self._is_known(node)):
+            self._nodes[ssl_object] = node
+            return None
+        handshake = _handshake.get()
+        if handshake is not None:
+            handshake.refused = True
+        peer = handshake.peer if handshake is not None else "?"
+        if server_name is None:
+            log.warning("connection from %s refused: it sent no TLS server name (SNI); this listener routes by "
+                        "name: connect to %s or a broker name it advertises", peer, self.routes.bootstrap_host)
+        elif node is None:
+            log.warning("connection from %s refused: TLS server name %r is neither the bootstrap name %s nor a "
+                        "broker name of the pattern %s", peer, server_name, self.routes.bootstrap_host,
+                        self.routes.broker_host_pattern)
+        else:
+            log.warning("connection from %s refused: TLS server name %r is for node %d, which the proxy does not "
+                        "know (yet) in the cluster", peer, server_name, node)
+        return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+
+    def node_of(self, ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> int | None:
+        """The node (or bootstrap) the handshake's SNI name chose; None if it chose none."""
+        return self._nodes.get(ssl_object) if ssl_object is not None else None
+
+
 class ListenerTlsState:
     """What the proxy's listeners need for TLS: the current context and the principal rules."""
 
-    def __init__(self, options: ListenerTls) -> None:
+    def __init__(self, options: ListenerTls, sni: SniSelector | None = None) -> None:
         self.options = options
+        self.sni = sni
         self.rules = parse_principal_mapping_rules(options.principal_mapping_rules)
-        self.reloading = ReloadingContext("client TLS", listener_files(options), lambda: listener_context(options))
+        self.reloading = ReloadingContext("client TLS", listener_files(options), lambda: listener_context(options, sni))
 
     def principal_of(self, ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
         """The mapped principal of the peer's certificate, None when it sent none."""

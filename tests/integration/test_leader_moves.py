@@ -26,7 +26,7 @@ from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
 from tests.integration.conftest import ProxyFactory
 from tests.integration.test_transparency import FEATURE_CLIENTS
-from tests.integration.through_proxy import assert_only_proxy, run_watched
+from tests.integration.through_proxy import WatchedRun, assert_only_proxy, run_watched
 
 pytestmark = pytest.mark.integration
 
@@ -109,28 +109,11 @@ class Operator:
         _wait_until(lambda: self.leader() == replicas[0], 30, f"node {replicas[0]} to lead {self.topic}-0")
 
 
-@pytest.fixture
-def proxy(kafka_3nodes: KafkaCluster, start_proxy: ProxyFactory) -> ProxyProcess:
-    proxy = start_proxy(kafka_3nodes)
-    assert proxy.readyz() == 200
-    return proxy
-
-
-def test_leader_moves_under_java_producer_and_consumer(kafka_3nodes: KafkaCluster, proxy: ProxyProcess,
-                                                      topic_name: str, request: pytest.FixtureRequest) -> None:
-    one, two, three = sorted(kafka_3nodes.nodes)
-    kafka_3nodes.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", kafka_3nodes.bootstrap,
-                          "--create", "--topic", topic_name, "--replica-assignment", f"{one}:{two}")
-    operator = Operator(kafka_3nodes, topic_name)
-    request.addfinalizer(operator.close)
-    _wait_until(lambda: operator.leader() == one, 30, "the first replica to lead")
-
-    producer_command = _java(kafka_3nodes, "produce", proxy.bootstrap, topic_name, str(RECORDS), str(RATE_PER_S))
-    # The classic protocol: in fresh-clone run 8 the KIP-848 AsyncKafkaConsumer died with
-    # "IllegalStateException: Cannot set a new position without a valid current position"
-    # during a move (KIP-848 through the proxy is covered in test_transparency.py).
-    consumer_command = _java(kafka_3nodes, "consume", proxy.bootstrap, topic_name, f"{topic_name}-group",
-                             str(RECORDS), "group.protocol=classic")
+def run_through_leader_moves(proxy: ProxyProcess, operator: Operator, producer_command: list[str],
+                             consumer_command: list[str]) -> tuple[WatchedRun, WatchedRun]:
+    """Run a producer and a consumer of RECORDS records through the proxy while partition 0 of
+    the operator's topic (led by the first node) moves between the three nodes."""
+    one, two, three = sorted(operator.cluster.nodes)
     with ThreadPoolExecutor(2) as pool:
         consuming = pool.submit(run_watched, consumer_command, timeout_s=240)
         producing = pool.submit(run_watched, producer_command, timeout_s=240)
@@ -151,8 +134,39 @@ def test_leader_moves_under_java_producer_and_consumer(kafka_3nodes: KafkaCluste
                         f"{step * RECORDS // 6} records written")
             operator.move_to(replicas)
             assert operator.high_watermark() < RECORDS, "the producer finished before the leader moved"
-        produced, consumed = producing.result(), consuming.result()
+        return producing.result(), consuming.result()
 
+
+@pytest.fixture
+def proxy(kafka_3nodes: KafkaCluster, start_proxy: ProxyFactory) -> ProxyProcess:
+    proxy = start_proxy(kafka_3nodes)
+    assert proxy.readyz() == 200
+    return proxy
+
+
+def test_leader_moves_under_java_producer_and_consumer(kafka_3nodes: KafkaCluster, proxy: ProxyProcess,
+                                                      topic_name: str, request: pytest.FixtureRequest) -> None:
+    one, two = sorted(kafka_3nodes.nodes)[:2]
+    kafka_3nodes.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", kafka_3nodes.bootstrap,
+                          "--create", "--topic", topic_name, "--replica-assignment", f"{one}:{two}")
+    operator = Operator(kafka_3nodes, topic_name)
+    request.addfinalizer(operator.close)
+    _wait_until(lambda: operator.leader() == one, 30, "the first replica to lead")
+
+    producer_command = _java(kafka_3nodes, "produce", proxy.bootstrap, topic_name, str(RECORDS), str(RATE_PER_S))
+    # The classic protocol: in fresh-clone run 8 the KIP-848 AsyncKafkaConsumer died with
+    # "IllegalStateException: Cannot set a new position without a valid current position"
+    # during a move (KIP-848 through the proxy is covered in test_transparency.py).
+    consumer_command = _java(kafka_3nodes, "consume", proxy.bootstrap, topic_name, f"{topic_name}-group",
+                             str(RECORDS), "group.protocol=classic")
+    produced, consumed = run_through_leader_moves(proxy, operator, producer_command, consumer_command)
+    assert_moves_survived(kafka_3nodes, proxy, operator, produced, consumed)
+
+
+def assert_moves_survived(cluster: KafkaCluster, proxy: ProxyProcess, operator: Operator, produced: WatchedRun,
+                          consumed: WatchedRun) -> None:
+    """Every record produced once and consumed, only the proxy reached, and the proxy rewrote a
+    new leader's address (KIP-951) in Produce and Fetch responses."""
     assert produced.returncode == 0, produced.stderr[-3000:]
     assert f"produced {RECORDS}" in produced.stdout
     assert operator.high_watermark() == RECORDS  # idempotent: each record written once
@@ -162,7 +176,7 @@ def test_leader_moves_under_java_producer_and_consumer(kafka_3nodes: KafkaCluste
     assert f"consumed {RECORDS}" in consumed.stdout
 
     for run in (produced, consumed):
-        assert_only_proxy(run.watch, proxy, kafka_3nodes)
+        assert_only_proxy(run.watch, proxy, cluster)
 
     requests = _samples(proxy, "kqp_requests_total")
     assert requests.get((("api", "Produce"), ("api_version", PRODUCE_V13)), 0) > 0, requests

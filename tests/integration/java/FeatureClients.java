@@ -12,10 +12,10 @@
 //   txn-produce BOOTSTRAP TOPIC COMMITTED ABORTED
 //       A transactional producer: COMMITTED records "c<i>" in a committed transaction and
 //       ABORTED records "a<i>" in an aborted one; prints "committed N aborted M".
-//   produce BOOTSTRAP TOPIC COUNT RATE
+//   produce BOOTSTRAP TOPIC COUNT RATE [key=value ...]
 //       An idempotent acks=all KafkaProducer sending the values "0" .. COUNT-1 at about RATE
 //       records/s; waits for every acknowledgement and prints "produced N" (N acknowledged).
-//       Exits non-zero if any send failed.
+//       Exits non-zero if any send failed. key=value: further producer settings (e.g. TLS).
 //   streams BOOTSTRAP IN OUT APPID PROTOCOL EXPECTED SECONDS
 //       A Kafka Streams app (processing.guarantee=exactly_once_v2, group.protocol=PROTOCOL:
 //       classic or streams) copying IN to OUT with each value V written as "s-V", until it has
@@ -209,6 +209,10 @@ public class FeatureClients {
         props.put("delivery.timeout.ms", "120000");
         props.put("key.serializer", StringSerializer.class.getName());
         props.put("value.serializer", StringSerializer.class.getName());
+        for (int i = 5; i < args.length; i++) {
+            String[] kv = args[i].split("=", 2);
+            props.put(kv[0], kv[1]);
+        }
         int count = Integer.parseInt(args[3]);
         double rate = Double.parseDouble(args[4]);
         AtomicLong acked = new AtomicLong();

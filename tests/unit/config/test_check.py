@@ -31,6 +31,15 @@ def test_summary_of_the_minimal_example(capsys: pytest.CaptureFixture[str]) -> N
     ]
 
 
+def test_summary_shows_sni_routing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(REPO / "config/sni.yaml")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  routing     by TLS server name (SNI), everything on 0.0.0.0:9192" in lines
+    assert "  bootstrap   bootstrap.kafka.example.com:443" in lines
+    assert "  brokers     node N as broker-N.kafka.example.com:443" in lines
+    assert not any("node_port" in line or "port 9200" in line for line in lines)
+
+
 def test_entries_are_listed_most_specific_first_with_effective_flags(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,6 +20,7 @@ from kqp.config.models import (
     ProxySection,
     QuotaEntrySection,
     QuotasSection,
+    SniRoutingSection,
     UpstreamSection,
 )
 
@@ -27,6 +28,7 @@ DOC = Path(__file__).resolve().parents[3] / "docs/configuration.md"
 
 SECTIONS: dict[str, type[BaseModel]] = {
     "proxy": ProxySection,
+    "proxy.sni_routing": SniRoutingSection,
     "upstream": UpstreamSection,
     "metrics": MetricsSection,
     "capture": CaptureSection,

@@ -100,6 +100,24 @@ CASES = [
          "enforcement.default_partitions", "greater than or equal to 1", 2),
     Case("fleet fallback policy", "fleet:\n  enabled: true\n  on_unreachable: ignore\n",
          "fleet.on_unreachable", "'local' or 'share'", 3),
+    Case("sni routing without tls",
+         "proxy:\n  sni_routing:\n    bootstrap_host: b.kafka.example\n"
+         "    broker_host_pattern: broker-$(nodeId).kafka.example\n",
+         "proxy.sni_routing", "it needs proxy.tls", 2),
+    Case("sni routing with a per-broker port",
+         "proxy:\n  tls: {cert_file: c.pem, key_file: k.pem}\n  node_port_base: 9300\n  sni_routing:\n"
+         "    bootstrap_host: b.kafka.example\n    broker_host_pattern: broker-$(nodeId).kafka.example\n",
+         "proxy.node_port_base", "node_port_base has no meaning with sni_routing", 3),
+    Case("sni pattern without the node id",
+         "proxy:\n  sni_routing:\n    bootstrap_host: b.kafka.example\n    broker_host_pattern: broker.kafka.example\n",
+         "proxy.sni_routing.broker_host_pattern", "must contain $(nodeId) exactly once", 4),
+    Case("sni bootstrap name without a dot",
+         "proxy:\n  sni_routing:\n    bootstrap_host: kafka\n    broker_host_pattern: b$(nodeId).kafka.example\n",
+         "proxy.sni_routing.bootstrap_host", "Java clients send no SNI name", 3),
+    Case("sni bootstrap name that is a broker name",
+         "proxy:\n  sni_routing:\n    bootstrap_host: b7.kafka.example\n"
+         "    broker_host_pattern: b$(nodeId).kafka.example\n",
+         "proxy.sni_routing.bootstrap_host", "is also a broker name of the pattern", 3),
 ]
 
 

@@ -17,7 +17,7 @@ EXAMPLES = sorted((REPO / "config").glob("*.yaml"))
 
 def test_the_examples_are_there() -> None:
     names = {path.name for path in EXAMPLES}
-    assert {"minimal.yaml", "quotas.yaml", "split-listener.yaml", "split-quotas.yaml", "sasl.yaml"} <= names
+    assert {"minimal.yaml", "quotas.yaml", "split-listener.yaml", "split-quotas.yaml", "sasl.yaml", "sni.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
