@@ -16,12 +16,17 @@ from prometheus_client import CollectorRegistry
 from kqp.protocol.apis import API_SPECS, SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY
 from kqp.protocol.codec import build_response, encode_body
 from kqp.protocol.framing import frame
-from kqp.protocol.headers import encode_request_header
+from kqp.protocol.headers import RequestHeader, encode_request_header
 from kqp.protocol.sasl import ANONYMOUS, jwt_claim, oauthbearer_token, oauthbearer_user
 from kqp.protocol.session import KafkaSession
 from kqp.proxy.app import load_serve_setup
+from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, TrafficHooks
 from kqp.proxy.logins import UnreadableLogins
 from kqp.proxy.metrics import ProxyMetrics
+from kqp.proxy.options import ProxyOptions
+from kqp.proxy.server import ProxyServer
+from tests.unit.proxy.fake_broker import FakeBroker, RawClient
+from tests.unit.proxy.test_connection_io import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request
 
 SASL_AUTHENTICATION_FAILED = 58
 HANDSHAKE_VERSION = 1
@@ -259,3 +264,57 @@ def test_the_startup_log_warns_about_user_quotas_where_logins_may_be_unreadable(
     with caplog.at_level(logging.WARNING, logger="kqp.proxy.app"):
         assert load_serve_setup([str(path)]) is not None
     assert [r.getMessage() for r in caplog.records if "user-level quotas (alice)" in r.getMessage()]
+
+
+# ---- through the proxy's IO layer --------------------------------------------------------------
+
+class _Principals(TrafficHooks):
+    """The principal each request was charged to."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        self.seen.append(client.principal)
+        return None
+
+
+def _answer_sasl(header: RequestHeader, body: bytes) -> bytes:
+    if header.api_key == SASL_HANDSHAKE_KEY:
+        return struct.pack(">hi", 0, 0)
+    return encode_body(build_response(SASL_AUTHENTICATE_KEY, header.api_version, error_code=0, error_message=None,
+                                      auth_bytes=b"\x05\x04opaque", session_lifetime_ms=0), header.api_version)
+
+
+async def test_a_gssapi_connection_through_the_proxy_is_anonymous_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    broker = FakeBroker(handlers={SASL_HANDSHAKE_KEY: _answer_sasl, SASL_AUTHENTICATE_KEY: _answer_sasl,
+                                  HEARTBEAT_KEY: answer_heartbeat})
+    await broker.start()
+    metrics = ProxyMetrics(CollectorRegistry())
+    principals = _Principals()
+    options = ProxyOptions(upstream_bootstrap=(("127.0.0.1", broker.port),), bootstrap_port=0,
+                           node_ports={broker.node_id: 0})
+    proxy = ProxyServer(options, principals, on_unreadable_login=metrics.unreadable_login)
+    await proxy.start()
+    handshake = API_SPECS[SASL_HANDSHAKE_KEY].request_class[HANDSHAKE_VERSION](mechanism="GSSAPI")
+    authenticate = API_SPECS[SASL_AUTHENTICATE_KEY].request_class[AUTHENTICATE_VERSION]
+    with caplog.at_level(logging.WARNING, logger="kqp.proxy.logins"):
+        for _ in range(2):
+            client = await RawClient.connect(proxy.bootstrap_port)
+            client.send(encode_request_header(SASL_HANDSHAKE_KEY, HANDSHAKE_VERSION, 1, "c")
+                        + bytes(handshake.encode()))
+            await client.receive()
+            for correlation_id, token in ((2, b"\x60\x82kerberos"), (3, b"")):
+                client.send(encode_request_header(SASL_AUTHENTICATE_KEY, AUTHENTICATE_VERSION, correlation_id, "c")
+                            + bytes(authenticate(auth_bytes=token).encode()))
+                await client.receive()
+            client.send(heartbeat_request(4))
+            await client.receive()
+            client.close()
+    await proxy.stop()
+    await broker.stop()
+    assert metrics.registry.get_sample_value("kqp_unreadable_logins_total", {"mechanism": "GSSAPI"}) == 2
+    assert len([r for r in caplog.records if "SASL GSSAPI" in r.getMessage()]) == 1
+    assert principals.seen[-1] == ANONYMOUS
