@@ -20,7 +20,9 @@ stays ANONYMOUS. What each mechanism gives:
   whose name cannot be read (an OAUTHBEARER token that is not a JWT, such as MSK IAM's signed
   URLs, or a JWT without the claim): an *unreadable login*. The broker knows the principal,
   the proxy does not, so user quotas cannot apply; `take_unreadable_login` reports it once per
-  connection so the caller can count and log it.
+  connection so the caller can count and log it. The proxy cannot tell the last round of an
+  unknown mechanism, so such a login is reported at its first accepted round (a GSSAPI login
+  refused in a later round is counted too: rare, Kerberos checks the ticket in the first).
 
 Re-authentication (KIP-368, `connections.max.reauth.ms`) repeats SaslHandshake and
 SaslAuthenticate on the open connection. The broker refuses a different mechanism and fails a
