@@ -1,7 +1,8 @@
 """A real Apache Kafka cluster on loopback, assembled from Maven Central jars.
 
 KRaft, every node a combined broker + controller with a static quorum, each with PLAINTEXT,
-SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) and CONTROLLER listeners on free
+SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, and OAUTHBEARER with Kafka's unsecured
+JWT validator: any `sub` logs in, as in Kafka's development setup) and CONTROLLER listeners on free
 ports. Readiness is an ApiVersions round trip on every node, not a fixed sleep; a node that
 fails to start raises with the tail of its log. Used by the test suite and `make demo`.
 """
@@ -221,13 +222,17 @@ class KafkaCluster:
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.plaintext_port},"
                                     f"SASL_PLAINTEXT://127.0.0.1:{node.sasl_port}",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
-            "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+            "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512,OAUTHBEARER",
             "listener.name.sasl_plaintext.plain.sasl.jaas.config":
                 f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
             "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config":
                 "org.apache.kafka.common.security.scram.ScramLoginModule required;",
             "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
                 "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            # No sasl.oauthbearer.jwks.endpoint.url and no server callback handler: the broker
+            # validates with OAuthBearerUnsecuredValidatorCallbackHandler (unsigned JWTs, `sub`).
+            "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config":
+                "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
             "log.dirs": str(node.config.parent / "data"),
             "num.partitions": "1",
             "default.replication.factor": str(replication),

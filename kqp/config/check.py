@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kqp.config.errors import ConfigError
 from kqp.config.loader import line_of, load_config, read_config_file
-from kqp.config.models import KqpConfig, ProxySection, entity_text
+from kqp.config.models import KqpConfig, ListenerSaslSection, ProxySection, entity_text
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaType
 
 _UNITS: dict[str, str] = {
@@ -29,6 +29,36 @@ def check_config_command(files: Sequence[str | Path]) -> int:
         return 2
     print(render_summary(config, files, entry_origins(config, files)))
     return 0
+
+
+def unreadable_login_warnings(config: KqpConfig) -> list[str]:
+    """Warnings for user-level quotas on a listener that may see logins whose principal the
+    proxy cannot read (kqp.protocol.sasl): those connections count as ANONYMOUS, so a quota
+    keyed on a user never reaches them.
+
+    "May see" is read from proxy.sasl.mechanisms, what the brokers' listener enables: a
+    mechanism other than PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER, or no list at all (then
+    any mechanism may pass). An empty list (no SASL) or readable mechanisms only: no warning.
+    OAUTHBEARER counts as readable: its tokens are JWTs in Kafka's own and the usual identity
+    providers' setups, and a token that is not is counted and logged when it is seen.
+    """
+    users = sorted({entry.entity.user for entry in config.quotas.entries if entry.entity.user is not None})
+    if not users:
+        return []
+    sasl = config.proxy.sasl or ListenerSaslSection()
+    unreadable = sasl.unreadable_mechanisms()
+    named = ", ".join(users)
+    advice = ("those connections count as ANONYMOUS and user quotas do not apply to them; key their quotas "
+              "on client-id instead (docs/quotas.md)")
+    if unreadable is None:
+        return [f"user-level quotas ({named}) are configured, but proxy.sasl.mechanisms is not set, so the "
+                f"listener may see SASL logins whose principal the proxy cannot read (GSSAPI, AWS_MSK_IAM, ...): "
+                f"{advice}. Set proxy.sasl.mechanisms to the brokers' sasl.enabled.mechanisms ([] without SASL) "
+                f"to say which it sees."]
+    if unreadable:
+        return [f"user-level quotas ({named}) are configured, but proxy.sasl.mechanisms includes "
+                f"{', '.join(unreadable)}, whose principal the proxy cannot read: {advice}."]
+    return []
 
 
 def entry_origins(config: KqpConfig, files: Sequence[str | Path]) -> list[str]:
@@ -155,5 +185,9 @@ def render_summary(config: KqpConfig, files: Sequence[str | Path], origins: Sequ
             [[e.ip, format_limit("connection_creation_rate", e.connection_creation_rate)]
              for e in settings.ip_entries],
         ))
+    warnings = unreadable_login_warnings(config)
+    if warnings:
+        lines += ["", "Warnings"]
+        lines.extend(f"  WARNING: {warning}" for warning in warnings)
     return "\n".join(lines)
 

@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from kqp.protocol.sasl import DEFAULT_OAUTHBEARER_SUB_CLAIM, READABLE_MECHANISMS
 from kqp.protocol.sni_routing import SniNameError, SniRoutes, check_broker_pattern, check_host_name
 from kqp.quotas.settings import (
     DEFAULT_ENTITY,
@@ -190,6 +191,25 @@ class SniRoutingSection(Section):
 _PER_BROKER_PORT_SETTINGS = ("node_port_base", "node_ports", "advertised_host")
 
 
+class ListenerSaslSection(Section):
+    """What the proxy knows of the SASL logins its clients run with the brokers (passed through)."""
+
+    # The mechanisms the brokers' listener behind the proxy enables (Kafka's
+    # sasl.enabled.mechanisms); [] for a listener without SASL (PLAINTEXT, SSL, mTLS). Unset:
+    # not known, so any mechanism may pass. It only decides check-config's and the startup
+    # log's warnings: the proxy never refuses a mechanism, the broker does.
+    mechanisms: tuple[NonEmptyText, ...] | None = None
+    # The JWT claim that names an OAUTHBEARER principal: Kafka's sasl.oauthbearer.sub.claim.name
+    # (the unsecured validator's unsecuredValidatorPrincipalClaimName); set it to the brokers'.
+    oauthbearer_sub_claim_name: NonEmptyText = DEFAULT_OAUTHBEARER_SUB_CLAIM
+
+    def unreadable_mechanisms(self) -> tuple[str, ...] | None:
+        """The configured mechanisms whose principal the proxy cannot read; None: not known."""
+        if self.mechanisms is None:
+            return None
+        return tuple(m for m in self.mechanisms if m.upper() not in READABLE_MECHANISMS)
+
+
 class ProxySection(Section):
     bind_host: NonEmptyText = "127.0.0.1"
     bootstrap_port: Port = 9192
@@ -208,6 +228,7 @@ class ProxySection(Section):
     frame_read_timeout_seconds: PositiveSeconds = 120.0
     certificate_check_interval_seconds: PositiveSeconds = 5.0
     tls: ListenerTlsSection | None = None
+    sasl: ListenerSaslSection | None = None  # none: as ListenerSaslSection's defaults
     sni_routing: SniRoutingSection | None = None
 
     @model_validator(mode="after")

@@ -35,7 +35,7 @@ from kqp.protocol.errors import CorrelationError, ProtocolDecodeError, ProtocolE
 from kqp.protocol.fetch_stream import FetchResponseStream, rewrite_fetch_tail
 from kqp.protocol.framing import FrameDecoder
 from kqp.protocol.headers import RequestHeader, parse_request_header, response_body_offset, response_correlation_id
-from kqp.protocol.sasl import SaslObserver
+from kqp.protocol.sasl import DEFAULT_OAUTHBEARER_SUB_CLAIM, SaslObserver
 from kqp.protocol.throttle_field import throttle_field_offset
 
 C = TypeVar("C")  # what the caller keeps with each request (the proxy's Exchange)
@@ -141,6 +141,7 @@ class KafkaSession(Generic[C]):
         learn_metadata: called with each decoded Metadata response (topic names by id).
         may_stream: whether the response to this request may be forwarded as it streams in
             (False when something must see it whole).
+        oauthbearer_sub_claim: the JWT claim naming an OAUTHBEARER principal (kqp.protocol.sasl).
     """
 
     def __init__(
@@ -149,6 +150,7 @@ class KafkaSession(Generic[C]):
         map_address: AddressMapper,
         learn_metadata: Callable[[Any], None] | None = None,
         may_stream: Callable[[C], bool] = lambda _context: True,
+        oauthbearer_sub_claim: str = DEFAULT_OAUTHBEARER_SUB_CLAIM,
     ) -> None:
         self._client_frames = FrameDecoder(max_request_bytes)
         self._broker_frames = FrameDecoder(MAX_RESPONSE_FRAME_BYTES)
@@ -158,7 +160,7 @@ class KafkaSession(Generic[C]):
         self._queued: deque[bytes] = deque()
         self._in_flight: deque[_InFlight[C]] = deque()
         self._stream: _Stream[C] | None = None
-        self.sasl = SaslObserver()
+        self.sasl = SaslObserver(oauthbearer_sub_claim)
 
     # ---- the client's side -----------------------------------------------------------
 
@@ -258,7 +260,8 @@ class KafkaSession(Generic[C]):
         api_key, api_version = header.api_key, header.api_version
         body_offset = response_body_offset(frame, api_key, api_version)
         if api_key == SASL_AUTHENTICATE_KEY:
-            self.sasl.authenticate_response(int.from_bytes(frame[body_offset : body_offset + 2], "big", signed=True))
+            answer = decode_body(api_key, api_version, memoryview(frame)[body_offset:], is_request=False)
+            self.sasl.authenticate_response(answer.error_code, bytes(answer.auth_bytes))
         throttle_offset = None
         if api_key == PRODUCE_KEY:
             # On bad bytes the rewrite below reads the response again and reports what is wrong.

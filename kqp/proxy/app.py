@@ -17,7 +17,8 @@ from typing import Any
 
 from kqp.capture.writer import CaptureWriter
 from kqp.config import ConfigError, ConfigFiles, KqpConfig, find_quota_file, load_config, write_quota_entries
-from kqp.config.models import parse_host_port
+from kqp.config.check import unreadable_login_warnings
+from kqp.config.models import ListenerSaslSection, parse_host_port
 from kqp.config.writeback import decode_quota_snapshot, encode_quota_snapshot
 from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
 from kqp.proxy.fleet import FleetExchange, FleetOptions, default_instance_id
@@ -139,6 +140,7 @@ class ProxyApp:
             on_node_endpoints_rewritten=(
                 proxy_metrics.node_endpoints_rewritten if proxy_metrics is not None else None
             ),
+            on_unreadable_login=proxy_metrics.unreadable_login if proxy_metrics is not None else None,
         )
         await self.server.start()
         if settings.fleet is not None and self.engine is not None:
@@ -346,6 +348,7 @@ def app_settings_from_config(config: KqpConfig) -> AppSettings:
         shutdown_grace_s=p.shutdown_grace_seconds,
         frame_read_timeout_s=p.frame_read_timeout_seconds,
         certificate_check_interval_s=p.certificate_check_interval_seconds,
+        oauthbearer_sub_claim=(p.sasl or ListenerSaslSection()).oauthbearer_sub_claim_name,
         tls=ListenerTls(
             cert_file=p.tls.cert_file, key_file=p.tls.key_file, key_password=p.tls.key_password,
             ca_file=p.tls.ca_file, client_auth=p.tls.client_auth,
@@ -445,6 +448,8 @@ def load_serve_setup(config_paths: list[str], overrides: dict[str, Any] | None =
     except (ConfigError, ValueError) as exc:
         log.error("%s", exc)
         return None
+    for warning in unreadable_login_warnings(config):
+        log.warning("%s", warning)
     return ServeSetup(config, files, settings)
 
 

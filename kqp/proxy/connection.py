@@ -71,6 +71,7 @@ class ConnectionServices:
     closed: Callable[[ProxiedConnection, str], None]
     frame_rejected: Callable[[ProxiedConnection, str, ProtocolError], None]
     node_endpoints_rewritten: Callable[[int], None]  # by API key: KIP-951 endpoints rewritten
+    unreadable_login: Callable[[ProxiedConnection, str], None]  # by mechanism: a principal the proxy cannot read
 
 
 class ProxiedConnection:
@@ -88,7 +89,7 @@ class ProxiedConnection:
         self.peer_ip = "?"
         self.session: KafkaSession[Exchange] = KafkaSession(
             services.options.max_frame_bytes, services.directory.map_address, services.topics.learn_metadata,
-            may_stream=self._may_stream,
+            may_stream=self._may_stream, oauthbearer_sub_claim=services.options.oauthbearer_sub_claim,
         )
         # The mapped subject of an mTLS client certificate.
         self.tls_principal = ANONYMOUS
@@ -122,7 +123,11 @@ class ProxiedConnection:
     @property
     def principal(self) -> str:
         sasl = self.session.sasl
-        return sasl.principal if sasl.authenticated else self.tls_principal
+        if sasl.authenticated:
+            return sasl.principal
+        # A SASL login names the connection on a SASL_SSL listener, not the certificate; when
+        # the proxy cannot read that name, the connection is ANONYMOUS to it.
+        return ANONYMOUS if sasl.unreadable else self.tls_principal
 
     def _refresh_view(self) -> None:
         self.view = replace(self.view, principal=self.principal, peer=self.peer)
@@ -458,6 +463,9 @@ class ProxiedConnection:
             self.services.node_endpoints_rewritten(header.api_key)
         if header.api_key == SASL_AUTHENTICATE_KEY and not response.local:
             self._refresh_view()
+            mechanism = self.session.sasl.take_unreadable_login()
+            if mechanism is not None:
+                self.services.unreadable_login(self, mechanism)
         exchange.response_throttle_offset = response.throttle_offset
         out: bytes | bytearray = response.frame
         verdict = self._hooks.response(self.view, exchange, response.frame, response.body_offset)

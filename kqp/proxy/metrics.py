@@ -250,6 +250,14 @@ class ProxyMetrics:
             ["api", "reason"],
             registry=registry,
         )
+        self._unreadable_logins = Counter(
+            "kqp_unreadable_logins_total",
+            "Client connections whose SASL login the broker accepted but whose principal the proxy cannot read "
+            "(GSSAPI, AWS_MSK_IAM, unknown mechanisms, OAUTHBEARER tokens that are not JWTs): user quotas do "
+            "not apply to them. By mechanism.",
+            ["mechanism"],
+            registry=registry,
+        )
         self._fleet_reports = Counter(
             "kqp_fleet_reports_total",
             "Usage reports of the fleet exchange: sent or failed by this instance, received (from every "
@@ -442,6 +450,10 @@ class ProxyMetrics:
 
     def quota_admin_refused(self, api: str, reason: str) -> None:
         self._quota_admin_refused.labels(api, reason).inc()
+
+    def unreadable_login(self, mechanism: str) -> None:
+        # Bounded: counted only once the broker accepted the login, so only mechanisms it enables.
+        self._unreadable_logins.labels(mechanism).inc()
 
     # ---- label policy ------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from kqp.protocol.sasl import DEFAULT_OAUTHBEARER_SUB_CLAIM
 from kqp.protocol.sni_routing import SniRoutes
 
 ClientAuth = Literal["none", "requested", "required"]  # Kafka's ssl.client.auth
@@ -68,6 +69,8 @@ class ProxyOptions:
     upstream_tls: UpstreamTls | None = None
     # How often certificate files are checked for changes.
     certificate_check_interval_s: float = 5.0
+    # The JWT claim naming an OAUTHBEARER principal (Kafka's sasl.oauthbearer.sub.claim.name).
+    oauthbearer_sub_claim: str = DEFAULT_OAUTHBEARER_SUB_CLAIM
     # SO_REUSEPORT on every listener: `kqp serve --workers N` runs N processes on the same ports.
     reuse_port: bool = False
 

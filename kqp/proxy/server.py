@@ -19,6 +19,7 @@ from kqp.protocol.headers import encode_request_header, response_body_offset, re
 from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
 from kqp.proxy.connection import ClientSide, ConnectionServices, ProxiedConnection, TruncatedFrameError
 from kqp.proxy.hooks import TrafficHooks
+from kqp.proxy.logins import UnreadableLogins
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.tls import (
     ListenerTlsState,
@@ -80,6 +81,7 @@ class ProxyServer:
         accept_throttle: AcceptThrottle | None = None,
         on_frame_rejected: Callable[[str], None] | None = None,
         on_node_endpoints_rewritten: Callable[[str], None] | None = None,
+        on_unreadable_login: Callable[[str], None] | None = None,
     ) -> None:
         self.options = options
         self.hooks = hooks or TrafficHooks()
@@ -89,6 +91,8 @@ class ProxyServer:
         # Told the API name each time a Produce/Fetch/ShareFetch/ShareAcknowledge response's
         # NodeEndpoints (KIP-951) are rewritten: the rare path a leader change takes.
         self.on_node_endpoints_rewritten = on_node_endpoints_rewritten
+        # Told the mechanism of each connection whose SASL login the proxy cannot read.
+        self.unreadable_logins = UnreadableLogins(on_unreadable_login)
         self.directory = ClusterDirectory(options, self._serve_listener)
         sni = SniSelector(options.sni_routing, self.directory.is_known) if options.sni_routing is not None else None
         self.listener_tls = ListenerTlsState(options.tls, sni) if options.tls is not None else None
@@ -115,7 +119,7 @@ class ProxyServer:
         self._stopping = False
         self._services = ConnectionServices(
             self.loop, options, self.directory, self.topics, self.hooks, self.listener_tls, self.upstream_ssl,
-            self.connection_closed, self.frame_rejected, self.node_endpoints_rewritten,
+            self.connection_closed, self.frame_rejected, self.node_endpoints_rewritten, self.unreadable_login,
         )
 
     @property
@@ -299,6 +303,9 @@ class ProxyServer:
     def node_endpoints_rewritten(self, api_key: int) -> None:
         if self.on_node_endpoints_rewritten is not None:
             self.on_node_endpoints_rewritten(api_name(api_key))
+
+    def unreadable_login(self, connection: ProxiedConnection, mechanism: str) -> None:
+        self.unreadable_logins(mechanism, connection.connection_id, connection.peer)
 
     async def _close_idle_connections(self) -> None:
         idle_limit = self.options.idle_timeout_s

@@ -119,3 +119,39 @@ def test_limit_units() -> None:
     assert format_limit("consumer_byte_rate", 1536.0) == "1536 B/s (1.5 KiB/s)"
     assert format_limit("producer_byte_rate", 3 * 1024**3) == "3221225472 B/s (3 GiB/s)"
     assert format_limit("request_percentage", 12.5) == "12.5 % of a thread"
+
+
+def _check(tmp_path: Path, capsys: pytest.CaptureFixture[str], proxy: str, entity: str) -> str:
+    path = tmp_path / "kqp.yaml"
+    path.write_text(f"{proxy}quotas:\n  entries:\n    - entity: {entity}\n      producer_byte_rate: 1048576\n")
+    assert main(["check-config", str(path)]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("proxy", [
+    "",  # mechanisms not stated: any may pass
+    "proxy:\n  sasl:\n    mechanisms: [SCRAM-SHA-512, GSSAPI]\n",
+    "proxy:\n  sasl:\n    mechanisms: [AWS_MSK_IAM]\n",
+])
+def test_user_quotas_on_a_listener_that_may_see_unreadable_logins_are_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], proxy: str
+) -> None:
+    out = _check(tmp_path, capsys, proxy, "{user: alice, client-id: app}")
+    warnings = [line for line in out.splitlines() if line.startswith("  WARNING:")]
+    assert len(warnings) == 1, out
+    assert "user-level quotas (alice)" in warnings[0] and "client-id" in warnings[0]
+    if "GSSAPI" in proxy:
+        assert "includes GSSAPI," in warnings[0]
+    elif not proxy:
+        assert "proxy.sasl.mechanisms is not set" in warnings[0]
+
+
+@pytest.mark.parametrize(("proxy", "entity"), [
+    ("proxy:\n  sasl:\n    mechanisms: [PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER]\n", "{user: alice}"),
+    ("proxy:\n  sasl:\n    mechanisms: []\n", "{user: <default>}"),  # no SASL: mTLS or anonymous
+    ("", "{client-id: app}"),  # no user-level quota
+])
+def test_no_warning_when_every_login_is_readable_or_no_quota_names_a_user(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], proxy: str, entity: str
+) -> None:
+    assert "WARNING" not in _check(tmp_path, capsys, proxy, entity)

@@ -16,6 +16,7 @@ from kqp.config.models import (
     FleetSection,
     IpQuotaEntrySection,
     KqpConfig,
+    ListenerSaslSection,
     MetricsSection,
     ProxySection,
     QuotaEntrySection,
@@ -38,6 +39,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "quotas.callback": CallbackSection,
     "enforcement": EnforcementSection,
     "fleet": FleetSection,
+    "proxy.sasl": ListenerSaslSection,
 }
 
 
