@@ -131,7 +131,7 @@ class ProxyServer:
 
     async def _watch_certificates(self) -> None:
         while True:
-            await asyncio.sleep(self.options.certificate_check_interval_s)
+            await asyncio.sleep(self.options.certificate_check_interval_seconds)
             self.check_certificates()
 
     def _client_side(self, listener: Listener) -> ClientSide:
@@ -170,7 +170,7 @@ class ProxyServer:
         try:
             await self.loop.connect_accepted_socket(
                 lambda: self._client_side(listener), client_sock, ssl=tls.reloading.context,
-                ssl_handshake_timeout=tls.options.handshake_timeout_s,
+                ssl_handshake_timeout=tls.options.handshake_timeout_seconds,
             )
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             log.warning("connection from %s via %s: TLS handshake failed: %s", peer, listener.name,
@@ -194,7 +194,7 @@ class ProxyServer:
             try:
                 reader, writer = await asyncio.wait_for(
                     asyncio.open_connection(host, port, ssl=self.upstream_ssl()),
-                    self.options.upstream_connect_timeout_s,
+                    self.options.upstream_connect_timeout_seconds,
                 )
             except (OSError, TimeoutError) as exc:
                 log.warning("discovery: %s:%d unreachable: %s", host, port, exc)
@@ -268,8 +268,8 @@ class ProxyServer:
             self.on_node_endpoints_rewritten(api_name(api_key))
 
     async def _close_idle_connections(self) -> None:
-        idle_limit = self.options.idle_timeout_s
-        frame_limit = self.options.frame_read_timeout_s
+        idle_limit = self.options.idle_timeout_seconds
+        frame_limit = self.options.frame_read_timeout_seconds
         while True:
             await asyncio.sleep(min(_IDLE_SCAN_INTERVAL_S, idle_limit, frame_limit))
             now = self.loop.time()
@@ -290,7 +290,7 @@ class ProxyServer:
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, close."""
         self._stopping = True
-        grace = self.options.shutdown_grace_s if grace_s is None else grace_s
+        grace = self.options.shutdown_grace_seconds if grace_s is None else grace_s
         for server in self._servers:
             server.close()
         for task in (*self._accept_tasks, *self._handshakes, self._idle_task, self._certificate_task):

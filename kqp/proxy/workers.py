@@ -29,7 +29,6 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from kqp.proxy.app import ServeSetup, fleet_options, run_app
-from kqp.proxy.fleet import default_instance_id
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 
 log = logging.getLogger(__name__)
@@ -89,16 +88,14 @@ class Supervisor:
 
     def worker_setup(self, index: int) -> ServeSetup:
         settings = self.setup.settings
-        proxy = dataclasses.replace(settings.proxy, reuse_port=True)
+        proxy = settings.proxy.updated(reuse_port=True)
         fleet = settings.fleet
         assert fleet is not None  # serve_workers enables it
-        fleet = dataclasses.replace(
-            fleet, instance_id=f"{fleet.instance_id or default_instance_id(proxy.bootstrap_port)}:w{index}"
-        )
-        metrics = dataclasses.replace(settings.metrics, listen_socket=self.metrics_sockets[index])
+        fleet = fleet.updated(instance_id=f"{fleet.instance_id}:w{index}")
         # Capture files are named after the proxy id: one series per worker.
-        capture = dataclasses.replace(settings.capture, proxy_id=f"{settings.capture.proxy_id}-w{index}")
-        worker_settings = dataclasses.replace(settings, proxy=proxy, fleet=fleet, metrics=metrics, capture=capture)
+        capture = settings.capture.updated(proxy_id=f"{settings.capture.proxy_id}-w{index}")
+        worker_settings = dataclasses.replace(settings, proxy=proxy, fleet=fleet, capture=capture,
+                                              metrics_socket=self.metrics_sockets[index])
         return dataclasses.replace(self.setup, settings=worker_settings)
 
     def spawn(self, index: int) -> None:
@@ -196,7 +193,7 @@ class Supervisor:
                     await asyncio.sleep(_RESTART_BACKOFF_S)
                     self.spawn(index)
         self.signal_workers(signal.SIGTERM)
-        deadline = time.monotonic() + self.setup.settings.proxy.shutdown_grace_s + 20.0
+        deadline = time.monotonic() + self.setup.settings.proxy.shutdown_grace_seconds + 20.0
         while self.pids and time.monotonic() < deadline:
             self.reap()
             await asyncio.sleep(_REAP_INTERVAL_S)

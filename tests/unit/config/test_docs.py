@@ -21,6 +21,7 @@ from kqp.config.models import (
     QuotaEntrySection,
     QuotasSection,
     UpstreamSection,
+    WorkersSection,
 )
 
 DOC = Path(__file__).resolve().parents[3] / "docs/configuration.md"
@@ -36,6 +37,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "quotas.callback": CallbackSection,
     "enforcement": EnforcementSection,
     "fleet": FleetSection,
+    "workers": WorkersSection,
 }
 
 
