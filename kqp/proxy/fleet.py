@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import ssl
 import time
@@ -31,6 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pydantic import ConfigDict
 
 from kqp.config.models import FleetSection, HostPort, NonEmptyText
+from kqp.proxy.backoff import Backoff
 from kqp.proxy.hooks import FleetCharge
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.quotas import QuotaEngine
@@ -53,7 +55,10 @@ log = logging.getLogger(__name__)
 _TOPIC_ALREADY_EXISTS = 36
 # Deltas per record: about 80 bytes each in JSON, so a record stays far below Kafka's 1 MB.
 _DELTAS_PER_REPORT = 5_000
-_RETRY_SETUP_S = 2.0
+# Setting the exchange up again after a failure: soon at first (a cluster starting with the
+# proxy), then less often, never longer than this apart; jittered so that the instances of a
+# fleet that lost the cluster together do not come back in lock step (kqp.proxy.backoff).
+_RECONNECT_BACKOFF = Backoff(initial_s=0.5, max_s=10.0)
 _CLOSE_TIMEOUT_S = 5.0
 _HEARTBEAT_S = 1.0
 _FETCH_MAX_WAIT_MS = 500
@@ -176,15 +181,18 @@ class FleetExchange:
 
     async def _run(self) -> None:
         o = self.options
+        attempt = 0
         while True:
             try:
                 await self._connect()
                 break
             except Exception as exc:  # keep trying: the cluster may come up after the proxy
-                log.warning("fleet exchange: cannot reach %s yet (%s); retrying", o.topic, exc)
+                delay = _RECONNECT_BACKOFF.delay_s(attempt, random.random())
+                attempt += 1
+                log.warning("fleet exchange: cannot reach %s yet (%s); retrying in %.1f s", o.topic, exc, delay)
                 await self._close_clients()
                 self._update_state()
-                await asyncio.sleep(_RETRY_SETUP_S)
+                await asyncio.sleep(delay)
         loop = asyncio.get_running_loop()
         consume = loop.create_task(self._consume(), name="kqp-fleet-consume")
         consume.add_done_callback(_log_unexpected_end)
