@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kqp.config import load_config, write_quota_entries
+from kqp.config.writeback import decode_quota_snapshot, encode_quota_snapshot
 from kqp.quotas.settings import IpQuotaEntry, QuotaEntity, QuotaEntry
 
 ORIGIN = "AlterClientQuotas by User:ops at 2026-11-25T03:00:00Z"
@@ -139,4 +140,19 @@ def test_the_files_own_indentation_is_kept(tmp_path: Path) -> None:
         "+         origin: x",
         "-         producer_byte_rate: 20",
         "+         producer_byte_rate: 30",
+    ]
+
+
+def test_a_fleet_snapshot_changes_only_what_it_changes(quota_file: Path) -> None:
+    # What another instance publishes on the fleet's quota topic, as the app writes it back.
+    entries = entries_of(quota_file)
+    entries[1] = QuotaEntry(ALICE, {"request_percentage": 75.0})
+    snapshot = encode_quota_snapshot("other:9192:1", entries, [IpQuotaEntry("<default>", 100.0)])
+    _, fleet_entries, fleet_ip_entries = decode_quota_snapshot(snapshot)
+    write_quota_entries(quota_file, fleet_entries, fleet_ip_entries,
+                        origin="the fleet's quota topic, from instance other:9192:1")
+    assert changed_lines(COMMENTED, quota_file.read_text()) == [
+        "+       origin: the fleet's quota topic, from instance other:9192:1",
+        "-       request_percentage: 50.0",
+        "+       request_percentage: 75.0",
     ]
