@@ -236,6 +236,8 @@ class Supervisor:
             if index is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
+            if self.stopping and code == -signal.SIGTERM:
+                code = 0  # stopped by the SIGTERM it was sent, before it could handle it: a clean stop
             self.exit_codes[index] = code
             if not self.stopping:
                 log.error("worker %d (pid %d) exited with %d", index, pid, code)
