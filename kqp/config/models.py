@@ -41,10 +41,15 @@ Scope = Literal["broker", "cluster"]
 class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
+    def given(self) -> dict[str, Any]:
+        """The values the file (or the caller) gave, by field name; defaults are left to the
+        model, so that a section built from these knows, as this one does, what was set."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
     def updated(self, **changes: Any) -> Self:
         """A copy with `changes`, validated as a file's values are (model_copy alone checks
         nothing). For sections without aliased keys (the quota entries have some)."""
-        return type(self).model_validate({**dict(self), **changes})
+        return type(self).model_validate({**self.given(), **changes})
 
 
 def nested_error(kind: str, message: str, sub_path: tuple[str | int, ...], **context: object) -> PydanticCustomError:

@@ -307,7 +307,7 @@ def app_settings_from_config(config: KqpConfig) -> AppSettings:
     reaches the IO layer with its one default."""
     upstream = config.upstream
     proxy = ProxyOptions.model_validate({
-        **dict(config.proxy),
+        **config.proxy.given(),
         "upstream_bootstrap": upstream.addresses() if upstream is not None else (),
         "upstream_tls": upstream.tls if upstream is not None else None,
     })
@@ -330,7 +330,7 @@ def fleet_options(config: KqpConfig, proxy: ProxyOptions, enable: bool = False) 
         return None
     upstream_servers = config.upstream.bootstrap_servers if config.upstream is not None else ()
     return FleetOptions.model_validate({
-        **dict(f),
+        **f.given(),
         "bootstrap_servers": f.bootstrap_servers or upstream_servers,
         "instance_id": f.instance_id or default_instance_id(proxy.bootstrap_port),
         "ssl_context": upstream_context(proxy.upstream_tls) if proxy.upstream_tls is not None else None,

@@ -28,3 +28,11 @@ def test_an_option_the_model_refuses_is_refused() -> None:
 def test_no_option_changes_nothing() -> None:
     assert KqpConfig().with_command_line(CommandLine()) == KqpConfig()
     assert KqpConfig().with_command_line(CommandLine()).proxy == ProxySection()
+
+
+def test_an_update_keeps_knowing_which_values_were_given() -> None:
+    # Section-wide checks may depend on what the file set, not only on the values.
+    proxy = ProxySection.model_validate({"bootstrap_port": 9300})
+    updated = proxy.updated(bind_host="0.0.0.0")
+    assert updated.model_fields_set == {"bootstrap_port", "bind_host"}
+    assert (updated.bootstrap_port, updated.bind_host, updated.node_port_base) == (9300, "0.0.0.0", 9200)

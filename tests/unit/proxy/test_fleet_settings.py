@@ -43,3 +43,11 @@ def test_workers_turn_the_exchange_on_with_the_files_settings(tmp_path: Path) ->
     fleet = fleet_options(setup.config, setup.settings.proxy, enable=True)
     assert fleet is not None
     assert (fleet.topic, fleet.on_unreachable, fleet.bootstrap_servers) == ("team-usage", "local", ("k1:9092",))
+
+
+def test_the_proxy_options_know_which_proxy_settings_the_file_gave(tmp_path: Path) -> None:
+    path = tmp_path / "kqp.yaml"
+    path.write_text('upstream: {bootstrap_servers: ["k1:9092"]}\nproxy: {idle_timeout_seconds: 5}\n')
+    proxy = app_settings_from_config(load_config([path])).proxy
+    assert proxy.idle_timeout_seconds == 5 and proxy.bootstrap_port == 9192
+    assert proxy.model_fields_set == {"idle_timeout_seconds", "upstream_bootstrap", "upstream_tls"}
