@@ -90,7 +90,7 @@ async def measure(bootstrap: str, instances: int, entities: int, seconds: float,
     exchanges = []
     for index, engine in enumerate(engines):
         options = FleetOptions(bootstrap_servers=(bootstrap,), topic=topic, instance_id=f"bench-{index}",
-                               report_interval_s=interval_s, max_unreported_share=max_unreported_share)
+                               report_interval_seconds=interval_s, max_unreported_share=max_unreported_share)
         exchange = FleetExchange(options, engine, lambda: time.monotonic() * 1000.0, lambda: 11_000.0)
         exchanges.append(exchange)
         await exchange.start()

@@ -36,12 +36,13 @@ from bare_relay import _Side  # bench/ is on sys.path when this script runs
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record import MemoryRecordsBuilder
 
+from kqp.config.models import EnforcementSection
 from kqp.protocol import session
 from kqp.protocol.apis import PRODUCE_KEY
 from kqp.protocol.headers import encode_request_header
 from kqp.proxy.cluster import ClusterDirectory, Listener
 from kqp.proxy.connection import ConnectionServices, ProxiedConnection
-from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
+from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.observation import ObservationHooks
@@ -109,7 +110,7 @@ def kqp_serve_hooks(topics: TopicDirectory) -> TrafficHooks:
     loop = asyncio.get_running_loop()
     return HookChain([
         QuotaAdminHooks(lambda: engine.settings, lambda _settings, _who: None),
-        QuotaEnforcement(engine, EnforcementSettings(), lambda: time.monotonic() * 1000.0, topics),
+        QuotaEnforcement(engine, EnforcementSection(), lambda: time.monotonic() * 1000.0, topics),
         ObservationHooks(metrics, None, clock=loop.time, topics=topics),
     ])
 

@@ -63,12 +63,14 @@ class ProxyProcess:
 
     By default it listens on free ports of 127.0.0.1 and advertises them. Instances behind a
     load balancer get the same `ports` (bootstrap port, node port base) on a `bind_host` of
-    their own and advertise the balancer's address.
+    their own and advertise the balancer's address. With `per_broker_ports=False` (a config
+    with `proxy.sni_routing`, which refuses them) no per-broker port or address is passed.
     """
 
     def __init__(self, upstream: str, log_path: Path, max_node_id: int = 8, config: Path | None = None,
                  workers: int = 1, bind_host: str = "127.0.0.1", advertised_host: str | None = None,
-                 ports: tuple[int, int] | None = None) -> None:
+                 ports: tuple[int, int] | None = None, per_broker_ports: bool = True) -> None:
+        self.per_broker_ports = per_broker_ports
         self.upstream = [address for address in upstream.split(",") if address]
         self.log_path = log_path
         self.config = config
@@ -100,9 +102,10 @@ class ProxyProcess:
         command = [sys.executable, "-m", "kqp", "serve"]
         for address in self.upstream:
             command += ["--upstream", address]
-        command += ["--bootstrap-port", str(self.bootstrap_port), "--node-port-base", str(self.node_port_base),
-                    "--bind-host", self.bind_host, "--advertised-host", self.advertised_host,
+        command += ["--bootstrap-port", str(self.bootstrap_port), "--bind-host", self.bind_host,
                     "--metrics-port", str(self.metrics_port)]
+        if self.per_broker_ports:
+            command += ["--node-port-base", str(self.node_port_base), "--advertised-host", self.advertised_host]
         if self.config is not None:
             command += ["--config", str(self.config)]
         if self.workers != 1:

@@ -21,18 +21,19 @@ def _raise_open_file_limit() -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from kqp.config.models import CommandLine
     from kqp.proxy.app import configure_logging, load_serve_setup, serve_forever
 
     _raise_open_file_limit()
-    overrides = {
-        "upstream": args.upstream,
-        "bootstrap_port": args.bootstrap_port,
-        "node_port_base": args.node_port_base,
-        "advertised_host": args.advertised_host,
-        "bind_host": args.bind_host,
-        "metrics_port": args.metrics_port,
-        "capture_dir": args.capture_dir,
-    }
+    overrides = CommandLine(
+        upstream=tuple(args.upstream or ()),
+        bootstrap_port=args.bootstrap_port,
+        node_port_base=args.node_port_base,
+        advertised_host=args.advertised_host,
+        bind_host=args.bind_host,
+        metrics_port=args.metrics_port,
+        capture_dir=args.capture_dir,
+    )
     if args.workers < 1:
         print("kqp serve: --workers must be at least 1", file=sys.stderr)
         return 2

@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from kqp.capture.schema import (
     REQUIRED_FIELDS,
     SCHEMA_VERSION,
 )
+from kqp.config.models import CaptureSection
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,7 @@ _US_PER_HOUR = 3_600_000_000
 # the same kind of connection every time).
 _GOLDEN_64 = 0x9E3779B97F4A7C15
 _MASK_64 = (1 << 64) - 1
-_PROXY_ID_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
-DEFAULT_ROTATE_BYTES = 256 * 1024 * 1024
-DEFAULT_ROTATE_SECONDS = 3600.0
-DEFAULT_QUEUE_CAPACITY = 100_000
 # Parquet favours row groups of many thousand rows (fewer footers entries, better encoding);
 # the flush interval bounds how much a crash can lose when traffic is light.
 DEFAULT_ROW_GROUP_RECORDS = 20_000
@@ -110,12 +106,7 @@ class CaptureWriter:
 
     def __init__(
         self,
-        directory: str | os.PathLike[str],
-        rotate_bytes: int = DEFAULT_ROTATE_BYTES,
-        rotate_seconds: float = DEFAULT_ROTATE_SECONDS,
-        queue_capacity: int = DEFAULT_QUEUE_CAPACITY,
-        sample_one_in: int = 1,
-        proxy_id: str = "kqp",
+        settings: CaptureSection,
         clock: Callable[[], float] = time.time,
         *,
         row_group_records: int = DEFAULT_ROW_GROUP_RECORDS,
@@ -125,18 +116,15 @@ class CaptureWriter:
         on_dropped: Callable[[int], None] | None = None,
         on_file_closed: Callable[[int], None] | None = None,
     ) -> None:
-        if rotate_bytes <= 0 or rotate_seconds <= 0 or queue_capacity <= 0 or row_group_records <= 0:
-            raise ValueError("rotate_bytes, rotate_seconds, queue_capacity and row_group_records must be positive")
-        if sample_one_in < 1:
-            raise ValueError("sample_one_in must be at least 1")
-        if not _PROXY_ID_PATTERN.fullmatch(proxy_id):
-            raise ValueError(f"proxy_id {proxy_id!r} must be a plain file name part ([A-Za-z0-9._-], no leading dot)")
-        self.directory = Path(directory)
-        self.rotate_bytes = rotate_bytes
-        self.rotate_seconds = rotate_seconds
-        self.queue_capacity = queue_capacity
-        self.sample_one_in = sample_one_in
-        self.proxy_id = proxy_id
+        # The settings are the `capture` section's, validated there (its `enabled` is the caller's).
+        if row_group_records <= 0:
+            raise ValueError("row_group_records must be positive")
+        self.directory = Path(settings.directory)
+        self.rotate_bytes = settings.rotate_bytes
+        self.rotate_seconds = settings.rotate_seconds
+        self.queue_capacity = settings.queue_capacity
+        self.sample_one_in = settings.sample_one_in
+        self.proxy_id = settings.proxy_id
         self._clock = clock
         self._row_group_records = row_group_records
         self._flush_interval_s = flush_interval_s

@@ -11,7 +11,9 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -40,6 +42,16 @@ Scope = Literal["broker", "cluster"]
 
 class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    def given(self) -> dict[str, Any]:
+        """The values the file (or the caller) gave, by field name; defaults are left to the
+        model, so that a section built from these knows, as this one does, what was set."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+    def updated(self, **changes: Any) -> Self:
+        """A copy with `changes`, validated as a file's values are (model_copy alone checks
+        nothing). For sections without aliased keys (the quota entries have some)."""
+        return type(self).model_validate({**self.given(), **changes})
 
 
 def nested_error(kind: str, message: str, sub_path: tuple[str | int, ...], **context: object) -> PydanticCustomError:
@@ -91,6 +103,7 @@ def parse_host_port(text: str) -> tuple[str, int]:
 
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+NodeId = Annotated[int, Field(ge=0)]
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
@@ -215,7 +228,7 @@ class ProxySection(Section):
     bootstrap_port: Port = 9192
     node_port_base: Port = 9200
     # node id -> port, for brokers that must not be served on node_port_base + id.
-    node_ports: dict[Annotated[int, Field(ge=0)], Port] = Field(default_factory=dict)
+    node_ports: dict[NodeId, Port] = Field(default_factory=dict)
     advertised_host: NonEmptyText = "127.0.0.1"
     upstream_connect_timeout_seconds: PositiveSeconds = 10.0
     max_frame_bytes: Annotated[int, Field(ge=1)] = DEFAULT_MAX_FRAME_BYTES
@@ -249,6 +262,8 @@ class ProxySection(Section):
     def _ports_distinct(self) -> ProxySection:
         owner: dict[int, int] = {}
         for node_id, port in sorted(self.node_ports.items()):
+            if port == 0:
+                continue  # a free port the OS picks, never a clash (only kqp.proxy.options allows 0)
             if port == self.bootstrap_port:
                 raise nested_error(
                     "port_clash", "port {port} of node {node} is also the bootstrap_port",
@@ -289,7 +304,8 @@ class MetricsSection(Section):
 class CaptureSection(Section):
     enabled: bool = False
     directory: NonEmptyText = "capture"
-    proxy_id: NonEmptyText = "kqp"
+    # Names the capture files (`<proxy_id>-<seq>.parquet`): a plain file name part.
+    proxy_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")] = "kqp"
     rotate_bytes: Annotated[int, Field(ge=1)] = 256 * 1024 * 1024
     rotate_seconds: PositiveSeconds = 3600.0
     queue_capacity: Annotated[int, Field(ge=1)] = 100_000
@@ -331,6 +347,29 @@ class FleetSection(Section):
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
     sasl_password: str | None = None
+
+
+class WorkersSection(Section):
+    """The `kqp serve --workers N` supervisor (docs/scaling.md): restarts and scrapes."""
+
+    # A worker that dies is restarted after restart_backoff_seconds, doubled (with +-20%
+    # jitter) for each further death in a row, up to restart_backoff_max_seconds.
+    restart_backoff_seconds: PositiveSeconds = 0.5
+    restart_backoff_max_seconds: PositiveSeconds = 30.0
+    # A worker that dies this many times in a row, each time within stable_after_seconds of
+    # its start, is crash-looping: the supervisor stops every worker and exits non-zero.
+    max_restarts: Annotated[int, Field(ge=0)] = 5
+    stable_after_seconds: PositiveSeconds = 60.0
+    # How long the supervisor's /metrics and /readyz wait for a worker's answer; a worker
+    # slower than this is reported as such and its figures left out of that scrape.
+    scrape_timeout_seconds: PositiveSeconds = 1.0
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> WorkersSection:
+        if self.restart_backoff_max_seconds < self.restart_backoff_seconds:
+            raise nested_error("backoff_order", "restart_backoff_max_seconds must be at least "
+                               "restart_backoff_seconds", ("restart_backoff_max_seconds",))
+        return self
 
 
 class EntitySection(Section):
@@ -484,6 +523,19 @@ class QuotasSection(Section):
         return entries
 
 
+@dataclass(frozen=True, slots=True)
+class CommandLine:
+    """`kqp serve`'s options that override a setting; None (or empty) leaves it to the files."""
+
+    upstream: Sequence[str] = ()
+    bootstrap_port: int | None = None
+    node_port_base: int | None = None
+    advertised_host: str | None = None
+    bind_host: str | None = None
+    metrics_port: int | None = None
+    capture_dir: str | None = None
+
+
 class KqpConfig(Section):
     """The whole configuration, after merging every file."""
 
@@ -496,6 +548,28 @@ class KqpConfig(Section):
     quotas: QuotasSection = QuotasSection()
     enforcement: EnforcementSection = EnforcementSection()
     fleet: FleetSection = FleetSection()
+    workers: WorkersSection = WorkersSection()
+
+    def with_command_line(self, options: CommandLine) -> KqpConfig:
+        """This configuration with `kqp serve`'s options on top, validated as a file would be.
+
+        Raises pydantic's ValidationError (a ValueError) for a value the section refuses.
+        """
+        proxy = {name: value for name, value in (
+            ("bootstrap_port", options.bootstrap_port), ("node_port_base", options.node_port_base),
+            ("advertised_host", options.advertised_host), ("bind_host", options.bind_host),
+        ) if value is not None}
+        upstream = self.upstream
+        if options.upstream:
+            servers = tuple(options.upstream)
+            upstream = (upstream.updated(bootstrap_servers=servers) if upstream is not None
+                        else UpstreamSection(bootstrap_servers=servers))
+        metrics = self.metrics.updated(port=options.metrics_port) if options.metrics_port is not None else self.metrics
+        capture = (self.capture.updated(enabled=True, directory=options.capture_dir) if options.capture_dir
+                   else self.capture)
+        return self.model_copy(update={
+            "proxy": self.proxy.updated(**proxy), "upstream": upstream, "metrics": metrics, "capture": capture,
+        })
 
     def quota_settings(self) -> QuotaSettings:
         q = self.quotas

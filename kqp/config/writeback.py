@@ -1,22 +1,35 @@
-"""Writing quota entries back to a config file (AlterClientQuotas), atomically.
+"""Writing quota entries back to a config file (AlterClientQuotas, the fleet), atomically,
+keeping the file the operator wrote.
 
-The file is rewritten from its parsed form, so its other keys survive but its comments do
-not. The new text goes to a temporary file in the same directory, is fsynced, and replaces
-the old file with os.replace: a reader (the live-reload watcher) sees the old file or the
-new one, never a half-written one.
+The file is the operator's: its comments, key order, quoting, blank lines and indentation
+survive a write-back. It is edited in place through a round-trip YAML parser (ruamel.yaml),
+and only what changed is touched: the values of an entry whose quotas changed (and its
+`origin` stamp, which says who changed it and when), an entry added at the end of the list,
+an entry removed. An entry the write leaves as it was keeps every character.
+
+The new text goes to a temporary file in the same directory, is fsynced, and replaces the
+old file with os.replace: a reader (the live-reload watcher) sees the old file or the new
+one, never a half-written one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import CommentMark, YAMLError
+from ruamel.yaml.tokens import CommentToken
+from ruamel.yaml.util import load_yaml_guess_indent
 
 from kqp.config.errors import ConfigError, ConfigProblem
 from kqp.config.loader import ConfigSource, read_config_file, validate_sources
@@ -24,6 +37,8 @@ from kqp.quotas.settings import QUOTA_TYPES, IpQuotaEntry, QuotaEntry
 
 # Kafka stores these as LONG: write them as whole numbers.
 _WHOLE_QUOTAS = frozenset({"producer_byte_rate", "consumer_byte_rate"})
+# A key line nested in a mapping (not a list item, not a comment): its indent is the file's.
+_NESTED_KEY = re.compile(r"^( +)[^\s#-][^:#]*:", re.MULTILINE)
 
 
 def find_quota_file(paths: Sequence[str | Path]) -> Path:
@@ -75,8 +90,8 @@ def write_quota_entries(
     ip_entries: Sequence[IpQuotaEntry] | None = None,
     origin: str | None = None,
 ) -> None:
-    """Replace `quotas.entries` (and `quotas.ip_entries` when given) in the file at `path`,
-    keeping its other keys.
+    """Make `quotas.entries` (and `quotas.ip_entries` when given) of the file at `path` these,
+    changing only the entries that differ and keeping the rest of the file as it is.
 
     `origin` (who asked for this write) is stamped on each entry the write adds or changes;
     an entry it leaves as it was keeps its stamp, or its lack of one.
@@ -85,33 +100,171 @@ def write_quota_entries(
     result would not be a valid configuration file.
     """
     source = read_config_file(path)
-    data = dict(source.data)
-    quotas = data.get("quotas")
-    quotas = dict(quotas) if isinstance(quotas, dict) else {}
-    quotas["entries"] = [_stamped(entry_as_yaml(entry), quotas.get("entries"), origin) for entry in entries]
+    round_trip = _round_trip_yaml(source.text)
+    try:
+        document = round_trip.load(source.text)
+    except YAMLError as exc:  # read_config_file accepted it, so this is a parser difference
+        raise ConfigError([ConfigProblem((source.path,), "", f"cannot be edited in place: {exc}")]) from None
+    if document is None:
+        document = CommentedMap()
+    quotas = document.get("quotas")
+    if not isinstance(quotas, CommentedMap):
+        quotas = document["quotas"] = CommentedMap()
+    quotas["entries"] = _merged(
+        quotas.get("entries"), [entry_as_yaml(entry) for entry in entries], _entity_key, origin
+    )
     if ip_entries is not None and (ip_entries or "ip_entries" in quotas):
-        quotas["ip_entries"] = [
-            {"ip": e.ip, "connection_creation_rate": round(e.connection_creation_rate)} for e in ip_entries
-        ]
-    data["quotas"] = quotas
-    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+        wanted = [{"ip": e.ip, "connection_creation_rate": round(e.connection_creation_rate)} for e in ip_entries]
+        quotas["ip_entries"] = _merged(quotas.get("ip_entries"), wanted, _ip_key, None)
+    out = io.StringIO()
+    round_trip.dump(document, out)
+    text = out.getvalue()
+    if text == source.text:
+        return
     # Validate what would be written, as the file will be read back by the reload loop.
     validate_sources([ConfigSource(source.path, text, yaml.safe_load(text))])
     replace_file_atomically(Path(path), text)
 
 
-def _stamped(item: dict[str, Any], written: object, origin: str | None) -> dict[str, Any]:
-    """`item` with the origin of the same entry as the file holds it, if unchanged, else `origin`."""
-    for old in written if isinstance(written, list) else ():
-        if isinstance(old, dict) and _comparable(old) == _comparable(item):
-            return {**item, "origin": old["origin"]} if "origin" in old else item
-    return {**item, "origin": origin} if origin else item
+def _round_trip_yaml(text: str) -> YAML:
+    """A round-trip dumper that writes new lines with the indentation the file already uses."""
+    round_trip = YAML()  # round-trip mode: comments, order, quotes and flow style are kept
+    round_trip.preserve_quotes = True
+    round_trip.width = 1 << 16  # never fold a long line the operator wrote on one
+    _, sequence_indent, dash_offset = load_yaml_guess_indent(text)
+    nested = [len(match.group(1)) for match in _NESTED_KEY.finditer(text)]
+    round_trip.indent(mapping=min(nested, default=2), sequence=sequence_indent or 2, offset=dash_offset or 0)
+    first = next((line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")), "")
+    round_trip.explicit_start = first.startswith("---")
+    return round_trip
+
+
+def _entity_key(item: object) -> object:
+    entity = item.get("entity") if isinstance(item, dict) else None
+    return (entity.get("user"), entity.get("client-id")) if isinstance(entity, dict) else None
+
+
+def _ip_key(item: object) -> object:
+    return item.get("ip") if isinstance(item, dict) else None
+
+
+def _merged(written: object, wanted: list[dict[str, Any]], key: Any, origin: str | None) -> CommentedSeq:
+    """The list as the file holds it, edited into `wanted`: an item already there and equal
+    stays untouched, a changed one is edited in place, a new one is appended, a gone one removed."""
+    items = written if isinstance(written, CommentedSeq) else CommentedSeq()
+    wanted_by_key = {key(item): item for item in wanted}
+    for index in reversed(range(len(items))):
+        if key(items[index]) not in wanted_by_key:
+            trailing = _take_trailing_lines(items[index], next(reversed(items[index]), None))
+            del items[index]
+            if trailing and index > 0 and index == len(items):
+                # What followed the list follows its new end, instead of what separated the
+                # new last entry from the removed one.
+                previous = items[index - 1]
+                last_key = next(reversed(previous))
+                _take_trailing_lines(previous, last_key)
+                _give_trailing_lines(previous, last_key, trailing)
+    present = {key(item): item for item in items}
+    for item in wanted:
+        old = present.get(key(item))
+        if old is None:
+            if items:
+                # The lines that followed the list follow it still, after the new entry.
+                last = items[-1]
+                trailing = _take_trailing_lines(last, next(reversed(last), None))
+            else:
+                trailing = ""
+            new = _new_item(item, origin)
+            items.append(new)
+            _give_trailing_lines(new, next(reversed(new)), trailing)
+        elif _comparable(old) != _comparable(item):
+            _edit_in_place(old, item, origin)
+    return items
+
+
+def _new_item(item: dict[str, Any], origin: str | None) -> CommentedMap:
+    new = CommentedMap()
+    for name, value in item.items():
+        if isinstance(value, dict):
+            value = CommentedMap(value)
+            value.fa.set_flow_style()  # `entity: {client-id: x}`, as the documentation writes it
+        new[name] = value
+        if name == "entity" and origin:
+            new["origin"] = origin
+    return new
+
+
+def _edit_in_place(old: CommentedMap, item: dict[str, Any], origin: str | None) -> None:
+    """Change `old`'s values to `item`'s, keeping its keys' order, spelling and comments."""
+    wanted = _comparable(item)
+    for name in [name for name in old if name not in item and name != "origin"]:
+        if name not in _comparable({name: old[name]}):
+            continue  # a default spelled out (`dry_run: false`), still true
+        _delete_keeping_trailing_lines(old, name)
+    for name, value in item.items():
+        if name not in old:
+            _append_keeping_trailing_lines(old, name, value)
+        elif _comparable({name: old[name]}).get(name) != wanted.get(name):
+            old[name] = value
+    if origin:
+        if "origin" in old:
+            old["origin"] = origin
+        else:
+            # After the entity: the last key may carry the blank line or comment that follows
+            # the entry, which a key appended after it would push down.
+            old.insert(list(old).index("entity") + 1 if "entity" in old else 0, "origin", origin)
 
 
 def _comparable(item: dict[str, Any]) -> dict[str, Any]:
     # 100 and 100.0 are one limit, and `dry_run: false` is the default spelled out.
     return {key: float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
             for key, value in item.items() if key != "origin" and not (key == "dry_run" and value is False)}
+
+
+# ruamel.yaml keeps what follows an entry's last line (blank lines, the comment above the next
+# entry or section) on the entry's last key. A key appended after it, or that key deleted,
+# would move those lines or lose them; these two keep them after whichever key is last.
+
+def _append_keeping_trailing_lines(mapping: CommentedMap, name: str, value: object) -> None:
+    last = next(reversed(mapping), None)
+    trailing = _take_trailing_lines(mapping, last) if last is not None else ""
+    mapping[name] = value
+    _give_trailing_lines(mapping, name, trailing)
+
+
+def _delete_keeping_trailing_lines(mapping: CommentedMap, name: str) -> None:
+    trailing = _take_trailing_lines(mapping, name)
+    mapping.ca.items.pop(name, None)
+    del mapping[name]
+    last = next(reversed(mapping), None)
+    if last is not None:
+        _give_trailing_lines(mapping, last, trailing)
+
+
+def _take_trailing_lines(mapping: CommentedMap, name: object) -> str:
+    """Detach the lines after `name`'s own line that ruamel keeps on it; its own comment stays."""
+    comments = mapping.ca.items.get(name)
+    token = comments[2] if comments is not None and len(comments) > 2 else None
+    if token is None:
+        return ""
+    own, _, trailing = token.value.partition("\n")
+    if not trailing:
+        return ""
+    if own.strip():
+        token.value = own + "\n"
+    else:
+        comments[2] = None
+    return str(trailing)
+
+
+def _give_trailing_lines(mapping: CommentedMap, name: object, trailing: str) -> None:
+    if not trailing:
+        return
+    comments = mapping.ca.items.setdefault(name, [None, None, None, None])
+    if comments[2] is None:
+        comments[2] = CommentToken("\n" + trailing, CommentMark(0), None)
+    else:
+        comments[2].value += trailing
 
 
 def replace_file_atomically(path: Path, text: str) -> None:

@@ -13,20 +13,19 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kqp.capture.writer import CaptureWriter
 from kqp.config import ConfigError, ConfigFiles, KqpConfig, find_quota_file, load_config, write_quota_entries
 from kqp.config.check import unreadable_login_warnings
-from kqp.config.models import ListenerSaslSection, parse_host_port
+from kqp.config.models import CaptureSection, CommandLine, EnforcementSection, MetricsSection
 from kqp.config.writeback import decode_quota_snapshot, encode_quota_snapshot
-from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
+from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.fleet import FleetExchange, FleetOptions, default_instance_id
 from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.observation import ObservationHooks
-from kqp.proxy.options import ListenerTls, ProxyOptions, UpstreamTls
+from kqp.proxy.options import ProxyOptions
 from kqp.proxy.quota_admin import QuotaAdminHooks
 from kqp.proxy.server import ProxyServer
 from kqp.proxy.tls import parse_principal_mapping_rules, upstream_context
@@ -37,38 +36,22 @@ log = logging.getLogger(__name__)
 
 _MAINTENANCE_INTERVAL_S = 1.0
 # Sections a reload cannot change on a running proxy (listeners, sockets, files in use).
-_RESTART_SECTIONS = ("proxy", "upstream", "metrics", "capture", "fleet")
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsOptions:
-    enabled: bool = True
-    host: str = "127.0.0.1"
-    port: int = 9644
-    top_n_client_ids: int = 20
-    # A worker's endpoint: a loopback socket its supervisor listens on and scrapes.
-    listen_socket: socket.socket | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureOptions:
-    enabled: bool = False
-    directory: str = "capture"
-    proxy_id: str = "kqp"
-    rotate_bytes: int = 256 * 1024 * 1024
-    rotate_seconds: float = 3600.0
-    queue_capacity: int = 100_000
-    sample_one_in: int = 1
+_RESTART_SECTIONS = ("proxy", "upstream", "metrics", "capture", "fleet", "workers")
 
 
 @dataclass(frozen=True, slots=True)
 class AppSettings:
+    """What one proxy process runs with, derived from the configuration (see
+    `app_settings_from_config`): the sections themselves, or options built on them."""
+
     proxy: ProxyOptions
-    enforcement: EnforcementSettings
-    metrics: MetricsOptions
-    capture: CaptureOptions
+    enforcement: EnforcementSection
+    metrics: MetricsSection
+    capture: CaptureSection
     # The usage exchange of a fleet of proxies with one budget; None: this instance alone.
     fleet: FleetOptions | None = None
+    # A worker's endpoint: a loopback socket its supervisor listens on and scrapes.
+    metrics_socket: socket.socket | None = None
 
 
 class ProxyApp:
@@ -80,11 +63,14 @@ class ProxyApp:
         engine: QuotaEngine | None = None,
         config: KqpConfig | None = None,
         files: ConfigFiles | None = None,
+        command_line: CommandLine | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
         self.config = config
         self.files = files
+        # Applied again on each reload, so that the files' values do not replace them.
+        self.command_line = command_line or CommandLine()
         self.metrics: ProxyMetrics | None = None
         self.endpoint: ObservabilityEndpoint | None = None
         self.capture: CaptureWriter | None = None
@@ -104,10 +90,9 @@ class ProxyApp:
         if settings.metrics.enabled:
             self.metrics = ProxyMetrics(top_n_client_ids=settings.metrics.top_n_client_ids)
         if settings.capture.enabled:
-            c = settings.capture
             metrics = self.metrics
             self.capture = CaptureWriter(
-                c.directory, c.rotate_bytes, c.rotate_seconds, c.queue_capacity, c.sample_one_in, c.proxy_id,
+                settings.capture,
                 on_written=metrics.capture_written if metrics else None,
                 on_dropped=metrics.capture_dropped if metrics else None,
                 on_file_closed=metrics.capture_files_closed if metrics else None,
@@ -144,12 +129,9 @@ class ProxyApp:
         )
         await self.server.start()
         if settings.fleet is not None and self.engine is not None:
-            fleet = settings.fleet
-            if not fleet.instance_id:
-                fleet = dataclasses.replace(fleet, instance_id=default_instance_id(settings.proxy.bootstrap_port))
             engine = self.engine
             self.fleet = FleetExchange(
-                fleet, engine, self.now_ms,
+                settings.fleet, engine, self.now_ms,
                 lambda: engine.settings.window_num * engine.settings.window_size_s * 1000.0, self.metrics,
                 on_quotas=self._apply_fleet_quotas, on_no_quotas=self._share_quotas,
             )
@@ -159,7 +141,7 @@ class ProxyApp:
         if self.metrics is not None:
             self.endpoint = ObservabilityEndpoint(
                 self.metrics.registry, settings.metrics.host, settings.metrics.port, ready=self._ready,
-                sock=settings.metrics.listen_socket,
+                sock=settings.metrics_socket,
             )
             await self.endpoint.start()
         self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
@@ -167,7 +149,8 @@ class ProxyApp:
     def _admin_principals(self) -> frozenset[str] | None:
         # Read at each request: enforcement settings apply live on reload.
         enforcement = self.enforcement.settings if self.enforcement is not None else self.settings.enforcement
-        return enforcement.admin_principals
+        principals = enforcement.admin_principals
+        return frozenset(principals) if principals is not None else None
 
     def _report_throttle(self, quota_type: str, tags: Mapping[str, str], throttle_ms: int, enforced: bool) -> None:
         metrics = self.metrics
@@ -214,8 +197,8 @@ class ProxyApp:
             log.info("reload (%s): no config files to reload", why)
             return False
         try:
-            config = load_config(self.files.paths)
-        except ConfigError as exc:
+            config = load_config(self.files.paths).with_command_line(self.command_line)
+        except (ConfigError, ValueError) as exc:
             log.error("config reload (%s) rejected, running config unchanged:\n%s", why, exc)
             if self.metrics is not None:
                 self.metrics.config_reload(False)
@@ -229,7 +212,7 @@ class ProxyApp:
         if self.engine is not None:
             self.engine.update(config.quota_settings())
         if self.enforcement is not None:
-            self.enforcement.settings = enforcement_settings(config)
+            self.enforcement.settings = config.enforcement
         self._label_configured_entities()
         if self.metrics is not None:
             self.metrics.config_reload(True)
@@ -320,112 +303,40 @@ class ProxyApp:
             self.engine.close()
 
 
-def enforcement_settings(config: KqpConfig) -> EnforcementSettings:
-    return EnforcementSettings(
-        default_partitions=config.enforcement.default_partitions,
-        charge_validate_only=config.enforcement.charge_validate_only,
-        admin_principals=(frozenset(config.enforcement.admin_principals)
-                          if config.enforcement.admin_principals is not None else None),
-    )
-
-
 def app_settings_from_config(config: KqpConfig) -> AppSettings:
-    p = config.proxy
-    proxy = ProxyOptions(
-        upstream_bootstrap=config.upstream.addresses() if config.upstream else (),
-        bind_host=p.bind_host,
-        bootstrap_port=p.bootstrap_port,
-        node_port_base=p.node_port_base,
-        node_ports=dict(p.node_ports),
-        advertised_host=p.advertised_host,
-        upstream_connect_timeout_s=p.upstream_connect_timeout_seconds,
-        max_frame_bytes=p.max_frame_bytes,
-        write_buffer_high_bytes=p.write_buffer_high_bytes,
-        socket_receive_buffer_bytes=p.socket_receive_buffer_bytes,
-        idle_timeout_s=p.idle_timeout_seconds,
-        max_connections=p.max_connections,
-        max_connections_per_ip=p.max_connections_per_ip,
-        shutdown_grace_s=p.shutdown_grace_seconds,
-        frame_read_timeout_s=p.frame_read_timeout_seconds,
-        certificate_check_interval_s=p.certificate_check_interval_seconds,
-        oauthbearer_sub_claim=(p.sasl or ListenerSaslSection()).oauthbearer_sub_claim_name,
-        tls=ListenerTls(
-            cert_file=p.tls.cert_file, key_file=p.tls.key_file, key_password=p.tls.key_password,
-            ca_file=p.tls.ca_file, client_auth=p.tls.client_auth,
-            principal_mapping_rules=p.tls.principal_mapping_rules,
-            handshake_timeout_s=p.tls.handshake_timeout_seconds,
-        ) if p.tls is not None else None,
-        sni_routing=p.sni_routing.to_routes() if p.sni_routing is not None else None,
-        upstream_tls=UpstreamTls(
-            ca_file=u.ca_file, cert_file=u.cert_file, key_file=u.key_file, key_password=u.key_password,
-            check_hostname=u.check_hostname,
-        ) if (u := config.upstream.tls if config.upstream else None) is not None else None,
-    )
+    """The settings of one proxy process: the sections as they are, the proxy's with the
+    upstream added. Nothing is mapped field by field, so a setting added to a section
+    reaches the IO layer with its one default."""
+    upstream = config.upstream
+    proxy = ProxyOptions.model_validate({
+        **config.proxy.given(),
+        "upstream_bootstrap": upstream.addresses() if upstream is not None else (),
+        "upstream_tls": upstream.tls if upstream is not None else None,
+    })
     if proxy.tls is not None:
         # Rules are Kafka's grammar, checked here so that a bad value stops `kqp serve` at start.
         parse_principal_mapping_rules(proxy.tls.principal_mapping_rules)
-    m, c = config.metrics, config.capture
     return AppSettings(
-        fleet=fleet_options(config, proxy),
         proxy=proxy,
-        enforcement=enforcement_settings(config),
-        metrics=MetricsOptions(enabled=m.enabled, host=m.host, port=m.port, top_n_client_ids=m.top_n_client_ids),
-        capture=CaptureOptions(
-            enabled=c.enabled, directory=c.directory, proxy_id=c.proxy_id, rotate_bytes=c.rotate_bytes,
-            rotate_seconds=c.rotate_seconds, queue_capacity=c.queue_capacity, sample_one_in=c.sample_one_in,
-        ),
+        enforcement=config.enforcement,
+        metrics=config.metrics,
+        capture=config.capture,
+        fleet=fleet_options(config, proxy),
     )
 
 
 def fleet_options(config: KqpConfig, proxy: ProxyOptions, enable: bool = False) -> FleetOptions | None:
-    """The `fleet` section as options; None when it is off, unless `enable` (`--workers`)."""
+    """The `fleet` section as the exchange runs it; None when it is off, unless `enable` (`--workers`)."""
     f = config.fleet
     if not (f.enabled or enable):
         return None
-    # Empty until `settings_from_overrides` knows the upstream (a file or --upstream).
-    servers = f.bootstrap_servers or _addresses(proxy.upstream_bootstrap)
-    return FleetOptions(
-        bootstrap_servers=tuple(servers), topic=f.topic, quota_topic=f"{f.topic}-quotas",
-        instance_id=f.instance_id or "",
-        report_interval_s=f.report_interval_seconds, unreachable_after_s=f.unreachable_after_seconds,
-        on_unreachable=f.on_unreachable, max_unreported_share=f.max_unreported_share,
-        replication_factor=f.replication_factor,
-        ssl_context=upstream_context(proxy.upstream_tls) if proxy.upstream_tls is not None else None,
-        sasl_mechanism=f.sasl_mechanism, sasl_username=f.sasl_username, sasl_password=f.sasl_password,
-    )
-
-
-def _addresses(servers: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
-    return tuple(f"{host}:{port}" for host, port in servers)
-
-
-def settings_from_overrides(base: AppSettings | None, overrides: dict[str, Any]) -> AppSettings:
-    """Apply `kqp serve` command-line options on top of the configured settings."""
-    if base is None:
-        base = AppSettings(
-            proxy=ProxyOptions(upstream_bootstrap=()),
-            enforcement=EnforcementSettings(),
-            metrics=MetricsOptions(),
-            capture=CaptureOptions(),
-        )
-    proxy = base.proxy
-    if overrides.get("upstream"):
-        proxy = dataclasses.replace(proxy, upstream_bootstrap=tuple(parse_host_port(a) for a in overrides["upstream"]))
-    if not proxy.upstream_bootstrap:
-        raise ValueError("no upstream brokers: set upstream.bootstrap_servers in a config file or give --upstream")
-    for key in ("bootstrap_port", "node_port_base", "advertised_host", "bind_host"):
-        if overrides.get(key) is not None:
-            proxy = dataclasses.replace(proxy, **{key: overrides[key]})
-    metrics = base.metrics
-    if overrides.get("metrics_port") is not None:
-        metrics = dataclasses.replace(metrics, port=overrides["metrics_port"])
-    capture = base.capture
-    if overrides.get("capture_dir"):
-        capture = dataclasses.replace(capture, enabled=True, directory=overrides["capture_dir"])
-    fleet = base.fleet
-    if fleet is not None and not fleet.bootstrap_servers:
-        fleet = dataclasses.replace(fleet, bootstrap_servers=_addresses(proxy.upstream_bootstrap))
-    return dataclasses.replace(base, proxy=proxy, metrics=metrics, capture=capture, fleet=fleet)
+    upstream_servers = config.upstream.bootstrap_servers if config.upstream is not None else ()
+    return FleetOptions.model_validate({
+        **f.given(),
+        "bootstrap_servers": f.bootstrap_servers or upstream_servers,
+        "instance_id": f.instance_id or default_instance_id(proxy.bootstrap_port),
+        "ssl_context": upstream_context(proxy.upstream_tls) if proxy.upstream_tls is not None else None,
+    })
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,22 +346,25 @@ class ServeSetup:
     config: KqpConfig
     files: ConfigFiles | None
     settings: AppSettings
+    command_line: CommandLine
 
 
-def load_serve_setup(config_paths: list[str], overrides: dict[str, Any] | None = None) -> ServeSetup | None:
+def load_serve_setup(config_paths: list[str], command_line: CommandLine | None = None) -> ServeSetup | None:
     """The config files and command-line options, validated; None (reason logged) if invalid."""
     files = ConfigFiles(config_paths) if config_paths else None
-    config = KqpConfig()
+    command_line = command_line or CommandLine()
     try:
-        if config_paths:
-            config = load_config(config_paths)
-        settings = settings_from_overrides(app_settings_from_config(config), overrides or {})
+        config = load_config(config_paths) if config_paths else KqpConfig()
+        config = config.with_command_line(command_line)
+        if config.upstream is None:
+            raise ValueError("no upstream brokers: set upstream.bootstrap_servers in a config file or give --upstream")
+        settings = app_settings_from_config(config)
     except (ConfigError, ValueError) as exc:
         log.error("%s", exc)
         return None
     for warning in unreadable_login_warnings(config):
         log.warning("%s", warning)
-    return ServeSetup(config, files, settings)
+    return ServeSetup(config, files, settings, command_line)
 
 
 def configure_logging() -> None:
@@ -463,16 +377,16 @@ def run_app(setup: ServeSetup) -> None:
 
     async def main() -> None:
         app = ProxyApp(setup.settings, QuotaEngine(setup.config.quota_settings()), config=setup.config,
-                       files=setup.files)
+                       files=setup.files, command_line=setup.command_line)
         await app.run()
 
     uvloop.run(main())
 
 
-def serve_forever(config_paths: list[str], overrides: dict[str, Any] | None = None) -> int:
+def serve_forever(config_paths: list[str], command_line: CommandLine | None = None) -> int:
     """`kqp serve`: run until SIGTERM/SIGINT; SIGHUP or a file change reloads the config."""
     configure_logging()
-    setup = load_serve_setup(config_paths, overrides)
+    setup = load_serve_setup(config_paths, command_line)
     if setup is None:
         return 2
     run_app(setup)

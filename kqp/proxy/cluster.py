@@ -42,6 +42,7 @@ class ClusterDirectory:
         start_listener: Callable[[Listener, socket.socket], None],
     ) -> None:
         self._options = options
+        self._sni_routes = options.sni_routes  # built once: map_address runs per rewritten address
         self._start_listener = start_listener
         self._upstream: dict[int, tuple[str, int]] = {}
         self._listeners: dict[int, Listener] = {}
@@ -95,7 +96,7 @@ class ClusterDirectory:
             self._upstream[node_id] = (host, port)
             if previous is not None:
                 log.info("node %d moved from %s:%d to %s:%d", node_id, *previous, host, port)
-        sni = self._options.sni_routing
+        sni = self._sni_routes
         if sni is not None:
             listening = self._listeners.get(BOOTSTRAP)
             port = sni.advertised_port or (listening.port if listening else self._options.bootstrap_port)

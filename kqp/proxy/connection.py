@@ -193,7 +193,7 @@ class ProxiedConnection:
             try:
                 transport, _ = await asyncio.wait_for(
                     loop.create_connection(lambda: _UpstreamSide(self), host, port, ssl=self.services.upstream_ssl()),
-                    self.services.options.upstream_connect_timeout_s,
+                    self.services.options.upstream_connect_timeout_seconds,
                 )
             except (OSError, TimeoutError) as exc:  # including failed TLS handshakes
                 failure = f"{host}:{port}: {exc or type(exc).__name__}"

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
+from kqp.config.models import EnforcementSection
 from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.fast_path import parse_fetch_request, parse_share_fetch_request, patch_fetch_max_bytes
@@ -66,16 +66,6 @@ from kqp.quotas.recording import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class EnforcementSettings:
-    # What CreateTopics with NumPartitions=-1 gets: the brokers' num.partitions.
-    default_partitions: int = 1
-    # KRaft controllers charge validate-only requests; ZooKeeper-era brokers did not.
-    charge_validate_only: bool = False
-    # Who may describe/alter quotas through the proxy besides the brokers' ACLs (None: anyone they allow).
-    admin_principals: frozenset[str] | None = None
-
-
 class MutationOrder(Protocol):
     """Charges partition mutations in an order every proxy of a fleet shares (kqp.proxy.fleet)."""
 
@@ -88,7 +78,7 @@ class QuotaEnforcement(TrafficHooks):
     def __init__(
         self,
         engine: QuotaEngine,
-        settings: EnforcementSettings,
+        settings: EnforcementSection,
         clock_ms: Callable[[], float],
         topics: TopicDirectory,
     ) -> None:

@@ -20,22 +20,25 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import ClassVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from pydantic import ConfigDict
 
+from kqp.config.models import FleetSection, HostPort, NonEmptyText
+from kqp.proxy.backoff import Backoff
 from kqp.proxy.hooks import FleetCharge
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.quotas import QuotaEngine
 from kqp.quotas.fleet import (
     ClaimClock,
     ExchangeState,
-    FailurePolicy,
     FleetView,
     MutationClaim,
     ReportError,
@@ -52,7 +55,10 @@ log = logging.getLogger(__name__)
 _TOPIC_ALREADY_EXISTS = 36
 # Deltas per record: about 80 bytes each in JSON, so a record stays far below Kafka's 1 MB.
 _DELTAS_PER_REPORT = 5_000
-_RETRY_SETUP_S = 2.0
+# Setting the exchange up again after a failure: soon at first (a cluster starting with the
+# proxy), then less often, never longer than this apart; jittered so that the instances of a
+# fleet that lost the cluster together do not come back in lock step (kqp.proxy.backoff).
+_RECONNECT_BACKOFF = Backoff(initial_s=0.5, max_s=10.0)
 _CLOSE_TIMEOUT_S = 5.0
 _HEARTBEAT_S = 1.0
 _FETCH_MAX_WAIT_MS = 500
@@ -61,23 +67,25 @@ _FETCH_MAX_WAIT_MS = 500
 _CLAIM_HISTORY_MARGIN_MS = 30_000.0
 
 
-@dataclass(frozen=True, slots=True)
-class FleetOptions:
-    bootstrap_servers: tuple[str, ...]
-    topic: str = "_kqp_fleet_usage"
-    instance_id: str = ""
-    quota_topic: str = "_kqp_fleet_usage-quotas"
-    report_interval_s: float = 0.1
-    unreachable_after_s: float = 3.0
-    on_unreachable: FailurePolicy = "share"
-    # A client's usage goes unreported while below this share of its quota / instances.
-    max_unreported_share: float = 0.02
-    replication_factor: int = -1
-    retention_ms: int = 60_000
+class FleetOptions(FleetSection):
+    """The `fleet` section as the exchange runs it: every setting of the section (defaults
+    there, once), with the brokers and the instance id resolved and the upstream's TLS."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    # The section's, or the upstream's when it names none.
+    bootstrap_servers: tuple[HostPort, ...]
+    # The section's, or `default_instance_id`.
+    instance_id: NonEmptyText
     ssl_context: ssl.SSLContext | None = None
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: str | None = None
+
+    # Usage reports matter for one quota window; a minute of them covers any window Kafka allows here.
+    retention_ms: ClassVar[int] = 60_000
+
+    @property
+    def quota_topic(self) -> str:
+        """The compacted topic holding the fleet's quota configuration."""
+        return f"{self.topic}-quotas"
 
 
 def default_instance_id(listener_port: int) -> str:
@@ -116,7 +124,7 @@ class FleetExchange:
         self._unsent_quotas: bytes | None = None
         self.view = FleetView(
             options.instance_id, options.on_unreachable, member_timeout_ms=quota_window_ms(),
-            unreachable_after_ms=options.unreachable_after_s * 1000.0, started_ms=now_ms(),
+            unreachable_after_ms=options.unreachable_after_seconds * 1000.0, started_ms=now_ms(),
         )
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -173,15 +181,18 @@ class FleetExchange:
 
     async def _run(self) -> None:
         o = self.options
+        attempt = 0
         while True:
             try:
                 await self._connect()
                 break
             except Exception as exc:  # keep trying: the cluster may come up after the proxy
-                log.warning("fleet exchange: cannot reach %s yet (%s); retrying", o.topic, exc)
+                delay = _RECONNECT_BACKOFF.delay_s(attempt, random.random())
+                attempt += 1
+                log.warning("fleet exchange: cannot reach %s yet (%s); retrying in %.1f s", o.topic, exc, delay)
                 await self._close_clients()
                 self._update_state()
-                await asyncio.sleep(_RETRY_SETUP_S)
+                await asyncio.sleep(delay)
         loop = asyncio.get_running_loop()
         consume = loop.create_task(self._consume(), name="kqp-fleet-consume")
         consume.add_done_callback(_log_unexpected_end)
@@ -214,7 +225,7 @@ class FleetExchange:
             await admin.close()
         self._producer = AIOKafkaProducer(
             bootstrap_servers=servers, client_id="kqp-fleet", acks=1, linger_ms=0,
-            request_timeout_ms=max(1000, int(o.unreachable_after_s * 1000)), **self._security(),
+            request_timeout_ms=max(1000, int(o.unreachable_after_seconds * 1000)), **self._security(),
         )
         await self._producer.start()
         self._consumer = AIOKafkaConsumer(
@@ -249,11 +260,11 @@ class FleetExchange:
         assert producer is not None
         # An empty report still says "alive" (membership) and "the topic works" (own echo), but
         # an idle instance need not say it ten times a second.
-        heartbeat_s = min(_HEARTBEAT_S, o.unreachable_after_s / 3)
+        heartbeat_s = min(_HEARTBEAT_S, o.unreachable_after_seconds / 3)
         last_sent = 0.0
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(o.report_interval_s)
+            await asyncio.sleep(o.report_interval_seconds)
             now = self._now_ms()
             # Fewer instances than there are would loosen the bound: count the most seen lately.
             instances = max(self.view.instances(now), self.view.last_known_instances, 1)
@@ -272,7 +283,7 @@ class FleetExchange:
                 self.bytes_sent += len(report)
                 try:
                     future = await asyncio.wait_for(
-                        producer.send(o.topic, report, key=o.instance_id.encode()), o.unreachable_after_s)
+                        producer.send(o.topic, report, key=o.instance_id.encode()), o.unreachable_after_seconds)
                     future.add_done_callback(self._sent)
                 except Exception as exc:  # the state machine turns lasting failures into the fallback
                     self._send_failed(exc)
@@ -300,7 +311,7 @@ class FleetExchange:
             except Exception as exc:  # the topic's outage shows as own reports missing: keep reading
                 log.warning("fleet exchange: reading %s failed: %r", self.options.topic, exc)
                 self._update_state()
-                await asyncio.sleep(self.options.report_interval_s)
+                await asyncio.sleep(self.options.report_interval_seconds)
                 continue
             now = self._now_ms()
             for partition, records in batches.items():
@@ -348,7 +359,7 @@ class FleetExchange:
             previous, self._state = self._state, state
             if state in ("local", "share"):
                 log.error("fleet exchange: own usage reports not seen back for %.1f s; %s",
-                          self.options.unreachable_after_s, self.describe())
+                          self.options.unreachable_after_seconds, self.describe())
             elif previous in ("local", "share"):
                 log.warning("fleet exchange: reachable again; %s", self.describe())
         self.engine.set_budget_share(view.budget_share(now))
@@ -372,7 +383,7 @@ class FleetExchange:
         loop = asyncio.get_running_loop()
         waiting: asyncio.Future[FleetCharge | None] = loop.create_future()
         self._claims[claim.claim_id] = waiting
-        timeout = loop.call_later(self.options.unreachable_after_s, self._claim_timed_out, claim.claim_id)
+        timeout = loop.call_later(self.options.unreachable_after_seconds, self._claim_timed_out, claim.claim_id)
         sent_at = loop.time()
 
         def answered(done: asyncio.Future[FleetCharge | None]) -> None:
@@ -406,7 +417,7 @@ class FleetExchange:
             self._charged_alone.add(claim_id)
             waiting.set_result(None)
             log.warning("fleet exchange: mutation claim %d not back within %.1f s; charged here alone",
-                        claim_id, self.options.unreachable_after_s)
+                        claim_id, self.options.unreachable_after_seconds)
 
     def _charge_claim(self, claim: MutationClaim, own: str, history: bool) -> None:
         # An instance restarted under the same name finds its predecessor's claims in the history.

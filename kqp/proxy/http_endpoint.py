@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 from prometheus_client import CollectorRegistry
@@ -26,7 +27,8 @@ DEFAULT_PORT = 9644
 _MAX_HEAD_BYTES = 16 * 1024
 _READ_TIMEOUT_S = 5.0
 
-ReadinessCheck = Callable[[], "bool | tuple[bool, str]"]
+# A readiness check may be async (the `--workers` supervisor asks its workers).
+ReadinessCheck = Callable[[], "bool | tuple[bool, str] | Awaitable[tuple[bool, str]]"]
 
 
 class ObservabilityEndpoint:
@@ -36,7 +38,10 @@ class ObservabilityEndpoint:
         registry: the registry to expose (ProxyMetrics.registry).
         host, port: where to listen; loopback by default, port 0 picks a free port.
         ready: says whether the proxy can serve (upstream reachable, config loaded); it may
-            return a bool or (bool, reason). /readyz answers 503 while it is false.
+            return a bool or (bool, reason), or a coroutine giving (bool, reason). /readyz
+            answers 503 while it is false.
+        before_metrics: awaited before each /metrics exposition, to fetch what the
+            registry's collectors then read synchronously (the supervisor's workers).
     """
 
     def __init__(
@@ -46,8 +51,10 @@ class ObservabilityEndpoint:
         port: int = DEFAULT_PORT,
         ready: ReadinessCheck | None = None,
         sock: socket.socket | None = None,
+        before_metrics: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.registry = registry
+        self.before_metrics = before_metrics
         # A socket already listening (a worker's, bound by its supervisor before the fork).
         self.sock = sock
         self.host = host
@@ -62,6 +69,10 @@ class ObservabilityEndpoint:
         if self._server is None or not self._server.sockets:
             raise RuntimeError("endpoint not started")
         return int(self._server.sockets[0].getsockname()[1])
+
+    def listening_fds(self) -> list[int]:
+        """The descriptors the endpoint listens on (the event loop may hold a duplicate of `sock`)."""
+        return [s.fileno() for s in self._server.sockets] if self._server is not None else []
 
     async def start(self) -> None:
         if self.sock is not None:
@@ -118,12 +129,14 @@ class ObservabilityEndpoint:
         head_only = method == "HEAD"
         if path == "/metrics":
             encoder, content_type = choose_encoder(headers.get("accept", ""))
+            if self.before_metrics is not None:
+                await self.before_metrics()
             body = encoder(self.registry)
             await _respond(writer, HTTPStatus.OK, body, content_type=content_type, head_only=head_only)
         elif path == "/healthz":
             await _respond(writer, HTTPStatus.OK, b"ok\n", head_only=head_only)
         elif path == "/readyz":
-            is_ready, reason = self._check_ready()
+            is_ready, reason = await self._check_ready()
             status = HTTPStatus.OK if is_ready else HTTPStatus.SERVICE_UNAVAILABLE
             if is_ready:
                 # A degraded but serving proxy (a fleet fallback) says how in the body.
@@ -134,11 +147,13 @@ class ObservabilityEndpoint:
         else:
             await _respond(writer, HTTPStatus.NOT_FOUND, b"try /metrics, /healthz or /readyz\n", head_only=head_only)
 
-    def _check_ready(self) -> tuple[bool, str]:
+    async def _check_ready(self) -> tuple[bool, str]:
         if self.ready is None:
             return True, ""
         try:
             result = self.ready()
+            if inspect.isawaitable(result):
+                result = await result
         except Exception as exc:  # a failing check means "not ready", never a crashed endpoint
             log.warning("readiness check failed", exc_info=True)
             return False, f"readiness check raised {exc!r}"

@@ -94,7 +94,8 @@ class ProxyServer:
         # Told the mechanism of each connection whose SASL login the proxy cannot read.
         self.unreadable_logins = UnreadableLogins(on_unreadable_login)
         self.directory = ClusterDirectory(options, self._serve_listener)
-        sni = SniSelector(options.sni_routing, self.directory.is_known) if options.sni_routing is not None else None
+        routes = options.sni_routes
+        sni = SniSelector(routes, self.directory.is_known) if routes is not None else None
         self.listener_tls = ListenerTlsState(options.tls, sni) if options.tls is not None else None
         if sni is not None and self.listener_tls is None:
             raise ValueError("SNI routing needs TLS termination at the proxy (proxy.tls)")
@@ -147,7 +148,7 @@ class ProxyServer:
 
     async def _watch_certificates(self) -> None:
         while True:
-            await asyncio.sleep(self.options.certificate_check_interval_s)
+            await asyncio.sleep(self.options.certificate_check_interval_seconds)
             self.check_certificates()
 
     def _client_side(self, listener: Listener) -> ClientSide:
@@ -206,7 +207,7 @@ class ProxyServer:
         try:
             await self.loop.connect_accepted_socket(
                 lambda: self._client_side(listener), client_sock, ssl=tls.reloading.context,
-                ssl_handshake_timeout=tls.options.handshake_timeout_s,
+                ssl_handshake_timeout=tls.options.handshake_timeout_seconds,
             )
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             if not handshake.refused:  # a refused SNI name is logged where it is refused
@@ -231,7 +232,7 @@ class ProxyServer:
             try:
                 reader, writer = await asyncio.wait_for(
                     asyncio.open_connection(host, port, ssl=self.upstream_ssl()),
-                    self.options.upstream_connect_timeout_s,
+                    self.options.upstream_connect_timeout_seconds,
                 )
             except (OSError, TimeoutError) as exc:
                 log.warning("discovery: %s:%d unreachable: %s", host, port, exc)
@@ -308,8 +309,8 @@ class ProxyServer:
         self.unreadable_logins(mechanism, connection.connection_id, connection.peer)
 
     async def _close_idle_connections(self) -> None:
-        idle_limit = self.options.idle_timeout_s
-        frame_limit = self.options.frame_read_timeout_s
+        idle_limit = self.options.idle_timeout_seconds
+        frame_limit = self.options.frame_read_timeout_seconds
         while True:
             await asyncio.sleep(min(_IDLE_SCAN_INTERVAL_S, idle_limit, frame_limit))
             now = self.loop.time()
@@ -330,7 +331,7 @@ class ProxyServer:
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, close."""
         self._stopping = True
-        grace = self.options.shutdown_grace_s if grace_s is None else grace_s
+        grace = self.options.shutdown_grace_seconds if grace_s is None else grace_s
         for server in self._servers:
             server.close()
         for task in (*self._accept_tasks, *self._handshakes, self._idle_task, self._certificate_task):

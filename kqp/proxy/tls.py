@@ -18,8 +18,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kqp.config.models import ListenerTlsSection, UpstreamTlsSection
 from kqp.protocol.sni_routing import SniRoutes
-from kqp.proxy.options import ListenerTls, UpstreamTls
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ def subject_dn(der_certificate: bytes) -> str:
 _CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 
-def listener_context(options: ListenerTls, sni: SniSelector | None = None) -> ssl.SSLContext:
+def listener_context(options: ListenerTlsSection, sni: SniSelector | None = None) -> ssl.SSLContext:
     """The server-side context for client connections (TLS termination, optional mTLS, SNI routing)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     if sni is not None:
@@ -278,7 +278,7 @@ def listener_context(options: ListenerTls, sni: SniSelector | None = None) -> ss
     return context
 
 
-def upstream_context(options: UpstreamTls) -> ssl.SSLContext:
+def upstream_context(options: UpstreamTlsSection) -> ssl.SSLContext:
     """The client-side context for connections to the brokers (TLS origination)."""
     context = ssl.create_default_context(cafile=options.ca_file)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -334,11 +334,11 @@ class ReloadingContext:
         return True
 
 
-def listener_files(options: ListenerTls) -> tuple[str, ...]:
+def listener_files(options: ListenerTlsSection) -> tuple[str, ...]:
     return tuple(p for p in (options.cert_file, options.key_file, options.ca_file) if p is not None)
 
 
-def upstream_files(options: UpstreamTls) -> tuple[str, ...]:
+def upstream_files(options: UpstreamTlsSection) -> tuple[str, ...]:
     return tuple(p for p in (options.ca_file, options.cert_file, options.key_file) if p is not None)
 
 
@@ -412,7 +412,7 @@ class SniSelector:
 class ListenerTlsState:
     """What the proxy's listeners need for TLS: the current context and the principal rules."""
 
-    def __init__(self, options: ListenerTls, sni: SniSelector | None = None) -> None:
+    def __init__(self, options: ListenerTlsSection, sni: SniSelector | None = None) -> None:
         self.options = options
         self.sni = sni
         self.rules = parse_principal_mapping_rules(options.principal_mapping_rules)

@@ -6,6 +6,21 @@ so a client whose connections land on different workers still gets one quota. Th
 supervisor (the process started) forks the workers, restarts one that dies, passes SIGHUP
 and SIGTERM on, and serves the operator endpoint: /metrics is every worker's, each series
 labelled `worker`, so Prometheus scrapes one proxy.
+
+Theory of operation (the `workers` section of the config sets the figures):
+- The supervisor's event loop never waits on a worker. /metrics and /readyz ask every worker
+  at once, asynchronously, each with a deadline (`scrape_timeout_seconds`); a worker slower
+  than that is logged, counted in `kqp_worker_scrape_timeouts_total` and left out of that
+  answer, so one stuck worker cannot stall the endpoint that reports it.
+- Sockets: each worker's own endpoint socket and the supervisor's endpoint socket are bound
+  before the first fork (a port in use fails `kqp serve` before any worker runs). A worker,
+  first thing after the fork, closes every one of them but its own, so no worker ever holds
+  a listening socket of the supervisor's, however late it is (re)started.
+- Restarts: a worker that dies is restarted after an exponential backoff with jitter
+  (kqp.proxy.backoff, shared with the fleet exchange's reconnects). Deaths in a row, each
+  within `stable_after_seconds` of the worker's start, count towards `max_restarts`; past it
+  the worker is crash-looping (a bad file, a port taken, a broken host), and restarting it
+  forever would only hide that: the supervisor logs why, stops the others and exits 1.
 """
 
 from __future__ import annotations
@@ -15,44 +30,93 @@ import contextlib
 import dataclasses
 import logging
 import os
+import random
 import signal
 import socket
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from kqp.config.models import WorkersSection
 from kqp.proxy.app import ServeSetup, fleet_options, run_app
-from kqp.proxy.fleet import default_instance_id
+from kqp.proxy.backoff import Backoff
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 
 log = logging.getLogger(__name__)
 
-_SCRAPE_TIMEOUT_S = 2.0
-_RESTART_BACKOFF_S = 1.0
 _REAP_INTERVAL_S = 0.2
+# The code a supervisor that gave up on a crash-looping worker exits with.
+CRASH_LOOP_EXIT = 1
+
+
+class WorkerUnanswered(Exception):
+    """A worker's endpoint did not answer in time, or not with HTTP."""
+
+
+async def http_get(port: int, path: str, timeout_s: float) -> tuple[int, str]:
+    """(status, body) of GET `path` on a worker's loopback endpoint, within `timeout_s` in all.
+
+    The endpoint answers one request per connection and closes it (kqp.proxy.http_endpoint),
+    so the body is whatever arrives until the close.
+    """
+
+    async def exchange() -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            return await reader.read()
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    try:
+        data = await asyncio.wait_for(exchange(), timeout_s)
+    except TimeoutError:
+        raise WorkerUnanswered(f"no answer within {timeout_s:g} s") from None
+    except OSError as exc:
+        raise WorkerUnanswered(str(exc)) from None
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].split(b" ", 2)
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        raise WorkerUnanswered(f"not an HTTP answer: {head[:80]!r}")
+    return int(status_line[1]), body.decode(errors="replace")
+
+
+async def ask_workers(ports: Mapping[int, int], path: str,
+                      timeout_s: float) -> dict[int, tuple[int, str] | WorkerUnanswered]:
+    """Every worker's answer to GET `path` (worker index -> endpoint port), asked all at once,
+    so the whole takes at most about `timeout_s` however many workers are stuck."""
+
+    async def ask(port: int) -> tuple[int, str] | WorkerUnanswered:
+        try:
+            return await http_get(port, path, timeout_s)
+        except WorkerUnanswered as exc:
+            return exc
+
+    answers = await asyncio.gather(*(ask(port) for port in ports.values()))
+    return dict(zip(ports, answers, strict=True))
 
 
 class WorkersCollector(Collector):
-    """Every worker's metrics at scrape time, each sample labelled with its worker."""
+    """The worker metrics fetched by the last scrape, each sample labelled with its worker.
 
-    def __init__(self, worker_ports: list[int]) -> None:
-        self.worker_ports = worker_ports
+    Prometheus' registry collects synchronously, so the supervisor fetches first
+    (`Supervisor.scrape_workers`, async) and this only relabels what arrived.
+    """
+
+    def __init__(self) -> None:
+        self.texts: dict[int, str] = {}
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
-        for index, port in enumerate(self.worker_ports):
-            try:
-                text = _get(f"http://127.0.0.1:{port}/metrics")
-            except OSError as exc:
-                log.warning("worker %d did not answer a scrape: %s", index, exc)
-                continue
+        for index, text in sorted(self.texts.items()):
             for family in text_string_to_metric_families(text):
                 merged = families.get(family.name)
                 if merged is None:
@@ -65,40 +129,63 @@ class WorkersCollector(Collector):
         yield from families.values()
 
 
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=_SCRAPE_TIMEOUT_S) as response:
-        return str(response.read().decode())
+@dataclasses.dataclass(slots=True)
+class WorkerRestarts:
+    """One worker slot's restart history: when it last started and how often it died young."""
+
+    started_at: float = 0.0
+    deaths_in_a_row: int = 0
+    restart_at: float | None = None  # monotonic time of a pending restart
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(64)
+    return sock
 
 
 class Supervisor:
     def __init__(self, setup: ServeSetup, workers: int) -> None:
         self.setup = setup
         self.workers = workers
+        self.limits: WorkersSection = setup.config.workers
+        self.backoff = Backoff(initial_s=self.limits.restart_backoff_seconds,
+                               max_s=self.limits.restart_backoff_max_seconds)
         # One loopback socket per worker for its own endpoint, bound before any fork so that
         # the supervisor knows every port without asking.
-        self.metrics_sockets = []
-        for _ in range(workers):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sock.listen(64)
-            self.metrics_sockets.append(sock)
+        self.metrics_sockets = [_listening_socket("127.0.0.1", 0) for _ in range(workers)]
         self.metrics_ports = [sock.getsockname()[1] for sock in self.metrics_sockets]
+        # The supervisor's own endpoint, bound now too: a worker closes it after its fork.
+        metrics = setup.settings.metrics
+        self.endpoint_socket = _listening_socket(metrics.host, metrics.port) if metrics.enabled else None
+        # What the running endpoint listens on: the loop may listen on a duplicate of the socket.
+        self.endpoint_fds: list[int] = []
         self.pids: dict[int, int] = {}  # pid -> worker index
+        self.restarts = [WorkerRestarts() for _ in range(workers)]
         self.stopping = False
+        self.gave_up = False
         self.exit_codes: dict[int, int] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = WorkersCollector()
+        self.registry.register(self.collector)
+        self.scrape_timeouts = Counter(
+            "kqp_worker_scrape_timeouts", "Scrapes of the supervisor a worker did not answer in time "
+            "(workers.scrape_timeout_seconds); its figures were left out of that scrape.",
+            ["worker"], registry=self.registry,
+        )
 
     def worker_setup(self, index: int) -> ServeSetup:
         settings = self.setup.settings
-        proxy = dataclasses.replace(settings.proxy, reuse_port=True)
+        proxy = settings.proxy.updated(reuse_port=True)
         fleet = settings.fleet
         assert fleet is not None  # serve_workers enables it
-        fleet = dataclasses.replace(
-            fleet, instance_id=f"{fleet.instance_id or default_instance_id(proxy.bootstrap_port)}:w{index}"
-        )
-        metrics = dataclasses.replace(settings.metrics, listen_socket=self.metrics_sockets[index])
+        fleet = fleet.updated(instance_id=f"{fleet.instance_id}:w{index}")
         # Capture files are named after the proxy id: one series per worker.
-        capture = dataclasses.replace(settings.capture, proxy_id=f"{settings.capture.proxy_id}-w{index}")
-        worker_settings = dataclasses.replace(settings, proxy=proxy, fleet=fleet, metrics=metrics, capture=capture)
+        capture = settings.capture.updated(proxy_id=f"{settings.capture.proxy_id}-w{index}")
+        worker_settings = dataclasses.replace(settings, proxy=proxy, fleet=fleet, capture=capture,
+                                              metrics_socket=self.metrics_sockets[index])
         return dataclasses.replace(self.setup, settings=worker_settings)
 
     def spawn(self, index: int) -> None:
@@ -106,6 +193,13 @@ class Supervisor:
         if pid == 0:  # the worker
             code = 0
             try:
+                # Before anything else: no listening socket of the supervisor's (or another
+                # worker's) may live on in this process.
+                if self.endpoint_socket is not None:
+                    self.endpoint_socket.close()
+                for fd in self.endpoint_fds:
+                    with contextlib.suppress(OSError):  # already closed if the loop used the socket as is
+                        os.close(fd)
                 for other, sock in enumerate(self.metrics_sockets):
                     if other != index:
                         sock.close()
@@ -119,6 +213,8 @@ class Supervisor:
                 logging.shutdown()
                 os._exit(code)
         self.pids[pid] = index
+        self.restarts[index].started_at = time.monotonic()
+        self.restarts[index].restart_at = None
         log.info("worker %d started (pid %d)", index, pid)
 
     def signal_workers(self, sig: signal.Signals) -> None:
@@ -140,30 +236,69 @@ class Supervisor:
             if index is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
+            if self.stopping and code == -signal.SIGTERM:
+                code = 0  # stopped by the SIGTERM it was sent, before it could handle it: a clean stop
             self.exit_codes[index] = code
             if not self.stopping:
-                log.error("worker %d (pid %d) exited with %d; restarting it", index, pid, code)
+                log.error("worker %d (pid %d) exited with %d", index, pid, code)
             exited.append(index)
         return exited
 
-    def ready(self) -> tuple[bool, str]:
+    def schedule_restart(self, index: int, now: float) -> bool:
+        """Plan the restart of a worker that died; False if it is crash-looping (give up)."""
+        history = self.restarts[index]
+        if now - history.started_at >= self.limits.stable_after_seconds:
+            history.deaths_in_a_row = 0  # it had settled: a new series of restarts
+        history.deaths_in_a_row += 1
+        if history.deaths_in_a_row > self.limits.max_restarts:
+            log.error(
+                "worker %d is crash-looping: it died %d times in a row, each time within %g s of starting "
+                "(workers.max_restarts is %d); stopping every worker and exiting with %d",
+                index, history.deaths_in_a_row, self.limits.stable_after_seconds, self.limits.max_restarts,
+                CRASH_LOOP_EXIT,
+            )
+            return False
+        delay = self.backoff.delay_s(history.deaths_in_a_row - 1, random.random())
+        history.restart_at = now + delay
+        log.warning("worker %d: restart %d of at most %d in a row, in %.3f s", index, history.deaths_in_a_row,
+                    self.limits.max_restarts, delay)
+        return True
+
+    def due_restarts(self, now: float) -> list[int]:
+        return [index for index, history in enumerate(self.restarts)
+                if history.restart_at is not None and history.restart_at <= now]
+
+    async def _ask_workers(self, path: str) -> dict[int, tuple[int, str] | WorkerUnanswered]:
+        running = {index: self.metrics_ports[index] for index in sorted(set(self.pids.values()))}
+        return await ask_workers(running, path, self.limits.scrape_timeout_seconds)
+
+    async def scrape_workers(self) -> None:
+        """Fetch every worker's /metrics for the collector; a slow worker is reported and left out."""
+        texts: dict[int, str] = {}
+        for index, answer in (await self._ask_workers("/metrics")).items():
+            if isinstance(answer, WorkerUnanswered) or answer[0] != 200:
+                why = answer if isinstance(answer, WorkerUnanswered) else f"HTTP {answer[0]}"
+                log.warning("worker %d did not answer a scrape (%s); its figures are left out", index, why)
+                self.scrape_timeouts.labels(str(index)).inc()
+                continue
+            texts[index] = answer[1]
+        self.collector.texts = texts
+
+    async def ready(self) -> tuple[bool, str]:
         """Ready when every worker is; a worker's degraded state (a fleet fallback) is passed on."""
-        running = set(self.pids.values())
+        answers = await self._ask_workers("/readyz")
         not_ready: list[str] = []
         notes: list[str] = []
-        for index, port in enumerate(self.metrics_ports):
-            if index not in running:
+        for index in range(self.workers):
+            answer = answers.get(index)
+            if answer is None:
                 not_ready.append(f"worker {index} is not running")
-                continue
-            try:
-                body = _get(f"http://127.0.0.1:{port}/readyz").strip()
-            except urllib.error.HTTPError as exc:
-                not_ready.append(f"worker {index}: {exc.read().decode().strip()}")
-            except OSError as exc:
-                not_ready.append(f"worker {index}: {exc}")
-            else:
-                if body != "ready":
-                    notes.append(f"worker {index}: {body.removeprefix('ready: ')}")
+            elif isinstance(answer, WorkerUnanswered):
+                not_ready.append(f"worker {index}: {answer}")
+            elif answer[0] != 200:
+                not_ready.append(f"worker {index}: {answer[1].strip()}")
+            elif answer[1].strip() != "ready":
+                notes.append(f"worker {index}: {answer[1].strip().removeprefix('ready: ')}")
         if not_ready:
             return False, "; ".join(not_ready)
         return True, "; ".join(notes) or "ok"
@@ -182,21 +317,39 @@ class Supervisor:
             loop.add_signal_handler(sig, request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.signal_workers, signal.SIGHUP)
         endpoint = None
-        metrics = self.setup.settings.metrics
-        if metrics.enabled:
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(WorkersCollector(self.metrics_ports))
-            endpoint = ObservabilityEndpoint(registry, metrics.host, metrics.port, ready=self.ready)
+        if self.endpoint_socket is not None:
+            endpoint = ObservabilityEndpoint(self.registry, self.setup.settings.metrics.host, ready=self.ready,
+                                             sock=self.endpoint_socket,
+                                             before_metrics=self.scrape_workers)
             await endpoint.start()
+            self.endpoint_fds = endpoint.listening_fds()
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), _REAP_INTERVAL_S)
+            if self.stopping:
+                break
+            now = time.monotonic()
             for index in self.reap():
-                if not self.stopping:
-                    await asyncio.sleep(_RESTART_BACKOFF_S)
-                    self.spawn(index)
+                if not self.schedule_restart(index, now):
+                    self.gave_up = self.stopping = True
+                    break
+            if self.stopping:
+                break
+            for index in self.due_restarts(time.monotonic()):
+                self.spawn(index)
+        await self._stop_workers()
+        if endpoint is not None:
+            await endpoint.stop()
+        if self.gave_up:
+            return CRASH_LOOP_EXIT
+        failed = {index: code for index, code in self.exit_codes.items() if code != 0}
+        if failed:
+            log.error("workers exited with errors: %s", failed)
+        return 1 if failed else 0
+
+    async def _stop_workers(self) -> None:
         self.signal_workers(signal.SIGTERM)
-        deadline = time.monotonic() + self.setup.settings.proxy.shutdown_grace_s + 20.0
+        deadline = time.monotonic() + self.setup.settings.proxy.shutdown_grace_seconds + 20.0
         while self.pids and time.monotonic() < deadline:
             self.reap()
             await asyncio.sleep(_REAP_INTERVAL_S)
@@ -206,12 +359,6 @@ class Supervisor:
             while self.pids:
                 self.reap()
                 await asyncio.sleep(_REAP_INTERVAL_S)
-        if endpoint is not None:
-            await endpoint.stop()
-        failed = {index: code for index, code in self.exit_codes.items() if code != 0}
-        if failed:
-            log.error("workers exited with errors: %s", failed)
-        return 1 if failed else 0
 
 
 def serve_workers(setup: ServeSetup, workers: int) -> int:
@@ -227,5 +374,9 @@ def serve_workers(setup: ServeSetup, workers: int) -> int:
         log.info("--workers %d: the fleet exchange is on (topic %s), so the workers share one budget",
                  workers, fleet.topic)
         setup = dataclasses.replace(setup, settings=dataclasses.replace(settings, fleet=fleet))
-    supervisor = Supervisor(setup, workers)
+    try:
+        supervisor = Supervisor(setup, workers)
+    except OSError as exc:
+        log.error("kqp serve --workers: cannot listen for the metrics endpoint: %s", exc)
+        return 2
     return uvloop.run(supervisor.run())

@@ -88,7 +88,7 @@ proxy:
     bootstrap_host: {BOOTSTRAP_NAME}
     broker_host_pattern: {PATTERN}
 """)
-    proxy = TlsProxyProcess(kafka_3nodes.bootstrap, tmp_path / "proxy.log", config)
+    proxy = TlsProxyProcess(kafka_3nodes.bootstrap, tmp_path / "proxy.log", config, per_broker_ports=False)
     proxy.start()
     yield proxy
     code = proxy.stop()

@@ -43,8 +43,8 @@ def kafka_ssl(material: SslMaterial) -> Iterator[KafkaCluster]:
 class TlsProxyProcess(ProxyProcess):
     """`kqp serve` with a config file; ready once /readyz says it discovered the broker over TLS."""
 
-    def __init__(self, upstream: str, log_path: Path, config: Path) -> None:
-        super().__init__(upstream, log_path, config=config)
+    def __init__(self, upstream: str, log_path: Path, config: Path, per_broker_ports: bool = True) -> None:
+        super().__init__(upstream, log_path, config=config, per_broker_ports=per_broker_ports)
 
     def start(self, timeout_s: float = 30.0) -> TlsProxyProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

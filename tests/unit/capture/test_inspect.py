@@ -8,12 +8,14 @@ import pytest
 from kqp.capture.inspect import inspect_command, summarize_capture
 from kqp.capture.writer import CaptureWriter
 from kqp.cli import main
+from kqp.config.models import CaptureSection
 from tests.unit.capture.records import HOUR_US, TEN_O_CLOCK_US, fetch_record, produce_record
 
 
 def write_capture(directory: Path) -> None:
     """Two proxies' worth of files: 40 Produce + 10 Fetch written, 5 dropped, two hours."""
-    writer = CaptureWriter(directory, queue_capacity=45, proxy_id="p1", sample_one_in=2, flush_interval_s=0.0)
+    writer = CaptureWriter(CaptureSection(directory=str(directory), queue_capacity=45, proxy_id="p1", sample_one_in=2),
+                           flush_interval_s=0.0)
     for i in range(30):
         writer.submit(produce_record(i, ts_us=TEN_O_CLOCK_US + i * 1_000, client_id=f"producer-{i % 3}"))
     for i in range(10):

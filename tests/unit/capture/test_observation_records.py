@@ -13,6 +13,7 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record import MemoryRecordsBuilder
 
 from kqp.capture.writer import CaptureWriter, Record
+from kqp.config.models import CaptureSection
 from kqp.protocol.apis import FETCH_KEY, PRODUCE_KEY, SASL_HANDSHAKE_KEY
 from kqp.protocol.headers import (
     encode_request_header,
@@ -32,7 +33,7 @@ class RecordingWriter(CaptureWriter):
     """Keeps submitted records in a list instead of writing Parquet."""
 
     def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
+        super().__init__(CaptureSection(directory=str(directory)))
         self.records: list[Record] = []
 
     def submit(self, record: Record) -> bool:
@@ -169,14 +170,15 @@ def test_sasl_frames_are_not_captured() -> None:
 
 
 def test_a_record_carries_the_exact_inputs_the_quota_engine_got() -> None:
-    from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
+    from kqp.config.models import EnforcementSection
+    from kqp.proxy.enforcement import QuotaEnforcement
     from kqp.proxy.hooks import HookChain
     from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 
     settings = QuotaSettings(entries=(QuotaEntry(QuotaEntity(None, DEFAULT_ENTITY), {"producer_byte_rate": 10}),))
     engine_clock = [5_000.125]
     writer = RecordingWriter(Path("unused"))
-    chain = HookChain([QuotaEnforcement(QuotaEngine(settings), EnforcementSettings(), lambda: engine_clock[0],
+    chain = HookChain([QuotaEnforcement(QuotaEngine(settings), EnforcementSection(), lambda: engine_clock[0],
                                         TopicDirectory()),
                        observer(writer)])
     request, response = produce_pair(9, {"name": "orders"}, (0, 0))

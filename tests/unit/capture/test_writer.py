@@ -21,6 +21,7 @@ from kqp.capture.schema import (
     SCHEMA_VERSION,
 )
 from kqp.capture.writer import CaptureWriter
+from kqp.config.models import CaptureSection
 from tests.unit.capture.records import HOUR_US, TEN_O_CLOCK_US, fetch_record, produce_record
 
 
@@ -59,9 +60,11 @@ def footer(path: Path) -> dict[bytes, bytes]:
 
 
 def make_writer(tmp_path: Path, clock: FakeClock | None = None, **kwargs: object) -> CaptureWriter:
-    options: dict[str, object] = {"proxy_id": "p1", "flush_interval_s": 0.0, "poll_interval_s": 0.005}
-    options.update(kwargs)
-    return CaptureWriter(tmp_path, clock=clock or FakeClock(), **options)  # type: ignore[arg-type]
+    settings = {"proxy_id": "p1", **{k: v for k, v in kwargs.items() if k in CaptureSection.model_fields}}
+    options: dict[str, object] = {"flush_interval_s": 0.0, "poll_interval_s": 0.005}
+    options.update({k: v for k, v in kwargs.items() if k not in CaptureSection.model_fields})
+    return CaptureWriter(CaptureSection(directory=str(tmp_path), **settings),  # type: ignore[arg-type]
+                         clock=clock or FakeClock(), **options)  # type: ignore[arg-type]
 
 
 def test_records_read_back_with_the_capture_schema_in_an_hour_partition(tmp_path: Path) -> None:
@@ -276,17 +279,17 @@ def test_a_restarted_writer_does_not_overwrite_earlier_files(tmp_path: Path) -> 
 
 
 def test_sampling_is_deterministic_and_close_to_one_in_n() -> None:
-    writer = CaptureWriter("unused", sample_one_in=4)
+    writer = CaptureWriter(CaptureSection(directory="unused", sample_one_in=4))
     picks = [writer.sampled(connection_id) for connection_id in range(1, 40_001)]
     assert picks == [writer.sampled(connection_id) for connection_id in range(1, 40_001)]
     assert 9_000 < sum(picks) < 11_000
     # Alternating connection kinds (bootstrap, broker, bootstrap, ...) are both sampled.
     assert 4_000 < sum(picks[0::2]) < 6_000
     assert 4_000 < sum(picks[1::2]) < 6_000
-    assert all(CaptureWriter("unused").sampled(i) for i in range(100))
+    assert all(CaptureWriter(CaptureSection(directory="unused")).sampled(i) for i in range(100))
 
 
 @pytest.mark.parametrize("proxy_id", ["", ".hidden", "a/b", "x y"])
 def test_proxy_id_must_be_a_plain_file_name(proxy_id: str) -> None:
     with pytest.raises(ValueError, match="proxy_id"):
-        CaptureWriter("unused", proxy_id=proxy_id)
+        CaptureSection(proxy_id=proxy_id)

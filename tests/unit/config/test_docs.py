@@ -23,6 +23,7 @@ from kqp.config.models import (
     QuotasSection,
     SniRoutingSection,
     UpstreamSection,
+    WorkersSection,
 )
 
 DOC = Path(__file__).resolve().parents[3] / "docs/configuration.md"
@@ -40,6 +41,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "enforcement": EnforcementSection,
     "fleet": FleetSection,
     "proxy.sasl": ListenerSaslSection,
+    "workers": WorkersSection,
 }
 
 

@@ -13,7 +13,7 @@ from kqp.config import ConfigError, find_quota_file, load_config, write_quota_en
 from kqp.quotas.settings import QuotaEntity, QuotaEntry
 
 ORIGINAL = """\
-# a comment that will not survive
+# a comment that survives the write
 proxy:
   bootstrap_port: 19192
 upstream:

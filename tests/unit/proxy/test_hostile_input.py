@@ -170,7 +170,7 @@ async def test_truncated_frame_then_eof(start: Callable[..., asyncio.Future[Prox
 async def test_frame_longer_than_sent_times_out(start: Callable[..., asyncio.Future[Proxied]],
                                                 caplog: pytest.LogCaptureFixture) -> None:
     """A frame that claims more bytes than the client sends is a stalled frame: the read timeout ends it."""
-    proxied = await start(frame_read_timeout_s=0.3)
+    proxied = await start(frame_read_timeout_seconds=0.3)
     good = await proxied.client()
     bad = await proxied.client()
     frame = heartbeat_request(1)
@@ -184,7 +184,7 @@ async def test_frame_longer_than_sent_times_out(start: Callable[..., asyncio.Fut
 async def test_slowloris_is_closed_by_the_frame_read_timeout(
     start: Callable[..., asyncio.Future[Proxied]], broker: FakeBroker
 ) -> None:
-    proxied = await start(frame_read_timeout_s=0.5, idle_timeout_s=30.0)
+    proxied = await start(frame_read_timeout_seconds=0.5, idle_timeout_seconds=30.0)
     good = await proxied.client()
     slow = await proxied.client()
     frame = struct.pack(">i", 1000) + bytes(1000)
@@ -212,7 +212,7 @@ async def test_client_that_never_reads_is_bounded_then_closed(
 ) -> None:
     broker.handlers[HEARTBEAT_KEY] = lambda header, body: bytes(BIG_RESPONSE_BYTES)
     high = 256 * 1024
-    proxied = await start(write_buffer_high_bytes=high, idle_timeout_s=1.0)
+    proxied = await start(write_buffer_high_bytes=high, idle_timeout_seconds=1.0)
     sink = await proxied.client()
     # 200 pipelined requests ask for 100 MiB of responses that the client never reads.
     for correlation_id in range(200):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from kafka.protocol.producer import ProduceResponse
 
+from kqp.config.models import EnforcementSection
 from kqp.protocol.apis import PRODUCE_KEY
 from kqp.protocol.headers import encode_response_header, response_body_offset
 from kqp.protocol.throttle_field import throttle_field_offset
-from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
+from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.hooks import ClientView, Exchange, HookChain, ResponseVerdict, TrafficHooks
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
@@ -20,7 +21,7 @@ VERSION = 9
 def enforcement() -> QuotaEnforcement:
     # 10 B/s: any Produce request is throttled, so the response's ThrottleTimeMs is patched.
     settings = QuotaSettings(entries=(QuotaEntry(QuotaEntity(None, DEFAULT_ENTITY), {"producer_byte_rate": 10}),))
-    return QuotaEnforcement(QuotaEngine(settings), EnforcementSettings(), lambda: 5_000.0, TopicDirectory())
+    return QuotaEnforcement(QuotaEngine(settings), EnforcementSection(), lambda: 5_000.0, TopicDirectory())
 
 
 def produce_response(partitions: int) -> bytes:

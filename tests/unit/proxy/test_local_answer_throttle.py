@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from kqp.config.models import EnforcementSection
 from kqp.protocol.apis import API_SPECS, CREATE_TOPICS_KEY
 from kqp.protocol.codec import decode_body, encode_body
 from kqp.protocol.headers import (
@@ -23,7 +24,7 @@ from kqp.protocol.headers import (
     response_body_offset,
     response_correlation_id,
 )
-from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
+from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
@@ -103,7 +104,7 @@ def creator_enforcement() -> QuotaEnforcement:
     loop = asyncio.get_running_loop()
     settings = QuotaSettings(entries=(
         QuotaEntry(QuotaEntity(client_id="creator"), {"controller_mutation_rate": 1000.0}),))
-    return QuotaEnforcement(QuotaEngine(settings), EnforcementSettings(), lambda: loop.time() * 1000.0,
+    return QuotaEnforcement(QuotaEngine(settings), EnforcementSection(), lambda: loop.time() * 1000.0,
                             TopicDirectory())
 
 

@@ -3,10 +3,11 @@ handleFetchFromShareFetchRequest does: min(MaxBytes, fetch.max.bytes, quota x (s
 
 from __future__ import annotations
 
+from kqp.config.models import EnforcementSection
 from kqp.protocol.apis import API_SPECS
 from kqp.protocol.fast_path import parse_share_fetch_request
 from kqp.protocol.headers import encode_request_header, parse_request_header
-from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
+from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.hooks import Exchange
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
@@ -25,7 +26,7 @@ def share_fetch_frame(version: int, min_bytes: int, max_bytes: int) -> bytes:
 
 def capped(rate: float | None, version: int, min_bytes: int, max_bytes: int) -> tuple[int, int]:
     entries = () if rate is None else (QuotaEntry(QuotaEntity(client_id="consumer"), {"consumer_byte_rate": rate}),)
-    enforcement = QuotaEnforcement(QuotaEngine(QuotaSettings(entries=entries)), EnforcementSettings(),
+    enforcement = QuotaEnforcement(QuotaEngine(QuotaSettings(entries=entries)), EnforcementSection(),
                                    lambda: 1_000_000.0, TopicDirectory())
     frame = share_fetch_frame(version, min_bytes, max_bytes)
     header = parse_request_header(frame)

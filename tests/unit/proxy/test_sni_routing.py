@@ -17,17 +17,17 @@ import pytest
 import uvloop
 
 from harness.certificates import CertificateAuthority
+from kqp.config.models import ListenerTlsSection, SniRoutingSection
 from kqp.protocol.apis import METADATA_KEY
 from kqp.protocol.codec import decode_body
 from kqp.protocol.headers import response_body_offset, response_correlation_id
-from kqp.protocol.sni_routing import SniRoutes
 from kqp.proxy.cluster import BOOTSTRAP
-from kqp.proxy.options import ListenerTls, ProxyOptions
+from kqp.proxy.options import ProxyOptions
 from kqp.proxy.server import ProxyServer
 from tests.unit.proxy.fake_broker import FakeBroker, RawClient
 from tests.unit.proxy.test_connection_io import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request, metadata_request
 
-ROUTES = SniRoutes("bootstrap.kqp.test", "broker-$(nodeId).kqp.test", None)
+ROUTES = SniRoutingSection(bootstrap_host="bootstrap.kqp.test", broker_host_pattern="broker-$(nodeId).kqp.test")
 NAMES = ("bootstrap.kqp.test", "broker-1.kqp.test", "broker-7.kqp.test", "kafka.kqp.test")
 
 
@@ -37,10 +37,10 @@ def ca(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
 
 
 @pytest.fixture(scope="module")
-def listener_tls(ca: CertificateAuthority) -> ListenerTls:
+def listener_tls(ca: CertificateAuthority) -> ListenerTlsSection:
     # The certificate names every name the test sends, so only the proxy's routing can refuse.
     server = ca.issue("proxy-sni", "/CN=proxy", san=",".join(f"DNS:{name}" for name in NAMES) + ",IP:127.0.0.1")
-    return ListenerTls(str(server.cert), str(server.key))
+    return ListenerTlsSection(cert_file=str(server.cert), key_file=str(server.key))
 
 
 async def sni_client(port: int, ca: Path, server_name: str | None) -> RawClient:
@@ -53,7 +53,7 @@ async def sni_client(port: int, ca: Path, server_name: str | None) -> RawClient:
     return RawClient(reader, writer)
 
 
-async def routing_scenario(listener_tls: ListenerTls, ca: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def routing_scenario(listener_tls: ListenerTlsSection, ca: Path, caplog: pytest.LogCaptureFixture) -> None:
     broker = FakeBroker(handlers={HEARTBEAT_KEY: answer_heartbeat})
     await broker.start()
     options = ProxyOptions(upstream_bootstrap=(("127.0.0.1", broker.port),), bootstrap_port=0, tls=listener_tls,
@@ -112,11 +112,11 @@ async def routing_scenario(listener_tls: ListenerTls, ca: Path, caplog: pytest.L
         await broker.stop()
 
 
-async def test_sni_routing_on_asyncio(listener_tls: ListenerTls, ca: CertificateAuthority,
+async def test_sni_routing_on_asyncio(listener_tls: ListenerTlsSection, ca: CertificateAuthority,
                                       caplog: pytest.LogCaptureFixture) -> None:
     await routing_scenario(listener_tls, ca.cert, caplog)
 
 
-def test_sni_routing_on_uvloop(listener_tls: ListenerTls, ca: CertificateAuthority,
+def test_sni_routing_on_uvloop(listener_tls: ListenerTlsSection, ca: CertificateAuthority,
                                caplog: pytest.LogCaptureFixture) -> None:
     uvloop.run(routing_scenario(listener_tls, ca.cert, caplog))

@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from kqp.config.models import EnforcementSection
 from kqp.protocol.headers import RequestHeader, parse_request_header, response_correlation_id
-from kqp.proxy.enforcement import EnforcementSettings, QuotaEnforcement
+from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
@@ -85,7 +86,7 @@ def exchange_for(client_id: str) -> Exchange:
 def test_a_new_connection_of_a_throttled_client_starts_one_request_at_a_time() -> None:
     now = [1_000_000.0]
     entry = QuotaEntry(QuotaEntity(client_id="test"), {"producer_byte_rate": 1000.0})
-    enforcement = QuotaEnforcement(QuotaEngine(QuotaSettings(entries=(entry,))), EnforcementSettings(),
+    enforcement = QuotaEnforcement(QuotaEngine(QuotaSettings(entries=(entry,))), EnforcementSection(),
                                    lambda: now[0], TopicDirectory())
     enforcement._note_throttle(("ANONYMOUS", "test"), 2000, now[0])
     second = enforcement.request(client_view(2), exchange_for("test"), heartbeat_request(1))

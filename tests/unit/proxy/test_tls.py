@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from harness.certificates import CertificateAuthority, IssuedCertificate
+from kqp.config.models import ListenerTlsSection, UpstreamTlsSection
 from kqp.protocol.headers import response_correlation_id
 from kqp.protocol.sasl import ANONYMOUS
-from kqp.proxy.options import ListenerTls, ProxyOptions, UpstreamTls
+from kqp.proxy.options import ProxyOptions
 from kqp.proxy.server import ProxyServer
 from kqp.proxy.tls import (
     PrincipalMappingError,
@@ -168,7 +169,7 @@ async def tls_client(port: int, context: ssl.SSLContext) -> RawClient:
     return RawClient(reader, writer)
 
 
-async def start_tls_proxy(broker: FakeBroker, tls: ListenerTls, **overrides: object) -> ProxyServer:
+async def start_tls_proxy(broker: FakeBroker, tls: ListenerTlsSection, **overrides: object) -> ProxyServer:
     options = ProxyOptions(upstream_bootstrap=(("127.0.0.1", broker.port),), bootstrap_port=0,
                            node_ports={broker.node_id: 0}, tls=tls, **overrides)  # type: ignore[arg-type]
     proxy = ProxyServer(options)
@@ -178,7 +179,7 @@ async def start_tls_proxy(broker: FakeBroker, tls: ListenerTls, **overrides: obj
 
 async def test_tls_termination_forwards_to_a_plaintext_broker(broker: FakeBroker, ca: CertificateAuthority) -> None:
     server = ca.issue("proxy", "/CN=proxy")
-    proxy = await start_tls_proxy(broker, ListenerTls(str(server.cert), str(server.key)))
+    proxy = await start_tls_proxy(broker, ListenerTlsSection(cert_file=str(server.cert), key_file=str(server.key)))
     client = await tls_client(proxy.bootstrap_port, client_context(ca))
     client.send(heartbeat_request(11))
     assert response_correlation_id(await client.receive()) == 11
@@ -197,8 +198,9 @@ async def test_mtls_subject_becomes_the_mapped_principal(
 ) -> None:
     server = ca.issue("proxy", "/CN=proxy")
     alice = ca.issue("alice", "/O=kqp/OU=clients/CN=Alice")
-    tls = ListenerTls(str(server.cert), str(server.key), ca_file=str(ca.cert), client_auth="required",
-                      principal_mapping_rules="RULE:^CN=([^,]+),OU=clients,.*$/$1/L, RULE:^CN=admin$/$0/")
+    tls = ListenerTlsSection(cert_file=str(server.cert), key_file=str(server.key), ca_file=str(ca.cert),
+                             client_auth="required",
+                             principal_mapping_rules="RULE:^CN=([^,]+),OU=clients,.*$/$1/L, RULE:^CN=admin$/$0/")
     proxy = await start_tls_proxy(broker, tls)
     client = await tls_client(proxy.bootstrap_port, client_context(ca, alice))
     client.send(heartbeat_request(1))
@@ -235,7 +237,8 @@ async def test_changed_certificate_files_are_used_by_new_connections(
     cert, key = tmp_path / "proxy.pem", tmp_path / "proxy.key"
     shutil.copy(first.cert, cert)
     shutil.copy(first.key, key)
-    proxy = await start_tls_proxy(broker, ListenerTls(str(cert), str(key)), certificate_check_interval_s=0.05)
+    proxy = await start_tls_proxy(broker, ListenerTlsSection(cert_file=str(cert), key_file=str(key)),
+                                  certificate_check_interval_seconds=0.05)
     listener_tls = proxy.listener_tls
     assert listener_tls is not None
 
@@ -281,16 +284,16 @@ async def test_upstream_context_verifies_the_broker_name(tmp_path: Path, ca: Cer
 
     server = await asyncio.start_server(greet, "127.0.0.1", 0, ssl=server_context)
     port = server.sockets[0].getsockname()[1]
-    strict = upstream_context(UpstreamTls(ca_file=str(ca.cert)))
+    strict = upstream_context(UpstreamTlsSection(ca_file=str(ca.cert)))
     with pytest.raises(ssl.SSLCertVerificationError, match="mismatch"):
         await asyncio.open_connection("127.0.0.1", port, ssl=strict)
-    lenient = upstream_context(UpstreamTls(ca_file=str(ca.cert), check_hostname=False))
+    lenient = upstream_context(UpstreamTlsSection(ca_file=str(ca.cert), check_hostname=False))
     reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=lenient)
     assert await reader.read() == b"hi"
     writer.close()
     # Another CA's certificate is refused whatever the name.
     other_ca = CertificateAuthority.create(tmp_path / "other", name="other CA")
-    foreign = upstream_context(UpstreamTls(ca_file=str(other_ca.cert), check_hostname=False))
+    foreign = upstream_context(UpstreamTlsSection(ca_file=str(other_ca.cert), check_hostname=False))
     with pytest.raises(ssl.SSLCertVerificationError):
         await asyncio.open_connection("127.0.0.1", port, ssl=foreign)
     server.close()
