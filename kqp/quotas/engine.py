@@ -334,8 +334,9 @@ class QuotaManagers:
         topics: Sequence[tuple[str, int]],
         now_ms: float,
     ) -> MutationOutcome:
-        """Charge each topic's partitions, in request order (ControllerMutationQuotaManager.
-        newQuotaFor, then the quota's record per topic as ControllerApis does)."""
+        """Charge each topic's partitions, in request order: ControllerApis takes
+        ControllerMutationQuotaManager.newQuotaFor, and the controller charges it topic by topic
+        (ControllerRequestContext.applyPartitionChangeQuota)."""
         if api_key not in STRICT_MUTATION_SINCE:
             raise ValueError(f"API key {api_key} is not a controller mutation")
         manager = self._mutation
@@ -343,8 +344,7 @@ class QuotaManagers:
             everything = [True] * len(topics)
             return MutationOutcome(everything, 0, list(everything))
         t = int(now_ms)
-        sensor = manager.sensor(broker, user, client_id, t)
-        sensor.last_record_ms = t
+        sensor = manager.client_sensor(broker, user, client_id, t)
         strict = api_version >= STRICT_MUTATION_SINCE[api_key]
         verdicts, throttle, recorded = manager.charge(sensor, strict, topics, t)
         if recorded:

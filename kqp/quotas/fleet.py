@@ -18,19 +18,22 @@ by itself, one quota window later. `FleetSharing` is that bookkeeping, behind th
 
 How far a fleet's figure can be from one broker's:
 
-* Lag. An instance sees the others' usage up to one report interval plus the topic's round
-  trip late (100 ms by default against an 11 s quota window), so a burst that starts on
-  every instance at once can be admitted N times for that long before any throttle: at most
-  N x quota x lag / window above the quota over a window, under 1% for 3 instances at 100 ms.
-  Consumers that come back from a throttle together fetch together, which is that case, so
-  an instance that knows other live instances serve a client counts its own unreported fetch
-  bytes once for each of them before throttling a fetch (`pending_elsewhere`).
+* Lag. A delta reaches the others one report interval I plus the topic's round trip L after
+  the usage happened, so the rate an instance measures misses at most the fraction
+  (I + L) / W of the fleet's usage, W being the quota window (samples x sample size): about
+  1% with the defaults (100 ms against 11 s), and the fleet admits about that much over one
+  broker. That holds for traffic spread over time. Consumers that come back from a throttle
+  together fetch together, a whole fetch each, and every instance would see room the others
+  are taking at that moment; so an instance that knows other live instances serve a client
+  counts its own unreported fetch bytes once for each of them before throttling a fetch
+  (`FleetSharing.pending_elsewhere`). docs/scaling.md gives the measured figures.
 * Quiet clients. A client far from its quota costs the exchange nothing: a sensor whose rate,
   as this instance measures it, is below `quiet_below` x quota is left out of the report
   (byte rates and request time). With `quiet_below` = e / N (fleet option
-  `max_unreported_share` = e), N instances each leave out less than e / N of the quota, so the
-  fleet under-counts a client by less than e of its quota, and a client that nears its quota
-  is reported again at the next interval.
+  `max_unreported_share` = e), an instance leaves a client's usage out only while the rate it
+  measures, its own usage included, is below e / N of the quota; N instances thus leave out
+  less than e of the quota between them. A left-out delta is dropped, not held back: from the
+  interval the client's rate reaches the threshold, its usage is reported again.
 * Losing the exchange. An instance whose own reports stop coming back falls back to `policy`
   (`FleetView`): `local` enforces its whole quota alone (up to N quotas in total), `share`
   enforces quota / N for the N instances it last saw (`FleetSharing.limit_scale`), about one
@@ -61,6 +64,9 @@ from kqp.quotas.settings import QUOTA_TYPES, QuotaSettings, QuotaType
 from kqp.quotas.stats import NO_QUOTA_BOUND
 
 REPORT_FORMAT = 1
+
+# Entries FleetSharing keeps for fetch sensors before it first looks for dropped ones.
+_MIN_SERVING_ENTRIES = 1024
 
 FailurePolicy = Literal["local", "share"]
 ExchangeState = Literal["starting", "ok", "local", "share"]
@@ -279,7 +285,10 @@ class FleetSharing:
     Kafka's. A sensor the engine drops (expiry, a window change) is forgotten here as well.
     """
 
-    __slots__ = ("_pending", "_report_ms", "_serving", "active", "kept_quiet", "limit_scale", "mutations_claimed")
+    __slots__ = (
+        "_forget_above", "_pending", "_report_ms", "_serving",
+        "active", "kept_quiet", "limit_scale", "mutations_claimed",
+    )
 
     def __init__(self) -> None:
         self.active = False  # keep local usage for reports (share_usage)
@@ -293,6 +302,7 @@ class FleetSharing:
         self._report_ms: dict[str, int] = {}
         # Fetch sensors only: the other instances that reported this client's usage.
         self._serving: dict[RateSensor, set[str]] = {}
+        self._forget_above = _MIN_SERVING_ENTRIES
 
     def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
         self.active = enabled
@@ -349,8 +359,6 @@ class FleetSharing:
                 continue
             identity = sensor.identity
             usage.append(UsageDelta(quota_type, identity.broker, tuple(identity.tags.items()), amount))
-        for dropped in [s for s in self._serving if s.expired]:
-            del self._serving[dropped]
         return usage
 
     def record_remote_usage(
@@ -368,7 +376,20 @@ class FleetSharing:
             sensor.record(delta.amount, t)
             sensor.last_record_ms = t
             if delta.quota_type == "consumer_byte_rate" and instance is not None:
-                self._serving.setdefault(sensor, set()).add(instance)
+                serving = self._serving.get(sensor)
+                if serving is None:
+                    serving = self._serving[sensor] = set()
+                    if len(self._serving) > self._forget_above:
+                        self._forget_dropped_sensors()
+                serving.add(instance)
+
+    def _forget_dropped_sensors(self) -> None:
+        # A sensor the engine dropped is never looked up again (the engine makes a new one), so
+        # its entry is forgotten when the map has doubled since it was last cleaned: amortised,
+        # a constant cost per new entry rather than a scan per report.
+        for dropped in [sensor for sensor in self._serving if sensor.expired]:
+            del self._serving[dropped]
+        self._forget_above = 2 * len(self._serving) + _MIN_SERVING_ENTRIES
 
 
 class QuotaEngine(QuotaManagers):

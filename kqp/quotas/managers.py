@@ -55,8 +55,6 @@ STRICT_MUTATION_SINCE: Mapping[int, int] = {
     ApiKey.CREATE_PARTITIONS: 3,
 }
 
-
-
 S = TypeVar("S", RateSensor, MutationSensor)
 
 
@@ -114,7 +112,7 @@ class ClientQuotaManager(Generic[S]):
         self.cache_previous.clear()
 
     def refresh_enabled(self) -> None:
-        """quotaTypesEnabled != 0; with a custom callback quotas are always on (Kafka's CustomQuotas bit)."""
+        """quotaTypesEnabled != 0 (a custom callback turns every quota type on, Kafka's CustomQuotas)."""
         default = self.default_callback
         self.enabled = default is None or default.kinds_enabled(self.quota_type) != 0
 
