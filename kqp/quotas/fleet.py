@@ -281,8 +281,9 @@ class FleetSharing:
     """The engine's `UsageSharing` seam for a fleet: what this instance recorded since its last
     report, which other instances serve each consumer, and the share of each quota enforced.
 
-    Per-sensor state is kept here, keyed by the engine's sensor objects, so the sensors stay
-    Kafka's. A sensor the engine drops (expiry, a window change) is forgotten here as well.
+    No Kafka counterpart (brokers never share a quota). Per-sensor state is kept here, keyed by
+    the engine's sensor objects, so the sensors stay Kafka's; a sensor the engine drops
+    (expiry, a window change) is forgotten here as well.
     """
 
     __slots__ = (

@@ -103,8 +103,9 @@ class SensorIdentity:
 
 
 class QuotaSensor:
-    """What every quota sensor keeps besides its stat: who it meters, when it last recorded
-    (for Sensor.hasExpired), whether it was dropped, and its throttle counts for metrics.
+    """Kafka's quota Sensor (org.apache.kafka.common.metrics.Sensor, one of a client's
+    ClientSensors): who it meters, when it last recorded (Sensor.hasExpired), whether it was
+    dropped, and its throttle counts for metrics, besides its stat.
 
     `rate` is the Rate the sensor reports as its value: the quota stat itself for byte rates
     and request time, the observability-only mutation-rate for controller mutations.
@@ -156,7 +157,9 @@ class QuotaSensor:
 
 
 class RateSensor(QuotaSensor):
-    """A quota sensor metered by a Rate (produce, fetch, request time, connection creation)."""
+    """A Sensor whose stat is a Rate with the quota as its bound (produce, fetch, request
+    time, connection creation): Sensor.record(value, now, checkQuotas=true) is
+    `rate.record_and_throttle`."""
 
     __slots__ = ()
 
@@ -165,8 +168,8 @@ class RateSensor(QuotaSensor):
 
 
 class MutationSensor(QuotaSensor):
-    """ControllerMutation sensor: the KIP-599 `tokens` bucket enforces, the `mutation-rate`
-    Rate (Kafka's default MetricConfig) is only reported."""
+    """ControllerMutationQuotaManager's sensor: the KIP-599 TokenBucket (metric `tokens`)
+    enforces; the `mutation-rate` Rate (Kafka's default MetricConfig) is only reported."""
 
     __slots__ = ("bucket",)
 
