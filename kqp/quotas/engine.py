@@ -60,11 +60,15 @@ class UsageSharing(Protocol):
     """What the engine consults when its quotas are shared with other engines.
 
     `limit_scale`: the fraction of each configured quota this engine enforces (1 = all of it);
-    call `QuotaManagers.refresh_limits` after changing it.
+    call `QuotaManagers.refresh_limits` after changing it. `records_usage`: whether `recorded`
+    wants to hear of this engine's records (the hot path skips the call when not).
     """
 
     @property
     def limit_scale(self) -> float: ...
+
+    @property
+    def records_usage(self) -> bool: ...
 
     def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float) -> None:
         """This engine recorded `amount` into `sensor` for one of its own clients' requests."""
@@ -78,6 +82,7 @@ class NoSharing:
     """The default seam: nothing shared, every limit whole."""
 
     limit_scale = 1.0
+    records_usage = False
 
     def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float) -> None:
         return
@@ -235,7 +240,8 @@ class QuotaManagers:
         t = int(now_ms)
         sensor = manager.client_sensor(broker, user, client_id, t)
         throttle = manager.record(sensor, nbytes, t)
-        self.sharing.recorded("producer_byte_rate", sensor, nbytes)
+        if self.sharing.records_usage:
+            self.sharing.recorded("producer_byte_rate", sensor, nbytes)
         if throttle <= 0:
             return 0
         return self._throttled("producer_byte_rate", sensor, throttle)
@@ -272,12 +278,13 @@ class QuotaManagers:
             sensor.record(nbytes, t)
             throttle = java_int(sensor.rate.throttle_with(elsewhere, t))
         if throttle <= 0 and request_throttle_ms <= 0:
-            self.sharing.recorded("consumer_byte_rate", sensor, nbytes)
+            if self.sharing.records_usage:
+                self.sharing.recorded("consumer_byte_rate", sensor, nbytes)
             return 0
         # Throttled: the broker answers empty and unrecords, unless the data is delivered anyway.
         if not delivered and not sensor.identity.dry_run:
             sensor.record(-nbytes, t)
-        else:
+        elif self.sharing.records_usage:
             self.sharing.recorded("consumer_byte_rate", sensor, nbytes)
         if throttle <= 0:
             return 0
@@ -317,7 +324,8 @@ class QuotaManagers:
         t = int(now_ms)
         sensor = manager.client_sensor(broker, user, client_id, t)
         percent, throttle = manager.record_time(sensor, request_ms, t)
-        self.sharing.recorded("request_percentage", sensor, percent)
+        if self.sharing.records_usage:
+            self.sharing.recorded("request_percentage", sensor, percent)
         if throttle <= 0:
             return 0
         return self._throttled("request_percentage", sensor, throttle)
@@ -347,7 +355,7 @@ class QuotaManagers:
         sensor = manager.client_sensor(broker, user, client_id, t)
         strict = api_version >= STRICT_MUTATION_SINCE[api_key]
         verdicts, throttle, recorded = manager.charge(sensor, strict, topics, t)
-        if recorded:
+        if recorded and self.sharing.records_usage:
             self.sharing.recorded("controller_mutation_rate", sensor, recorded)
         enforced = self._throttled("controller_mutation_rate", sensor, throttle) if throttle else 0
         dry_run = sensor.identity.dry_run

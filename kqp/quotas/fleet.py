@@ -288,11 +288,11 @@ class FleetSharing:
 
     __slots__ = (
         "_forget_above", "_pending", "_report_ms", "_serving",
-        "active", "kept_quiet", "limit_scale", "mutations_claimed",
+        "kept_quiet", "limit_scale", "mutations_claimed", "records_usage",
     )
 
     def __init__(self) -> None:
-        self.active = False  # keep local usage for reports (share_usage)
+        self.records_usage = False  # keep local usage for reports (share_usage)
         self.mutations_claimed = False
         self.limit_scale = 1.0
         # Deltas `take_local_usage` left out because their client was far from its quota.
@@ -306,7 +306,7 @@ class FleetSharing:
         self._forget_above = _MIN_SERVING_ENTRIES
 
     def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
-        self.active = enabled
+        self.records_usage = enabled
         self.mutations_claimed = enabled and mutations_claimed
         if not enabled:
             self.take_local_usage()
@@ -314,7 +314,7 @@ class FleetSharing:
     # -- the UsageSharing seam ----------------------------------------------------------------
 
     def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float) -> None:
-        if not self.active or sensor.bound == NO_QUOTA_BOUND:
+        if not self.records_usage or sensor.bound == NO_QUOTA_BOUND:
             return  # no quota limits this client: nobody's throttle depends on its usage
         if self.mutations_claimed and quota_type == "controller_mutation_rate":
             return
