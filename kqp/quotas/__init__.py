@@ -10,14 +10,10 @@ from kqp.quotas.callbacks import (
     EntityResolvingCallback,
     load_callback,
 )
-from kqp.quotas.engine import (
-    EXEMPT_REQUEST_API_KEYS,
-    STRICT_MUTATION_SINCE,
-    MutationOutcome,
-    QuotaEngine,
-    SensorSnapshot,
-    ThrottleObserver,
-)
+from kqp.quotas.engine import MutationOutcome, QuotaManagers, ThrottleObserver, UsageSharing
+from kqp.quotas.fleet import QuotaEngine
+from kqp.quotas.managers import EXEMPT_REQUEST_API_KEYS, STRICT_MUTATION_SINCE
+from kqp.quotas.sensors import SensorSnapshot
 from kqp.quotas.settings import (
     DEFAULT_ENTITY,
     QUOTA_TYPES,
@@ -43,10 +39,12 @@ __all__ = [
     "QuotaEngine",
     "QuotaEntity",
     "QuotaEntry",
+    "QuotaManagers",
     "QuotaSettings",
     "QuotaType",
     "Scope",
     "SensorSnapshot",
     "ThrottleObserver",
+    "UsageSharing",
     "load_callback",
 ]

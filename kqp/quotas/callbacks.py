@@ -22,7 +22,6 @@ CLIENT_ID_TAG = "client-id"
 CLIENT_ID_QUOTAS = 1
 USER_QUOTAS = 2
 USER_CLIENT_ID_QUOTAS = 4
-CUSTOM_QUOTAS = 8
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,43 @@
 """One quota budget for a fleet of proxies: the usage reports instances exchange, and what an
 instance makes of them. Pure: times are arguments, the transport lives in kqp.proxy.fleet.
 
+Theory of operation, for a reader who knows the broker
+------------------------------------------------------
+Kafka meters a client on each broker alone; a fleet of N proxies in front of one cluster
+must meter it once, whichever proxy its connections reach (`scope: cluster`), or once per
+upstream broker (`scope: broker`). No instance forwards requests to another: each keeps
+Kafka's sensors for every client (kqp.quotas.engine) and adds to them what the others report.
+
 Each instance sends, every report interval, what it recorded into each quota sensor since its
 previous report (a delta per sensor, `UsageDelta`). Every other instance records those deltas
 into its own sensor for the same entity as they arrive, so the rate a sensor measures is the
 fleet's rate, late by the exchange's lag, and the throttle computed from it is the fleet's
 throttle. An instance that stops reporting stops adding: its past usage leaves every window
-by itself, one quota window later.
+by itself, one quota window later. `FleetSharing` is that bookkeeping, behind the engine's
+`UsageSharing` seam; `QuotaEngine` is the engine with it attached.
+
+How far a fleet's figure can be from one broker's:
+
+* Lag. A delta reaches the others one report interval I plus the topic's round trip L after
+  the usage happened, so the rate an instance measures misses at most the fraction
+  (I + L) / W of the fleet's usage, W being the quota window (samples x sample size): about
+  1% with the defaults (100 ms against 11 s), and the fleet admits about that much over one
+  broker. That holds for traffic spread over time. Consumers that come back from a throttle
+  together fetch together, a whole fetch each, and every instance would see room the others
+  are taking at that moment; so an instance that knows other live instances serve a client
+  counts its own unreported fetch bytes once for each of them before throttling a fetch
+  (`FleetSharing.pending_elsewhere`). docs/scaling.md gives the measured figures.
+* Quiet clients. A client far from its quota costs the exchange nothing: a sensor whose rate,
+  as this instance measures it, is below `quiet_below` x quota is left out of the report
+  (byte rates and request time). With `quiet_below` = e / N (fleet option
+  `max_unreported_share` = e), an instance leaves a client's usage out only while the rate it
+  measures, its own usage included, is below e / N of the quota; N instances thus leave out
+  less than e of the quota between them. A left-out delta is dropped, not held back: from the
+  interval the client's rate reaches the threshold, its usage is reported again.
+* Losing the exchange. An instance whose own reports stop coming back falls back to `policy`
+  (`FleetView`): `local` enforces its whole quota alone (up to N quotas in total), `share`
+  enforces quota / N for the N instances it last saw (`FleetSharing.limit_scale`), about one
+  quota in total.
 
 Partition mutations (KIP-599) cannot work that way: a CreateTopics is admitted or refused per
 topic the moment it arrives, and two instances that each see a full bucket would both admit.
@@ -14,7 +45,8 @@ So an instance does not decide a mutation alone: it writes a `MutationClaim` to 
 one-partition topic and waits for it to come back. Every instance applies every claim in the
 topic's order to its own controller-mutation bucket, at times derived from the claims alone
 (`ClaimClock`), so every instance computes the same verdict for each claim, the one a single
-controller would give the requests in that order.
+controller would give the requests in that order. Claims are the sharing for mutations, so
+they are not reported as usage as well (`mutations_claimed`).
 """
 
 from __future__ import annotations
@@ -25,9 +57,16 @@ from dataclasses import dataclass, field
 from typing import Literal, cast
 
 from kqp.protocol.api_keys import MUTATION_API_KEYS
-from kqp.quotas.settings import QUOTA_TYPES, QuotaType
+from kqp.quotas.callbacks import ClientQuotaCallback
+from kqp.quotas.engine import QuotaManagers, ThrottleObserver
+from kqp.quotas.sensors import QuotaSensor, RateSensor
+from kqp.quotas.settings import QUOTA_TYPES, QuotaSettings, QuotaType
+from kqp.quotas.stats import NO_QUOTA_BOUND
 
 REPORT_FORMAT = 1
+
+# Entries FleetSharing keeps for fetch sensors before it first looks for dropped ones.
+_MIN_SERVING_ENTRIES = 1024
 
 FailurePolicy = Literal["local", "share"]
 ExchangeState = Literal["starting", "ok", "local", "share"]
@@ -236,3 +275,169 @@ class FleetView:
         if self.state(now_ms) == "share":
             return 1.0 / max(1, self.last_known_instances)
         return 1.0
+
+
+class FleetSharing:
+    """The engine's `UsageSharing` seam for a fleet: what this instance recorded since its last
+    report, which other instances serve each consumer, and the share of each quota enforced.
+
+    No Kafka counterpart (brokers never share a quota). Per-sensor state is kept here, keyed by
+    the engine's sensor objects, so the sensors stay Kafka's; a sensor the engine drops
+    (expiry, a window change) is forgotten here as well.
+    """
+
+    __slots__ = (
+        "_forget_above", "_pending", "_report_ms", "_serving",
+        "kept_quiet", "limit_scale", "mutations_claimed", "records_usage",
+    )
+
+    def __init__(self) -> None:
+        self.records_usage = False  # keep local usage for reports (share_usage)
+        self.mutations_claimed = False
+        self.limit_scale = 1.0
+        # Deltas `take_local_usage` left out because their client was far from its quota.
+        self.kept_quiet = 0
+        # What each sensor recorded since the last report, in the order sensors first recorded.
+        self._pending: dict[QuotaSensor, tuple[QuotaType, float]] = {}
+        # When each other instance last reported (heartbeats included).
+        self._report_ms: dict[str, int] = {}
+        # Fetch sensors only: the other instances that reported this client's usage.
+        self._serving: dict[RateSensor, set[str]] = {}
+        self._forget_above = _MIN_SERVING_ENTRIES
+
+    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
+        self.records_usage = enabled
+        self.mutations_claimed = enabled and mutations_claimed
+        if not enabled:
+            self.take_local_usage()
+
+    # -- the UsageSharing seam ----------------------------------------------------------------
+
+    def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float) -> None:
+        if not self.records_usage or sensor.bound == NO_QUOTA_BOUND:
+            return  # no quota limits this client: nobody's throttle depends on its usage
+        if self.mutations_claimed and quota_type == "controller_mutation_rate":
+            return
+        pending = self._pending.get(sensor)
+        self._pending[sensor] = (quota_type, (0.0 if pending is None else pending[1]) + amount)
+
+    def pending_elsewhere(self, sensor: RateSensor, amount: float, now_ms: int) -> float | None:
+        """Other instances serve this client too, and what they served since their last report
+        is not known here yet: until this instance's usage is reported, each live one is taken
+        to have served as much, as one broker would have seen all of it."""
+        instances = self._serving.get(sensor)
+        if not instances:
+            return None
+        # Live: reported within the sensor's whole window; a throttled client's instance
+        # stays, as it sends heartbeats.
+        horizon_ms = now_ms - sensor.rate.samples * sensor.rate.window_ms
+        reported = self._report_ms
+        instances -= {i for i in instances if reported.get(i, horizon_ms - 1) < horizon_ms}
+        if not instances:
+            return None
+        pending = self._pending.get(sensor)
+        return len(instances) * ((0.0 if pending is None else pending[1]) + amount)
+
+    # -- the exchange's side ------------------------------------------------------------------
+
+    def take_local_usage(self, now_ms: float = 0.0, quiet_below: float = 0.0) -> list[UsageDelta]:
+        """What this instance recorded into each sensor since the last call: its usage report.
+
+        `quiet_below` (a fraction of each quota) leaves out the byte-rate and request-time
+        usage of a sensor whose rate, as this instance measures it at `now_ms` (its own usage
+        plus what the others reported), is below that fraction of its bound (see the module
+        header for the error bound this gives).
+        """
+        pending, self._pending = self._pending, {}
+        usage = []
+        t = int(now_ms)
+        for sensor, (quota_type, amount) in pending.items():
+            if not amount:
+                continue
+            if quiet_below > 0.0 and isinstance(sensor, RateSensor) and \
+                    sensor.rate.measure(t) < quiet_below * sensor.bound:
+                self.kept_quiet += 1
+                continue
+            identity = sensor.identity
+            usage.append(UsageDelta(quota_type, identity.broker, tuple(identity.tags.items()), amount))
+        return usage
+
+    def record_remote_usage(
+        self, engine: QuotaManagers, usage: Iterable[UsageDelta], now_ms: float, instance: str | None
+    ) -> None:
+        """Another instance's report into `engine`'s sensors (see QuotaEngine.record_remote_usage)."""
+        t = int(now_ms)
+        if instance is not None:
+            self._report_ms[instance] = t
+        for delta in usage:
+            manager = engine.manager(delta.quota_type)
+            if not manager.enabled:
+                continue
+            sensor = manager.sensor_for_tags(delta.broker, dict(delta.tags), t)
+            sensor.record(delta.amount, t)
+            sensor.last_record_ms = t
+            if delta.quota_type == "consumer_byte_rate" and instance is not None:
+                serving = self._serving.get(sensor)
+                if serving is None:
+                    serving = self._serving[sensor] = set()
+                    if len(self._serving) > self._forget_above:
+                        self._forget_dropped_sensors()
+                serving.add(instance)
+
+    def _forget_dropped_sensors(self) -> None:
+        # A sensor the engine dropped is never looked up again (the engine makes a new one), so
+        # its entry is forgotten when the map has doubled since it was last cleaned: amortised,
+        # a constant cost per new entry rather than a scan per report.
+        for dropped in [sensor for sensor in self._serving if sensor.expired]:
+            del self._serving[dropped]
+        self._forget_above = 2 * len(self._serving) + _MIN_SERVING_ENTRIES
+
+
+class QuotaEngine(QuotaManagers):
+    """Kafka's quota managers (kqp.quotas.engine.QuotaManagers) with a `FleetSharing` attached.
+
+    Until `share_usage(True)` or a budget share below 1, it decides exactly as QuotaManagers;
+    the proxy and the replay both use it. The methods below are the fleet exchange's interface.
+    """
+
+    def __init__(
+        self,
+        settings: QuotaSettings,
+        callback: ClientQuotaCallback | None = None,
+        on_throttle: ThrottleObserver | None = None,
+    ) -> None:
+        self.fleet = FleetSharing()
+        super().__init__(settings, callback, on_throttle, sharing=self.fleet)
+
+    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
+        """Start (or stop) keeping what each sensor records until `take_local_usage` asks;
+        `mutations_claimed`: partition mutations are shared as claims, not as usage."""
+        self.fleet.share_usage(enabled, mutations_claimed=mutations_claimed)
+
+    def take_local_usage(self, now_ms: float = 0.0, quiet_below: float = 0.0) -> list[UsageDelta]:
+        """This instance's usage report since the last call (FleetSharing.take_local_usage)."""
+        return self.fleet.take_local_usage(now_ms, quiet_below)
+
+    def record_remote_usage(self, usage: Iterable[UsageDelta], now_ms: float, instance: str | None = None) -> None:
+        """Another instance's report: its usage counts against the same sensors as this one's.
+
+        Nothing is throttled here; the next local request measures the fleet's rate. A quota
+        type this instance does not enforce ignores the usage (its sensors would never be read).
+        `instance` (the reporter; give it for heartbeats too) lets fetch sensors know how many
+        live instances serve a client.
+        """
+        self.fleet.record_remote_usage(self, usage, now_ms, instance)
+
+    @property
+    def deltas_kept_quiet(self) -> int:
+        return self.fleet.kept_quiet
+
+    @property
+    def budget_share(self) -> float:
+        return self.fleet.limit_scale
+
+    def set_budget_share(self, share: float) -> None:
+        """Enforce `share` of every client quota (the fleet's `share` policy); 1 restores them."""
+        if share != self.fleet.limit_scale:
+            self.fleet.limit_scale = share
+            self.refresh_limits()

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kqp.protocol.api_keys import MUTATION_API_KEYS, ApiKey
-from kqp.quotas.engine import MutationOutcome, QuotaEngine
+from kqp.quotas.engine import MutationOutcome, QuotaManagers
 
 # Handled by the broker's network-layer authenticator (SaslServerAuthenticator), before and
 # outside KafkaApis: their time is never charged to a request quota.
@@ -122,7 +122,9 @@ def request_charges(
     return RequestCharges(api_key, api_version)
 
 
-def charge_request(engine: QuotaEngine, client: QuotaClient, charges: RequestCharges, now_ms: float) -> RequestOutcome:
+def charge_request(
+    engine: QuotaManagers, client: QuotaClient, charges: RequestCharges, now_ms: float
+) -> RequestOutcome:
     """Apply a request's charges; its throttle (acks=0 Produce, mutations) and fetch cap."""
     if charges.produce_bytes is not None:
         throttle = engine.record_produce(
@@ -141,7 +143,7 @@ def charge_request(engine: QuotaEngine, client: QuotaClient, charges: RequestCha
     return RequestOutcome()
 
 
-def request_charged_at_arrival(engine: QuotaEngine, charges: RequestCharges) -> bool:
+def request_charged_at_arrival(engine: QuotaManagers, charges: RequestCharges) -> bool:
     """Whether `charge_request` touches the engine: a Fetch only when a quota needs its limits."""
     if charges.fetch:
         return engine.quota_enabled("consumer_byte_rate") or engine.quota_enabled("request_percentage")
@@ -177,7 +179,7 @@ def response_charges(
     return ResponseCharges(api_key, produce_bytes, fetch_bytes, request_ms)
 
 
-def charge_response(engine: QuotaEngine, client: QuotaClient, charges: ResponseCharges, now_ms: float) -> int:
+def charge_response(engine: QuotaManagers, client: QuotaClient, charges: ResponseCharges, now_ms: float) -> int:
     """Apply a response's charges; the largest throttle they give (0 when none)."""
     broker, principal, client_id = client.broker, client.principal, client.client_id
     throttles = [0]

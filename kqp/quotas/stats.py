@@ -47,11 +47,6 @@ def throttle_time(value: float, bound: float, window_size_ms: float) -> int:
     return java_round((value - bound) / bound * window_size_ms)
 
 
-def bounded_throttle_time(value: float, bound: float, window_size_ms: float, max_ms: int) -> int:
-    """QuotaUtils.boundedThrottleTime: the request-quota and connection-rate variant."""
-    return min(throttle_time(value, bound, window_size_ms), max_ms)
-
-
 def token_bucket_throttle_time(tokens: float, rate: float) -> int:
     """ControllerMutationQuotaManager.throttleTimeMs: time to refill a deficit back to zero."""
     return java_round(-tokens / rate * 1000)

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from kqp.protocol.api_keys import ApiKey
-from kqp.quotas.engine import QuotaEngine
+from kqp.quotas import QuotaEngine
 from kqp.quotas.recording import (
     QuotaClient,
     RequestOutcome,

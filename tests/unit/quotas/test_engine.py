@@ -9,6 +9,7 @@ import pytest
 from kqp.quotas import (
     ClientQuotaCallback,
     ClusterMetadata,
+    DefaultQuotaCallback,
     QuotaEngine,
     QuotaEntity,
     QuotaEntry,
@@ -131,16 +132,34 @@ def test_idle_sensors_expire_and_history_is_lost() -> None:
     assert engine.tracked_sensors() == 2
 
 
+class _CountingDefaultCallback(DefaultQuotaCallback):
+    """Kafka's default callback, noting every client whose tags it resolves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resolved: list[str] = []
+
+    def metric_tags(self, quota_type: QuotaType, user: str, client_id: str) -> tuple[str, str]:
+        self.resolved.append(client_id)
+        return super().metric_tags(quota_type, user, client_id)
+
+
 def test_client_lookups_are_forgotten_after_two_idle_periods() -> None:
-    engine = QuotaEngine(_default_client_quota(sensor_expiry_s=10))
-    for i in range(100):
-        engine.record_produce("1", "u", f"one-off-{i}", 10, 0)
+    """A flood of one-off client-ids cannot grow the lookup cache: a lookup unused for two
+    sensor-expiry periods is dropped, so that client's next request resolves its tags again,
+    while a steady client keeps its lookup. The quota is per user, so one sensor serves both
+    clients and never expires: only the lookup can have been forgotten."""
+    callback = _CountingDefaultCallback()
+    engine = QuotaEngine(settings_for(PRODUCE, {("u", None): 1e9}, sensor_expiry_s=10), callback=callback)
+    engine.record_produce("1", "u", "one-off", 10, 0)
     engine.record_produce("1", "u", "steady", 10, 0)
-    assert engine.tracked_clients() == 101
+    engine.record_produce("1", "u", "one-off", 10, 1)
+    assert callback.resolved == ["one-off", "steady"]  # the second request found its lookup
     for now in range(5_000, 40_001, 5_000):
         engine.record_produce("1", "u", "steady", 10, now)
         engine.expire_idle(now)
-    assert engine.tracked_clients() == 1
+    engine.record_produce("1", "u", "one-off", 10, 40_001)
+    assert callback.resolved == ["one-off", "steady", "one-off"]
     assert engine.tracked_sensors() == 1
 
 

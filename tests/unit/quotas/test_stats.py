@@ -8,7 +8,6 @@ from kqp.quotas.stats import (
     LONG_MAX,
     TokenBucket,
     WindowedRate,
-    bounded_throttle_time,
     java_round,
     throttle_time,
     token_bucket_throttle_time,
@@ -125,19 +124,6 @@ def test_quota_utils_test_throttle_time(observed: float, bound: float, samples: 
     window = WindowedRate(samples, 1000).window_size(0)
     assert window == (samples - 1) * 1000
     assert throttle_time(observed, bound, window) == expected
-
-
-@pytest.mark.parametrize(
-    ("observed", "bound", "samples", "expected"),
-    [
-        pytest.param(18.2, 18.2, 10, 0, id="B4-at-quota"),
-        pytest.param(55, 50, 2, 100, id="B5-below-max"),
-        pytest.param(100, 50, 10, 500, id="B6-capped-at-max"),
-    ],
-)
-def test_quota_utils_test_bounded_throttle_time(observed: float, bound: float, samples: int, expected: int) -> None:
-    window = WindowedRate(samples, 1000).window_size(0)
-    assert bounded_throttle_time(observed, bound, window, 500) == expected
 
 
 def test_quota_utils_unbounded_throttle_would_exceed_the_cap_b6() -> None:
