@@ -17,6 +17,10 @@ The model (docs/replay.md, "advise"):
 * The load judged is a statistic (default p99) of the resource's series, against its limit
   (capacity x threshold): exactly analyze's headroom rule, applied to the series as the quotas
   would shape it.
+* A quota sees the flow's rate as Kafka measures it, the mean over the quota window
+  (quota.window.num x quota.window.size.seconds) ending at each bucket. Where that rate is
+  above the quota, the bucket is scaled down by quota / rate (the client is throttled in
+  proportion); bursts shorter than the window pass, as they do through Kafka.
 
 Fairness is max-min, by progressive filling (water-filling with several resources): every
 flow not yet fixed gets quota `max(floor, weight x L)`, and the level L rises until some
@@ -65,6 +69,19 @@ def statistic(series: np.ndarray, stat: str) -> float:
     if stat == "max":
         return float(series.max())
     return float(np.percentile(series, STAT_PERCENTILES[stat]))
+
+
+def trailing_mean(series: np.ndarray, window: int) -> np.ndarray:
+    """Mean of the last `window` buckets along the last axis (fewer at the start), as Kafka's
+    windowed rate: the sum of the samples kept over the time they span."""
+    if window <= 1 or series.shape[-1] == 0:
+        return series.astype(np.float64)
+    cumulative = np.cumsum(series, axis=-1, dtype=np.float64)
+    shifted = np.zeros_like(cumulative)
+    shifted[..., window:] = cumulative[..., :-window]
+    spans = np.minimum(np.arange(1, series.shape[-1] + 1), window)
+    mean: np.ndarray = (cumulative - shifted) / spans
+    return mean
 
 
 def default_entity(granularity: Granularity) -> QuotaEntity:
@@ -117,6 +134,8 @@ class Problem:
         scope: "broker" (each broker enforces the quota) or "cluster" (one budget over brokers).
         stat: the statistic of a resource's series judged against its limit.
         floor: no quota below this many bytes/s.
+        window_buckets: the quota window (Kafka's quota.window.num x quota.window.size.seconds)
+            in buckets: the rate a quota is compared with is the mean over that many buckets.
     """
 
     brokers: tuple[int, ...]
@@ -127,6 +146,7 @@ class Problem:
     scope: Scope = "broker"
     stat: str = "p99"
     floor: float = 0.0
+    window_buckets: int = 1
 
     @property
     def buckets(self) -> int:
@@ -139,7 +159,9 @@ class Problem:
 class FlowAdvice:
     """The quota proposed for one flow, and why.
 
-    `quota` is None when the flow is left unlimited. `fair_share` is weight x the level at
+    `demand_peak` is the highest rate the quota would see (the mean over its window, per
+    broker or over the cluster as the scope says): a quota at or above it never throttles the
+    flow. `quota` is None when the flow is left unlimited. `fair_share` is weight x the level at
     which its binding resource filled; `reason` is one of: protected, under its floor, under
     its fair share, fair share of <resource>, floor (the fair share would be below the floor).
     """
@@ -204,13 +226,16 @@ class _Model:
         self.is_produce = np.array([flow.quota_type == PRODUCE for flow in problem.flows], dtype=bool)
         self.weights = np.array([flow.weight for flow in problem.flows], dtype=np.float64)
         self.protected = np.array([flow.protected for flow in problem.flows], dtype=bool)
-        # What a quota is compared with: a broker's bucket (scope broker) or the sum over brokers.
+        # What a quota is compared with: the rate Kafka measures, the flow's mean over the quota
+        # window ending at each bucket, per broker (scope broker) or summed over brokers (cluster).
+        window = max(1, problem.window_buckets)
         if problem.scope == "cluster":
-            self.total = self.demand.sum(axis=1)  # (flows, buckets)
-            self.peaks = self.total.max(axis=1) if buckets else np.zeros(len(problem.flows))
+            self.rate = trailing_mean(self.demand.sum(axis=1), window)  # (flows, buckets)
         else:
-            self.total = None
-            self.peaks = self.demand.max(axis=(1, 2)) if buckets else np.zeros(len(problem.flows))
+            self.rate = trailing_mean(self.demand, window)  # (flows, brokers, buckets)
+        self.peaks = (
+            self.rate.reshape(len(problem.flows), -1).max(axis=1) if buckets else np.zeros(len(problem.flows))
+        )
         self.followers = max(0, min(problem.replication_factor, brokers) - 1)
         self.spread = self.followers / (brokers - 1) if brokers > 1 and self.followers > 0 else 0.0
         self.resources: list[Resource] = [(b, r) for b in problem.brokers for r in (NW_IN, NW_OUT)]
@@ -219,14 +244,19 @@ class _Model:
         self.touches = self._touches()
 
     def passed(self, quotas: np.ndarray) -> np.ndarray:
-        """What each flow lets through under `quotas` (inf = unlimited), shape (flows, brokers, buckets)."""
-        if self.total is None:
-            clipped: np.ndarray = np.minimum(self.demand, quotas[:, None, None])
-            return clipped
+        """What each flow lets through under `quotas` (inf = unlimited), shape (flows, brokers, buckets).
+
+        A bucket whose measured rate is above the quota is scaled down to the quota's share of
+        it: the client is throttled in proportion, and its bursts inside the window (which
+        Kafka's windowed rate lets through) keep their shape.
+        """
+        limit = quotas[:, None, None] if self.rate.ndim == 3 else quotas[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
-            scale = np.where(self.total > 0, np.minimum(1.0, quotas[:, None] / self.total), 1.0)
-        scaled: np.ndarray = self.demand * scale[:, None, :]
-        return scaled
+            scale = np.where(self.rate > limit, limit / self.rate, 1.0)
+        if scale.ndim == 2:
+            scale = scale[:, None, :]
+        passed: np.ndarray = self.demand * scale
+        return passed
 
     def series(self, quotas: np.ndarray) -> dict[Resource, np.ndarray]:
         passed = self.passed(quotas)
@@ -405,7 +435,7 @@ def _advice(
             reason = f"fair share of broker {bound[0]} {bound[1]}"
         else:
             reason = "floor (no quota brings the resource under its limit)" if unmet else "fair share"
-        demand = model.total[index] if model.total is not None else flow.demand.max(axis=0)
+        demand = flow.demand.sum(axis=0) if problem.scope == "cluster" else flow.demand.max(axis=0)
         advice.append(
             FlowAdvice(
                 entity=flow.entity,

@@ -117,6 +117,19 @@ def test_entities_busy_in_different_seconds_each_get_the_whole_limit() -> None:
     assert quotas(advice) == {("a", PRODUCE): 60, ("b", PRODUCE): 60}
 
 
+def test_a_quota_sees_the_rate_over_its_window_and_lets_shorter_bursts_through() -> None:
+    # Window of 2 buckets: the measured rate of [100, 0, 100, 0] is [100, 50, 50, 50]. Under a
+    # quota q < 50 bucket 0 passes 100 q/100 = q and bucket 2 passes 100 q/50 = 2q: the burst
+    # after a quiet bucket gets through at twice the quota, so a limit of 60 needs q = 30.
+    advice = water_fill(one_broker([flow("a", [[100, 0, 100, 0]])], nw_in=60.0, window_buckets=2))
+    assert quotas(advice) == {("a", PRODUCE): 30}
+    assert advice.flows[0].demand_peak == 100
+    # A quota at the windowed peak never throttles: the same flow under a limit it fits is unlimited.
+    assert quotas(water_fill(one_broker([flow("a", [[100, 0, 100, 0]])], nw_in=100.0, window_buckets=2))) == {
+        ("a", PRODUCE): None
+    }
+
+
 def test_p99_is_judged_like_analyze_with_linear_interpolation() -> None:
     # 101 buckets of 10 and one of 1000 for a single flow: p99 of min(d, q) is the 100th
     # value of the sorted 101 (rank 99 exactly) = 10 while q >= 10, so nothing is limited
