@@ -699,20 +699,23 @@ def _summary(
 
 
 def _plot_loads(loads: pd.DataFrame) -> Any:
+    """Each broker resource's load at the headroom statistic as a share of its limit (100 %)."""
     import matplotlib.pyplot as plt
 
-    labels = [f"{b} {r}" for b, r in zip(loads["broker"], loads["resource"], strict=True)]
+    labels = [f"broker {b} {r}" for b, r in zip(loads["broker"], loads["resource"], strict=True)]
     positions = np.arange(len(loads))
     figure, axis = plt.subplots(figsize=(max(6, 1.4 * len(loads) + 2), 4))
-    axis.bar(positions - 0.27, loads["before"] / 1e6, 0.27, label="as captured")
-    axis.bar(positions, loads["modelled_after"] / 1e6, 0.27, label="advised (modelled)")
+    columns = [("before", "as captured"), ("modelled_after", "advised (modelled)")]
     if loads["verified_after"].notna().any():
-        axis.bar(positions + 0.27, loads["verified_after"] / 1e6, 0.27, label="advised (replayed)")
-    for position, limit in zip(positions, loads["limit"], strict=True):
-        axis.hlines(limit / 1e6, position - 0.45, position + 0.45, colors="black", linestyles="--")
+        columns.append(("verified_after", "advised (replayed through kqp.quotas)"))
+    width = 0.8 / len(columns)
+    for offset, (column, label) in enumerate(columns):
+        share = 100 * loads[column] / loads["limit"]
+        axis.bar(positions + (offset - (len(columns) - 1) / 2) * width, share, width, label=label)
+    axis.axhline(100, color="black", linestyle="--", linewidth=0.8)
     axis.set_xticks(list(positions), labels, rotation=20, ha="right")
-    axis.set_ylabel("MB/s at the headroom statistic")
-    axis.set_title("broker load before and after the advice (dashed: capacity x threshold)")
+    axis.set_ylabel("% of the limit (capacity x threshold)")
+    axis.set_title("broker load at the headroom statistic, before and after the advice")
     axis.legend(fontsize="small")
     return figure
 
