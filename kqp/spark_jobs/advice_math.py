@@ -40,6 +40,7 @@ from typing import Literal
 
 import numpy as np
 
+from kqp.config.models import entity_text as entity_label
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, Scope
 from kqp.spark_jobs.capacity import NW_IN, NW_OUT
 
@@ -93,13 +94,15 @@ def default_entity(granularity: Granularity) -> QuotaEntity:
     return QuotaEntity(user=DEFAULT_ENTITY, client_id=DEFAULT_ENTITY)
 
 
-def entity_label(entity: QuotaEntity) -> str:
-    parts = []
-    if entity.user is not None:
-        parts.append(f"user={entity.user}")
-    if entity.client_id is not None:
-        parts.append(f"client-id={entity.client_id}")
-    return ", ".join(parts)
+def replication_shares(replication_factor: int, brokers: int) -> tuple[int, float]:
+    """(followers per partition, share of another broker's produce each broker replicates in).
+
+    As analyze models replication (capacity.replication_load): RF capped at the broker count,
+    followers spread evenly over the other brokers.
+    """
+    followers = max(0, min(replication_factor, brokers) - 1)
+    spread = followers / (brokers - 1) if brokers > 1 and followers > 0 else 0.0
+    return followers, spread
 
 
 @dataclass(frozen=True)
@@ -236,8 +239,7 @@ class _Model:
         self.peaks = (
             self.rate.reshape(len(problem.flows), -1).max(axis=1) if buckets else np.zeros(len(problem.flows))
         )
-        self.followers = max(0, min(problem.replication_factor, brokers) - 1)
-        self.spread = self.followers / (brokers - 1) if brokers > 1 and self.followers > 0 else 0.0
+        self.followers, self.spread = replication_shares(problem.replication_factor, brokers)
         self.resources: list[Resource] = [(b, r) for b in problem.brokers for r in (NW_IN, NW_OUT)]
         zero = np.zeros(buckets)
         self.background = {res: problem.background.get(res, zero).astype(np.float64) for res in self.resources}

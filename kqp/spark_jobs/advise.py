@@ -44,6 +44,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from kqp.config.models import entity_text as entity_label
 from kqp.protocol.api_keys import ApiKey
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaSettings, Scope
 from kqp.spark_jobs import capacity as cap
@@ -62,7 +63,7 @@ from kqp.spark_jobs.advice_math import (
     Problem,
     Resource,
     choose_entries,
-    entity_label,
+    replication_shares,
     statistic,
     water_fill,
 )
@@ -392,9 +393,7 @@ def verify(
             delta[key][first] -= row.nbytes / covered[first]
         if 0 <= then < buckets:
             delta[key][then] += row.nbytes / covered[then]
-    brokers = len(series.brokers)
-    followers = max(0, min(options.replication_factor, brokers) - 1)
-    spread = followers / (brokers - 1) if brokers > 1 and followers > 0 else 0.0
+    followers, spread = replication_shares(options.replication_factor, len(series.brokers))
     produce_total = sum(delta[(b, ApiKey.PRODUCE)] for b in series.brokers)
     after: dict[Resource, np.ndarray] = {}
     for broker in series.brokers:
@@ -441,9 +440,7 @@ class AdviseResult:
 
 def _before_series(series: Series, problem: Problem) -> dict[Resource, np.ndarray]:
     """The brokers' NW_IN / NW_OUT as captured (analyze's nw_in / nw_out)."""
-    brokers = len(series.brokers)
-    followers = max(0, min(problem.replication_factor, brokers) - 1)
-    spread = followers / (brokers - 1) if brokers > 1 and followers > 0 else 0.0
+    followers, spread = replication_shares(problem.replication_factor, len(series.brokers))
     cluster_produce = sum(series.broker_rates[b]["produce_bytes"] for b in series.brokers)
     result = {}
     for broker in series.brokers:
