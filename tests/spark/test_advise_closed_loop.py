@@ -4,6 +4,12 @@ One real broker behind `kqp serve` (capture on, no quota yet), five producers at
 three quiet ones and two noisy ones that together push NW_IN past the capacity file's limit.
 `advise` runs on that capture; its quotas.yaml is copied over the proxy's quota file, which the
 running proxy reloads; the same traffic runs again and `analyze` reads the second capture.
+
+Both judge NW_IN at the p99 of 1 min buckets (`--headroom-resolution 1min`). At 1 s, the p99 of
+a 15 s run is its busiest second, and once throttled a librdkafka producer sends what it held
+back as one large batch when its throttle ends: measured, one run at 95 % of the limit and the
+next at 140 %, on the same traffic. The quota controls the rate, and the rate is what a 1 min
+bucket shows (docs/replay.md, advise).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ CAPACITY = {
     ]
 }
 LIMIT = 1_500 * 1024 * 0.8
+RESOLUTION = "1min"
 # Capture files close every second, so advise can read the first run while the proxy runs; a
 # 2 x 1 s quota window holds a per-second statistic (docs/replay.md, advise).
 BASE_YAML = "capture:\n  rotate_seconds: 1\n"
@@ -128,6 +135,7 @@ def test_the_advice_holds_on_real_kafka(spark: Any, kafka: KafkaCluster, tmp_pat
             output=str(tmp_path / "advice"),
             replication_factor=1,
             current=str(quotas),  # the proxy's quota file: its 2 x 1 s window
+            headroom_resolution=RESOLUTION,
         )
         advice = run_advise(spark, options, Progress("advise", 9))
         print(json.dumps(advice.summary["rounds"], indent=1))
@@ -159,6 +167,7 @@ def test_the_advice_holds_on_real_kafka(spark: Any, kafka: KafkaCluster, tmp_pat
             replication_factor=1,
             start_us=second[0],
             end_us=second[1],
+            headroom_resolution=RESOLUTION,
         ),
         Progress("analyze", 9),
     )
