@@ -7,6 +7,7 @@ paper: the resource's limit = background + the sum over flows of min(demand, wei
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -277,3 +278,25 @@ def test_user_granularity_uses_the_user_default() -> None:
     assert [f.quota for f in advice.flows] == [47, 47, None]  # 5 + 2L = 100 -> 47.5, rounded down
     entries = choose_entries(advice.flows, "user")
     assert entries == [Entry(QuotaEntity(user="<default>"), {PRODUCE: 47})]
+
+
+def test_the_rendered_file_loads_as_kqp_config_whatever_the_names(tmp_path: Any) -> None:
+    from kqp.config import load_config
+    from kqp.spark_jobs.advise import render_quotas_yaml
+
+    names = ['quote"d', "colon: and # hash", "ünï-çødé", "<not-default>"]
+    # 5 + 2L + 3L = 605 -> L = 120: the first name (weight 2) gets its own entry of 240.
+    flows = [flow(name, 300.0, weight=2.0 if name == names[0] else 1.0) for name in names] + [flow("quiet", 5.0)]
+    advice = water_fill(one_broker(flows, nw_in=605.0))
+    entries = choose_entries(advice.flows, "client-id")
+    text = render_quotas_yaml(entries, advice.flows, {client(names[0]): 0.25}, ["header"], "broker", {"window_num": 2})
+    path = tmp_path / "quotas.yaml"
+    path.write_text(text)
+    settings = load_config([str(path)]).quota_settings()
+    engine = QuotaEngine(settings)
+    assert {name: engine.quota(PRODUCE, "ANONYMOUS", name) for name in names} == {
+        **dict.fromkeys(names, 120.0),
+        names[0]: 240.0,
+    }
+    assert len(settings.entries) == 2
+    assert settings.window_num == 2 and "throttled 25.0% of requests" in text
