@@ -1,4 +1,4 @@
-"""Rows/s of the Spark replay jobs (`analyze`, `whatif`) on synthetic captures of growing size.
+"""Rows/s of the Spark replay jobs (`analyze`, `whatif`, `advise`) on synthetic captures of growing size.
 
     .venv/bin/python bench/spark_replay.py --sizes 1000000 10000000 --master 'local[2]'
 
@@ -11,6 +11,10 @@ exponent between consecutive sizes (time ~ size^k; k = 1 is linear), as text and
 
 The capture keeps a constant request rate (`--rate` requests/s), so a bigger capture is a
 longer window, as a longer real capture would be.
+
+`advise` runs against ADVISE_CAPACITY (NW_IN/NW_OUT low enough that the heavy clients of the
+synthetic capture are limited, so the water-filling and the verification replay both work),
+and the table gives its time relative to `analyze` on the same capture (target: 1.5x).
 """
 
 from __future__ import annotations
@@ -29,6 +33,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CAPACITY_FILE = REPO / "config" / "capacity.json"
 TARGET_10M_ANALYZE_S = 180.0
+TARGET_ADVISE_OVER_ANALYZE = 1.5
+# 2,000 KB/s per broker (1.6 MB/s at Cruise Control's 0.8): below what the synthetic capture's
+# heaviest clients put on a broker at 2,000 requests/s.
+ADVISE_CAPACITY = {
+    "brokerCapacities": [
+        {"brokerId": "-1", "capacity": {"DISK": "100000", "CPU": "100", "NW_IN": "2000", "NW_OUT": "2000"}}
+    ]
+}
 
 # A what-if config in the proxy's YAML: every client-id gets a produce and a consume budget
 # low enough that the Zipf-heavy clients of the synthetic capture get throttled.
@@ -77,6 +89,8 @@ def job_command(job: str, capture: Path, output: Path, master: str, quotas: Path
         command += ["--capacity", str(CAPACITY_FILE)]
     elif job == "whatif":
         command += ["--quotas", str(quotas)]
+    elif job == "advise":
+        command += ["--capacity", str(quotas.parent / "advise-capacity.json")]
     return command
 
 
@@ -128,7 +142,7 @@ def growth_exponents(measurements: list[Measurement]) -> dict[str, list[dict[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
-    parser.add_argument("--jobs", nargs="+", choices=("analyze", "whatif"), default=["analyze", "whatif"])
+    parser.add_argument("--jobs", nargs="+", choices=("analyze", "whatif", "advise"), default=["analyze", "whatif"])
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rate", type=int, default=2_000, help="requests/s of the synthetic capture")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kqp-bench"))
@@ -140,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     quotas = args.quotas or args.workdir / "quotas.yaml"
     if args.quotas is None:
         quotas.write_text(QUOTAS_YAML)
+    (quotas.parent / "advise-capacity.json").write_text(json.dumps(ADVISE_CAPACITY))
     measurements: list[Measurement] = []
     for rows in sorted(args.sizes):
         capture = args.workdir / f"capture-{rows}"
@@ -162,6 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     if ten_million:
         verdict = "met" if ten_million[0].seconds < TARGET_10M_ANALYZE_S else "MISSED"
         print(f"target: 10M analysed in < {TARGET_10M_ANALYZE_S:.0f} s: {verdict} ({ten_million[0].seconds:.1f} s)")
+    analyze_times = {m.rows: m.seconds for m in measurements if m.job == "analyze"}
+    for m in measurements:
+        if m.job == "advise" and m.rows in analyze_times:
+            ratio = m.seconds / analyze_times[m.rows]
+            verdict = "met" if ratio <= TARGET_ADVISE_OVER_ANALYZE else "MISSED"
+            target = TARGET_ADVISE_OVER_ANALYZE
+            print(f"advise / analyze on {m.rows:,} rows: x{ratio:.2f} (target x{target}): {verdict}")
     if args.json:
         document = {"master": args.master, "runs": [asdict(m) for m in measurements], "growth": exponents}
         args.json.write_text(json.dumps(document, indent=2))

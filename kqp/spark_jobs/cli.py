@@ -1,4 +1,4 @@
-"""`kqp replay analyze|whatif|live|generate ...`: the Spark jobs' command line.
+"""`kqp replay analyze|whatif|advise|live|generate ...`: the Spark jobs' command line.
 
 `kqp replay --package OUT.zip` writes the kqp package as a zip for `spark-submit --py-files`.
 
@@ -17,11 +17,12 @@ from pathlib import Path
 
 JobMain = Callable[[Sequence[str] | None], int]
 
-USAGE = """usage: kqp replay {analyze,whatif,live,generate} ...
+USAGE = """usage: kqp replay {analyze,whatif,advise,live,generate} ...
        kqp replay --package OUT.zip
 
   analyze   capacity analysis of a capture (throughput percentiles, shares, hot spots, headroom)
   whatif    replay a capture through kqp.quotas with a quota config (who would be throttled)
+  advise    propose fair byte-rate quotas that keep every broker under its capacity, and verify them
   live      re-send a capture's produce/fetch load to a target cluster, time-scaled
   generate  write a synthetic capture (for demos, tests and benchmarks)
 
@@ -34,6 +35,7 @@ Run `kqp replay <command> --help` for the options of each."""
 JOB_MODULES = {
     "analyze": "kqp.spark_jobs.analyze",
     "whatif": "kqp.spark_jobs.whatif",
+    "advise": "kqp.spark_jobs.advise",
     "live": "kqp.spark_jobs.live",
     "generate": "kqp.spark_jobs.synthetic",
 }

@@ -23,7 +23,7 @@ import argparse
 import math
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +76,10 @@ class SyntheticSpec:
         start_us: capture start, UTC microseconds.
         seed: numpy seed; the same spec always gives the same capture.
         rows_per_file: files are cut at this many rows (and at hour boundaries).
+        noisy_clients: extra producers `noisy-0`, `noisy-1`, ... sending steadily (the same
+            requests per second all along) on top of the skewed population, with batches of
+            about noisy_batch_bytes; they are drawn from a generator of their own, so the rest
+            of the capture is the same with or without them (`kqp replay advise`'s tests).
     """
 
     requests: int = 20_000
@@ -88,6 +92,9 @@ class SyntheticSpec:
     start_us: int = DEFAULT_START_US
     seed: int = 7
     rows_per_file: int = 1_000_000
+    noisy_clients: int = 0
+    noisy_requests_per_s: int = 20
+    noisy_batch_bytes: int = 16_000
 
 
 def _zipf_weights(n: int, exponent: float) -> np.ndarray:
@@ -265,9 +272,35 @@ def _chunk(
     return pa.Table.from_pydict(columns, schema=CAPTURE_SCHEMA)
 
 
+def _noisy_clients(spec: SyntheticSpec) -> _Clients:
+    n = spec.noisy_clients
+    return _Clients(
+        weights=np.full(n, 1.0 / n),
+        is_producer=np.ones(n, dtype=bool),
+        acks=np.ones(n, dtype=np.int16),
+        compression=np.zeros(n, dtype=np.int8),
+        median_bytes=np.full(n, float(spec.noisy_batch_bytes)),
+        principal=np.zeros(n, dtype=np.int64),
+    )
+
+
+def _noisy_chunk(spec: SyntheticSpec, rng: np.random.Generator, seconds: np.ndarray, first_row: int) -> pa.Table:
+    """The noisy producers' requests of these seconds, renamed `noisy-N` on connections of their own."""
+    noisy_spec = replace(spec, clients=spec.noisy_clients)
+    second_of_row = np.repeat(seconds, spec.noisy_clients * spec.noisy_requests_per_s)
+    table = _chunk(noisy_spec, rng, _noisy_clients(spec), second_of_row, first_row)
+    renamed = pc.replace_substring_regex(table["client_id"], "^app-", "noisy-")
+    table = table.set_column(table.schema.get_field_index("client_id"), table.schema.field("client_id"), renamed)
+    connections = pc.add(table["connection_id"], 1_000_000)
+    return table.set_column(
+        table.schema.get_field_index("connection_id"), table.schema.field("connection_id"), connections
+    )
+
+
 def generate_tables(spec: SyntheticSpec) -> Iterator[pa.Table]:
     """Yield the capture as consecutive tables (time-ordered, at most ~500k rows each)."""
     rng = np.random.default_rng(spec.seed)
+    noisy_rng = np.random.default_rng(spec.seed + 1_000_003)
     clients = _clients(spec, rng)
     per_second = _requests_per_second(spec, rng)
     second = 0
@@ -279,7 +312,11 @@ def generate_tables(spec: SyntheticSpec) -> Iterator[pa.Table]:
         seconds = np.arange(second, min(second + span, spec.seconds))
         second_of_row = np.repeat(seconds, per_second[seconds])
         if len(second_of_row):
-            yield _chunk(spec, rng, clients, second_of_row, first_row)
+            table = _chunk(spec, rng, clients, second_of_row, first_row)
+            if spec.noisy_clients:
+                noisy = _noisy_chunk(spec, noisy_rng, seconds, spec.requests + first_row)
+                table = pa.concat_tables([table, noisy]).sort_by("ts_request_received_us")
+            yield table
         first_row += len(second_of_row)
         second = int(seconds[-1]) + 1
 
@@ -331,7 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kqp replay generate", description=main.__doc__)
     parser.add_argument("directory")
     defaults = SyntheticSpec()
-    for name in ("requests", "seconds", "brokers", "clients", "principals", "topics", "partitions_per_topic", "seed"):
+    names = ("requests", "seconds", "brokers", "clients", "principals", "topics", "partitions_per_topic", "seed",
+             "noisy_clients", "noisy_requests_per_s", "noisy_batch_bytes")
+    for name in names:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     args = parser.parse_args(argv)
     spec = SyntheticSpec(
@@ -343,6 +382,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         topics=args.topics,
         partitions_per_topic=args.partitions_per_topic,
         seed=args.seed,
+        noisy_clients=args.noisy_clients,
+        noisy_requests_per_s=args.noisy_requests_per_s,
+        noisy_batch_bytes=args.noisy_batch_bytes,
     )
     rows = write_capture(spec, args.directory)
     print(f"wrote {rows} requests over {spec.seconds} s to {args.directory}", file=sys.stderr)

@@ -1,0 +1,519 @@
+"""Quota advice arithmetic: max-min fair byte-rate quotas that keep every broker under its limit.
+
+Pure Python and numpy, no Spark: `advise` aggregates a capture into per-second demand series
+and hands them here; the unit tests drive it with hand-computed cases.
+
+The model (docs/replay.md, "advise"):
+
+* A *flow* is one entity's produce or fetch traffic: its bytes/s per broker and bucket
+  (the demand). A quota q on it lets at most q through per bucket: per broker with scope
+  `broker` (Kafka's way: every broker enforces the quota on its own), or in total over the
+  brokers with scope `cluster` (the flow's brokers then keep their shares of it).
+* A *resource* is one broker's NW_IN or NW_OUT, as `analyze` computes it: client request
+  bytes (NW_IN) or response bytes (NW_OUT), plus modelled replication: every byte produced to
+  a leader is fetched by RF-1 followers (its NW_OUT) spread evenly over the other brokers
+  (their NW_IN). Traffic that no byte-rate quota charges (Metadata, offsets, ...) is the
+  resource's *background*.
+* The load judged is a statistic (default p99) of the resource's series, against its limit
+  (capacity x threshold): exactly analyze's headroom rule, applied to the series as the quotas
+  would shape it.
+* A quota sees the flow's rate as Kafka measures it, the mean over the quota window
+  (quota.window.num x quota.window.size.seconds) ending at each bucket. Where that rate is
+  above the quota, the bucket is scaled down by quota / rate (the client is throttled in
+  proportion); bursts shorter than the window pass, as they do through Kafka.
+
+Fairness is max-min, by progressive filling (water-filling with several resources): every
+flow not yet fixed gets quota `max(floor, weight x L)`, and the level L rises until some
+resource reaches its limit. The flows through that resource whose demand is still above
+their quota are fixed there (that resource is their *binding* one); the rest keep rising
+until the next resource binds or they are below their fair share, in which case they stay
+unlimited. A flow whose demand never exceeds the floor is never limited, and a protected
+flow never is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from kqp.config.models import entity_text as entity_label
+from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, Scope
+from kqp.spark_jobs.capacity import NW_IN, NW_OUT
+
+PRODUCE: Literal["producer_byte_rate"] = "producer_byte_rate"
+FETCH: Literal["consumer_byte_rate"] = "consumer_byte_rate"
+ByteRateType = Literal["producer_byte_rate", "consumer_byte_rate"]
+BYTE_RATE_TYPES: tuple[ByteRateType, ...] = (PRODUCE, FETCH)
+Granularity = Literal["user", "client-id", "user,client-id"]
+GRANULARITIES: tuple[Granularity, ...] = ("user", "client-id", "user,client-id")
+Resource = tuple[int, str]  # (broker, NW_IN | NW_OUT)
+
+# Kafka stores byte-rate quotas as Java longs; Long.MAX_VALUE is its own "no quota" value,
+# so an explicit entry with it exempts an entity from a `<default>` entry.
+UNLIMITED_QUOTA = 2**63 - 1
+# Statistics of a series, as analyze names them (exact, linear interpolation like Spark's `percentile`).
+STAT_PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p99_9": 99.9}
+STATS = (*STAT_PERCENTILES, "max")
+# Relative slack when comparing a load with its limit, so that floating-point sums do not flap.
+_TOLERANCE = 1e-9
+_SEARCH_STEPS = 100
+
+
+def statistic(series: np.ndarray, stat: str) -> float:
+    """`stat` (p50, p95, p99, p99_9 or max) of a series; 0 for an empty one."""
+    if series.size == 0:
+        return 0.0
+    if stat == "max":
+        return float(series.max())
+    return float(np.percentile(series, STAT_PERCENTILES[stat]))
+
+
+def trailing_mean(series: np.ndarray, window: int) -> np.ndarray:
+    """Mean of the last `window` buckets along the last axis (fewer at the start), as Kafka's
+    windowed rate: the sum of the samples kept over the time they span."""
+    if window <= 1 or series.shape[-1] == 0:
+        return series.astype(np.float64)
+    cumulative = np.cumsum(series, axis=-1, dtype=np.float64)
+    shifted = np.zeros_like(cumulative)
+    shifted[..., window:] = cumulative[..., :-window]
+    spans = np.minimum(np.arange(1, series.shape[-1] + 1), window)
+    mean: np.ndarray = (cumulative - shifted) / spans
+    return mean
+
+
+def default_entity(granularity: Granularity) -> QuotaEntity:
+    """The `<default>` entity of a granularity (KIP-55 level 8, 6 or 5)."""
+    if granularity == "client-id":
+        return QuotaEntity(client_id=DEFAULT_ENTITY)
+    if granularity == "user":
+        return QuotaEntity(user=DEFAULT_ENTITY)
+    return QuotaEntity(user=DEFAULT_ENTITY, client_id=DEFAULT_ENTITY)
+
+
+def replication_shares(replication_factor: int, brokers: int) -> tuple[int, float]:
+    """(followers per partition, share of another broker's produce each broker replicates in).
+
+    As analyze models replication (capacity.replication_load): RF capped at the broker count,
+    followers spread evenly over the other brokers.
+    """
+    followers = max(0, min(replication_factor, brokers) - 1)
+    spread = followers / (brokers - 1) if brokers > 1 and followers > 0 else 0.0
+    return followers, spread
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One entity's produce or fetch demand.
+
+    Attributes:
+        entity: the quota entity (at the granularity asked for).
+        quota_type: producer_byte_rate (Produce bytes, NW_IN) or consumer_byte_rate (Fetch, NW_OUT).
+        demand: bytes/s, shape (brokers, buckets), brokers in the order of Problem.brokers.
+        weight: its share of a binding resource relative to the others (--weight).
+        protected: never limited (--protect).
+    """
+
+    entity: QuotaEntity
+    quota_type: ByteRateType
+    demand: np.ndarray
+    weight: float = 1.0
+    protected: bool = False
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything the water-filling needs.
+
+    Attributes:
+        brokers: broker ids, the row order of every demand matrix.
+        limits: capacity x threshold per (broker, NW_IN|NW_OUT), bytes/s.
+        background: per resource, the load no byte-rate quota charges, shape (buckets,).
+        flows: the entities' demand.
+        replication_factor: as analyze (capped at the broker count).
+        scope: "broker" (each broker enforces the quota) or "cluster" (one budget over brokers).
+        stat: the statistic of a resource's series judged against its limit.
+        floor: no quota below this many bytes/s.
+        window_buckets: the quota window (Kafka's quota.window.num x quota.window.size.seconds)
+            in buckets: the rate a quota is compared with is the mean over that many buckets.
+    """
+
+    brokers: tuple[int, ...]
+    limits: Mapping[Resource, float]
+    background: Mapping[Resource, np.ndarray]
+    flows: Sequence[Flow]
+    replication_factor: int = 1
+    scope: Scope = "broker"
+    stat: str = "p99"
+    floor: float = 0.0
+    window_buckets: int = 1
+
+    @property
+    def buckets(self) -> int:
+        for series in self.background.values():
+            return int(series.shape[0])
+        return int(self.flows[0].demand.shape[1]) if self.flows else 0
+
+
+@dataclass(frozen=True)
+class FlowAdvice:
+    """The quota proposed for one flow, and why.
+
+    `demand_peak` is the highest rate the quota would see (the mean over its window, per
+    broker or over the cluster as the scope says): a quota at or above it never throttles the
+    flow. `quota` is None when the flow is left unlimited. `fair_share` is weight x the level at
+    which its binding resource filled; `reason` is one of: protected, under its floor, under
+    its fair share, fair share of <resource>, floor (the fair share would be below the floor).
+    """
+
+    entity: QuotaEntity
+    quota_type: ByteRateType
+    weight: float
+    protected: bool
+    demand_peak: float
+    demand_stat: float
+    quota: float | None
+    fair_share: float | None
+    binding: Resource | None
+    reason: str
+
+    @property
+    def limited(self) -> bool:
+        return self.quota is not None
+
+
+@dataclass(frozen=True)
+class ResourceLoad:
+    """A resource's limit and its load (the statistic) before and after the quotas, as modelled."""
+
+    broker: int
+    resource: str
+    limit: float
+    before: float
+    after: float
+    background: float
+    protected: float
+
+    @property
+    def fits(self) -> bool:
+        return self.after <= self.limit * (1 + _TOLERANCE) + 1e-6
+
+
+@dataclass(frozen=True)
+class Advice:
+    flows: list[FlowAdvice]
+    loads: list[ResourceLoad]
+    # One sentence per resource that no quota can bring under its limit.
+    unmet: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.unmet
+
+
+class _Model:
+    """The flows as one array, and the resource loads any vector of quotas gives."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        brokers = len(problem.brokers)
+        buckets = problem.buckets
+        self.demand = (
+            np.stack([flow.demand for flow in problem.flows]).astype(np.float64)
+            if problem.flows
+            else np.zeros((0, brokers, buckets))
+        )
+        self.is_produce = np.array([flow.quota_type == PRODUCE for flow in problem.flows], dtype=bool)
+        self.weights = np.array([flow.weight for flow in problem.flows], dtype=np.float64)
+        self.protected = np.array([flow.protected for flow in problem.flows], dtype=bool)
+        # What a quota is compared with: the rate Kafka measures, the flow's mean over the quota
+        # window ending at each bucket, per broker (scope broker) or summed over brokers (cluster).
+        window = max(1, problem.window_buckets)
+        if problem.scope == "cluster":
+            self.rate = trailing_mean(self.demand.sum(axis=1), window)  # (flows, buckets)
+        else:
+            self.rate = trailing_mean(self.demand, window)  # (flows, brokers, buckets)
+        self.peaks = (
+            self.rate.reshape(len(problem.flows), -1).max(axis=1) if buckets else np.zeros(len(problem.flows))
+        )
+        self.followers, self.spread = replication_shares(problem.replication_factor, brokers)
+        self.resources: list[Resource] = [(b, r) for b in problem.brokers for r in (NW_IN, NW_OUT)]
+        zero = np.zeros(buckets)
+        self.background = {res: problem.background.get(res, zero).astype(np.float64) for res in self.resources}
+        self.touches = self._touches()
+
+    def passed(self, quotas: np.ndarray) -> np.ndarray:
+        """What each flow lets through under `quotas` (inf = unlimited), shape (flows, brokers, buckets).
+
+        A bucket whose measured rate is above the quota is scaled down to the quota's share of
+        it: the client is throttled in proportion, and its bursts inside the window (which
+        Kafka's windowed rate lets through) keep their shape.
+        """
+        limit = quotas[:, None, None] if self.rate.ndim == 3 else quotas[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.where(self.rate > limit, limit / self.rate, 1.0)
+        if scale.ndim == 2:
+            scale = scale[:, None, :]
+        passed: np.ndarray = self.demand * scale
+        return passed
+
+    def series(self, quotas: np.ndarray) -> dict[Resource, np.ndarray]:
+        passed = self.passed(quotas)
+        produce = passed[self.is_produce].sum(axis=0) if self.is_produce.any() else 0.0 * passed.sum(axis=0)
+        fetch = passed[~self.is_produce].sum(axis=0) if (~self.is_produce).any() else 0.0 * passed.sum(axis=0)
+        cluster_produce = produce.sum(axis=0)
+        result: dict[Resource, np.ndarray] = {}
+        for row, broker in enumerate(self.problem.brokers):
+            nw_in = produce[row] + self.spread * (cluster_produce - produce[row])
+            nw_out = fetch[row] + self.followers * produce[row]
+            result[(broker, NW_IN)] = self.background[(broker, NW_IN)] + nw_in
+            result[(broker, NW_OUT)] = self.background[(broker, NW_OUT)] + nw_out
+        return result
+
+    def loads(self, quotas: np.ndarray) -> dict[Resource, float]:
+        return {res: statistic(series, self.problem.stat) for res, series in self.series(quotas).items()}
+
+    def over(self, quotas: np.ndarray) -> list[Resource]:
+        loads = self.loads(quotas)
+        return [res for res in self.resources if loads[res] > self.problem.limits[res] * (1 + _TOLERANCE) + 1e-6]
+
+    def _touches(self) -> np.ndarray:
+        """touches[f, r]: flow f puts bytes on resource r (directly or through replication)."""
+        on_broker = self.demand.max(axis=2) > 0 if self.demand.size else np.zeros(self.demand.shape[:2], bool)
+        touches = np.zeros((len(self.problem.flows), len(self.resources)), dtype=bool)
+        for column, (broker, resource) in enumerate(self.resources):
+            row = self.problem.brokers.index(broker)
+            if resource == NW_IN:
+                direct = self.is_produce & on_broker[:, row]
+                if self.spread > 0:
+                    elsewhere = np.delete(on_broker, row, axis=1).any(axis=1)
+                    direct = direct | (self.is_produce & elsewhere)
+            else:
+                direct = (~self.is_produce & on_broker[:, row]) | (
+                    self.is_produce & on_broker[:, row] & (self.followers > 0)
+                )
+            touches[:, column] = direct
+        return touches
+
+
+def water_fill(problem: Problem) -> Advice:
+    """Max-min fair quotas (progressive filling) that keep every resource's statistic at its limit."""
+    model = _Model(problem)
+    flows = problem.flows
+    count = len(flows)
+    floor = max(problem.floor, 0.0)
+    quotas = np.full(count, np.inf)
+    fixed = model.protected | (model.peaks <= floor)
+    binding: list[Resource | None] = [None] * count
+    fair: list[float | None] = [None] * count
+
+    def at_level(level: float) -> np.ndarray:
+        trial = quotas.copy()
+        free = ~fixed
+        trial[free] = np.maximum(floor, model.weights[free] * level)
+        return trial
+
+    unmet = _unmet(model, at_level(0.0), fixed, floor)
+    if unmet:
+        # Even with every limitable flow at its floor some resource is over: advise the floor
+        # for every limitable flow and say which resource cannot be met.
+        quotas = at_level(0.0)
+        quotas[model.protected | (model.peaks <= floor)] = np.inf
+        return _advice(model, quotas, binding, fair, unmet)
+
+    while not fixed.all():
+        free = ~fixed
+        top = float((model.peaks[free] / model.weights[free]).max())
+        if not model.over(at_level(top)):
+            break  # every remaining flow fits with its whole demand: unlimited
+        low, high = 0.0, top
+        for _ in range(_SEARCH_STEPS):
+            middle = (low + high) / 2
+            if model.over(at_level(middle)):
+                high = middle
+            else:
+                low = middle
+            if high - low <= max(1e-9 * high, 1e-9):
+                break
+        level_quotas = at_level(low)
+        newly_fixed = False
+        for res in model.over(at_level(high)):
+            column = model.resources.index(res)
+            for index in np.flatnonzero(free & model.touches[:, column] & (level_quotas < model.peaks)):
+                if fixed[index]:
+                    continue
+                fixed[index] = True
+                quotas[index] = level_quotas[index]
+                binding[index] = res
+                fair[index] = float(model.weights[index] * low)
+                newly_fixed = True
+        if not newly_fixed:  # only rounding left between the bounds: fix what is still limited
+            for index in np.flatnonzero(free & (level_quotas < model.peaks)):
+                fixed[index] = True
+                quotas[index] = level_quotas[index]
+                fair[index] = float(model.weights[index] * low)
+            break
+    return _advice(model, quotas, binding, fair, [])
+
+
+def _unmet(model: _Model, quotas: np.ndarray, fixed: np.ndarray, floor: float) -> list[str]:
+    """Why each over-limit resource stays over with every limitable flow at its floor."""
+    problem = model.problem
+    reasons = []
+    loads = model.loads(quotas)
+    for res in model.over(quotas):
+        broker, resource = res
+        protected_only = np.where(model.protected, np.inf, 0.0)
+        with_protected = statistic(model.series(protected_only)[res], problem.stat)
+        background = statistic(model.background[res], problem.stat)
+        column = model.resources.index(res)
+        protected_names = [
+            entity_label(flows.entity)
+            for flows, hit in zip(problem.flows, model.protected & model.touches[:, column], strict=True)
+            if hit
+        ]
+        parts = [f"traffic no byte-rate quota charges: {background:,.0f} B/s"]
+        if protected_names:
+            parts.append(f"with the protected {', '.join(protected_names)}: {with_protected:,.0f} B/s")
+        if floor > 0:
+            parts.append(f"with every other entity at the floor of {floor:,.0f} B/s: {loads[res]:,.0f} B/s")
+        unquotable = [
+            entity_label(flow.entity)
+            for flow, hit, never in zip(problem.flows, model.touches[:, column], fixed & ~model.protected, strict=True)
+            if hit and never
+        ]
+        if unquotable and floor > 0:
+            parts.append(f"under the floor, so never limited: {', '.join(unquotable)}")
+        reasons.append(
+            f"broker {broker} {resource}: the {problem.stat} load cannot be brought to the limit of "
+            f"{problem.limits[res]:,.0f} B/s ({'; '.join(parts)})"
+        )
+    return reasons
+
+
+def _advice(
+    model: _Model,
+    quotas: np.ndarray,
+    binding: list[Resource | None],
+    fair: list[float | None],
+    unmet: list[str],
+) -> Advice:
+    problem = model.problem
+    before = model.loads(np.full(len(problem.flows), np.inf))
+    # Quotas are whole bytes/s (Kafka stores them as longs): round down, so the loads only fall.
+    whole = np.where(np.isfinite(quotas), np.maximum(np.floor(quotas), 1.0), np.inf)
+    after = model.loads(whole)
+    protected_quotas = np.where(model.protected, np.inf, 0.0)
+    protected_loads = model.loads(protected_quotas)
+    loads = [
+        ResourceLoad(
+            broker=broker,
+            resource=resource,
+            limit=float(problem.limits[(broker, resource)]),
+            before=before[(broker, resource)],
+            after=after[(broker, resource)],
+            background=statistic(model.background[(broker, resource)], problem.stat),
+            protected=protected_loads[(broker, resource)],
+        )
+        for broker, resource in model.resources
+    ]
+    advice = []
+    floor = max(problem.floor, 0.0)
+    for index, flow in enumerate(problem.flows):
+        limited = math.isfinite(whole[index])
+        peak = float(model.peaks[index])
+        if flow.protected:
+            reason = "protected"
+        elif peak <= floor:
+            reason = "under its floor"
+        elif not limited:
+            reason = "under its fair share"
+        elif (bound := binding[index]) is not None and (share := fair[index]) is not None and share < floor:
+            reason = f"floor (the fair share of broker {bound[0]} {bound[1]} is lower)"
+        elif bound is not None:
+            reason = f"fair share of broker {bound[0]} {bound[1]}"
+        else:
+            reason = "floor (no quota brings the resource under its limit)" if unmet else "fair share"
+        demand = flow.demand.sum(axis=0) if problem.scope == "cluster" else flow.demand.max(axis=0)
+        advice.append(
+            FlowAdvice(
+                entity=flow.entity,
+                quota_type=flow.quota_type,
+                weight=flow.weight,
+                protected=flow.protected,
+                demand_peak=peak,
+                demand_stat=statistic(demand, problem.stat),
+                quota=float(whole[index]) if limited else None,
+                fair_share=fair[index],
+                binding=binding[index],
+                reason=reason,
+            )
+        )
+    return Advice(flows=advice, loads=loads, unmet=list(unmet))
+
+
+# ---------------------------------------------------------------- entries (KIP-55)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One quota entry to write: an entity and its byte-rate quotas."""
+
+    entity: QuotaEntity
+    limits: Mapping[ByteRateType, int]
+
+
+def choose_entries(flows: Sequence[FlowAdvice], granularity: Granularity) -> list[Entry]:
+    """The fewest entries that give every flow its advised quota, through Kafka's precedence.
+
+    With a `<default>` entry of value v for a quota type, a flow needs an entry of its own
+    when it is limited to something else than v, or when it is unlimited but its demand
+    goes above v (it gets Long.MAX_VALUE, Kafka's "no quota"); a protected flow always needs
+    one then. Without a default only the limited flows need entries. Every candidate
+    default (none, or one of the advised values) of each quota type is tried and the set
+    with the fewest entries kept; a tie keeps the one without the default entry, so that a
+    client not in the capture stays unlimited unless a default saves entries.
+    """
+    candidates: dict[ByteRateType, list[int | None]] = {}
+    for quota_type in BYTE_RATE_TYPES:
+        values = sorted({int(f.quota) for f in flows if f.quota_type == quota_type and f.quota is not None})
+        candidates[quota_type] = [None, *values]
+    best: tuple[int, int, list[Entry]] | None = None
+    for produce_default in candidates[PRODUCE]:
+        for fetch_default in candidates[FETCH]:
+            defaults: dict[ByteRateType, int | None] = {PRODUCE: produce_default, FETCH: fetch_default}
+            entries = _entries_with(flows, defaults, granularity)
+            defaults_used = sum(value is not None for value in defaults.values())
+            key = (len(entries), defaults_used)
+            if best is None or key < best[:2]:
+                best = (key[0], key[1], entries)
+    assert best is not None
+    return best[2]
+
+
+def _entries_with(
+    flows: Sequence[FlowAdvice], defaults: Mapping[ByteRateType, int | None], granularity: Granularity
+) -> list[Entry]:
+    explicit: dict[QuotaEntity, dict[ByteRateType, int]] = {}
+    for flow in flows:
+        default = defaults[flow.quota_type]
+        value: int | None = None
+        if flow.quota is not None:
+            if int(flow.quota) != default:
+                value = int(flow.quota)
+        elif default is not None and (flow.protected or flow.demand_peak > default):
+            value = UNLIMITED_QUOTA
+        if value is not None:
+            explicit.setdefault(flow.entity, {})[flow.quota_type] = value
+    entries = []
+    default_limits = {t: v for t, v in defaults.items() if v is not None}
+    if default_limits:
+        entries.append(Entry(default_entity(granularity), default_limits))
+    entries.extend(
+        Entry(entity, limits)
+        for entity, limits in sorted(explicit.items(), key=lambda item: (item[0].user or "", item[0].client_id or ""))
+    )
+    return entries

@@ -1,0 +1,897 @@
+"""`advise`: the quotas to set so that no broker runs past its capacity, from a capture.
+
+Run locally::
+
+    kqp replay advise CAPTURE_DIR --capacity capacity.json --output OUT \
+        [--current quotas.yaml] [--weight ENTITY=W] [--protect ENTITY] [--floor BYTES_PER_S] \
+        [--entity client-id|user|user,client-id] [--scope broker|cluster]
+
+On a cluster::
+
+    kqp replay --package /tmp/kqp.zip
+    spark-submit --master yarn --py-files /tmp/kqp.zip --files capacity.json \
+        kqp/spark_jobs/advise.py hdfs:///captures/kqp --capacity capacity.json --output /shared/out/advise
+
+Steps: Spark aggregates the capture into per-bucket series (analyze's transforms: every
+broker's client bytes in and out, and each entity's Produce and Fetch bytes per broker);
+`advice_math.water_fill` (pure) proposes max-min fair byte-rate quotas that bring every
+broker's NW_IN and NW_OUT, at analyze's headroom statistic and resolution with replication
+modelled the same way, to capacity x threshold; `advice_math.choose_entries` writes them as
+the fewest KIP-55 entries. The advised file is then loaded exactly as the proxy loads it
+and replayed through the proxy's own quota engine and recording rules in deferral mode
+(whatif's `simulate`), which gives each broker's load after throttling and each entity's
+throttled share. Exit 3 when the advice cannot meet a limit, or the replay shows a broker
+over its limit.
+
+Outputs: quotas.yaml (kqp's own config format, a comment per entry saying why),
+summary.json, report.html / report.md with plots, tables/*.parquet and csv/*.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from kqp.config.models import entity_text as entity_label
+from kqp.protocol.api_keys import ApiKey
+from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaSettings, Scope
+from kqp.spark_jobs import capacity as cap
+from kqp.spark_jobs.advice_math import (
+    BYTE_RATE_TYPES,
+    FETCH,
+    GRANULARITIES,
+    PRODUCE,
+    STATS,
+    UNLIMITED_QUOTA,
+    Advice,
+    Entry,
+    Flow,
+    FlowAdvice,
+    Granularity,
+    Problem,
+    Resource,
+    choose_entries,
+    replication_shares,
+    statistic,
+    water_fill,
+)
+from kqp.spark_jobs.analyze_transform import RESOLUTIONS, aggregate_traffic, prepare_requests, throughput_series
+from kqp.spark_jobs.capture_source import read_capture
+from kqp.spark_jobs.common import BUDGET_EXIT_CODE, Progress
+from kqp.spark_jobs.session import fit_shuffle_partitions, to_pandas
+
+SUMMARY_SCHEMA = "kqp.replay.advise/1"
+# Entity columns of the capture per granularity; "user" is the captured principal, the
+# name the proxy's engine meters users under.
+ENTITY_COLUMNS: dict[Granularity, tuple[str, ...]] = {
+    "client-id": ("client_id",),
+    "user": ("principal",),
+    "user,client-id": ("principal", "client_id"),
+}
+
+
+@dataclass(frozen=True)
+class AdviseOptions:
+    capture: str
+    capacity: str
+    output: str
+    current: str | None = None
+    weights: Mapping[str, float] = field(default_factory=dict)
+    protect: tuple[str, ...] = ()
+    floor: float = 0.0
+    entity: Granularity = "client-id"
+    scope: Scope = "broker"
+    replication_factor: int = 3
+    nw_in_threshold: float = cap.DEFAULT_NETWORK_THRESHOLD
+    nw_out_threshold: float = cap.DEFAULT_NETWORK_THRESHOLD
+    headroom_stat: str = "p99"
+    headroom_resolution: str = "1s"
+    verify: bool = True
+    rounds: int = 3
+    window_num: int | None = None
+    window_size_seconds: int | None = None
+    top_n: int = 20
+
+
+def entity_of(granularity: Granularity, key: Sequence[str]) -> QuotaEntity:
+    """The quota entity of a capture key (the values of ENTITY_COLUMNS[granularity])."""
+    if granularity == "client-id":
+        return QuotaEntity(client_id=key[0])
+    if granularity == "user":
+        return QuotaEntity(user=key[0])
+    return QuotaEntity(user=key[0], client_id=key[1])
+
+
+def entity_name(entity: QuotaEntity) -> str:
+    """How --weight and --protect name an entity: CLIENT-ID, USER, or USER/CLIENT-ID."""
+    if entity.user is not None and entity.client_id is not None:
+        return f"{entity.user}/{entity.client_id}"
+    return entity.user if entity.user is not None else str(entity.client_id)
+
+
+@dataclass
+class Series:
+    """The capture as the optimiser sees it: per-bucket rates, bucket i = first_bucket + i."""
+
+    brokers: tuple[int, ...]
+    first_bucket: int
+    unit: int
+    covered: np.ndarray  # seconds of the capture window in each bucket
+    broker_rates: dict[int, dict[str, np.ndarray]]  # broker -> bytes_in/bytes_out/produce_bytes/fetch_bytes
+    demand: dict[tuple[QuotaEntity, str], np.ndarray]  # (entity, quota type) -> (brokers, buckets)
+    pairs: pd.DataFrame  # every (principal, client_id) seen
+
+
+def _covered(first_second: int, last_second: int, unit: int) -> tuple[int, np.ndarray]:
+    first_bucket, last_bucket = first_second // unit, last_second // unit
+    starts = np.arange(first_bucket, last_bucket + 1) * unit
+    covered = np.minimum(starts + unit - 1, last_second) - np.maximum(starts, first_second) + 1
+    return first_bucket, covered.astype(np.float64)
+
+
+def aggregate(spark: SparkSession, traffic: DataFrame, options: AdviseOptions) -> Series:
+    """Spark's part: broker series and each entity's Produce/Fetch bytes per broker and bucket."""
+    row = traffic.agg(
+        F.min("second").alias("first"), F.max("second").alias("last"), F.collect_set("broker").alias("brokers")
+    ).first()
+    if row is None or row["first"] is None:
+        raise ValueError(f"capture {options.capture} holds no requests")
+    brokers = tuple(sorted(int(b) for b in row["brokers"]))
+    unit = RESOLUTIONS[options.headroom_resolution]
+    first_bucket, covered = _covered(int(row["first"]), int(row["last"]), unit)
+    buckets = len(covered)
+    series = to_pandas(
+        throughput_series(spark, traffic, unit, (int(row["first"]), int(row["last"])), brokers).select(
+            "broker", "bucket", "bytes_in", "bytes_out", "produce_bytes", "fetch_bytes"
+        )
+    )
+    broker_rates: dict[int, dict[str, np.ndarray]] = {}
+    for broker in brokers:
+        rows = series[series["broker"] == broker].sort_values("bucket")
+        index = (rows["bucket"].to_numpy() - first_bucket).astype(int)
+        broker_rates[broker] = {}
+        for metric in ("bytes_in", "bytes_out", "produce_bytes", "fetch_bytes"):
+            values = np.zeros(buckets)
+            values[index] = rows[metric].to_numpy(dtype=np.float64)
+            broker_rates[broker][metric] = values
+
+    keys = ENTITY_COLUMNS[options.entity]
+    per_entity = to_pandas(
+        traffic.where((F.col("produce_bytes") > 0) | (F.col("fetch_bytes") > 0))
+        .groupBy(*keys, "broker", F.floor(F.col("second") / unit).cast("long").alias("bucket"))
+        .agg(F.sum("produce_bytes").alias(PRODUCE), F.sum("fetch_bytes").alias(FETCH))
+    )
+    demand: dict[tuple[QuotaEntity, str], np.ndarray] = {}
+    broker_row = {broker: i for i, broker in enumerate(brokers)}
+    for key, rows in per_entity.groupby(list(keys)):
+        entity = entity_of(options.entity, key if isinstance(key, tuple) else (key,))
+        bucket = (rows["bucket"].to_numpy() - first_bucket).astype(int)
+        broker = rows["broker"].map(broker_row).to_numpy().astype(int)
+        for quota_type in BYTE_RATE_TYPES:
+            values = rows[quota_type].to_numpy(dtype=np.float64)
+            if values.sum() <= 0:
+                continue
+            matrix = np.zeros((len(brokers), buckets))
+            np.add.at(matrix, (broker, bucket), values / covered[bucket])
+            demand[(entity, quota_type)] = matrix
+    pairs = to_pandas(traffic.select("principal", "client_id").distinct())
+    return Series(brokers, first_bucket, unit, covered, broker_rates, demand, pairs)
+
+
+def limits_of(capacity_file: cap.CapacityFile, brokers: Sequence[int], options: AdviseOptions) -> dict[Resource, float]:
+    thresholds = {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold}
+    return {
+        (broker, resource): capacity_file.for_broker(broker).network_bytes_per_s(resource) * thresholds[resource]
+        for broker in brokers
+        for resource in cap.NETWORK_RESOURCES
+    }
+
+
+def build_problem(
+    series: Series, limits: Mapping[Resource, float], options: AdviseOptions, window_seconds: int
+) -> Problem:
+    """The water-filling problem: quotable flows, and everything else as background."""
+    background = {}
+    for broker in series.brokers:
+        rates = series.broker_rates[broker]
+        background[(broker, cap.NW_IN)] = np.maximum(rates["bytes_in"] - rates["produce_bytes"], 0.0)
+        background[(broker, cap.NW_OUT)] = np.maximum(rates["bytes_out"] - rates["fetch_bytes"], 0.0)
+    names = {entity_name(entity) for entity, _ in series.demand}
+    unknown = [name for name in (*options.weights, *options.protect) if name not in names]
+    if unknown:
+        raise ValueError(f"--weight/--protect name entities the capture does not have: {', '.join(sorted(unknown))}")
+    flows = [
+        Flow(
+            entity=entity,
+            quota_type=quota_type,  # type: ignore[arg-type]
+            demand=matrix,
+            weight=options.weights.get(entity_name(entity), 1.0),
+            protected=entity_name(entity) in options.protect,
+        )
+        for (entity, quota_type), matrix in sorted(
+            series.demand.items(), key=lambda item: (entity_name(item[0][0]), item[0][1])
+        )
+    ]
+    return Problem(
+        brokers=series.brokers,
+        limits=limits,
+        background=background,
+        flows=flows,
+        replication_factor=options.replication_factor,
+        scope=options.scope,
+        stat=options.headroom_stat,
+        floor=options.floor,
+        window_buckets=max(1, round(window_seconds / series.unit)),
+    )
+
+
+# ---------------------------------------------------------------- quotas.yaml
+
+
+def _rate(value: float) -> str:
+    for unit, size in (("MB/s", 1e6), ("KB/s", 1e3)):
+        if value >= size:
+            return f"{value / size:,.2f} {unit}"
+    return f"{value:,.0f} B/s"
+
+
+def _why(flow: FlowAdvice, throttled: Mapping[QuotaEntity, float]) -> str:
+    kind = "produce" if flow.quota_type == PRODUCE else "fetch"
+    text = f"{kind} {_rate(flow.demand_stat)} at the statistic, peak {_rate(flow.demand_peak)}; {flow.reason}"
+    if flow.quota is not None and flow.fair_share is not None:
+        text += f" ({_rate(flow.fair_share)})"
+    share = throttled.get(flow.entity)
+    if share is not None:
+        text += f"; throttled {share:.1%} of requests in the replay"
+    return text
+
+
+def _yaml_entity(entity: QuotaEntity) -> str:
+    # JSON strings are YAML double-quoted scalars: any client-id survives, quotes included.
+    parts = []
+    if entity.user is not None:
+        parts.append(f"user: {json.dumps(entity.user)}")
+    if entity.client_id is not None:
+        parts.append(f"client-id: {json.dumps(entity.client_id)}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def render_quotas_yaml(
+    entries: Sequence[Entry],
+    flows: Sequence[FlowAdvice],
+    throttled: Mapping[QuotaEntity, float],
+    header: Sequence[str],
+    scope: Scope,
+    windows: Mapping[str, int],
+) -> str:
+    """quotas.yaml in kqp's own format (`kqp check-config` / `kqp serve --config`), with a
+    comment per entry saying why."""
+    by_entity: dict[QuotaEntity, list[FlowAdvice]] = {}
+    for flow in flows:
+        by_entity.setdefault(flow.entity, []).append(flow)
+    explicit = {entry.entity for entry in entries}
+    lines = [f"# {line}" for line in header]
+    lines += ["quotas:", f"  scope: {scope}"]
+    lines += [f"  {key}: {value}" for key, value in windows.items()]
+    lines.append("  entries:" if entries else "  entries: []")
+    for entry in entries:
+        lines.append("")
+        if DEFAULT_ENTITY in (entry.entity.user, entry.entity.client_id):
+            for quota_type, value in entry.limits.items():
+                covered = [
+                    f
+                    for f in flows
+                    if f.quota_type == quota_type and f.entity not in explicit and f.quota is not None
+                ]
+                below = [
+                    f for f in flows if f.quota_type == quota_type and f.entity not in explicit and f.quota is None
+                ]
+                names = ", ".join(entity_label(f.entity) for f in covered[:10]) + (" ..." if len(covered) > 10 else "")
+                lines.append(
+                    f"    # {quota_type} {value}: the fair share of {len(covered)} entities without an entry "
+                    f"of their own ({names}); {len(below)} others never went above it"
+                )
+            for flow in [f for f in flows if f.entity not in explicit and f.quota is not None][:10]:
+                lines.append(f"    #   {entity_label(flow.entity)}: {_why(flow, throttled)}")
+        else:
+            for flow in by_entity.get(entry.entity, []):
+                lines.append(f"    # {entity_label(flow.entity)}: {_why(flow, throttled)}")
+        lines.append(f"    - entity: {_yaml_entity(entry.entity)}")
+        for quota_type, value in entry.limits.items():
+            note = "  # Long.MAX_VALUE: no quota (exempt from the <default> entry)" if value == UNLIMITED_QUOTA else ""
+            lines.append(f"      {quota_type}: {value}{note}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- verification
+
+
+@dataclass
+class Verification:
+    """The advised file replayed through the proxy's engine (deferral mode)."""
+
+    loads: dict[Resource, float]
+    series: dict[Resource, np.ndarray]
+    clients: pd.DataFrame
+    warm_up_buckets: int
+
+
+def verify(
+    spark: SparkSession,
+    raw: DataFrame,
+    settings: QuotaSettings,
+    series: Series,
+    options: AdviseOptions,
+    before: Mapping[Resource, np.ndarray],
+    warm_up_buckets: int,
+) -> Verification:
+    """Replay the advised quotas through kqp.quotas (whatif's simulate, deferral mode).
+
+    The charged bytes of each Produce and Fetch move from the second they were recorded in
+    to the second the replay sends them; the brokers' series change by that difference
+    (replication modelled as in analyze), and the statistic is taken over the capture window
+    plus the seconds the deferred traffic spills into, less the first quota window (warm-up).
+    """
+    from kqp.spark_jobs.whatif import (
+        client_outcomes,
+        engine_replay_functions,
+        needs_cluster_wide_replay,
+        sharing,
+        simulate,
+    )
+    from kqp.spark_jobs.whatif import prepare_requests as whatif_requests
+
+    link_users, link_client_ids = sharing(settings)
+    simulated = simulate(
+        spark,
+        whatif_requests(raw),
+        functools.partial(engine_replay_functions, settings),
+        "deferral",
+        link_users=link_users,
+        link_client_ids=link_client_ids,
+        per_broker=not needs_cluster_wide_replay(settings),
+    ).persist()
+    clients = to_pandas(client_outcomes(simulated))
+    unit = series.unit
+    moved = to_pandas(
+        simulated.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
+        .select(
+            "broker",
+            "api_key",
+            F.floor(F.col("ts_ms") / (1000 * unit)).cast("long").alias("before"),
+            F.floor(F.col("sim_ts_ms") / (1000 * unit)).cast("long").alias("after"),
+            "nbytes",
+        )
+        .where(F.col("before") != F.col("after"))
+        .groupBy("broker", "api_key", "before", "after")
+        .agg(F.sum("nbytes").alias("nbytes"))
+    )
+    simulated.unpersist()
+    last = int(moved["after"].max()) if len(moved) else series.first_bucket
+    buckets = max(len(series.covered), last - series.first_bucket + 1)
+    covered = np.concatenate([series.covered, np.full(buckets - len(series.covered), float(unit))])
+    delta = {(b, k): np.zeros(buckets) for b in series.brokers for k in (ApiKey.PRODUCE, ApiKey.FETCH)}
+    for row in moved.itertuples():
+        key = (int(row.broker), int(row.api_key))
+        if key not in delta:
+            continue
+        first = int(row.before) - series.first_bucket
+        then = int(row.after) - series.first_bucket
+        if 0 <= first < buckets:
+            delta[key][first] -= row.nbytes / covered[first]
+        if 0 <= then < buckets:
+            delta[key][then] += row.nbytes / covered[then]
+    followers, spread = replication_shares(options.replication_factor, len(series.brokers))
+    produce_total = sum(delta[(b, ApiKey.PRODUCE)] for b in series.brokers)
+    after: dict[Resource, np.ndarray] = {}
+    for broker in series.brokers:
+        produced = delta[(broker, ApiKey.PRODUCE)]
+        change = {
+            cap.NW_IN: produced + spread * (produce_total - produced),
+            cap.NW_OUT: delta[(broker, ApiKey.FETCH)] + followers * produced,
+        }
+        for resource in cap.NETWORK_RESOURCES:
+            base = np.concatenate([before[(broker, resource)], np.zeros(buckets - len(series.covered))])
+            after[(broker, resource)] = np.maximum(base + change[resource], 0.0)
+    # The replay starts every quota sensor empty, and Kafka's windowed rate lets a new sensor
+    # take up to (window_num - 1) windows' worth of quota at once: the first quota window of
+    # the replay shows that warm-up, which a running broker's sensors (warm for hours) do not.
+    warm = min(warm_up_buckets, max(buckets - 1, 0))
+    loads = {res: statistic(values[warm:], options.headroom_stat) for res, values in after.items()}
+    return Verification(loads=loads, series=after, clients=clients, warm_up_buckets=warm)
+
+
+def throttled_shares(clients: pd.DataFrame, granularity: Granularity) -> dict[QuotaEntity, float]:
+    """Share of each entity's requests the replay throttled."""
+    keys = list(ENTITY_COLUMNS[granularity])
+    grouped = clients.groupby(keys)[["throttled_requests", "requests"]].sum()
+    return {
+        entity_of(granularity, key if isinstance(key, tuple) else (key,)): float(row.throttled_requests / row.requests)
+        for key, row in grouped.iterrows()
+        if row.requests
+    }
+
+
+# ---------------------------------------------------------------- the job
+
+
+@dataclass
+class AdviseResult:
+    summary: dict[str, Any]
+    tables: dict[str, pd.DataFrame]
+    quotas_yaml: str
+    advice: Advice
+    series_before: dict[Resource, np.ndarray]
+    series_after: dict[Resource, np.ndarray] | None
+    violations: list[str]
+
+
+def _before_series(series: Series, problem: Problem) -> dict[Resource, np.ndarray]:
+    """The brokers' NW_IN / NW_OUT as captured (analyze's nw_in / nw_out)."""
+    followers, spread = replication_shares(problem.replication_factor, len(series.brokers))
+    cluster_produce = sum(series.broker_rates[b]["produce_bytes"] for b in series.brokers)
+    result = {}
+    for broker in series.brokers:
+        rates = series.broker_rates[broker]
+        result[(broker, cap.NW_IN)] = rates["bytes_in"] + spread * (cluster_produce - rates["produce_bytes"])
+        result[(broker, cap.NW_OUT)] = rates["bytes_out"] + followers * rates["produce_bytes"]
+    return result
+
+
+def _windows(current: QuotaSettings | None, options: AdviseOptions) -> dict[str, int]:
+    """The quota window of the advised file: --window-num / --window-size-seconds, else
+    today's (--current), else Kafka's default (11 x 1 s).
+
+    Written out, because the advice depends on it: a quota is measured over this window, and
+    a client may burst above its quota for a part of it.
+    """
+    settings = current if current is not None else QuotaSettings()
+    return {
+        "window_num": options.window_num or settings.window_num,
+        "window_size_seconds": options.window_size_seconds or settings.window_size_s,
+    }
+
+
+def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress | None = None) -> AdviseResult:
+    """Aggregate, optimise, write and load the advised file, verify it; returns what `load` writes."""
+    from kqp.spark_jobs.whatif import load_quota_settings
+
+    progress = progress or Progress("advise", 3 + 2 * options.rounds)
+    if options.headroom_stat not in STATS:
+        raise ValueError(f"headroom stat must be one of {STATS}")
+    if options.headroom_resolution not in RESOLUTIONS:
+        raise ValueError(f"headroom resolution must be one of {tuple(RESOLUTIONS)}")
+    capacity_file = cap.load_capacity(options.capacity)
+    current = load_quota_settings(options.current) if options.current else None
+
+    fit_shuffle_partitions(spark, options.capture)
+    raw = read_capture(spark, options.capture)
+    traffic = aggregate_traffic(prepare_requests(raw).drop("partitions")).persist()
+    series = aggregate(spark, traffic, options)
+    traffic.unpersist()
+    progress.step(f"aggregated {len(series.demand)} flows over {len(series.brokers)} brokers")
+
+    limits = limits_of(capacity_file, series.brokers, options)
+    windows = _windows(current, options)
+    problem = build_problem(series, limits, options, windows["window_num"] * windows["window_size_seconds"])
+    before = _before_series(series, problem)
+    out = Path(options.output)
+    out.mkdir(parents=True, exist_ok=True)
+    header = [
+        f"Quotas advised by `kqp replay advise` for capture {options.capture}",
+        f"capacity {options.capacity}, limits = capacity x threshold (NW_IN {options.nw_in_threshold}, "
+        f"NW_OUT {options.nw_out_threshold}), judged at the {options.headroom_stat} of "
+        f"{options.headroom_resolution} buckets, replication factor {options.replication_factor} (modelled), "
+        f"entities by {options.entity}, floor {options.floor:,.0f} B/s.",
+        "Check it with `kqp check-config`; load it with `kqp serve --config` (live reload picks up a change).",
+    ]
+    quotas_path = out / "quotas.yaml"
+
+    # Round 1 plans for the limits themselves. The model clips each bucket at the quota, but
+    # Kafka measures a quota over its whole window (11 x 1 s by default), so a limited client
+    # still bursts above it within a window; when the replay shows a resource over its limit,
+    # the next round plans for the limit less that overshoot.
+    planned = dict(limits)
+    rounds: list[dict[str, Any]] = []
+    for round_number in range(1, options.rounds + 1):
+        advice = water_fill(replace(problem, limits=planned))
+        entries = choose_entries(advice.flows, options.entity)
+        progress.step(
+            f"round {round_number}: {sum(f.limited for f in advice.flows)} flows limited in {len(entries)} entries"
+        )
+        quotas_path.write_text(render_quotas_yaml(entries, advice.flows, {}, header, options.scope, windows))
+        # Loaded exactly as `kqp serve` loads it: the replay runs what the proxy would run.
+        settings = load_quota_settings(str(quotas_path))
+        if not options.verify or advice.unmet:
+            verification = None
+            break
+        verification = verify(spark, raw, settings, series, options, before, problem.window_buckets)
+        over = {res: load for res, load in verification.loads.items() if load > limits[res] * (1 + 1e-9)}
+        rounds.append(
+            {
+                "round": round_number,
+                "planned_limits": {f"{b} {r}": v for (b, r), v in planned.items()},
+                "replayed": {f"{b} {r}": v for (b, r), v in verification.loads.items()},
+                "over": sorted(f"{b} {r}" for b, r in over),
+            }
+        )
+        progress.step(f"round {round_number}: replayed the advice through kqp.quotas (deferral), {len(over)} over")
+        if not over:
+            break
+        for res, load in over.items():
+            # In proportion: the replay's overshoot comes from bursts between throttles, which
+            # shrink with the quotas but not to nothing.
+            planned[res] = planned[res] * limits[res] / load
+    throttled = throttled_shares(verification.clients, options.entity) if verification is not None else {}
+    quotas_yaml = render_quotas_yaml(entries, advice.flows, throttled, header, options.scope, windows)
+    quotas_path.write_text(quotas_yaml)
+
+    violations = list(advice.unmet)
+    loads_table = _loads_table(advice, limits, verification)
+    if verification is not None:
+        for row in loads_table.itertuples():
+            if row.verified_after > row.limit * (1 + 1e-9) and not any(
+                v.startswith(f"broker {row.broker} {row.resource}:") for v in violations
+            ):
+                violations.append(
+                    f"broker {row.broker} {row.resource}: the replay of the advised quotas leaves its "
+                    f"{options.headroom_stat} at {row.verified_after:,.0f} B/s, over the limit of {row.limit:,.0f} B/s "
+                    f"after {len(rounds)} rounds"
+                )
+    tables = {
+        "advice": _advice_table(advice, throttled, verification),
+        "entries": _entries_table(entries),
+        "broker_loads": loads_table,
+    }
+    if verification is not None:
+        tables["replay_clients"] = verification.clients.sort_values(["principal", "client_id"]).reset_index(drop=True)
+    if current is not None:
+        tables["diff"] = _diff(series.pairs, current, settings)
+    summary = _summary(options, series, advice, entries, tables, violations, verification is not None)
+    summary["rounds"] = rounds
+    progress.step("tables and summary")
+    return AdviseResult(
+        summary=summary,
+        tables=tables,
+        quotas_yaml=quotas_yaml,
+        advice=advice,
+        series_before=before,
+        series_after=verification.series if verification else None,
+        violations=violations,
+    )
+
+
+def _advice_table(
+    advice: Advice, throttled: Mapping[QuotaEntity, float], verification: Verification | None
+) -> pd.DataFrame:
+    rows = []
+    for flow in advice.flows:
+        rows.append(
+            {
+                "entity": entity_label(flow.entity),
+                "quota_type": flow.quota_type,
+                "weight": flow.weight,
+                "protected": flow.protected,
+                "demand_stat_bytes_per_s": flow.demand_stat,
+                "demand_peak_bytes_per_s": flow.demand_peak,
+                "limited": flow.limited,
+                "quota_bytes_per_s": flow.quota,
+                "fair_share_bytes_per_s": flow.fair_share,
+                "binding": None if flow.binding is None else f"broker {flow.binding[0]} {flow.binding[1]}",
+                "reason": flow.reason,
+                "replay_throttled_share": throttled.get(flow.entity) if verification is not None else None,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _entries_table(entries: Sequence[Entry]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "entity": entity_label(entry.entity),
+                PRODUCE: entry.limits.get(PRODUCE),
+                FETCH: entry.limits.get(FETCH),
+            }
+            for entry in entries
+        ],
+        columns=["entity", PRODUCE, FETCH],
+    )
+
+
+def _loads_table(advice: Advice, limits: Mapping[Resource, float], verification: Verification | None) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "broker": load.broker,
+                "resource": load.resource,
+                "limit": limits[(load.broker, load.resource)],
+                "planned_limit": load.limit,
+                "before": load.before,
+                "modelled_after": load.after,
+                "verified_after": verification.loads[(load.broker, load.resource)] if verification else math.nan,
+                "background": load.background,
+                "protected": load.protected,
+            }
+            for load in advice.loads
+        ]
+    )
+
+
+def _diff(pairs: pd.DataFrame, current: QuotaSettings, advised: QuotaSettings) -> pd.DataFrame:
+    """Per captured (principal, client-id): the limit it gets today and with the advice."""
+    from kqp.quotas import QuotaEngine
+
+    engines = {"current": QuotaEngine(current), "advised": QuotaEngine(advised)}
+    rows = []
+    for pair in pairs.sort_values(["principal", "client_id"]).itertuples():
+        row: dict[str, Any] = {"principal": pair.principal, "client_id": pair.client_id}
+        for quota_type in BYTE_RATE_TYPES:
+            for name, engine in engines.items():
+                row[f"{name}_{quota_type}"] = engine.quota(quota_type, pair.principal, pair.client_id)
+            row[f"{quota_type}_changed"] = row[f"current_{quota_type}"] != row[f"advised_{quota_type}"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _summary(
+    options: AdviseOptions,
+    series: Series,
+    advice: Advice,
+    entries: Sequence[Entry],
+    tables: Mapping[str, pd.DataFrame],
+    violations: list[str],
+    verified: bool,
+) -> dict[str, Any]:
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "generated_at": pd.Timestamp.now(tz="UTC").isoformat(),
+        "options": {
+            "capture": options.capture,
+            "capacity": options.capacity,
+            "current": options.current,
+            "entity": options.entity,
+            "scope": options.scope,
+            "weights": dict(options.weights),
+            "protect": list(options.protect),
+            "floor": options.floor,
+            "replication_factor": options.replication_factor,
+            "thresholds": {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold},
+            "basis": f"{options.headroom_stat} of {options.headroom_resolution} buckets",
+            "top_n": options.top_n,
+        },
+        "brokers": list(series.brokers),
+        "buckets": len(series.covered),
+        "fits": not violations,
+        "unmet": violations,
+        "limited": [
+            {"entity": entity_label(f.entity), "quota_type": f.quota_type, "quota": f.quota, "reason": f.reason}
+            for f in advice.flows
+            if f.limited
+        ],
+        "entries": len(entries),
+        "broker_loads": tables["broker_loads"].to_dict(orient="records"),
+        "verified": verified,
+        "not_advised": [
+            "request_percentage (broker CPU cannot be judged from the capture)",
+            "controller_mutation_rate",
+            "connection_creation_rate",
+        ],
+    }
+
+
+# ---------------------------------------------------------------- load
+
+
+def _plot_loads(loads: pd.DataFrame) -> Any:
+    """Each broker resource's load at the headroom statistic as a share of its limit (100 %)."""
+    import matplotlib.pyplot as plt
+
+    labels = [f"broker {b} {r}" for b, r in zip(loads["broker"], loads["resource"], strict=True)]
+    positions = np.arange(len(loads))
+    figure, axis = plt.subplots(figsize=(max(6, 1.4 * len(loads) + 2), 4))
+    columns = [("before", "as captured"), ("modelled_after", "advised (modelled)")]
+    if loads["verified_after"].notna().any():
+        columns.append(("verified_after", "advised (replayed through kqp.quotas)"))
+    width = 0.8 / len(columns)
+    for offset, (column, label) in enumerate(columns):
+        share = 100 * loads[column] / loads["limit"]
+        axis.bar(positions + (offset - (len(columns) - 1) / 2) * width, share, width, label=label)
+    axis.axhline(100, color="black", linestyle="--", linewidth=0.8)
+    axis.set_xticks(list(positions), labels, rotation=20, ha="right")
+    axis.set_ylabel("% of the limit (capacity x threshold)")
+    axis.set_title("broker load at the headroom statistic, before and after the advice")
+    axis.legend(fontsize="small")
+    return figure
+
+
+def _plot_series(result: AdviseResult, unit: int) -> Any:
+    import matplotlib.pyplot as plt
+
+    resources = sorted(result.series_before)
+    figure, axes = plt.subplots(len(resources), 1, figsize=(11, 2.2 * len(resources) + 0.5), sharex=True)
+    axes = np.atleast_1d(axes)
+    limits = {(row.broker, row.resource): row.limit for row in result.tables["broker_loads"].itertuples()}
+    for axis, resource in zip(axes, resources, strict=True):
+        before = result.series_before[resource]
+        axis.plot(np.arange(len(before)) * unit, before / 1e6, linewidth=0.8, label="as captured")
+        if result.series_after is not None:
+            after = result.series_after[resource]
+            axis.plot(np.arange(len(after)) * unit, after / 1e6, linewidth=0.8, label="replayed with the advice")
+        axis.axhline(limits[resource] / 1e6, color="black", linestyle="--", linewidth=0.8)
+        axis.set_ylabel("MB/s")
+        axis.set_title(f"broker {resource[0]} {resource[1]}", fontsize="small")
+    axes[0].legend(loc="upper right", fontsize="small")
+    axes[-1].set_xlabel("seconds from the start of the capture")
+    return figure
+
+
+def _plot_entities(advice: pd.DataFrame, top_n: int) -> Any:
+    import matplotlib.pyplot as plt
+
+    rows = advice.sort_values("demand_stat_bytes_per_s", ascending=False).head(top_n)
+    kinds = ["produce" if t == PRODUCE else "fetch" for t in rows["quota_type"]]
+    labels = [f"{entity} ({kind})" for entity, kind in zip(rows["entity"], kinds, strict=True)]
+    allowed = [
+        q if q is not None and not pd.isna(q) else d
+        for q, d in zip(rows["quota_bytes_per_s"], rows["demand_stat_bytes_per_s"], strict=True)
+    ]
+    positions = np.arange(len(rows))
+    figure, axis = plt.subplots(figsize=(10, max(2.5, 0.4 * len(rows) + 1)))
+    axis.barh(positions + 0.2, rows["demand_stat_bytes_per_s"] / 1e6, 0.4, label="offered (statistic)")
+    axis.barh(positions - 0.2, np.array(allowed) / 1e6, 0.4, label="allowed (quota, or all when unlimited)")
+    axis.set_yticks(list(positions), labels)
+    axis.invert_yaxis()
+    axis.set_xlabel("MB/s")
+    axis.set_title("offered vs allowed per entity")
+    axis.legend(fontsize="small")
+    return figure
+
+
+def write_advise_outputs(result: AdviseResult, output: str, unit: int) -> None:
+    from kqp.spark_jobs.report import Report, write_summary_and_report, write_tables
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quotas.yaml").write_text(result.quotas_yaml)
+    write_tables(out, result.tables)
+    summary = result.summary
+    options = summary["options"]
+    report = Report("kqp quota advice", out)
+    limited = summary["limited"]
+    report.paragraph(
+        f"Capture `{options['capture']}`, capacity `{options['capacity']}`, basis {options['basis']}, "
+        f"entities by {options['entity']}, scope {options['scope']}: {len(limited)} quotas advised in "
+        f"{summary['entries']} entries (`quotas.yaml`). "
+        + ("The advice fits every broker." if summary["fits"] else "**The advice does not fit.**")
+    )
+    report.bullets([f"**Cannot be met:** {reason}" for reason in summary["unmet"]])
+    report.heading("Broker load before and after")
+    loads = result.tables["broker_loads"]
+    report.figure("broker_loads", _plot_loads(loads), "broker load at the headroom statistic, before and after")
+    report.figure("broker_series", _plot_series(result, unit), "network per broker over time, before and after")
+    report.table(loads)
+    report.heading("Offered vs allowed per entity")
+    advice = result.tables["advice"]
+    if len(advice):
+        report.figure("entities", _plot_entities(advice, options["top_n"]), "offered vs allowed per entity")
+    report.table(advice)
+    report.heading("Entries written")
+    report.table(result.tables["entries"])
+    if "diff" in result.tables:
+        report.heading(f"Against the current quotas (`{options['current']}`)")
+        diff = result.tables["diff"]
+        changed = diff[diff[[f"{t}_changed" for t in BYTE_RATE_TYPES]].any(axis=1)]
+        report.paragraph(f"{len(changed)} of {len(diff)} captured (principal, client-id) pairs change limits.")
+        report.table(changed)
+    report.paragraph("Not advised: " + "; ".join(summary["not_advised"]) + ".")
+    write_summary_and_report(out, summary, report, list(result.tables))
+
+
+def _weight(text: str) -> tuple[str, float]:
+    name, sep, value = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected ENTITY=WEIGHT, got {text!r}")
+    try:
+        weight = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"weight of {name!r} is not a number: {value!r}") from None
+    if not weight > 0 or math.isinf(weight):
+        raise argparse.ArgumentTypeError(f"weight of {name!r} must be a positive number, got {value!r}")
+    return name, weight
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kqp replay advise", description="Propose byte-rate quotas that keep every broker under its capacity."
+    )
+    parser.add_argument("capture", help="capture directory (local path or Hadoop-compatible URI)")
+    parser.add_argument("--capacity", required=True, help="Cruise Control capacity JSON file")
+    parser.add_argument("--output", required=True, help="output directory (local to the driver)")
+    parser.add_argument("--current", help="the quota config in force today: the report shows the difference")
+    parser.add_argument(
+        "--weight", action="append", type=_weight, default=[], metavar="ENTITY=W", help="share weight (default 1)"
+    )
+    parser.add_argument("--protect", action="append", default=[], metavar="ENTITY", help="never limit this entity")
+    parser.add_argument("--floor", type=float, default=0.0, metavar="BYTES_PER_S", help="never limit below this")
+    parser.add_argument(
+        "--entity", choices=GRANULARITIES, default="client-id", help="quota entities: ENTITY names are CLIENT-ID, "
+        "USER or USER/CLIENT-ID"
+    )
+    parser.add_argument("--scope", choices=("broker", "cluster"), default="broker")
+    parser.add_argument("--replication-factor", type=int, default=3)
+    parser.add_argument("--nw-in-threshold", type=float, default=cap.DEFAULT_NETWORK_THRESHOLD)
+    parser.add_argument("--nw-out-threshold", type=float, default=cap.DEFAULT_NETWORK_THRESHOLD)
+    parser.add_argument("--headroom-stat", choices=STATS, default="p99")
+    parser.add_argument("--headroom-resolution", choices=tuple(RESOLUTIONS), default="1s")
+    parser.add_argument(
+        "--window-num", type=int, help="quota.window.num of the advised file (default: --current's, else 11)"
+    )
+    parser.add_argument(
+        "--window-size-seconds", type=int, help="quota.window.size.seconds (default: --current's, else 1)"
+    )
+    parser.add_argument("--no-verify", action="store_true", help="skip the replay of the advice")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="replays at most, each planning for the overshoot the last one showed"
+    )
+    parser.add_argument("--top-n", type=int, default=20)
+    parser.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> AdviseOptions:
+    if args.floor < 0:
+        raise SystemExit("kqp replay advise: --floor must be >= 0")
+    return AdviseOptions(
+        capture=args.capture,
+        capacity=args.capacity,
+        output=args.output,
+        current=args.current,
+        weights=dict(args.weight),
+        protect=tuple(args.protect),
+        floor=args.floor,
+        entity=args.entity,
+        scope=args.scope,
+        replication_factor=args.replication_factor,
+        nw_in_threshold=args.nw_in_threshold,
+        nw_out_threshold=args.nw_out_threshold,
+        headroom_stat=args.headroom_stat,
+        headroom_resolution=args.headroom_resolution,
+        verify=not args.no_verify,
+        rounds=max(1, args.rounds),
+        window_num=args.window_num,
+        window_size_seconds=args.window_size_seconds,
+        top_n=args.top_n,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run advise; exit 0, or 3 when the advice cannot keep some broker under its limit."""
+    from kqp.spark_jobs.session import get_spark
+
+    args = build_parser().parse_args(argv)
+    options = options_from_args(args)
+    spark = get_spark("kqp-advise", args.master)
+    progress = Progress("advise", 4 + 2 * options.rounds)
+    result = run_advise(spark, options, progress)
+    write_advise_outputs(result, options.output, RESOLUTIONS[options.headroom_resolution])
+    progress.step(f"wrote {options.output}/quotas.yaml, report.html and summary.json")
+    for violation in result.violations:
+        print(f"ADVICE DOES NOT FIT: {violation}", file=sys.stderr)
+    return BUDGET_EXIT_CODE if result.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

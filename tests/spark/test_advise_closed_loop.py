@@ -1,0 +1,192 @@
+"""The advice, proven on the wire: capture -> advise -> live reload -> the same traffic again.
+
+One real broker behind `kqp serve` (capture on, no quota yet), five producers at fixed rates:
+three quiet ones and two noisy ones that together push NW_IN past the capacity file's limit.
+`advise` runs on that capture; its quotas.yaml is copied over the proxy's quota file, which the
+running proxy reloads; the same traffic runs again and `analyze` reads the second capture.
+
+Both judge NW_IN at the p99 of 1 min buckets (`--headroom-resolution 1min`). At 1 s, the p99 of
+a 15 s run is its busiest second, and once throttled a librdkafka producer sends what it held
+back as one large batch when its throttle ends: measured, one run at 95 % of the limit and the
+next at 140 %, on the same traffic. The quota controls the rate, and the rate is what a 1 min
+bucket shows (docs/replay.md, advise).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+
+from harness.local_kafka import KafkaCluster
+from harness.proxy_process import ProxyProcess
+from kqp.spark_jobs.advise import AdviseOptions, run_advise
+from kqp.spark_jobs.analyze import AnalyzeOptions, run_analyze
+from kqp.spark_jobs.common import Progress
+
+pytestmark = pytest.mark.spark
+
+TOPIC = "advised-traffic"
+MESSAGE_BYTES = 10_000
+RUN_SECONDS = 15
+QUIET = {"quiet-a": 100_000, "quiet-b": 100_000, "quiet-c": 100_000}  # bytes/s offered
+NOISY = {"noisy-a": 800_000, "noisy-b": 800_000}
+# 1,500 KB/s x 0.8 = 1.2 MB/s of NW_IN: the quiet three (0.3 MB/s) fit, the noisy two do not.
+CAPACITY = {
+    "brokerCapacities": [
+        {"brokerId": "-1", "capacity": {"DISK": "100000", "CPU": "100", "NW_IN": "1500", "NW_OUT": "100000"}}
+    ]
+}
+LIMIT = 1_500 * 1024 * 0.8
+RESOLUTION = "1min"
+# Capture files close every second, so advise can read the first run while the proxy runs; a
+# 2 x 1 s quota window holds a per-second statistic (docs/replay.md, advise).
+BASE_YAML = "capture:\n  rotate_seconds: 1\n"
+NO_QUOTAS_YAML = "quotas:\n  window_num: 2\n  window_size_seconds: 1\n  entries: []\n"
+
+
+class TwoFileProxy(ProxyProcess):
+    """`kqp serve --config base.yaml --config quotas.yaml --capture-dir DIR`."""
+
+    def __init__(self, upstream: str, log_path: Path, configs: list[Path], capture: Path) -> None:
+        super().__init__(upstream, log_path)
+        self.extra = [argument for config in configs for argument in ("--config", str(config))]
+        self.extra += ["--capture-dir", str(capture)]
+
+    def command(self) -> list[str]:
+        return [*super().command(), *self.extra]
+
+
+def run_traffic(bootstrap: str) -> tuple[int, int]:
+    """Every producer at its rate for RUN_SECONDS; returns the window (start_us, end_us)."""
+    from confluent_kafka import Producer
+
+    start = time.time()
+    errors: list[str] = []
+
+    def produce(client_id: str, rate: int) -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id})
+        payload = b"x" * MESSAGE_BYTES
+        sent = 0
+        while (elapsed := time.time() - start) < RUN_SECONDS:
+            due = int(elapsed * rate / MESSAGE_BYTES) + 1
+            while sent < due:
+                producer.produce(TOPIC, payload, on_delivery=lambda e, _m: e and errors.append(str(e)))
+                sent += 1
+            producer.poll(0.01)
+        # What a throttled producer still holds is not part of the measured window.
+        producer.purge(in_queue=True, in_flight=False)
+        producer.flush(10)
+
+    threads = [threading.Thread(target=produce, args=item) for item in {**QUIET, **NOISY}.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not [e for e in errors if "Purged" not in e], errors[:5]
+    return int(start * 1e6), int((start + RUN_SECONDS) * 1e6)
+
+
+def produced_per_second(capture: Path, window: tuple[int, int]) -> pd.Series:
+    rows = ds.dataset(str(capture), format="parquet", partitioning="hive").to_table().to_pandas()
+    rows = rows[(rows["ts_request_received_us"] >= window[0]) & (rows["ts_request_received_us"] < window[1])]
+    return rows[rows["api_key"] == 0].groupby("client_id")["request_bytes"].sum() / RUN_SECONDS
+
+
+def wait_for_capture(capture: Path, after_us: int, timeout_s: float = 20.0) -> None:
+    """Until a closed capture file holds a request from after `after_us` (files close every second)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            rows = ds.dataset(str(capture), format="parquet", partitioning="hive").to_table(
+                columns=["ts_request_received_us"]
+            )
+            if len(rows) and rows["ts_request_received_us"].to_pandas().max() >= after_us:
+                return
+        except Exception:  # a file being renamed into place
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"no capture file with requests after {after_us} in {timeout_s} s")
+
+
+def test_the_advice_holds_on_real_kafka(spark: Any, kafka: KafkaCluster, tmp_path: Path) -> None:
+    kafka.create_topic(TOPIC, partitions=1, replication=1)
+    base, quotas, capture = tmp_path / "base.yaml", tmp_path / "quotas.yaml", tmp_path / "capture"
+    base.write_text(BASE_YAML)
+    quotas.write_text(NO_QUOTAS_YAML)
+    (tmp_path / "capacity.json").write_text(json.dumps(CAPACITY))
+    proxy = TwoFileProxy(kafka.bootstrap, tmp_path / "proxy.log", [base, quotas], capture)
+    proxy.start()
+    try:
+        first = run_traffic(proxy.bootstrap)
+        wait_for_capture(capture, first[1] - 2_000_000)
+        first_rates = produced_per_second(capture, first)
+
+        options = AdviseOptions(
+            capture=str(capture),
+            capacity=str(tmp_path / "capacity.json"),
+            output=str(tmp_path / "advice"),
+            replication_factor=1,
+            current=str(quotas),  # the proxy's quota file: its 2 x 1 s window
+            headroom_resolution=RESOLUTION,
+        )
+        advice = run_advise(spark, options, Progress("advise", 9))
+        print(json.dumps(advice.summary["rounds"], indent=1))
+        print(advice.tables["advice"].to_string())
+        assert advice.summary["fits"], advice.summary["unmet"]
+        table = advice.tables["advice"].set_index("entity")
+        limited = set(table.index[table["limited"]])
+        assert limited == {f"client-id={name}" for name in NOISY}
+        quota = {name: table.loc[f"client-id={name}", "quota_bytes_per_s"] for name in NOISY}
+
+        # Live reload: the running proxy picks the advised file up.
+        shutil.copyfile(tmp_path / "advice" / "quotas.yaml", quotas)
+        deadline = time.monotonic() + 30
+        while "config reloaded" not in (tmp_path / "proxy.log").read_text():
+            assert time.monotonic() < deadline, proxy.log_tail()
+            time.sleep(0.2)
+
+        second = run_traffic(proxy.bootstrap)
+        wait_for_capture(capture, second[1] - 2_000_000)
+    finally:
+        assert proxy.stop() == 0
+
+    analyzed = run_analyze(
+        spark,
+        AnalyzeOptions(
+            capture=str(capture),
+            output=str(tmp_path / "analyze"),
+            capacity=str(tmp_path / "capacity.json"),
+            replication_factor=1,
+            start_us=second[0],
+            end_us=second[1],
+            headroom_resolution=RESOLUTION,
+        ),
+        Progress("analyze", 9),
+    )
+    analyzed.release()
+    headroom = [row for row in analyzed.summary["headroom"]["rows"] if row["resource"] == "NW_IN"]
+    busiest = max(row["load_bytes_per_s"] for row in headroom)
+    shares = analyzed.tables["shares"].query("dimension == 'client_id'").set_index("entity")
+    second_rates = shares["produce_bytes"] / RUN_SECONDS
+    report = {
+        "limit": LIMIT,
+        "nw_in_p99_after": busiest,
+        "quota": quota,
+        "first": first_rates.to_dict(),
+        "second": second_rates.to_dict(),
+    }
+    print(json.dumps(report, indent=1))
+    assert busiest <= LIMIT * 1.10, report
+    for name in QUIET:
+        assert second_rates[name] == pytest.approx(first_rates[name], rel=0.05), report
+    for name in NOISY:
+        assert first_rates[name] > quota[name] * 1.5, report  # they were noisy
+        assert second_rates[name] == pytest.approx(quota[name], rel=0.10), report
