@@ -69,11 +69,6 @@ def parse_versions(text: str) -> tuple[int, int] | None:
     return int(text), int(text)
 
 
-def kafka_version() -> str:
-    """The Kafka release the bundled definitions come from."""
-    return importlib.resources.files(DEFINITIONS_PACKAGE).joinpath("KAFKA_VERSION").read_text().strip()
-
-
 def _read_definition(name: str) -> dict[str, Any]:
     text = importlib.resources.files(DEFINITIONS_PACKAGE).joinpath(f"{name}.json").read_text()
     definition: dict[str, Any] = json.loads(_COMMENT.sub("", text))
@@ -121,9 +116,6 @@ class ApiSpec:
 
     def supports(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version
-
-    def request_header_version(self, version: int) -> int:
-        return 2 if self.is_flexible(version) else 1
 
     def response_header_version(self, version: int) -> int:
         # ApiVersionsResponse keeps header v0 in every version so that a client can always

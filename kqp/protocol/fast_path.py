@@ -258,9 +258,14 @@ def parse_fetch_response(body: Buffer, api_version: int) -> FetchSummary:
     return _guarded(_parse_fetch_response, body, api_version, "Fetch response")
 
 
+def _fetch_layout(version: int) -> tuple[bool, bool]:
+    """(flexible, topics named by id) for a Fetch version: request and response change
+    encoding at the same versions, v12 (KIP-482 compact fields) and v13 (KIP-516 topic ids)."""
+    return version >= FETCH_FIRST_FLEXIBLE, version >= FETCH_FIRST_TOPIC_ID
+
+
 def _parse_fetch_response(body: Buffer, version: int) -> FetchSummary:
-    flexible = version >= FETCH_FIRST_FLEXIBLE
-    by_id = version >= FETCH_FIRST_TOPIC_ID
+    flexible, by_id = _fetch_layout(version)
     offset = 0
     throttle_time_ms = 0
     error_code = 0
@@ -310,8 +315,7 @@ def parse_fetch_request(body: Buffer, api_version: int) -> FetchRequestSummary:
 
 
 def _parse_fetch_request(body: Buffer, version: int) -> FetchRequestSummary:
-    flexible = version >= FETCH_FIRST_FLEXIBLE
-    by_id = version >= FETCH_FIRST_TOPIC_ID
+    flexible, by_id = _fetch_layout(version)
     # ReplicaId until v14; from v15 it moved into a tagged field at the end of the body.
     offset = 4 if version <= 14 else 0
     (max_wait_ms,) = _INT32.unpack_from(body, offset)

@@ -83,7 +83,6 @@ class ProxiedConnection:
         self.client: asyncio.Transport | None = None
         self.upstream: asyncio.Transport | None = None
         self.upstream_node_id: int | None = None if listener.node_id == BOOTSTRAP else listener.node_id
-        self.upstream_address: tuple[str, int] | None = None
         self.peer = "?"
         self.peer_ip = "?"
         self.session: KafkaSession[Exchange] = KafkaSession(
@@ -98,7 +97,6 @@ class ProxiedConnection:
         self.frame_started_at: float | None = None
         self.opened_at = time.time()
         self.last_activity = self._loop.time()
-        self.requests_seen = 0
         self._stream_mute_ms = 0  # the mute due once the streaming response has passed
         self._client_blockers: set[str] = set()
         self._upstream_blockers: set[str] = set()
@@ -197,7 +195,6 @@ class ProxiedConnection:
             if self._closed:
                 transport.close()
                 return
-            self.upstream_address = (host, port)
             self._unblock_client(_CONNECTING)
             self._process_pending()
             return
@@ -363,7 +360,6 @@ class ProxiedConnection:
             received_at=self._loop.time(),
             expects_response=request.expects_response,
         )
-        self.requests_seen += 1
         wait = self._hooks.hold(self.view, exchange, frame)
         if wait is not None:
             # Nothing behind it is read until it is decided, and shutdown waits for it.

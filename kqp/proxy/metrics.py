@@ -637,18 +637,3 @@ class _AccumulatorCollector(Collector):
         # Names only, so registering does not run the quota source.
         return list(self._metrics.families(read_quota_source=False))
 
-
-def registered_metric_names(metrics: ProxyMetrics) -> set[str]:
-    """Every sample name ProxyMetrics can expose (e.g. `kqp_requests_total`, `..._bucket`)."""
-    names: set[str] = set()
-    for family in metrics.registry.collect():
-        names.update(_sample_names(family))
-    return names
-
-
-def _sample_names(family: Metric) -> set[str]:
-    if family.type == "counter":
-        return {family.name + "_total", family.name + "_created"}
-    if family.type == "histogram":
-        return {family.name + suffix for suffix in ("_bucket", "_sum", "_count", "_created")}
-    return {family.name}

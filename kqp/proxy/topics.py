@@ -33,6 +33,3 @@ class TopicDirectory:
 
     def name_of(self, topic_id: uuid.UUID) -> str | None:
         return self._names.get(topic_id)
-
-    def forget(self, name: str) -> None:
-        self._partitions.pop(name, None)

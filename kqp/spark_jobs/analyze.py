@@ -22,7 +22,7 @@ of small results) -> `load` (report.write_analyze_outputs). Figures:
     averages over the captured seconds of the minute. Gaps are filled with zeros so percentiles count idle seconds.
   * p50/p95/p99/p99.9/max (exact, `percentile`) with the time of the max, and seconds above
     the capacity limit;
-  * replication-aware network load from the replication factor (capacity.replication_load);
+  * replication-aware network load from the replication factor (analyze_transform.with_replication);
   * shares (top-N, Pareto) of principals, client-ids, (principal, client-id) and topics;
   * partition hot spots and skew; Produce batch-size mix; latency percentiles by API
     (approximate, `percentile_approx`); errors; observed broker vs proxy throttles;

@@ -207,7 +207,10 @@ def api_request_series(
 def with_replication(series: DataFrame, replication_factor: int, broker_count: int) -> DataFrame:
     """Add modelled follower traffic and total network in/out per broker and bucket.
 
-    See capacity.replication_load: replication_out = (RF-1) x produce, replication_in =
+    The proxy never sees replication, so it is modelled: every byte a leader takes in is
+    fetched by RF-1 followers (the leader's extra outbound), and followers are spread evenly
+    over the other brokers, so a broker takes in (RF-1)/(N-1) of every other leader's bytes.
+    RF is capped at the broker count. replication_out = (RF-1) x produce, replication_in =
     (RF-1)/(N-1) x (cluster produce - own produce); nw_in = all client request bytes +
     replication_in, nw_out = all client response bytes + replication_out.
     """

@@ -99,16 +99,6 @@ def markdown_table(frame: pd.DataFrame, columns: Sequence[str] | None = None, li
     return "\n".join(lines)
 
 
-def human_bytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:,.1f} {unit}"
-        value /= 1000
-    return f"{value:,.1f} TB"
-
-
 # ---------------------------------------------------------------- report builder
 
 _INLINE = re.compile(r"\*\*(.+?)\*\*|`(.+?)`")
