@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.conftest import ProxyFactory
-from tests.integration.test_transparency import FEATURE_CLIENTS
-from tests.integration.through_proxy import assert_only_proxy, run_watched
+from tests.integration.helpers.feature_clients import FEATURE_CLIENTS
+from tests.integration.helpers.proxies import ProxyFactory
+from tests.integration.helpers.through_proxy import assert_only_proxy, run_watched
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from kqp.protocol.throttle_field import (
     throttle_field_offset,
     throttle_location,
 )
-from tests.unit.protocol.schema_messages import body_strategy
+from tests.unit.helpers.schema_messages import body_strategy
 
 ALL_VERSIONS = [(key, version) for key, spec in sorted(API_SPECS.items())
                 for version in range(spec.min_version, spec.max_version + 1)]
