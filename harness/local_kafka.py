@@ -103,15 +103,16 @@ def api_versions_ok(host: str, port: int, timeout: float = 1.0) -> bool:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.settimeout(timeout)
             sock.sendall(struct.pack(">i", len(request)) + request)
-            header = _recv_exact(sock, 4)
-            payload = _recv_exact(sock, struct.unpack(">i", header)[0])
+            header = recv_exact(sock, 4)
+            payload = recv_exact(sock, struct.unpack(">i", header)[0])
             correlation_id, error_code = struct.unpack(">ih", payload[:6])
             return correlation_id == 1 and error_code == 0
     except OSError:
         return False
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly `size` bytes from a blocking socket (OSError if the peer closes first)."""
     data = b""
     while len(data) < size:
         chunk = sock.recv(size - len(data))

@@ -6,17 +6,9 @@ import socket
 import struct
 from pathlib import Path
 
+from harness.local_kafka import recv_exact
+
 FEATURE_CLIENTS = Path(__file__).parents[1] / "java" / "FeatureClients.java"
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise OSError("connection closed")
-        data += chunk
-    return data
 
 
 def _compact_string(text: str) -> bytes:
@@ -33,8 +25,8 @@ def api_versions_request(sock: socket.socket, correlation_id: int, version: int 
     else:
         request = header
     sock.sendall(struct.pack(">i", len(request)) + request)
-    size = struct.unpack(">i", _recv_exact(sock, 4))[0]
-    payload = _recv_exact(sock, size)
+    size = struct.unpack(">i", recv_exact(sock, 4))[0]
+    payload = recv_exact(sock, size)
     assert struct.unpack(">i", payload[:4])[0] == correlation_id
     body = payload[4:]
     error_code = struct.unpack(">h", body[:2])[0]
