@@ -53,6 +53,8 @@ DECODED_APIS = frozenset({
 })
 
 DEFINITIONS_PACKAGE = "kqp.protocol.kafka_message_definitions"
+# Kafka's definitions are JSON with // comments (the license header, notes on fields), which
+# the json module does not accept: whole-line comments are removed before parsing.
 _COMMENT = re.compile(r"(?m)^\s*//.*\n?")
 
 
@@ -105,6 +107,10 @@ def message_class(name: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class ApiSpec:
+    """One API as the bundled definitions describe it: the versions a broker of that release
+    accepts (validVersions) and the first flexible version (KIP-482: compact strings and
+    arrays, tagged fields, request header v2 and response header v1)."""
+
     key: int
     name: str
     min_version: int
@@ -118,6 +124,7 @@ class ApiSpec:
         return self.min_version <= version <= self.max_version
 
     def response_header_version(self, version: int) -> int:
+        """0 (correlation id only) or 1 (with a tagged-field section) for this version."""
         # ApiVersionsResponse keeps header v0 in every version so that a client can always
         # read the error of a version it does not support.
         if self.key == API_VERSIONS_KEY:
