@@ -7,7 +7,6 @@ therefore measured on the steady state, the reporting intervals after the first 
 
 from __future__ import annotations
 
-import re
 import subprocess
 import threading
 import time
@@ -30,12 +29,12 @@ from tests.integration.helpers.quota_proxy import (
     producer_quota_entry,
     quota_file,
     steady_rate,
+    throttle_avg,
 )
 
 pytestmark = pytest.mark.integration
 
 
-_THROTTLE_AVG = re.compile(r"producer-metrics:produce-throttle-time-avg:\{client-id=([^}]*)\}\s*:\s*([\d.NaN]+)")
 
 
 
@@ -69,10 +68,6 @@ def run_producer(cluster: KafkaCluster, bootstrap: str, topic: str, client_id: s
     return result.stdout
 
 
-def throttle_avg(output: str, client_id: str) -> float:
-    values = [float(v) for c, v in _THROTTLE_AVG.findall(output) if c == client_id and v != "NaN"]
-    assert values, f"no produce-throttle-time-avg for {client_id} in the metrics printed"
-    return values[0]
 
 
 def test_producer_byte_rate_matches_broker_enforced_quota(

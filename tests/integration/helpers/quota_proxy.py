@@ -13,6 +13,7 @@ WARMUP_S = 14.0
 TOLERANCE = 0.10
 # ProducerPerformance prints one of these every 5 s, then a summary with percentiles.
 _WINDOW = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\)", re.M)
+_THROTTLE_AVG = re.compile(r"producer-metrics:produce-throttle-time-avg:\{client-id=([^}]*)\}\s*:\s*([\d.NaN]+)")
 
 
 class ConfiguredProxy(ProxyProcess):
@@ -37,3 +38,9 @@ def steady_rate(output: str, interval_s: float = 5.0) -> float:
     steady = windows[int(WARMUP_S // interval_s):]
     assert len(steady) >= 2, f"too few steady-state windows in:\n{output[-3000:]}"
     return sum(steady) / len(steady)
+
+
+def throttle_avg(output: str, client_id: str) -> float:
+    values = [float(v) for c, v in _THROTTLE_AVG.findall(output) if c == client_id and v != "NaN"]
+    assert values, f"no produce-throttle-time-avg for {client_id} in the metrics printed"
+    return values[0]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import struct
 
 from kafka.protocol.consumer import HeartbeatRequest, HeartbeatResponse
+from kafka.protocol.metadata import MetadataRequest
 
-from kqp.protocol.apis import PRODUCE_KEY
+from kqp.protocol.apis import METADATA_KEY, PRODUCE_KEY
 from kqp.protocol.headers import encode_request_header
 from kqp.proxy.hooks import TrafficHooks
 from kqp.proxy.options import ProxyOptions
@@ -19,6 +20,12 @@ HEARTBEAT_KEY = 12
 def heartbeat_request(correlation_id: int) -> bytes:
     body = HeartbeatRequest[4](group_id="g", generation_id=1, member_id="m", group_instance_id=None).encode()
     return encode_request_header(HEARTBEAT_KEY, 4, correlation_id, "test") + bytes(body)
+
+
+def metadata_request(correlation_id: int, version: int = 12) -> bytes:
+    body = MetadataRequest[version](topics=[], allow_auto_topic_creation=False,
+                                    include_topic_authorized_operations=False).encode()
+    return encode_request_header(METADATA_KEY, version, correlation_id, "test") + bytes(body)
 
 
 def answer_heartbeat(header: object, body: bytes) -> bytes:

@@ -7,29 +7,19 @@ import logging
 import struct
 
 import pytest
-from kafka.protocol.metadata import MetadataRequest
 
 from kqp.protocol.apis import METADATA_KEY, PRODUCE_KEY
 from kqp.protocol.codec import decode_body
-from kqp.protocol.headers import encode_request_header, response_body_offset, response_correlation_id
+from kqp.protocol.headers import response_body_offset, response_correlation_id
 from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks
 from tests.unit.helpers.fake_broker import FakeBroker, RawClient
 from tests.unit.helpers.proxy import (
     HEARTBEAT_KEY,
     heartbeat_request,
+    metadata_request,
     produce_acks0_request,
     start_proxy,
 )
-
-
-def metadata_request(correlation_id: int, version: int = 12) -> bytes:
-    body = MetadataRequest[version](topics=[], allow_auto_topic_creation=False,
-                                    include_topic_authorized_operations=False).encode()
-    return encode_request_header(METADATA_KEY, version, correlation_id, "test") + bytes(body)
-
-
-
-
 
 
 async def test_metadata_points_clients_at_the_proxy(broker: FakeBroker) -> None:
