@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.local_kafka import REPO, KafkaCluster
+from harness.local_kafka import REPO, KafkaCluster, recv_exact
 from harness.proxy_process import ProxyProcess
 
 _API_VERSIONS_V0 = 18, 0
@@ -139,8 +139,8 @@ def probe(bootstrap: str, topic: str, api_rounds: int, produce_rounds: int) -> d
         for i in range(api_rounds):
             started = time.perf_counter()
             sock.sendall(api_versions_frame(i))
-            size = struct.unpack(">i", _recv_exact(sock, 4))[0]
-            _recv_exact(sock, size)
+            size = struct.unpack(">i", recv_exact(sock, 4))[0]
+            recv_exact(sock, size)
             api_ms.append((time.perf_counter() - started) * 1000)
     if not produce_rounds:
         return {"api_versions": summary(api_ms[50:])}
@@ -155,16 +155,6 @@ def probe(bootstrap: str, topic: str, api_rounds: int, produce_rounds: int) -> d
         if i >= 50:  # the first ones include metadata and connection set-up
             produce_ms.append((time.perf_counter() - started) * 1000)
     return {"api_versions": summary(api_ms[50:]), "produce": summary(produce_ms)}
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise OSError("connection closed")
-        data += chunk
-    return bytes(data)
 
 
 def run_probe(bootstrap: str, topic: str, api_rounds: int, produce_rounds: int) -> dict[str, dict[str, float]]:

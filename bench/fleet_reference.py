@@ -13,7 +13,7 @@ import threading
 import time
 
 from harness.local_kafka import KafkaCluster
-from tests.integration.test_fleet import CLIENT_ID, QUOTA, STEADY_S, WARMUP_S, produce_through, steady_rate
+from tests.integration.helpers.fleet import CLIENT_ID, QUOTA, STEADY_S, WARMUP_S, produce_through, steady_rate
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,10 @@
 Coverage comes from the footers (records written and dropped per file, the sampling rate),
 the rest from a column scan: only the few columns needed are read, batch by batch, so a
 large capture is summarised in bounded memory (apart from the sets of distinct clients).
+
+Two counts of the same records are compared on purpose: the footers say what the writer
+meant to write (and dropped), the scan what is really readable. They differ when a file
+was cut short or hand-edited, and the summary says so rather than trusting either.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ _TOP_CLIENTS = 10
 
 @dataclass
 class CaptureSummary:
+    """What `inspect` reports. Sets, not single values, for proxy ids and sampling rates:
+    one directory may hold the captures of several proxies (a fleet, or --workers), or of
+    one proxy reconfigured, and the reader must see that."""
+
     directory: str
     files: int = 0
     in_progress_files: int = 0
@@ -51,7 +59,7 @@ class CaptureSummary:
     sampling_one_in: set[int] = field(default_factory=set)
     records_written: int = 0  # from the footers
     records_dropped: int = 0
-    records_invalid: int = 0
+    records_invalid: int = 0  # refused by the writer as malformed: a proxy bug, not load
     rows: int = 0  # rows actually read
     first_request_us: int | None = None
     last_response_us: int | None = None
@@ -61,6 +69,8 @@ class CaptureSummary:
     request_bytes: int = 0
     response_bytes: int = 0
     bytes_per_client: dict[str, int] = field(default_factory=dict)
+    # From the RecordBatch headers of each partition: records, not requests, are what a
+    # producer's throughput is measured in.
     produced_records: int = 0
     produced_batch_bytes: int = 0
     fetched_records: int = 0
@@ -75,16 +85,20 @@ class CaptureSummary:
 
 def summarize_capture(directory: str | Path) -> CaptureSummary:
     """Read a capture directory's footers and columns into a CaptureSummary."""
+    # Imported here: kqp.protocol.apis loads the bundled message definitions, which
+    # `kqp capture` does not otherwise need to start.
     from kqp.protocol.apis import api_name
 
     root = Path(directory)
     summary = CaptureSummary(directory=str(root))
+    # In-progress files are counted, not read: the writer is still appending to them and
+    # their footer does not exist yet.
     summary.in_progress_files = sum(1 for _ in root.rglob(f"*{IN_PROGRESS_SUFFIX}"))
     per_api: collections.Counter[int] = collections.Counter()
     per_client: collections.Counter[str] = collections.Counter()
     for path in sorted(root.rglob(f"*{FINAL_SUFFIX}")):
         if path.name.startswith("."):
-            continue
+            continue  # hidden files: editors' and sync tools' temporaries
         try:
             parquet = pq.ParquetFile(path)
         except (OSError, pa.ArrowException):
@@ -92,6 +106,7 @@ def summarize_capture(directory: str | Path) -> CaptureSummary:
             continue
         summary.files += 1
         _read_footer(parquet, summary)
+        # Older schema versions may lack a column; read what the file has.
         columns = [name for name in _SCAN_COLUMNS if name in parquet.schema_arrow.names]
         for batch in parquet.iter_batches(columns=columns):
             _scan_batch(pa.Table.from_batches([batch]), summary, per_api, per_client)
@@ -101,6 +116,8 @@ def summarize_capture(directory: str | Path) -> CaptureSummary:
 
 
 def _read_footer(parquet: pq.ParquetFile, summary: CaptureSummary) -> None:
+    # A file without the writer's footer keys (written by another tool) counts its rows as
+    # written and nothing as dropped.
     metadata = parquet.metadata.metadata or {}
     summary.records_written += int(metadata.get(META_RECORDS_WRITTEN, parquet.metadata.num_rows))
     summary.records_dropped += int(metadata.get(META_RECORDS_DROPPED, 0))
@@ -121,6 +138,7 @@ def _scan_batch(
         return
     summary.rows += table.num_rows
     first = pc.min(table["ts_request_received_us"]).as_py()
+    # acks=0 Produce has no response: its request time ends the span instead.
     ends = pc.coalesce(table["ts_response_sent_us"], table["ts_request_received_us"])
     last = pc.max(ends).as_py()
     if first is not None and (summary.first_request_us is None or first < summary.first_request_us):
@@ -160,6 +178,7 @@ def _scan_batch(
 
 
 def format_summary(summary: CaptureSummary) -> str:
+    """The summary as aligned text for a terminal (the layout is for people, not parsers)."""
     lines = [f"capture {summary.directory}"]
     lines.append(
         f"  files        {summary.files} closed, {summary.in_progress_files} in progress, "

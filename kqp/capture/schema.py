@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
 # v1 captures (no quota_* columns) still load: readers see those columns as nulls.
-OLDEST_READABLE_SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Footer metadata keys (file-level key/value metadata of every capture file).
 META_SCHEMA_VERSION = b"kqp.capture.schema_version"

@@ -149,6 +149,8 @@ class CaptureWriter:
         self._dropped_in_footers = 0
         self._invalid_in_footers = 0
 
+        # Writer-thread state: records taken from the queue but not yet written (one row
+        # group's worth at most), the hour partition being filled, and the open file.
         self._pending: list[Record] = []
         self._pending_since = 0.0
         self._hour: int | None = None  # partition (hours since the epoch) being filled
@@ -161,11 +163,16 @@ class CaptureWriter:
         """Whether records of this connection are captured: deterministic 1 in `sample_one_in`."""
         if self.sample_one_in == 1:
             return True
+        # Per connection, not per record: a sampled client's whole conversation is kept, so
+        # replays see its real request sequence; the hash keeps the choice stable across
+        # calls without storing it.
         spread = ((connection_id * _GOLDEN_64) & _MASK_64) >> 32
         return spread % self.sample_one_in == 0
 
     def submit(self, record: Record) -> bool:
         """Queue one record for writing; never blocks. False when it was dropped (queue full or stopped)."""
+        # Drop rather than wait: a slow disk must cost capture completeness (counted, and
+        # written into the next footer), never latency on the data path.
         if not self._accepting or len(self._queue) >= self.queue_capacity:
             self._dropped += 1
             if self._on_dropped is not None:
@@ -223,6 +230,11 @@ class CaptureWriter:
     # ---- writer thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The writer thread: drain the queue into row groups, flush by size or age, rotate
+        files by age, and on stop write everything queued before closing.
+
+        It polls (`poll_interval_s`) instead of being woken per record: a condition variable
+        notified from `submit` would cost the data path a lock per record."""
         try:
             while True:
                 stopping = self._stop_requested.is_set()
@@ -242,6 +254,8 @@ class CaptureWriter:
                 if not took:
                     self._stop_requested.wait(self._poll_interval_s)
         except Exception:
+            # A bug here must not take the proxy down: capture stops (and says so), traffic
+            # keeps flowing, and later submits count as drops.
             log.exception("capture writer failed; capture stops here")
             self._accepting = False
         finally:
@@ -254,6 +268,8 @@ class CaptureWriter:
         while queue and len(self._pending) < self._row_group_records:
             record = queue.popleft()
             took += 1
+            # Checked here, off the data path: a record missing a required field is a proxy
+            # bug, counted apart from load-shedding drops.
             if any(record.get(name) is None for name in REQUIRED_FIELDS):
                 self._invalid += 1
                 continue
@@ -283,6 +299,8 @@ class CaptureWriter:
         if self._file is None:
             self._file = self._open_file(now)
         try:
+            # One row group per batch, as sized by row_group_records or the flush interval
+            # (pyarrow would otherwise split it at its own default size).
             self._file.writer.write_table(table, row_group_size=table.num_rows)
         except OSError:
             log.exception("capture: writing %s failed; its records count as dropped", self._file.temp_path)
@@ -316,6 +334,8 @@ class CaptureWriter:
             return pa.Table.from_pylist(good, schema=CAPTURE_SCHEMA)
 
     def _open_file(self, now: float) -> _OpenFile:
+        # The partition is the hour of the records in it, not of the wall clock: a backlog
+        # written after the hour turned still lands where Spark's time pruning looks for it.
         hour = self._hour if self._hour is not None else int(now * 1_000_000) // _US_PER_HOUR
         start = datetime.fromtimestamp(hour * 3600, tz=UTC)
         partition = self.directory / f"date={start:%Y-%m-%d}" / f"hour={start:%H}"
@@ -329,6 +349,8 @@ class CaptureWriter:
             if not final_path.exists() and not temp_path.exists():
                 break
         sink = pa.OSFile(str(temp_path), "wb")
+        # zstd: capture columns (ids, sizes, repeated client ids) compress several-fold, and
+        # zstd decodes fast enough that Spark jobs are not slowed by it.
         writer = pq.ParquetWriter(sink, CAPTURE_SCHEMA, compression="zstd")
         return _OpenFile(final_path=final_path, temp_path=temp_path, sink=sink, writer=writer, opened_at=now)
 
@@ -336,6 +358,8 @@ class CaptureWriter:
         current, self._file = self._file, None
         if current is None:
             return
+        # Each footer carries the drops since the previous footer, so summing the footers of a
+        # capture gives every drop once, whichever file was open when it happened.
         dropped = self._dropped + self._lost - self._dropped_in_footers
         invalid = self._invalid - self._invalid_in_footers
         metadata = {
@@ -352,6 +376,8 @@ class CaptureWriter:
             current.writer.add_key_value_metadata({k.decode(): v for k, v in metadata.items()})
             current.writer.close()
             current.sink.close()
+            # fsync the data, rename, fsync the directory: after a crash the final name
+            # exists only with its complete content (the rename itself is made durable).
             _fsync(current.temp_path)
             os.replace(current.temp_path, current.final_path)
             _fsync(current.final_path.parent)

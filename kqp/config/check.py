@@ -1,4 +1,10 @@
-"""`kqp check-config FILE...`: validate, then show what the proxy would run with."""
+"""`kqp check-config FILE...`: validate, then show what the proxy would run with.
+
+Meant for review before a deploy or in CI: the same loader as `kqp serve` (so a file that
+passes here is one the proxy accepts), and a summary that shows the quota entries in the
+order Kafka resolves them (KIP-55 precedence), with the file and line each comes from, so a
+reviewer can see which entry a given client will get without reading the YAML by hand.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,10 @@ from kqp.config.loader import line_of, load_config, read_config_file
 from kqp.config.models import KqpConfig, ListenerSaslSection, ProxySection, entity_text
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaType
 
+# Each quota type's unit, as Kafka defines it: byte rates in bytes per second (per broker),
+# request_percentage in percent of one network/IO thread's time (KIP-124: 200 = two threads'
+# worth), mutations in partitions created or deleted per second (KIP-599), connection
+# creations per second per IP (KIP-612).
 _UNITS: dict[str, str] = {
     "producer_byte_rate": "B/s",
     "consumer_byte_rate": "B/s",
@@ -77,7 +87,14 @@ def entry_origins(config: KqpConfig, files: Sequence[str | Path]) -> list[str]:
 
 
 def precedence_level(entity: QuotaEntity) -> int:
-    """Kafka's KIP-55 level of an entity: 1 (user + client-id) is the most specific, 8 the least."""
+    """Kafka's KIP-55 level of an entity: 1 (user + client-id) is the most specific, 8 the least.
+
+    The eight levels, as in Kafka's documentation of quota precedence:
+      1 /config/users/<user>/clients/<client-id>      5 /config/users/<default>/clients/<default>
+      2 /config/users/<user>/clients/<default>        6 /config/users/<default>
+      3 /config/users/<user>                          7 /config/clients/<client-id>
+      4 /config/users/<default>/clients/<client-id>   8 /config/clients/<default>
+    A client gets the first level that has a quota of the type in question."""
     user, client = entity.user, entity.client_id
     if user is not None and user != DEFAULT_ENTITY:
         return {None: 3, DEFAULT_ENTITY: 2}.get(client, 1)
@@ -87,6 +104,8 @@ def precedence_level(entity: QuotaEntity) -> int:
 
 
 def format_limit(quota_type: QuotaType | str, value: float) -> str:
+    # Byte rates are shown exact (what Kafka compares against) with a binary-unit reading
+    # beside them, since operators think in MiB/s but the config holds bytes.
     unit = _UNITS[quota_type]
     if unit == "B/s":
         text = f"{round(value)} B/s"
@@ -161,6 +180,8 @@ def render_summary(config: KqpConfig, files: Sequence[str | Path], origins: Sequ
         f"validateOnly requests are {'charged' if enforcement.charge_validate_only else 'not charged'}"
     )
     rows = []
+    # Most specific first, the order in which a client's quota is looked up; `enumerate`
+    # keeps each entry's index into `origins`, which follows the file order.
     numbered = sorted(enumerate(settings.entries), key=lambda e: (precedence_level(e[1].entity), str(e[1].entity)))
     for index, entry in numbered:
         for quota_type, value in entry.limits.items():

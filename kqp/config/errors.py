@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class ConfigProblem:
+    """One thing wrong, said where an editor can jump to it ("FILE:LINE:COLUMN: path: why").
+    Every problem is collected before raising, so a user fixes a file in one pass."""
+
     # The file the problem is in; several when no single file holds the field (a missing key).
     files: tuple[str, ...]
     # Dotted path with list indexes, e.g. "quotas.entries[2].producer_byte_rate"; "" for the whole file.

@@ -1,4 +1,11 @@
-"""Cheap change detection for live reload: stat every poll, read a file only when its stat changed."""
+"""Cheap change detection for live reload: stat every poll, read a file only when its stat changed.
+
+Polling rather than inotify: it works the same on every platform and file system (network
+file systems send no events for remote writes), and a stat through the path sees a file
+replaced by rename (an editor's save) or by a symlink swap (a Kubernetes ConfigMap update)
+as an inode change. A change is the content's hash changing, so touching a file, or an
+update that writes the same bytes, does not reload.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,8 @@ _SETTLE_NS = 2_000_000_000
 
 @dataclass(frozen=True, slots=True)
 class _Fingerprint:
+    """A file's stat (to skip reading it) and content hash (to decide if it changed)."""
+
     mtime_ns: int
     size: int
     inode: int
@@ -42,6 +51,7 @@ class ConfigFiles:
             previous = self._seen[path]
             current = self._fingerprint(path, previous)
             if current != previous:
+                # A new stat with the same digest is not a change; appearing or vanishing is.
                 any_changed = any_changed or previous is None or current is None or (
                     current.digest != previous.digest
                 )

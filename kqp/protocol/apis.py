@@ -53,6 +53,8 @@ DECODED_APIS = frozenset({
 })
 
 DEFINITIONS_PACKAGE = "kqp.protocol.kafka_message_definitions"
+# Kafka's definitions are JSON with // comments (the license header, notes on fields), which
+# the json module does not accept: whole-line comments are removed before parsing.
 _COMMENT = re.compile(r"(?m)^\s*//.*\n?")
 
 
@@ -67,11 +69,6 @@ def parse_versions(text: str) -> tuple[int, int] | None:
         low, high = text.split("-")
         return int(low), int(high)
     return int(text), int(text)
-
-
-def kafka_version() -> str:
-    """The Kafka release the bundled definitions come from."""
-    return importlib.resources.files(DEFINITIONS_PACKAGE).joinpath("KAFKA_VERSION").read_text().strip()
 
 
 def _read_definition(name: str) -> dict[str, Any]:
@@ -110,6 +107,10 @@ def message_class(name: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class ApiSpec:
+    """One API as the bundled definitions describe it: the versions a broker of that release
+    accepts (validVersions) and the first flexible version (KIP-482: compact strings and
+    arrays, tagged fields, request header v2 and response header v1)."""
+
     key: int
     name: str
     min_version: int
@@ -122,10 +123,8 @@ class ApiSpec:
     def supports(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version
 
-    def request_header_version(self, version: int) -> int:
-        return 2 if self.is_flexible(version) else 1
-
     def response_header_version(self, version: int) -> int:
+        """0 (correlation id only) or 1 (with a tagged-field section) for this version."""
         # ApiVersionsResponse keeps header v0 in every version so that a client can always
         # read the error of a version it does not support.
         if self.key == API_VERSIONS_KEY:

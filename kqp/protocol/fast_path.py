@@ -25,6 +25,8 @@ from kqp.protocol.records import EMPTY_RECORDS, RecordCounts, summarise_records
 Buffer = bytes | bytearray | memoryview
 S = TypeVar("S")
 
+# The versions where the layouts change encoding: compact lengths and tagged fields (KIP-482),
+# and topics named by id instead of name (KIP-516).
 PRODUCE_FIRST_FLEXIBLE = 9
 PRODUCE_FIRST_TOPIC_ID = 13
 FETCH_FIRST_FLEXIBLE = 12
@@ -68,6 +70,9 @@ class PartitionSummary:
 
 
 class _PartitionTotals:
+    """Request-wide sums, computed when asked: the data path reads them for few requests
+    (capture, metrics), so they are not worth adding up while parsing."""
+
     __slots__ = ()
     partitions: list[PartitionSummary]
 
@@ -86,6 +91,9 @@ class _PartitionTotals:
 
 @dataclass(slots=True)
 class ProduceSummary(_PartitionTotals):
+    """What the proxy needs of a Produce request: acks (0 means no response will come),
+    whether it is transactional (KIP-98), and its partitions' record figures."""
+
     acks: int
     timeout_ms: int
     transactional: bool
@@ -94,6 +102,9 @@ class ProduceSummary(_PartitionTotals):
 
 @dataclass(slots=True)
 class FetchSummary(_PartitionTotals):
+    """A Fetch response: the broker's own throttle, the top-level error (a fetch session
+    error, KIP-227, from v7), and per partition what was returned."""
+
     throttle_time_ms: int
     error_code: int
     partitions: list[PartitionSummary]
@@ -103,6 +114,8 @@ class FetchSummary(_PartitionTotals):
 
 @dataclass(slots=True)
 class FetchPartitionRequest:
+    """One partition a Fetch request asks for: where to read from and at most how much."""
+
     topic: str | None
     topic_id: uuid.UUID | None
     partition: int
@@ -157,6 +170,8 @@ def read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, in
 
 
 def _string(buf: Buffer, offset: int, flexible: bool) -> tuple[str | None, int]:
+    """A nullable string: int16 length, or unsigned varint length + 1 (0 = null) in flexible
+    versions. Topic names are decoded (they become labels); nothing else is."""
     if flexible:
         length_plus_one, offset = read_uvarint(buf, offset)
         length = length_plus_one - 1
@@ -177,6 +192,7 @@ def _string(buf: Buffer, offset: int, flexible: bool) -> tuple[str | None, int]:
 
 
 def _topic(buf: Buffer, offset: int, flexible: bool, by_id: bool) -> tuple[str | None, uuid.UUID | None, int]:
+    """A topic's name (before the topic-id versions) or its 16-byte id (after)."""
     if by_id:
         end = offset + _UUID_SIZE
         if end > len(buf):
@@ -213,6 +229,8 @@ def _guarded(parser: Callable[[Buffer, int], S], body: Buffer, version: int, wha
 
 
 def _expect_end(buf: Buffer, offset: int, what: str) -> None:
+    # A message that parses but leaves bytes over was read with the wrong layout: better
+    # to refuse it than to charge a quota by misread figures.
     if offset != len(buf):
         raise ProtocolDecodeError(f"{len(buf) - offset} unread bytes after {what}")
 
@@ -227,7 +245,7 @@ def _parse_produce_request(body: Buffer, version: int) -> ProduceSummary:
     by_id = version >= PRODUCE_FIRST_TOPIC_ID
     offset = 0
     transactional = False
-    if version >= 3:
+    if version >= 3:  # TransactionalId (KIP-98)
         transactional_id, offset = _string(body, offset, flexible)
         transactional = transactional_id is not None
     (acks,) = _INT16.unpack_from(body, offset)
@@ -258,19 +276,25 @@ def parse_fetch_response(body: Buffer, api_version: int) -> FetchSummary:
     return _guarded(_parse_fetch_response, body, api_version, "Fetch response")
 
 
+def _fetch_layout(version: int) -> tuple[bool, bool]:
+    """(flexible, topics named by id) for a Fetch version: request and response change
+    encoding at the same versions, v12 (KIP-482 compact fields) and v13 (KIP-516 topic ids)."""
+    return version >= FETCH_FIRST_FLEXIBLE, version >= FETCH_FIRST_TOPIC_ID
+
+
 def _parse_fetch_response(body: Buffer, version: int) -> FetchSummary:
-    flexible = version >= FETCH_FIRST_FLEXIBLE
-    by_id = version >= FETCH_FIRST_TOPIC_ID
+    flexible, by_id = _fetch_layout(version)
     offset = 0
     throttle_time_ms = 0
     error_code = 0
-    if version >= 1:
+    if version >= 1:  # ThrottleTimeMs (KIP-13)
         (throttle_time_ms,) = _INT32.unpack_from(body, 0)
         offset = 4
-    if version >= 7:
+    if version >= 7:  # fetch sessions (KIP-227)
         (error_code,) = _INT16.unpack_from(body, offset)
         offset += 6  # error code, session id
-    # Fixed fields between the high watermark and the aborted transactions.
+    # Fixed fields between the high watermark and the aborted transactions: LastStableOffset
+    # (v4, KIP-98) and LogStartOffset (v5, KIP-107).
     offsets_after_watermark = (8 if version >= 4 else 0) + (8 if version >= 5 else 0)
     partitions: list[PartitionSummary] = []
     topic_count, offset = read_array_length(body, offset, flexible)
@@ -280,14 +304,14 @@ def _parse_fetch_response(body: Buffer, version: int) -> FetchSummary:
         for _ in range(partition_count):
             partition, partition_error, high_watermark = _PARTITION_HEAD.unpack_from(body, offset)
             offset += _PARTITION_HEAD.size + offsets_after_watermark
-            if version >= 4:
+            if version >= 4:  # AbortedTransactions (KIP-98), null unless read_committed
                 aborted, offset = read_array_length(body, offset, flexible)
                 for _ in range(aborted):
                     offset += 16  # producer id, first offset
                     if flexible:
                         offset = skip_tagged_fields(body, offset)
             if version >= 11:
-                offset += 4  # preferred read replica
+                offset += 4  # preferred read replica (KIP-392, fetch from followers)
             size, (records, batches, compression, magic, _), offset = _records(body, offset, flexible)
             if flexible:
                 offset = skip_tagged_fields(body, offset)
@@ -296,6 +320,8 @@ def _parse_fetch_response(body: Buffer, version: int) -> FetchSummary:
                 high_watermark))
         if flexible:
             offset = skip_tagged_fields(body, offset)
+    # The top-level tagged fields are counted: KIP-951 NodeEndpoints live there, and a
+    # response that has any must go through the address rewrite.
     tagged_fields = 0
     if flexible:
         tagged_fields = read_uvarint(body, offset)[0]
@@ -310,25 +336,25 @@ def parse_fetch_request(body: Buffer, api_version: int) -> FetchRequestSummary:
 
 
 def _parse_fetch_request(body: Buffer, version: int) -> FetchRequestSummary:
-    flexible = version >= FETCH_FIRST_FLEXIBLE
-    by_id = version >= FETCH_FIRST_TOPIC_ID
-    # ReplicaId until v14; from v15 it moved into a tagged field at the end of the body.
+    flexible, by_id = _fetch_layout(version)
+    # ReplicaId until v14; from v15 it moved into a tagged field at the end of the body
+    # (ReplicaState, KIP-903).
     offset = 4 if version <= 14 else 0
     (max_wait_ms,) = _INT32.unpack_from(body, offset)
     (min_bytes,) = _INT32.unpack_from(body, offset + 4)
     offset += 8
     max_bytes: int | None = None
     max_bytes_offset: int | None = None
-    if version >= 3:
+    if version >= 3:  # MaxBytes (KIP-74), which the fetch quota may cap in place
         max_bytes_offset = offset
         (max_bytes,) = _INT32.unpack_from(body, offset)
         offset += 4
     isolation_level = 0
-    if version >= 4:
+    if version >= 4:  # IsolationLevel (KIP-98)
         (isolation_level,) = _INT8.unpack_from(body, offset)
         offset += 1
     if version >= 7:
-        offset += 8  # session id, session epoch
+        offset += 8  # session id, session epoch (KIP-227)
     partitions: list[FetchPartitionRequest] = []
     topic_count, offset = read_array_length(body, offset, flexible)
     for _ in range(topic_count):
@@ -338,13 +364,13 @@ def _parse_fetch_request(body: Buffer, version: int) -> FetchRequestSummary:
             (partition,) = _INT32.unpack_from(body, offset)
             offset += 4
             if version >= 9:
-                offset += 4  # current leader epoch
+                offset += 4  # current leader epoch (KIP-320)
             (fetch_offset,) = _INT64.unpack_from(body, offset)
             offset += 8
             if version >= 12:
-                offset += 4  # last fetched epoch
+                offset += 4  # last fetched epoch (KIP-595)
             if version >= 5:
-                offset += 8  # log start offset
+                offset += 8  # log start offset (KIP-107)
             (partition_max_bytes,) = _INT32.unpack_from(body, offset)
             offset += 4
             if flexible:

@@ -24,8 +24,7 @@ from collections.abc import Callable, Generator
 from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.headers import encode_uvarint, read_uvarint
 
-# First Fetch version with a flexible body, and the first with NodeEndpoints (KIP-951).
-FETCH_FLEXIBLE_SINCE = 12
+# First Fetch version with NodeEndpoints (KIP-951).
 FETCH_NODE_ENDPOINTS_SINCE = 16
 NODE_ENDPOINTS_TAG = 0
 # A tag no FetchResponse version defines (Kafka numbers tags from 0 up, a few per message):

@@ -30,7 +30,11 @@ class FrameDecoder:
         return len(self._buffer)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Add received bytes; return every frame completed by them, in order."""
+        """Add received bytes; return every frame completed by them, in order.
+
+        Raises FrameTooLargeError or ProtocolDecodeError on an impossible size prefix; the
+        stream cannot be resynchronised after that, so the caller closes the connection.
+        """
         buffer = self._buffer
         # Read straight from `data` when nothing is buffered (the usual case: whole frames per
         # read), so each frame is copied once, not appended to the buffer and copied out.
@@ -61,6 +65,8 @@ class FrameDecoder:
                 frames.append(bytes(view[start : start + self._needed]))
                 start += self._needed
                 self._needed = -1
+            # Keep only the unfinished remainder: copied from `data`, or left in the buffer
+            # and trimmed below (one deletion per feed, not one per frame).
             if source is not buffer and start < end:
                 buffer += view[start:end]
         if source is buffer and start:
@@ -85,5 +91,6 @@ class FrameDecoder:
 
 
 def frame(payload: bytes | bytearray | memoryview) -> bytes:
-    """Prefix a payload with its size."""
+    """Prefix a payload with its size (a copy: for tests and rare paths; the data path
+    writes the prefix and the frame separately)."""
     return len(payload).to_bytes(SIZE_PREFIX, "big") + bytes(payload)

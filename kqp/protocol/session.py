@@ -1,15 +1,62 @@
 """One client connection's Kafka conversation, without IO (in the manner of h11).
 
 Bytes from the client and from the broker go in; requests to forward or answer, and the
-responses the client must get, come out. The session frames both directions (with bounded
-frame sizes), parses request headers, keeps the requests in flight and matches responses to
-them (Kafka answers a connection's requests strictly in order, and a Produce with acks=0 gets
-no answer at all), observes SASL logins for the principal, and rewrites what the client must
-see differently: broker addresses and the ApiVersions caps. Large Fetch responses pass through
-as they stream in (cut-through), holding back only their trailing tagged fields.
+responses the client must get, come out. Sockets, flow control, timers and the hooks are the
+caller's (kqp.proxy.connection): the session never reads a clock and never decides when to
+read, so every rule below is unit-tested by feeding it bytes.
 
-Sockets, flow control, timers and the hooks are the caller's (kqp.proxy.connection): the
-session never reads a clock and never decides when to read.
+Theory of operation
+-------------------
+Framing. Both directions are a stream of frames, each an int32 size followed by that many
+bytes (Kafka's NetworkReceive). `FrameDecoder` reassembles them from whatever chunks the
+socket gives and refuses a size before allocating it: requests are bounded by the broker's
+`socket.request.max.bytes` (`max_request_bytes`), responses only by the int32 range, since
+a broker may legitimately return more than fetch.max.bytes (KIP-74: the first batch is
+always returned whole).
+
+Requests. `client_bytes` only splits frames and queues them; nothing is parsed until the
+caller asks for `next_request`, because the caller may be muted (KIP-219) or holding a
+request and must leave the rest unread, as a broker leaves them in its socket buffer. The
+request header (v1, or v2 with tagged fields for flexible versions: KIP-482) is always read;
+the body only when a feature needs it (SASL here, quotas and capture in the hooks).
+
+Correlation. A broker answers the requests of one connection strictly in the order it read
+them (its SocketServer mutes a channel while a request of it is being handled), so the
+session keeps one FIFO of requests in flight instead of a map by correlation id. Each
+response must carry the correlation id of the oldest entry; anything else means the two
+ends no longer agree on the byte stream and is a CorrelationError (the connection closes,
+as aiokafka does on an out-of-sync response). A request that gets no response (Produce
+with acks=0, see kqp.protocol.correlation) never enters the FIFO.
+
+Local answers. The proxy answers some requests itself (a quota-admin reply, a refused
+partition mutation). Such an answer takes the request's place in the FIFO and leaves only
+when every response ahead of it has gone to the client (`local_answers`), so the client
+still sees its responses in request order. While the newest entry is a local answer the
+caller reads no further request (`local_answer_waiting`): its throttle must apply to what
+the client pipelined behind it, as a broker's mute would.
+
+SASL handoff. SASL is passed through to the broker, which authenticates; the session only
+observes it: the mechanism from SaslHandshake, the client's first message from
+SaslAuthenticate and the broker's error code on its response (`SaslObserver`). Once the
+broker accepted, the observed principal names the connection for quotas (KIP-55 quotas are
+per user), replacing any TLS principal, as on a broker's SASL_SSL listener. A login the
+session cannot read (e.g. a mechanism it does not parse) leaves the principal unknown
+rather than guessed.
+
+Rewriting. Responses that carry broker addresses (Metadata, FindCoordinator,
+DescribeCluster, KIP-951 NodeEndpoints in Produce/Fetch) are rewritten so that clients
+reconnect through the proxy, and ApiVersions is capped at the versions the proxy decodes
+(kqp.protocol.address_rewrite); every other response goes through unchanged, byte for byte.
+
+Fetch cut-through. A Fetch response of at least CUT_THROUGH_MIN_BYTES is not buffered
+whole: once its first CUT_THROUGH_HEAD_BYTES arrived (response header and ThrottleTimeMs,
+which the caller may patch), it is matched to its request and handed on in pieces
+(`StreamStarted`, `StreamData`...) while `FetchResponseStream` follows its structure. Only
+its trailing tagged fields are held back (`StreamEnded`), because KIP-951 NodeEndpoints
+live there and must be rewritten; the rewrite keeps the length, since the size prefix has
+long been sent. The caller can veto streaming per request (`may_stream`) when a hook must
+see the response whole. A consumer thus never waits for a large response twice, and the
+proxy never holds a whole one.
 """
 
 from __future__ import annotations
@@ -65,6 +112,10 @@ class Request:
 
 @dataclass(slots=True)
 class _InFlight(Generic[C]):
+    """One entry of the FIFO of requests awaiting their response, oldest first. The header
+    is kept because responses carry only a correlation id: the API key and version that
+    say how to read (and rewrite) a response come from the request."""
+
     header: RequestHeader
     context: C
     local_answer: bytes | None  # a response frame the proxy gives itself, in this request's turn
@@ -124,12 +175,14 @@ BrokerEvent = Response[C] | StreamStarted[C] | StreamData | StreamEnded[C]
 
 @dataclass(slots=True)
 class _Stream(Generic[C]):
-    entry: _InFlight[C]
-    frame_size: int
+    """The Fetch response being cut through; at most one, since responses are in order."""
+
+    entry: _InFlight[C]  # already popped from the FIFO: its response has begun
+    frame_size: int  # without the size prefix
     body_offset: int
-    remaining: int
-    parser: FetchResponseStream
-    tail: bytearray
+    remaining: int  # bytes of the frame the broker has still to send
+    parser: FetchResponseStream  # says how far the bytes seen so far may be passed on
+    tail: bytearray  # bytes held back: the trailing tagged fields, rewritten at the end
 
 
 class KafkaSession(Generic[C]):
@@ -157,7 +210,10 @@ class KafkaSession(Generic[C]):
         self._map_address = map_address
         self._learn_metadata = learn_metadata
         self._may_stream = may_stream
+        # Whole request frames read from the client, not yet handed to the caller: they
+        # wait here while the caller is muted or holding a request.
         self._queued: deque[bytes] = deque()
+        # Requests forwarded or answered locally, oldest first (see "Correlation" above).
         self._in_flight: deque[_InFlight[C]] = deque()
         self._stream: _Stream[C] | None = None
         self.sasl = SaslObserver(oauthbearer_sub_claim)
@@ -181,6 +237,8 @@ class KafkaSession(Generic[C]):
         return len(self._queued)
 
     def drop_queued_requests(self) -> None:
+        """Forget the requests read but not yet handed on (shutdown: they were never
+        forwarded, so the client retries them elsewhere as it would after a broker's close)."""
         self._queued.clear()
 
     @property
@@ -207,6 +265,8 @@ class KafkaSession(Generic[C]):
                 f"(correlation id {header.correlation_id})"
             )
         body = memoryview(frame)[header.body_offset :]
+        # Only the SASL requests are decoded here: the login must be observed in the order
+        # the client sent it, whatever the hooks later do with the request.
         if api_key == SASL_HANDSHAKE_KEY:
             self.sasl.handshake(decode_body(api_key, header.api_version, body, is_request=True).mechanism)
         elif api_key == SASL_AUTHENTICATE_KEY:
@@ -240,14 +300,17 @@ class KafkaSession(Generic[C]):
         """Take bytes from the broker; yields what goes to the client, in order. Raises
         ProtocolError (at the event it happens) on a bad or out-of-order response."""
         view = memoryview(data)
+        # One chunk may end a streamed response and carry whole responses after it, or
+        # complete frames and begin a large one: loop until every byte has a place.
         while view:
             stream = self._stream
             if stream is not None:
+                # Bytes beyond the streamed frame's end belong to the next response.
                 part, view = view[: stream.remaining], view[stream.remaining :]
                 yield from self._stream_bytes(stream, part)
                 continue
             frames = self._broker_frames.feed(view)
-            view = view[:0]
+            view = view[:0]  # the decoder keeps what it did not complete
             for frame in frames:
                 yield self._whole_response(frame)
             started = self._start_stream()
@@ -263,6 +326,9 @@ class KafkaSession(Generic[C]):
             answer = decode_body(api_key, api_version, memoryview(frame)[body_offset:], is_request=False)
             self.sasl.authenticate_response(answer.error_code, bytes(answer.auth_bytes))
         throttle_offset = None
+        # In Produce, ThrottleTimeMs follows every partition's result, so finding it is a
+        # walk over the whole response; the address rewrite needs that walk anyway
+        # (NodeEndpoints come after it), and the hooks reuse its result.
         if api_key == PRODUCE_KEY:
             # On bad bytes the rewrite below reads the response again and reports what is wrong.
             with suppress(ProtocolError):
@@ -273,7 +339,9 @@ class KafkaSession(Generic[C]):
                         throttle_offset=throttle_offset if out is frame else None)
 
     def _match(self, correlation_id: int) -> _InFlight[C]:
+        """Pop the oldest request in flight if `correlation_id` is its response's."""
         in_flight = self._in_flight
+        # A local answer at the head means the broker owes nothing until it has been sent.
         if not in_flight or in_flight[0].local_answer is not None:
             raise CorrelationError(f"broker sent response {correlation_id} with no request in flight")
         expected = in_flight[0].header.correlation_id
@@ -295,6 +363,8 @@ class KafkaSession(Generic[C]):
             return None  # a Fetch version newer than the definitions may lay its body out differently
         if not self._may_stream(entry.context):
             return None
+        # From here on the frame is the stream's: the decoder forgets it, and the request
+        # leaves the FIFO now, since its response has begun going to the client.
         head = bytearray(frames.detach_incomplete())
         self._match(response_correlation_id(memoryview(head)))
         body_offset = response_body_offset(memoryview(head), FETCH_KEY, header.api_version)
@@ -305,6 +375,8 @@ class KafkaSession(Generic[C]):
 
     def _stream_bytes(self, stream: _Stream[C], part: memoryview) -> Iterator[StreamData | StreamEnded[C]]:
         stream.remaining -= len(part)
+        # The parser passes bytes up to the start of the trailing tagged fields; from there
+        # on everything is held, since NodeEndpoints may have to be rewritten.
         passed = 0 if stream.parser.in_tail else stream.parser.feed(part)
         if passed:
             yield StreamData(part[:passed])
@@ -313,6 +385,8 @@ class KafkaSession(Generic[C]):
         if stream.remaining:
             return
         self._stream = None
+        # The size prefix promised exactly this many bytes; a body that ends anywhere but
+        # at (or in) its tagged fields was not the Fetch response its header announced.
         if not stream.parser.streams_whole and not stream.parser.in_tail:
             raise ProtocolDecodeError("Fetch response ended inside its structure")
         tail = bytes(stream.tail)

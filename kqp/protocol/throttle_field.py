@@ -65,10 +65,6 @@ def throttle_location(api_key: int, api_version: int) -> Skipper | int | None:
     return field_location(api_key, api_version, THROTTLE_FIELD)
 
 
-def has_throttle_field(api_key: int, api_version: int) -> bool:
-    return throttle_location(api_key, api_version) is not None
-
-
 def throttle_field_offset(frame: Buffer, body_offset: int, api_key: int, api_version: int) -> int | None:
     # A broker that does not support the requested ApiVersions version answers with a v0 body.
     api_version = response_layout_version(api_key, api_version, frame, body_offset)

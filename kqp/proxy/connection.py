@@ -4,14 +4,75 @@ The Kafka conversation itself (framing, request headers, requests in flight, mat
 responses, SASL, rewriting, cut-through) is `kqp.protocol.session.KafkaSession`, which does
 no IO; this module feeds it the bytes each side sends, calls the hooks on what comes out and
 writes the results. Both sides are plain asyncio protocols (no streams: one less copy and no
-task per connection). Reading from the client stops while any of these holds: the upstream
-is not connected yet, the upstream's write buffer is full (back-pressure), the connection is
-muted for a throttle (KIP-219), a request is held until a hook may decide it (a partition
-mutation the fleet orders), or the proxy is shutting down.
+task per connection).
 
 With TLS termination the event loop completes the handshake before the connection is
-accepted here, and the certificate of an mTLS client names the connection's principal unless SASL (passed
-through to the broker) later names another, as on a broker's SASL_SSL listener.
+accepted here, and the certificate of an mTLS client names the connection's principal
+unless SASL (passed through to the broker) later names another, as on a broker's SASL_SSL
+listener.
+
+Flow control, for readers who know the broker's SocketServer
+------------------------------------------------------------
+A broker stops reading a connection by muting its channel (Kafka's KafkaChannel and its
+ChannelMuteState): while a request of it is being handled, and, since KIP-219, for the
+throttle time after a throttled response has been sent. The proxy cannot mute the broker's
+channel for it, so it does the same on its own client socket: `pause_reading()` on the
+client transport stops the proxy reading, the client's socket buffer fills and TCP pushes
+back on the client, exactly as behind a muted broker channel.
+
+Reading from the client is paused while `_client_blockers` is not empty. Each reason is
+added and removed on its own, so one ending never resumes reading while another holds:
+
+  connecting         from accept until an upstream broker connection is open.
+  upstream-backlog   the upstream transport's write buffer passed write_buffer_high_bytes
+                     (asyncio's pause_writing): the broker reads slower than the client
+                     sends, so stop reading the client instead of buffering without bound.
+  throttled          KIP-219 mute: set by `mute()`, cleared by the timer at `_muted_until`.
+  held               a hook's `hold` future is pending (a partition mutation the fleet
+                     orders): as on a broker, nothing behind a request in handling is read.
+  shutdown           `drain()`: no new request is taken; in-flight ones are answered.
+
+Requests the session had already framed stay queued in it while reading is paused
+(`_process_pending` forwards nothing while any blocker holds), so a client that pipelined
+requests before its throttle does not get them through during the mute.
+
+The other direction has one reason, `client-backlog` in `_upstream_blockers`: the client's
+transport is above its high-water mark because the client does not read its responses, so
+the proxy stops reading the broker, and the broker's own send buffer fills, as if the client
+were connected directly. The idle timeout does not count that time against the connection.
+
+Timers and flags:
+
+  _muted_until           event-loop time (s) the current mute ends. A mute only extends
+                         it, never shortens it (a later, shorter throttle does not cut an
+                         earlier, longer one), and the unmute timer is re-armed to it.
+  _one_at_a_time_until   event-loop time (s) until which at most one request is in flight
+                         to the broker: a new request waits until the previous response has
+                         gone. A broker never processes two requests of one connection at
+                         once, so a throttled client cannot pipeline past its throttle
+                         there; the proxy forwards pipelined requests (the broker serialises
+                         them), which would let a burst read before the throttle through.
+                         Set by `mute()` to the mute's end plus ONE_AT_A_TIME_AFTER_THROTTLE_S
+                         (one default quota span), and by a hook's verdict when the client
+                         is throttled on another of its connections.
+  _held                  a request waits for a hook's hold; `_drained` stays clear meanwhile.
+  _stream_mute_ms        the mute decided when a cut-through response began (its
+                         ThrottleTimeMs is in its head), applied only once its last byte
+                         has gone: KIP-219 mutes after the throttled response is sent.
+  _drained               set when the client is owed nothing: no request in flight to the
+                         broker, no local answer waiting, none held. `drain()` (graceful
+                         shutdown) waits for it.
+
+A small state description of the client side:
+
+  READING  --(any blocker added)--> PAUSED --(last blocker removed)--> READING
+  READING  --(throttled response sent)--> PAUSED[throttled] --(timer at _muted_until)-->
+           READING, but ONE-AT-A-TIME until _one_at_a_time_until
+  any state --(close)--> CLOSED (timers cancelled, both transports closed, _drained set)
+
+A throttle decided on a request (acks=0 Produce, which gets no response to carry it) mutes
+right after the request is forwarded; one decided on a response mutes after that response
+(or, for a local answer, after the answer) has been written.
 """
 
 from __future__ import annotations
@@ -46,6 +107,8 @@ __all__ = ["ClientSide", "ConnectionServices", "ProxiedConnection", "TruncatedFr
 
 log = logging.getLogger(__name__)
 
+# Reasons in `_client_blockers` (see the module docstring): reading from the client is
+# paused while any of them holds.
 _CONNECTING = "connecting"
 _UPSTREAM_BACKLOG = "upstream-backlog"
 _THROTTLED = "throttled"
@@ -54,6 +117,8 @@ _HELD = "held"
 
 
 def _size_prefix(frame: bytes | bytearray) -> bytes:
+    """The int32 size that precedes every Kafka frame. Written beside the frame with
+    `writelines` rather than concatenated, so a large frame is never copied to prepend it."""
     return len(frame).to_bytes(4, "big")
 
 
@@ -75,6 +140,11 @@ class ConnectionServices:
 
 
 class ProxiedConnection:
+    """A client's connection to one proxy listener, joined to one upstream broker
+    connection: the listener of a broker's node id connects to that broker, the bootstrap
+    listener to the first reachable bootstrap server. One upstream per client connection
+    keeps Kafka's per-connection guarantees (ordering, one SASL login, KIP-219 mutes)."""
+
     def __init__(self, services: ConnectionServices, listener: Listener, connection_id: int) -> None:
         self.services = services
         self._loop = services.loop
@@ -84,7 +154,6 @@ class ProxiedConnection:
         self.client: asyncio.Transport | None = None
         self.upstream: asyncio.Transport | None = None
         self.upstream_node_id: int | None = None if listener.node_id == BOOTSTRAP else listener.node_id
-        self.upstream_address: tuple[str, int] | None = None
         self.peer = "?"
         self.peer_ip = "?"
         self.session: KafkaSession[Exchange] = KafkaSession(
@@ -95,11 +164,14 @@ class ProxiedConnection:
         self.tls_principal = ANONYMOUS
         # Whether the connection holds one of its IP's max_connections_per_ip slots.
         self.counted_per_ip = False
-        # Event-loop time the first byte of a still incomplete request frame arrived.
+        # Event-loop time the first byte of a still incomplete request frame arrived: the
+        # server closes a connection that sends a frame slower than frame_read_timeout_seconds
+        # (a slow-loris client would otherwise hold a frame buffer forever).
         self.frame_started_at: float | None = None
         self.opened_at = time.time()
+        # Event-loop time bytes last moved either way; the server's idle sweep reads it
+        # (Kafka's connections.max.idle.ms).
         self.last_activity = self._loop.time()
-        self.requests_seen = 0
         self._stream_mute_ms = 0  # the mute due once the streaming response has passed
         self._client_blockers: set[str] = set()
         self._upstream_blockers: set[str] = set()
@@ -110,7 +182,7 @@ class ProxiedConnection:
         self._closed = False
         self._held = False  # a request waits for a hook's hold (see `hold` in kqp.proxy.hooks)
         self._drained = asyncio.Event()
-        self._drained.set()
+        self._drained.set()  # nothing is owed to a connection that has sent nothing
         # What hooks see of this connection's client: replaced where the peer or principal changes.
         self.view = ClientView(connection_id, self.peer, listener.name, self.upstream_node_id, ANONYMOUS, self)
 
@@ -154,10 +226,16 @@ class ProxiedConnection:
 
     def start(self) -> None:
         """Terminate TLS if the listener has it, then connect upstream and start forwarding."""
+        # Not tracked: the task ends on its own (connected, failed or closed), and
+        # `_connect_upstream` checks `_closed` after every await.
         self._loop.create_task(self._open())
 
     def hold_then_close(self, hold_ms: int, reason: str) -> None:
-        """KIP-612: keep a throttled new connection open, unread, then close it, as a broker does."""
+        """KIP-612: keep a throttled new connection open, unread, then close it, as a broker does.
+
+        The broker (ConnectionQuotas) delays closing rather than refusing at once, so a client
+        that reconnects in a loop is slowed to the connection_creation_rate instead of spinning.
+        The connection was never started, so the client's reads stay paused (`connecting`)."""
         self._hold_handle = self._loop.call_later(hold_ms / 1000.0, self.close, reason)
 
     async def _open(self) -> None:
@@ -182,6 +260,7 @@ class ProxiedConnection:
     async def _connect_upstream(self) -> None:
         loop = self._loop
         if self.listener.node_id == BOOTSTRAP:
+            # As a client does with bootstrap.servers: try each until one answers.
             candidates = self.services.directory.bootstrap_candidates()
         else:
             known = self.services.directory.upstream_of(self.listener.node_id)
@@ -202,8 +281,9 @@ class ProxiedConnection:
             if self._closed:
                 transport.close()
                 return
-            self.upstream_address = (host, port)
             self._unblock_client(_CONNECTING)
+            # The client may have sent requests before the broker connection was up (they
+            # were framed and queued, not read further).
             self._process_pending()
             return
         self.close(f"no upstream broker reachable ({failure})", problem=True)
@@ -213,6 +293,7 @@ class ProxiedConnection:
         transport.set_write_buffer_limits(high=self.services.options.write_buffer_high_bytes)
 
     def close(self, reason: str, *, problem: bool = False) -> None:
+        """Close both sides, once; `problem` logs it as a warning (a fault, not an ending)."""
         if self._closed:
             return
         self._closed = True
@@ -222,6 +303,9 @@ class ProxiedConnection:
         for handle in (self._unmute_handle, self._hold_handle):
             if handle is not None:
                 handle.cancel()
+        # Closing one side closes the other: the client's requests in flight cannot be
+        # answered on a new broker connection (correlation ids and SASL state are per
+        # connection), so the client must see the failure and retry, as after a broker's close.
         for transport in (self.client, self.upstream):
             if transport is not None:
                 transport.close()
@@ -241,6 +325,9 @@ class ProxiedConnection:
             self.client.pause_reading()
         self._client_blockers.add(reason)
 
+    # pause_reading/resume_reading are called only on the edges (first blocker in, last
+    # blocker out), so overlapping reasons never resume reading early.
+
     def _unblock_client(self, reason: str) -> None:
         self._client_blockers.discard(reason)
         if not self._client_blockers and self.client is not None and not self._closed:
@@ -250,6 +337,8 @@ class ProxiedConnection:
                 self.frame_started_at = self._loop.time()
 
     def block_upstream_reads(self) -> None:
+        """The client's write buffer is full (it does not read its responses): stop reading
+        the broker until it drains, so responses back up into the broker, not into memory."""
         if not self._upstream_blockers and self.upstream is not None and not self._closed:
             self.upstream.pause_reading()
         self._upstream_blockers.add("client-backlog")
@@ -287,7 +376,7 @@ class ProxiedConnection:
         loop = self._loop
         until = loop.time() + throttle_ms / 1000.0
         if until <= self._muted_until:
-            return
+            return  # an earlier, longer mute already covers this one
         self._muted_until = until
         # A broker reads one request per connection at a time, so a throttled client's
         # pipelined requests wait in the socket. Do the same while it is being throttled,
@@ -318,6 +407,7 @@ class ProxiedConnection:
     # ---- requests --------------------------------------------------------------------
 
     def client_data(self, data: bytes) -> None:
+        """Bytes from the client: frame them, then forward what the blockers allow."""
         now = self.last_activity = self._loop.time()
         session = self.session
         try:
@@ -326,6 +416,8 @@ class ProxiedConnection:
             self.services.frame_rejected(self, "client", exc)
             self.close(f"bad frame from client: {exc}", problem=True)
             return
+        # The frame-read clock follows the frame in progress: cleared when no partial frame
+        # is buffered, restarted when a new one began in this chunk.
         if not session.client_bytes_buffered:
             self.frame_started_at = None
         elif completed or self.frame_started_at is None:
@@ -351,6 +443,8 @@ class ProxiedConnection:
                 return
 
     def client_lost(self, exc: Exception | None) -> None:
+        # A client that disconnects mid-frame sent a truncated request: counted as a
+        # rejected frame (kqp_frames_rejected_total), not as an ordinary disconnect.
         buffered = self.session.client_bytes_buffered
         if buffered and not self._closed:
             error = TruncatedFrameError(f"client went away {buffered} bytes into a frame")
@@ -364,11 +458,10 @@ class ProxiedConnection:
         frame = request.frame
         exchange = Exchange(
             header=header,
-            request_bytes=len(frame) + 4,
+            request_bytes=len(frame) + 4,  # Kafka's request size includes the size prefix
             received_at=self._loop.time(),
             expects_response=request.expects_response,
         )
-        self.requests_seen += 1
         wait = self._hooks.hold(self.view, exchange, frame)
         if wait is not None:
             # Nothing behind it is read until it is decided, and shutdown waits for it.
@@ -380,6 +473,7 @@ class ProxiedConnection:
         self._decide(request, exchange)
 
     def _release(self, request: Request, exchange: Exchange) -> None:
+        """A hold ended: decide the held request, then read on (done callback of the hold)."""
         if self._closed:
             return
         self._held = False
@@ -390,6 +484,7 @@ class ProxiedConnection:
         self._process_pending()
 
     def _decide(self, request: Request, exchange: Exchange) -> None:
+        """Run the request hooks, then answer the request here or forward it (maybe changed)."""
         frame = request.frame
         verdict = self._hooks.request(self.view, exchange, frame)
         if verdict is not None and verdict.answer is not None:
@@ -407,7 +502,10 @@ class ProxiedConnection:
             if request.expects_response:
                 self._drained.clear()
             else:
+                # acks=0: no response will ever end this exchange, so the hooks close it now.
                 self._hooks.unanswered(self.view, exchange)
+        # A throttle decided on the request itself (acks=0 Produce has no response to carry
+        # it) applies once the request is on its way.
         if verdict is not None:
             if verdict.one_at_a_time_s:
                 self.read_one_request_at_a_time(verdict.one_at_a_time_s)
@@ -429,6 +527,7 @@ class ProxiedConnection:
     # ---- responses -------------------------------------------------------------------
 
     def _may_stream(self, exchange: Exchange) -> bool:
+        # The session asks before cutting a Fetch response through (see KafkaSession).
         return not self._hooks.needs_whole_response(self.view, exchange)
 
     def upstream_data(self, data: bytes) -> None:
@@ -462,6 +561,8 @@ class ProxiedConnection:
         if response.endpoints_rewritten:
             self.services.node_endpoints_rewritten(header.api_key)
         if header.api_key == SASL_AUTHENTICATE_KEY and not response.local:
+            # The session saw the broker's verdict on the login: hooks now see the principal
+            # it named (quotas are per user from this response on, as on a broker).
             self._refresh_view()
             mechanism = self.session.sasl.take_unreadable_login()
             if mechanism is not None:
@@ -483,6 +584,7 @@ class ProxiedConnection:
         self._stream_mute_ms = verdict.mute_ms if verdict is not None else 0
         client = self.client
         if client is not None:
+            # The size prefix announces the whole frame, though most of it is still to come.
             client.writelines((event.frame_size.to_bytes(4, "big"), bytes(event.head[: event.passed])))
 
     def _stream_ended(self, event: StreamEnded[Exchange]) -> None:
@@ -495,6 +597,8 @@ class ProxiedConnection:
         self._after_response(mute_ms)
 
     def _after_response(self, mute_ms: int) -> None:
+        """A response went out: local answers that were waiting behind it follow, then its
+        mute starts, then queued requests go on if nothing blocks them."""
         self._flush_local_answers()
         if mute_ms:
             self.mute(mute_ms)
@@ -503,6 +607,9 @@ class ProxiedConnection:
 
 
 class ClientSide(asyncio.Protocol):
+    """The asyncio protocol of an accepted client socket; `accept` creates the connection
+    (the server decides there whether to admit it: connection limits, KIP-612)."""
+
     def __init__(self, accept: Callable[[asyncio.Transport], ProxiedConnection]) -> None:
         self._accept = accept
         self.connection: ProxiedConnection | None = None
@@ -516,6 +623,8 @@ class ClientSide(asyncio.Protocol):
             self.connection.client_data(data)
 
     def eof_received(self) -> bool:
+        # Kafka has no half-close: a client that shut its sending side is gone; returning
+        # False lets the transport close, which ends the connection.
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -532,6 +641,8 @@ class ClientSide(asyncio.Protocol):
 
 
 class _UpstreamSide(asyncio.Protocol):
+    """The asyncio protocol of the proxy's connection to the broker."""
+
     def __init__(self, connection: ProxiedConnection) -> None:
         self._connection = connection
 
@@ -545,6 +656,8 @@ class _UpstreamSide(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # A broker closing an idle connection is routine (connections.max.idle.ms); closing
+        # one with requests unanswered is worth a warning.
         problem = bool(self._connection.in_flight)
         reason = "broker closed the connection" if exc is None else f"broker connection lost: {exc}"
         self._connection.close(reason, problem=problem)

@@ -6,6 +6,25 @@ throttle. The response goes back at once carrying max(broker throttle, proxy thr
 ThrottleTimeMs, then the connection is muted for the proxy's throttle: clients that honour
 the field back off, and those that don't (librdkafka, acks=0 producers) find their next
 requests unread until the throttle ends.
+
+Where each quota is charged, following Kafka's KafkaApis:
+
+* produce_byte_rate (KIP-13): the request's size, when its response comes back (the broker
+  records it in the produce response callback); at arrival for acks=0, which has no response.
+* fetch_byte_rate (KIP-13): the response's size, when it comes back; a Fetch's MaxBytes is
+  first capped at what the quota window allows (`_cap_fetch`), as the broker caps it with
+  ClientQuotaManager.getMaxValueInQuotaWindow, so one fetch cannot take a window's worth
+  many times over.
+* request_percentage (KIP-124): the request's time on the broker, which the proxy cannot see;
+  it charges the round trip it measured (less a Fetch's MaxWaitMs, time the broker spent
+  waiting, not working), see kqp.quotas.recording.
+* controller_mutation_rate (KIP-599): partitions created or deleted, at arrival, so that a
+  strict request can be refused topic by topic before the broker acts on it.
+
+The arithmetic (rates, windows, throttle times) is kqp.quotas; this hook only decides when
+to call it, where the throttle goes in the response, and which connections it mutes. The
+same charging rules are used by the Spark replay (kqp.spark_jobs.quota_replay), through
+kqp.quotas.recording.
 """
 
 from __future__ import annotations
@@ -75,6 +94,8 @@ class MutationOrder(Protocol):
 
 
 class QuotaEnforcement(TrafficHooks):
+    """The quota hook: one per proxy (or per worker), shared by all its connections."""
+
     def __init__(
         self,
         engine: QuotaEngine,
@@ -102,12 +123,26 @@ class QuotaEnforcement(TrafficHooks):
         # Set when the proxy is one of a fleet: mutations wait for the fleet's order.
         self.mutation_order: MutationOrder | None = None
 
+    @staticmethod
+    def _key(client: ClientView, exchange: Exchange) -> tuple[str, str]:
+        """The (principal, client-id) pair a throttle follows across connections."""
+        return client.principal, exchange.header.client_id or ""
+
+    def _throttled(self, client: ClientView, exchange: Exchange, throttle_ms: int) -> None:
+        """A throttle was given: remember it for the client's other and future connections,
+        and hold its other connections when its quota is one cluster-wide budget."""
+        key = self._key(client, exchange)
+        self._note_throttle(key, throttle_ms, self._now_ms())
+        self._hold_every_connection(client, key, throttle_ms)
+
     def _note_throttle(self, client: tuple[str, str], throttle_ms: int, now_ms: float) -> None:
         until = now_ms + throttle_ms
         if until > self._throttled_until.get(client, 0.0):
             self._throttled_until[client] = until
 
     def forget_expired_throttles(self, now_ms: float) -> None:
+        """Drop clients whose one-at-a-time span has passed (called periodically by the app,
+        so `_throttled_until` does not grow with every client ever throttled)."""
         cutoff = now_ms - ONE_AT_A_TIME_AFTER_THROTTLE_S * 1000.0
         expired = [client for client, until in self._throttled_until.items() if until < cutoff]
         for client in expired:
@@ -115,11 +150,15 @@ class QuotaEnforcement(TrafficHooks):
 
     @staticmethod
     def _client(client: ClientView, exchange: Exchange) -> QuotaClient:
+        # The broker label names the budget: per broker, as each Kafka broker enforces its
+        # quota on the traffic it sees, or one for the cluster (`scope: cluster`).
         return QuotaClient(
             broker_label(client.broker), client.principal, exchange.header.client_id or ""
         )
 
     def _trace(self, client: ClientView, exchange: Exchange) -> QuotaTrace:
+        """The record of this exchange's engine calls, which the capture stores so that a
+        replay can make the same calls in the same order (kqp.quotas.recording)."""
         if exchange.quota is None:
             exchange.quota = QuotaTrace(broker_label(client.broker))
         return exchange.quota
@@ -136,6 +175,8 @@ class QuotaEnforcement(TrafficHooks):
             outcome = charge_request(self.engine, self._client(client, exchange), charges, now)
         else:
             outcome = charged.outcome
+        # Kept for the response: a request-time throttle (a mutation's) is combined with the
+        # response's own, as the broker returns the larger of its quotas' throttles.
         if outcome.throttle_ms:
             exchange.request_outcome = outcome
         return outcome
@@ -167,14 +208,17 @@ class QuotaEnforcement(TrafficHooks):
                     del self._connections_of[key]
 
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
-        header = exchange.header
         if self._cluster_scope_in_use():
-            key = (client.principal, header.client_id or "")
+            # Registered per request, not per connection: the client id comes with each
+            # request header and may differ between requests of one connection.
+            key = self._key(client, exchange)
             self._connections_of.setdefault(key, {})[client.connection_id] = client.control
             self._clients_on.setdefault(client.connection_id, set()).add(key)
+        # A client throttled recently (on any connection) is read one request at a time here
+        # too, until its throttle plus one quota span has passed.
         one_at_a_time_s = 0.0
         if self._throttled_until:
-            until = self._throttled_until.get((client.principal, header.client_id or ""))
+            until = self._throttled_until.get(self._key(client, exchange))
             if until is not None:
                 remaining_ms = until + ONE_AT_A_TIME_AFTER_THROTTLE_S * 1000.0 - self._now_ms()
                 if remaining_ms > 0:
@@ -195,8 +239,7 @@ class QuotaEnforcement(TrafficHooks):
             exchange.proxy_throttle_ms = throttle
             if not throttle:
                 return None
-            self._note_throttle((client.principal, header.client_id or ""), throttle, self._now_ms())
-            self._hold_every_connection(client, (client.principal, header.client_id or ""), throttle)
+            self._throttled(client, exchange, throttle)
             return RequestVerdict(mute_ms=throttle)
         if api_key in (ApiKey.FETCH, ApiKey.SHARE_FETCH):
             return self._cap_fetch(client, exchange, frame)
@@ -208,6 +251,7 @@ class QuotaEnforcement(TrafficHooks):
         header = exchange.header
         if not header.known:
             return None  # a ShareFetch version newer than the definitions may lay its limits out differently
+        # request_bytes includes the 4-byte size prefix; Kafka's request size does not.
         charges = request_charges(header.api_key, header.api_version, exchange.request_bytes - 4, True)
         if not request_charged_at_arrival(self.engine, charges):
             return None  # nothing needs the request's limits: skip parsing it
@@ -215,7 +259,7 @@ class QuotaEnforcement(TrafficHooks):
         try:
             fetch = parse(memoryview(frame)[header.body_offset:], header.api_version)
         except ProtocolError:
-            return None
+            return None  # forwarded unchanged: the broker, not the proxy, rejects a bad Fetch
         exchange.fetch_max_wait_ms = fetch.max_wait_ms
         cap = self._charge_request(client, exchange, charges).fetch_max_bytes_cap
         offset = fetch.max_bytes_offset
@@ -223,6 +267,8 @@ class QuotaEnforcement(TrafficHooks):
             return None
         # As KafkaApis: max_bytes = min(max_bytes, quota window), min_bytes = min(min_bytes, max_bytes).
         # MinBytes is the int32 right before MaxBytes in every version that has MaxBytes.
+        # At least one byte: the broker always returns the first batch whole anyway (KIP-74),
+        # and MaxBytes 0 would read as "nothing wanted".
         cap = max(cap, 1)
         patched = bytearray(frame)
         patch_fetch_max_bytes(patched, header.body_offset + offset, cap)
@@ -246,7 +292,11 @@ class QuotaEnforcement(TrafficHooks):
         return request_charges(header.api_key, header.api_version, exchange.request_bytes - 4, True, topics)
 
     def hold(self, client: ClientView, exchange: Exchange, frame: bytes) -> asyncio.Future[FleetCharge | None] | None:
-        """In a fleet, a mutation with a quota waits for the fleet to charge it in its order."""
+        """In a fleet, a mutation with a quota waits for the fleet to charge it in its order.
+
+        Mutations are rare and their verdict is all-or-nothing per topic, so proxies of a fleet
+        agree on one order instead of each charging its own copy of the budget: two proxies
+        must not both accept the topic that exhausts it."""
         order = self.mutation_order
         header = exchange.header
         if order is None or header.api_key not in MUTATION_APIS:
@@ -270,6 +320,8 @@ class QuotaEnforcement(TrafficHooks):
         if charges is None:
             return None
         claim = exchange.mutation_claim
+        # A claim that timed out or failed leaves `charged` None: the proxy then charges
+        # locally, as a proxy outside a fleet would.
         charged = claim.result() if claim is not None and claim.done() and not claim.cancelled() else None
         outcome = self._charge_request(client, exchange, charges, charged).mutation
         assert outcome is not None  # a mutation API with topics to charge
@@ -278,11 +330,15 @@ class QuotaEnforcement(TrafficHooks):
         if not rejected:
             return None
         if len(rejected) == len(request.topics):
+            # Nothing left to forward (an empty request would still reach the controller):
+            # the proxy answers, carrying the throttle, and mutes once the answer is sent.
             body = throttled_response(request, rejected, outcome.throttle_ms)
             answer = encode_response_header(header.api_key, header.api_version, header.correlation_id) + body
             exchange.proxy_throttle_ms = outcome.throttle_ms
             exchange.mutations = _mutation_notes(request, rejected)
             return RequestVerdict(answer=answer, mute_ms=0)
+        # Some topics pass: forward them alone; the rejected ones are merged into the
+        # broker's answer in `response`.
         body = request_without(request, rejected)
         return RequestVerdict(frame=frame[: header.body_offset] + body)
 
@@ -298,8 +354,7 @@ class QuotaEnforcement(TrafficHooks):
             throttle = exchange.proxy_throttle_ms
             if not throttle:
                 return None
-            self._note_throttle((client.principal, header.client_id or ""), throttle, self._now_ms())
-            self._hold_every_connection(client, (client.principal, header.client_id or ""), throttle)
+            self._throttled(client, exchange, throttle)
             return ResponseVerdict(mute_ms=throttle)
         response_throttle = self._charge_response(client, exchange, len(frame) - body_offset)
         outcome = exchange.request_outcome
@@ -321,8 +376,9 @@ class QuotaEnforcement(TrafficHooks):
         broker_throttle = self._broker_throttle(exchange, out, body_offset, known_offset)
         if throttle <= 0:
             return ResponseVerdict(frame=out) if out is not frame else None
-        self._note_throttle((client.principal, header.client_id or ""), throttle, self._now_ms())
-        self._hold_every_connection(client, (client.principal, header.client_id or ""), throttle)
+        self._throttled(client, exchange, throttle)
+        # ThrottleTimeMs carries the larger of the broker's and the proxy's throttle: the
+        # client waits once, for the longer; the mute applies the proxy's own in any case.
         if broker_throttle is not None and throttle > broker_throttle:
             patched = bytearray(out)
             if known_offset is not None:
@@ -345,15 +401,16 @@ class QuotaEnforcement(TrafficHooks):
         broker_throttle = self._broker_throttle(exchange, head, body_offset)
         if throttle <= 0:
             return None
-        key = (client.principal, exchange.header.client_id or "")
-        self._note_throttle(key, throttle, self._now_ms())
-        self._hold_every_connection(client, key, throttle)
+        self._throttled(client, exchange, throttle)
         if broker_throttle is not None and throttle > broker_throttle:
             header = exchange.header
             patch_throttle_time(head, body_offset, header.api_key, header.api_version, throttle)
         return ResponseVerdict(mute_ms=throttle)
 
     def _charge_response(self, client: ClientView, exchange: Exchange, body_size: int) -> int:
+        """Charge what a response costs (bytes, request time) and return its throttle (ms)."""
+        # The proxy's stand-in for the broker's request handling time (KIP-124): from when
+        # the request was written upstream to when its response (or its head) arrived.
         round_trip_ms = (exchange.response_received_at - exchange.sent_at) * 1000.0
         charges = response_charges(
             exchange.header.api_key, exchange.request_bytes - 4, body_size, round_trip_ms,
@@ -369,6 +426,8 @@ class QuotaEnforcement(TrafficHooks):
     def _broker_throttle(
         exchange: Exchange, frame: bytes | bytearray, body_offset: int, known_offset: int | None = None
     ) -> int | None:
+        """The broker's own ThrottleTimeMs in the response (None: the version has no such
+        field, or the bytes do not read), noted on the exchange for metrics and capture."""
         header = exchange.header
         try:
             if known_offset is not None:
@@ -383,6 +442,7 @@ class QuotaEnforcement(TrafficHooks):
 
 
 def _mutation_notes(request: MutationRequest, rejected: list[TopicMutation]) -> list[MutationNote]:
+    """Per topic of the request, what it got from the proxy (0 when passed to the broker)."""
     rejected_labels = {t.label for t in rejected}
     return [
         MutationNote(t.label, t.partitions, THROTTLING_QUOTA_EXCEEDED if t.label in rejected_labels else 0)

@@ -3,6 +3,20 @@
 A connection calls its hooks for every request and response. The default hooks change
 nothing; quota enforcement, metrics and capture each implement some of them. Hooks run on
 the event loop, inline with the data path, so they must not block.
+
+The order of a connection's calls, for one request:
+
+  hold -> (wait, if a future was returned) -> request -> forward or answer locally
+       -> response (whole frame)  |  response_started ... response_streamed (cut-through)
+       |  unanswered (acks=0: no response will come)
+
+Every exchange ends in exactly one of `response`, `response_streamed` or `unanswered`
+(or the connection closes first, then `connection_closed`). Hooks keep what they learn about
+an exchange on its typed `Exchange` fields, which later hooks and later calls read.
+
+Verdicts are data, not actions: a hook says "answer with these bytes" or "mute for this
+long", and the connection carries it out in its own order (see kqp.proxy.connection), so a
+hook can be tested by calling it, without sockets.
 """
 
 from __future__ import annotations
@@ -114,6 +128,9 @@ class RequestVerdict:
 
 @dataclass(slots=True)
 class ResponseVerdict:
+    """What a hook decided for a response: a replacement frame (no size prefix; None keeps
+    the broker's) and how long to mute the client once the response has been sent."""
+
     frame: bytes | bytearray | None = None
     mute_ms: int = 0
 
@@ -168,7 +185,12 @@ class TrafficHooks:
 
 
 class HookChain(TrafficHooks):
-    """Several hooks in order; the first to answer a request wins, later ones see its changes."""
+    """Several hooks in order; the first to answer a request wins, later ones see its changes.
+
+    The app chains quota administration, then enforcement, then observation, so metrics and
+    capture record the request as forwarded and the response as the client gets it. Mutes combine by max, not
+    sum: two hooks throttling the same response mean one wait, as a broker returns the
+    largest of its quotas' throttles rather than their total."""
 
     def __init__(self, hooks: list[TrafficHooks]) -> None:
         self.hooks = hooks
@@ -198,9 +220,9 @@ class HookChain(TrafficHooks):
                 combined.frame = verdict.frame if verdict.frame is not None else combined.frame
                 combined.answer = verdict.answer if verdict.answer is not None else combined.answer
             if combined.frame is not None:
-                frame = combined.frame
+                frame = combined.frame  # later hooks see the request as it will be sent
             if combined.answer is not None:
-                break
+                break  # answered here: nothing is forwarded, so later hooks have no say
         return combined
 
     def response(

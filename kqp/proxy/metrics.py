@@ -94,6 +94,10 @@ QuotaStatsSource = Callable[[], Iterable[QuotaStatLike]]
 
 
 class _Histogram:
+    """A Prometheus histogram kept as per-bucket (not cumulative) counts, so an observation
+    is one increment; `cumulative` builds the `le` series at scrape time. No lock: updated
+    from the event loop thread only."""
+
     __slots__ = ("bounds", "counts", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
@@ -116,6 +120,9 @@ class _Histogram:
 
 
 class _ApiStats:
+    """Per API key: Kafka's RequestsPerSec (by version), byte totals, ErrorsPerSec (by error
+    code) and the two latency histograms (broker round trip, time the proxy added)."""
+
     __slots__ = ("broker", "errors", "name", "proxy", "request_bytes", "requests_by_version", "response_bytes")
 
     def __init__(self, name: str) -> None:
@@ -129,6 +136,9 @@ class _ApiStats:
 
 
 class _ClientStats:
+    """Per (user, client-id) label pair, after cardinality folding: many real pairs may add
+    into the one `__other__` entry."""
+
     __slots__ = ("request_bytes", "requests", "response_bytes")
 
     def __init__(self) -> None:
@@ -138,6 +148,8 @@ class _ClientStats:
 
 
 def _error_name(code: int) -> str:
+    """Kafka's name for an error code (e.g. NOT_LEADER_OR_FOLLOWER), as the broker's
+    ErrorsPerSec `error` tag spells it; a code newer than kafka-python keeps its number."""
     error = kafka.errors.kafka_errors.get(code)
     if error is None:
         return f"UNRECOGNIZED_{code}"
@@ -344,6 +356,7 @@ class ProxyMetrics:
             if code:
                 stats.errors[code] = stats.errors.get(code, 0) + 1
 
+        # Inlined cache lookup (not a method call): this runs for every request.
         pair = (user, client_id)
         labels = self._label_cache.get(pair)
         if labels is None:
@@ -355,6 +368,8 @@ class ProxyMetrics:
         client.request_bytes += request_bytes
         client.response_bytes += response_bytes
 
+        # The ranking tally follows real pairs (not folded labels) but only up to its
+        # capacity: pairs first seen while it is full wait for the next re-rank's decay.
         tally = self._tally
         if pair in tally:
             tally[pair] += request_bytes + response_bytes
@@ -378,6 +393,8 @@ class ProxyMetrics:
         if labels is None:
             labels = self._resolve_labels(pair)
         enforced_label = "true" if enforced else "false"
+        # Counts and seconds per labelled client (Kafka's throttle-time sensor per entity);
+        # the histogram is per quota type only, so its cardinality does not grow with clients.
         key = (quota_type, labels[0], labels[1], source, enforced_label)
         seconds = throttle_ms / 1000.0
         entry = self._throttles.get(key)
@@ -400,6 +417,8 @@ class ProxyMetrics:
         self._connections_open.labels(listener, node).inc()
 
     def connection_closed(self, listener: str, upstream_node: int | str, reason: str) -> None:
+        # `reason` is a kind ("idle", "client disconnected"), not the full message: the
+        # caller strips details so the label stays bounded.
         node = str(upstream_node)
         self._connections_closed.labels(listener, node, reason).inc()
         self._connections_open.labels(listener, node).dec()
@@ -428,6 +447,8 @@ class ProxyMetrics:
         self._fleet_claims.labels(result="ordered" if ordered else "alone").observe(seconds)
 
     def fleet_status(self, state: str, instances: int, budget_share: float) -> None:
+        # A state set (one series per state, 1 for the current): every state's series exists
+        # from the start, so alerts on `state="local"` see 0 rather than no data.
         for name in ("starting", "ok", "local", "share"):
             self._fleet_state.labels(state=name).set(1 if name == state else 0)
         self._fleet_instances.set(instances)
@@ -458,6 +479,8 @@ class ProxyMetrics:
     # ---- label policy ------------------------------------------------------------------
 
     def _configured_labels(self, pair: tuple[str, str]) -> tuple[str, str]:
+        # User and client-id fold independently: a configured user keeps its label even
+        # with an unconfigured client-id, as a `user`-only quota entity would be reported.
         user, client_id = pair
         return (
             user if user in self._labelled_users else OTHER,
@@ -474,6 +497,7 @@ class ProxyMetrics:
             labels = pair
         else:
             labels = self._configured_labels(pair)
+        # Clear rather than evict: simple, and a refill costs one resolution per live pair.
         if len(self._label_cache) >= _LABEL_CACHE_LIMIT:
             self._label_cache.clear()
         self._label_cache[pair] = labels
@@ -649,18 +673,3 @@ class _AccumulatorCollector(Collector):
         # Names only, so registering does not run the quota source.
         return list(self._metrics.families(read_quota_source=False))
 
-
-def registered_metric_names(metrics: ProxyMetrics) -> set[str]:
-    """Every sample name ProxyMetrics can expose (e.g. `kqp_requests_total`, `..._bucket`)."""
-    names: set[str] = set()
-    for family in metrics.registry.collect():
-        names.update(_sample_names(family))
-    return names
-
-
-def _sample_names(family: Metric) -> set[str]:
-    if family.type == "counter":
-        return {family.name + "_total", family.name + "_created"}
-    if family.type == "histogram":
-        return {family.name + suffix for suffix in ("_bucket", "_sum", "_count", "_created")}
-    return {family.name}

@@ -2,6 +2,14 @@
 
 They run last in the hook chain, so they see the throttle the enforcement hook decided
 (typed fields of the `Exchange`) and the response exactly as the client gets it.
+
+Cost is the constraint here: these hooks run inline on the data path for every request.
+Metrics read only what the header and the exchange already hold, plus the error codes of
+small control-plane responses (walked by a compiled skipper, kqp.protocol.error_codes, not
+decoded). The capture reads more (partitions, acks, fetch limits, group ids), but only for
+the connections it samples (`sampling_one_in`, chosen per connection so a sampled client's
+whole conversation is kept), and hands the record to a writer thread without blocking.
+SASL requests are never captured: their bodies hold credentials.
 """
 
 from __future__ import annotations
@@ -48,10 +56,13 @@ _GROUP_FIELDS = ("group_id", "key")
 
 
 def _node_label(client: ClientView) -> str:
+    # The same broker label the quota budgets use, so metrics and quota state line up.
     return broker_label(client.broker)
 
 
 class ObservationHooks(TrafficHooks):
+    """Metrics (if `metrics`) and capture (if `capture`) of every exchange."""
+
     def __init__(
         self, metrics: ProxyMetrics | None, capture: CaptureWriter | None, sampling_one_in: int = 1, *,
         clock: Callable[[], float], topics: TopicDirectory,
@@ -65,6 +76,8 @@ class ObservationHooks(TrafficHooks):
         self._wall_offset: float | None = None
 
     def _wall_us(self, loop_time: float) -> int:
+        # One offset for the process, taken at the first record: the timestamps of a capture
+        # stay ordered as the loop saw them even if the wall clock is stepped later.
         if self._wall_offset is None:
             self._wall_offset = time.time() - self._clock()
         return int((loop_time + self._wall_offset) * 1_000_000)
@@ -80,6 +93,8 @@ class ObservationHooks(TrafficHooks):
                                            reason.split(":")[0].split("(")[0].strip())
 
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> None:
+        # Reads what only the request holds while it is at hand; the record itself is built
+        # when the exchange ends (`_observe`), with the response.
         if self.capture is None or exchange.header.api_key in _SASL_APIS:
             return None
         if not self.capture.sampled(client.connection_id):
@@ -105,6 +120,7 @@ class ObservationHooks(TrafficHooks):
                 return {}
             return {"fetch_max_wait_ms": fetch.max_wait_ms, "fetch_min_bytes": fetch.min_bytes,
                     "fetch_max_bytes": fetch.max_bytes}
+        # Other APIs: decoded only to find a consumer group, which the analysis groups by.
         try:
             message = decode_body(header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
                                   is_request=True)
@@ -132,6 +148,8 @@ class ObservationHooks(TrafficHooks):
     def response_streamed(
         self, client: ClientView, exchange: Exchange, frame_size: int, body_offset: int
     ) -> None:
+        # Only unsampled connections stream (see needs_whole_response), so only metrics here;
+        # the error codes of a Fetch are per partition and not counted by metrics anyway.
         if self.metrics is not None:
             self._record_metrics(client, exchange, frame_size + 4, [], answered=True)
 
@@ -140,12 +158,12 @@ class ObservationHooks(TrafficHooks):
     ) -> None:
         header = exchange.header
         api_key = header.api_key
-        loop_now = self._clock()
+        loop_now = self._clock()  # the response is being written to the client now
         error_codes: tuple[int, ...] = ()
         if frame is not None and api_key not in _NO_ERROR_DECODE and exchange.header.known:
             with contextlib.suppress(ProtocolError):
                 error_codes = response_error_codes(api_key, header.api_version, memoryview(frame)[body_offset:])
-        response_bytes = len(frame) + 4 if frame is not None else 0
+        response_bytes = len(frame) + 4 if frame is not None else 0  # with the size prefix
         if self.metrics is not None:
             self._record_metrics(client, exchange, response_bytes, error_codes, answered=frame is not None)
         if self.capture is None or api_key in _SASL_APIS or not self.capture.sampled(client.connection_id):
@@ -194,6 +212,8 @@ class ObservationHooks(TrafficHooks):
     ) -> None:
         assert self.metrics is not None
         header = exchange.header
+        # Two latencies: the broker's (request written upstream to response back) and the
+        # proxy's own (the rest: reading, hooks, writing), which is what the proxy adds.
         broker_seconds = None
         if exchange.local_response is None and answered:
             broker_seconds = max(exchange.response_received_at - exchange.sent_at, 0.0)
@@ -266,7 +286,11 @@ def _quota_fields(trace: QuotaTrace) -> dict[str, Any]:
 
 
 def _add_produce_errors(partitions: list[dict[str, Any]], frame: bytes, body_offset: int, api_version: int) -> None:
-    """Copy the per-partition error codes of a Produce response onto the request's entries."""
+    """Copy the per-partition error codes of a Produce response onto the request's entries.
+
+    The partition figures (bytes, records, compression) come from the request, since a
+    Produce response carries none; only the outcome comes from the response. A full decode
+    is affordable here: the response is small and only sampled connections get this far."""
     try:
         message = decode_body(PRODUCE_KEY, api_version, memoryview(frame)[body_offset:], is_request=False)
     except ProtocolError:

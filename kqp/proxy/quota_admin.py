@@ -85,6 +85,8 @@ class QuotaAdminHooks(TrafficHooks):
         if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
             return None  # the brokers' describe is harmless: forward it as it is
         # Re-encoded rather than patched: validate_only follows the entries, whose size varies.
+        # validate_only: the brokers check authorization and the request's shape, but must not
+        # store the quota themselves (the proxy's file is the one source of its quotas).
         asked = request.validate_only
         request.validate_only = True
         body = encode_body(request, header.api_version)
@@ -124,6 +126,8 @@ class QuotaAdminHooks(TrafficHooks):
         refused = allowed is not None and f"User:{client.principal}" not in allowed
         if refused:
             self._refuse(client, api, "admin_principals")
+        # The brokers' ThrottleTimeMs is kept: the request counted against the client's
+        # request quota there, and the client must back off as the broker told it.
         throttle = int(upstream.throttle_time_ms)
         if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
             body = self._describe(header.api_version, request, throttle, refused)
@@ -151,6 +155,7 @@ class QuotaAdminHooks(TrafficHooks):
             response = build_response(DESCRIBE_CLIENT_QUOTAS_KEY, version, throttle_time_ms=throttle,
                                       error_code=exc.error_code, error_message=exc.message, entries=None)
             return encode_body(response, version)
+        # Sorted so the same quotas always describe the same way (tools diff their output).
         entries = [
             entry_class(
                 entity=[entry_class.EntityData(entity_type=t, entity_name=n) for t, n in sorted(d.entity.items())],
@@ -182,6 +187,8 @@ class QuotaAdminHooks(TrafficHooks):
             ]
             response = build_response(ALTER_CLIENT_QUOTAS_KEY, version, throttle_time_ms=throttle, entries=entries)
             return encode_body(response, version)
+        # As KRaft's controller: each entity is validated on its own; the valid ones are applied
+        # together (one write of the quota file) and the invalid ones answered with their error.
         results = validate_alterations(alterations)
         failure: str | None = None
         if not request.validate_only and any(r.error_code == NONE for r in results):

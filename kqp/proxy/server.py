@@ -309,6 +309,13 @@ class ProxyServer:
         self.unreadable_logins(mechanism, connection.connection_id, connection.peer)
 
     async def _close_idle_connections(self) -> None:
+        """Sweep for two kinds of stuck connection, as a broker's Selector does:
+        idle (connections.max.idle.ms: nothing moved either way, and nothing owed to the
+        client, or the client stopped reading what it is owed), and a request frame begun but
+        not finished in time (a slow or stalled sender holding a partial frame buffer).
+
+        One periodic sweep rather than a timer per connection: timers would be re-armed on
+        every read, on the data path, for a check that only needs seconds of precision."""
         idle_limit = self.options.idle_timeout_seconds
         frame_limit = self.options.frame_read_timeout_seconds
         while True:
@@ -321,6 +328,9 @@ class ProxyServer:
                     # A client that stopped reading its responses is idle too: nothing moves.
                     reason = "not reading its responses" if connection.in_flight else "idle"
                     connection.close(f"{reason} for more than {idle_limit:g} s", problem=bool(connection.in_flight))
+                # A frame cannot progress while the proxy itself pauses reading (a mute,
+                # back-pressure): that time is the proxy's, not the client's, and the clock
+                # restarts when reading resumes.
                 elif (
                     connection.frame_started_at is not None
                     and connection.frame_started_at < now - frame_limit
@@ -339,6 +349,9 @@ class ProxyServer:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        # Drain: each connection stops taking requests and waits for the answers it owes, so
+        # clients see their in-flight requests completed rather than cut off; whatever is not
+        # done within the grace period is closed, and clients retry elsewhere.
         connections = list(self.connections)
         if connections:
             drains = [asyncio.ensure_future(c.drain()) for c in connections]

@@ -22,7 +22,7 @@ of small results) -> `load` (report.write_analyze_outputs). Figures:
     averages over the captured seconds of the minute. Gaps are filled with zeros so percentiles count idle seconds.
   * p50/p95/p99/p99.9/max (exact, `percentile`) with the time of the max, and seconds above
     the capacity limit;
-  * replication-aware network load from the replication factor (capacity.replication_load);
+  * replication-aware network load from the replication factor (analyze_transform.with_replication);
   * shares (top-N, Pareto) of principals, client-ids, (principal, client-id) and topics;
   * partition hot spots and skew; Produce batch-size mix; latency percentiles by API
     (approximate, `percentile_approx`); errors; observed broker vs proxy throttles;
@@ -90,19 +90,29 @@ SUMMARY_SCHEMA = "kqp.replay.analyze/1"
 
 @dataclass(frozen=True)
 class AnalyzeOptions:
+    """The job's settings; the command line's defaults are read from these fields."""
+
     capture: str
     output: str
+    # The capture sees client traffic only; replication traffic is modelled from this.
     replication_factor: int = 3
     capacity: str | None = None
+    # Cruise Control's network.{inbound,outbound}.capacity.threshold: the share of a broker's
+    # capacity counted as usable before it is considered full.
     nw_in_threshold: float = cap.DEFAULT_NETWORK_THRESHOLD
     nw_out_threshold: float = cap.DEFAULT_NETWORK_THRESHOLD
+    # Compound growth per month used for the runway (1.05: +5 % a month).
     monthly_growth: float = 1.05
     # Sizing guides plan brokers at 50-60 % of capacity (Confluent's calculator: 60 %).
     target_utilisation: float = 0.6
     top_n: int = 10
+    # Headroom is judged on the p99 of 1 s series: the mean hides the bursts that fill a
+    # broker's network, and the max is one outlier second.
     headroom_stat: str = "p99"
     headroom_resolution: str = "1s"
+    # A CI gate: exit BUDGET_EXIT_CODE when the runway is shorter (None: no gate).
     budget_min_runway_months: float | None = None
+    # The time window analysed, microseconds since the epoch, UTC (None: unbounded).
     start_us: int | None = None
     end_us: int | None = None
 
@@ -119,6 +129,7 @@ class AnalyzeResult:
     cached: list[DataFrame] = field(default_factory=list)
 
     def release(self) -> None:
+        """Unpersist the cached inputs (after `load`: the Spark tables are lazy and read them)."""
         for frame in self.cached:
             frame.unpersist()
         self.cached = []
@@ -134,6 +145,8 @@ class Extracted:
 
 
 def extract(spark: SparkSession, options: AnalyzeOptions) -> Extracted:
+    """Read the capture once and cache the three shapes every step reads again: without
+    the cache every table below would re-read and re-decode the Parquet files."""
     prepared = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us))
     # The nested partition lists are only needed once exploded: caching them twice (nested
     # and flat) would double the memory and the time spent building the cache.
@@ -161,6 +174,7 @@ class Coverage:
 
 
 def coverage_of(data: Extracted, options: AnalyzeOptions) -> Coverage:
+    """One aggregation pass for every whole-capture figure (one Spark job, not twelve)."""
     row = data.traffic.agg(
         F.sum("rows").alias("rows"),
         F.sum("requests").alias("requests"),
@@ -220,6 +234,8 @@ def _throughput(
         progress.step(f"throughput series and percentiles at {resolution}")
     stats = ordered_stats(pd.concat(stats_frames, ignore_index=True))
 
+    # N-1 planning: the scenario that matters is losing the busiest broker, whose clients
+    # then land on the others (and replication is recomputed for one broker fewer).
     lost_broker = resolve_lost_broker(stats[stats["resolution"] == options.headroom_resolution])
     if lost_broker is not None and len(brokers) > 1:
         unit = RESOLUTIONS[options.headroom_resolution]
@@ -251,6 +267,7 @@ def _shares(data: Extracted, options: AnalyzeOptions, result: AnalyzeResult) -> 
     pareto["topic"] = pareto_summary(ranked_topics, options.top_n)
     result.tables["shares"] = pd.concat(shares, ignore_index=True)
     result.tables["client_burstiness"] = to_pandas(client_burstiness(data.traffic)).sort_values("entity")
+    # Which clients make each broker busy: the quota candidates when one broker runs hot.
     per_broker_clients = to_pandas(client_broker_totals(data.traffic))
     per_broker_clients["share_of_broker_bytes"] = per_broker_clients["bytes"] / per_broker_clients.groupby("broker")[
         "bytes"
@@ -269,6 +286,8 @@ def _partitions(data: Extracted, coverage: Coverage, stats: pd.DataFrame, result
     partitions.insert(0, "rank", range(1, len(partitions) + 1))
     result.tables["partitions"] = partitions
     result.tables["topic_skew"] = topic_skew(partitions) if len(partitions) else pd.DataFrame()
+    # Broker skew is judged on the mean client bytes of the 1 s series, the same basis as
+    # the busiest-broker choice above.
     broker_bytes: pd.Series = (
         stats[
             (stats["resolution"] == "1s")
@@ -283,6 +302,9 @@ def _partitions(data: Extracted, coverage: Coverage, stats: pd.DataFrame, result
 
 
 def _batch_mix(data: Extracted, result: AnalyzeResult) -> None:
+    """Produce batch sizes by bucket, overall and per client: small batches cost a broker
+    far more per byte (a request and a log append each), so they point at linger.ms and
+    batch.size settings worth changing."""
     mix = to_pandas(batch_mix(data.parts))
     order = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
     mix["order"] = mix["bucket"].map(order.index)
@@ -296,6 +318,8 @@ def _batch_mix(data: Extracted, result: AnalyzeResult) -> None:
 
 
 def _latency_errors_throttles(data: Extracted, names: dict[int, str], result: AnalyzeResult) -> None:
+    # latency_by_api computes both groupings in one pass (a rollup); rows with no broker
+    # are the all-brokers totals.
     latencies = to_pandas(latency_by_api(data.requests))
     latency = latencies[latencies["broker"].isna()].drop(columns="broker").sort_values("api_key").reset_index(drop=True)
     latency.insert(1, "api", latency["api_key"].map(names))
@@ -315,6 +339,9 @@ def _latency_errors_throttles(data: Extracted, names: dict[int, str], result: An
 
 @dataclass
 class Headroom:
+    """Headroom per broker and resource, now and with the busiest broker lost, the first
+    limit each scenario reaches, and the broker count needed (None without a capacity file)."""
+
     rows: list[cap.Headroom]
     loss_rows: list[cap.Headroom]
     binding: cap.Headroom | None
@@ -416,6 +443,7 @@ def _sizing(
         resource: sum(capacity_file.for_broker(b).network_bytes_per_s(resource) for b in brokers) / len(brokers)
         for resource in cap.NETWORK_RESOURCES
     }
+    # A topic with RF replicas needs RF brokers, whatever the load.
     minimum = max(1, options.replication_factor)
     year = options.monthly_growth**12
     return {
@@ -447,6 +475,7 @@ def _summary(
     throttles, errors = tables["throttles"], tables["errors"]
 
     def peak(scope: str, metric: str, broker: int | None = None) -> dict[str, Any]:
+        # Peaks are always read from the 1 s observed series: the finest the capture gives.
         rows = stats[
             (stats["resolution"] == "1s")
             & (stats["scenario"] == "observed")
@@ -546,20 +575,24 @@ def _summary(
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Defaults come from AnalyzeOptions, so the command line and the API cannot disagree.
     parser = argparse.ArgumentParser(prog="kqp replay analyze", description="Capacity analysis of a capture.")
     parser.add_argument("capture", help="capture directory (local path or Hadoop-compatible URI)")
     parser.add_argument("--output", required=True, help="output directory (local to the driver)")
-    parser.add_argument("--replication-factor", type=int, default=3)
+    parser.add_argument("--replication-factor", type=int, default=AnalyzeOptions.replication_factor)
     parser.add_argument("--capacity", help="Cruise Control capacity JSON file")
-    parser.add_argument("--nw-in-threshold", type=float, default=cap.DEFAULT_NETWORK_THRESHOLD)
-    parser.add_argument("--nw-out-threshold", type=float, default=cap.DEFAULT_NETWORK_THRESHOLD)
-    parser.add_argument("--monthly-growth", type=float, default=1.05, help="growth factor per month (1.05 = +5%%)")
+    parser.add_argument("--nw-in-threshold", type=float, default=AnalyzeOptions.nw_in_threshold)
+    parser.add_argument("--nw-out-threshold", type=float, default=AnalyzeOptions.nw_out_threshold)
+    parser.add_argument("--monthly-growth", type=float, default=AnalyzeOptions.monthly_growth,
+                        help="growth factor per month (1.05 = +5%%)")
     parser.add_argument(
-        "--target-utilisation", type=float, default=0.6, help="network share per broker to size for (0.6 = 60%%)"
+        "--target-utilisation", type=float, default=AnalyzeOptions.target_utilisation,
+        help="network share per broker to size for (0.6 = 60%%)",
     )
-    parser.add_argument("--top-n", type=int, default=10)
-    parser.add_argument("--headroom-stat", choices=STATS, default="p99")
-    parser.add_argument("--headroom-resolution", choices=tuple(RESOLUTIONS), default="1s")
+    parser.add_argument("--top-n", type=int, default=AnalyzeOptions.top_n)
+    parser.add_argument("--headroom-stat", choices=STATS, default=AnalyzeOptions.headroom_stat)
+    parser.add_argument("--headroom-resolution", choices=tuple(RESOLUTIONS),
+                        default=AnalyzeOptions.headroom_resolution)
     parser.add_argument(
         "--budget-min-runway-months", type=float, help="exit 3 when the growth runway is shorter than this"
     )
@@ -570,6 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _iso_to_us(text: str | None) -> int | None:
+    """An ISO instant as capture time (µs since the epoch); a naive time is read as UTC,
+    the capture's own zone, not the driver's local zone."""
     if text is None:
         return None
     stamp = pd.Timestamp(text)
@@ -598,6 +633,8 @@ def options_from_args(args: argparse.Namespace) -> AnalyzeOptions:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run analyze; exit 0, or 3 when a budget is violated."""
+    # Imported here so that importing the module (tests, the replay CLI's --help) does not
+    # load matplotlib, which only the report needs.
     from kqp.spark_jobs.report import write_analyze_outputs
     from kqp.spark_jobs.session import get_spark
 

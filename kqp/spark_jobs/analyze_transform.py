@@ -20,9 +20,13 @@ from kqp.spark_jobs.capture_source import US_PER_SECOND
 from kqp.spark_jobs.common import ANONYMOUS
 from kqp.spark_jobs.session import to_pandas
 
+# Exact percentiles for the throughput series (one value per second or minute: few enough
+# rows for Spark's exact `percentile`), approximate ones for per-request latency below.
 PERCENTILES = (0.5, 0.95, 0.99, 0.999)
 PERCENTILE_NAMES = ("p50", "p95", "p99", "p99_9")
 STATS = (*PERCENTILE_NAMES, "max")
+# Series resolutions, in seconds per bucket: 1 s shows the bursts a broker's network
+# feels; 1 min is what most dashboards (and capacity plans) are drawn at.
 RESOLUTIONS = {"1s": 1, "1min": 60}
 
 # Additive per-bucket metrics of a throughput series (rates in bytes/s or requests/s).
@@ -38,12 +42,20 @@ BATCH_BUCKET_LAST = ">=1MB"
 SMALL_BATCH_BYTES = 10_000
 # Approximate percentiles for request latency: rank error 1/accuracy.
 LATENCY_ACCURACY = 10_000
+# The Pareto summary reports how few entities carry this share of the bytes.
 PARETO_SHARE = 0.8
 
 
 def prepare_requests(raw: DataFrame) -> DataFrame:
     """One row per request with the derived columns every figure uses."""
     has_response = F.col("ts_response_sent_us").isNotNull()
+    # Column choices that every figure below relies on:
+    # * broker -1: requests on the bootstrap listener, before the client knew a node id;
+    # * weight: the sampling factor, so sums over sampled captures estimate the whole;
+    # * produce_bytes are request sizes and fetch_bytes response sizes, as Kafka's
+    #   BytesInPerSec / BytesOutPerSec and its produce / fetch quotas count them;
+    # * latency_ms is what the client saw through the proxy (request in to response out),
+    #   broker_latency_ms the upstream round trip alone.
     return raw.select(
         F.col("ts_request_received_us").alias("ts_us"),
         F.floor(F.col("ts_request_received_us") / US_PER_SECOND).cast("long").alias("second"),
@@ -207,7 +219,10 @@ def api_request_series(
 def with_replication(series: DataFrame, replication_factor: int, broker_count: int) -> DataFrame:
     """Add modelled follower traffic and total network in/out per broker and bucket.
 
-    See capacity.replication_load: replication_out = (RF-1) x produce, replication_in =
+    The proxy never sees replication, so it is modelled: every byte a leader takes in is
+    fetched by RF-1 followers (the leader's extra outbound), and followers are spread evenly
+    over the other brokers, so a broker takes in (RF-1)/(N-1) of every other leader's bytes.
+    RF is capped at the broker count. replication_out = (RF-1) x produce, replication_in =
     (RF-1)/(N-1) x (cluster produce - own produce); nw_in = all client request bytes +
     replication_in, nw_out = all client response bytes + replication_out.
     """

@@ -210,27 +210,6 @@ def binding_constraint(rows: Iterable[Headroom]) -> Headroom | None:
     return min(rows, key=lambda row: row.growth_to_limit, default=None)
 
 
-def replication_load(
-    produce_bytes: float,
-    cluster_produce_bytes: float,
-    replication_factor: int,
-    brokers: int,
-) -> tuple[float, float]:
-    """Follower traffic (in, out) of one broker, in the units of its inputs.
-
-    The proxy never sees replication, so it is modelled: every byte a leader takes in is
-    fetched by RF-1 followers (the leader's extra outbound), and followers are spread evenly
-    over the other brokers, so a broker takes in (RF-1)/(N-1) of every other leader's bytes.
-    RF is capped at the broker count.
-    """
-    followers = min(replication_factor, brokers) - 1
-    if followers <= 0 or brokers <= 1:
-        return 0.0, 0.0
-    replication_in = followers / (brokers - 1) * (cluster_produce_bytes - produce_bytes)
-    replication_out = followers * produce_bytes
-    return replication_in, replication_out
-
-
 def brokers_needed(
     cluster_load: Mapping[str, float],
     broker_capacity: Mapping[str, float],

@@ -56,13 +56,18 @@ from kqp.spark_jobs.common import Progress
 from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.live/1"
+# RecordBatch attributes' compression codec ids (Kafka's CompressionType) -> librdkafka's
+# compression.type names.
 CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 LATENCY_PERCENTILES = (50, 95, 99, 99.9, 99.99)
 # How long a connection waits for outstanding delivery reports after its last send.
 FLUSH_TIMEOUT_S = 60.0
-# A Fetch that captured no max wait still gets this long to find its bytes.
+# A Fetch that captured no max wait still gets this long to find its bytes (Kafka's
+# fetch.max.wait.ms default).
 DEFAULT_FETCH_WAIT_MS = 500
 
+# Spark DDL schemas: the schedule the executors receive and the rows they send back. The
+# `copy` column keeps the N copies of a connection apart everywhere.
 SCHEDULE_SCHEMA = (
     "kind string, connection_id long, copy int, offset_ms double, acks int, topic string, partition int, "
     "records int, bytes long, compression int, max_wait_ms int"
@@ -76,16 +81,22 @@ RESULT_COLUMNS = [column.split()[0] for column in RESULT_SCHEMA.split(", ")]
 
 @dataclass(frozen=True)
 class LiveOptions:
+    """The job's settings; the command line's defaults are read from these fields."""
+
     capture: str
     bootstrap: str
     output: str | None = None
+    # Replayed topics are `<prefix><captured topic>`, so a replay never writes into the
+    # captured topics themselves when the target is the same cluster.
     topic_prefix: str = "replay."
     speedup: float = 1.0
     copies: int = 1
     dry_run: bool = False
     fetch: bool = True
+    # Time between scheduling and the first due request: executors need it to start their
+    # clients and connect, or the first requests would all start late (schedule lag).
     start_delay_s: float = 5.0
-    tasks: int | None = None
+    tasks: int | None = None  # None: the cluster's default parallelism
 
 
 # ---------------------------------------------------------------- schedule (pure DataFrames)
@@ -95,6 +106,8 @@ def schedule(raw: DataFrame, speedup: float, copies: int, fetch: bool = True) ->
     """One row per (connection copy, Produce or Fetch partition entry) with its offset from the start."""
     kinds = [ApiKey.PRODUCE, ApiKey.FETCH] if fetch else [ApiKey.PRODUCE]
     traffic = raw.where(F.col("api_key").isin(kinds))
+    # Offsets are from the capture's first data request, so a replay starts at once even if
+    # the capture began with a quiet stretch of metadata traffic.
     t0 = traffic.agg(F.min("ts_request_received_us")).first()
     start_us = int(t0[0]) if t0 and t0[0] is not None else 0
     entries = traffic.select(
@@ -111,6 +124,7 @@ def schedule(raw: DataFrame, speedup: float, copies: int, fetch: bool = True) ->
         "acks",
         F.col("p.topic").alias("topic"),
         F.col("p.partition").alias("partition"),
+        # A Produce entry always sends at least one record (its bytes must go somewhere).
         F.when(F.col("kind") == "produce", F.greatest(F.col("p.records"), F.lit(1)))
         .otherwise(F.coalesce(F.col("p.records"), F.lit(0)))
         .cast("int")
@@ -161,6 +175,8 @@ def dry_run_figures(entries: DataFrame) -> dict[str, Any]:
 
 
 def _result(kind: str, connection: int, copy: int, intended_s: float, nbytes: int, records: int) -> dict[str, Any]:
+    """A result row as a request is sent: `actual_ms` now (wall clock, comparable across
+    executors), `done_ms` filled in when it completes (NaN: never completed)."""
     return {
         "kind": kind,
         "connection_id": connection,
@@ -206,9 +222,13 @@ def send_produce(frame: pd.DataFrame, bootstrap: str, topic_prefix: str, start_a
             "throttle_cb": on_throttle,
         }
     )
+    # Random payloads (seeded per connection copy, so a rerun sends the same bytes): a
+    # constant payload would compress to nothing and misrepresent the captured load.
     rng = np.random.default_rng(connection * 1_000 + copy)
     rows: list[dict[str, Any]] = []
 
+    # One delivery callback per captured batch, on its last record: librdkafka delivers a
+    # partition's messages in order, so the last report marks the whole batch done.
     def reporter(row: dict[str, Any]) -> Any:
         def on_delivery(error: Any, _message: Any) -> None:
             row["done_ms"] = time.time() * 1000.0
@@ -239,7 +259,7 @@ def send_produce(frame: pd.DataFrame, bootstrap: str, topic_prefix: str, start_a
                     break
                 except BufferError:  # the local queue is full: let deliveries drain it
                     producer.poll(0.05)
-        producer.poll(0)
+        producer.poll(0)  # serve callbacks without waiting
         rows.append(row)
     producer.flush(FLUSH_TIMEOUT_S)
     return rows + throttles
@@ -258,6 +278,8 @@ def send_fetch(frame: pd.DataFrame, bootstrap: str, topic_prefix: str, start_at:
             "bootstrap.servers": bootstrap,
             "group.id": f"kqp-replay-{connection}-copy{copy}",
             "client.id": f"kqp-replay-{connection}-copy{copy}",
+            # No group management: partitions are assigned by hand below, and nothing is
+            # committed, so a retried task reads the same records again.
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "throttle_cb": on_throttle,
@@ -282,6 +304,7 @@ def send_fetch(frame: pd.DataFrame, bootstrap: str, topic_prefix: str, start_at:
                     continue
                 error = message.error()
                 if error is not None:
+                    # End of partition is not an error: the producers may not have caught up.
                     if error.code() != KafkaError._PARTITION_EOF:
                         row["error"] = str(error.name())
                     continue
@@ -309,6 +332,8 @@ def run_connections(batches: Iterator[pd.DataFrame], bootstrap: str, prefix: str
         except BaseException as error:  # surfaced below, so the task fails loudly
             failures.append(error)
 
+    # Threads, not processes: the clients are librdkafka (C) and spend their time outside the
+    # GIL, and a thread per connection keeps each connection's own pacing independent.
     threads = [
         threading.Thread(target=run, args=(kind, group), daemon=True)
         for (kind, _connection, _copy), group in frame.groupby(["kind", "connection_id", "copy"])
@@ -324,6 +349,8 @@ def run_connections(batches: Iterator[pd.DataFrame], bootstrap: str, prefix: str
 
 def replay(entries: DataFrame, options: LiveOptions) -> DataFrame:
     """Send the schedule: partitioned by connection, one task owning each connection."""
+    # One start instant, fixed on the driver and shipped to every task: executors' wall clocks
+    # are assumed NTP-synchronised, which is also what makes their latencies comparable.
     start_at = time.time() + options.start_delay_s
     bootstrap, prefix = options.bootstrap, options.topic_prefix
     tasks = options.tasks or entries.sparkSession.sparkContext.defaultParallelism
@@ -333,6 +360,7 @@ def replay(entries: DataFrame, options: LiveOptions) -> DataFrame:
         if len(frame):
             yield frame
 
+    # Hash-partitioning by (connection, copy) puts all of a connection copy's rows in one task.
     return entries.repartition(tasks, "connection_id", "copy").mapInPandas(task, RESULT_SCHEMA)
 
 
@@ -350,7 +378,10 @@ def percentiles(values: np.ndarray) -> dict[str, float | None]:
 
 
 def per_second(results: pd.DataFrame, start_ms: float) -> pd.DataFrame:
-    """Per second of the run and kind: intended bytes (by due time) and achieved bytes (by completion)."""
+    """Per second of the run and kind: intended bytes (by due time) and achieved bytes (by completion).
+
+    Achieved counts only requests that completed without error, so a target that refuses
+    load shows as a gap between the two lines, not as a matching one."""
     done = results[results["done_ms"].notna() & results["error"].isna()]
     intended = results.groupby([((results["intended_ms"] - start_ms) // 1000).astype(int), "kind"])["bytes"].sum()
     achieved = done.groupby([((done["done_ms"] - start_ms) // 1000).astype(int), "kind"])["bytes"].sum()
@@ -369,6 +400,8 @@ def measurements(results: pd.DataFrame, intended: dict[str, Any]) -> dict[str, A
             continue
         done = rows[rows["done_ms"].notna()]
         ok = done[done["error"].isna()]
+        # Achieved rate over the span from the first due time to the last completion: a
+        # target that lags stretches the span and so lowers the rate.
         span_s = max((done["done_ms"].max() - rows["intended_ms"].min()) / 1000.0, 1e-3) if len(done) else 0.0
         kind_throttles = throttles[throttles["kind"] == f"{kind}_throttle"]["throttle_ms"]
         figures[kind] = {

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from kqp.protocol.api_keys import ApiKey
+from kqp.protocol.fast_path import FETCH_FIRST_FLEXIBLE
 from kqp.quotas import QuotaEngine
 from kqp.quotas.recording import (
     QuotaClient,
@@ -73,7 +74,6 @@ _REQUEST_PHASE, _RESPONSE_PHASE = 0, 1
 # a correlation id, plus a tagged-field byte in flexible Fetch versions.
 _SIZE_PREFIX_BYTES = 4
 _RESPONSE_HEADER_BYTES = 4
-_FETCH_FLEXIBLE_SINCE = 12
 
 
 def charged_inputs(requests: pd.DataFrame) -> pd.DataFrame:
@@ -96,7 +96,7 @@ def charged_inputs(requests: pd.DataFrame) -> pd.DataFrame:
             if _present(row.response_bytes):
                 # ShareFetch is flexible in every version.
                 flexible_fetch = row.api_key == ApiKey.SHARE_FETCH or (
-                    row.api_key == ApiKey.FETCH and row.api_version >= _FETCH_FLEXIBLE_SINCE
+                    row.api_key == ApiKey.FETCH and row.api_version >= FETCH_FIRST_FLEXIBLE
                 )
                 response_body = int(row.response_bytes) - _SIZE_PREFIX_BYTES - _RESPONSE_HEADER_BYTES - flexible_fetch
             round_trip = float(row.round_trip_ms) if _present(row.round_trip_ms) else None

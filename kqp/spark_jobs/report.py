@@ -99,16 +99,6 @@ def markdown_table(frame: pd.DataFrame, columns: Sequence[str] | None = None, li
     return "\n".join(lines)
 
 
-def human_bytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:,.1f} {unit}"
-        value /= 1000
-    return f"{value:,.1f} TB"
-
-
 # ---------------------------------------------------------------- report builder
 
 _INLINE = re.compile(r"\*\*(.+?)\*\*|`(.+?)`")
@@ -191,6 +181,8 @@ class Report:
         relative = f"plots/{name}.png"
         (self.output / relative).write_bytes(buffer.getvalue())
         self.plots.append(relative)
+        # Embedded as a data URI: report.html stays one file that can be attached to a ticket
+        # or mailed without its plots/ folder; the PNG on disk serves the markdown report.
         encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
         self._markdown += [f"![{caption}]({relative})", ""]
         self._html.append(
@@ -225,6 +217,8 @@ def write_summary_and_report(output: Path, summary: dict[str, Any], report: Repo
 
 
 def _plot_throughput(series: pd.DataFrame, limits: Mapping[int, Mapping[str, float]], resolution: str) -> Any:
+    # Network in and out per broker with each broker's usable capacity as a dashed line in
+    # the same colour: the gap between a line and its dash is the headroom.
     figure, axes = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     for metric, axis, title in (
         ("nw_in", axes[0], "network in (clients + replication)"),
@@ -250,6 +244,8 @@ def _plot_bars(labels: Sequence[str], values: Sequence[float], title: str, xlabe
 
 
 def _plot_partition_heat(partitions: pd.DataFrame, max_topics: int = 20) -> Any:
+    # Topics by rows, partitions by columns: a keyed hot spot shows as one bright cell in an
+    # otherwise even row, which a per-topic total would hide.
     top_topics = partitions.groupby("topic")["bytes"].sum().sort_values(ascending=False).head(max_topics).index
     heat = partitions[partitions["topic"].isin(top_topics)].pivot_table(
         index="topic", columns="partition", values="mean_bytes_per_s", fill_value=0.0
@@ -280,6 +276,9 @@ def _plot_latency(latency: pd.DataFrame) -> Any:
 
 
 def _verdict(report: Report, summary: Mapping[str, Any]) -> None:
+    """The answer first: which resource limits the cluster, how long growth can continue,
+    what losing the busiest broker does, and how many brokers the load needs. Everything
+    after it in the report is the evidence."""
     headroom = summary["headroom"]
     options = summary["options"]
     items = []

@@ -104,6 +104,9 @@ def _zipf_weights(n: int, exponent: float) -> np.ndarray:
 
 
 def _requests_per_second(spec: SyntheticSpec, rng: np.random.Generator) -> np.ndarray:
+    # A slow wave (two periods over the capture) times rare bursts (3 % of the seconds, x2 to
+    # x5): enough that p99 and max differ clearly from the mean, which analyze must show. The
+    # multinomial draw makes the counts add up to exactly `spec.requests`.
     seconds = np.arange(spec.seconds)
     wave = 1.0 + 0.5 * np.sin(2 * math.pi * seconds / max(spec.seconds / 2, 1))
     bursts = np.where(rng.random(spec.seconds) < 0.03, rng.uniform(2.0, 5.0, spec.seconds), 1.0)
@@ -127,6 +130,8 @@ class _Clients:
 def _clients(spec: SyntheticSpec, rng: np.random.Generator) -> _Clients:
     n = spec.clients
     numbers = np.arange(n)
+    # Even-numbered clients produce, odd ones consume, so the heaviest client (0) is a
+    # producer and the second heaviest a consumer; acks mostly "all", as client defaults.
     return _Clients(
         weights=_zipf_weights(n, 1.1),
         is_producer=numbers % 2 == 0,
@@ -201,7 +206,8 @@ def _chunk(
     bytes_per_row = np.bincount(row_of_part, weights=part_bytes, minlength=n).astype(np.int64)
     any_error = np.zeros(n, dtype=np.int16)
     has_error = part_errors != 0
-    # First non-zero partition error per row, as the proxy records it.
+    # One non-zero partition error per row (the largest code; the proxy records the first,
+    # which a synthetic capture need not match: analyze only counts rows with an error).
     np.maximum.at(any_error, row_of_part[has_error], part_errors[has_error])
 
     acks = np.where(api == PRODUCE, clients.acks[client], 0).astype(np.int16)
@@ -217,9 +223,12 @@ def _chunk(
         rng.integers(100, 2_000, n),
     ).astype(np.int64)
 
+    # Broker round trips around 2 ms, longer for larger requests; an empty Fetch is a long
+    # poll that waits its full max wait, as a broker holds it in purgatory.
     broker_latency_us = rng.lognormal(np.log(2_000.0), 0.5, n) * (1 + bytes_per_row / 1_000_000)
     empty_poll = (api == FETCH) & (bytes_per_row == 0)
     broker_latency_us = np.where(empty_poll, _FETCH_MAX_WAIT_MS * 1_000, broker_latency_us).astype(np.int64)
+    # The proxy's own time on each side of the broker: tens of microseconds.
     ts_sent = ts + rng.integers(20, 120, n)
     ts_response_received = ts_sent + broker_latency_us
     ts_response_sent = ts_response_received + rng.integers(20, 120, n)
@@ -242,6 +251,7 @@ def _chunk(
         "ts_request_sent_us": pa.array(ts_sent, pa.int64()),
         "ts_response_received_us": nullable(ts_response_received, no_response, pa.int64()),
         "ts_response_sent_us": nullable(ts_response_sent, no_response, pa.int64()),
+        # One connection per (client, broker), numbered from 1 as the proxy numbers them.
         "connection_id": pa.array(client.astype(np.int64) * spec.brokers + broker + 1, pa.int64()),
         "listener": pa.array(np.full(n, "PLAINTEXT"), pa.string()),
         "upstream_node_id": pa.array(broker, pa.int32()),

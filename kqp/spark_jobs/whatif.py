@@ -72,6 +72,8 @@ from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.whatif/1"
 
+# What each replayed group returns: the request as captured (ts_ms, nbytes, ...) and as
+# simulated (sim_ts_ms: when it would have been sent; sim_throttle_ms: what it would get).
 SIMULATED_SCHEMA = (
     "ts_ms long, connection_id long, broker int, principal string, client_id string, api_key int, nbytes long, "
     "request_time_ms double, recorded_throttle_ms double, quota_group int, sim_ts_ms long, sim_throttle_ms double"
@@ -80,17 +82,25 @@ SIMULATED_SCHEMA = (
 
 @dataclass(frozen=True)
 class WhatIfOptions:
+    """The job's settings; the command line's defaults are read from these fields."""
+
     capture: str
-    quotas: str
+    quotas: str  # a proxy config file: only its quota section is used
     output: str
+    # open_loop: traffic is replayed at its captured times whatever the throttles (what the
+    # clients would have been told); deferral: a throttled connection waits its throttle out
+    # before sending again (what the brokers would have carried). See quota_replay.
     mode: Mode = "open_loop"
     calibrate: bool = False
     top_n: int = 20
+    # A CI gate: exit BUDGET_EXIT_CODE when a client is throttled on more of its requests.
     budget_max_throttled_share: float | None = None
 
 
 def load_quota_settings(config_path: str) -> QuotaSettings:
     """The quota settings of a proxy config file, read exactly as the proxy reads them."""
+    # Imported here: only the driver reads the config file; the executors, which import this
+    # module to replay, receive the parsed settings inside the engine factory.
     from kqp.config import load_config
 
     settings: QuotaSettings = load_config([config_path]).quota_settings()
@@ -106,6 +116,8 @@ def engine_replay_functions(settings: QuotaSettings) -> tuple[ThrottleFunction, 
     """A fresh kqp.quotas engine's request throttle and controller-mutation functions."""
     from kqp.quotas import QuotaEngine
 
+    # One engine for both, as in the proxy: a group's mutation quota and its byte and
+    # request quotas are charged to the same engine.
     engine = QuotaEngine(settings)
 
     def mutation(
@@ -145,7 +157,9 @@ def engine_throttle_function(settings: QuotaSettings, engine: Any = None) -> Thr
         )
         return float(charge_response(engine, QuotaClient(broker_label(broker), principal, client_id), charges, now_ms))
 
-    # The engine itself, for an exact replay of a capture that recorded its inputs.
+    # The engine itself, for an exact replay of a capture that recorded its inputs. An
+    # attribute rather than a second return value keeps the ThrottleFunction signature that
+    # test doubles implement.
     throttle.engine = engine  # type: ignore[attr-defined]
     return throttle
 
@@ -233,6 +247,8 @@ def simulate(
     `per_broker` (every budget is per broker, Kafka's way) each broker's traffic of a group is
     replayed separately; otherwise a group's traffic on all brokers goes through one engine.
     """
+    # Grouping is done on the driver: the distinct (principal, client-id) pairs are few
+    # (thousands), and the linking is a union-find over them, not a DataFrame operation.
     pairs = [(r["principal"], r["client_id"]) for r in requests.select("principal", "client_id").distinct().collect()]
     groups = quota_groups(pairs, link_users, link_client_ids)
     mapping = spark.createDataFrame(
@@ -241,6 +257,8 @@ def simulate(
     grouped = requests.join(F.broadcast(mapping), ["principal", "client_id"])
 
     def replay(frame: pd.DataFrame) -> pd.DataFrame:
+        # A fresh engine per group: groups share no sensor by construction, and a group's
+        # sensors must start empty to reproduce the proxy's from the capture's start.
         made = throttle_factory()
         throttle, mutation = made if isinstance(made, tuple) else (made, None)
         engine = getattr(throttle, "engine", None)
@@ -248,6 +266,8 @@ def simulate(
             # Capture v2: the proxy's own engine inputs, replayed call by call.
             result = replay_recorded(charged_inputs(frame), engine)
         else:
+            # Captures older than the mutation columns cannot charge mutations: skip them
+            # rather than charge them nothing.
             if mutation is not None and not set(MUTATION_COLUMNS) <= set(frame.columns):
                 mutation = None
             result = replay_group(charged_inputs(frame), throttle, mode, mutation)
@@ -260,7 +280,10 @@ def simulate(
 def client_outcomes(simulated: DataFrame) -> DataFrame:
     """Per (principal, client-id): throttling, bytes delayed and effective rate."""
     throttled = F.col("sim_throttle_ms") > 0
+    # In deferral mode a request can be delayed without being throttled itself: it queued
+    # behind a throttled one on its connection. Its bytes count as delayed too.
     delayed = F.col("sim_ts_ms") > F.col("ts_ms")
+    # At least 1 s, so a client seen for an instant does not get an absurd rate.
     span_s = F.greatest((F.max("sim_ts_ms") - F.min("sim_ts_ms")) / 1000.0, F.lit(1.0))
     return (
         simulated.groupBy("principal", "client_id")
@@ -296,6 +319,7 @@ def client_outcomes(simulated: DataFrame) -> DataFrame:
 
 def broker_peaks(simulated: DataFrame) -> DataFrame:
     """Per broker and API: peak bytes/s as recorded and after throttling (simulated times)."""
+    # Only the data APIs: their bytes are what fills a broker's network.
     counted = simulated.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
 
     def peak(time_column: str, name: str) -> DataFrame:
@@ -310,7 +334,12 @@ def broker_peaks(simulated: DataFrame) -> DataFrame:
 
 
 def calibration(simulated: DataFrame) -> DataFrame:
-    """Per (principal, client-id): simulated vs recorded proxy throttles."""
+    """Per (principal, client-id): simulated vs recorded proxy throttles.
+
+    Replaying a capture under the config the proxy ran with should give back the throttles
+    the proxy gave; where it does not, the replay (or the capture) is not faithful, and the
+    what-if of another config is not to be trusted either. Agreement is per request (both
+    throttled or both not); the errors are in ms."""
     error = F.col("sim_throttle_ms") - F.col("recorded_throttle_ms")
     return simulated.groupBy("principal", "client_id").agg(
         F.count("*").alias("requests"),
@@ -359,6 +388,8 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
         "bytes_delayed": float(clients["bytes_delayed"].sum()),
         "top_clients": clients.head(options.top_n).to_dict(orient="records"),
         "broker_peaks": peaks.to_dict(orient="records"),
+        # Connection creation is not in the capture (records are requests), so KIP-612
+        # cannot be replayed; said in the summary rather than silently left out.
         "not_simulated": ["connection creation rate (KIP-612)"],
     }
     if options.calibrate:
@@ -457,9 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("capture")
     parser.add_argument("--quotas", required=True, help="quota config YAML (same format as the proxy's)")
     parser.add_argument("--output", required=True)
-    parser.add_argument("--mode", choices=MODES, default="open_loop")
+    parser.add_argument("--mode", choices=MODES, default=WhatIfOptions.mode)
     parser.add_argument("--calibrate", action="store_true", help="compare with the recorded proxy throttles")
-    parser.add_argument("--top-n", type=int, default=20)
+    parser.add_argument("--top-n", type=int, default=WhatIfOptions.top_n)
     parser.add_argument("--budget-max-throttled-share", type=float, help="exit 3 when a client is throttled more")
     parser.add_argument("--master")
     return parser

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import re
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,8 @@ from confluent_kafka.admin import AdminClient
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
+from tests.integration.helpers.proxies import ProxyFactory
+from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 _PROXIES = pytest.StashKey[list[ProxyProcess]]()
 _LEFT_OPEN: list[str] = []
@@ -45,7 +47,6 @@ def kafka_3nodes() -> Iterator[KafkaCluster]:
     yield from _cluster(3)
 
 
-ProxyFactory = Callable[..., ProxyProcess]
 
 
 @pytest.fixture
@@ -112,6 +113,25 @@ def _close_if_open(client: object) -> None:
         client.assignment()  # raises once closed
         client.close()
     # AdminClient (confluent-kafka 2.16) has no close(): it is only named.
+
+
+@pytest.fixture
+def mutation_proxy(kafka_1node: KafkaCluster, tmp_path: Path) -> Iterator[tuple[ConfiguredProxy, Path]]:
+    """A proxy in front of `kafka_1node` with controller_mutation_rate 5 for client-id `creator`."""
+    config = tmp_path / "quotas.yaml"
+    config.write_text(
+        "# quotas for the mutation test\n"
+        "quotas:\n"
+        "  entries:\n"
+        "    - entity: {client-id: creator}\n"
+        "      controller_mutation_rate: 5\n"
+    )
+    proxy = ConfiguredProxy(kafka_1node.bootstrap, tmp_path / "proxy.log", config)
+    proxy.start()
+    try:
+        yield proxy, config
+    finally:
+        assert proxy.stop() == 0, proxy.log_tail()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -21,7 +21,7 @@ from harness import perf_tools
 from harness.local_kafka import USERS, KafkaCluster
 from kqp.capture.schema import META_RECORDS_DROPPED, META_RECORDS_WRITTEN
 from kqp.protocol.apis import FETCH_KEY, PRODUCE_KEY, SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY
-from tests.integration.capture_workload import (
+from tests.integration.helpers.capture_workload import (
     FREE_CLIENT,
     REAL_CAPTURE_TOPIC,
     THROTTLED_CLIENT,

@@ -21,10 +21,10 @@ from kafka import KafkaConsumer, KafkaProducer
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.conftest import ProxyFactory
-from tests.integration.socket_watch import SocketWatch
-from tests.integration.tally import EXPECTED, RECORDS, Tally, numbered_values
-from tests.integration.through_proxy import (
+from tests.integration.helpers.proxies import ProxyFactory
+from tests.integration.helpers.socket_watch import SocketWatch
+from tests.integration.helpers.tally import EXPECTED, RECORDS, Tally, numbered_values
+from tests.integration.helpers.through_proxy import (
     PARTITIONS,
     assert_only_proxy,
     committed_offsets,

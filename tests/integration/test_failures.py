@@ -22,10 +22,10 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.conftest import ProxyFactory
-from tests.integration.socket_watch import SocketWatch
-from tests.integration.tally import Tally
-from tests.integration.through_proxy import assert_only_proxy
+from tests.integration.helpers.proxies import ProxyFactory
+from tests.integration.helpers.socket_watch import SocketWatch
+from tests.integration.helpers.tally import Tally
+from tests.integration.helpers.through_proxy import assert_only_proxy
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 from harness.load_balancer import LoadBalancer
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess, free_port_block
-from tests.integration.test_fleet import (
+from tests.integration.helpers.fleet import (
     CLIENT_ID,
     KAFKA_ADMITS,
     QUOTA,

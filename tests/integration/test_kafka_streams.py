@@ -15,9 +15,9 @@ from confluent_kafka import Producer
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.conftest import ProxyFactory
-from tests.integration.test_transparency import FEATURE_CLIENTS, _ask
-from tests.integration.through_proxy import PARTITIONS, assert_only_proxy, create_topic, run_watched
+from tests.integration.helpers.feature_clients import FEATURE_CLIENTS, ask_api_versions
+from tests.integration.helpers.proxies import ProxyFactory
+from tests.integration.helpers.through_proxy import PARTITIONS, assert_only_proxy, create_topic, run_watched
 
 pytestmark = pytest.mark.integration
 
@@ -41,8 +41,8 @@ def test_streams_app_processes_every_record_exactly_once(kafka_3nodes: KafkaClus
                                                          topic_name: str, protocol: str) -> None:
     if protocol == "streams":
         # The brokers offer the streams rebalance protocol, and so does the proxy.
-        assert STREAMS_GROUP_HEARTBEAT in _ask(next(iter(kafka_3nodes.nodes.values())).plaintext_port)
-        assert STREAMS_GROUP_HEARTBEAT in _ask(proxy.bootstrap_port)
+        assert STREAMS_GROUP_HEARTBEAT in ask_api_versions(next(iter(kafka_3nodes.nodes.values())).plaintext_port)
+        assert STREAMS_GROUP_HEARTBEAT in ask_api_versions(proxy.bootstrap_port)
     source, sink, app_id = f"{topic_name}-in", f"{topic_name}-out", f"{topic_name}-app"
     create_topic(proxy.bootstrap, source)
     create_topic(proxy.bootstrap, sink)

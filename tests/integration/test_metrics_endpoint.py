@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
-from tests.integration.test_quota_enforcement import ConfiguredProxy
+from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 pytestmark = pytest.mark.integration
 

@@ -9,70 +9,25 @@ shows and edits the quota file.
 
 from __future__ import annotations
 
-import socket
-import struct
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from harness.local_kafka import KafkaCluster
-from kqp.protocol.apis import API_SPECS, CREATE_TOPICS_KEY
-from kqp.protocol.codec import decode_body
-from kqp.protocol.headers import encode_request_header, response_body_offset
-from tests.integration.test_quota_enforcement import ConfiguredProxy
+from tests.integration.helpers.mutations import THROTTLING_QUOTA_EXCEEDED, create_topics_raw
+from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 pytestmark = pytest.mark.integration
 
-THROTTLING_QUOTA_EXCEEDED = 89
 JAVA_ADMIN = Path(__file__).parent / "java" / "CreateTopicsWithRetries.java"
 
 
-@pytest.fixture
-def mutation_proxy(kafka_1node: KafkaCluster, tmp_path: Path) -> Iterator[tuple[ConfiguredProxy, Path]]:
-    config = tmp_path / "quotas.yaml"
-    config.write_text(
-        "# quotas for the mutation test\n"
-        "quotas:\n"
-        "  entries:\n"
-        "    - entity: {client-id: creator}\n"
-        "      controller_mutation_rate: 5\n"
-    )
-    proxy = ConfiguredProxy(kafka_1node.bootstrap, tmp_path / "proxy.log", config)
-    proxy.start()
-    try:
-        yield proxy, config
-    finally:
-        assert proxy.stop() == 0, proxy.log_tail()
 
 
-def create_topics_raw(port: int, client_id: str, names: list[str], partitions: int, version: int = 7) -> object:
-    """One CreateTopics request, sent as bytes, and its decoded response."""
-    request_class = API_SPECS[CREATE_TOPICS_KEY].request_class[version]
-    topic_class = request_class.CreatableTopic
-    request = request_class(
-        topics=[topic_class(name=n, num_partitions=partitions, replication_factor=1, assignments=[], configs=[])
-                for n in names],
-        timeout_ms=30000, validate_only=False,
-    )
-    frame = encode_request_header(CREATE_TOPICS_KEY, version, 7, client_id) + bytes(request.encode(version=version))
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
-        sock.sendall(struct.pack(">i", len(frame)) + frame)
-        size = struct.unpack(">i", _read(sock, 4))[0]
-        response = _read(sock, size)
-    offset = response_body_offset(response, CREATE_TOPICS_KEY, version)
-    return decode_body(CREATE_TOPICS_KEY, version, response[offset:], is_request=False)
 
 
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        assert chunk, "connection closed mid-response"
-        data += chunk
-    return data
 
 
 def test_kip599_strict_create_topics_then_admin_client_retries_create_them_all(

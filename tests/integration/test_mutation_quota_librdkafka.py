@@ -28,8 +28,7 @@ from harness.local_kafka import KafkaCluster
 from kqp.protocol.apis import API_SPECS, CREATE_TOPICS_KEY, METADATA_KEY
 from kqp.protocol.codec import decode_body, encode_body
 from kqp.protocol.headers import encode_request_header, response_body_offset, response_correlation_id
-from tests.integration.test_mutation_quota_and_quota_admin import mutation_proxy  # noqa: F401 (fixture)
-from tests.integration.test_quota_enforcement import ConfiguredProxy
+from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +40,7 @@ THROTTLING_QUOTA_EXCEEDED = 89
 
 @pytest.mark.parametrize("in_flight", [1, 20], ids=["one-at-a-time", "pipelined"])
 def test_librdkafka_admin_creates_partitions_at_the_mutation_rate(
-    kafka_1node: KafkaCluster, mutation_proxy: tuple[ConfiguredProxy, Path], in_flight: int  # noqa: F811
+    kafka_1node: KafkaCluster, mutation_proxy: tuple[ConfiguredProxy, Path], in_flight: int
 ) -> None:
     proxy, _config = mutation_proxy
     admin = AdminClient({"bootstrap.servers": proxy.bootstrap, "client.id": "creator"})
@@ -75,7 +74,7 @@ def test_librdkafka_admin_creates_partitions_at_the_mutation_rate(
 
 
 def test_a_pipelined_request_behind_a_local_throttled_answer_waits_for_the_mute(
-    kafka_1node: KafkaCluster, mutation_proxy: tuple[ConfiguredProxy, Path]  # noqa: F811
+    kafka_1node: KafkaCluster, mutation_proxy: tuple[ConfiguredProxy, Path]
 ) -> None:
     """Strict CreateTopics (v6+) over the quota is answered by the proxy; what follows waits.
 

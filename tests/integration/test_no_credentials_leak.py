@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from harness.local_kafka import USERS, KafkaCluster
-from tests.integration.test_quota_enforcement import ConfiguredProxy
+from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 pytestmark = pytest.mark.integration
 

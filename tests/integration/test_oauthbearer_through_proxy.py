@@ -25,7 +25,7 @@ from confluent_kafka import Producer
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.test_quota_enforcement import _WINDOW, RECORD_SIZE, TOLERANCE, steady_rate, throttle_avg
+from tests.integration.helpers.quota_proxy import _WINDOW, RECORD_SIZE, TOLERANCE, steady_rate, throttle_avg
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from harness.local_kafka import KafkaCluster, free_ports
-from tests.integration.test_quota_enforcement import ConfiguredProxy
+from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from harness.local_kafka import USERS, KafkaCluster
 from kqp.protocol.apis import API_SPECS
 from kqp.protocol.codec import decode_body, encode_body
 from kqp.protocol.headers import encode_request_header, response_body_offset
-from tests.integration.test_quota_enforcement import ConfiguredProxy
+from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 pytestmark = pytest.mark.integration
 

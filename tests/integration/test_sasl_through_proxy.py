@@ -11,10 +11,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, KafkaProducer
 
 from harness.local_kafka import USERS, KafkaCluster
-from tests.integration.conftest import ProxyFactory
-from tests.integration.socket_watch import SocketWatch
-from tests.integration.tally import Tally, numbered_values
-from tests.integration.through_proxy import assert_only_proxy
+from tests.integration.helpers.proxies import ProxyFactory
+from tests.integration.helpers.socket_watch import SocketWatch
+from tests.integration.helpers.tally import Tally, numbered_values
+from tests.integration.helpers.through_proxy import assert_only_proxy
 
 pytestmark = pytest.mark.integration
 

@@ -30,18 +30,18 @@ from harness.local_kafka import KafkaCluster, recv_exact
 from kqp.protocol.apis import API_VERSIONS_KEY, METADATA_KEY
 from kqp.protocol.codec import decode_body
 from kqp.protocol.headers import encode_request_header, response_body_offset
-from tests.integration.socket_watch import SocketWatch
-from tests.integration.test_leader_moves import (
+from tests.integration.helpers.leader_moves import (
     RATE_PER_S,
     RECORDS,
     Operator,
-    _java,
-    _wait_until,
     assert_moves_survived,
+    java_client,
     run_through_leader_moves,
+    wait_until,
 )
-from tests.integration.test_tls import TlsProxyProcess
-from tests.integration.through_proxy import consume_and_commit, run_watched
+from tests.integration.helpers.proxies import TlsProxyProcess
+from tests.integration.helpers.socket_watch import SocketWatch
+from tests.integration.helpers.through_proxy import consume_and_commit, run_watched
 
 pytestmark = pytest.mark.integration
 
@@ -145,7 +145,7 @@ def test_answers_carry_only_the_sni_names(proxy: TlsProxyProcess, kafka_3nodes: 
                 context.wrap_socket(raw, server_hostname=server_name) as sock:
             sock.sendall(struct.pack(">i", len(api_versions)) + api_versions)
             recv_exact(sock, 4)
-        _wait_until(lambda logged=logged: logged in proxy.log_path.read_text(), 10, f"the log line {logged!r}")
+        wait_until(lambda logged=logged: logged in proxy.log_path.read_text(), 10, f"the log line {logged!r}")
 
 
 # ---- librdkafka ---------------------------------------------------------------------------
@@ -214,10 +214,10 @@ def test_java_admin_producer_and_consumer_through_leader_moves(
 
     operator = Operator(kafka_3nodes, topic_name)
     request.addfinalizer(operator.close)
-    _wait_until(lambda: operator.leader() == one, 30, "the first replica to lead")
-    producer_command = _java(kafka_3nodes, "produce", bootstrap, topic_name, str(RECORDS), str(RATE_PER_S), *tls)
-    consumer_command = _java(kafka_3nodes, "consume", bootstrap, topic_name, f"{topic_name}-group", str(RECORDS),
-                             "group.protocol=classic", *tls)
+    wait_until(lambda: operator.leader() == one, 30, "the first replica to lead")
+    producer_command = java_client(kafka_3nodes, "produce", bootstrap, topic_name, str(RECORDS), str(RATE_PER_S), *tls)
+    consumer_command = java_client(kafka_3nodes, "consume", bootstrap, topic_name, f"{topic_name}-group",
+                                   str(RECORDS), "group.protocol=classic", *tls)
     produced, consumed = run_through_leader_moves(proxy, operator, producer_command, consumer_command)
     assert_moves_survived(kafka_3nodes, proxy, operator, produced, consumed)
     for run in (produced, consumed):

@@ -6,9 +6,9 @@ import pytest
 from kafka import KafkaConsumer
 
 from harness.local_kafka import KafkaCluster
-from tests.integration.conftest import ProxyFactory
-from tests.integration.socket_watch import SocketWatch
-from tests.integration.through_proxy import assert_only_proxy
+from tests.integration.helpers.proxies import ProxyFactory
+from tests.integration.helpers.socket_watch import SocketWatch
+from tests.integration.helpers.through_proxy import assert_only_proxy
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from confluent_kafka.admin import AdminClient
 from harness.local_kafka import DEFAULT_KAFKA_DIR, java_command
 from harness.proxy_process import ProxyProcess
 from harness.tansu import TANSU_NODE_ID, TansuBroker
-from tests.integration.socket_watch import SocketWatch
-from tests.integration.test_quota_enforcement import (
+from tests.integration.helpers.feature_clients import ask_api_versions
+from tests.integration.helpers.quota_proxy import (
     QUOTA,
     RECORD_SIZE,
     TOLERANCE,
@@ -29,8 +29,8 @@ from tests.integration.test_quota_enforcement import (
     quota_file,
     steady_rate,
 )
-from tests.integration.test_transparency import _ask
-from tests.integration.through_proxy import (
+from tests.integration.helpers.socket_watch import SocketWatch
+from tests.integration.helpers.through_proxy import (
     PARTITIONS,
     assert_only_proxy,
     committed_offsets,
@@ -71,11 +71,11 @@ def proxy(tansu: TansuBroker, tmp_path: Path) -> Iterator[TansuProxy]:
 
 
 def test_proxy_advertises_what_tansu_advertises(tansu: TansuBroker, proxy: TansuProxy) -> None:
-    direct = _ask(tansu.port)
+    direct = ask_api_versions(tansu.port)
     # tansu's own set: the point is that it is not Kafka's (no KIP-848 heartbeat, for one).
     assert 68 not in direct and 18 in direct
-    assert _ask(proxy.bootstrap_port) == direct
-    assert _ask(proxy.node_port(TANSU_NODE_ID)) == direct
+    assert ask_api_versions(proxy.bootstrap_port) == direct
+    assert ask_api_versions(proxy.node_port(TANSU_NODE_ID)) == direct
 
 
 def test_produce_consume_in_a_group_and_admin_through_the_proxy(tansu: TansuBroker, proxy: TansuProxy,

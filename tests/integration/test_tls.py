@@ -9,7 +9,6 @@ reports in its metrics.
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +18,8 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from kafka import KafkaConsumer, KafkaProducer
 
 from harness.certificates import CertificateAuthority, IssuedCertificate, SslMaterial
-from harness.local_kafka import REPO, KafkaCluster, KafkaHarnessError
-from harness.proxy_process import ProxyProcess
+from harness.local_kafka import KafkaCluster
+from tests.integration.helpers.proxies import TlsProxyProcess
 
 RECORDS = 500
 
@@ -38,27 +37,6 @@ def kafka_ssl(material: SslMaterial) -> Iterator[KafkaCluster]:
         yield cluster
     finally:
         cluster.stop()
-
-
-class TlsProxyProcess(ProxyProcess):
-    """`kqp serve` with a config file; ready once /readyz says it discovered the broker over TLS."""
-
-    def __init__(self, upstream: str, log_path: Path, config: Path, per_broker_ports: bool = True) -> None:
-        super().__init__(upstream, log_path, config=config, per_broker_ports=per_broker_ports)
-
-    def start(self, timeout_s: float = 30.0) -> TlsProxyProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        deadline = time.monotonic() + timeout_s
-        while not (self._endpoint_up() and self.readyz() == 200):
-            if self.process.poll() is not None:
-                raise KafkaHarnessError(f"kqp serve exited with {self.process.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise KafkaHarnessError(f"kqp serve not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.05)
-        return self
 
 
 @pytest.fixture(scope="module")

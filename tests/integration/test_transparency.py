@@ -9,19 +9,18 @@ kafka-metadata-quorum. Each client's sockets are watched: none may reach a broke
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.conftest import ProxyFactory
-from tests.integration.socket_watch import SocketWatch
-from tests.integration.through_proxy import (
+from tests.integration.helpers.feature_clients import FEATURE_CLIENTS, api_versions_request, ask_api_versions
+from tests.integration.helpers.proxies import ProxyFactory
+from tests.integration.helpers.socket_watch import SocketWatch
+from tests.integration.helpers.through_proxy import (
     PARTITIONS,
     assert_only_proxy,
     committed_offsets,
@@ -33,7 +32,6 @@ from tests.integration.through_proxy import (
 
 pytestmark = pytest.mark.integration
 
-FEATURE_CLIENTS = Path(__file__).parent / "java" / "FeatureClients.java"
 RECORDS = 3000
 
 
@@ -57,51 +55,12 @@ def _produce(bootstrap: str, topic: str, count: int, batches: int = 1, pause_s: 
 # ---- raw ApiVersions ------------------------------------------------------------------
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise OSError("connection closed")
-        data += chunk
-    return data
 
 
-def _compact_string(text: str) -> bytes:
-    raw = text.encode()
-    return bytes([len(raw) + 1]) + raw
 
 
-def _api_versions(sock: socket.socket, correlation_id: int, version: int = 3,
-                  software: str = "kqp-test") -> tuple[int, dict[int, tuple[int, int]]]:
-    """One ApiVersions round trip: (error code, {api key: (min, max)})."""
-    header = struct.pack(">hhih", 18, version, correlation_id, 4) + b"test"
-    if version >= 3:
-        request = header + b"\x00" + _compact_string(software) + _compact_string("1.0") + b"\x00"
-    else:
-        request = header
-    sock.sendall(struct.pack(">i", len(request)) + request)
-    size = struct.unpack(">i", _recv_exact(sock, 4))[0]
-    payload = _recv_exact(sock, size)
-    assert struct.unpack(">i", payload[:4])[0] == correlation_id
-    body = payload[4:]
-    error_code = struct.unpack(">h", body[:2])[0]
-    apis: dict[int, tuple[int, int]] = {}
-    if version >= 3:
-        count = body[2] - 1  # compact array; fine below 127 entries
-        offset = 3
-        for _ in range(max(count, 0)):
-            key, low, high = struct.unpack(">hhh", body[offset:offset + 6])
-            apis[key] = (low, high)
-            offset += 7  # and an empty tagged-field section per entry
-    return error_code, apis
 
 
-def _ask(port: int, version: int = 3) -> dict[int, tuple[int, int]]:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        error_code, apis = _api_versions(sock, 1, version)
-    assert error_code == 0
-    return apis
 
 
 @pytest.fixture
@@ -116,19 +75,19 @@ def test_proxy_advertises_every_api_and_version_of_every_broker(kafka_3nodes: Ka
     # Versions the proxy does not advertise as the broker does; the goal is none.
     documented_caps: dict[int, tuple[int, int]] = {}
     for node_id, node in kafka_3nodes.nodes.items():
-        broker = _ask(node.plaintext_port)
+        broker = ask_api_versions(node.plaintext_port)
         # The newer protocols are the point: they must be among what the brokers offer.
         assert {68, 69, 76, 77, 78, 79, 88} <= broker.keys()
         expected = {**broker, **documented_caps}
-        assert _ask(proxy.node_port(node_id)) == expected
-        assert _ask(proxy.bootstrap_port) == expected
+        assert ask_api_versions(proxy.node_port(node_id)) == expected
+        assert ask_api_versions(proxy.bootstrap_port) == expected
 
 
 def test_api_versions_error_for_a_bad_client_software_name_keeps_the_connection(proxy: ProxyProcess) -> None:
     with socket.create_connection(("127.0.0.1", proxy.bootstrap_port), timeout=10) as sock:
-        error_code, _ = _api_versions(sock, 7, software="bad name!")
+        error_code, _ = api_versions_request(sock, 7, software="bad name!")
         assert error_code == 42  # INVALID_REQUEST, as the broker answers it
-        error_code, apis = _api_versions(sock, 8)
+        error_code, apis = api_versions_request(sock, 8)
         assert error_code == 0
         assert 18 in apis
 

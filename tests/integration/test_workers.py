@@ -15,7 +15,7 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.test_fleet import (
+from tests.integration.helpers.fleet import (
     CLIENT_ID,
     KAFKA_ADMITS,
     QUOTA,

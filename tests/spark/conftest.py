@@ -14,9 +14,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from harness.local_kafka import KafkaCluster
-from kqp.spark_jobs.synthetic import SyntheticSpec, write_capture
-
-SPEC = SyntheticSpec(requests=12_000, seconds=90, brokers=3, clients=10, principals=4, topics=5, seed=11)
+from kqp.spark_jobs.synthetic import write_capture
+from tests.spark.helpers import SPEC
 
 
 @pytest.fixture(scope="session")
@@ -58,11 +57,3 @@ def capture_rows(capture_dir: Path) -> pd.DataFrame:
     return ds.dataset(str(capture_dir), format="parquet", partitioning="hive").to_table().to_pandas()
 
 
-def exploded(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per (request, partition) entry, with the request's columns."""
-    with_parts = rows[rows["partitions"].notna()][
-        ["api_key", "client_id", "upstream_node_id", "ts_request_received_us", "partitions"]
-    ]
-    flat = with_parts.explode("partitions").dropna(subset=["partitions"])
-    details = pd.DataFrame(list(flat["partitions"]), index=flat.index)
-    return pd.concat([flat.drop(columns="partitions"), details], axis=1)

@@ -14,7 +14,7 @@ from kqp.spark_jobs import capacity as cap
 from kqp.spark_jobs.analyze import AnalyzeOptions, run_analyze
 from kqp.spark_jobs.common import Progress
 from kqp.spark_jobs.report import write_analyze_outputs
-from tests.spark.conftest import SPEC, exploded
+from tests.spark.helpers import SPEC, exploded
 
 pytestmark = pytest.mark.spark
 

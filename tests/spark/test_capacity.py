@@ -66,14 +66,6 @@ def test_headroom_and_binding_constraint() -> None:
     assert binding is not None and (binding.broker, binding.resource) == (1, cap.NW_OUT)
 
 
-def test_replication_load() -> None:
-    # 3 brokers, RF 3: every broker follows every partition.
-    assert cap.replication_load(10.0, 30.0, 3, 3) == (20.0, 20.0)
-    # RF above the broker count is capped; a single broker replicates nothing.
-    assert cap.replication_load(10.0, 30.0, 5, 3) == (20.0, 20.0)
-    assert cap.replication_load(10.0, 10.0, 3, 1) == (0.0, 0.0)
-
-
 def test_brokers_needed_at_a_target_utilisation() -> None:
     capacity = {cap.NW_IN: 100.0, cap.NW_OUT: 200.0}
     # NW_IN binds: 250 / (100 x 0.5) = 5 brokers; NW_OUT would need 3.

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kqp.cli import main as kqp_main
-from tests.spark.test_whatif import QUOTAS_YAML
+from tests.spark.helpers import QUOTAS_YAML
 
 pytestmark = pytest.mark.spark
 

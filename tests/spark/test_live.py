@@ -15,7 +15,7 @@ from kqp.spark_jobs.capture_source import read_capture
 from kqp.spark_jobs.common import Progress
 from kqp.spark_jobs.live import LiveOptions, dry_run_figures, run_live, schedule, write_live_outputs
 from kqp.spark_jobs.synthetic import SyntheticSpec, write_capture
-from tests.spark.conftest import exploded
+from tests.spark.helpers import exploded
 
 pytestmark = pytest.mark.spark
 

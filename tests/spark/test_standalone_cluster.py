@@ -23,7 +23,7 @@ import pytest
 from harness.local_kafka import free_ports
 from kqp.spark_jobs.cli import write_package_zip
 from kqp.spark_jobs.synthetic import SyntheticSpec, write_capture
-from tests.spark.test_whatif import QUOTAS_YAML
+from tests.spark.helpers import QUOTAS_YAML
 
 pytestmark = pytest.mark.spark
 

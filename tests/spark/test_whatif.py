@@ -17,6 +17,7 @@ from pyspark import cloudpickle
 
 from kqp.spark_jobs.capture_source import read_capture
 from kqp.spark_jobs.whatif import broker_peaks, calibration, client_outcomes, prepare_requests, simulate
+from tests.spark.helpers import QUOTAS_YAML
 
 pytestmark = pytest.mark.spark
 # Executors cannot import the tests package: ship this module's functions by value.
@@ -77,15 +78,6 @@ def test_deferral_moves_throttled_traffic_later(spark: Any, capture_dir: Path, c
     assert (peaks["simulated_peak_bytes_per_s"] > 0).all()
 
 
-QUOTAS_YAML = """\
-quotas:
-  entries:
-    - entity: {client-id: "<default>"}
-      producer_byte_rate: 40000
-      consumer_byte_rate: 60000
-    - entity: {user: "tenant-1"}
-      producer_byte_rate: 15000
-"""
 
 
 def sequential_replay(rows: pd.DataFrame, settings: Any) -> pd.DataFrame:

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from kqp.proxy.metrics import ProxyMetrics, registered_metric_names
+from kqp.proxy.metrics import ProxyMetrics
+from tests.unit.helpers.metrics import registered_metric_names
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "config/grafana/dashboards/kqp-overview.json"

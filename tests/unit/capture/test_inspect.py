@@ -9,7 +9,7 @@ from kqp.capture.inspect import inspect_command, summarize_capture
 from kqp.capture.writer import CaptureWriter
 from kqp.cli import main
 from kqp.config.models import CaptureSection
-from tests.unit.capture.records import HOUR_US, TEN_O_CLOCK_US, fetch_record, produce_record
+from tests.unit.helpers.capture_records import HOUR_US, TEN_O_CLOCK_US, fetch_record, produce_record
 
 
 def write_capture(directory: Path) -> None:

@@ -22,7 +22,7 @@ from kqp.capture.schema import (
 )
 from kqp.capture.writer import CaptureWriter
 from kqp.config.models import CaptureSection
-from tests.unit.capture.records import HOUR_US, TEN_O_CLOCK_US, fetch_record, produce_record
+from tests.unit.helpers.capture_records import HOUR_US, TEN_O_CLOCK_US, fetch_record, produce_record
 
 
 class FakeClock:

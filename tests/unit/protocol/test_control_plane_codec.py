@@ -21,7 +21,7 @@ from kqp.protocol.apis import (
     SASL_HANDSHAKE_KEY,
 )
 from kqp.protocol.codec import decode_body, encode_body
-from tests.unit.protocol.schema_messages import body_strategy
+from tests.unit.helpers.schema_messages import body_strategy
 
 DESCRIBE_CLIENT_QUOTAS_KEY = 48
 ALTER_CLIENT_QUOTAS_KEY = 49

@@ -29,7 +29,7 @@ from kqp.protocol.error_codes import (
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.schema_walk import struct_step
 from kqp.protocol.tagged_fields import keep_unknown_tags
-from tests.unit.protocol.schema_messages import body_strategy, struct_body
+from tests.unit.helpers.schema_messages import body_strategy, struct_body
 
 ALL_VERSIONS = [(key, version) for key, spec in sorted(API_SPECS.items())
                 for version in range(spec.min_version, spec.max_version + 1)]

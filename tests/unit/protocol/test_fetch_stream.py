@@ -17,7 +17,7 @@ from kqp.protocol.fetch_stream import (
     FetchResponseStream,
     rewrite_fetch_tail,
 )
-from tests.unit.protocol.test_fast_path import PROPERTY_SETTINGS, fetch_responses
+from tests.unit.helpers.fast_path_strategies import PROPERTY_SETTINGS, fetch_responses
 
 ENDPOINT_VERSIONS = range(FETCH_NODE_ENDPOINTS_SINCE, API_SPECS[FETCH_KEY].max_version + 1)
 

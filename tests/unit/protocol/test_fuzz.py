@@ -27,8 +27,8 @@ from kqp.protocol.fast_path import parse_fetch_request, parse_fetch_response, pa
 from kqp.protocol.framing import FrameDecoder, frame
 from kqp.protocol.headers import encode_request_header, parse_request_header, response_body_offset
 from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time
-from tests.unit.protocol.schema_messages import body_strategy
-from tests.unit.protocol.test_fast_path import fetch_requests, fetch_responses, produce_requests
+from tests.unit.helpers.fast_path_strategies import fetch_requests, fetch_responses, produce_requests
+from tests.unit.helpers.schema_messages import body_strategy
 
 EXAMPLES = int(os.environ.get("KQP_FUZZ_EXAMPLES", "150"))
 MUTATIONS = 200

@@ -10,7 +10,7 @@ from kqp.protocol.address_rewrite import NODE_ENDPOINT_VERSIONS, client_response
 from kqp.protocol.apis import API_SPECS, FETCH_KEY, METADATA_KEY, PRODUCE_KEY
 from kqp.protocol.codec import decode_body
 from kqp.protocol.node_endpoints import may_carry_node_endpoints
-from tests.unit.protocol.schema_messages import body_strategy
+from tests.unit.helpers.schema_messages import body_strategy
 
 CASES = [
     (api_key, version)
@@ -73,7 +73,7 @@ def test_the_client_gets_the_proxys_endpoints_and_the_rewrite_is_reported(api_ke
 
 
 def test_a_metadata_response_is_learned_and_rewritten() -> None:
-    from tests.unit.proxy.fake_broker import FakeBroker
+    from tests.unit.helpers.fake_broker import FakeBroker
 
     frame = b"\x00\x00\x00\x07\x00" + FakeBroker(node_id=4, port=9092).metadata_body(12)
     learned: list[object] = []

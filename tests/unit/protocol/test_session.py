@@ -29,8 +29,8 @@ from kqp.protocol.session import (
     StreamEnded,
     StreamStarted,
 )
-from tests.unit.proxy.test_cut_through import FETCH_VERSION, answer_fetch, fetch_request
-from tests.unit.proxy.test_cut_through import decode as decode_fetch
+from tests.unit.helpers.fetch import FETCH_VERSION, answer_fetch, fetch_request
+from tests.unit.helpers.fetch import decode as decode_fetch
 
 HEARTBEAT_KEY = 12
 PROXY_HOST = "proxy.example"

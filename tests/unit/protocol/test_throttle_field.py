@@ -15,18 +15,17 @@ from kqp.protocol.codec import decode_body, encode_body
 from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.headers import encode_response_header, response_body_offset
 from kqp.protocol.throttle_field import (
-    has_throttle_field,
     patch_throttle_time,
     read_throttle_time,
     throttle_field_offset,
     throttle_location,
 )
-from tests.unit.protocol.schema_messages import body_strategy
+from tests.unit.helpers.schema_messages import body_strategy
 
 ALL_VERSIONS = [(key, version) for key, spec in sorted(API_SPECS.items())
                 for version in range(spec.min_version, spec.max_version + 1)]
-WITH_FIELD = [pair for pair in ALL_VERSIONS if has_throttle_field(*pair)]
-WITHOUT_FIELD = [pair for pair in ALL_VERSIONS if not has_throttle_field(*pair)]
+WITH_FIELD = [pair for pair in ALL_VERSIONS if throttle_location(*pair) is not None]
+WITHOUT_FIELD = [pair for pair in ALL_VERSIONS if throttle_location(*pair) is None]
 THROTTLE = st.integers(0, 2**31 - 1)
 OFFSET_DELETE_KEY = 47
 
@@ -38,10 +37,10 @@ def _id(pair: tuple[int, int]) -> str:
 def test_the_location_table_matches_kafkas() -> None:
     # Spot checks from the Kafka protocol guide: where the field first appears, and the
     # APIs that never carry it.
-    assert not has_throttle_field(METADATA_KEY, 2) and has_throttle_field(METADATA_KEY, 3)
-    assert not has_throttle_field(API_VERSIONS_KEY, 0) and has_throttle_field(API_VERSIONS_KEY, 1)
-    assert has_throttle_field(PRODUCE_KEY, 3) and has_throttle_field(FETCH_KEY, 4)
-    assert not any(has_throttle_field(key, version) for key, version in ALL_VERSIONS if key in (17, 27, 36))
+    assert throttle_location(METADATA_KEY, 2) is None and throttle_location(METADATA_KEY, 3) is not None
+    assert throttle_location(API_VERSIONS_KEY, 0) is None and throttle_location(API_VERSIONS_KEY, 1) is not None
+    assert throttle_location(PRODUCE_KEY, 3) is not None and throttle_location(FETCH_KEY, 4) is not None
+    assert not any(throttle_location(key, version) is not None for key, version in ALL_VERSIONS if key in (17, 27, 36))
     # First in the body everywhere except Produce (after Responses), ApiVersions (after
     # ErrorCode and ApiKeys), OffsetDelete (after ErrorCode) and the delegation-token APIs
     # 38-41 (after ErrorCode and the token fields).

@@ -18,8 +18,8 @@ from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
 from kqp.quotas.settings import QuotaEntity, QuotaEntry, QuotaSettings, Scope
-from tests.unit.proxy.fake_broker import FakeBroker, RawClient
-from tests.unit.proxy.test_connection_io import (
+from tests.unit.helpers.fake_broker import FakeBroker, RawClient
+from tests.unit.helpers.proxy import (
     HEARTBEAT_KEY,
     answer_heartbeat,
     heartbeat_request,

@@ -5,52 +5,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import AsyncIterator
 
 import pytest
-from kafka.protocol.consumer import HeartbeatRequest, HeartbeatResponse
-from kafka.protocol.metadata import MetadataRequest
 
 from kqp.protocol.apis import METADATA_KEY, PRODUCE_KEY
 from kqp.protocol.codec import decode_body
-from kqp.protocol.headers import encode_request_header, response_body_offset, response_correlation_id
+from kqp.protocol.headers import response_body_offset, response_correlation_id
 from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks
-from kqp.proxy.options import ProxyOptions
-from kqp.proxy.server import ProxyServer
-from tests.unit.proxy.fake_broker import FakeBroker, RawClient
-
-HEARTBEAT_KEY = 12
-
-
-def heartbeat_request(correlation_id: int) -> bytes:
-    body = HeartbeatRequest[4](group_id="g", generation_id=1, member_id="m", group_instance_id=None).encode()
-    return encode_request_header(HEARTBEAT_KEY, 4, correlation_id, "test") + bytes(body)
-
-
-def metadata_request(correlation_id: int, version: int = 12) -> bytes:
-    body = MetadataRequest[version](topics=[], allow_auto_topic_creation=False,
-                                    include_topic_authorized_operations=False).encode()
-    return encode_request_header(METADATA_KEY, version, correlation_id, "test") + bytes(body)
-
-
-def answer_heartbeat(header: object, body: bytes) -> bytes:
-    return bytes(HeartbeatResponse[4](throttle_time_ms=0, error_code=0).encode())
-
-
-@pytest.fixture
-async def broker() -> AsyncIterator[FakeBroker]:
-    fake = FakeBroker(handlers={HEARTBEAT_KEY: answer_heartbeat})
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-async def start_proxy(broker: FakeBroker, hooks: TrafficHooks | None = None, **overrides: object) -> ProxyServer:
-    options = ProxyOptions(upstream_bootstrap=(("127.0.0.1", broker.port),), bootstrap_port=0,
-                           node_ports={broker.node_id: 0}, **overrides)  # type: ignore[arg-type]
-    proxy = ProxyServer(options, hooks)
-    await proxy.start()
-    return proxy
+from tests.unit.helpers.fake_broker import FakeBroker, RawClient
+from tests.unit.helpers.proxy import (
+    HEARTBEAT_KEY,
+    heartbeat_request,
+    metadata_request,
+    produce_acks0_request,
+    start_proxy,
+)
 
 
 async def test_metadata_points_clients_at_the_proxy(broker: FakeBroker) -> None:
@@ -149,10 +118,6 @@ async def test_broker_answering_out_of_order_closes_the_connection(
     await proxy.stop()
 
 
-def produce_acks0_request(correlation_id: int) -> bytes:
-    # Produce v9 body: null transactional id (compact), acks=0, timeout, empty topics, no tags.
-    body = b"\x00" + struct.pack(">hi", 0, 30000) + b"\x01" + b"\x00"
-    return encode_request_header(PRODUCE_KEY, 9, correlation_id, "test") + body
 
 
 async def test_acks_zero_produce_is_not_waited_for(broker: FakeBroker) -> None:

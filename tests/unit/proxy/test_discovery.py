@@ -15,7 +15,7 @@ from kqp.protocol.framing import frame
 from kqp.protocol.headers import encode_response_header
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.server import ProxyServer
-from tests.unit.proxy.fake_broker import FakeBroker
+from tests.unit.helpers.fake_broker import FakeBroker
 
 Answer = Callable[[bytes], bytes]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from kqp.protocol.headers import response_correlation_id
 from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, TrafficHooks
-from tests.unit.proxy.fake_broker import FakeBroker, RawClient
-from tests.unit.proxy.test_connection_io import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request, start_proxy
+from tests.unit.helpers.fake_broker import FakeBroker, RawClient
+from tests.unit.helpers.proxy import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request, start_proxy
 
 
 class HoldSecond(TrafficHooks):

@@ -29,8 +29,8 @@ from kqp.proxy.server import ProxyServer
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
 from kqp.quotas.settings import IpQuotaEntry, QuotaSettings
-from tests.unit.proxy.fake_broker import FakeBroker, RawClient
-from tests.unit.proxy.test_connection_io import HEARTBEAT_KEY, heartbeat_request
+from tests.unit.helpers.fake_broker import FakeBroker, RawClient
+from tests.unit.helpers.proxy import HEARTBEAT_KEY, heartbeat_request
 
 BIG_RESPONSE_BYTES = 512 * 1024
 
@@ -306,3 +306,5 @@ async def test_connection_rate_quota_from_the_engine(
     assert 5 <= answered < 15
     forwarded = sorted(h.correlation_id for h in broker.received if h.client_id == "test")
     assert len(forwarded) == answered
+    for client in clients:
+        client.close()

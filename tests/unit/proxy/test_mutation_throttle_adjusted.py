@@ -7,9 +7,9 @@ from __future__ import annotations
 from kqp.protocol.apis import CREATE_TOPICS_KEY
 from kqp.protocol.codec import decode_body
 from kqp.protocol.headers import response_body_offset
-from tests.unit.proxy.fake_broker import FakeBroker, RawClient
-from tests.unit.proxy.test_connection_io import start_proxy
-from tests.unit.proxy.test_local_answer_throttle import answer_create_topics, create_topics, creator_enforcement
+from tests.unit.helpers.fake_broker import FakeBroker, RawClient
+from tests.unit.helpers.mutations import answer_create_topics, create_topics, creator_enforcement
+from tests.unit.helpers.proxy import start_proxy
 
 
 async def test_a_permissive_mutation_throttle_is_reduced_by_the_broker_round_trip() -> None:

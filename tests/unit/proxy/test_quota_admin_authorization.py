@@ -17,8 +17,8 @@ from kqp.protocol.codec import decode_body, encode_body
 from kqp.protocol.headers import RequestHeader, encode_request_header, response_body_offset
 from kqp.proxy.quota_admin import ALTER_CLIENT_QUOTAS_KEY, DESCRIBE_CLIENT_QUOTAS_KEY, QuotaAdminHooks
 from kqp.quotas.settings import QuotaEntity, QuotaEntry, QuotaSettings
-from tests.unit.proxy.fake_broker import FakeBroker, RawClient
-from tests.unit.proxy.test_connection_io import start_proxy
+from tests.unit.helpers.fake_broker import FakeBroker, RawClient
+from tests.unit.helpers.proxy import start_proxy
 
 CLUSTER_AUTHORIZATION_FAILED = 31
 MESSAGE = "Cluster authorization failed."

@@ -25,8 +25,8 @@ from kqp.proxy.logins import UnreadableLogins
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.server import ProxyServer
-from tests.unit.proxy.fake_broker import FakeBroker, RawClient
-from tests.unit.proxy.test_connection_io import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request
+from tests.unit.helpers.fake_broker import FakeBroker, RawClient
+from tests.unit.helpers.proxy import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request
 
 SASL_AUTHENTICATION_FAILED = 58
 HANDSHAKE_VERSION = 1

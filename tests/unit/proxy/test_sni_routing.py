@@ -24,8 +24,8 @@ from kqp.protocol.headers import response_body_offset, response_correlation_id
 from kqp.proxy.cluster import BOOTSTRAP
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.server import ProxyServer
-from tests.unit.proxy.fake_broker import FakeBroker, RawClient
-from tests.unit.proxy.test_connection_io import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request, metadata_request
+from tests.unit.helpers.fake_broker import FakeBroker, RawClient
+from tests.unit.helpers.proxy import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request, metadata_request
 
 ROUTES = SniRoutingSection(bootstrap_host="bootstrap.kqp.test", broker_host_pattern="broker-$(nodeId).kqp.test")
 NAMES = ("bootstrap.kqp.test", "broker-1.kqp.test", "broker-7.kqp.test", "kafka.kqp.test")

@@ -28,12 +28,8 @@ from kqp.proxy.tls import (
     subject_dn,
     upstream_context,
 )
-from tests.unit.proxy import test_connection_io
-from tests.unit.proxy.fake_broker import FakeBroker, RawClient
-from tests.unit.proxy.test_connection_io import heartbeat_request
-
-# The scripted broker of the IO tests, answering Heartbeat.
-broker = test_connection_io.broker
+from tests.unit.helpers.fake_broker import FakeBroker, RawClient
+from tests.unit.helpers.proxy import heartbeat_request
 
 # ---- principal mapping rules -------------------------------------------------------------
 

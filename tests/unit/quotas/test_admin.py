@@ -20,8 +20,7 @@ from kqp.quotas.admin import (
     describe_quotas,
     validate_alterations,
 )
-
-from .helpers import D
+from tests.unit.helpers.quotas import D
 
 # ClientQuotasRequestTest.testDescribeClientQuotasMatchPartial's 13 entities.
 FIXTURE = QuotaSettings(

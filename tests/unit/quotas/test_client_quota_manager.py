@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kqp.quotas import QuotaEngine, QuotaSettings, QuotaType
-
-from .helpers import D, FakeClock, settings_for
+from tests.unit.helpers.quotas import D, FakeClock, settings_for
 
 PRODUCE: QuotaType = "producer_byte_rate"
 

@@ -18,8 +18,7 @@ from kqp.quotas import (
     load_callback,
 )
 from kqp.quotas.groups import QuotaGroupsCallback
-
-from .helpers import D, settings_for
+from tests.unit.helpers.quotas import D, settings_for
 
 PRODUCE: QuotaType = "producer_byte_rate"
 

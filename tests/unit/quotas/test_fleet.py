@@ -23,8 +23,7 @@ from kqp.quotas.fleet import (
     split_usage,
 )
 from kqp.quotas.recording import QuotaClient, RequestCharges, charge_request
-
-from .helpers import D, settings_for
+from tests.unit.helpers.quotas import D, settings_for
 
 PRODUCE: QuotaType = "producer_byte_rate"
 MUTATION: QuotaType = "controller_mutation_rate"

@@ -22,8 +22,7 @@ from kqp.quotas.recording import (
     response_charges,
 )
 from kqp.quotas.stats import TokenBucket, WindowedRate
-
-from .helpers import D, settings_for
+from tests.unit.helpers.quotas import D, settings_for
 
 CLIENT = QuotaClient("1", "ANONYMOUS", "test-client")
 

@@ -12,7 +12,7 @@ import math
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaSettings
 from kqp.quotas.callbacks import DefaultQuotaCallback
 from kqp.quotas.stats import WindowedRate, java_int, java_round, throttle_time
-from tests.unit.quotas.helpers import settings_for
+from tests.unit.helpers.quotas import settings_for
 
 LONG_MAX = 9_223_372_036_854_775_807
 LONG_MIN = -9_223_372_036_854_775_808

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 from kqp.quotas.callbacks import precedence_entities
 from kqp.quotas.stats import TokenBucket, WindowedRate
-
-from .helpers import D, FakeClock, settings_for
+from tests.unit.helpers.quotas import D, FakeClock, settings_for
 
 FAST = settings(max_examples=60, deadline=None)
 

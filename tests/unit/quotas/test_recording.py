@@ -17,8 +17,7 @@ from kqp.quotas.recording import (
     request_charges,
     response_charges,
 )
-
-from .helpers import D, settings_for
+from tests.unit.helpers.quotas import D, settings_for
 
 CLIENT = QuotaClient("1", "u", "c")
 

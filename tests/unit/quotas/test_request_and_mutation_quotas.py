@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kqp.quotas import EXEMPT_REQUEST_API_KEYS, IpQuotaEntry, MutationOutcome, QuotaEngine, QuotaSettings
-
-from .helpers import D, settings_for
+from tests.unit.helpers.quotas import D, settings_for
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 

@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from harness.proxy_process import ProxyProcess
-from tests.integration.socket_watch import SocketWatch
+from tests.integration.helpers.socket_watch import SocketWatch
 
 PARTITIONS = 3
 

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kqp.proxy.metrics import OTHER, ProxyMetrics, QuotaStatSample, registered_metric_names
+from kqp.proxy.metrics import OTHER, ProxyMetrics, QuotaStatSample
+from tests.unit.helpers.metrics import registered_metric_names
 
 
 class FakeMonotonic:

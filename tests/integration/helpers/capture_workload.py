@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster, KafkaHarnessError
-from tests.integration.test_quota_enforcement import ConfiguredProxy
+from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 # The workload of make_real_capture, for tests that check figures against it.
 REAL_CAPTURE_TOPIC = "captured-orders"

@@ -9,8 +9,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from kafka.protocol.consumer import FetchRequest, FetchResponse
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
-from kafka.record import MemoryRecordsBuilder
 
 from kqp.capture.writer import CaptureWriter, Record
 from kqp.config.models import CaptureSection
@@ -18,13 +16,11 @@ from kqp.protocol.apis import FETCH_KEY, PRODUCE_KEY, SASL_HANDSHAKE_KEY
 from kqp.protocol.headers import (
     encode_request_header,
     encode_response_header,
-    parse_request_header,
     response_body_offset,
 )
-from kqp.proxy.hooks import Exchange
 from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.topics import TopicDirectory
-from tests.unit.client_views import client_view
+from tests.unit.helpers.exchanges import CLIENT, batch, exchange_for, produce_pair, request_frame
 
 ORDERS_ID = uuid.uuid4()
 
@@ -41,7 +37,6 @@ class RecordingWriter(CaptureWriter):
         return True
 
 
-CLIENT = client_view(connection_id=3, principal="alice", listener="node-1")
 
 
 def observer(writer: CaptureWriter, topics: TopicDirectory | None = None) -> ObservationHooks:
@@ -55,21 +50,10 @@ def learn_orders(topics: TopicDirectory) -> None:
     topics.learn_metadata(SimpleNamespace(topics=[topic]))
 
 
-def batch(count: int, value_size: int, codec: int = 0) -> bytes:
-    builder = MemoryRecordsBuilder(2, codec, batch_size=1 << 20, offset=0)
-    for index in range(count):
-        builder.append(1_700_000_000_000 + index, None, b"v" * value_size, [])
-    builder.close()
-    return bytes(builder.buffer())
 
 
-def request_frame(api_key: int, version: int, message: Any, correlation_id: int = 7) -> bytes:
-    return encode_request_header(api_key, version, correlation_id, "client-1") + bytes(message.encode())
 
 
-def exchange_for(frame: bytes) -> Exchange:
-    return Exchange(header=parse_request_header(frame), request_bytes=len(frame) + 4, received_at=99.0,
-                    sent_at=99.001, response_received_at=99.01)
 
 
 def run_pair(api_key: int, version: int, request: Any, response: Any,
@@ -84,20 +68,6 @@ def run_pair(api_key: int, version: int, request: Any, response: Any,
     return writer.records
 
 
-def produce_pair(version: int, topic: dict[str, Any], partition_errors: tuple[int, int]) -> tuple[Any, Any]:
-    topic_cls = ProduceRequest.TopicProduceData
-    request = ProduceRequest[version](transactional_id=None, acks=-1, timeout_ms=30_000, topic_data=[
-        topic_cls(**topic, partition_data=[
-            topic_cls.PartitionProduceData(index=0, records=batch(5, 100)),
-            topic_cls.PartitionProduceData(index=1, records=batch(3, 10) + batch(2, 10, codec=1)),
-        ])])
-    reply_cls = ProduceResponse.TopicProduceResponse
-    partition_cls = reply_cls.PartitionProduceResponse
-    response = ProduceResponse[version](throttle_time_ms=0, responses=[reply_cls(**topic, partition_responses=[
-        partition_cls(index=index, error_code=code, base_offset=0, log_append_time_ms=-1, log_start_offset=0,
-                      record_errors=[], error_message=None, current_leader=None)
-        for index, code in enumerate(partition_errors)])], node_endpoints=[])
-    return request, response
 
 
 def test_produce_record_carries_acks_and_partition_figures_and_errors() -> None:

@@ -1,0 +1,31 @@
+"""Helpers shared by the Spark tests (see docs/testing.md): the synthetic capture's spec, its
+partitions exploded with pandas, and a quota config for the what-if jobs."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kqp.spark_jobs.synthetic import SyntheticSpec
+
+SPEC = SyntheticSpec(requests=12_000, seconds=90, brokers=3, clients=10, principals=4, topics=5, seed=11)
+
+
+def exploded(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (request, partition) entry, with the request's columns."""
+    with_parts = rows[rows["partitions"].notna()][
+        ["api_key", "client_id", "upstream_node_id", "ts_request_received_us", "partitions"]
+    ]
+    flat = with_parts.explode("partitions").dropna(subset=["partitions"])
+    details = pd.DataFrame(list(flat["partitions"]), index=flat.index)
+    return pd.concat([flat.drop(columns="partitions"), details], axis=1)
+
+
+QUOTAS_YAML = """\
+quotas:
+  entries:
+    - entity: {client-id: "<default>"}
+      producer_byte_rate: 40000
+      consumer_byte_rate: 60000
+    - entity: {user: "tenant-1"}
+      producer_byte_rate: 15000
+"""

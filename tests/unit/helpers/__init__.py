@@ -1,0 +1,1 @@
+"""Helpers shared by the unit tests (see docs/testing.md: test modules import only from here)."""

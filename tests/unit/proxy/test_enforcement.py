@@ -1,0 +1,159 @@
+"""kqp.proxy.enforcement's hook, called directly (no sockets): what it does to requests and
+responses. How a connection carries its verdicts out (mutes, one request at a time) is tested
+with a proxy in front of a scripted broker: test_throttled_pipelining, test_cluster_scope_holds,
+test_local_answer_throttle and test_mutation_throttle_adjusted."""
+
+from __future__ import annotations
+
+import pytest
+from kafka.protocol.producer import ProduceResponse
+
+from kqp.config.models import EnforcementSection
+from kqp.protocol.apis import API_SPECS, PRODUCE_KEY
+from kqp.protocol.fast_path import parse_share_fetch_request
+from kqp.protocol.headers import (
+    RequestHeader,
+    encode_request_header,
+    encode_response_header,
+    parse_request_header,
+    response_body_offset,
+)
+from kqp.protocol.throttle_field import throttle_field_offset
+from kqp.proxy.enforcement import QuotaEnforcement
+from kqp.proxy.hooks import ClientView, Exchange, HookChain, RequestVerdict, ResponseVerdict, TrafficHooks
+from kqp.proxy.topics import TopicDirectory
+from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
+from tests.unit.helpers.client_views import client_view
+from tests.unit.helpers.exchanges import CLIENT, exchange_for, produce_pair, request_frame
+from tests.unit.helpers.proxy import heartbeat_request
+
+# ---- Fetch and ShareFetch limits capped at the quota window ------------------------------
+# A ShareFetch's MaxBytes (and MinBytes) are capped at the consumer quota's window, as Kafka's
+# handleFetchFromShareFetchRequest does: min(MaxBytes, fetch.max.bytes, quota x (samples - 1) x window).
+
+SHARE_FETCH = 78
+
+
+def share_fetch_frame(version: int, min_bytes: int, max_bytes: int) -> bytes:
+    message = API_SPECS[SHARE_FETCH].request_class[version](
+        group_id="g", member_id="m", share_session_epoch=0, max_wait_ms=500, min_bytes=min_bytes,
+        max_bytes=max_bytes, max_records=500, batch_size=500, share_acquire_mode=0, is_renew_ack=False,
+        topics=[], forgotten_topics_data=[])
+    return encode_request_header(SHARE_FETCH, version, 5, "consumer") + bytes(message.encode())
+
+
+def capped(rate: float | None, version: int, min_bytes: int, max_bytes: int) -> tuple[int, int]:
+    entries = () if rate is None else (QuotaEntry(QuotaEntity(client_id="consumer"), {"consumer_byte_rate": rate}),)
+    enforcement = QuotaEnforcement(QuotaEngine(QuotaSettings(entries=entries)), EnforcementSection(),
+                                   lambda: 1_000_000.0, TopicDirectory())
+    frame = share_fetch_frame(version, min_bytes, max_bytes)
+    header = parse_request_header(frame)
+    exchange = Exchange(header=header, request_bytes=len(frame) + 4, received_at=0.0)
+    verdict = enforcement.request(client_view(), exchange, frame)
+    out = frame if verdict is None or verdict.frame is None else verdict.frame
+    limits = parse_share_fetch_request(memoryview(out)[header.body_offset:], version)
+    assert exchange.fetch_max_wait_ms == (500 if rate is not None else None)
+    return limits.min_bytes, limits.max_bytes
+
+
+def test_max_and_min_bytes_are_capped_at_the_quota_window() -> None:
+    # 1000 B/s x 10 full samples x 1 s = 10,000 bytes; MinBytes follows MaxBytes down.
+    for version in (1, 2):
+        assert capped(1000.0, version, min_bytes=50_000, max_bytes=52_428_800) == (10_000, 10_000)
+        assert capped(1000.0, version, min_bytes=1, max_bytes=52_428_800) == (1, 10_000)
+
+
+def test_a_request_within_the_window_or_without_a_quota_is_unchanged() -> None:
+    assert capped(1000.0, 1, min_bytes=1, max_bytes=4_000) == (1, 4_000)
+    assert capped(None, 1, min_bytes=1, max_bytes=52_428_800) == (1, 52_428_800)
+
+
+# ---- ThrottleTimeMs written where the session found it ----------------------------------
+# Enforcement reuses where the session found a Produce response's ThrottleTimeMs, and only
+# for the frame that offset describes.
+
+VERSION = 9
+
+
+def produce_throttling_enforcement() -> QuotaEnforcement:
+    # 10 B/s: any Produce request is throttled, so the response's ThrottleTimeMs is patched.
+    settings = QuotaSettings(entries=(QuotaEntry(QuotaEntity(None, DEFAULT_ENTITY), {"producer_byte_rate": 10}),))
+    return QuotaEnforcement(QuotaEngine(settings), EnforcementSection(), lambda: 5_000.0, TopicDirectory())
+
+
+def produce_response(partitions: int) -> bytes:
+    _, response = produce_pair(VERSION, {"name": "orders"}, tuple([0] * partitions))  # type: ignore[arg-type]
+    return encode_response_header(PRODUCE_KEY, VERSION, 7) + bytes(response.encode())
+
+
+def throttle_of(frame: bytes) -> int:
+    offset = response_body_offset(frame, PRODUCE_KEY, VERSION)
+    return int(ProduceResponse.decode(frame[offset:], version=VERSION).throttle_time_ms)
+
+
+def exchange_and_frame() -> tuple[Exchange, bytes]:
+    request, _ = produce_pair(VERSION, {"name": "orders"}, (0, 0))
+    frame = request_frame(PRODUCE_KEY, VERSION, request)
+    return exchange_for(frame), frame
+
+
+class GrowsTheResponse(TrafficHooks):
+    """Replaces the response with one of more partitions: ThrottleTimeMs moves further in."""
+
+    def response(self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int) -> ResponseVerdict:
+        return ResponseVerdict(frame=produce_response(4))
+
+
+def respond_through(hooks: TrafficHooks) -> tuple[Exchange, bytes]:
+    """A Produce request and its 2-partition response through `hooks`, with the offset the
+    session would have found in that response; returns the exchange and what the client gets."""
+    exchange, request = exchange_and_frame()
+    hooks.request(CLIENT, exchange, request)
+    answer = produce_response(2)
+    body_offset = response_body_offset(answer, PRODUCE_KEY, VERSION)
+    exchange.response_throttle_offset = throttle_field_offset(answer, body_offset, PRODUCE_KEY, VERSION)
+    verdict = hooks.response(CLIENT, exchange, answer, body_offset)
+    assert verdict is not None and verdict.frame is not None
+    return exchange, bytes(verdict.frame)
+
+
+def test_the_offset_the_session_found_is_where_the_throttle_is_written() -> None:
+    exchange, out = respond_through(produce_throttling_enforcement())
+    assert throttle_of(out) == exchange.proxy_throttle_ms > 0
+
+
+def test_an_offset_that_described_a_replaced_frame_is_not_used() -> None:
+    exchange, out = respond_through(HookChain([GrowsTheResponse(), produce_throttling_enforcement()]))
+    # Written where the replaced frame has it: the frame still decodes, with the throttle in it.
+    assert throttle_of(out) == exchange.proxy_throttle_ms > 0
+    assert len(out) == len(produce_response(4))
+
+
+# ---- a throttled client's other connections --------------------------------------------
+# A client throttled on one connection is read one request at a time on its others.
+
+def one_at_a_time_for(verdict: RequestVerdict | None) -> float:
+    return verdict.one_at_a_time_s if verdict is not None else 0.0
+
+
+def heartbeat_exchange_for(client_id: str) -> Exchange:
+    frame = heartbeat_request(1)
+    header: RequestHeader = parse_request_header(frame.replace(b"test", client_id.encode()[:4].ljust(4, b"x")))
+    return Exchange(header=header, request_bytes=len(frame) + 4, received_at=0.0)
+
+
+def test_a_new_connection_of_a_throttled_client_starts_one_request_at_a_time() -> None:
+    now = [1_000_000.0]
+    entry = QuotaEntry(QuotaEntity(client_id="test"), {"producer_byte_rate": 1000.0})
+    enforcement = QuotaEnforcement(QuotaEngine(QuotaSettings(entries=(entry,))), EnforcementSection(),
+                                   lambda: now[0], TopicDirectory())
+    enforcement._note_throttle(("ANONYMOUS", "test"), 2000, now[0])
+    second = enforcement.request(client_view(2), heartbeat_exchange_for("test"), heartbeat_request(1))
+    other = enforcement.request(client_view(3), heartbeat_exchange_for("else"), heartbeat_request(1))
+    # The throttle's 2 s plus a quota span of 11 s; another client is not affected.
+    assert one_at_a_time_for(second) == pytest.approx(13.0)
+    assert one_at_a_time_for(other) == 0.0
+    now[0] += 14_000
+    enforcement.forget_expired_throttles(now[0])
+    later = enforcement.request(client_view(4), heartbeat_exchange_for("test"), heartbeat_request(1))
+    assert one_at_a_time_for(later) == 0.0
