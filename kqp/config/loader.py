@@ -25,6 +25,7 @@ from kqp.config.models import KqpConfig
 Loc = tuple[str | int, ...]
 
 
+# YAML's merge key (`<<: *defaults`), which shares settings between entries or files' sections.
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -53,6 +54,8 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, d
     return loader.construct_mapping(node, deep=deep)
 
 
+# PyYAML keeps the last of two equal keys without a word; for a quota file that silently drops a
+# limit the operator wrote, so every mapping goes through the duplicate check.
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
@@ -110,6 +113,11 @@ def load_config(paths: Sequence[str | Path]) -> KqpConfig:
 
 
 def validate_sources(sources: Sequence[ConfigSource]) -> KqpConfig:
+    """Merge files already read and validate them into one KqpConfig; ConfigError lists every problem.
+
+    Used by the loader, by the write-back (to check text before it replaces a file) and for the
+    fleet's quota snapshots, so all three accept exactly the same configurations.
+    """
     merged: dict[str, Any] = {}
     for source in sources:
         merged = merge(merged, _empty_sections_as_mappings(source.data))
@@ -155,6 +163,7 @@ def _kind(value: object) -> str:
 
 
 def format_path(loc: Loc) -> str:
+    """A field path as an operator writes it: `quotas.entries[2].entity`."""
     text = ""
     for part in loc:
         if isinstance(part, int):
@@ -165,9 +174,15 @@ def format_path(loc: Loc) -> str:
 
 
 def _problem(error: ErrorDetails, merged: dict[str, Any], sources: Sequence[ConfigSource]) -> ConfigProblem:
+    """One pydantic error as a ConfigProblem: the file(s) to blame, the field path, line and column.
+
+    Validation runs on the merged mapping, which has no positions; the file is found again by
+    walking each source for the part of the path that exists there.
+    """
     loc: Loc = tuple(part for part in error["loc"] if part != "[key]")
     context = error.get("ctx") or {}
     sub_path = context.get("sub_path")
+    # A validator that checks inside a value (e.g. one entity of an entry) adds where in `sub_path`.
     if isinstance(sub_path, tuple):
         loc = loc + sub_path
     kind = error["type"]
@@ -189,6 +204,7 @@ def _problem(error: ErrorDetails, merged: dict[str, Any], sources: Sequence[Conf
 
 
 def _message(error: ErrorDetails, loc: Loc) -> str:
+    """The reason in the operator's words: the YAML names and types, not pydantic's class names."""
     kind = error["type"]
     value = error.get("input")
     if kind == "extra_forbidden":
@@ -255,6 +271,9 @@ def _inner_model(annotation: Any) -> Any:
 
 
 def _step(value: Any, part: str | int) -> tuple[bool, Any]:
+    """One step down a parsed document: (found, value). Keys compare as text too, since YAML reads
+    an unquoted `1` as an int while the error path may hold the string.
+    """
     if isinstance(value, Mapping):
         for key, item in value.items():
             if key == part or str(key) == str(part):
@@ -266,6 +285,7 @@ def _step(value: Any, part: str | int) -> tuple[bool, Any]:
 
 
 def _existing_prefix(data: Any, loc: Loc) -> Loc:
+    """The longest start of `loc` that exists in `data`: where to point when a key is missing."""
     value = data
     for depth, part in enumerate(loc):
         found, value = _step(value, part)
@@ -286,6 +306,7 @@ def line_of(source: ConfigSource, loc: Loc) -> int | None:
 def _position(text: str, loc: Loc) -> tuple[int | None, int | None]:
     """1-based line and column of the key (or list item) at `loc` in the YAML text."""
     try:
+        # Composing (not loading) keeps each node's start mark, which the loaded dicts no longer have.
         node = yaml.compose(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError:
         return None, None

@@ -40,6 +40,9 @@ _FRACTION_TOLERANCE = 1e-6
 Scope = Literal["broker", "cluster"]
 
 
+# strict: YAML already types its scalars, so a quoted "9192" is an operator's mistake to report,
+# not to coerce. frozen: the running config is shared by the loop, the reload and the fleet
+# exchange, and a reload swaps a whole new config in rather than editing the old one.
 class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -76,6 +79,7 @@ def _whole_number(value: object) -> object:
 
 
 def _non_empty_name(value: str) -> str:
+    """Kafka rejects an empty entity name in AlterClientQuotas; the default entity has its own name."""
     if value == "":
         raise ValueError(f'an empty name is not supported; write "{DEFAULT_ENTITY}" for the default entity')
     return value
@@ -102,6 +106,8 @@ def parse_host_port(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# Annotated types carry the rule with the field, so every section that takes a port or a
+# duration checks it the same way and the error names the field.
 Port = Annotated[int, Field(ge=1, le=65535)]
 NodeId = Annotated[int, Field(ge=0)]
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -224,6 +230,8 @@ class ListenerSaslSection(Section):
 
 
 class ProxySection(Section):
+    # Clients reach broker N on node_port_base + N (or node_ports[N]): the proxy rewrites the
+    # addresses in the answers that carry them (Metadata, FindCoordinator, ...) to advertised_host and these.
     bind_host: NonEmptyText = "127.0.0.1"
     bootstrap_port: Port = 9192
     node_port_base: Port = 9200
@@ -232,13 +240,21 @@ class ProxySection(Section):
     advertised_host: NonEmptyText = "127.0.0.1"
     upstream_connect_timeout_seconds: PositiveSeconds = 10.0
     max_frame_bytes: Annotated[int, Field(ge=1)] = DEFAULT_MAX_FRAME_BYTES
+    # Flow control: the transports' write high-water mark; past it towards one side, the proxy stops
+    # reading the other side until the backlog drains.
     write_buffer_high_bytes: Annotated[int, Field(ge=1)] = 4 * 1024 * 1024
+    # Kafka's socket.receive.buffer.bytes and its default, set on the client-facing listeners.
     socket_receive_buffer_bytes: SocketBufferBytes = 102400
+    # Kafka's connections.max.idle.ms (600000 on brokers); max_connections / _per_ip as Kafka's
+    # max.connections and max.connections.per.ip, closed as soon as they are accepted.
     idle_timeout_seconds: PositiveSeconds = 600.0
     max_connections: Annotated[int, Field(ge=0)] = 0  # 0 = unlimited
     max_connections_per_ip: Annotated[int, Field(ge=0)] = 0
     shutdown_grace_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 10.0
+    # How long a request frame may take to arrive in full once begun; a stalled sender holding a
+    # partial frame buffer is closed (the idle sweep in kqp.proxy.server).
     frame_read_timeout_seconds: PositiveSeconds = 120.0
+    # How often certificate files are checked for change; new connections get the new ones.
     certificate_check_interval_seconds: PositiveSeconds = 5.0
     tls: ListenerTlsSection | None = None
     sasl: ListenerSaslSection | None = None  # none: as ListenerSaslSection's defaults
@@ -298,6 +314,8 @@ class MetricsSection(Section):
     enabled: bool = True
     host: NonEmptyText = "127.0.0.1"
     port: Port = 9644
+    # (user, client-id) pairs that keep their own metric labels; the rest are summed, so that a
+    # client generating ids cannot blow up Prometheus' series count.
     top_n_client_ids: Annotated[int, Field(ge=0)] = 20
 
 
@@ -306,8 +324,11 @@ class CaptureSection(Section):
     directory: NonEmptyText = "capture"
     # Names the capture files (`<proxy_id>-<seq>.parquet`): a plain file name part.
     proxy_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")] = "kqp"
+    # A capture file is closed and a new one started at whichever of size or age comes first.
     rotate_bytes: Annotated[int, Field(ge=1)] = 256 * 1024 * 1024
     rotate_seconds: PositiveSeconds = 3600.0
+    # Records waiting for the writer thread; beyond it records are dropped and counted, because the
+    # data path never waits on the disk. sample_one_in: capture 1 in N connections (1 = all).
     queue_capacity: Annotated[int, Field(ge=1)] = 100_000
     sample_one_in: Annotated[int, Field(ge=1)] = 1
 

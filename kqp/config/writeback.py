@@ -24,6 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# Two YAML libraries on purpose: PyYAML (safe_load) is what the loader validates with, so the
+# written text is checked by the library that will read it back; ruamel.yaml is used only
+# to edit, because it keeps comments and layout, which PyYAML drops on a dump.
 import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
@@ -67,6 +70,10 @@ def _has_entries(source: ConfigSource) -> bool:
 
 
 def entry_as_yaml(entry: QuotaEntry) -> dict[str, Any]:
+    """An entry in the file's own shape (the inverse of the loader's parsing): only the quota types
+    it sets, and `dry_run` / `scope` only when they differ from the defaults, so a written entry
+    is as short as one an operator would write.
+    """
     entity: dict[str, str] = {}
     if entry.entity.user is not None:
         entity["user"] = entry.entity.user
@@ -99,6 +106,8 @@ def write_quota_entries(
     Raises ConfigError, leaving the file untouched, when the file cannot be read or the
     result would not be a valid configuration file.
     """
+    # The file is read again here, not taken from the running config: the operator may have edited
+    # it since the last reload, and those edits must survive this write.
     source = read_config_file(path)
     round_trip = _round_trip_yaml(source.text)
     try:
@@ -119,6 +128,8 @@ def write_quota_entries(
     out = io.StringIO()
     round_trip.dump(document, out)
     text = out.getvalue()
+    # An alteration to the values already in effect changes nothing: the file is not rewritten, so
+    # the reload watcher has nothing to pick up.
     if text == source.text:
         return
     # Validate what would be written, as the file will be read back by the reload loop.
@@ -131,20 +142,25 @@ def _round_trip_yaml(text: str) -> YAML:
     round_trip = YAML()  # round-trip mode: comments, order, quotes and flow style are kept
     round_trip.preserve_quotes = True
     round_trip.width = 1 << 16  # never fold a long line the operator wrote on one
+    # ruamel guesses the lists' indentation; the mappings' indent is the smallest nested key indent
+    # of the text, so an entry appended to a 4-space file is written with 4 spaces, not ruamel's 2.
     _, sequence_indent, dash_offset = load_yaml_guess_indent(text)
     nested = [len(match.group(1)) for match in _NESTED_KEY.finditer(text)]
     round_trip.indent(mapping=min(nested, default=2), sequence=sequence_indent or 2, offset=dash_offset or 0)
     first = next((line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")), "")
+    # A `---` document start the operator wrote is kept; one is never added.
     round_trip.explicit_start = first.startswith("---")
     return round_trip
 
 
 def _entity_key(item: object) -> object:
+    """What identifies an entry: its (user, client-id), as Kafka's quota entities are keyed."""
     entity = item.get("entity") if isinstance(item, dict) else None
     return (entity.get("user"), entity.get("client-id")) if isinstance(entity, dict) else None
 
 
 def _ip_key(item: object) -> object:
+    """What identifies an IP entry (KIP-612's connection_creation_rate): its address."""
     return item.get("ip") if isinstance(item, dict) else None
 
 
@@ -153,6 +169,7 @@ def _merged(written: object, wanted: list[dict[str, Any]], key: Any, origin: str
     stays untouched, a changed one is edited in place, a new one is appended, a gone one removed."""
     items = written if isinstance(written, CommentedSeq) else CommentedSeq()
     wanted_by_key = {key(item): item for item in wanted}
+    # Removal runs back to front so that deleting an item does not shift the ones still to visit.
     for index in reversed(range(len(items))):
         if key(items[index]) not in wanted_by_key:
             trailing = _take_trailing_lines(items[index], next(reversed(items[index]), None))
@@ -165,6 +182,7 @@ def _merged(written: object, wanted: list[dict[str, Any]], key: Any, origin: str
                 _take_trailing_lines(previous, last_key)
                 _give_trailing_lines(previous, last_key, trailing)
     present = {key(item): item for item in items}
+    # Additions and edits keep `wanted`'s order for new items but never reorder the operator's.
     for item in wanted:
         old = present.get(key(item))
         if old is None:
@@ -183,6 +201,7 @@ def _merged(written: object, wanted: list[dict[str, Any]], key: Any, origin: str
 
 
 def _new_item(item: dict[str, Any], origin: str | None) -> CommentedMap:
+    """A new entry as a ruamel map, with the `origin` stamp right after `entity` so it reads first."""
     new = CommentedMap()
     for name, value in item.items():
         if isinstance(value, dict):
@@ -258,6 +277,9 @@ def _take_trailing_lines(mapping: CommentedMap, name: object) -> str:
 
 
 def _give_trailing_lines(mapping: CommentedMap, name: object, trailing: str) -> None:
+    """Attach `trailing` (taken by _take_trailing_lines) after `name`'s line, so those lines keep their
+    place at the end of the entry or list whichever key now ends it.
+    """
     if not trailing:
         return
     comments = mapping.ca.items.setdefault(name, [None, None, None, None])
@@ -268,6 +290,12 @@ def _give_trailing_lines(mapping: CommentedMap, name: object, trailing: str) -> 
 
 
 def replace_file_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` so that a reader sees the old file or the new one, never a mix.
+
+    The temporary file is in the same directory (os.replace is atomic only within a file system),
+    keeps the old file's permission bits (a config file may hold secrets and be 0600), is
+    fsynced before the rename, and the directory after it, so a crash leaves one of the two.
+    """
     directory = path.parent
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
     handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, before the rename
@@ -294,6 +322,9 @@ def replace_file_atomically(path: Path, text: str) -> None:
 
 # -- the fleet's quota configuration (docs/scaling.md) ------------------------------------------
 
+# A snapshot is one JSON record on the compacted `<fleet topic>-quotas` topic under one key, so
+# compaction keeps only the latest: an instance that joins reads one record and has the fleet's
+# quotas. `format` lets kqp refuse a record of a format it does not know instead of misreading it.
 QUOTA_SNAPSHOT_FORMAT = 1
 _SNAPSHOT_SOURCE = "the fleet's quota topic"
 
@@ -319,6 +350,7 @@ def decode_quota_snapshot(data: bytes) -> tuple[str, tuple[QuotaEntry, ...], tup
     if not isinstance(body, dict) or body.get("format") != QUOTA_SNAPSHOT_FORMAT:
         reason = f"not a format {QUOTA_SNAPSHOT_FORMAT} quota snapshot"
         raise ConfigError([ConfigProblem((_SNAPSHOT_SOURCE,), "", reason)])
+    # Validated through the same models as a file, so a snapshot cannot carry what a file could not.
     text = yaml.safe_dump({"quotas": {"entries": body.get("entries", []), "ip_entries": body.get("ip_entries", [])}})
     config = validate_sources([ConfigSource(_SNAPSHOT_SOURCE, text, yaml.safe_load(text))])
     entries = tuple(entry.to_entry() for entry in config.quotas.entries)

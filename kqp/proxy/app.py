@@ -153,12 +153,14 @@ class ProxyApp:
         return frozenset(principals) if principals is not None else None
 
     def _report_throttle(self, quota_type: str, tags: Mapping[str, str], throttle_ms: int, enforced: bool) -> None:
+        """The engine's throttle callback: count a throttle by entity (`enforced` False: computed only)."""
         metrics = self.metrics
         if metrics is not None:
             user, client_id = tags.get("user", ""), tags.get("client-id", "")
             metrics.throttled(quota_type, user, client_id, throttle_ms, enforced, "proxy")
 
     def _label_configured_entities(self) -> None:
+        """Entities named in the quota file keep their own metric labels, whatever their traffic rank."""
         if self.metrics is None or self.config is None:
             return
         entities = [entry.entity.to_entity() for entry in self.config.quotas.entries]
@@ -168,6 +170,7 @@ class ProxyApp:
         )
 
     def _ready(self) -> tuple[bool, str]:
+        """/readyz: not ready until at least one broker is known, since a client could not be routed."""
         server = self.server
         if server is None:
             return False, "starting"
@@ -179,6 +182,9 @@ class ProxyApp:
         return True, "ok"
 
     async def _maintain(self) -> None:
+        """Housekeeping off the data path: expire idle sensors (as Kafka's Metrics expires a sensor after
+        its inactivity time), forget ended throttles, and reload when a config file changed.
+        """
         while True:
             await asyncio.sleep(_MAINTENANCE_INTERVAL_S)
             if self.engine is not None:
@@ -239,6 +245,8 @@ class ProxyApp:
         except ConfigError as exc:
             log.error("a quota snapshot on the fleet's topic is not usable, quotas unchanged:\n%s", exc)
             return
+        # Remembered before applying: the reload this causes must not send the same quotas back to the
+        # fleet (_share_quotas compares with this), or instances would echo each other's changes forever.
         self._fleet_quotas = (entries, ip_entries)
         engine = self.engine
         if engine is None or (tuple(engine.settings.entries), tuple(engine.settings.ip_entries)) == self._fleet_quotas:
@@ -249,6 +257,8 @@ class ProxyApp:
             return
         path = find_quota_file(self.files.paths)
         try:
+            # Through the file, not straight into the engine: the file stays what is in effect, and a
+            # restart or a reload reads the fleet's quotas back from it.
             origin = self._origin(f"the fleet's quota topic, from instance {instance}")
             write_quota_entries(path, entries, ip_entries, origin)
         except ConfigError as exc:
@@ -270,6 +280,8 @@ class ProxyApp:
                 self._share_quotas()
             return
         path = find_quota_file(self.files.paths)
+        # Write first, then reload from the file: the engine only ever runs what a file holds, and a
+        # write that fails validation leaves both the file and the engine as they were.
         write_quota_entries(path, settings.entries, settings.ip_entries, self._origin(who))
         if not self.reload(f"AlterClientQuotas wrote {path}"):
             raise RuntimeError(f"{path} was written but does not reload; see the log")
@@ -287,6 +299,10 @@ class ProxyApp:
         await self.stop()
 
     async def stop(self) -> None:
+        """Stop in dependency order: the fleet first (its pending claims are charged here), then the
+        listeners and connections, then the endpoint, and the capture writer after the connections, so
+        that their last records are written.
+        """
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -52,6 +52,8 @@ from kqp.quotas.recording import QuotaClient, RequestCharges, charge_request
 
 log = logging.getLogger(__name__)
 
+# Kafka's TOPIC_ALREADY_EXISTS error code: every instance creates the topics at start, and all
+# but the first find them there.
 _TOPIC_ALREADY_EXISTS = 36
 # Deltas per record: about 80 bytes each in JSON, so a record stays far below Kafka's 1 MB.
 _DELTAS_PER_REPORT = 5_000
@@ -59,6 +61,8 @@ _DELTAS_PER_REPORT = 5_000
 # proxy), then less often, never longer than this apart; jittered so that the instances of a
 # fleet that lost the cluster together do not come back in lock step (kqp.proxy.backoff).
 _RECONNECT_BACKOFF = Backoff(initial_s=0.5, max_s=10.0)
+# _HEARTBEAT_S: the longest an idle instance stays silent; below unreachable_after (at most a
+# third of it, see _publish) so that its own echo keeps it out of the fallback.
 _CLOSE_TIMEOUT_S = 5.0
 _HEARTBEAT_S = 1.0
 _FETCH_MAX_WAIT_MS = 500
@@ -148,6 +152,9 @@ class FleetExchange:
         self._joined_at_offset = 0
 
     def _security(self) -> dict[str, object]:
+        """aiokafka's security settings, named as Kafka's security.protocol: TLS from the upstream's (or
+        the section's) context, SASL from the section's own credentials.
+        """
         o = self.options
         protocol = ("SASL_SSL" if o.ssl_context else "SASL_PLAINTEXT") if o.sasl_mechanism else (
             "SSL" if o.ssl_context else "PLAINTEXT")
@@ -160,6 +167,8 @@ class FleetExchange:
     async def start(self) -> None:
         """Start in the background: a cluster that is not reachable yet delays the exchange,
         never the proxy (which enforces the fallback policy meanwhile)."""
+        # From here the engine keeps what each sensor records for the next report, and partition
+        # mutations (KIP-599's controller_mutation_rate) are shared as claims through the topic, not as usage.
         self.engine.share_usage(True, mutations_claimed=True)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run(), name="kqp-fleet")]
@@ -234,6 +243,9 @@ class FleetExchange:
             fetch_max_wait_ms=_FETCH_MAX_WAIT_MS, **self._security(),
         )
         await self._consumer.start()
+        # Both topics have one partition, so every instance reads every record in one order, the
+        # log's: that order is what makes the claims' charges the same on every instance. Assigned,
+        # not subscribed (group_id None): each instance must read everything, not a share of it.
         usage, quotas = TopicPartition(o.topic, 0), TopicPartition(o.quota_topic, 0)
         self._consumer.assign([usage, quotas])
         # Older usage is already in the others' windows, but the claims of the last quota span
@@ -269,6 +281,8 @@ class FleetExchange:
             # Fewer instances than there are would loosen the bound: count the most seen lately.
             instances = max(self.view.instances(now), self.view.last_known_instances, 1)
             quiet_before = self.engine.deltas_kept_quiet
+            # A client whose rate is below max_unreported_share / instances of its quota is left out of
+            # this report: the fleet under-counts any client by less than that share of its quota.
             usage = self.engine.take_local_usage(now, o.max_unreported_share / instances)
             if self._metrics is not None:
                 self._metrics.fleet_usage_deltas(len(usage), self.engine.deltas_kept_quiet - quiet_before)
@@ -276,12 +290,15 @@ class FleetExchange:
                 self._update_state()
                 continue
             last_sent = loop.time()
+            # An empty usage still sends one empty report: the heartbeat.
             for chunk in split_usage(usage, _DELTAS_PER_REPORT) or [()]:
                 self._seq += 1
                 report = encode_report(UsageReport(o.instance_id, self._seq, chunk))
                 self.records_sent += 1
                 self.bytes_sent += len(report)
                 try:
+                    # The first await only queues the record (aiokafka returns a delivery future); the delivery
+                    # is judged in _sent, so a slow broker never holds up the next report interval.
                     future = await asyncio.wait_for(
                         producer.send(o.topic, report, key=o.instance_id.encode()), o.unreachable_after_seconds)
                     future.add_done_callback(self._sent)
@@ -328,6 +345,10 @@ class FleetExchange:
             self._update_state()
 
     def _apply(self, value: bytes | None, own: str, now: float, *, history: bool = False) -> None:
+        """Apply one usage-topic record: a claim is charged (history included), a report marks its
+        instance alive and, if another instance's, adds its usage to this engine's sensors. Our own
+        report adds nothing (already counted locally) but is the echo that proves the topic works.
+        """
         self.bytes_received += len(value or b"")
         try:
             report = decode_record(value or b"")
@@ -350,6 +371,11 @@ class FleetExchange:
             self._metrics.fleet_report_received(accepted=True)
 
     def _update_state(self) -> None:
+        """Re-derive ok / local / share from the view and hand the engine its budget share.
+
+        The member timeout follows the quota window, which a reload may change: an instance silent
+        for a whole window no longer has usage in anyone's sensors, so it no longer counts.
+        """
         now = self._now_ms()
         view = self.view
         view.member_timeout_ms = self._quota_window_ms()
@@ -425,6 +451,9 @@ class FleetExchange:
         if mine and claim.claim_id in self._charged_alone:
             self._charged_alone.discard(claim.claim_id)
             return
+        # The claim is charged at its sender's wall-clock time moved onto this engine's clock
+        # (ClaimClock), so the gaps between claims, which the token bucket's refills depend on, are
+        # the same on every instance.
         at = self._claim_clock.engine_time(claim)
         charges = RequestCharges(claim.api_key, claim.api_version, mutations=claim.topics)
         outcome = charge_request(self.engine, QuotaClient(claim.broker, claim.user, claim.client_id), charges, at)

@@ -262,12 +262,15 @@ def subject_dn(der_certificate: bytes) -> str:
 
 # ---- contexts ---------------------------------------------------------------------------
 
+# Kafka's ssl.client.auth values: `requested` asks for a certificate but accepts a client
+# without one, `required` fails the handshake of a client that sends none.
 _CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 
 def listener_context(options: ListenerTlsSection, sni: SniSelector | None = None) -> ssl.SSLContext:
     """The server-side context for client connections (TLS termination, optional mTLS, SNI routing)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    # TLS 1.2 and 1.3 only (set below), as Kafka's default ssl.enabled.protocols (TLSv1.2,TLSv1.3).
     if sni is not None:
         context.sni_callback = sni.server_name_received
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -289,6 +292,11 @@ def upstream_context(options: UpstreamTlsSection) -> ssl.SSLContext:
 
 
 def _files_state(paths: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+    """(mtime, size) of each file, (-1, -1) for a missing one: cheap enough to poll every few seconds.
+
+    A change of either starts a rebuild; a file being replaced (missing for a moment) does too,
+    and the failed build then keeps the old context until the next check.
+    """
     state = []
     for path in paths:
         try:
@@ -335,6 +343,7 @@ class ReloadingContext:
 
 
 def listener_files(options: ListenerTlsSection) -> tuple[str, ...]:
+    """The files a listener context is built from: the ones to watch for a certificate rotation."""
     return tuple(p for p in (options.cert_file, options.key_file, options.ca_file) if p is not None)
 
 

@@ -49,6 +49,9 @@ from kqp.proxy.http_endpoint import ObservabilityEndpoint
 
 log = logging.getLogger(__name__)
 
+# How often the supervisor polls (WNOHANG) for dead workers and due restarts. It polls rather
+# than blocking in waitpid because the same loop serves the endpoint; the interval bounds how
+# late a restart starts after its backoff has passed.
 _REAP_INTERVAL_S = 0.2
 # The code a supervisor that gave up on a crash-looping worker exits with.
 CRASH_LOOP_EXIT = 1
@@ -65,6 +68,8 @@ async def http_get(port: int, path: str, timeout_s: float) -> tuple[int, str]:
     so the body is whatever arrives until the close.
     """
 
+    # A hand-written HTTP/1.1 GET over asyncio streams rather than urllib: urllib blocks the calling
+    # thread, and the supervisor has one event loop serving every worker and its own endpoint.
     async def exchange() -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
@@ -77,6 +82,8 @@ async def http_get(port: int, path: str, timeout_s: float) -> tuple[int, str]:
                 await writer.wait_closed()
 
     try:
+        # One deadline over connect, send and read together: a worker that accepts and then stalls
+        # mid-body costs no more than one that never accepts.
         data = await asyncio.wait_for(exchange(), timeout_s)
     except TimeoutError:
         raise WorkerUnanswered(f"no answer within {timeout_s:g} s") from None
@@ -100,6 +107,8 @@ async def ask_workers(ports: Mapping[int, int], path: str,
         except WorkerUnanswered as exc:
             return exc
 
+    # `ask` turns failures into values, so gather never raises and one worker's failure cannot
+    # cancel the questions to the others.
     answers = await asyncio.gather(*(ask(port) for port in ports.values()))
     return dict(zip(ports, answers, strict=True))
 
@@ -115,6 +124,10 @@ class WorkersCollector(Collector):
         self.texts: dict[int, str] = {}
 
     def collect(self) -> Iterator[Metric]:
+        """Merge the workers' families by name: each worker exposes the same metric names, and the
+        exposition format allows one HELP/TYPE per family, so their samples become one family told
+        apart by the `worker` label.
+        """
         families: dict[str, Metric] = {}
         for index, text in sorted(self.texts.items()):
             for family in text_string_to_metric_families(text):
@@ -139,6 +152,9 @@ class WorkerRestarts:
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket. SO_REUSEADDR lets a restarted supervisor bind its endpoint port
+    while old connections are in TIME_WAIT; it does not let two live processes share the port.
+    """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
@@ -147,6 +163,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 
 class Supervisor:
+    """Forks and watches the `--workers` processes and serves their merged endpoint (module docstring)."""
     def __init__(self, setup: ServeSetup, workers: int) -> None:
         self.setup = setup
         self.workers = workers
@@ -162,6 +179,8 @@ class Supervisor:
         self.endpoint_socket = _listening_socket(metrics.host, metrics.port) if metrics.enabled else None
         # What the running endpoint listens on: the loop may listen on a duplicate of the socket.
         self.endpoint_fds: list[int] = []
+        # `stopping` is set by SIGTERM/SIGINT or by a crash loop; from then on exits are expected, not
+        # restarted, and `gave_up` tells the two apart for the exit code.
         self.pids: dict[int, int] = {}  # pid -> worker index
         self.restarts = [WorkerRestarts() for _ in range(workers)]
         self.stopping = False
@@ -177,6 +196,10 @@ class Supervisor:
         )
 
     def worker_setup(self, index: int) -> ServeSetup:
+        """The worker's own settings: SO_REUSEPORT on every listener so the kernel balances connections
+        over the workers, a fleet instance id of its own (the exchange counts each worker as an
+        instance, so they share one budget), and its pre-bound endpoint socket.
+        """
         settings = self.setup.settings
         proxy = settings.proxy.updated(reuse_port=True)
         fleet = settings.fleet
@@ -191,6 +214,8 @@ class Supervisor:
     def spawn(self, index: int) -> None:
         pid = os.fork()
         if pid == 0:  # the worker
+            # Everything in the child ends in os._exit: returning or raising would run the supervisor's
+            # code (its loop, its atexit handlers) in the worker.
             code = 0
             try:
                 # Before anything else: no listening socket of the supervisor's (or another
@@ -204,6 +229,7 @@ class Supervisor:
                     if other != index:
                         sock.close()
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    # The supervisor's handlers came across the fork; the worker's app installs its own.
                     signal.signal(sig, signal.SIG_DFL)
                 run_app(self.worker_setup(index))
             except BaseException:
@@ -218,6 +244,7 @@ class Supervisor:
         log.info("worker %d started (pid %d)", index, pid)
 
     def signal_workers(self, sig: signal.Signals) -> None:
+        """Send `sig` to every running worker (a worker that just exited is skipped)."""
         for pid in self.pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -247,6 +274,8 @@ class Supervisor:
     def schedule_restart(self, index: int, now: float) -> bool:
         """Plan the restart of a worker that died; False if it is crash-looping (give up)."""
         history = self.restarts[index]
+        # Only deaths in a row, each soon after a start, count towards max_restarts: a worker that ran
+        # for a while and then died is a new incident, not a crash loop.
         if now - history.started_at >= self.limits.stable_after_seconds:
             history.deaths_in_a_row = 0  # it had settled: a new series of restarts
         history.deaths_in_a_row += 1
@@ -258,6 +287,7 @@ class Supervisor:
                 CRASH_LOOP_EXIT,
             )
             return False
+        # Jitter keeps workers that died together (e.g. the cluster went away) from restarting in lock step.
         delay = self.backoff.delay_s(history.deaths_in_a_row - 1, random.random())
         history.restart_at = now + delay
         log.warning("worker %d: restart %d of at most %d in a row, in %.3f s", index, history.deaths_in_a_row,
@@ -265,10 +295,12 @@ class Supervisor:
         return True
 
     def due_restarts(self, now: float) -> list[int]:
+        """The worker slots whose backoff delay has passed (monotonic `now`)."""
         return [index for index, history in enumerate(self.restarts)
                 if history.restart_at is not None and history.restart_at <= now]
 
     async def _ask_workers(self, path: str) -> dict[int, tuple[int, str] | WorkerUnanswered]:
+        """Ask only the running workers: a slot waiting for its restart has nobody listening on its port."""
         running = {index: self.metrics_ports[index] for index in sorted(set(self.pids.values()))}
         return await ask_workers(running, path, self.limits.scrape_timeout_seconds)
 
@@ -304,6 +336,11 @@ class Supervisor:
         return True, "; ".join(notes) or "ok"
 
     async def run(self) -> int:
+        """Fork the workers, serve the endpoint and restart dead workers until stopped; the exit code.
+
+        The workers are forked before the endpoint starts, and every later fork closes the endpoint's
+        sockets in the child first (spawn), so no worker ever accepts on the supervisor's port.
+        """
         for index in range(self.workers):
             self.spawn(index)
         loop = asyncio.get_running_loop()
@@ -323,6 +360,7 @@ class Supervisor:
                                              before_metrics=self.scrape_workers)
             await endpoint.start()
             self.endpoint_fds = endpoint.listening_fds()
+        # Waiting on `stop` with a timeout, rather than sleeping, lets a signal end the loop at once.
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), _REAP_INTERVAL_S)
@@ -348,6 +386,11 @@ class Supervisor:
         return 1 if failed else 0
 
     async def _stop_workers(self) -> None:
+        """SIGTERM every worker, wait out their graceful shutdown, SIGKILL what is left.
+
+        The deadline is the proxy's shutdown grace plus 20 s of slack for the rest of a worker's
+        shutdown; a worker still alive after it would keep the ports and block a restart.
+        """
         self.signal_workers(signal.SIGTERM)
         deadline = time.monotonic() + self.setup.settings.proxy.shutdown_grace_seconds + 20.0
         while self.pids and time.monotonic() < deadline:

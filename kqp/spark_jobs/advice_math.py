@@ -60,6 +60,8 @@ STAT_PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p99_9": 99.9}
 STATS = (*STAT_PERCENTILES, "max")
 # Relative slack when comparing a load with its limit, so that floating-point sums do not flap.
 _TOLERANCE = 1e-9
+# Bisection steps per level search; each halves the bracket, so 100 is far past float resolution
+# (the loop stops earlier, once the bracket is within 1e-9 relative).
 _SEARCH_STEPS = 100
 
 
@@ -77,6 +79,9 @@ def trailing_mean(series: np.ndarray, window: int) -> np.ndarray:
     windowed rate: the sum of the samples kept over the time they span."""
     if window <= 1 or series.shape[-1] == 0:
         return series.astype(np.float64)
+    # Prefix sums make every window sum one subtraction, O(buckets) instead of O(buckets x window).
+    # The first buckets average over the buckets seen so far. Kafka's Rate differs there: it pads a
+    # young sensor's elapsed time to (samples - 1) windows. Only the capture's first window is affected.
     cumulative = np.cumsum(series, axis=-1, dtype=np.float64)
     shifted = np.zeros_like(cumulative)
     shifted[..., window:] = cumulative[..., :-window]
@@ -100,6 +105,7 @@ def replication_shares(replication_factor: int, brokers: int) -> tuple[int, floa
     As analyze models replication (capacity.replication_load): RF capped at the broker count,
     followers spread evenly over the other brokers.
     """
+    # A topic cannot have more replicas than brokers, so RF is capped before taking the leader off.
     followers = max(0, min(replication_factor, brokers) - 1)
     spread = followers / (brokers - 1) if brokers > 1 and followers > 0 else 0.0
     return followers, spread
@@ -152,6 +158,7 @@ class Problem:
     window_buckets: int = 1
 
     @property
+    # Every series in a Problem has the same length; the background is there even without flows.
     def buckets(self) -> int:
         for series in self.background.values():
             return int(series.shape[0])
@@ -236,6 +243,8 @@ class _Model:
             self.rate = trailing_mean(self.demand.sum(axis=1), window)  # (flows, buckets)
         else:
             self.rate = trailing_mean(self.demand, window)  # (flows, brokers, buckets)
+        # peaks[f]: the highest windowed rate flow f shows anywhere. A quota at or above it never throttles
+        # the flow, so it is also the top of the level search for that flow (level = peak / weight).
         self.peaks = (
             self.rate.reshape(len(problem.flows), -1).max(axis=1) if buckets else np.zeros(len(problem.flows))
         )
@@ -261,6 +270,14 @@ class _Model:
         return passed
 
     def series(self, quotas: np.ndarray) -> dict[Resource, np.ndarray]:
+        """Each resource's per-bucket load (bytes/s) under `quotas`, replication included.
+
+        A leader's NW_IN is its clients' produce plus its share (spread) of what the other brokers'
+        leaders take in, which it replicates as a follower; its NW_OUT is its clients' fetches plus
+        one copy of its own produce per follower. Throttling a producer therefore also lowers the
+        followers' NW_IN and the leader's NW_OUT, which is why a produce flow can bind on a resource
+        of another broker.
+        """
         passed = self.passed(quotas)
         produce = passed[self.is_produce].sum(axis=0) if self.is_produce.any() else 0.0 * passed.sum(axis=0)
         fetch = passed[~self.is_produce].sum(axis=0) if (~self.is_produce).any() else 0.0 * passed.sum(axis=0)
@@ -274,9 +291,11 @@ class _Model:
         return result
 
     def loads(self, quotas: np.ndarray) -> dict[Resource, float]:
+        """The statistic (problem.stat) of each resource's series: the number judged against its limit."""
         return {res: statistic(series, self.problem.stat) for res, series in self.series(quotas).items()}
 
     def over(self, quotas: np.ndarray) -> list[Resource]:
+        """The resources whose load is above their limit under `quotas` (with the float tolerance)."""
         loads = self.loads(quotas)
         return [res for res in self.resources if loads[res] > self.problem.limits[res] * (1 + _TOLERANCE) + 1e-6]
 
@@ -306,6 +325,10 @@ def water_fill(problem: Problem) -> Advice:
     count = len(flows)
     floor = max(problem.floor, 0.0)
     quotas = np.full(count, np.inf)
+    # Invariants of the loop below: a fixed flow's quota never changes again (inf for the protected
+    # and those under the floor), the free flows all sit at max(floor, weight x level),
+    # and raising the level only ever raises loads (passed() is monotone in the quota), which is what
+    # makes the bisection on the level sound.
     fixed = model.protected | (model.peaks <= floor)
     binding: list[Resource | None] = [None] * count
     fair: list[float | None] = [None] * count
@@ -326,9 +349,12 @@ def water_fill(problem: Problem) -> Advice:
 
     while not fixed.all():
         free = ~fixed
+        # The level at which every free flow's quota reaches its peak and stops throttling: nothing
+        # above it changes the loads, so it is the upper end of the search.
         top = float((model.peaks[free] / model.weights[free]).max())
         if not model.over(at_level(top)):
             break  # every remaining flow fits with its whole demand: unlimited
+        # Bisect for the highest level at which no resource is over: `low` always fits, `high` is over.
         low, high = 0.0, top
         for _ in range(_SEARCH_STEPS):
             middle = (low + high) / 2
@@ -338,6 +364,9 @@ def water_fill(problem: Problem) -> Advice:
                 low = middle
             if high - low <= max(1e-9 * high, 1e-9):
                 break
+        # The resources over at `high` are the ones that bind at this level. Only the free flows that put
+        # bytes on them and are still throttled at `low` are fixed; a flow whose quota at this level is
+        # already at or above its peak is not throttled by it, and stays free.
         level_quotas = at_level(low)
         newly_fixed = False
         for res in model.over(at_level(high)):
@@ -401,6 +430,9 @@ def _advice(
     fair: list[float | None],
     unmet: list[str],
 ) -> Advice:
+    """Turn the quotas into FlowAdvice and ResourceLoad rows: loads before (no quota), after (the
+    whole-bytes quotas) and with only the protected flows, and each flow's reason in words.
+    """
     problem = model.problem
     before = model.loads(np.full(len(problem.flows), np.inf))
     # Quotas are whole bytes/s (Kafka stores them as longs): round down, so the loads only fall.
@@ -437,6 +469,8 @@ def _advice(
             reason = f"fair share of broker {bound[0]} {bound[1]}"
         else:
             reason = "floor (no quota brings the resource under its limit)" if unmet else "fair share"
+        # The flow's demand in the scope's terms: summed over brokers for one cluster budget, else its
+        # busiest broker in each bucket (the one a per-broker quota throttles first).
         demand = flow.demand.sum(axis=0) if problem.scope == "cluster" else flow.demand.max(axis=0)
         advice.append(
             FlowAdvice(
@@ -477,6 +511,8 @@ def choose_entries(flows: Sequence[FlowAdvice], granularity: Granularity) -> lis
     with the fewest entries kept; a tie keeps the one without the default entry, so that a
     client not in the capture stays unlimited unless a default saves entries.
     """
+    # A default worth trying is one of the advised values (any other saves no entry), so the search
+    # is over at most (limited produce values + 1) x (limited fetch values + 1) combinations.
     candidates: dict[ByteRateType, list[int | None]] = {}
     for quota_type in BYTE_RATE_TYPES:
         values = sorted({int(f.quota) for f in flows if f.quota_type == quota_type and f.quota is not None})
@@ -497,6 +533,14 @@ def choose_entries(flows: Sequence[FlowAdvice], granularity: Granularity) -> lis
 def _entries_with(
     flows: Sequence[FlowAdvice], defaults: Mapping[ByteRateType, int | None], granularity: Granularity
 ) -> list[Entry]:
+    """The entries for one choice of defaults (None: no `<default>` entry for that quota type).
+
+    Precedence is KIP-55's: an entity's own entry wins over the `<default>` of its granularity,
+    so an entity needs one only where the default would give it the wrong value. An unlimited flow
+    whose peak stays at or below the default is never throttled by it and needs no entry; one
+    whose peak goes above (or a protected one) gets Long.MAX_VALUE, which Kafka reads as no quota.
+    Entries are sorted by user then client id so that the written file is stable between runs.
+    """
     explicit: dict[QuotaEntity, dict[ByteRateType, int]] = {}
     for flow in flows:
         default = defaults[flow.quota_type]

@@ -135,6 +135,11 @@ class Series:
 
 
 def _covered(first_second: int, last_second: int, unit: int) -> tuple[int, np.ndarray]:
+    """(first bucket, seconds of the capture inside each bucket) for buckets of `unit` seconds.
+
+    The first and last buckets are usually partial; dividing their bytes by the seconds covered,
+    not by `unit`, keeps a capture that starts mid-bucket from showing a falsely low rate there.
+    """
     first_bucket, last_bucket = first_second // unit, last_second // unit
     starts = np.arange(first_bucket, last_bucket + 1) * unit
     covered = np.minimum(starts + unit - 1, last_second) - np.maximum(starts, first_second) + 1
@@ -173,6 +178,8 @@ def aggregate(spark: SparkSession, traffic: DataFrame, options: AdviseOptions) -
         .groupBy(*keys, "broker", F.floor(F.col("second") / unit).cast("long").alias("bucket"))
         .agg(F.sum("produce_bytes").alias(PRODUCE), F.sum("fetch_bytes").alias(FETCH))
     )
+    # Bytes -> bytes/s per (broker row, bucket), dividing by the seconds of the capture in the
+    # bucket so that partial first and last buckets are not under-counted.
     demand: dict[tuple[QuotaEntity, str], np.ndarray] = {}
     broker_row = {broker: i for i, broker in enumerate(brokers)}
     for key, rows in per_entity.groupby(list(keys)):
@@ -191,6 +198,7 @@ def aggregate(spark: SparkSession, traffic: DataFrame, options: AdviseOptions) -
 
 
 def limits_of(capacity_file: cap.CapacityFile, brokers: Sequence[int], options: AdviseOptions) -> dict[Resource, float]:
+    """Each broker's NW_IN / NW_OUT limit in bytes/s: its capacity x the threshold, as analyze's headroom."""
     thresholds = {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold}
     return {
         (broker, resource): capacity_file.for_broker(broker).network_bytes_per_s(resource) * thresholds[resource]
@@ -203,6 +211,8 @@ def build_problem(
     series: Series, limits: Mapping[Resource, float], options: AdviseOptions, window_seconds: int
 ) -> Problem:
     """The water-filling problem: quotable flows, and everything else as background."""
+    # Background: what the broker carried beyond the Produce/Fetch bytes a byte-rate quota charges
+    # (other APIs, headers, ...). It is not quotable, so it is carried through every trial unchanged.
     background = {}
     for broker in series.brokers:
         rates = series.broker_rates[broker]
@@ -233,6 +243,7 @@ def build_problem(
         scope=options.scope,
         stat=options.headroom_stat,
         floor=options.floor,
+        # The quota window in buckets: a 11 s window at 1 s buckets averages 11 buckets, at 10 s buckets 1.
         window_buckets=max(1, round(window_seconds / series.unit)),
     )
 
@@ -241,6 +252,7 @@ def build_problem(
 
 
 def _rate(value: float) -> str:
+    """A rate for the comments of quotas.yaml, in decimal units (1 MB/s = 10^6 B/s)."""
     for unit, size in (("MB/s", 1e6), ("KB/s", 1e3)):
         if value >= size:
             return f"{value / size:,.2f} {unit}"
@@ -248,6 +260,7 @@ def _rate(value: float) -> str:
 
 
 def _why(flow: FlowAdvice, throttled: Mapping[QuotaEntity, float]) -> str:
+    """The one-line reason written above a flow's entry: demand, the rule that set the quota, replay outcome."""
     kind = "produce" if flow.quota_type == PRODUCE else "fetch"
     text = f"{kind} {_rate(flow.demand_stat)} at the statistic, peak {_rate(flow.demand_peak)}; {flow.reason}"
     if flow.quota is not None and flow.fair_share is not None:
@@ -288,6 +301,8 @@ def render_quotas_yaml(
     lines.append("  entries:" if entries else "  entries: []")
     for entry in entries:
         lines.append("")
+        # A <default> entry covers every entity without an entry of its own (KIP-55), so its comment
+        # names those entities rather than one flow.
         if DEFAULT_ENTITY in (entry.entity.user, entry.entity.client_id):
             for quota_type, value in entry.limits.items():
                 covered = [
@@ -382,6 +397,8 @@ def verify(
     last = int(moved["after"].max()) if len(moved) else series.first_bucket
     buckets = max(len(series.covered), last - series.first_bucket + 1)
     covered = np.concatenate([series.covered, np.full(buckets - len(series.covered), float(unit))])
+    # delta[(broker, api)]: the bytes/s the deferral moved out of (negative) and into (positive) each
+    # bucket. Only the timing changes: deferral sends every byte, later.
     delta = {(b, k): np.zeros(buckets) for b in series.brokers for k in (ApiKey.PRODUCE, ApiKey.FETCH)}
     for row in moved.itertuples():
         key = (int(row.broker), int(row.api_key))
@@ -393,6 +410,7 @@ def verify(
             delta[key][first] -= row.nbytes / covered[first]
         if 0 <= then < buckets:
             delta[key][then] += row.nbytes / covered[then]
+    # The client-side change, carried to the brokers' NW_IN/NW_OUT with advice_math's replication model.
     followers, spread = replication_shares(options.replication_factor, len(series.brokers))
     produce_total = sum(delta[(b, ApiKey.PRODUCE)] for b in series.brokers)
     after: dict[Resource, np.ndarray] = {}
@@ -534,10 +552,13 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
             # In proportion: the replay's overshoot comes from bursts between throttles, which
             # shrink with the quotas but not to nothing.
             planned[res] = planned[res] * limits[res] / load
+    # The last round's advice is the one written, now with the replay's throttled share per entry.
     throttled = throttled_shares(verification.clients, options.entity) if verification is not None else {}
     quotas_yaml = render_quotas_yaml(entries, advice.flows, throttled, header, options.scope, windows)
     quotas_path.write_text(quotas_yaml)
 
+    # A violation is either a limit no quota can meet (unmet) or one the replay still finds exceeded
+    # after the last round; either makes the job exit with BUDGET_EXIT_CODE.
     violations = list(advice.unmet)
     loads_table = _loads_table(advice, limits, verification)
     if verification is not None:
@@ -576,6 +597,7 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
 def _advice_table(
     advice: Advice, throttled: Mapping[QuotaEntity, float], verification: Verification | None
 ) -> pd.DataFrame:
+    """One row per flow: demand, the advised quota and why, and the replay's throttled share."""
     rows = []
     for flow in advice.flows:
         rows.append(
@@ -598,6 +620,7 @@ def _advice_table(
 
 
 def _entries_table(entries: Sequence[Entry]) -> pd.DataFrame:
+    """The entries as written to quotas.yaml; None in a column means the entry leaves that type alone."""
     return pd.DataFrame(
         [
             {
@@ -612,6 +635,9 @@ def _entries_table(entries: Sequence[Entry]) -> pd.DataFrame:
 
 
 def _loads_table(advice: Advice, limits: Mapping[Resource, float], verification: Verification | None) -> pd.DataFrame:
+    """Per resource: the true limit, the limit planned in the last round, and the load as captured,
+    as modelled under the advice, and as replayed (NaN without --verify), all in bytes/s.
+    """
     return pd.DataFrame(
         [
             {

@@ -141,6 +141,7 @@ def aggregate_traffic(requests: DataFrame) -> DataFrame:
 
 
 def _bucketed(traffic: DataFrame, unit_seconds: int) -> DataFrame:
+    """Adds `bucket`: the capture second's bucket of `unit_seconds` (bucket b covers [b x unit, (b+1) x unit))."""
     return traffic.withColumn("bucket", F.floor(F.col("second") / unit_seconds).cast("long"))
 
 
@@ -410,6 +411,7 @@ def partition_load(parts: DataFrame, duration_s: float) -> DataFrame:
 
 
 def _batch_bucket(batch_bytes: Any) -> Any:
+    """A Spark expression labelling a batch size with its BATCH_BUCKETS class (first upper bound above it)."""
     expression = F.lit(BATCH_BUCKET_LAST)
     for upper, label in reversed(BATCH_BUCKETS):
         expression = F.when(batch_bytes < upper, label).otherwise(expression)
@@ -590,6 +592,9 @@ def resolve_lost_broker(stats: pd.DataFrame) -> int | None:
 def limits_frame(
     spark: SparkSession, capacity_file: cap.CapacityFile | None, brokers: Sequence[int], thresholds: dict[str, float]
 ) -> DataFrame | None:
+    """Each broker's NW_IN / NW_OUT limit (capacity x threshold, bytes/s) and the cluster's, their sum;
+    None without a capacity file: there is then no limit to compare a load with.
+    """
     if capacity_file is None:
         return None
     rows: list[tuple[str, int | None, str, float]] = []
@@ -605,6 +610,9 @@ def limits_frame(
 
 
 def stats_for(series: DataFrame, unit: int, limits: DataFrame | None, resolution: str, scenario: str) -> pd.DataFrame:
+    """The statistics (series_stats: mean, percentiles, max, seconds over a limit) of every broker's
+    and the cluster's series at one resolution, labelled with it and the scenario.
+    """
     long = _long(series, SERIES_METRICS, "broker").unionByName(_long(cluster_series(series), SERIES_METRICS, "cluster"))
     frame = to_pandas(series_stats(long, unit, limits))
     frame.insert(0, "resolution", resolution)
@@ -613,6 +621,7 @@ def stats_for(series: DataFrame, unit: int, limits: DataFrame | None, resolution
 
 
 def api_stats(api_series: DataFrame, unit: int, resolution: str, names: dict[int, str]) -> pd.DataFrame:
+    """Request-count statistics per API, per broker and for the cluster; no limit applies to them."""
     named = api_series.withColumn(
         "metric",
         F.concat(F.lit("requests:"), F.create_map(*[F.lit(x) for kv in names.items() for x in kv])[F.col("api_key")]),
@@ -638,6 +647,9 @@ def api_stats(api_series: DataFrame, unit: int, resolution: str, names: dict[int
 
 
 def ordered_stats(stats: pd.DataFrame) -> pd.DataFrame:
+    """The statistics in reading order: by resolution and scenario, the cluster first, then each
+    broker, and the metrics in SERIES_METRICS order.
+    """
     order = {metric: i for i, metric in enumerate(SERIES_METRICS)}
     keyed = stats.assign(
         _scope=stats["scope"] != "cluster",
@@ -657,6 +669,7 @@ def api_names(api_keys: Sequence[int]) -> dict[int, str]:
 
 
 def headroom_loads(stats: pd.DataFrame, resolution: str, scenario: str, stat: str) -> list[tuple[int, str, float]]:
+    """(broker, NW_IN | NW_OUT, load) at the headroom statistic: what analyze compares with each limit."""
     rows = stats[
         (stats["resolution"] == resolution)
         & (stats["scenario"] == scenario)

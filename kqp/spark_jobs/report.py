@@ -40,6 +40,9 @@ MAX_PLOT_POINTS = 3_600
 
 
 def _json_default(value: Any) -> Any:
+    """json.dumps' fallback for what pandas and numpy hand back: timestamps as ISO 8601, numpy
+    scalars and arrays as Python values, anything else as its text (a summary never fails to write).
+    """
     if isinstance(value, pd.Timestamp):
         return value.isoformat()
     if hasattr(value, "item"):  # numpy scalars
@@ -63,10 +66,14 @@ def _clean(value: Any) -> Any:
 
 
 def write_json(path: Path, document: Mapping[str, Any]) -> None:
+    """summary.json: strict JSON (allow_nan=False, NaN already null), readable by any consumer."""
     path.write_text(json.dumps(_clean(document), indent=2, default=_json_default, allow_nan=False) + "\n")
 
 
 def write_tables(output: Path, tables: Mapping[str, pd.DataFrame]) -> None:
+    """Each table twice: Parquet under tables/ (types kept, for Spark or pandas) and CSV under csv/
+    (for a spreadsheet). The index is dropped: every table carries its keys as columns.
+    """
     (output / "tables").mkdir(parents=True, exist_ok=True)
     (output / "csv").mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
@@ -144,6 +151,7 @@ class Report:
         self.heading(self.title, 1)
 
     def heading(self, text: str, level: int = 2) -> None:
+        """A heading in both renderings; the Markdown and the HTML report are built side by side."""
         self._markdown += ["#" * level + " " + text, ""]
         self._html.append(f"<h{level}>{_inline_html(text)}</h{level}>")
 

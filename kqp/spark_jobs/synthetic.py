@@ -98,6 +98,9 @@ class SyntheticSpec:
 
 
 def _zipf_weights(n: int, exponent: float) -> np.ndarray:
+    """Client shares of the traffic, heaviest first: a Zipf law, so a few clients dominate, as in a
+    real cluster, and the top-N tables and the fair-share advice have something to rank.
+    """
     weights: np.ndarray = 1.0 / np.arange(1, n + 1) ** exponent
     normalised: np.ndarray = weights / weights.sum()
     return normalised

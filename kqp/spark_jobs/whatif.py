@@ -153,6 +153,7 @@ def engine_throttle_function(settings: QuotaSettings, engine: Any = None) -> Thr
             api_key,
             produce_bytes=nbytes if api_key == ApiKey.PRODUCE else None,
             fetch_bytes=nbytes if api_key in FETCH_QUOTA_API_KEYS else None,
+            # The same ResponseCharges the proxy builds when a response passes: one rule set, two callers.
             request_time_ms=request_ms if request_ms == request_ms else None,  # NaN: no response
         )
         return float(charge_response(engine, QuotaClient(broker_label(broker), principal, client_id), charges, now_ms))
@@ -273,6 +274,9 @@ def simulate(
             result = replay_group(charged_inputs(frame), throttle, mode, mutation)
         return result[[name.split()[0] for name in SIMULATED_SCHEMA.split(", ")]]
 
+    # With every budget per broker (Kafka's way), a group's brokers share no sensor, so each broker
+    # of a group is its own task: more parallelism, same throttles. A cluster-wide budget needs the
+    # whole group in one task, in one time order.
     keys = ("broker", "quota_group") if per_broker else ("quota_group",)
     return grouped.groupBy(*keys).applyInPandas(replay, SIMULATED_SCHEMA)
 
@@ -323,6 +327,7 @@ def broker_peaks(simulated: DataFrame) -> DataFrame:
     counted = simulated.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
 
     def peak(time_column: str, name: str) -> DataFrame:
+        """The busiest second of each (broker, API), by the given timestamp column."""
         per_second = counted.groupBy("broker", "api_key", F.floor(F.col(time_column) / 1000).alias("s")).agg(
             F.sum("nbytes").alias("bps")
         )
