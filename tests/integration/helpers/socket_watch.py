@@ -48,11 +48,13 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def remote_ports(pid: int, children: bool = True) -> set[int]:
-    """Remote ports of the TCP connections held by pid (and its descendants if `children`)."""
+def remote_ports(pid: int, children: bool = True, ignored: frozenset[str] = frozenset()) -> set[int]:
+    """Remote ports of the TCP connections held by pid (and its descendants if `children`),
+    leaving out the sockets whose inodes are `ignored`."""
     inodes: set[str] = set()
     for process in _descendants(pid) if children else [pid]:
         inodes |= _socket_inodes(process)
+    inodes -= ignored
     ports: set[int] = set()
     for table in _TCP_TABLES:
         try:
@@ -70,13 +72,18 @@ class SocketWatch:
     """Samples remote_ports(pid) in a thread until stopped; `seen` is the union.
 
     Without a pid it watches this process alone: the test process's children include the
-    brokers themselves, whose sockets say nothing about the client under test.
+    brokers themselves, whose sockets say nothing about the client under test. With
+    `only_new`, the sockets the process already held when the watch started are left out: in a
+    whole-suite run the test process may still hold a connection an earlier test's client left
+    open, which says nothing about the clients a test creates inside the watch.
     """
 
-    def __init__(self, pid: int | None = None, interval_s: float = 0.02) -> None:
+    def __init__(self, pid: int | None = None, interval_s: float = 0.02, only_new: bool = False) -> None:
         self.children = pid is not None
         self.pid = os.getpid() if pid is None else pid
         self.interval_s = interval_s
+        self._only_new = only_new
+        self._ignored: frozenset[str] = frozenset()
         self.seen: set[int] = set()
         self.samples = 0
         self._stop = threading.Event()
@@ -88,10 +95,13 @@ class SocketWatch:
             self._stop.wait(self.interval_s)
 
     def sample(self) -> None:
-        self.seen |= remote_ports(self.pid, self.children)
+        self.seen |= remote_ports(self.pid, self.children, self._ignored)
         self.samples += 1
 
     def start(self) -> SocketWatch:
+        if self._only_new:
+            processes = _descendants(self.pid) if self.children else [self.pid]
+            self._ignored = frozenset().union(*(_socket_inodes(process) for process in processes))
         self._thread.start()
         return self
 
