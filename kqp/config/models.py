@@ -510,6 +510,10 @@ class QuotasSection(Section):
     controller_window_num: Annotated[int, Field(ge=1)] = 11
     controller_window_size_seconds: Annotated[int, Field(ge=1)] = 1
     sensor_expiry_seconds: PositiveSeconds = 3600.0
+    # Whether a write-back (AlterClientQuotas, the fleet's quota topic) stamps the entries it
+    # changes with an `origin` (who, from where, when; kqp check-config shows it). False: the
+    # file changes in the altered values alone.
+    stamp_origin: bool = True
     callback: CallbackSection | None = None
     entries: tuple[QuotaEntrySection, ...] = ()
     ip_entries: tuple[IpQuotaEntrySection, ...] = ()

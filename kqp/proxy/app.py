@@ -266,8 +266,11 @@ class ProxyApp:
             return
         self.reload(f"quotas from instance {instance} through the fleet, written to {path}")
 
-    def _origin(self, what: str) -> str:
-        """An entry's origin stamp (kqp check-config shows it): what wrote it, where and when."""
+    def _origin(self, what: str) -> str | None:
+        """An entry's origin stamp (kqp check-config shows it): what wrote it, where and when;
+        None when the operator turned stamps off (quotas.stamp_origin)."""
+        if self.config is not None and not self.config.quotas.stamp_origin:
+            return None
         here = f" through instance {self.fleet.options.instance_id}" if self.fleet is not None else ""
         return f"{what}{here} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
 

@@ -5,6 +5,7 @@ altered value and the entry's origin stamp.
 The stamp is the `origin` key the proxy adds to an entry it wrote (`kqp check-config` shows
 it: who changed the entry, through which instance, when). It is part of the change, on the
 changed entry alone, one line after its entity; every other byte of the file stays.
+With `quotas.stamp_origin: false` there is no stamp, and the altered value is the whole diff.
 """
 
 from __future__ import annotations
@@ -42,10 +43,14 @@ quotas:
 """
 
 
+UNSTAMPED_FILE = QUOTA_FILE.replace("  window_num: 11\n", "  window_num: 11\n  stamp_origin: false\n")
+
+
 @pytest.fixture
-def proxy_with_quota_file(kafka_1node: KafkaCluster, tmp_path: Path) -> Iterator[tuple[ProxyProcess, Path]]:
+def proxy_with_quota_file(kafka_1node: KafkaCluster, tmp_path: Path,
+                          request: pytest.FixtureRequest) -> Iterator[tuple[ProxyProcess, Path]]:
     path = tmp_path / "quotas.yaml"
-    path.write_text(QUOTA_FILE)
+    path.write_text(getattr(request, "param", QUOTA_FILE))
     proxy = ProxyProcess(kafka_1node.bootstrap, tmp_path / "proxy.log", config=path)
     proxy.start()
     try:
@@ -81,3 +86,17 @@ def test_kafka_configs_changes_only_the_altered_value_and_its_stamp(
     described = config_command(kafka_1node, proxy.bootstrap, "--describe", "--entity-type", "clients",
                                "--entity-name", "batch-job")
     assert "producer_byte_rate=2097152.0" in described and "consumer_byte_rate=2097152.0" in described, described
+
+
+@pytest.mark.parametrize("proxy_with_quota_file", [UNSTAMPED_FILE], indirect=True)
+def test_without_origin_stamps_kafka_configs_changes_only_the_altered_value(
+    kafka_1node: KafkaCluster, proxy_with_quota_file: tuple[ProxyProcess, Path]
+) -> None:
+    proxy, path = proxy_with_quota_file
+    config_command(kafka_1node, proxy.bootstrap, "--alter", "--add-config", "producer_byte_rate=2097152",
+                   "--entity-type", "clients", "--entity-name", "batch-job")
+    after = path.read_text()
+    assert [line for line in difflib.ndiff(UNSTAMPED_FILE.splitlines(), after.splitlines()) if line[:1] in "+-"] == [
+        "-       producer_byte_rate: 1048576       # 1 MiB/s",
+        "+       producer_byte_rate: 2097152       # 1 MiB/s",
+    ]

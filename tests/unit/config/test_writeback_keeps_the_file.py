@@ -72,6 +72,18 @@ def test_a_changed_value_changes_that_line_and_stamps_the_entry(quota_file: Path
     assert entries_of(quota_file) == entries
 
 
+def test_without_an_origin_stamp_only_the_altered_value_changes(quota_file: Path) -> None:
+    # quotas.stamp_origin: false, as the proxy writes then.
+    entries = entries_of(quota_file)
+    entries[0] = QuotaEntry(BATCH, {**entries[0].limits, "producer_byte_rate": 2097152.0})
+    write_quota_entries(quota_file, entries, origin=None)
+    assert changed_lines(COMMENTED, quota_file.read_text()) == [
+        "-       producer_byte_rate: 1048576  # 1 MiB/s",
+        "+       producer_byte_rate: 2097152  # 1 MiB/s",
+    ]
+    assert entries_of(quota_file) == entries
+
+
 def test_writing_the_same_entries_leaves_the_file_as_it_is(quota_file: Path) -> None:
     inode = quota_file.stat().st_ino
     # 2_000_000 and 2000000.0, 50.0 and 50, `dry_run: false` and no dry_run: the same quotas.
