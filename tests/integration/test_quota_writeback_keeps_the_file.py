@@ -64,12 +64,17 @@ def config_command(cluster: KafkaCluster, bootstrap: str, *args: str) -> str:
     return cluster.run_tool("kafka.admin.ConfigCommand", "--bootstrap-server", bootstrap, *args).stdout
 
 
+def alter_batch_job(cluster: KafkaCluster, proxy: ProxyProcess) -> None:
+    """kafka-configs through the proxy: batch-job's producer_byte_rate from 1 MiB/s to 2 MiB/s."""
+    config_command(cluster, proxy.bootstrap, "--alter", "--add-config", "producer_byte_rate=2097152",
+                   "--entity-type", "clients", "--entity-name", "batch-job")
+
+
 def test_kafka_configs_changes_only_the_altered_value_and_its_stamp(
     kafka_1node: KafkaCluster, proxy_with_quota_file: tuple[ProxyProcess, Path]
 ) -> None:
     proxy, path = proxy_with_quota_file
-    config_command(kafka_1node, proxy.bootstrap, "--alter", "--add-config", "producer_byte_rate=2097152",
-                   "--entity-type", "clients", "--entity-name", "batch-job")
+    alter_batch_job(kafka_1node, proxy)
 
     after = path.read_text()
     diff = [line for line in difflib.ndiff(QUOTA_FILE.splitlines(), after.splitlines()) if line[:1] in "+-"]
@@ -93,8 +98,7 @@ def test_without_origin_stamps_kafka_configs_changes_only_the_altered_value(
     kafka_1node: KafkaCluster, proxy_with_quota_file: tuple[ProxyProcess, Path]
 ) -> None:
     proxy, path = proxy_with_quota_file
-    config_command(kafka_1node, proxy.bootstrap, "--alter", "--add-config", "producer_byte_rate=2097152",
-                   "--entity-type", "clients", "--entity-name", "batch-job")
+    alter_batch_job(kafka_1node, proxy)
     after = path.read_text()
     assert [line for line in difflib.ndiff(UNSTAMPED_FILE.splitlines(), after.splitlines()) if line[:1] in "+-"] == [
         "-       producer_byte_rate: 1048576       # 1 MiB/s",
