@@ -66,6 +66,12 @@ def get_spark(
             # Local Python workers must use this interpreter (the virtualenv with pandas,
             # numpy and kqp), not whatever `python3` is first on PATH.
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            # A local run has no executor elsewhere to reach it: its driver, block manager and
+            # UI listen on loopback only, not on every interface of the host (Spark's default).
+            # A user who wants the UI from another host sets SPARK_LOCAL_IP or these keys.
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            settings["spark.driver.host"] = "127.0.0.1"
+            settings["spark.driver.bindAddress"] = "127.0.0.1"
     for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
