@@ -132,7 +132,7 @@ class KroxyliciousProcess:
         self.config_path.write_text(config_yaml(
             proxy_config(upstream_bootstrap, self.bootstrap_port, node_ids, self.management_port)))
         self.log_path = workdir / "kroxylicious.log"
-        # Its container image's defaults apart from a fixed heap: the JIT at full tiers, G1.
+        # The JVM's defaults apart from a fixed heap (G1, the full tiered JIT): no tuning of ours.
         self.command = ["java", f"-Xms{heap}", f"-Xmx{heap}", "-Djava.awt.headless=true",
                         "-cp", f"{self.directory / 'libs' / '*'}:{self.directory / 'launcher'}",
                         _LAUNCHER_CLASS, str(self.config_path)]
