@@ -323,13 +323,17 @@ def _four_paths(workloads: list[Workload], results: list[Measurement], paths: tu
                    and kqp["cpu_per_request_us"] < krox["cpu_per_request_us"])
             if w.name.startswith("unbatched") and side == "producer":
                 met = met and kqp["cpu_per_request_us"] <= 1.5 * relay["cpu_per_request_us"]
-            lines.append(
-                f"| {w.name} | {side} | {kqp[rate] / direct[rate]:.2f} | {kqp[rate] / relay[rate]:.2f} | "
-                f"{kqp[rate] / krox[rate]:.2f} | {kqp['cpu_per_gb'] / relay['cpu_per_gb']:.2f} | "
-                f"{kqp['cpu_per_gb'] / krox['cpu_per_gb']:.2f} | "
-                f"{kqp['cpu_per_request_us'] / relay['cpu_per_request_us']:.2f} | "
-                f"{kqp['cpu_per_request_us'] / krox['cpu_per_request_us']:.2f} | {'yes' if met else 'no'} |")
+            cells = [_ratio(kqp[rate], direct[rate]), _ratio(kqp[rate], relay[rate]), _ratio(kqp[rate], krox[rate]),
+                     _ratio(kqp["cpu_per_gb"], relay["cpu_per_gb"]), _ratio(kqp["cpu_per_gb"], krox["cpu_per_gb"]),
+                     _ratio(kqp["cpu_per_request_us"], relay["cpu_per_request_us"]),
+                     _ratio(kqp["cpu_per_request_us"], krox["cpu_per_request_us"])]
+            lines.append(f"| {w.name} | {side} | {' | '.join(cells)} | {'yes' if met else 'no'} |")
     return lines
+
+
+def _ratio(ours: float, theirs: float) -> str:
+    # A short run can measure no CPU at all on a hop (CPU time moves in 10 ms ticks).
+    return f"{ours / theirs:.2f}" if theirs else "-"
 
 
 def _warm_up(workloads: list[Workload], warm_up: list[Measurement], seconds: float) -> list[str]:

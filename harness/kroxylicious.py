@@ -17,14 +17,17 @@ runtime library is served, not the `kroxylicious-app` that carries its command l
   (which proves it forwards to the broker), and reports its CPU from /proc like kqp's and the
   relay's.
 
-Unlike kqp, the 0.12.0 gateway has no bind-address setting: its proxy ports listen on every
-interface (its management endpoint is put on 127.0.0.1). The ports are random free ones and the
-process lives only as long as the benchmark.
+Unlike kqp, the 0.12.0 gateway has no bind-address setting and would listen on every
+interface. Every server the harness starts binds to loopback only, so the JVM runs with a
+small shim of ours in LD_PRELOAD (harness/c/loopback_bind.c, compiled with the system's C
+compiler into the same cache) that turns a bind() to the wildcard address into one to
+127.0.0.1. Its management endpoint is put on 127.0.0.1 by its own setting.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import urllib.error
@@ -40,6 +43,7 @@ DEFAULT_KROXYLICIOUS_DIR = REPO / ".cache" / f"kroxylicious-{KROXYLICIOUS_VERSIO
 _POM = REPO / "harness" / "kroxylicious-pom.xml"
 _LAUNCHER_SOURCE = REPO / "harness" / "java" / "KroxyliciousLauncher.java"
 _LAUNCHER_CLASS = "KroxyliciousLauncher"
+_LOOPBACK_SHIM_SOURCE = REPO / "harness" / "c" / "loopback_bind.c"
 # The proxy's own count of requests read from clients, one sample per API key and node.
 REQUESTS_METRIC = "kroxylicious_inbound_downstream_messages_total"
 
@@ -63,7 +67,18 @@ def ensure_runtime(directory: Path = DEFAULT_KROXYLICIOUS_DIR) -> Path:
                                 capture_output=True, text=True, timeout=300, check=False)
         if result.returncode != 0:
             raise KafkaHarnessError(f"compiling {_LAUNCHER_SOURCE.name} failed:\n{result.stderr[-3000:]}")
+    shim = loopback_shim_path(directory)
+    if not shim.exists() or shim.stat().st_mtime < _LOOPBACK_SHIM_SOURCE.stat().st_mtime:
+        result = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(shim), str(_LOOPBACK_SHIM_SOURCE), "-ldl"],
+                                capture_output=True, text=True, timeout=120, check=False)
+        if result.returncode != 0:
+            raise KafkaHarnessError(f"compiling {_LOOPBACK_SHIM_SOURCE.name} failed (a C compiler is needed to keep "
+                                    f"Kroxylicious on loopback):\n{result.stderr[-3000:]}")
     return directory
+
+
+def loopback_shim_path(directory: Path) -> Path:
+    return directory / "launcher" / "libloopback_bind.so"
 
 
 def proxy_config(upstream_bootstrap: str, bootstrap_port: int, node_ids: list[int],
@@ -122,8 +137,8 @@ class KroxyliciousProcess:
                  directory: Path = DEFAULT_KROXYLICIOUS_DIR, heap: str = "1g") -> None:
         self.directory = ensure_runtime(directory)
         # The bootstrap port, then one per node id from the lowest to the highest, all free on
-        # every interface (the gateway binds the wildcard address).
-        base = free_port_block(1 + max(node_ids) - min(node_ids) + 1, hosts=("0.0.0.0",))
+        # loopback, where the shim puts the gateway's wildcard binds.
+        base = free_port_block(1 + max(node_ids) - min(node_ids) + 1)
         self.bootstrap_port = base + 1
         self.bootstrap = f"127.0.0.1:{self.bootstrap_port}"
         self.management_port = free_ports(1)[0]
@@ -145,8 +160,9 @@ class KroxyliciousProcess:
 
     def start(self, timeout_s: float = 120.0) -> KroxyliciousProcess:
         with self.log_path.open("ab") as log:
+            environment = dict(os.environ, LD_PRELOAD=str(loopback_shim_path(self.directory)))
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+                                            start_new_session=True, env=environment)
         deadline = time.monotonic() + timeout_s
         while not api_versions_ok("127.0.0.1", self.bootstrap_port):
             if self.process.poll() is not None or time.monotonic() > deadline:
