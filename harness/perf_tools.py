@@ -14,6 +14,10 @@ _PRODUCER_SUMMARY = re.compile(
     r"(?P<avg>[\d.]+) ms avg latency, (?P<max>[\d.]+) ms max latency, (?P<p50>\d+) ms 50th, "
     r"(?P<p95>\d+) ms 95th, (?P<p99>\d+) ms 99th, (?P<p999>\d+) ms 99.9th"
 )
+# With --print-metrics both tools end by listing the client's metrics, among them how many
+# requests the client sent in all (every API, every node: what a proxy in its path relayed).
+_REQUEST_TOTAL = re.compile(r"^(?:producer|consumer)-metrics:request-total:\{[^}]*\}\s*:\s*(?P<count>[\d.]+)\s*$",
+                            re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,11 @@ def _props(props: dict[str, str]) -> list[str]:
 def producer_perf_command(cluster: KafkaCluster, bootstrap: str, topic: str, num_records: int,
                           record_size: int, props: dict[str, str] | None = None, throughput: int = -1,
                           config_file: Path | None = None, payload_file: Path | None = None,
-                          payload_monotonic: bool = False) -> list[str]:
+                          payload_monotonic: bool = False, print_metrics: bool = False) -> list[str]:
     """--payload-monotonic sends the values "0" .. str(num_records - 1), which a reader can verify."""
     args = ["--topic", topic, "--num-records", str(num_records), "--throughput", str(throughput)]
+    if print_metrics:
+        args.append("--print-metrics")
     if payload_monotonic:
         args.append("--payload-monotonic")
     elif payload_file is not None:
@@ -70,9 +76,10 @@ def parse_producer_output(output: str) -> ProducerResult:
 
 def producer_perf(cluster: KafkaCluster, bootstrap: str, topic: str, num_records: int, record_size: int,
                   props: dict[str, str] | None = None, throughput: int = -1, config_file: Path | None = None,
-                  timeout: float = 600.0, payload_monotonic: bool = False) -> ProducerResult:
+                  timeout: float = 600.0, payload_monotonic: bool = False,
+                  print_metrics: bool = False) -> ProducerResult:
     command = producer_perf_command(cluster, bootstrap, topic, num_records, record_size, props, throughput,
-                                    config_file, payload_monotonic=payload_monotonic)
+                                    config_file, payload_monotonic=payload_monotonic, print_metrics=print_metrics)
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     if result.returncode != 0:
         raise KafkaHarnessError(f"ProducerPerformance failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
@@ -81,9 +88,11 @@ def producer_perf(cluster: KafkaCluster, bootstrap: str, topic: str, num_records
 
 def consumer_perf_command(cluster: KafkaCluster, bootstrap: str, topic: str, num_records: int,
                           group: str | None = None, props_file: Path | None = None,
-                          timeout_ms: int = 60000) -> list[str]:
+                          timeout_ms: int = 60000, print_metrics: bool = False) -> list[str]:
     args = ["--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(num_records),
             "--timeout", str(timeout_ms)]
+    if print_metrics:
+        args.append("--print-metrics")
     if group is not None:
         args += ["--group", group]
     if props_file is not None:
@@ -102,9 +111,19 @@ def parse_consumer_output(output: str) -> ConsumerResult:
 
 
 def consumer_perf(cluster: KafkaCluster, bootstrap: str, topic: str, num_records: int, group: str | None = None,
-                  props_file: Path | None = None, timeout: float = 600.0) -> ConsumerResult:
-    command = consumer_perf_command(cluster, bootstrap, topic, num_records, group, props_file)
+                  props_file: Path | None = None, timeout: float = 600.0,
+                  print_metrics: bool = False) -> ConsumerResult:
+    command = consumer_perf_command(cluster, bootstrap, topic, num_records, group, props_file,
+                                    print_metrics=print_metrics)
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     if result.returncode != 0:
         raise KafkaHarnessError(f"ConsumerPerformance failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     return parse_consumer_output(result.stdout)
+
+
+def client_requests(output: str) -> int:
+    """Requests the client sent in all, from a tool run with print_metrics=True."""
+    match = _REQUEST_TOTAL.search(output)
+    if match is None:
+        raise KafkaHarnessError(f"no request-total metric in the tool's output:\n{output[-2000:]}")
+    return int(float(match["count"]))
