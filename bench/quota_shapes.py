@@ -13,7 +13,7 @@ Kafka's figure comes from a one-broker cluster enforcing `producer_byte_rate` (k
 for client-id `broker-limited`, the proxy out of the path: for the fleet, --workers and
 scope-cluster shapes that is what one broker does with the same producers (a broker quota on
 three brokers would give three quotas). KIP-599 seed example A sends CreateTopics v7, 7 topics
-x 80 partitions, with `controller_mutation_rate: 5`, once through kqp and once to the broker.
+x 80 partitions, with `controller_mutation_rate: 5`, in KIP599_PAIRS pairs (kqp, the broker).
 
 `--kqp-set key=value` (repeatable) sets a dotted key in every kqp config file this bench writes
 (e.g. `--kqp-set enforcement.some_setting=true`), the value read as YAML, so a setting added
