@@ -1,6 +1,13 @@
 """Quota accuracy: how closely kqp holds producers to `producer_byte_rate`, beside the broker.
 
     .venv/bin/python bench/quota_accuracy.py [--seconds 120] [--runs 3] [--scenario single|cluster|all]
+    .venv/bin/python bench/quota_accuracy.py --scenario shapes [--seconds 90] [--warmup 25] \
+        [--shapes ten-producers,fleet,workers,cluster-one,kip599] [--kqp-set key=value ...]
+
+`shapes` (issue 25, acceptance 4): every client shape of the issue through kqp, beside Kafka's
+own broker enforcing the same quota for the same clients, with each producer's share and the
+clients' request time-outs; see bench/quota_shapes.py. `--kqp-set` applies a setting to every
+kqp config it writes, to measure a setting without editing the bench.
 
 `single` (issue 11, acceptance 5): one broker; a confluent-kafka (librdkafka) producer offers
 3x the quota for --seconds, once through `kqp serve` holding client-id `limited` to the quota,
@@ -37,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import Producer
 
+from bench.quota_shapes import SHAPES, parse_overrides, run_shapes, shapes_report
 from bench.soak import ConfiguredProxy
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
@@ -204,19 +212,36 @@ def report(results: list[Measurement], seconds: float, warmup_s: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="seconds per measurement (default 120; 90 for --scenario shapes)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=25, help="seconds left out at the start (default 25)")
-    parser.add_argument("--scenario", choices=("single", "cluster", "all"), default="all")
+    parser.add_argument("--scenario", choices=("single", "cluster", "all", "shapes"), default="all")
+    parser.add_argument("--shapes", default=",".join(SHAPES),
+                        help=f"with --scenario shapes: which, comma-separated (default all: {','.join(SHAPES)})")
+    parser.add_argument("--kqp-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted kqp config key set in every kqp config the shapes write (repeatable)")
     args = parser.parse_args()
+    if args.scenario == "shapes":
+        selected = [name for name in args.shapes.split(",") if name]
+        unknown = set(selected) - set(SHAPES)
+        if unknown:
+            parser.error(f"unknown shapes {sorted(unknown)}; known: {', '.join(SHAPES)}")
+        seconds = args.seconds if args.seconds is not None else 90.0
+        overrides = parse_overrides(args.kqp_set)
+        with tempfile.TemporaryDirectory(prefix="kqp-shapes-") as tmp:
+            shape_results = run_shapes(Path(tmp), selected, overrides, seconds, args.warmup)
+        print(shapes_report(shape_results, seconds, args.warmup, overrides))
+        return
+    seconds = args.seconds if args.seconds is not None else 120.0
     results: list[Measurement] = []
     with tempfile.TemporaryDirectory(prefix="kqp-accuracy-") as tmp:
         workdir = Path(tmp)
         if args.scenario in ("single", "all"):
-            results += single(workdir, args.seconds, args.runs, args.warmup)
+            results += single(workdir, seconds, args.runs, args.warmup)
         if args.scenario in ("cluster", "all"):
-            results += cluster_scope(workdir, args.seconds, args.warmup)
-    print(report(results, args.seconds, args.warmup))
+            results += cluster_scope(workdir, seconds, args.warmup)
+    print(report(results, seconds, args.warmup))
 
 
 if __name__ == "__main__":

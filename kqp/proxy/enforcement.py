@@ -362,14 +362,15 @@ class QuotaEnforcement(TrafficHooks):
         assert now is not None  # set by _charge_response
         out: bytes | bytearray = frame
         request = exchange.mutation_request
+        upstream_ms = _upstream_answer_ms(exchange)
         if request is not None:
             rejected = exchange.mutations_rejected
             if rejected:
-                mutation_throttle = outcome.throttle_at(now) if outcome is not None else 0
+                mutation_throttle = outcome.throttle_after(now, upstream_ms) if outcome is not None else 0
                 body = merge_rejections(request, memoryview(frame)[body_offset:], rejected, mutation_throttle)
                 out = frame[:body_offset] + body
             exchange.mutations = _mutation_notes(request, rejected)
-        throttle = exchange_throttle(outcome, response_throttle, now)
+        throttle = exchange_throttle(outcome, response_throttle, now, upstream_ms)
         exchange.proxy_throttle_ms = throttle
         # The session may have found ThrottleTimeMs already (Produce); that holds for `frame` only.
         known_offset = exchange.response_throttle_offset if out is frame else None
@@ -396,7 +397,7 @@ class QuotaEnforcement(TrafficHooks):
         response_throttle = self._charge_response(client, exchange, frame_size - body_offset)
         now = self._trace(client, exchange).response_now_ms
         assert now is not None  # set by _charge_response
-        throttle = exchange_throttle(exchange.request_outcome, response_throttle, now)
+        throttle = exchange_throttle(exchange.request_outcome, response_throttle, now, _upstream_answer_ms(exchange))
         exchange.proxy_throttle_ms = throttle
         broker_throttle = self._broker_throttle(exchange, head, body_offset)
         if throttle <= 0:
@@ -439,6 +440,14 @@ class QuotaEnforcement(TrafficHooks):
         if broker_throttle:
             exchange.broker_throttle_ms = broker_throttle
         return broker_throttle
+
+
+def _upstream_answer_ms(exchange: Exchange) -> float | None:
+    """How long the upstream took to answer (request written to answer read), in ms; what a
+    mutation's throttle is reduced by, as Kafka's controller reduces it by its own span."""
+    if not exchange.sent_at or not exchange.response_received_at:
+        return None
+    return max(exchange.response_received_at - exchange.sent_at, 0.0) * 1000.0
 
 
 def _mutation_notes(request: MutationRequest, rejected: list[TopicMutation]) -> list[MutationNote]:

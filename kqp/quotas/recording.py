@@ -76,17 +76,47 @@ class RequestOutcome:
         mutation's shrinks by the time since it was charged, as Kafka's controller reports it."""
         return self.mutation.throttle_at(now_ms) if self.mutation is not None else self.throttle_ms
 
+    def throttle_after(self, now_ms: float, upstream_ms: float | None) -> int:
+        """The request's throttle in a response the upstream took `upstream_ms` to answer.
 
-def exchange_throttle(request: RequestOutcome | None, response_throttle_ms: int, response_now_ms: float) -> int:
+        Kafka's controller reports a mutation throttle less the time from its quota check to
+        its answer (AbstractControllerMutationQuota.throttleTime, read in
+        RequestHandlerHelper.sendResponseMaybeThrottleWithControllerQuota); the broker that
+        forwarded the request passes that figure on unchanged (sendForwardedResponse). What
+        happened around the controller is not subtracted: the client's time to the proxy, the
+        proxy's own queueing (a fleet's mutation order, a mute), the broker's forwarding legs.
+        The closest the proxy sees to the controller's span is the upstream's answer time, from
+        the request written upstream to its answer read, so that is what it subtracts. A request
+        not forwarded (`upstream_ms` None: answered by the proxy) subtracts the time since the
+        charge, as before.
+        """
+        if self.mutation is None or upstream_ms is None:
+            return self.throttle_at(now_ms)
+        return self.mutation.throttle_at(self.mutation.computed_at_ms + upstream_ms)
+
+
+def exchange_throttle(
+    request: RequestOutcome | None, response_throttle_ms: int, response_now_ms: float,
+    upstream_ms: float | None = None,
+) -> int:
     """The throttle an exchange's response carries and the client is muted for.
 
     Kafka takes the max of every quota a request violated, never the sum: produce or fetch
     bandwidth against the request quota (KafkaApis), the controller-mutation throttle against
     the request quota (RequestHandlerHelper.sendResponseMaybeThrottleWithControllerQuota, and
-    sendForwardedResponse on the broker for the controller's answer).
+    sendForwardedResponse on the broker for the controller's answer). `upstream_ms`: how long
+    the upstream took to answer (see `RequestOutcome.throttle_after`), None when unknown.
     """
-    request_throttle = request.throttle_at(response_now_ms) if request is not None else 0
+    request_throttle = request.throttle_after(response_now_ms, upstream_ms) if request is not None else 0
     return max(request_throttle, response_throttle_ms, 0)
+
+
+def upstream_answer_ms(request_sent_us: int, response_received_us: int) -> float:
+    """The upstream's answer time in ms, from the microsecond instants the capture stores.
+
+    The proxy computes it from the same two instants, rounded the same way, so the replay's
+    mutation throttles are the proxy's (`exchange_throttle`)."""
+    return max(response_received_us - request_sent_us, 0) / 1000.0
 
 
 @dataclass(frozen=True, slots=True)

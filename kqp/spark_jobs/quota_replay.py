@@ -36,6 +36,7 @@ from kqp.quotas.recording import (
     exchange_throttle,
     request_charges,
     response_charges,
+    upstream_answer_ms,
 )
 
 Mode = Literal["open_loop", "deferral"]
@@ -165,7 +166,12 @@ def replay_recorded(requests: pd.DataFrame, engine: QuotaEngine) -> pd.DataFrame
             )
             # The request's throttle as the response reports it, max'd with the response's.
             charged = charge_response(engine, client, response, now)
-            throttle = float(exchange_throttle(outcomes.get(index), charged, now))
+            # A mutation's throttle is reduced by the upstream's answer time, as the proxy's.
+            sent_us, answered_us = row.get("ts_request_sent_us"), row.get("ts_response_received_us")
+            upstream_ms = None
+            if _present(sent_us) and _present(answered_us):
+                upstream_ms = upstream_answer_ms(int(sent_us), int(answered_us))
+            throttle = float(exchange_throttle(outcomes.get(index), charged, now, upstream_ms))
         throttles[index] = throttle
     frame["sim_ts_ms"] = frame["ts_ms"].to_numpy(dtype=np.int64)
     frame["sim_throttle_ms"] = throttles

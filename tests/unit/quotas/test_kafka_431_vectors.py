@@ -20,6 +20,7 @@ from kqp.quotas.recording import (
     exchange_throttle,
     request_charges,
     response_charges,
+    upstream_answer_ms,
 )
 from kqp.quotas.stats import TokenBucket, WindowedRate
 from tests.unit.helpers.quotas import D, settings_for
@@ -174,6 +175,21 @@ def test_f3_permissive_step_4_the_throttle_shrinks_with_time() -> None:
     third = _create(engine, 5, 90, 0)
     assert exchange_throttle(third, 0, 0) == 17000  # tokens -170
     assert exchange_throttle(third, 0, 5000) == 12000  # step 4: 17000 - 5000
+
+
+def test_a_forwarded_mutation_subtracts_the_upstreams_answer_time_not_the_proxys_own_waits() -> None:
+    # Kafka subtracts the controller's span, from its quota check to its answer; the broker
+    # passes the figure on. The proxy subtracts the upstream's answer time (40 ms here), not
+    # the 900 ms since its charge (a fleet's order, a mute): the client waits as long as
+    # Kafka's controller would have told it.
+    engine = _mutation_engine()
+    _create(engine, 6, 90, 0)
+    _create(engine, 6, 90, 0)
+    third = _create(engine, 6, 90, 0)
+    assert exchange_throttle(third, 0, 900, upstream_ms=40.7) == 7960
+    assert exchange_throttle(third, 0, 900, upstream_ms=None) == 7100  # answered by the proxy
+    assert exchange_throttle(RequestOutcome(throttle_ms=700), 0, 5000, upstream_ms=40) == 700
+    assert upstream_answer_ms(1_000_000, 1_040_700) == 40.7
 
 
 def test_a_throttle_that_is_not_a_mutation_is_not_adjusted() -> None:
