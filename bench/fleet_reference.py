@@ -3,8 +3,8 @@ client-id, each offering 1.5x a 1 MiB/s quota (librdkafka's default queue, linge
 records, acks=all), either each through its own `kqp serve` instance of a fleet in front of
 three brokers (`scope: cluster`), or straight to one Kafka 4.3.1 broker that enforces the quota
 itself (one broker, one budget, as `scope: cluster` through a fleet). Only what was
-acknowledged in the measured seconds counts, averaged between two pauses as
-tests/integration/test_fleet.py does; also the plain average, per producer shares, librdkafka's
+acknowledged in the measured seconds counts, as the slope of the cumulative bytes that
+tests/integration/test_fleet.py checks, and as a plain average; per producer shares, librdkafka's
 request time-outs and the longest throttle it reported.
 
     .venv/bin/python -m bench.fleet_reference kafka
@@ -27,9 +27,9 @@ from harness.proxy_process import ProxyProcess
 from tests.integration.helpers.fleet import (
     CLIENT_ID,
     ProducerTally,
+    acknowledged_slope,
     fleet_config,
     produce_through,
-    rate_between_pauses,
     wait_for_fleet,
 )
 
@@ -49,11 +49,11 @@ def measure(bootstraps: list[str], topic: str, warmup_s: int, seconds: int) -> s
         thread.start()
     for thread in threads:
         thread.join()
-    rate, since, until = rate_between_pauses(per_second, warmup_s, seconds - 1, QUOTA)
+    rate = acknowledged_slope(per_second, warmup_s, seconds)
     plain = sum(per_second[warmup_s:seconds]) / (seconds - warmup_s)
-    shares = [round(sum(t.per_second[since:until]) / (until - since) / QUOTA, 2) for t in tallies]
-    return (f"{rate / QUOTA:.3f}x between pauses (seconds {since}-{until}), {plain / QUOTA:.3f}x plain "
-            f"(seconds {warmup_s}-{seconds}); per producer {shares}; request time-outs "
+    shares = [round(acknowledged_slope(t.per_second, warmup_s, seconds) / QUOTA, 2) for t in tallies]
+    return (f"{rate / QUOTA:.3f}x (slope), {plain / QUOTA:.3f}x (plain average), seconds {warmup_s}-{seconds}; "
+            f"per producer {shares}; request time-outs "
             f"{[t.request_timeouts for t in tallies]}; longest throttle ms {[t.longest_throttle_ms for t in tallies]}")
 
 

@@ -27,10 +27,10 @@ from tests.integration.helpers.fleet import (
     STEADY_S,
     TOLERANCE,
     ProducerTally,
+    acknowledged_slope,
     fleet_config,
     metric,
     produce_through,
-    rate_between_pauses,
     wait_for_fleet,
     wait_until,
 )
@@ -119,10 +119,12 @@ def test_three_instances_hold_three_producers_to_one_quota(
         thread.start()
     for thread in producers:
         thread.join(seconds + 60)
-    rate, since, until = rate_between_pauses(per_second, SHAPE_WARMUP_S, seconds - 1, SHAPE_QUOTA)
-    shares = [round(sum(t.per_second[since:until]) / (until - since) / SHAPE_QUOTA, 2) for t in tallies]
+    rate = acknowledged_slope(per_second, SHAPE_WARMUP_S, seconds)
+    plain = sum(per_second[SHAPE_WARMUP_S:seconds]) / SHAPE_STEADY_S
+    shares = [round(acknowledged_slope(t.per_second, SHAPE_WARMUP_S, seconds) / SHAPE_QUOTA, 2) for t in tallies]
     print(f"three producers x 1.5x through three instances (count_other_instances): {rate / SHAPE_QUOTA:.3f} x "
-          f"quota over seconds {since}-{until}; per producer {shares}; librdkafka request time-outs "
+          f"quota in seconds {SHAPE_WARMUP_S}-{seconds} ({plain / SHAPE_QUOTA:.3f} x as a plain average); "
+          f"per producer {shares}; librdkafka request time-outs "
           f"{[t.request_timeouts for t in tallies]}; longest throttle ms {[t.longest_throttle_ms for t in tallies]}; "
           f"per second {[round(b / SHAPE_QUOTA, 1) for b in per_second]}")
     # Every instance throttled its producer: the budget was shared, not tripled.

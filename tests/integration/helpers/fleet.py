@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -152,14 +153,14 @@ def steady_rate(per_second: list[int], first: int, last: int, quota: int = QUOTA
     return sum(per_second[first:last]) / (last - first)
 
 
-def rate_between_pauses(per_second: list[int], first: int, last: int, quota: int) -> tuple[float, int, int]:
-    """Bytes/s acknowledged over whole bursts: from the first second in [first, last] in which
-    less than a fifth of the quota was acknowledged (a pause: every instance holding its
-    producer) to the last such second; (rate, from, to). Large requests (a second of the quota
-    each) come in bursts of several seconds' worth, so a plain average whose edges cut a burst
-    moves by several percent; one between two pauses does not. Without two pauses at least 20 s
-    apart, the plain average over [first, last]."""
-    quiet = [i for i in range(first, last + 1) if per_second[i] < quota / 5]
-    if len(quiet) >= 2 and quiet[-1] - quiet[0] >= 20:
-        first, last = quiet[0], quiet[-1]
-    return sum(per_second[first:last]) / (last - first), first, last
+
+def acknowledged_slope(per_second: list[int], first: int, last: int) -> float:
+    """Bytes/s acknowledged from second `first` to `last` (excluded): the least-squares slope of
+    the cumulative acknowledged bytes. Large requests (a second of the quota each) come in bursts
+    of several seconds' worth, and a plain average moves by several percent with where its edges
+    cut a burst; the slope weighs every second, so one burst at an edge moves it far less."""
+    cumulative = list(itertools.accumulate(per_second[first:last]))
+    n = len(cumulative)
+    mean_x, mean_y = (n - 1) / 2, sum(cumulative) / n
+    covariance = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(cumulative))
+    return covariance / sum((x - mean_x) ** 2 for x in range(n))
