@@ -74,8 +74,9 @@ class UsageSharing(Protocol):
         """This engine recorded `amount` into `sensor` for one of its own clients' requests."""
 
     def pending_elsewhere(self, sensor: RateSensor, amount: float, now_ms: int) -> float | None:
-        """How much to add to the sensor's total before throttling a fetch of `amount`: what the
-        other engines serving this client may have served meanwhile. None: nobody else does."""
+        """How much to add to the sensor's total before throttling a fetch (or, when the seam
+        asks for it, a produce) of `amount`: what the other engines serving this client may
+        have served meanwhile. None: nobody else does, or the seam leaves this sensor alone."""
 
 
 class NoSharing:
@@ -233,13 +234,22 @@ class QuotaManagers:
 
     def record_produce(self, broker: str, user: str, client_id: str, nbytes: int, now_ms: float) -> int:
         """Produce: record the request size, then compute the (unbounded) throttle
-        (KafkaApis.handleProduceRequest: quotas.produce.maybeRecordAndGetThrottleTimeMs)."""
+        (KafkaApis.handleProduceRequest: quotas.produce.maybeRecordAndGetThrottleTimeMs).
+
+        Beyond Kafka, a fleet that counts its other instances (`fleet.count_other_instances`)
+        adds what they may admit meanwhile to the total the throttle is computed from, as for
+        a fetch (see kqp.quotas.fleet)."""
         manager = self._produce
         if not manager.enabled:
             return 0
         t = int(now_ms)
         sensor = manager.client_sensor(broker, user, client_id, t)
-        throttle = manager.record(sensor, nbytes, t)
+        elsewhere = self.sharing.pending_elsewhere(sensor, nbytes, t)
+        if elsewhere is None:
+            throttle = manager.record(sensor, nbytes, t)
+        else:
+            sensor.record(nbytes, t)
+            throttle = java_int(sensor.rate.throttle_with(elsewhere, t))
         if self.sharing.records_usage:
             self.sharing.recorded("producer_byte_rate", sensor, nbytes)
         if throttle <= 0:

@@ -67,6 +67,10 @@ REPORT_FORMAT = 1
 
 # Entries FleetSharing keeps for fetch sensors before it first looks for dropped ones.
 _MIN_SERVING_ENTRIES = 1024
+# Quota types whose throttle always counts what the other instances serving the client may
+# have served meanwhile (FleetSharing.pending_elsewhere); produce only with the opt-in.
+_ALWAYS_COUNTED: frozenset[QuotaType] = frozenset({"consumer_byte_rate"})
+_WITH_PRODUCE: frozenset[QuotaType] = frozenset({"consumer_byte_rate", "producer_byte_rate"})
 
 FailurePolicy = Literal["local", "share"]
 ExchangeState = Literal["starting", "ok", "local", "share"]
@@ -287,7 +291,7 @@ class FleetSharing:
     """
 
     __slots__ = (
-        "_forget_above", "_pending", "_report_ms", "_serving",
+        "_forget_above", "_pending", "_report_ms", "_serving", "_serving_types",
         "kept_quiet", "limit_scale", "mutations_claimed", "records_usage",
     )
 
@@ -301,13 +305,20 @@ class FleetSharing:
         self._pending: dict[QuotaSensor, tuple[QuotaType, float]] = {}
         # When each other instance last reported (heartbeats included).
         self._report_ms: dict[str, int] = {}
-        # Fetch sensors only: the other instances that reported this client's usage.
+        # Fetch sensors (and produce sensors when `count_other_instances`): the other
+        # instances that reported this client's usage.
         self._serving: dict[RateSensor, set[str]] = {}
+        self._serving_types: frozenset[QuotaType] = _ALWAYS_COUNTED
         self._forget_above = _MIN_SERVING_ENTRIES
 
-    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
+    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False, count_other_instances: bool = False
+                    ) -> None:
         self.records_usage = enabled
         self.mutations_claimed = enabled and mutations_claimed
+        counted = _WITH_PRODUCE if enabled and count_other_instances else _ALWAYS_COUNTED
+        if counted != self._serving_types:
+            self._serving_types = counted
+            self._serving.clear()  # only the types counted now are looked up
         if not enabled:
             self.take_local_usage()
 
@@ -376,7 +387,7 @@ class FleetSharing:
             sensor = manager.sensor_for_tags(delta.broker, dict(delta.tags), t)
             sensor.record(delta.amount, t)
             sensor.last_record_ms = t
-            if delta.quota_type == "consumer_byte_rate" and instance is not None:
+            if delta.quota_type in self._serving_types and instance is not None:
                 serving = self._serving.get(sensor)
                 if serving is None:
                     serving = self._serving[sensor] = set()
@@ -409,10 +420,14 @@ class QuotaEngine(QuotaManagers):
         self.fleet = FleetSharing()
         super().__init__(settings, callback, on_throttle, sharing=self.fleet)
 
-    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
+    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False, count_other_instances: bool = False
+                    ) -> None:
         """Start (or stop) keeping what each sensor records until `take_local_usage` asks;
-        `mutations_claimed`: partition mutations are shared as claims, not as usage."""
-        self.fleet.share_usage(enabled, mutations_claimed=mutations_claimed)
+        `mutations_claimed`: partition mutations are shared as claims, not as usage;
+        `count_other_instances`: a produce throttle counts what the other instances serving the
+        client may admit meanwhile, as a fetch throttle always does (beyond Kafka, opt-in)."""
+        self.fleet.share_usage(enabled, mutations_claimed=mutations_claimed,
+                               count_other_instances=count_other_instances)
 
     def take_local_usage(self, now_ms: float = 0.0, quiet_below: float = 0.0) -> list[UsageDelta]:
         """This instance's usage report since the last call (FleetSharing.take_local_usage)."""

@@ -22,16 +22,15 @@ from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
 from tests.integration.helpers.fleet import (
     CLIENT_ID,
-    KAFKA_ADMITS,
     QUOTA,
     RECORD_SIZE,
     STEADY_S,
     TOLERANCE,
-    WARMUP_S,
+    ProducerTally,
+    acknowledged_slope,
     fleet_config,
     metric,
     produce_through,
-    steady_rate,
     wait_for_fleet,
     wait_until,
 )
@@ -81,30 +80,58 @@ def readyz_body(proxy: ProxyProcess) -> str:
 
 
 
+# The issue-25 shape: three librdkafka producers of one client-id, each offering 1.5x a 1 MiB/s
+# quota through its own instance. Their requests are large (a ProduceRequest carries up to
+# batch.size, 1 MB, a second of the quota), so the traffic comes in bursts of several seconds'
+# worth; the cold start (each instance admitting a fresh sensor's ten windows' worth, then a
+# long throttle) is over by about 30 s.
+SHAPE_QUOTA = 1024 * 1024
+SHAPE_WARMUP_S = 30
+SHAPE_STEADY_S = 60
+SHAPE_TOLERANCE = 0.05
+
+
 def test_three_instances_hold_three_producers_to_one_quota(
     kafka_3nodes: KafkaCluster, tmp_path: Path, usage_topic: str, topic_name: str, stop_at_end: list[ProxyProcess]
 ) -> None:
-    proxies = start_fleet(kafka_3nodes, tmp_path, usage_topic, ["share"] * 3)
+    """Acceptance 2 of issue 25: with `fleet.count_other_instances` the fleet holds the three
+    producers within 5% of the quota. With the default (Kafka's arithmetic on the fleet's
+    sensor) the same shape got 1.03x to 1.16x in our runs, and Kafka's own broker 1.09x to
+    1.12x for the same producers (docs/quotas.md); bench/fleet_reference.py measures those
+    figures, not this test, to keep the suite short."""
+    proxies = [ProxyProcess(kafka_3nodes.bootstrap, tmp_path / f"fleet-{index}.log",
+                            config=fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, quota=SHAPE_QUOTA,
+                                                count_other_instances=True)).start()
+               for index in range(3)]
     stop_at_end.extend(proxies)
     wait_for_fleet(proxies)
     kafka_3nodes.create_topic(topic_name, partitions=3)
-    seconds = WARMUP_S + STEADY_S
+    seconds = SHAPE_WARMUP_S + SHAPE_STEADY_S
     per_second = [0] * (seconds + 1)
+    tallies = [ProducerTally([0] * (seconds + 1)) for _ in proxies]
     lock = threading.Lock()
     start = time.monotonic()
-    producers = [threading.Thread(target=produce_through, args=(p.bootstrap, topic_name, seconds, per_second,
-                                                                  lock, start)) for p in proxies]
+    producers = [threading.Thread(target=produce_through, args=(proxy.bootstrap, topic_name, seconds, per_second,
+                                                                  lock, start),
+                                  kwargs={"offer": 1.5 * SHAPE_QUOTA, "tally": tally})
+                 for proxy, tally in zip(proxies, tallies, strict=True)]
     for thread in producers:
         thread.start()
     for thread in producers:
         thread.join(seconds + 60)
-    rate = steady_rate(per_second, WARMUP_S, WARMUP_S + STEADY_S)
-    print(f"three producers through three instances: {rate / QUOTA:.3f} x quota; per second "
-          f"{[round(b / QUOTA, 1) for b in per_second]}")
+    rate = acknowledged_slope(per_second, SHAPE_WARMUP_S, seconds)
+    plain = sum(per_second[SHAPE_WARMUP_S:seconds]) / SHAPE_STEADY_S
+    shares = [round(acknowledged_slope(t.per_second, SHAPE_WARMUP_S, seconds) / SHAPE_QUOTA, 2) for t in tallies]
+    print(f"three producers x 1.5x through three instances (count_other_instances): {rate / SHAPE_QUOTA:.3f} x "
+          f"quota in seconds {SHAPE_WARMUP_S}-{seconds} ({plain / SHAPE_QUOTA:.3f} x as a plain average); "
+          f"per producer {shares}; librdkafka request time-outs "
+          f"{[t.request_timeouts for t in tallies]}; longest throttle ms {[t.longest_throttle_ms for t in tallies]}; "
+          f"per second {[round(b / SHAPE_QUOTA, 1) for b in per_second]}")
     # Every instance throttled its producer: the budget was shared, not tripled.
     for proxy in proxies:
         assert (metric(proxy, "kqp_throttle_time_seconds_total", client_id=CLIENT_ID, source="proxy") or 0) > 0
-    assert abs(rate - KAFKA_ADMITS) <= TOLERANCE * KAFKA_ADMITS, f"the fleet admitted {rate / QUOTA:.3f} x the quota"
+    assert abs(rate - SHAPE_QUOTA) <= SHAPE_TOLERANCE * SHAPE_QUOTA, \
+        f"the fleet admitted {rate / SHAPE_QUOTA:.3f} x the quota"
 
 
 CONSUME_RATE = Path(__file__).parent / "java" / "ConsumeRate.java"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
+import itertools
+import json
 import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -28,7 +30,8 @@ KAFKA_ADMITS = 0.93 * QUOTA
 
 
 def fleet_config(path: Path, usage_topic: str, policy: str = "share", enabled: bool = True,
-                 quota_type: str = "producer_byte_rate", quota: int = QUOTA) -> Path:
+                 quota_type: str = "producer_byte_rate", quota: int = QUOTA,
+                 count_other_instances: bool = False) -> Path:
     """CLIENT_ID limited to `quota` for the cluster; `enabled: false` leaves the exchange to --workers."""
     path.write_text(
         "quotas:\n"
@@ -42,6 +45,7 @@ def fleet_config(path: Path, usage_topic: str, policy: str = "share", enabled: b
         f"  on_unreachable: {policy}\n"
         "  report_interval_seconds: 0.1\n"
         "  unreachable_after_seconds: 2\n"
+        f"  count_other_instances: {str(count_other_instances).lower()}\n"
     )
     return path
 
@@ -69,12 +73,37 @@ def wait_for_fleet(proxies: list[ProxyProcess]) -> None:
                f"every instance sees {len(proxies)} instances")
 
 
+@dataclass
+class ProducerTally:
+    """What one producer got: bytes acknowledged by second, librdkafka's request time-outs (its
+    statistics' `req_timeouts`, summed over the brokers it talked to) and the longest
+    ThrottleTimeMs it was given (its statistics' `throttle.max`, a window of one interval)."""
+
+    per_second: list[int]
+    request_timeouts: int = 0
+    longest_throttle_ms: int = 0
+
+
 def produce_through(bootstrap: str, topic: str, seconds: float, per_second: list[int], lock: threading.Lock,
-                    start: float) -> None:
-    """One librdkafka producer offering one quota's worth of bytes/s; acknowledged bytes are
-    added to `per_second` by the second they were acknowledged in."""
-    producer = Producer({"bootstrap.servers": bootstrap, "client.id": CLIENT_ID, "linger.ms": 5,
-                         "queue.buffering.max.kbytes": 2048})
+                    start: float, offer: float = QUOTA, tally: ProducerTally | None = None) -> None:
+    """One librdkafka producer offering `offer` bytes/s with librdkafka's default queue;
+    acknowledged bytes are added to `per_second` (and to `tally`) by the second they were
+    acknowledged in.
+
+    An application that produces faster than it is acknowledged fills its queue and then
+    waits for room (a full queue raises BufferError): the producer waits too, and catches up
+    with its offer when there is room, never dropping what it offered.
+    """
+    stats: dict[str, int] = {}
+
+    def on_stats(text: str) -> None:
+        brokers = json.loads(text).get("brokers", {})
+        stats["req_timeouts"] = sum(int(b.get("req_timeouts", 0)) for b in brokers.values())
+        longest = max((int(b.get("throttle", {}).get("max", 0)) for b in brokers.values()), default=0)
+        stats["throttle_max"] = max(stats.get("throttle_max", 0), longest)
+
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": CLIENT_ID, "linger.ms": 5, "acks": "all",
+                         "statistics.interval.ms": 1000, "stats_cb": on_stats})
     payload = b"x" * RECORD_SIZE
 
     def on_delivery(error: object, message: object) -> None:
@@ -82,21 +111,28 @@ def produce_through(bootstrap: str, topic: str, seconds: float, per_second: list
         if error is None and second < len(per_second):
             with lock:
                 per_second[second] += RECORD_SIZE
+            if tally is not None and second < len(tally.per_second):
+                tally.per_second[second] += RECORD_SIZE
 
     sent = 0
     began = time.monotonic()  # the offer starts when this producer does
     while time.monotonic() - start < seconds:
-        if sent * RECORD_SIZE < (time.monotonic() - began) * QUOTA:
-            # Muted: the offer beyond the queue is dropped, as a bounded client would drop it.
-            with contextlib.suppress(BufferError):
+        if sent * RECORD_SIZE < (time.monotonic() - began) * offer:
+            try:
                 producer.produce(topic, payload, on_delivery=on_delivery)
-            sent += 1
+                sent += 1
+            except BufferError:  # the queue is full: wait for acknowledgements to make room
+                producer.poll(0.05)
         else:
             producer.poll(0.002)
         producer.poll(0)
-    # What is still queued would be acknowledged after the measured seconds: drop it.
-    producer.purge(in_queue=True, in_flight=False)
+    # What is still queued or in flight would be acknowledged after the measured seconds.
+    producer.poll(1.5)  # the last statistics
+    producer.purge(in_queue=True, in_flight=True)
     producer.flush(10)
+    if tally is not None:
+        tally.request_timeouts = stats.get("req_timeouts", 0)
+        tally.longest_throttle_ms = stats.get("throttle_max", 0)
 
 
 def steady_rate(per_second: list[int], first: int, last: int, quota: int = QUOTA) -> float:
@@ -115,3 +151,16 @@ def steady_rate(per_second: list[int], first: int, last: int, quota: int = QUOTA
     if len(starts) >= 2:
         first, last = starts[0], starts[-1]
     return sum(per_second[first:last]) / (last - first)
+
+
+
+def acknowledged_slope(per_second: list[int], first: int, last: int) -> float:
+    """Bytes/s acknowledged from second `first` to `last` (excluded): the least-squares slope of
+    the cumulative acknowledged bytes. Large requests (a second of the quota each) come in bursts
+    of several seconds' worth, and a plain average moves by several percent with where its edges
+    cut a burst; the slope weighs every second, so one burst at an edge moves it far less."""
+    cumulative = list(itertools.accumulate(per_second[first:last]))
+    n = len(cumulative)
+    mean_x, mean_y = (n - 1) / 2, sum(cumulative) / n
+    covariance = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(cumulative))
+    return covariance / sum((x - mean_x) ** 2 for x in range(n))

@@ -377,3 +377,41 @@ def test_three_instances_hold_consumers_that_fetch_together_to_the_quota() -> No
     # Without knowing who else serves the client, each instance fills the room the others'
     # reports have not yet taken, after every throttle: a lasting excess.
     assert _consumers_rate(exchange=False) > 1.3 * QUOTA
+
+
+def _producers_engine(count_other_instances: bool) -> QuotaEngine:
+    engine = QuotaEngine(settings_for(PRODUCE, {(None, D): QUOTA}, scope="cluster"))
+    engine.share_usage(True, count_other_instances=count_other_instances)
+    return engine
+
+
+def test_by_default_a_produce_throttle_counts_only_what_the_fleet_recorded_as_kafka_would() -> None:
+    a, b = _producers_engine(False), _producers_engine(False)
+    b.record_produce("1", "u", "c", 1_000, 0)
+    a.record_remote_usage(b.take_local_usage(), 0, "b")
+    # 1,000 known + 950,000: within the 10 windows' worth (1,000,000) a fresh sensor admits.
+    assert a.record_produce("1", "u", "c", 950_000, 0) == 0
+
+
+def test_counting_other_instances_a_produce_throttle_counts_the_unreported_bytes_once_for_each() -> None:
+    """`fleet.count_other_instances`: b serves the client too, so a takes b to admit as much as
+    a has not reported yet before a's throttle is over (2 x 950,000 + 1,000 > 1,000,000)."""
+    a, b = _producers_engine(True), _producers_engine(True)
+    b.record_produce("1", "u", "c", 1_000, 0)
+    a.record_remote_usage(b.take_local_usage(), 0, "b")
+    alone = _producers_engine(True)
+    throttle = a.record_produce("1", "u", "c", 950_000, 0)
+    # (1,000 + 2 x 950,000) / 10 s is 1.901 x the quota: 9.01 s to wait.
+    assert throttle == 9_010
+    # Only what is counted changes, not what is recorded: the report carries the bytes once.
+    assert [d.amount for d in a.take_local_usage()] == [950_000.0]
+    # Nobody else serves it: Kafka's throttle.
+    assert alone.record_produce("1", "u", "c", 950_000, 0) == 0
+    # An instance silent for a whole quota window (11 x 1 s) no longer counts.
+    assert a.record_produce("1", "u", "c", 1_000, 11_001) == java_round_throttle(a, 11_001)
+
+
+def java_round_throttle(engine: QuotaEngine, now_ms: int) -> int:
+    """The throttle Kafka's arithmetic alone gives the cluster-wide sensor of client "c" at `now_ms`."""
+    sensor = engine.manager(PRODUCE).sensor("1", "u", "c", now_ms)
+    return max(0, int(sensor.rate.throttle_with(0.0, now_ms)))
