@@ -457,7 +457,8 @@ class QuotaEnforcement(TrafficHooks):
         trace.response_seq, trace.response_now_ms, trace.response = self._engine_calls, now, charges
         budget = self._turn_budget(client, exchange)
         if budget is not None:
-            self._turns.charged(budget, client.connection_id, now)
+            amount = exchange.request_bytes - 4 if exchange.header.api_key == ApiKey.PRODUCE else body_size
+            self._turns.charged(budget, client.connection_id, amount, now)
             self._controls[client.connection_id] = client.control
         return charge_response(self.engine, self._client(client, exchange), charges, now)
 
