@@ -67,7 +67,7 @@ from kqp.proxy.hooks import (
     TrafficHooks,
 )
 from kqp.proxy.topics import TopicDirectory
-from kqp.quotas import QuotaEngine
+from kqp.quotas import QuotaEngine, QuotaType
 from kqp.quotas.recording import (
     QuotaClient,
     QuotaTrace,
@@ -166,6 +166,21 @@ class QuotaEnforcement(TrafficHooks):
         family = ApiKey.PRODUCE if api_key == ApiKey.PRODUCE else ApiKey.FETCH
         return quota_client.broker, quota_client.principal, quota_client.client_id, family
 
+    def _turn_without_throttle(self, client: ClientView, exchange: Exchange) -> int:
+        """Fair turns: a response Kafka does not throttle still waits for the budget's turn."""
+        budget = self._turn_budget(client, exchange)
+        if budget is None:
+            return 0
+        return self._apply_turns(budget, client, 0)
+
+    def _apply_turns(self, budget: tuple[str, str, str, int], client: ClientView, throttle_ms: int) -> int:
+        own, *others = self._turns.throttled(budget, client.connection_id, throttle_ms, self._now_ms())
+        for other in others:
+            control = self._controls.get(other.connection_id)
+            if control is not None and other.mute_ms > 0:
+                control.mute(other.mute_ms)
+        return own.mute_ms
+
     def _mute_for(self, client: ClientView, exchange: Exchange, throttle_ms: int) -> int:
         """How long to mute this connection after a response throttled by `throttle_ms`:
         Kafka's throttle, or with fair turns the budget's latest end, which then also holds
@@ -174,12 +189,7 @@ class QuotaEnforcement(TrafficHooks):
         budget = self._turn_budget(client, exchange)
         if budget is None:
             return throttle_ms
-        own, *others = self._turns.throttled(budget, client.connection_id, throttle_ms, self._now_ms())
-        for other in others:
-            control = self._controls.get(other.connection_id)
-            if control is not None:
-                control.mute(other.mute_ms)
-        return own.mute_ms
+        return self._apply_turns(budget, client, throttle_ms)
 
     @staticmethod
     def _client(client: ClientView, exchange: Exchange) -> QuotaClient:
@@ -410,7 +420,8 @@ class QuotaEnforcement(TrafficHooks):
         known_offset = exchange.response_throttle_offset if out is frame else None
         broker_throttle = self._broker_throttle(exchange, out, body_offset, known_offset)
         if throttle <= 0:
-            return ResponseVerdict(frame=out) if out is not frame else None
+            turn_ms = self._turn_without_throttle(client, exchange)
+            return ResponseVerdict(frame=out, mute_ms=turn_ms) if out is not frame or turn_ms else None
         mute_ms = self._mute_for(client, exchange, throttle)
         # ThrottleTimeMs carries the larger of the broker's and the proxy's throttle: the
         # client waits once, for the longer; the mute applies the proxy's own in any case.
@@ -435,7 +446,8 @@ class QuotaEnforcement(TrafficHooks):
         exchange.proxy_throttle_ms = throttle
         broker_throttle = self._broker_throttle(exchange, head, body_offset)
         if throttle <= 0:
-            return None
+            turn_ms = self._turn_without_throttle(client, exchange)
+            return ResponseVerdict(mute_ms=turn_ms) if turn_ms else None
         mute_ms = self._mute_for(client, exchange, throttle)
         if broker_throttle is not None and throttle > broker_throttle:
             header = exchange.header
@@ -458,7 +470,9 @@ class QuotaEnforcement(TrafficHooks):
         budget = self._turn_budget(client, exchange)
         if budget is not None:
             amount = exchange.request_bytes - 4 if exchange.header.api_key == ApiKey.PRODUCE else body_size
-            self._turns.charged(budget, client.connection_id, amount, now)
+            quota_type: QuotaType = "producer_byte_rate" if budget[3] == ApiKey.PRODUCE else "consumer_byte_rate"
+            limit = self.engine.quota(quota_type, budget[1], budget[2])
+            self._turns.charged(budget, client.connection_id, amount, now, limit)
             self._controls[client.connection_id] = client.control
         return charge_response(self.engine, self._client(client, exchange), charges, now)
 

@@ -60,3 +60,14 @@ def test_a_connection_of_small_requests_waits_its_part_of_the_turn() -> None:
     assert turns.throttled(BUDGET, 1, 5_000, 0.0) == [Mute(1, 5_000), Mute(2, 500)]
     turns.charged(BUDGET, 2, 100_000, 600.0)
     assert turns.throttled(BUDGET, 2, 3_000, 600.0) == [Mute(2, 440)]  # a tenth of the 4.4 s left
+
+
+def test_a_turn_lasts_at_least_as_long_as_its_bytes_take_at_the_quota() -> None:
+    # Kafka's window lets a whole turn's burst through once the previous one has left the
+    # window; pacing the turns at the quota does not (10 MB at 1 MB/s: 10 s).
+    turns = ConnectionTurns(SPAN_MS)
+    for connection_id in range(10):
+        turns.charged(BUDGET, connection_id, 1_000_000, 0.0, limit=1_000_000)
+    mutes = turns.throttled(BUDGET, 9, 0, 0.0)  # Kafka does not throttle this one
+    assert mutes[0] == Mute(9, 10_000)
+    assert {m.mute_ms for m in mutes[1:]} == {10_000} and len(mutes) == 10
