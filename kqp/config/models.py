@@ -341,6 +341,10 @@ class EnforcementSection(Section):
     # Principals ("User:alice") allowed to describe/alter quotas through the proxy, on top of
     # what the brokers' authorizer allows; None leaves it to the brokers alone.
     admin_principals: tuple[str, ...] | None = None
+    # Opt-in, not Kafka's: the connections of one client that charge one byte-rate budget
+    # are muted together until the budget's latest throttle ends, so they take turns instead
+    # of some starving (kqp.quotas.turns, docs/quotas.md).
+    fair_connection_turns: bool = False
 
 
 class FleetSection(Section):

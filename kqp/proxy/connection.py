@@ -31,6 +31,11 @@ added and removed on its own, so one ending never resumes reading while another 
   held               a hook's `hold` future is pending (a partition mutation the fleet
                      orders): as on a broker, nothing behind a request in handling is read.
   shutdown           `drain()`: no new request is taken; in-flight ones are answered.
+  in-handling        while the connection is read one request at a time (see
+                     `_one_at_a_time_until`), a request is with the broker: a broker's
+                     channel stays muted while it handles a request, so the client's next
+                     requests wait in its own socket and queue, not in the proxy's memory.
+                     Cleared when the last response in flight has been sent.
 
 Requests the session had already framed stay queued in it while reading is paused
 (`_process_pending` forwards nothing while any blocker holds), so a client that pipelined
@@ -114,6 +119,7 @@ _UPSTREAM_BACKLOG = "upstream-backlog"
 _THROTTLED = "throttled"
 _SHUTDOWN = "shutdown"
 _HELD = "held"
+_IN_HANDLING = "in-handling"
 
 
 def _size_prefix(frame: bytes | bytearray) -> bytes:
@@ -431,6 +437,8 @@ class ProxiedConnection:
         session = self.session
         while session.requests_queued and not self._client_blockers and not self._closed:
             if session.in_flight and self._one_at_a_time_until > self._loop.time():
+                # Requests pipelined before the client was throttled are still in flight.
+                self._block_client(_IN_HANDLING)
                 return
             if session.local_answer_waiting:
                 # Its throttle must hold the requests behind it: read no more until it is sent.
@@ -511,6 +519,12 @@ class ProxiedConnection:
                 self.read_one_request_at_a_time(verdict.one_at_a_time_s)
             if verdict.mute_ms:
                 self.mute(verdict.mute_ms)
+        if self.session.in_flight and self._one_at_a_time_until > self._loop.time():
+            # As a broker mutes a channel while it handles one of its requests: without
+            # this a client that pipelines (librdkafka writes requests as long as its socket
+            # takes them) would move its whole backlog into the proxy's memory as small
+            # requests, which then each wait out a throttle of their own.
+            self._block_client(_IN_HANDLING)
 
     def _flush_local_answers(self) -> None:
         # A local answer leaves in its place among the forwarded responses, and its verdict
@@ -602,6 +616,10 @@ class ProxiedConnection:
         self._flush_local_answers()
         if mute_ms:
             self.mute(mute_ms)
+        if _IN_HANDLING in self._client_blockers and (
+            not self.session.in_flight or self._one_at_a_time_until <= self._loop.time()
+        ):
+            self._unblock_client(_IN_HANDLING)
         if self.session.requests_queued:
             self._process_pending()
 

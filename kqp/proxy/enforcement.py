@@ -67,7 +67,7 @@ from kqp.proxy.hooks import (
     TrafficHooks,
 )
 from kqp.proxy.topics import TopicDirectory
-from kqp.quotas import QuotaEngine
+from kqp.quotas import QuotaEngine, QuotaType
 from kqp.quotas.recording import (
     QuotaClient,
     QuotaTrace,
@@ -81,6 +81,7 @@ from kqp.quotas.recording import (
     request_charges,
     response_charges,
 )
+from kqp.quotas.turns import ConnectionTurns
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,10 @@ class QuotaEnforcement(TrafficHooks):
         self._cluster_scope = False
         # Set when the proxy is one of a fleet: mutations wait for the fleet's order.
         self.mutation_order: MutationOrder | None = None
+        # `fair_connection_turns`: the connections charging each byte-rate budget, muted
+        # together until its latest throttle ends (kqp.quotas.turns).
+        self._turns = ConnectionTurns(ONE_AT_A_TIME_AFTER_THROTTLE_S * 1000.0)
+        self._controls: dict[int, ConnectionControl] = {}
 
     @staticmethod
     def _key(client: ClientView, exchange: Exchange) -> tuple[str, str]:
@@ -147,6 +152,44 @@ class QuotaEnforcement(TrafficHooks):
         expired = [client for client, until in self._throttled_until.items() if until < cutoff]
         for client in expired:
             del self._throttled_until[client]
+        self._turns.expire(now_ms)
+
+    def _turn_budget(self, client: ClientView, exchange: Exchange) -> tuple[str, str, str, int] | None:
+        """The byte-rate budget a response charged, as `fair_connection_turns` groups
+        connections: the sensor's broker label and entity, and Produce or Fetch (a consumer
+        sharing a producer's client-id is not held by its throttles). None when off."""
+        api_key = exchange.header.api_key
+        if not self.settings.fair_connection_turns or api_key not in (ApiKey.PRODUCE, ApiKey.FETCH,
+                                                                      ApiKey.SHARE_FETCH):
+            return None
+        quota_client = self._client(client, exchange)
+        family = ApiKey.PRODUCE if api_key == ApiKey.PRODUCE else ApiKey.FETCH
+        return quota_client.broker, quota_client.principal, quota_client.client_id, family
+
+    def _turn_without_throttle(self, client: ClientView, exchange: Exchange) -> int:
+        """Fair turns: a response Kafka does not throttle still waits for the budget's turn."""
+        budget = self._turn_budget(client, exchange)
+        if budget is None:
+            return 0
+        return self._apply_turns(budget, client, 0)
+
+    def _apply_turns(self, budget: tuple[str, str, str, int], client: ClientView, throttle_ms: int) -> int:
+        own, *others = self._turns.throttled(budget, client.connection_id, throttle_ms, self._now_ms())
+        for other in others:
+            control = self._controls.get(other.connection_id)
+            if control is not None and other.mute_ms > 0:
+                control.mute(other.mute_ms)
+        return own.mute_ms
+
+    def _mute_for(self, client: ClientView, exchange: Exchange, throttle_ms: int) -> int:
+        """How long to mute this connection after a response throttled by `throttle_ms`:
+        Kafka's throttle, or with fair turns the budget's latest end, which then also holds
+        the client's other connections on that budget."""
+        self._throttled(client, exchange, throttle_ms)
+        budget = self._turn_budget(client, exchange)
+        if budget is None:
+            return throttle_ms
+        return self._apply_turns(budget, client, throttle_ms)
 
     @staticmethod
     def _client(client: ClientView, exchange: Exchange) -> QuotaClient:
@@ -200,6 +243,8 @@ class QuotaEnforcement(TrafficHooks):
                 other.mute(throttle, one_at_a_time=False)
 
     def connection_closed(self, client: ClientView, reason: str) -> None:
+        self._turns.closed(client.connection_id)
+        self._controls.pop(client.connection_id, None)
         for key in self._clients_on.pop(client.connection_id, ()):
             conns = self._connections_of.get(key)
             if conns is not None:
@@ -376,8 +421,9 @@ class QuotaEnforcement(TrafficHooks):
         known_offset = exchange.response_throttle_offset if out is frame else None
         broker_throttle = self._broker_throttle(exchange, out, body_offset, known_offset)
         if throttle <= 0:
-            return ResponseVerdict(frame=out) if out is not frame else None
-        self._throttled(client, exchange, throttle)
+            turn_ms = self._turn_without_throttle(client, exchange)
+            return ResponseVerdict(frame=out, mute_ms=turn_ms) if out is not frame or turn_ms else None
+        mute_ms = self._mute_for(client, exchange, throttle)
         # ThrottleTimeMs carries the larger of the broker's and the proxy's throttle: the
         # client waits once, for the longer; the mute applies the proxy's own in any case.
         if broker_throttle is not None and throttle > broker_throttle:
@@ -387,7 +433,7 @@ class QuotaEnforcement(TrafficHooks):
             else:
                 patch_throttle_time(patched, body_offset, api_key, header.api_version, throttle)
             out = patched
-        return ResponseVerdict(frame=out, mute_ms=throttle)
+        return ResponseVerdict(frame=out, mute_ms=mute_ms)
 
     def response_started(
         self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
@@ -401,12 +447,13 @@ class QuotaEnforcement(TrafficHooks):
         exchange.proxy_throttle_ms = throttle
         broker_throttle = self._broker_throttle(exchange, head, body_offset)
         if throttle <= 0:
-            return None
-        self._throttled(client, exchange, throttle)
+            turn_ms = self._turn_without_throttle(client, exchange)
+            return ResponseVerdict(mute_ms=turn_ms) if turn_ms else None
+        mute_ms = self._mute_for(client, exchange, throttle)
         if broker_throttle is not None and throttle > broker_throttle:
             header = exchange.header
             patch_throttle_time(head, body_offset, header.api_key, header.api_version, throttle)
-        return ResponseVerdict(mute_ms=throttle)
+        return ResponseVerdict(mute_ms=mute_ms)
 
     def _charge_response(self, client: ClientView, exchange: Exchange, body_size: int) -> int:
         """Charge what a response costs (bytes, request time) and return its throttle (ms)."""
@@ -421,6 +468,13 @@ class QuotaEnforcement(TrafficHooks):
         now = self._now_ms()
         self._engine_calls += 1
         trace.response_seq, trace.response_now_ms, trace.response = self._engine_calls, now, charges
+        budget = self._turn_budget(client, exchange)
+        if budget is not None:
+            amount = exchange.request_bytes - 4 if exchange.header.api_key == ApiKey.PRODUCE else body_size
+            quota_type: QuotaType = "producer_byte_rate" if budget[3] == ApiKey.PRODUCE else "consumer_byte_rate"
+            limit = self.engine.quota(quota_type, budget[1], budget[2])
+            self._turns.charged(budget, client.connection_id, amount, now, limit)
+            self._controls[client.connection_id] = client.control
         return charge_response(self.engine, self._client(client, exchange), charges, now)
 
     @staticmethod

@@ -8,6 +8,7 @@ for its response, then the next.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -65,3 +66,29 @@ async def test_pipelined_requests_are_forwarded_together_normally(slow_broker: F
 async def test_a_throttled_client_gets_one_request_forwarded_at_a_time(slow_broker: FakeBroker) -> None:
     events = await pipelined_events(slow_broker, one_at_a_time=True)
     assert events == ["request 1", "response 1", "request 2", "response 2", "request 3", "response 3"]
+
+
+async def test_a_throttled_client_is_not_read_while_its_request_is_with_the_broker() -> None:
+    # librdkafka writes requests as long as its socket takes them: were the proxy to read on
+    # while it forwards one at a time, a throttled client's whole backlog would move into the
+    # proxy's memory (50 MB per producer, measured) instead of waiting in the client, as it
+    # does behind a broker's muted channel.
+    broker = FakeBroker(handlers={HEARTBEAT_KEY: answer_heartbeat}, delay_s=0.3)
+    await broker.start()
+    log = EventLog(one_at_a_time=True)
+    proxy = await start_proxy(broker, log)
+    client = await RawClient.connect(proxy.bootstrap_port)
+    client.send(heartbeat_request(1))
+    await asyncio.sleep(0.1)  # request 1 is with the broker now
+    for correlation_id in range(2, 6):
+        client.send(heartbeat_request(correlation_id))
+    await asyncio.sleep(0.1)
+    (connection,) = proxy.connections
+    assert connection.client_reads_paused
+    assert connection.session.requests_queued == 0, "requests were read while one was in handling"
+    answered = [response_correlation_id(await client.receive()) for _ in range(5)]
+    assert answered == [1, 2, 3, 4, 5]
+    assert not connection.client_reads_paused  # read again once the last response has gone
+    client.close()
+    await proxy.stop()
+    await broker.stop()

@@ -1,0 +1,105 @@
+"""Several librdkafka producers of one client-id, each pacing an offer, as a service scaled out.
+
+Used by the integration test of a client-id spread over many connections and by
+bench/scaled_out_client.py, so both measure the same way: what each producer had
+acknowledged, second by second, counted from its delivery reports; what is still queued at
+the end is purged, not counted. librdkafka's request time-outs (a request in flight longer
+than `request.timeout.ms`, after which it tears the connection down and retries) do not
+surface as delivery errors with its default retries, so they are read from its statistics
+(`req_timeouts` of every broker handle), with its connects for the reconnects they cause.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import Producer
+
+RECORD_SIZE = 1024
+# Tens of MB, as an application keeps (librdkafka's default is 1 GB or 100 000 records):
+# the offer waits when it is full, as an application's would, and is never dropped.
+QUEUE_KBYTES = 64 * 1024
+
+
+@dataclass
+class ProducerTally:
+    """What one producer got: acknowledged bytes by second since the common start."""
+
+    per_second: list[int]
+    request_timeouts: int = 0
+    connects: int = 0
+    delivery_errors: int = 0
+    error_names: dict[str, int] = field(default_factory=dict)
+
+    def rate(self, first: int, last: int) -> float:
+        """Bytes/s acknowledged in seconds [first, last)."""
+        return sum(self.per_second[first:last]) / (last - first)
+
+
+def _broker_counters(stats_json: str) -> tuple[int, int]:
+    """(request time-outs, connects) summed over the producer's broker handles."""
+    stats = json.loads(stats_json)
+    timeouts = connects = 0
+    for broker in stats.get("brokers", {}).values():
+        timeouts += int(broker.get("req_timeouts", 0))
+        connects += int(broker.get("connects", 0))
+    return timeouts, connects
+
+
+def _produce_paced(bootstrap: str, topic: str, client_id: str, offered: float, seconds: float, start: float,
+                   tally: ProducerTally, config: dict[str, object]) -> None:
+    lock = threading.Lock()
+
+    def on_stats(stats_json: str) -> None:
+        timeouts, connects = _broker_counters(stats_json)
+        with lock:
+            tally.request_timeouts, tally.connects = timeouts, connects
+
+    def on_delivery(error: object, _message: object) -> None:
+        second = int(time.monotonic() - start)
+        if error is not None:
+            tally.delivery_errors += 1
+            name = str(getattr(error, "name", lambda: error)())
+            tally.error_names[name] = tally.error_names.get(name, 0) + 1
+        elif second < len(tally.per_second):
+            tally.per_second[second] += RECORD_SIZE
+
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "linger.ms": 5, "acks": "all",
+                         "queue.buffering.max.kbytes": QUEUE_KBYTES, "statistics.interval.ms": 1000,
+                         "stats_cb": on_stats, **config})
+    payload = b"x" * RECORD_SIZE
+    sent = 0
+    began = time.monotonic()
+    while (now := time.monotonic()) < start + seconds:
+        due = int(offered * (now - began)) - sent
+        while due >= RECORD_SIZE:
+            try:
+                producer.produce(topic, payload, on_delivery=on_delivery)
+            except BufferError:
+                break  # the queue is full: the offer waits, as an application's would
+            sent += RECORD_SIZE
+            due -= RECORD_SIZE
+        producer.poll(0.005)
+    producer.poll(0)  # the last delivery reports of the measured seconds
+    producer.purge()  # the backlog is not part of the measurement
+    producer.flush(30)
+
+
+def offer_from_many(bootstrap: str, topic: str, client_id: str, producers: int, offered_each: float,
+                    seconds: float, config: dict[str, object] | None = None) -> list[ProducerTally]:
+    """`producers` librdkafka producers with one client-id, each offering `offered_each`
+    bytes/s for `seconds`, started together; one tally per producer."""
+    start = time.monotonic()
+    tallies = [ProducerTally([0] * int(seconds)) for _ in range(producers)]
+    threads = [threading.Thread(target=_produce_paced, name=f"producer-{index}", daemon=True,
+                                args=(bootstrap, topic, client_id, offered_each, seconds, start, tally,
+                                      config or {}))
+               for index, tally in enumerate(tallies)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 90)
+    return tallies
