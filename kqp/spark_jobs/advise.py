@@ -208,9 +208,15 @@ def limits_of(capacity_file: cap.CapacityFile, brokers: Sequence[int], options: 
 
 
 def build_problem(
-    series: Series, limits: Mapping[Resource, float], options: AdviseOptions, window_seconds: int
+    series: Series, limits: Mapping[Resource, float], options: AdviseOptions, windows: Mapping[str, int]
 ) -> Problem:
     """The water-filling problem: quotable flows, and everything else as background."""
+    window_seconds = windows["window_num"] * windows["window_size_seconds"]
+    # Kafka's Rate divides the retained samples by at least (window_num - 1) windows, and the
+    # current sample has barely begun just after a window boundary: the rate it measures can be
+    # the mean of the last (num - 1) windows alone. Compared with that, a quota is never
+    # exceeded where the model says so (the whole window's mean is lower, never higher).
+    measured_seconds = max(windows["window_num"] - 1, 1) * windows["window_size_seconds"]
     # Background: what the broker carried beyond the Produce/Fetch bytes a byte-rate quota charges
     # (other APIs, headers, ...). It is not quotable, so it is carried through every trial unchanged.
     background = {}
@@ -243,8 +249,11 @@ def build_problem(
         scope=options.scope,
         stat=options.headroom_stat,
         floor=options.floor,
-        # The quota window in buckets: a 11 s window at 1 s buckets averages 11 buckets, at 10 s buckets 1.
-        window_buckets=max(1, round(window_seconds / series.unit)),
+        # The measured window in buckets: 11 x 1 s windows at 1 s buckets average 10 buckets, at 10 s 1.
+        window_buckets=max(1, round(measured_seconds / series.unit)),
+        # At buckets shorter than the quota window a throttled client bursts above its quota
+        # (up to the window's allowance in one bucket); advice_math plans for that burst.
+        burst_factor=max(1.0, window_seconds / series.unit),
     )
 
 
@@ -503,7 +512,7 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
 
     limits = limits_of(capacity_file, series.brokers, options)
     windows = _windows(current, options)
-    problem = build_problem(series, limits, options, windows["window_num"] * windows["window_size_seconds"])
+    problem = build_problem(series, limits, options, windows)
     before = _before_series(series, problem)
     out = Path(options.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -535,7 +544,10 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         if not options.verify or advice.unmet:
             verification = None
             break
-        verification = verify(spark, raw, settings, series, options, before, problem.window_buckets)
+        # The replay's sensors start empty: its first quota window is warm-up (a bucket longer than
+        # the window is kept, or a short capture judged at 1 min would be judged on its spill alone).
+        warm_up = windows["window_num"] * windows["window_size_seconds"] // series.unit
+        verification = verify(spark, raw, settings, series, options, before, warm_up)
         over = {res: load for res, load in verification.loads.items() if load > limits[res] * (1 + 1e-9)}
         rounds.append(
             {
