@@ -522,6 +522,9 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         f"NW_OUT {options.nw_out_threshold}), judged at the {options.headroom_stat} of "
         f"{options.headroom_resolution} buckets, replication factor {options.replication_factor} (modelled), "
         f"entities by {options.entity}, floor {options.floor:,.0f} B/s.",
+        f"Throttled clients planned at up to {problem.burst_factor:g} x their quota within one bucket: Kafka "
+        f"throttles over the {windows['window_num']} x {windows['window_size_seconds']} s window, so a throttled "
+        "client still bursts (docs/replay.md, advise).",
         "Check it with `kqp check-config`; load it with `kqp serve --config` (live reload picks up a change).",
     ]
     quotas_path = out / "quotas.yaml"
@@ -594,6 +597,7 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         tables["diff"] = _diff(series.pairs, current, settings)
     summary = _summary(options, series, advice, entries, tables, violations, verification is not None)
     summary["rounds"] = rounds
+    summary["burst_factor"] = problem.burst_factor
     progress.step("tables and summary")
     return AdviseResult(
         summary=summary,
