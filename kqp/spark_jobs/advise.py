@@ -4,7 +4,7 @@ Run locally::
 
     kqp replay advise CAPTURE_DIR --capacity capacity.json --output OUT \
         [--current quotas.yaml] [--weight ENTITY=W] [--protect ENTITY] [--floor BYTES_PER_S] \
-        [--entity client-id|user|user,client-id] [--scope broker|cluster]
+        [--entity client-id|user|user,client-id] [--scope broker|cluster] [--burst-factor X]
 
 On a cluster::
 
@@ -102,6 +102,9 @@ class AdviseOptions:
     rounds: int = 3
     window_num: int | None = None
     window_size_seconds: int | None = None
+    # None: the quota window over the bucket (docs/replay.md, advise); 1 plans throttled clients at
+    # their quota, as if they never burst within a bucket.
+    burst_factor: float | None = None
     top_n: int = 20
 
 
@@ -253,7 +256,9 @@ def build_problem(
         window_buckets=max(1, round(measured_seconds / series.unit)),
         # At buckets shorter than the quota window a throttled client bursts above its quota
         # (up to the window's allowance in one bucket); advice_math plans for that burst.
-        burst_factor=max(1.0, window_seconds / series.unit),
+        burst_factor=max(
+            1.0, options.burst_factor if options.burst_factor is not None else window_seconds / series.unit
+        ),
     )
 
 
@@ -315,9 +320,7 @@ def render_quotas_yaml(
         if DEFAULT_ENTITY in (entry.entity.user, entry.entity.client_id):
             for quota_type, value in entry.limits.items():
                 covered = [
-                    f
-                    for f in flows
-                    if f.quota_type == quota_type and f.entity not in explicit and f.quota is not None
+                    f for f in flows if f.quota_type == quota_type and f.entity not in explicit and f.quota is not None
                 ]
                 below = [
                     f for f in flows if f.quota_type == quota_type and f.entity not in explicit and f.quota is None
@@ -869,8 +872,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--protect", action="append", default=[], metavar="ENTITY", help="never limit this entity")
     parser.add_argument("--floor", type=float, default=0.0, metavar="BYTES_PER_S", help="never limit below this")
     parser.add_argument(
-        "--entity", choices=GRANULARITIES, default="client-id", help="quota entities: ENTITY names are CLIENT-ID, "
-        "USER or USER/CLIENT-ID"
+        "--entity",
+        choices=GRANULARITIES,
+        default="client-id",
+        help="quota entities: ENTITY names are CLIENT-ID, USER or USER/CLIENT-ID",
     )
     parser.add_argument("--scope", choices=("broker", "cluster"), default="broker")
     parser.add_argument("--replication-factor", type=int, default=3)
@@ -883,6 +888,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--window-size-seconds", type=int, help="quota.window.size.seconds (default: --current's, else 1)"
+    )
+    parser.add_argument(
+        "--burst-factor",
+        type=float,
+        help="how far above its quota a throttled client may go within one bucket "
+        "(default: quota window / bucket, e.g. 11 for 11 x 1 s at 1 s; 1 ignores the burst)",
     )
     parser.add_argument("--no-verify", action="store_true", help="skip the replay of the advice")
     parser.add_argument(
@@ -915,6 +926,7 @@ def options_from_args(args: argparse.Namespace) -> AdviseOptions:
         rounds=max(1, args.rounds),
         window_num=args.window_num,
         window_size_seconds=args.window_size_seconds,
+        burst_factor=args.burst_factor,
         top_n=args.top_n,
     )
 
