@@ -216,9 +216,9 @@ def build_problem(
     """The water-filling problem: quotable flows, and everything else as background."""
     window_seconds = windows["window_num"] * windows["window_size_seconds"]
     # Kafka's Rate divides the retained samples by at least (window_num - 1) windows, and the
-    # current sample has barely begun just after a window boundary: the rate it measures can be
-    # the mean of the last (num - 1) windows alone. Compared with that, a quota is never
-    # exceeded where the model says so (the whole window's mean is lower, never higher).
+    # current sample has barely begun just after a window boundary: there the rate it measures
+    # is the mean of the last (num - 1) windows alone, once every window. The model compares
+    # quotas with that mean, so a client Kafka would throttle at a boundary is seen as throttled.
     measured_seconds = max(windows["window_num"] - 1, 1) * windows["window_size_seconds"]
     # Background: what the broker carried beyond the Produce/Fetch bytes a byte-rate quota charges
     # (other APIs, headers, ...). It is not quotable, so it is carried through every trial unchanged.
