@@ -145,6 +145,12 @@ class Problem:
         floor: no quota below this many bytes/s.
         window_buckets: the quota window (Kafka's quota.window.num x quota.window.size.seconds)
             in buckets: the rate a quota is compared with is the mean over that many buckets.
+        burst_factor: how far above its quota a throttled flow can go within one bucket. Kafka
+            throttles after the fact, over the whole window: a client held back sends again once
+            the window's mean has fallen to the quota, and can then put up to the window's
+            allowance (quota x window) into one bucket before it is held back again. With
+            buckets shorter than the window that is quota x window / bucket (advise sets it to
+            max(1, window seconds / bucket seconds)); 1 keeps a throttled bucket at the quota.
     """
 
     brokers: tuple[int, ...]
@@ -156,6 +162,7 @@ class Problem:
     stat: str = "p99"
     floor: float = 0.0
     window_buckets: int = 1
+    burst_factor: float = 1.0
 
     @property
     # Every series in a Problem has the same length; the background is there even without flows.
@@ -248,6 +255,10 @@ class _Model:
         self.peaks = (
             self.rate.reshape(len(problem.flows), -1).max(axis=1) if buckets else np.zeros(len(problem.flows))
         )
+        # cut_below[f]: the quota under which flow f loses bytes in some bucket (its peak, or its
+        # peak / burst_factor where a throttled bucket keeps a burst above the quota). A quota at or
+        # above it changes nothing in any bucket, so the flow is left unlimited rather than given it.
+        self.cut_below = self.peaks / max(1.0, problem.burst_factor)
         self.followers, self.spread = replication_shares(problem.replication_factor, brokers)
         self.resources: list[Resource] = [(b, r) for b in problem.brokers for r in (NW_IN, NW_OUT)]
         zero = np.zeros(buckets)
@@ -259,11 +270,15 @@ class _Model:
 
         A bucket whose measured rate is above the quota is scaled down to the quota's share of
         it: the client is throttled in proportion, and its bursts inside the window (which
-        Kafka's windowed rate lets through) keep their shape.
+        Kafka's windowed rate lets through) keep their shape. A throttled bucket keeps up to
+        burst_factor x the quota (Problem.burst_factor): the burst a throttled client still
+        sends at this resolution, counted in every throttled bucket, as if the throttled
+        clients' bursts all fell into the same buckets.
         """
         limit = quotas[:, None, None] if self.rate.ndim == 3 else quotas[:, None]
+        burst = max(1.0, self.problem.burst_factor)
         with np.errstate(divide="ignore", invalid="ignore"):
-            scale = np.where(self.rate > limit, limit / self.rate, 1.0)
+            scale = np.where(self.rate > limit, np.minimum(burst * limit / self.rate, 1.0), 1.0)
         if scale.ndim == 2:
             scale = scale[:, None, :]
         passed: np.ndarray = self.demand * scale
@@ -351,7 +366,7 @@ def water_fill(problem: Problem) -> Advice:
         free = ~fixed
         # The level at which every free flow's quota reaches its peak and stops throttling: nothing
         # above it changes the loads, so it is the upper end of the search.
-        top = float((model.peaks[free] / model.weights[free]).max())
+        top = float((model.cut_below[free] / model.weights[free]).max())
         if not model.over(at_level(top)):
             break  # every remaining flow fits with its whole demand: unlimited
         # Bisect for the highest level at which no resource is over: `low` always fits, `high` is over.
@@ -371,7 +386,7 @@ def water_fill(problem: Problem) -> Advice:
         newly_fixed = False
         for res in model.over(at_level(high)):
             column = model.resources.index(res)
-            for index in np.flatnonzero(free & model.touches[:, column] & (level_quotas < model.peaks)):
+            for index in np.flatnonzero(free & model.touches[:, column] & (level_quotas < model.cut_below)):
                 if fixed[index]:
                     continue
                 fixed[index] = True
@@ -380,7 +395,7 @@ def water_fill(problem: Problem) -> Advice:
                 fair[index] = float(model.weights[index] * low)
                 newly_fixed = True
         if not newly_fixed:  # only rounding left between the bounds: fix what is still limited
-            for index in np.flatnonzero(free & (level_quotas < model.peaks)):
+            for index in np.flatnonzero(free & (level_quotas < model.cut_below)):
                 fixed[index] = True
                 quotas[index] = level_quotas[index]
                 fair[index] = float(model.weights[index] * low)
@@ -454,6 +469,7 @@ def _advice(
     ]
     advice = []
     floor = max(problem.floor, 0.0)
+    highest_share = max((share for share in fair if share is not None), default=math.inf)
     for index, flow in enumerate(problem.flows):
         limited = math.isfinite(whole[index])
         peak = float(model.peaks[index])
@@ -461,6 +477,10 @@ def _advice(
             reason = "protected"
         elif peak <= floor:
             reason = "under its floor"
+        elif not limited and peak > highest_share:
+            # Above the fair share, but never more than a throttled flow's burst at this resolution
+            # (Problem.burst_factor): a quota would throttle it without lowering any bucket.
+            reason = "within the burst a quota at its fair share lets through"
         elif not limited:
             reason = "under its fair share"
         elif (bound := binding[index]) is not None and (share := fair[index]) is not None and share < floor:

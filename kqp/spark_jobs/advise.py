@@ -4,7 +4,7 @@ Run locally::
 
     kqp replay advise CAPTURE_DIR --capacity capacity.json --output OUT \
         [--current quotas.yaml] [--weight ENTITY=W] [--protect ENTITY] [--floor BYTES_PER_S] \
-        [--entity client-id|user|user,client-id] [--scope broker|cluster]
+        [--entity client-id|user|user,client-id] [--scope broker|cluster] [--burst-factor X]
 
 On a cluster::
 
@@ -102,6 +102,9 @@ class AdviseOptions:
     rounds: int = 3
     window_num: int | None = None
     window_size_seconds: int | None = None
+    # None: the quota window over the bucket (docs/replay.md, advise); 1 plans throttled clients at
+    # their quota, as if they never burst within a bucket.
+    burst_factor: float | None = None
     top_n: int = 20
 
 
@@ -208,9 +211,15 @@ def limits_of(capacity_file: cap.CapacityFile, brokers: Sequence[int], options: 
 
 
 def build_problem(
-    series: Series, limits: Mapping[Resource, float], options: AdviseOptions, window_seconds: int
+    series: Series, limits: Mapping[Resource, float], options: AdviseOptions, windows: Mapping[str, int]
 ) -> Problem:
     """The water-filling problem: quotable flows, and everything else as background."""
+    window_seconds = windows["window_num"] * windows["window_size_seconds"]
+    # Kafka's Rate divides the retained samples by at least (window_num - 1) windows, and the
+    # current sample has barely begun just after a window boundary: there the rate it measures
+    # is the mean of the last (num - 1) windows alone, once every window. The model compares
+    # quotas with that mean, so a client Kafka would throttle at a boundary is seen as throttled.
+    measured_seconds = max(windows["window_num"] - 1, 1) * windows["window_size_seconds"]
     # Background: what the broker carried beyond the Produce/Fetch bytes a byte-rate quota charges
     # (other APIs, headers, ...). It is not quotable, so it is carried through every trial unchanged.
     background = {}
@@ -243,8 +252,13 @@ def build_problem(
         scope=options.scope,
         stat=options.headroom_stat,
         floor=options.floor,
-        # The quota window in buckets: a 11 s window at 1 s buckets averages 11 buckets, at 10 s buckets 1.
-        window_buckets=max(1, round(window_seconds / series.unit)),
+        # The measured window in buckets: 11 x 1 s windows at 1 s buckets average 10 buckets, at 10 s 1.
+        window_buckets=max(1, round(measured_seconds / series.unit)),
+        # At buckets shorter than the quota window a throttled client bursts above its quota
+        # (up to the window's allowance in one bucket); advice_math plans for that burst.
+        burst_factor=max(
+            1.0, options.burst_factor if options.burst_factor is not None else window_seconds / series.unit
+        ),
     )
 
 
@@ -306,9 +320,7 @@ def render_quotas_yaml(
         if DEFAULT_ENTITY in (entry.entity.user, entry.entity.client_id):
             for quota_type, value in entry.limits.items():
                 covered = [
-                    f
-                    for f in flows
-                    if f.quota_type == quota_type and f.entity not in explicit and f.quota is not None
+                    f for f in flows if f.quota_type == quota_type and f.entity not in explicit and f.quota is not None
                 ]
                 below = [
                     f for f in flows if f.quota_type == quota_type and f.entity not in explicit and f.quota is None
@@ -503,7 +515,7 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
 
     limits = limits_of(capacity_file, series.brokers, options)
     windows = _windows(current, options)
-    problem = build_problem(series, limits, options, windows["window_num"] * windows["window_size_seconds"])
+    problem = build_problem(series, limits, options, windows)
     before = _before_series(series, problem)
     out = Path(options.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -513,6 +525,9 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         f"NW_OUT {options.nw_out_threshold}), judged at the {options.headroom_stat} of "
         f"{options.headroom_resolution} buckets, replication factor {options.replication_factor} (modelled), "
         f"entities by {options.entity}, floor {options.floor:,.0f} B/s.",
+        f"Throttled clients planned at up to {problem.burst_factor:g} x their quota within one bucket: Kafka "
+        f"throttles over the {windows['window_num']} x {windows['window_size_seconds']} s window, so a throttled "
+        "client still bursts (docs/replay.md, advise).",
         "Check it with `kqp check-config`; load it with `kqp serve --config` (live reload picks up a change).",
     ]
     quotas_path = out / "quotas.yaml"
@@ -535,7 +550,10 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         if not options.verify or advice.unmet:
             verification = None
             break
-        verification = verify(spark, raw, settings, series, options, before, problem.window_buckets)
+        # The replay's sensors start empty: its first quota window is warm-up (a bucket longer than
+        # the window is kept, or a short capture judged at 1 min would be judged on its spill alone).
+        warm_up = windows["window_num"] * windows["window_size_seconds"] // series.unit
+        verification = verify(spark, raw, settings, series, options, before, warm_up)
         over = {res: load for res, load in verification.loads.items() if load > limits[res] * (1 + 1e-9)}
         rounds.append(
             {
@@ -582,6 +600,7 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         tables["diff"] = _diff(series.pairs, current, settings)
     summary = _summary(options, series, advice, entries, tables, violations, verification is not None)
     summary["rounds"] = rounds
+    summary["burst_factor"] = problem.burst_factor
     progress.step("tables and summary")
     return AdviseResult(
         summary=summary,
@@ -853,8 +872,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--protect", action="append", default=[], metavar="ENTITY", help="never limit this entity")
     parser.add_argument("--floor", type=float, default=0.0, metavar="BYTES_PER_S", help="never limit below this")
     parser.add_argument(
-        "--entity", choices=GRANULARITIES, default="client-id", help="quota entities: ENTITY names are CLIENT-ID, "
-        "USER or USER/CLIENT-ID"
+        "--entity",
+        choices=GRANULARITIES,
+        default="client-id",
+        help="quota entities: ENTITY names are CLIENT-ID, USER or USER/CLIENT-ID",
     )
     parser.add_argument("--scope", choices=("broker", "cluster"), default="broker")
     parser.add_argument("--replication-factor", type=int, default=3)
@@ -867,6 +888,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--window-size-seconds", type=int, help="quota.window.size.seconds (default: --current's, else 1)"
+    )
+    parser.add_argument(
+        "--burst-factor",
+        type=float,
+        help="how far above its quota a throttled client may go within one bucket "
+        "(default: quota window / bucket, e.g. 11 for 11 x 1 s at 1 s; 1 ignores the burst)",
     )
     parser.add_argument("--no-verify", action="store_true", help="skip the replay of the advice")
     parser.add_argument(
@@ -899,6 +926,7 @@ def options_from_args(args: argparse.Namespace) -> AdviseOptions:
         rounds=max(1, args.rounds),
         window_num=args.window_num,
         window_size_seconds=args.window_size_seconds,
+        burst_factor=args.burst_factor,
         top_n=args.top_n,
     )
 

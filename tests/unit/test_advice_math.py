@@ -131,6 +131,30 @@ def test_a_quota_sees_the_rate_over_its_window_and_lets_shorter_bursts_through()
     }
 
 
+def test_a_throttled_flow_is_planned_at_its_burst_above_the_quota() -> None:
+    # Burst factor 2 (a 2 s window judged at 1 s): a throttled bucket keeps min(demand, 2q).
+    # Quiet a at 15 stays under the level; b and c at 800 each: 15 + 2 x 2q = 115 at the
+    # limit -> q = 25, half of what the plain model gives (15 + 2q = 115 -> q = 50).
+    flows = [flow("a", 15), flow("b", 800), flow("c", 800)]
+    advice = water_fill(one_broker(flows, nw_in=115.0, burst_factor=2.0))
+    assert quotas(advice) == {("a", PRODUCE): None, ("b", PRODUCE): 25, ("c", PRODUCE): 25}
+    (load,) = [row for row in advice.loads if row.resource == NW_IN]
+    assert load.after == pytest.approx(115)
+    assert quotas(water_fill(one_broker(flows, nw_in=115.0)))[("b", PRODUCE)] == 50
+    # A flow under burst_factor x its quota is not cut in a bucket: with a limit of 1,015 the
+    # quota must come down to (1,015 - 15) / 4 = 250, not to the plain (1,015 - 15) / 2 = 500.
+    assert quotas(water_fill(one_broker(flows, nw_in=1_015.0, burst_factor=2.0)))[("b", PRODUCE)] == 250
+
+
+def test_a_flow_within_the_burst_of_the_fair_share_is_left_alone() -> None:
+    # a at 35 is over the level, but never over 2 x its quota: at L >= 17.5 it passes whole,
+    # limited or not. 35 + 2 x 2L = 115 -> L = 20 >= 17.5, so a quota would throttle a without
+    # lowering any bucket: a stays unlimited, and says why.
+    advice = water_fill(one_broker([flow("a", 35), flow("b", 800), flow("c", 800)], nw_in=115.0, burst_factor=2.0))
+    assert quotas(advice) == {("a", PRODUCE): None, ("b", PRODUCE): 20, ("c", PRODUCE): 20}
+    assert advice.flows[0].reason == "within the burst a quota at its fair share lets through"
+
+
 def test_p99_is_judged_like_analyze_with_linear_interpolation() -> None:
     # 101 buckets of 10 and one of 1000 for a single flow: p99 of min(d, q) is the 100th
     # value of the sorted 101 (rank 99 exactly) = 10 while q >= 10, so nothing is limited
