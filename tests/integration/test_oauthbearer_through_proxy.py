@@ -32,6 +32,7 @@ pytestmark = pytest.mark.integration
 QUOTA = 256 * 1024  # alice's producer_byte_rate, bytes/s
 WINDOW_NUM = 5
 MEASURED_S = 20  # Java: ProducerPerformance's 5 s reports after its 10 s warm-up
+LIBRDKAFKA_TOLERANCE = 0.20  # see the check: a few 1 MB requests per measured span
 LIBRDKAFKA_S = 40  # librdkafka: whole throttle cycles within this run ...
 WARMUP_S = 10.0  # ... after the burst a fresh client may send
 BOB_RATE = 4 * QUOTA  # what bob offers: well above alice's quota, little CPU on a shared machine
@@ -107,6 +108,14 @@ def whole_cycles_rate(deliveries: list[tuple[float, int]], warmup_s: float, end_
     return acked / (last - first), (first, last)
 
 
+def _per_second(deliveries: list[tuple[float, int]], seconds: int) -> list[int]:
+    """Bytes acknowledged in each second of the run (for a failure's message)."""
+    totals = [0] * (seconds + 1)
+    for at, size in deliveries:
+        totals[min(int(at), seconds)] += size
+    return totals
+
+
 def _samples(metrics: str, name: str, *labels: str) -> list[float]:
     """Values of the `name` series whose labels include every one of `labels`."""
     return [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
@@ -174,7 +183,15 @@ def test_oauthbearer_users_get_their_own_quotas_and_no_token_is_kept(
     bob_rate = bob_acked / (LIBRDKAFKA_S - WARMUP_S)
     print(f"librdkafka through the proxy: alice {alice_rate / QUOTA:.3f} x her quota over "
           f"{span[0]:.1f}-{span[1]:.1f} s, bob {bob_rate / QUOTA:.3f} x")
-    assert abs(alice_rate - QUOTA) <= TOLERANCE * QUOTA, f"alice's librdkafka producer: {alice_rate:.0f} B/s"
+    # This test is about who alice is (her OAUTHBEARER principal gets her quota, bob's gets
+    # none), not about accuracy, which test_quota_enforcement measures beside Kafka's broker.
+    # librdkafka sends alice's backlog as 1 MB requests, four seconds of her quota each, one
+    # per throttle cycle; the cycles last 3 or 4 s as the quota windows expire in whole
+    # seconds (Kafka's arithmetic), so 25 s of whole cycles read 0.99x or 1.13-1.14x by phase
+    # (both seen on a quiet machine). Unheld, she would send several times her quota.
+    assert abs(alice_rate - QUOTA) <= LIBRDKAFKA_TOLERANCE * QUOTA, \
+        f"alice's librdkafka producer: {alice_rate:.0f} B/s over {span}; acknowledged per second: " \
+        f"{_per_second(deliveries['alice'], LIBRDKAFKA_S)}"
     assert bob_rate >= 0.9 * BOB_RATE, f"bob's librdkafka producer was held to {bob_rate:.0f} B/s"
 
     # The proxy's quota sensor for user alice is bound to her quota. (Not the throttle counters:
