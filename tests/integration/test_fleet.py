@@ -102,8 +102,8 @@ def test_three_instances_hold_three_producers_to_one_quota(
     """Acceptance 2 of issue 25: with `fleet.count_other_instances` the fleet holds the three
     producers to the quota (5% in the bench's runs, 10% here: see SHAPE_TOLERANCE). With the
     default (Kafka's arithmetic on the fleet's sensor) the same shape got 1.03x to 1.16x in
-    our runs, and Kafka's own broker 1.09x to 1.12x for the same producers (docs/quotas.md); bench/fleet_reference.py measures those
-    figures, not this test, to keep the suite short."""
+    our runs, and Kafka's own broker 1.09x to 1.12x for the same producers (docs/quotas.md);
+    bench/fleet_reference.py measures those figures, not this test, to keep the suite short."""
     proxies = [ProxyProcess(kafka_3nodes.bootstrap, tmp_path / f"fleet-{index}.log",
                             config=fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, quota=SHAPE_QUOTA,
                                                 count_other_instances=True)).start()
