@@ -244,17 +244,23 @@ class QuotaManagers:
             return 0
         t = int(now_ms)
         sensor = manager.client_sensor(broker, user, client_id, t)
-        elsewhere = self.sharing.pending_elsewhere(sensor, nbytes, t)
-        if elsewhere is None:
-            throttle = manager.record(sensor, nbytes, t)
-        else:
-            sensor.record(nbytes, t)
-            throttle = java_int(sensor.rate.throttle_with(elsewhere, t))
+        throttle = self._record_bytes(manager, sensor, nbytes, t)
         if self.sharing.records_usage:
             self.sharing.recorded("producer_byte_rate", sensor, nbytes)
         if throttle <= 0:
             return 0
         return self._throttled("producer_byte_rate", sensor, throttle)
+
+    def _record_bytes(
+        self, manager: ClientQuotaManager[RateSensor], sensor: RateSensor, nbytes: int, t: int
+    ) -> int:
+        """Record a byte-rate charge and return its throttle: Kafka's (the manager's) alone, or,
+        when the fleet shares the budget, computed with what other instances may admit meanwhile."""
+        elsewhere = self.sharing.pending_elsewhere(sensor, nbytes, t)
+        if elsewhere is None:
+            return manager.record(sensor, nbytes, t)
+        sensor.record(nbytes, t)
+        return java_int(sensor.rate.throttle_with(elsewhere, t))
 
     def record_fetch(
         self,
@@ -281,12 +287,7 @@ class QuotaManagers:
             return 0
         t = int(now_ms)
         sensor = manager.client_sensor(broker, user, client_id, t)
-        elsewhere = self.sharing.pending_elsewhere(sensor, nbytes, t)
-        if elsewhere is None:
-            throttle = manager.record(sensor, nbytes, t)
-        else:
-            sensor.record(nbytes, t)
-            throttle = java_int(sensor.rate.throttle_with(elsewhere, t))
+        throttle = self._record_bytes(manager, sensor, nbytes, t)
         if throttle <= 0 and request_throttle_ms <= 0:
             if self.sharing.records_usage:
                 self.sharing.recorded("consumer_byte_rate", sensor, nbytes)
