@@ -37,7 +37,7 @@ from typing import Protocol
 from kqp.config.models import EnforcementSection
 from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.errors import ProtocolError
-from kqp.protocol.fast_path import parse_fetch_request, parse_share_fetch_request, patch_fetch_max_bytes
+from kqp.protocol.fast_path import patch_fetch_max_bytes
 from kqp.protocol.headers import encode_response_header
 from kqp.protocol.mutations import (
     MUTATION_APIS,
@@ -65,6 +65,7 @@ from kqp.proxy.hooks import (
     RequestVerdict,
     ResponseVerdict,
     TrafficHooks,
+    read_fetch_request,
 )
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine, QuotaType
@@ -117,8 +118,8 @@ class QuotaEnforcement(TrafficHooks):
         self._engine_calls = 0
         # (principal, client-id) -> its open connections, kept only while some quota has
         # `scope: cluster`: a throttle on that one budget holds every connection, as one broker.
+        # Each connection keeps the keys it registered in its own state (ClientView.state).
         self._connections_of: dict[tuple[str, str], dict[int, ConnectionControl]] = {}
-        self._clients_on: dict[int, set[tuple[str, str]]] = {}
         self._scope_checked_for: object = None
         self._cluster_scope = False
         # Set when the proxy is one of a fleet: mutations wait for the fleet's order.
@@ -127,6 +128,13 @@ class QuotaEnforcement(TrafficHooks):
         # together until its latest throttle ends (kqp.quotas.turns).
         self._turns = ConnectionTurns(ONE_AT_A_TIME_AFTER_THROTTLE_S * 1000.0)
         self._controls: dict[int, ConnectionControl] = {}
+        # The request verdict of each API that has one; every other API gets none.
+        self._request_verdicts: dict[int, Callable[[ClientView, Exchange, bytes], RequestVerdict | None]] = {
+            ApiKey.PRODUCE: self._produce_request,
+            ApiKey.FETCH: self._cap_fetch,
+            ApiKey.SHARE_FETCH: self._cap_fetch,
+            **{api_key: self._mutations for api_key in MUTATION_APIS},
+        }
 
     @staticmethod
     def _key(client: ClientView, exchange: Exchange) -> tuple[str, str]:
@@ -194,10 +202,15 @@ class QuotaEnforcement(TrafficHooks):
     @staticmethod
     def _client(client: ClientView, exchange: Exchange) -> QuotaClient:
         # The broker label names the budget: per broker, as each Kafka broker enforces its
-        # quota on the traffic it sees, or one for the cluster (`scope: cluster`).
-        return QuotaClient(
-            broker_label(client.broker), client.principal, exchange.header.client_id or ""
-        )
+        # quota on the traffic it sees, or one for the cluster (`scope: cluster`). Kept in
+        # the connection's state while its principal and client id stay the same.
+        state = client.state
+        client_id = exchange.header.client_id or ""
+        known = state.quota_client
+        if known is not None and known.client_id == client_id and known.principal == client.principal:
+            return known
+        state.quota_client = quota_client = QuotaClient(broker_label(client.broker), client.principal, client_id)
+        return quota_client
 
     def _trace(self, client: ClientView, exchange: Exchange) -> QuotaTrace:
         """The record of this exchange's engine calls, which the capture stores so that a
@@ -245,7 +258,7 @@ class QuotaEnforcement(TrafficHooks):
     def connection_closed(self, client: ClientView, reason: str) -> None:
         self._turns.closed(client.connection_id)
         self._controls.pop(client.connection_id, None)
-        for key in self._clients_on.pop(client.connection_id, ()):
+        for key in client.state.cluster_scope_keys:
             conns = self._connections_of.get(key)
             if conns is not None:
                 conns.pop(client.connection_id, None)
@@ -258,7 +271,7 @@ class QuotaEnforcement(TrafficHooks):
             # request header and may differ between requests of one connection.
             key = self._key(client, exchange)
             self._connections_of.setdefault(key, {})[client.connection_id] = client.control
-            self._clients_on.setdefault(client.connection_id, set()).add(key)
+            client.state.cluster_scope_keys.add(key)
         # A client throttled recently (on any connection) is read one request at a time here
         # too, until its throttle plus one quota span has passed.
         one_at_a_time_s = 0.0
@@ -268,29 +281,27 @@ class QuotaEnforcement(TrafficHooks):
                 remaining_ms = until + ONE_AT_A_TIME_AFTER_THROTTLE_S * 1000.0 - self._now_ms()
                 if remaining_ms > 0:
                     one_at_a_time_s = remaining_ms / 1000.0
-        verdict = self._request_verdict(client, exchange, frame)
+        decide = self._request_verdicts.get(exchange.header.api_key)
+        verdict = decide(client, exchange, frame) if decide is not None else None
         if one_at_a_time_s:
             verdict = verdict or RequestVerdict()
             verdict.one_at_a_time_s = one_at_a_time_s
         return verdict
 
-    def _request_verdict(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+    def _produce_request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        """acks=0: no response will carry a throttle, so record now and mute at once. Every
+        other Produce is charged when its response comes back, as the broker does."""
+        if exchange.expects_response:
+            return None
         header = exchange.header
-        api_key = header.api_key
-        if api_key == ApiKey.PRODUCE and not exchange.expects_response:
-            # acks=0: no response will carry a throttle, so record now and mute at once.
-            charges = request_charges(api_key, header.api_version, exchange.request_bytes - 4, expects_response=False)
-            throttle = self._charge_request(client, exchange, charges).throttle_ms
-            exchange.proxy_throttle_ms = throttle
-            if not throttle:
-                return None
-            self._throttled(client, exchange, throttle)
-            return RequestVerdict(mute_ms=throttle)
-        if api_key in (ApiKey.FETCH, ApiKey.SHARE_FETCH):
-            return self._cap_fetch(client, exchange, frame)
-        if api_key in MUTATION_APIS:
-            return self._mutations(client, exchange, frame)
-        return None
+        charges = request_charges(header.api_key, header.api_version, exchange.request_bytes - 4,
+                                  expects_response=False)
+        throttle = self._charge_request(client, exchange, charges).throttle_ms
+        exchange.proxy_throttle_ms = throttle
+        if not throttle:
+            return None
+        self._throttled(client, exchange, throttle)
+        return RequestVerdict(mute_ms=throttle)
 
     def _cap_fetch(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
@@ -300,12 +311,11 @@ class QuotaEnforcement(TrafficHooks):
         charges = request_charges(header.api_key, header.api_version, exchange.request_bytes - 4, True)
         if not request_charged_at_arrival(self.engine, charges):
             return None  # nothing needs the request's limits: skip parsing it
-        parse = parse_fetch_request if header.api_key == ApiKey.FETCH else parse_share_fetch_request
         try:
-            fetch = parse(memoryview(frame)[header.body_offset:], header.api_version)
+            findings = read_fetch_request(exchange, frame)
         except ProtocolError:
             return None  # forwarded unchanged: the broker, not the proxy, rejects a bad Fetch
-        exchange.fetch_max_wait_ms = fetch.max_wait_ms
+        fetch = findings.request
         cap = self._charge_request(client, exchange, charges).fetch_max_bytes_cap
         offset = fetch.max_bytes_offset
         if cap is None or offset is None or fetch.max_bytes is None or cap >= fetch.max_bytes:
@@ -319,6 +329,8 @@ class QuotaEnforcement(TrafficHooks):
         patch_fetch_max_bytes(patched, header.body_offset + offset, cap)
         if fetch.min_bytes > cap:
             patch_fetch_max_bytes(patched, header.body_offset + offset - 4, cap)
+            findings.forwarded_min_bytes = cap
+        findings.forwarded_max_bytes = cap
         return RequestVerdict(frame=bytes(patched))
 
     def _mutation_charges(self, exchange: Exchange, frame: bytes) -> RequestCharges | None:

@@ -17,17 +17,44 @@ an exchange on its typed `Exchange` fields, which later hooks and later calls re
 Verdicts are data, not actions: a hook says "answer with these bytes" or "mute for this
 long", and the connection carries it out in its own order (see kqp.proxy.connection), so a
 hook can be tested by calling it, without sockets.
+
+Typed per API
+-------------
+A hook declares the API keys it wants (`api_keys`; None: every API, for what applies to all
+requests, such as request-time quotas and metrics), and `HookChain` turns the declarations
+into a table from API key to the hooks that want it, per call: a hook is only in the table
+of a call it overrides. So a Produce touches only what cares about Produce, a hook never
+sees an API it did not declare, and an API no hook wants costs a header parse and a write.
+
+Per-connection state lives in the connection's `ConnectionHookState` (`ClientView.state`),
+created once with the connection, as Kroxylicious gives each connection its own filter
+instances, instead of in dicts keyed by connection id inside hooks every connection shares.
+
+A request body is parsed at most once: the first hook that needs a Fetch's limits keeps what
+it read in `Exchange.fetch` (`read_fetch_request`), and later hooks take it from there.
+
+The order hooks run in, and why (kqp.proxy.app builds the chain):
+
+  1. quota administration: a DescribeClientQuotas/AlterClientQuotas is answered from the
+     proxy's quotas, so nothing after it must count it as forwarded as it was sent;
+  2. quota enforcement: decides throttles, caps Fetch limits, refuses mutations; writes
+     `Exchange.proxy_throttle_ms` and `Exchange.quota`;
+  3. observation (metrics and capture): reads what 1 and 2 decided, so it records the
+     request as forwarded and the response as the client gets it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
+from kqp.protocol.api_keys import ApiKey
+from kqp.protocol.fast_path import FetchRequestSummary, parse_fetch_request, parse_share_fetch_request
 from kqp.protocol.headers import RequestHeader
 from kqp.protocol.mutations import MutationRequest, TopicMutation
-from kqp.quotas.recording import QuotaTrace, RequestOutcome
+from kqp.quotas.recording import QuotaClient, QuotaTrace, RequestOutcome
 
 # How long a throttled connection keeps reading one request at a time: a default quota span
 # (11 windows of 1 s). The enforcement hook holds a client's new connections for as long.
@@ -41,6 +68,22 @@ class ConnectionControl(Protocol):
     def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None: ...
 
 
+@dataclass(slots=True)
+class ConnectionHookState:
+    """What hooks keep about one connection, made once with it and kept across the
+    `ClientView`s that replace each other when the principal changes. One field per use,
+    named by the hook that owns it."""
+
+    # Enforcement: the quota client (broker label, principal, client id) of the connection's
+    # latest client id, so that it is not rebuilt for every request.
+    quota_client: QuotaClient | None = None
+    # Enforcement, `scope: cluster` only: the (principal, client-id) pairs this connection
+    # registered, to unregister them when it closes.
+    cluster_scope_keys: set[tuple[str, str]] = field(default_factory=set)
+    # Observation: whether the capture samples this connection (None: not asked yet).
+    captured: bool | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ClientView:
     """The client behind a connection, as hooks see it. A new view replaces the old one when
@@ -52,6 +95,7 @@ class ClientView:
     broker: int | None  # node id of the upstream broker; None on the bootstrap listener
     principal: str
     control: ConnectionControl = field(compare=False, repr=False)
+    state: ConnectionHookState = field(default_factory=ConnectionHookState, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -64,8 +108,19 @@ class MutationNote:
 
 
 @dataclass(slots=True)
+class FetchFindings:
+    """A Fetch or ShareFetch request's limits as read (once), and MaxBytes as forwarded."""
+
+    request: FetchRequestSummary
+    # MinBytes and MaxBytes in the request sent upstream: the quota may have capped them.
+    forwarded_min_bytes: int
+    forwarded_max_bytes: int | None
+
+
+@dataclass(slots=True)
 class Exchange:
-    """One request and, later, its response, as the proxy saw them."""
+    """One request and, later, its response, as the proxy saw them. The first fields hold
+    for every API; the ones after `fetch` are what a hook found in one API's request."""
 
     header: RequestHeader
     request_bytes: int
@@ -82,8 +137,8 @@ class Exchange:
     broker_throttle_ms: int = 0
     # What the quotas charged when the request arrived gave (a mutation throttle), if anything.
     request_outcome: RequestOutcome | None = None
-    # Fetch MaxWaitMs as asked (a fetch that waits is not charged as request time for it).
-    fetch_max_wait_ms: int | None = None
+    # Fetch and ShareFetch: the request's limits, read once (`read_fetch_request`).
+    fetch: FetchFindings | None = None
     # Partition mutations: the request as read, the topics refused here, and per topic what
     # the client got (for metrics and capture).
     mutation_request: MutationRequest | None = None
@@ -101,6 +156,25 @@ class Exchange:
     # A partition mutation the fleet charges in its own order (kqp.proxy.fleet): done before
     # the request hooks run; its result is None when the fleet did not answer in time.
     mutation_claim: asyncio.Future[FleetCharge | None] | None = None
+
+
+    @property
+    def fetch_max_wait_ms(self) -> int | None:
+        """A Fetch's MaxWaitMs as asked, when read (a fetch that waits is not charged as
+        request time for its wait)."""
+        return self.fetch.request.max_wait_ms if self.fetch is not None else None
+
+
+def read_fetch_request(exchange: Exchange, frame: bytes) -> FetchFindings:
+    """The Fetch or ShareFetch request's limits, parsed on the first call and kept on the
+    exchange for every later hook. Raises ProtocolError on a body that does not read."""
+    findings = exchange.fetch
+    if findings is None:
+        header = exchange.header
+        parse = parse_fetch_request if header.api_key == ApiKey.FETCH else parse_share_fetch_request
+        request = parse(memoryview(frame)[header.body_offset:], header.api_version)
+        findings = exchange.fetch = FetchFindings(request, request.min_bytes, request.max_bytes)
+    return findings
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +210,11 @@ class ResponseVerdict:
 
 
 class TrafficHooks:
-    """No-op hooks; subclasses override what they need."""
+    """No-op hooks; subclasses override what they need and declare the APIs they want."""
+
+    # The API keys whose exchanges this hook is given (hold, request, response, unanswered
+    # and the streaming calls); None: every API.
+    api_keys: ClassVar[frozenset[int] | None] = None
 
     def connection_opened(self, client: ClientView) -> None:
         return None
@@ -184,32 +262,55 @@ class TrafficHooks:
         return None
 
 
+_PER_API_CALLS = (
+    "hold", "request", "response", "unanswered", "needs_whole_response", "response_started", "response_streamed",
+)
+
+
 class HookChain(TrafficHooks):
     """Several hooks in order; the first to answer a request wins, later ones see its changes.
 
-    The app chains quota administration, then enforcement, then observation, so metrics and
-    capture record the request as forwarded and the response as the client gets it. Mutes combine by max, not
-    sum: two hooks throttling the same response mean one wait, as a broker returns the
-    largest of its quotas' throttles rather than their total."""
+    The app chains quota administration, then enforcement, then observation (see "The order
+    hooks run in" above). Mutes combine by max, not sum: two hooks throttling the same
+    response mean one wait, as a broker returns the largest of its quotas' throttles rather
+    than their total.
+
+    Each per-API call goes only to the hooks that declared the exchange's API and override
+    that call: `_calls[name][api_key]` holds their bound methods, in chain order, filled the
+    first time an API is seen (API keys are few, and an unknown one costs one entry).
+    """
 
     def __init__(self, hooks: list[TrafficHooks]) -> None:
         self.hooks = hooks
+        self._calls: dict[str, dict[int, tuple[Callable[..., Any], ...]]] = {name: {} for name in _PER_API_CALLS}
+
+    def calls_for(self, name: str, api_key: int) -> tuple[Callable[..., Any], ...]:
+        """The bound `name` methods of the hooks that want `api_key`, in chain order."""
+        table = self._calls[name]
+        calls = table.get(api_key)
+        if calls is None:
+            base = getattr(TrafficHooks, name)
+            calls = table[api_key] = tuple(
+                getattr(hook, name) for hook in self.hooks
+                if getattr(type(hook), name) is not base and (hook.api_keys is None or api_key in hook.api_keys)
+            )
+        return calls
 
     def connection_opened(self, client: ClientView) -> None:
         for hook in self.hooks:
             hook.connection_opened(client)
 
     def hold(self, client: ClientView, exchange: Exchange, frame: bytes) -> asyncio.Future[Any] | None:
-        for hook in self.hooks:
-            wait = hook.hold(client, exchange, frame)
+        for hold in self.calls_for("hold", exchange.header.api_key):
+            wait: asyncio.Future[Any] | None = hold(client, exchange, frame)
             if wait is not None:
                 return wait
         return None
 
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         combined: RequestVerdict | None = None
-        for hook in self.hooks:
-            verdict = hook.request(client, exchange, frame)
+        for request in self.calls_for("request", exchange.header.api_key):
+            verdict: RequestVerdict | None = request(client, exchange, frame)
             if verdict is None:
                 continue
             if combined is None:
@@ -229,8 +330,8 @@ class HookChain(TrafficHooks):
         self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
         combined: ResponseVerdict | None = None
-        for hook in self.hooks:
-            verdict = hook.response(client, exchange, frame, body_offset)
+        for response in self.calls_for("response", exchange.header.api_key):
+            verdict: ResponseVerdict | None = response(client, exchange, frame, body_offset)
             if verdict is None:
                 continue
             if combined is None:
@@ -243,18 +344,19 @@ class HookChain(TrafficHooks):
         return combined
 
     def unanswered(self, client: ClientView, exchange: Exchange) -> None:
-        for hook in self.hooks:
-            hook.unanswered(client, exchange)
+        for unanswered in self.calls_for("unanswered", exchange.header.api_key):
+            unanswered(client, exchange)
 
     def needs_whole_response(self, client: ClientView, exchange: Exchange) -> bool:
-        return any(hook.needs_whole_response(client, exchange) for hook in self.hooks)
+        return any(needs(client, exchange) for needs in self.calls_for("needs_whole_response",
+                                                                        exchange.header.api_key))
 
     def response_started(
         self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
     ) -> ResponseVerdict | None:
         combined: ResponseVerdict | None = None
-        for hook in self.hooks:
-            verdict = hook.response_started(client, exchange, head, body_offset, frame_size)
+        for started in self.calls_for("response_started", exchange.header.api_key):
+            verdict: ResponseVerdict | None = started(client, exchange, head, body_offset, frame_size)
             if verdict is not None:
                 combined = combined or ResponseVerdict()
                 combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
@@ -263,8 +365,8 @@ class HookChain(TrafficHooks):
     def response_streamed(
         self, client: ClientView, exchange: Exchange, frame_size: int, body_offset: int
     ) -> None:
-        for hook in self.hooks:
-            hook.response_streamed(client, exchange, frame_size, body_offset)
+        for streamed in self.calls_for("response_streamed", exchange.header.api_key):
+            streamed(client, exchange, frame_size, body_offset)
 
     def connection_closed(self, client: ClientView, reason: str) -> None:
         for hook in self.hooks:

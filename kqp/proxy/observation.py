@@ -34,11 +34,10 @@ from kqp.protocol.error_codes import response_error_codes
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.fast_path import (
     PartitionSummary,
-    parse_fetch_request,
     parse_fetch_response,
     parse_produce_request,
 )
-from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks
+from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks, read_fetch_request
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas.recording import QuotaTrace, broker_label
@@ -92,12 +91,18 @@ class ObservationHooks(TrafficHooks):
             self.metrics.connection_closed(client.listener, _node_label(client),
                                            reason.split(":")[0].split("(")[0].strip())
 
+    def _captured(self, client: ClientView) -> bool:
+        """Whether the capture keeps this connection's exchanges (asked once per connection)."""
+        state = client.state
+        captured = state.captured
+        if captured is None:
+            captured = state.captured = self.capture is not None and self.capture.sampled(client.connection_id)
+        return captured
+
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> None:
         # Reads what only the request holds while it is at hand; the record itself is built
         # when the exchange ends (`_observe`), with the response.
-        if self.capture is None or exchange.header.api_key in _SASL_APIS:
-            return None
-        if not self.capture.sampled(client.connection_id):
+        if not self._captured(client) or exchange.header.api_key in _SASL_APIS:
             return None
         exchange.request_details.update(self._request_details(exchange, frame))
         return None
@@ -113,13 +118,14 @@ class ObservationHooks(TrafficHooks):
             exchange.produce_partitions = [self._partition_entry(p) for p in produce.partitions]
             return {"acks": produce.acks}
         if header.api_key == FETCH_KEY:
-            # The request as forwarded: MaxBytes may already be capped by quota enforcement.
+            # The request as forwarded: its limits may have been capped by quota enforcement,
+            # which read the request first (read once, kept on the exchange).
             try:
-                fetch = parse_fetch_request(body, header.api_version)
+                fetch = read_fetch_request(exchange, frame)
             except ProtocolError:
                 return {}
-            return {"fetch_max_wait_ms": fetch.max_wait_ms, "fetch_min_bytes": fetch.min_bytes,
-                    "fetch_max_bytes": fetch.max_bytes}
+            return {"fetch_max_wait_ms": fetch.request.max_wait_ms, "fetch_min_bytes": fetch.forwarded_min_bytes,
+                    "fetch_max_bytes": fetch.forwarded_max_bytes}
         # Other APIs: decoded only to find a consumer group, which the analysis groups by.
         try:
             message = decode_body(header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
@@ -143,7 +149,7 @@ class ObservationHooks(TrafficHooks):
 
     def needs_whole_response(self, client: ClientView, exchange: Exchange) -> bool:
         # A captured Fetch records its partitions, read from the whole response.
-        return self.capture is not None and self.capture.sampled(client.connection_id)
+        return self._captured(client)
 
     def response_streamed(
         self, client: ClientView, exchange: Exchange, frame_size: int, body_offset: int
@@ -166,7 +172,7 @@ class ObservationHooks(TrafficHooks):
         response_bytes = len(frame) + 4 if frame is not None else 0  # with the size prefix
         if self.metrics is not None:
             self._record_metrics(client, exchange, response_bytes, error_codes, answered=frame is not None)
-        if self.capture is None or api_key in _SASL_APIS or not self.capture.sampled(client.connection_id):
+        if self.capture is None or api_key in _SASL_APIS or not self._captured(client):
             return
         record: dict[str, Any] = {
             "ts_request_received_us": self._wall_us(exchange.received_at),

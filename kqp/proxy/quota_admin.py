@@ -62,6 +62,8 @@ RefusalCounter = Callable[[str, str], None]
 class QuotaAdminHooks(TrafficHooks):
     """Asks the brokers whether the client may, then answers from the proxy's own quotas."""
 
+    api_keys = frozenset({DESCRIBE_CLIENT_QUOTAS_KEY, ALTER_CLIENT_QUOTAS_KEY})
+
     def __init__(
         self,
         current: Callable[[], QuotaSettings],
@@ -77,8 +79,8 @@ class QuotaAdminHooks(TrafficHooks):
 
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
-        if header.api_key not in (DESCRIBE_CLIENT_QUOTAS_KEY, ALTER_CLIENT_QUOTAS_KEY):
-            return None
+        if header.api_key not in self.api_keys:
+            return None  # called outside a HookChain, which gives it only the APIs it declared
         request = decode_body(header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
                               is_request=True)
         exchange.quota_admin_request = request
