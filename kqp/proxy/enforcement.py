@@ -61,6 +61,7 @@ from kqp.proxy.hooks import (
     ConnectionControl,
     Exchange,
     FleetCharge,
+    MutationFindings,
     MutationNote,
     RequestVerdict,
     ResponseVerdict,
@@ -336,13 +337,12 @@ class QuotaEnforcement(TrafficHooks):
     def _mutation_charges(self, exchange: Exchange, frame: bytes) -> RequestCharges | None:
         """What a mutation request charges (None: nothing, validate-only); read once per request."""
         header = exchange.header
-        request = exchange.mutation_request
-        if request is None:
-            request = read_mutation_request(
+        if exchange.mutation is None:
+            exchange.mutation = MutationFindings(read_mutation_request(
                 header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
                 self._topics.partitions, self.settings.default_partitions,
-            )
-            exchange.mutation_request = request
+            ))
+        request = exchange.mutation.request
         if request.validate_only and not self.settings.charge_validate_only:
             return None
         topics = [(t.label, t.partitions) for t in request.topics]
@@ -366,24 +366,26 @@ class QuotaEnforcement(TrafficHooks):
             return None  # `request` reports it as for any proxy
         if charges is None:
             return None
-        exchange.mutation_claim = order.claim(self._client(client, exchange), charges)
-        return exchange.mutation_claim
+        assert exchange.mutation is not None  # read by _mutation_charges
+        claim = exchange.mutation.claim = order.claim(self._client(client, exchange), charges)
+        return claim
 
     def _mutations(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         header = exchange.header
         charges = self._mutation_charges(exchange, frame)
-        request = exchange.mutation_request
-        assert request is not None  # read by _mutation_charges
+        findings = exchange.mutation
+        assert findings is not None  # read by _mutation_charges
+        request = findings.request
         if charges is None:
             return None
-        claim = exchange.mutation_claim
+        claim = findings.claim
         # A claim that timed out or failed leaves `charged` None: the proxy then charges
         # locally, as a proxy outside a fleet would.
         charged = claim.result() if claim is not None and claim.done() and not claim.cancelled() else None
         outcome = self._charge_request(client, exchange, charges, charged).mutation
         assert outcome is not None  # a mutation API with topics to charge
         rejected = [t for t, accepted in zip(request.topics, outcome.accepted, strict=True) if not accepted]
-        exchange.mutations_rejected = rejected
+        findings.rejected = rejected
         if not rejected:
             return None
         if len(rejected) == len(request.topics):
@@ -392,7 +394,7 @@ class QuotaEnforcement(TrafficHooks):
             body = throttled_response(request, rejected, outcome.throttle_ms)
             answer = encode_response_header(header.api_key, header.api_version, header.correlation_id) + body
             exchange.proxy_throttle_ms = outcome.throttle_ms
-            exchange.mutations = _mutation_notes(request, rejected)
+            findings.notes = _mutation_notes(request, rejected)
             return RequestVerdict(answer=answer, mute_ms=0)
         # Some topics pass: forward them alone; the rejected ones are merged into the
         # broker's answer in `response`.
@@ -413,27 +415,27 @@ class QuotaEnforcement(TrafficHooks):
                 return None
             self._throttled(client, exchange, throttle)
             return ResponseVerdict(mute_ms=throttle)
-        response_throttle = self._charge_response(client, exchange, len(frame) - body_offset)
+        response_throttle, now = self._charge_response(client, exchange, len(frame) - body_offset)
         outcome = exchange.request_outcome
-        now = self._trace(client, exchange).response_now_ms
-        assert now is not None  # set by _charge_response
         out: bytes | bytearray = frame
-        request = exchange.mutation_request
-        upstream_ms = _upstream_answer_ms(exchange)
-        if request is not None:
-            rejected = exchange.mutations_rejected
+        mutation = exchange.mutation
+        upstream_ms = _upstream_answer_ms(exchange) if outcome is not None else None
+        if mutation is not None:
+            rejected = mutation.rejected
             if rejected:
                 mutation_throttle = outcome.throttle_after(now, upstream_ms) if outcome is not None else 0
-                body = merge_rejections(request, memoryview(frame)[body_offset:], rejected, mutation_throttle)
+                body = merge_rejections(mutation.request, memoryview(frame)[body_offset:], rejected, mutation_throttle)
                 out = frame[:body_offset] + body
-            exchange.mutations = _mutation_notes(request, rejected)
-        throttle = exchange_throttle(outcome, response_throttle, now, upstream_ms)
+            mutation.notes = _mutation_notes(mutation.request, rejected)
+        # Without a request outcome (the common case) the response's own throttle is all.
+        throttle = (exchange_throttle(outcome, response_throttle, now, upstream_ms) if outcome is not None
+                    else max(response_throttle, 0))
         exchange.proxy_throttle_ms = throttle
         # The session may have found ThrottleTimeMs already (Produce); that holds for `frame` only.
         known_offset = exchange.response_throttle_offset if out is frame else None
         broker_throttle = self._broker_throttle(exchange, out, body_offset, known_offset)
         if throttle <= 0:
-            turn_ms = self._turn_without_throttle(client, exchange)
+            turn_ms = self._turn_without_throttle(client, exchange) if self.settings.fair_connection_turns else 0
             return ResponseVerdict(frame=out, mute_ms=turn_ms) if out is not frame or turn_ms else None
         mute_ms = self._mute_for(client, exchange, throttle)
         # ThrottleTimeMs carries the larger of the broker's and the proxy's throttle: the
@@ -452,9 +454,7 @@ class QuotaEnforcement(TrafficHooks):
     ) -> ResponseVerdict | None:
         """A streamed (cut-through) response: charged by the size its frame header gives, its
         ThrottleTimeMs (in the head) patched in place, as `response` does for a whole frame."""
-        response_throttle = self._charge_response(client, exchange, frame_size - body_offset)
-        now = self._trace(client, exchange).response_now_ms
-        assert now is not None  # set by _charge_response
+        response_throttle, now = self._charge_response(client, exchange, frame_size - body_offset)
         throttle = exchange_throttle(exchange.request_outcome, response_throttle, now, _upstream_answer_ms(exchange))
         exchange.proxy_throttle_ms = throttle
         broker_throttle = self._broker_throttle(exchange, head, body_offset)
@@ -467,8 +467,9 @@ class QuotaEnforcement(TrafficHooks):
             patch_throttle_time(head, body_offset, header.api_key, header.api_version, throttle)
         return ResponseVerdict(mute_ms=mute_ms)
 
-    def _charge_response(self, client: ClientView, exchange: Exchange, body_size: int) -> int:
-        """Charge what a response costs (bytes, request time) and return its throttle (ms)."""
+    def _charge_response(self, client: ClientView, exchange: Exchange, body_size: int) -> tuple[int, float]:
+        """Charge what a response costs (bytes, request time); its throttle (ms) and the
+        engine time it was charged at."""
         # The proxy's stand-in for the broker's request handling time (KIP-124): from when
         # the request was written upstream to when its response (or its head) arrived.
         round_trip_ms = (exchange.response_received_at - exchange.sent_at) * 1000.0
@@ -480,14 +481,14 @@ class QuotaEnforcement(TrafficHooks):
         now = self._now_ms()
         self._engine_calls += 1
         trace.response_seq, trace.response_now_ms, trace.response = self._engine_calls, now, charges
-        budget = self._turn_budget(client, exchange)
+        budget = self._turn_budget(client, exchange) if self.settings.fair_connection_turns else None
         if budget is not None:
             amount = exchange.request_bytes - 4 if exchange.header.api_key == ApiKey.PRODUCE else body_size
             quota_type: QuotaType = "producer_byte_rate" if budget[3] == ApiKey.PRODUCE else "consumer_byte_rate"
             limit = self.engine.quota(quota_type, budget[1], budget[2])
             self._turns.charged(budget, client.connection_id, amount, now, limit)
             self._controls[client.connection_id] = client.control
-        return charge_response(self.engine, self._client(client, exchange), charges, now)
+        return charge_response(self.engine, self._client(client, exchange), charges, now), now
 
     @staticmethod
     def _broker_throttle(

@@ -118,9 +118,35 @@ class FetchFindings:
 
 
 @dataclass(slots=True)
+class MutationFindings:
+    """A CreateTopics/CreatePartitions/DeleteTopics request as read, and what it got."""
+
+    request: MutationRequest
+    # The topics refused here (THROTTLING_QUOTA_EXCEEDED) before the rest was forwarded.
+    rejected: list[TopicMutation] = field(default_factory=list)
+    # Per topic, what the client got (for metrics and capture); None until decided.
+    notes: list[MutationNote] | None = None
+    # The charge the fleet makes in its own order (kqp.proxy.fleet), made before the request
+    # hooks run; its result is None when the fleet did not answer in time.
+    claim: asyncio.Future[FleetCharge | None] | None = None
+
+
+@dataclass(slots=True)
+class CaptureFindings:
+    """What the capture reads from a request while it is at hand (sampled connections only)."""
+
+    # Columns of the record (acks, fetch limits, group id).
+    details: dict[str, Any]
+    # Produce partitions as read from the request, completed with the response's error codes.
+    produce_partitions: list[dict[str, Any]] | None = None
+
+
+@dataclass(slots=True)
 class Exchange:
-    """One request and, later, its response, as the proxy saw them. The first fields hold
-    for every API; the ones after `fetch` are what a hook found in one API's request."""
+    """One request and, later, its response, as the proxy saw them. The fields up to
+    `response_throttle_offset` hold for every API; the ones after it are what a hook found in
+    one API's request (None for every other API), so an exchange costs the same whatever
+    features exist for APIs it is not."""
 
     header: RequestHeader
     request_bytes: int
@@ -137,26 +163,17 @@ class Exchange:
     broker_throttle_ms: int = 0
     # What the quotas charged when the request arrived gave (a mutation throttle), if anything.
     request_outcome: RequestOutcome | None = None
-    # Fetch and ShareFetch: the request's limits, read once (`read_fetch_request`).
-    fetch: FetchFindings | None = None
-    # Partition mutations: the request as read, the topics refused here, and per topic what
-    # the client got (for metrics and capture).
-    mutation_request: MutationRequest | None = None
-    mutations_rejected: list[TopicMutation] = field(default_factory=list)
-    mutations: list[MutationNote] | None = None
-    # Capture fields read from the request (acks, fetch limits, group id).
-    request_details: dict[str, Any] = field(default_factory=dict)
-    # Produce partitions as read from the request, completed with the response's error codes.
-    produce_partitions: list[dict[str, Any]] | None = None
-    # A quota-admin request the proxy applies once the brokers have authorized it.
-    quota_admin_request: Any = None
     # Where ThrottleTimeMs sits in the response frame the hooks are given, when the session
     # already found it (None: not known; read it from the frame's layout).
     response_throttle_offset: int | None = None
-    # A partition mutation the fleet charges in its own order (kqp.proxy.fleet): done before
-    # the request hooks run; its result is None when the fleet did not answer in time.
-    mutation_claim: asyncio.Future[FleetCharge | None] | None = None
-
+    # Fetch and ShareFetch: the request's limits, read once (`read_fetch_request`).
+    fetch: FetchFindings | None = None
+    # Partition mutations (enforcement).
+    mutation: MutationFindings | None = None
+    # A quota-admin request the proxy applies once the brokers have authorized it.
+    quota_admin_request: Any = None
+    # Sampled connections: what the capture read from the request.
+    capture: CaptureFindings | None = None
 
     @property
     def fetch_max_wait_ms(self) -> int | None:

@@ -37,7 +37,14 @@ from kqp.protocol.fast_path import (
     parse_fetch_response,
     parse_produce_request,
 )
-from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks, read_fetch_request
+from kqp.proxy.hooks import (
+    CaptureFindings,
+    ClientView,
+    Exchange,
+    ResponseVerdict,
+    TrafficHooks,
+    read_fetch_request,
+)
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas.recording import QuotaTrace, broker_label
@@ -104,7 +111,8 @@ class ObservationHooks(TrafficHooks):
         # when the exchange ends (`_observe`), with the response.
         if not self._captured(client) or exchange.header.api_key in _SASL_APIS:
             return None
-        exchange.request_details.update(self._request_details(exchange, frame))
+        exchange.capture = CaptureFindings({})
+        exchange.capture.details = self._request_details(exchange, frame)
         return None
 
     def _request_details(self, exchange: Exchange, frame: bytes) -> dict[str, Any]:
@@ -115,7 +123,8 @@ class ObservationHooks(TrafficHooks):
                 produce = parse_produce_request(body, header.api_version)
             except ProtocolError:
                 return {}
-            exchange.produce_partitions = [self._partition_entry(p) for p in produce.partitions]
+            assert exchange.capture is not None  # made by `request` before reading the request
+            exchange.capture.produce_partitions = [self._partition_entry(p) for p in produce.partitions]
             return {"acks": produce.acks}
         if header.api_key == FETCH_KEY:
             # The request as forwarded: its limits may have been capped by quota enforcement,
@@ -196,7 +205,8 @@ class ObservationHooks(TrafficHooks):
             "proxy_throttle_ms": exchange.proxy_throttle_ms,
             "sampling_one_in": self.sampling_one_in,
         }
-        record.update(exchange.request_details)
+        if exchange.capture is not None:
+            record.update(exchange.capture.details)
         if exchange.quota is not None:
             record.update(_quota_fields(exchange.quota))
         if api_key in _DATA_APIS:
@@ -205,9 +215,10 @@ class ObservationHooks(TrafficHooks):
                 record["partitions"] = partitions
                 first_partition_error = next((p["error_code"] for p in partitions if p["error_code"]), 0)
                 record["error_code"] = top_error or first_partition_error
-        if exchange.mutations:
+        notes = exchange.mutation.notes if exchange.mutation is not None else None
+        if notes:
             record["mutations"] = [
-                {"topic": m.topic, "partitions": m.partitions, "error_code": m.error_code} for m in exchange.mutations
+                {"topic": m.topic, "partitions": m.partitions, "error_code": m.error_code} for m in notes
             ]
         # A full queue drops the record; the writer counts drops and the server exports them.
         self.capture.submit(record)
@@ -242,7 +253,7 @@ class ObservationHooks(TrafficHooks):
         the response's top-level error code."""
         header = exchange.header
         if header.api_key == PRODUCE_KEY:
-            partitions = exchange.produce_partitions
+            partitions = exchange.capture.produce_partitions if exchange.capture is not None else None
             if partitions is not None and frame is not None and exchange.local_response is None:
                 _add_produce_errors(partitions, frame, body_offset, header.api_version)
             return partitions, 0
