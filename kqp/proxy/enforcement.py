@@ -215,7 +215,9 @@ class QuotaEnforcement(TrafficHooks):
 
     def _trace(self, client: ClientView, exchange: Exchange) -> QuotaTrace:
         """The record of this exchange's engine calls, which the capture stores so that a
-        replay can make the same calls in the same order (kqp.quotas.recording)."""
+        replay can make the same calls in the same order (kqp.quotas.recording). Kept unless
+        the connection is known not to be captured (`ConnectionHookState.captured`); the
+        calls are numbered either way, so the numbers a capture holds stay the process's."""
         if exchange.quota is None:
             exchange.quota = QuotaTrace(broker_label(client.broker))
         return exchange.quota
@@ -224,10 +226,11 @@ class QuotaEnforcement(TrafficHooks):
         self, client: ClientView, exchange: Exchange, charges: RequestCharges, charged: FleetCharge | None = None
     ) -> RequestOutcome:
         """Charge the request now, or record the charge the fleet already made (`charged`)."""
-        trace = self._trace(client, exchange)
         now = self._now_ms() if charged is None else charged.charged_at_ms
         self._engine_calls += 1
-        trace.request_seq, trace.request_now_ms, trace.request = self._engine_calls, now, charges
+        if client.state.captured is not False:
+            trace = self._trace(client, exchange)
+            trace.request_seq, trace.request_now_ms, trace.request = self._engine_calls, now, charges
         if charged is None:
             outcome = charge_request(self.engine, self._client(client, exchange), charges, now)
         else:
@@ -477,10 +480,11 @@ class QuotaEnforcement(TrafficHooks):
             exchange.header.api_key, exchange.request_bytes - 4, body_size, round_trip_ms,
             exchange.fetch_max_wait_ms,
         )
-        trace = self._trace(client, exchange)
         now = self._now_ms()
         self._engine_calls += 1
-        trace.response_seq, trace.response_now_ms, trace.response = self._engine_calls, now, charges
+        if client.state.captured is not False:
+            trace = self._trace(client, exchange)
+            trace.response_seq, trace.response_now_ms, trace.response = self._engine_calls, now, charges
         budget = self._turn_budget(client, exchange) if self.settings.fair_connection_turns else None
         if budget is not None:
             amount = exchange.request_bytes - 4 if exchange.header.api_key == ApiKey.PRODUCE else body_size

@@ -80,7 +80,9 @@ class ConnectionHookState:
     # Enforcement, `scope: cluster` only: the (principal, client-id) pairs this connection
     # registered, to unregister them when it closes.
     cluster_scope_keys: set[tuple[str, str]] = field(default_factory=set)
-    # Observation: whether the capture samples this connection (None: not asked yet).
+    # Observation, when the connection opens: whether the capture keeps this connection's
+    # exchanges (None: not known, as when no observation hook runs). Enforcement keeps the
+    # engine's inputs for the capture (`Exchange.quota`) unless it is False.
     captured: bool | None = None
 
 

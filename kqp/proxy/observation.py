@@ -89,6 +89,7 @@ class ObservationHooks(TrafficHooks):
         return int((loop_time + self._wall_offset) * 1_000_000)
 
     def connection_opened(self, client: ClientView) -> None:
+        self._captured(client)  # decided now, for enforcement too (ConnectionHookState.captured)
         if self.metrics is not None:
             self.metrics.connection_opened(client.listener, _node_label(client))
 
