@@ -120,7 +120,7 @@ def connection(hooks: TrafficHooks) -> ProxiedConnection:
     directory = ClusterDirectory(options, lambda _listener, _sock: None)
     services = ConnectionServices(
         asyncio.get_running_loop(), options, directory, TopicDirectory(), hooks, None, lambda: None,
-        lambda _c, _r: None, lambda _c, _r, _e: None, lambda _k: None,
+        lambda _c, _r: None, lambda _c, _r, _e: None, lambda _k: None, lambda _c, _m: None,
     )
     proxied = ProxiedConnection(services, Listener(1, 0), 1)
     proxied.client_connected(NullTransport())  # type: ignore[arg-type]
