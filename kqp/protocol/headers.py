@@ -140,7 +140,8 @@ def parse_request_header(frame: bytes | memoryview) -> RequestHeader:
         raise ProtocolDecodeError(f"invalid client id length {client_id_length}")
     known, has_tags = _header_layout(api_key, api_version)
     if has_tags:
-        offset = skip_tagged_fields(frame, offset)
+        # The usual empty section, checked inline: every flexible request has one.
+        offset = offset + 1 if offset < len(frame) and frame[offset] == 0 else skip_tagged_fields(frame, offset)
     return RequestHeader(api_key, api_version, correlation_id, client_id, offset, known)
 
 
