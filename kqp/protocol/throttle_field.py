@@ -7,7 +7,9 @@ Produce after its Responses array, and some versions have none. For each (API, v
 the fields that precede it are compiled once into a skipper: a constant offset when they
 all have a fixed size, else a small walk over the variable-length ones (strings, arrays,
 structs, tagged-field sections) that never decodes them. The wire rules are
-kqp.protocol.schema_walk's, shared with kqp.protocol.error_codes.
+kqp.protocol.schema_walk's, shared with kqp.protocol.error_codes. Produce, whose field
+follows every partition and which every producer's request gets back, is walked by hand
+instead (kqp.protocol.produce_response), held by a test to the compiled walk's results.
 """
 
 from __future__ import annotations
