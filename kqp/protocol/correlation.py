@@ -34,12 +34,4 @@ def produce_acks(body: bytes | memoryview, api_version: int) -> int:
 
 
 def expects_response(api_key: int, api_version: int, body: bytes | memoryview) -> bool:
-    if api_key != PRODUCE_KEY:
-        return True
-    if api_version >= 9 and len(body) > 2 and 0 < body[0] < 0x80:
-        # Every Produce request comes here: the usual one-byte compact TransactionalId length
-        # (1 for null, n + 1 for n bytes) read inline; anything else as produce_acks reads it.
-        acks_at = body[0]  # 1 + (n + 1) - 1
-        if acks_at + 2 <= len(body):
-            return bool(_INT16.unpack_from(body, acks_at)[0])
-    return produce_acks(body, api_version) != 0
+    return not (api_key == PRODUCE_KEY and produce_acks(body, api_version) == 0)

@@ -135,8 +135,7 @@ def test_produce_acks_zero_expects_no_response(version: int, transactional_id: s
 
 @given(st.binary(max_size=12), st.integers(0, 15))
 def test_expects_response_reads_acks_as_produce_acks_does(body: bytes, version: int) -> None:
-    # Its inline read of a one-byte compact TransactionalId length must agree with the general
-    # one on any bytes, a truncated or absurd length included.
+    # On any bytes, a truncated or absurd TransactionalId length included.
     try:
         acks = produce_acks(body, version)
     except (ProtocolDecodeError, struct.error):
