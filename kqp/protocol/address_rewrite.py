@@ -40,6 +40,7 @@ AddressMapper = Callable[[int, str, int], tuple[str, int]]
 ADDRESS_BEARING_APIS = frozenset({METADATA_KEY, FIND_COORDINATOR_KEY, DESCRIBE_CLUSTER_KEY, DESCRIBE_QUORUM_KEY})
 # First versions whose responses may carry NodeEndpoints.
 NODE_ENDPOINT_VERSIONS: dict[int, int] = {PRODUCE_KEY: 10, FETCH_KEY: 16, SHARE_FETCH_KEY: 0, SHARE_ACKNOWLEDGE_KEY: 0}
+_PRODUCE_NODE_ENDPOINTS = NODE_ENDPOINT_VERSIONS[PRODUCE_KEY]
 _DESCRIBE_CLUSTER_CONTROLLERS = 2
 
 
@@ -119,6 +120,13 @@ def client_response(
     nothing changed) and whether KIP-951 NodeEndpoints in it were rewritten.
     `produce_throttle_offset` saves a second walk over a Produce response when the caller
     already found its ThrottleTimeMs."""
+    if api_key == PRODUCE_KEY and produce_throttle_offset is not None:
+        # Every Produce response comes here. Before v10 none carries addresses; after, only
+        # one with a top-level tag after ThrottleTimeMs may (NodeEndpoints): the byte after
+        # the field is the tag count, and a one-byte 0 is the usual empty section.
+        tags = produce_throttle_offset + 4
+        if api_version < _PRODUCE_NODE_ENDPOINTS or (tags < len(frame) and frame[tags] == 0):
+            return frame, False
     body = memoryview(frame)[body_offset:]
     rewritten: bytes | None = None
     if api_key == API_VERSIONS_KEY:

@@ -330,6 +330,47 @@ def _parse_fetch_response(body: Buffer, version: int) -> FetchSummary:
     return FetchSummary(throttle_time_ms, error_code, partitions, tagged_fields)
 
 
+def fetch_response_tag_count(body: Buffer, api_version: int) -> int:
+    """How many top-level tagged fields a Fetch response v13+ has (KIP-951 NodeEndpoints live
+    there), walking it as `parse_fetch_response` does but skipping each records field by its
+    length: every small Fetch response from v16 is checked for NodeEndpoints, and summarising
+    its batches, which the check does not need, was most of the cost. Raises
+    ProtocolDecodeError on what `parse_fetch_response` refuses for its layout; bad batches
+    inside a well-formed records field are not looked at."""
+    if api_version < FETCH_FIRST_TOPIC_ID:
+        return parse_fetch_response(body, api_version).tagged_fields
+    return _guarded(_fetch_response_tag_count, body, api_version, "Fetch response")
+
+
+def _fetch_response_tag_count(body: Buffer, version: int) -> int:
+    # Flexible, topics by id: ThrottleTimeMs, ErrorCode, SessionId, then the topics.
+    end = len(body)
+    offset = 10
+    # A partition's fixed head: PartitionIndex, ErrorCode, HighWatermark, LastStableOffset,
+    # LogStartOffset. Not read: a cut inside it fails at the count after it, as in the full parse.
+    partition_head = 4 + 2 + 8 + 8 + 8
+    topic_count, offset = read_array_length(body, offset, True)
+    for _ in range(topic_count):
+        if offset + _UUID_SIZE > end:
+            raise ProtocolDecodeError("topic id runs past the end of the message")
+        partition_count, offset = read_array_length(body, offset + _UUID_SIZE, True)
+        for _ in range(partition_count):
+            aborted, offset = read_array_length(body, offset + partition_head, True)
+            for _ in range(aborted):
+                offset = skip_tagged_fields(body, offset + 16)
+            offset += 4  # PreferredReadReplica
+            size_plus_one, offset = read_uvarint(body, offset)
+            if size_plus_one > 1:
+                offset += size_plus_one - 1
+                if offset > end:
+                    raise ProtocolDecodeError("records run past the end of the message")
+            offset = skip_tagged_fields(body, offset)
+        offset = skip_tagged_fields(body, offset)
+    tagged_fields = read_uvarint(body, offset)[0]
+    _expect_end(body, skip_tagged_fields(body, offset), f"Fetch v{version} response")
+    return tagged_fields
+
+
 def parse_fetch_request(body: Buffer, api_version: int) -> FetchRequestSummary:
     """Summarise a Fetch request body (the bytes after the request header)."""
     return _guarded(_parse_fetch_request, body, api_version, "Fetch request")

@@ -8,9 +8,12 @@ same way).
 
 from __future__ import annotations
 
+import struct
+
 from kqp.protocol.errors import FrameTooLargeError, ProtocolDecodeError
 
 SIZE_PREFIX = 4
+_INT32 = struct.Struct(">i")
 DEFAULT_MAX_FRAME_BYTES = 104_857_600  # Kafka's socket.request.max.bytes default
 
 
@@ -36,6 +39,13 @@ class FrameDecoder:
         stream cannot be resynchronised after that, so the caller closes the connection.
         """
         buffer = self._buffer
+        if not buffer and self._needed < 0 and len(data) >= SIZE_PREFIX:
+            # The commonest read of all is exactly one whole frame (a small request, a small
+            # response): one slice, no memoryview, no loop. bytes(data[4:]) of bytes is that
+            # slice itself (one copy); of a memoryview, the one copy of its bytes.
+            size: int = _INT32.unpack_from(data, 0)[0]
+            if len(data) - SIZE_PREFIX == size and size <= self._max_frame_bytes:
+                return [bytes(data[SIZE_PREFIX:])]
         # Read straight from `data` when nothing is buffered (the usual case: whole frames per
         # read), so each frame is copied once, not appended to the buffer and copied out.
         if buffer:

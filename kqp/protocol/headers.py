@@ -17,6 +17,7 @@ from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY
 from kqp.protocol.errors import ProtocolDecodeError
 
 _HEADER_FIXED = struct.Struct(">hhih")
+_INT32 = struct.Struct(">i")
 
 
 def read_uvarint(data: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
@@ -140,10 +141,13 @@ def parse_request_header(frame: bytes | memoryview) -> RequestHeader:
         raise ProtocolDecodeError(f"invalid client id length {client_id_length}")
     known, has_tags = _header_layout(api_key, api_version)
     if has_tags:
-        offset = skip_tagged_fields(frame, offset)
+        # The usual empty section, checked inline: every flexible request has one.
+        offset = offset + 1 if offset < len(frame) and frame[offset] == 0 else skip_tagged_fields(frame, offset)
     return RequestHeader(api_key, api_version, correlation_id, client_id, offset, known)
 
 
+# Asked for every response; the answer depends on the two numbers only.
+@cache
 def response_header_flexible(api_key: int, api_version: int) -> bool | None:
     """Whether the response header has a tagged-field section; None when unknown."""
     if api_key == API_VERSIONS_KEY:
@@ -163,14 +167,16 @@ def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: i
     if len(frame) < 4:
         raise ProtocolDecodeError("response shorter than its correlation id")
     if response_header_flexible(api_key, api_version):
-        return skip_tagged_fields(frame, 4)
+        # The usual empty section inline, as in parse_request_header.
+        return 5 if len(frame) > 4 and frame[4] == 0 else skip_tagged_fields(frame, 4)
     return 4
 
 
 def response_correlation_id(frame: bytes | memoryview) -> int:
     if len(frame) < 4:
         raise ProtocolDecodeError("response shorter than its correlation id")
-    return int.from_bytes(frame[0:4], "big", signed=True)
+    correlation_id: int = _INT32.unpack_from(frame, 0)[0]
+    return correlation_id
 
 
 def encode_request_header(

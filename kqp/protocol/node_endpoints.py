@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 
 from kqp.protocol.apis import FETCH_KEY, PRODUCE_KEY, SHARE_ACKNOWLEDGE_KEY, SHARE_FETCH_KEY
-from kqp.protocol.fast_path import parse_fetch_response, read_array_length
+from kqp.protocol.fast_path import fetch_response_tag_count, read_array_length
 from kqp.protocol.headers import read_uvarint
 from kqp.protocol.throttle_field import field_location, throttle_field_offset
 
@@ -32,7 +32,7 @@ def may_carry_node_endpoints(
         tag_count, _ = read_uvarint(frame, offset + 4)
         return tag_count > 0
     if api_key == FETCH_KEY:
-        return parse_fetch_response(memoryview(frame)[body_offset:], api_version).tagged_fields > 0
+        return fetch_response_tag_count(memoryview(frame)[body_offset:], api_version) > 0
     if api_key in (SHARE_FETCH_KEY, SHARE_ACKNOWLEDGE_KEY):
         location = field_location(api_key, api_version, "NodeEndpoints")
         if location is None:

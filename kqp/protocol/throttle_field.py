@@ -7,7 +7,9 @@ Produce after its Responses array, and some versions have none. For each (API, v
 the fields that precede it are compiled once into a skipper: a constant offset when they
 all have a fixed size, else a small walk over the variable-length ones (strings, arrays,
 structs, tagged-field sections) that never decodes them. The wire rules are
-kqp.protocol.schema_walk's, shared with kqp.protocol.error_codes.
+kqp.protocol.schema_walk's, shared with kqp.protocol.error_codes. Produce, whose field
+follows every partition and which every producer's request gets back, is walked by hand
+instead (kqp.protocol.produce_response), held by a test to the compiled walk's results.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from kqp.protocol.apis import API_SPECS
+from kqp.protocol import produce_response
+from kqp.protocol.apis import API_SPECS, PRODUCE_KEY
 from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.schema_walk import (
     SHORT_READ,
@@ -66,6 +69,17 @@ def throttle_location(api_key: int, api_version: int) -> Skipper | int | None:
 
 
 def throttle_field_offset(frame: Buffer, body_offset: int, api_key: int, api_version: int) -> int | None:
+    if api_key == PRODUCE_KEY and produce_response.walks(api_version):
+        # Every Produce response comes here, and its field follows all the partitions: a walk
+        # written for Produce, in one call, instead of the generic one's call per array and
+        # string (same offsets and failures; tests/unit/protocol/test_produce_response.py).
+        try:
+            offset = produce_response.throttle_offset(frame, body_offset, api_version)
+        except SHORT_READ as exc:
+            raise ProtocolDecodeError(f"truncated response before {THROTTLE_FIELD}: {exc}") from exc
+        if offset + 4 > len(frame):
+            raise ProtocolDecodeError(f"response too short for {THROTTLE_FIELD} at offset {offset}")
+        return offset
     # A broker that does not support the requested ApiVersions version answers with a v0 body.
     api_version = response_layout_version(api_key, api_version, frame, body_offset)
     location = throttle_location(api_key, api_version)

@@ -212,21 +212,25 @@ def response_charges(
 def charge_response(engine: QuotaManagers, client: QuotaClient, charges: ResponseCharges, now_ms: float) -> int:
     """Apply a response's charges; the largest throttle they give (0 when none)."""
     broker, principal, client_id = client.broker, client.principal, client.client_id
-    throttles = [0]
+    # The largest of the throttles, kept as it goes (no list and max() per response).
+    throttle = 0
     if charges.produce_bytes is not None:
-        throttles.append(engine.record_produce(broker, principal, client_id, charges.produce_bytes, now_ms))
+        produce = engine.record_produce(broker, principal, client_id, charges.produce_bytes, now_ms)
+        if produce > throttle:
+            throttle = produce
     if charges.fetch_bytes is not None:
         # A broker that throttles a fetch answers it empty and unrecords the bytes; the proxy
         # already holds the data, so it delivers it and keeps it recorded (the long-run rate is
         # the quota either way).
-        throttles.append(
-            engine.record_fetch(broker, principal, client_id, charges.fetch_bytes, now_ms, delivered=True)
-        )
+        fetch = engine.record_fetch(broker, principal, client_id, charges.fetch_bytes, now_ms, delivered=True)
+        if fetch > throttle:
+            throttle = fetch
     if charges.request_time_ms is not None:
-        throttles.append(
-            engine.record_request_time(broker, principal, client_id, charges.api_key, charges.request_time_ms, now_ms)
-        )
-    return max(throttles)
+        request = engine.record_request_time(
+            broker, principal, client_id, charges.api_key, charges.request_time_ms, now_ms)
+        if request > throttle:
+            throttle = request
+    return throttle
 
 
 @dataclass(slots=True)

@@ -7,13 +7,15 @@ the fast path and decoded by the codec; the per-partition figures must agree.
 
 from __future__ import annotations
 
+import contextlib
+import random
 import struct
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.producer import ProduceRequest
@@ -23,6 +25,7 @@ from kqp.protocol.apis import API_SPECS, FETCH_KEY, PRODUCE_KEY
 from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.fast_path import (
     PartitionSummary,
+    fetch_response_tag_count,
     parse_fetch_request,
     parse_fetch_response,
     parse_produce_request,
@@ -38,6 +41,7 @@ from tests.unit.helpers.fast_path_strategies import (
     fetch_responses,
     produce_requests,
 )
+from tests.unit.protocol.test_fuzz import mutate
 
 PRODUCE_VERSIONS = range(API_SPECS[PRODUCE_KEY].min_version, API_SPECS[PRODUCE_KEY].max_version + 1)
 FETCH_VERSIONS = range(API_SPECS[FETCH_KEY].min_version, API_SPECS[FETCH_KEY].max_version + 1)
@@ -238,3 +242,22 @@ def test_share_fetch_request_limits_and_max_bytes_patch(version: int, data: st.D
 def test_a_truncated_share_fetch_request_is_a_protocol_error() -> None:
     with pytest.raises(ProtocolDecodeError):
         parse_share_fetch_request(b"\x06group\x03me\x00\x00", 1)
+
+
+@pytest.mark.parametrize("version", range(4, 19))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_the_tag_count_walk_agrees_with_the_full_parse(version: int, data: st.DataObject, seed: int) -> None:
+    # Skipping records by length must count the same tags, and refuse every layout the full
+    # parse refuses; only bad batches inside a well-formed records field may pass it.
+    base, _ = data.draw(fetch_responses(version))
+    rng = random.Random(seed)
+    for body in [base] + [mutate(base, rng) for _ in range(60)]:
+        try:
+            count = fetch_response_tag_count(body, version)
+        except ProtocolDecodeError:
+            with pytest.raises(ProtocolDecodeError):
+                parse_fetch_response(body, version)
+            continue
+        with contextlib.suppress(ProtocolDecodeError):
+            assert parse_fetch_response(body, version).tagged_fields == count

@@ -40,6 +40,23 @@ def test_oversized_frame_is_rejected_before_its_body_arrives() -> None:
         decoder.feed(struct.pack(">i", 1001))
 
 
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=4), st.sampled_from([bytes, bytearray, memoryview]))
+def test_one_whole_frame_per_read_comes_out_as_bytes(payloads: list[bytes], kind: type) -> None:
+    # The path every small request and response takes: exactly one frame per read.
+    decoder = FrameDecoder()
+    for payload in payloads:
+        (out,) = decoder.feed(kind(frame(payload)))
+        assert out == payload and type(out) is bytes
+    assert decoder.buffered_bytes == 0 and decoder.incomplete_frame() == (-1, 0)
+
+
+def test_one_whole_oversized_frame_is_rejected_too() -> None:
+    decoder = FrameDecoder(max_frame_bytes=10)
+    assert decoder.feed(frame(b"x" * 10)) == [b"x" * 10]
+    with pytest.raises(FrameTooLargeError):
+        decoder.feed(frame(b"x" * 11))
+
+
 def test_negative_frame_size_is_a_decode_error() -> None:
     with pytest.raises(ProtocolDecodeError):
         FrameDecoder().feed(struct.pack(">i", -5))
@@ -114,3 +131,16 @@ def test_produce_acks_zero_expects_no_response(version: int, transactional_id: s
         body = _produce_body(version, acks, transactional_id)
         assert produce_acks(body, version) == acks
         assert expects_response(PRODUCE_KEY, version, body) is (acks != 0)
+
+
+@given(st.binary(max_size=12), st.integers(0, 15))
+def test_expects_response_reads_acks_as_produce_acks_does(body: bytes, version: int) -> None:
+    # On any bytes, a truncated or absurd TransactionalId length included.
+    try:
+        acks = produce_acks(body, version)
+    except (ProtocolDecodeError, struct.error):
+        with pytest.raises((ProtocolDecodeError, struct.error)):
+            expects_response(PRODUCE_KEY, version, body)
+    else:
+        assert expects_response(PRODUCE_KEY, version, body) is (acks != 0)
+    assert expects_response(METADATA_KEY, version, body) is True

@@ -10,6 +10,7 @@ from kqp.protocol.address_rewrite import NODE_ENDPOINT_VERSIONS, client_response
 from kqp.protocol.apis import API_SPECS, FETCH_KEY, METADATA_KEY, PRODUCE_KEY
 from kqp.protocol.codec import decode_body
 from kqp.protocol.node_endpoints import may_carry_node_endpoints
+from kqp.protocol.throttle_field import throttle_field_offset
 from tests.unit.helpers.schema_messages import body_strategy
 
 CASES = [
@@ -81,3 +82,20 @@ def test_a_metadata_response_is_learned_and_rewritten() -> None:
     decoded = decode_body(METADATA_KEY, 12, memoryview(out)[5:], is_request=False)
     assert [(b.node_id, b.host, b.port) for b in decoded.brokers] == [(4, "proxy.local", 30004)]
     assert len(learned) == 1 and not endpoints
+
+
+@pytest.mark.parametrize("version", range(API_SPECS[PRODUCE_KEY].min_version, API_SPECS[PRODUCE_KEY].max_version + 1))
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(data=st.data())
+def test_a_produce_response_with_its_throttle_offset_known_is_answered_alike(version: int, data: st.DataObject) -> None:
+    # The session passes the offset it found; the shortcut that reads the tag count after it
+    # must give what the full path gives without it, NodeEndpoints or not.
+    body = data.draw(body_strategy(PRODUCE_KEY, version, is_request=False))
+    frame = b"\x00\x00\x00\x07\x00" + body
+    offset = throttle_field_offset(frame, 5, PRODUCE_KEY, version)
+
+    def mapper(_node_id: int, _host: str, _port: int) -> tuple[str, int]:
+        return "proxy.local", 30000  # node ids are drawn from the whole int32 range
+
+    assert client_response(PRODUCE_KEY, version, frame, 5, mapper, produce_throttle_offset=offset) == \
+        client_response(PRODUCE_KEY, version, frame, 5, mapper)
