@@ -188,6 +188,14 @@ RESUME: Final = Actions(resume_reading=True)
 _DRAINED: Final = Actions(drained=True)
 _CLOSED: Final = Actions(cancel_unmute=True, drained=True)
 
+def _actions(*, pause: bool = False, resume: bool = False, unmute_at: float | None = None,
+             drained: bool = False) -> Actions:
+    """One of the shared constants when it says it all; a new value only for a timer or a drain."""
+    if unmute_at is None and not drained:
+        return PAUSE if pause else RESUME if resume else NOTHING
+    return Actions(pause_reading=pause, resume_reading=resume, unmute_at=unmute_at, drained=drained)
+
+
 # (was any blocker holding, is any holding now) -> what reading must do; no edge, nothing.
 _EDGES: Final[Mapping[tuple[bool, bool], Actions]] = MappingProxyType({
     (False, False): NOTHING, (False, True): PAUSE, (True, False): RESUME, (True, True): NOTHING,
@@ -366,15 +374,15 @@ class ClientGate:
         if one_at_a_time_s:
             self.read_one_at_a_time(now, one_at_a_time_s)
         muting = self.mute(now, mute_ms) if mute_ms else NOTHING
+        pause = muting.pause_reading
         if in_flight and self._one_at_a_time_until > now:
             # As a broker mutes a channel while it handles one of its requests: without this
             # a client that pipelines (librdkafka writes requests as long as its socket takes
             # them) would move its whole backlog into the proxy's memory as small requests,
             # which then each wait out a throttle of their own.
-            edge = self._fire(Event.ONE_IN_HANDLING)
-            if edge.pause_reading and not muting.pause_reading:
-                muting = Actions(pause_reading=True, unmute_at=muting.unmute_at)
-        return muting
+            pause = self._fire(Event.ONE_IN_HANDLING).pause_reading or pause
+        drained = bool(self._blocked & _SHUTDOWN) and self._owes_nothing(in_flight)
+        return _actions(pause=pause, unmute_at=muting.unmute_at, drained=drained)
 
     # ---- responses -------------------------------------------------------------------
 
@@ -400,10 +408,10 @@ class ClientGate:
         if self._blocked & _IN_HANDLING and (not in_flight or self._one_at_a_time_until <= now):
             edge = self._fire(Event.HANDLED)
         drained = bool(self._blocked & _SHUTDOWN) and self._owes_nothing(in_flight)
-        if muting is NOTHING and not drained:
-            return edge
-        return Actions(pause_reading=muting.pause_reading, resume_reading=edge.resume_reading,
-                       unmute_at=muting.unmute_at, drained=drained)
+        # A mute can only pause and HANDLED only resume, and never both: HANDLED resumes only
+        # when no other blocker holds, and a mute just set THROTTLED.
+        return _actions(pause=muting.pause_reading, resume=edge.resume_reading, unmute_at=muting.unmute_at,
+                        drained=drained)
 
     def settled(self, in_flight: int) -> Actions:
         """Nothing to decide, only whether a graceful shutdown may end (after local answers
@@ -423,9 +431,7 @@ class ClientGate:
         if self._closed:
             return _DRAINED
         edge = self._fire(Event.DRAIN)
-        if not self._owes_nothing(in_flight):
-            return edge
-        return _DRAINED if edge is NOTHING else Actions(pause_reading=edge.pause_reading, drained=True)
+        return _actions(pause=edge.pause_reading, drained=self._owes_nothing(in_flight))
 
     def close(self) -> Actions:
         """The connection closed: no timer may fire, a shutdown waiting on it may end, and

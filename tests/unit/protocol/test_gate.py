@@ -172,6 +172,9 @@ ROWS = {
     "a held request decided without a response drains": Row(
         (*OPEN, hold, drain(0), release), decided(in_flight=0), Actions(drained=True), Blocker.SHUTDOWN,
         ClientState.DRAINING),
+    "a held acks=0 request throttled while draining drains": Row(
+        (*OPEN, hold, drain(0), release), decided(in_flight=0, mute_ms=300),
+        Actions(unmute_at=T0 + 0.3, drained=True), Blocker.SHUTDOWN | Blocker.THROTTLED, ClientState.DRAINING),
     "nothing is handed on while draining": Row(
         (*OPEN, drain(1)), next_request(), NOTHING, Blocker.SHUTDOWN, ClientState.DRAINING),
     "draining never resumes reading": Row(
