@@ -43,6 +43,12 @@ per user), replacing any TLS principal, as on a broker's SASL_SSL listener. A lo
 session cannot read (e.g. a mechanism it does not parse) leaves the principal unknown
 rather than guessed.
 
+Output. What goes out is framed here too, as h11's `send` does: `send_request`,
+`send_response` and `send_stream_head` return the parts to write, the int32 size prefix and
+the frame, for the caller's `writelines`. Two parts rather than one concatenation, so a
+large frame is never copied to prepend four bytes, and the bytes sent can be tested without
+a socket.
+
 Rewriting. Responses that carry broker addresses (Metadata, FindCoordinator,
 DescribeCluster, KIP-951 NodeEndpoints in Produce/Fetch) are rewritten so that clients
 reconnect through the proxy, and ApiVersions is capped at the versions the proxy decodes
@@ -95,6 +101,15 @@ MAX_RESPONSE_FRAME_BYTES = 2**31 - 1
 # held. The head handed over first must hold the response header and ThrottleTimeMs.
 CUT_THROUGH_MIN_BYTES = 64 * 1024
 CUT_THROUGH_HEAD_BYTES = 64
+
+
+# What to write for one frame: its size prefix, then the frame itself (see "Output" above).
+Parts = tuple[bytes, bytes | bytearray]
+
+
+def framed(frame: bytes | bytearray) -> Parts:
+    """The int32 size that precedes every Kafka frame, beside the frame (not concatenated)."""
+    return len(frame).to_bytes(4, "big"), frame
 
 
 class TruncatedFrameError(ProtocolDecodeError):
@@ -274,14 +289,22 @@ class KafkaSession(Generic[C]):
             self.sasl.authenticate_request(bytes(message.auth_bytes))
         return Request(header, frame, expects_response(api_key, header.api_version, body))
 
-    def forwarded(self, request: Request, context: C) -> None:
-        """The request went to the broker; its response (if it gets one) is due in this turn."""
+    def send_request(self, request: Request, context: C, frame: bytes | bytearray | None = None) -> Parts:
+        """Forward the request (as `frame` if something changed it): returns what to write to
+        the broker; its response (if it gets one) is due in this turn."""
         if request.expects_response:
             self._in_flight.append(_InFlight(request.header, context, None))
+        return framed(request.frame if frame is None else frame)
 
     def answer_locally(self, request: Request, context: C, answer: bytes) -> None:
         """The proxy answers the request itself; the answer leaves in the request's turn."""
         self._in_flight.append(_InFlight(request.header, context, answer))
+
+    @property
+    def local_answer_due(self) -> bool:
+        """The oldest entry in flight is a local answer: its turn has come (`local_answers`)."""
+        in_flight = self._in_flight
+        return bool(in_flight) and in_flight[0].local_answer is not None
 
     def local_answers(self) -> Iterator[Response[C]]:
         """The local answers whose turn has come (every response ahead of them was sent)."""
@@ -293,6 +316,18 @@ class KafkaSession(Generic[C]):
             header = entry.header
             yield Response(entry.context, header, answer,
                            response_body_offset(answer, header.api_key, header.api_version), local=True)
+
+    @staticmethod
+    def send_response(response: Response[C], frame: bytes | bytearray | None = None) -> Parts:
+        """What to write to the client for a whole response (as `frame` if something changed it)."""
+        return framed(response.frame if frame is None else frame)
+
+    @staticmethod
+    def send_stream_head(event: StreamStarted[C]) -> Parts:
+        """What to write to the client as a cut-through response starts: the size prefix
+        announces the whole frame, though most of it is still to come. The head is copied
+        because the caller may patch it in place and the transport may keep what it is given."""
+        return event.frame_size.to_bytes(4, "big"), bytes(event.head[: event.passed])
 
     # ---- the broker's side -----------------------------------------------------------
 

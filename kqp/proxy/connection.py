@@ -20,64 +20,22 @@ channel for it, so it does the same on its own client socket: `pause_reading()` 
 client transport stops the proxy reading, the client's socket buffer fills and TCP pushes
 back on the client, exactly as behind a muted broker channel.
 
-Reading from the client is paused while `_client_blockers` is not empty. Each reason is
-added and removed on its own, so one ending never resumes reading while another holds:
-
-  connecting         from accept until an upstream broker connection is open.
-  upstream-backlog   the upstream transport's write buffer passed write_buffer_high_bytes
-                     (asyncio's pause_writing): the broker reads slower than the client
-                     sends, so stop reading the client instead of buffering without bound.
-  throttled          KIP-219 mute: set by `mute()`, cleared by the timer at `_muted_until`.
-  held               a hook's `hold` future is pending (a partition mutation the fleet
-                     orders): as on a broker, nothing behind a request in handling is read.
-  shutdown           `drain()`: no new request is taken; in-flight ones are answered.
-  in-handling        while the connection is read one request at a time (see
-                     `_one_at_a_time_until`), a request is with the broker: a broker's
-                     channel stays muted while it handles a request, so the client's next
-                     requests wait in its own socket and queue, not in the proxy's memory.
-                     Cleared when the last response in flight has been sent.
-
-Requests the session had already framed stay queued in it while reading is paused
-(`_process_pending` forwards nothing while any blocker holds), so a client that pipelined
-requests before its throttle does not get them through during the mute.
+The rules of when the client is read and when its next request is handed on (the blockers:
+connecting, upstream backlog, throttled, held, shutdown, in handling; the mute deadline that
+only extends; one request at a time after a throttle; the mute of a cut-through response
+applied once it has passed; draining) are `kqp.protocol.gate.ClientGate`'s, written down
+there with a state diagram and unit-tested without sockets. This module tells the gate what
+happened and does what it answers (`_apply`): pause or resume reading the client, arm or
+cancel the unmute timer, hand the next queued request on, end a graceful shutdown.
 
 The other direction has one reason, `client-backlog` in `_upstream_blockers`: the client's
 transport is above its high-water mark because the client does not read its responses, so
 the proxy stops reading the broker, and the broker's own send buffer fills, as if the client
 were connected directly. The idle timeout does not count that time against the connection.
 
-Timers and flags:
-
-  _muted_until           event-loop time (s) the current mute ends. A mute only extends
-                         it, never shortens it (a later, shorter throttle does not cut an
-                         earlier, longer one), and the unmute timer is re-armed to it.
-  _one_at_a_time_until   event-loop time (s) until which at most one request is in flight
-                         to the broker: a new request waits until the previous response has
-                         gone. A broker never processes two requests of one connection at
-                         once, so a throttled client cannot pipeline past its throttle
-                         there; the proxy forwards pipelined requests (the broker serialises
-                         them), which would let a burst read before the throttle through.
-                         Set by `mute()` to the mute's end plus ONE_AT_A_TIME_AFTER_THROTTLE_S
-                         (one default quota span), and by a hook's verdict when the client
-                         is throttled on another of its connections.
-  _held                  a request waits for a hook's hold; `_drained` stays clear meanwhile.
-  _stream_mute_ms        the mute decided when a cut-through response began (its
-                         ThrottleTimeMs is in its head), applied only once its last byte
-                         has gone: KIP-219 mutes after the throttled response is sent.
-  _drained               set when the client is owed nothing: no request in flight to the
-                         broker, no local answer waiting, none held. `drain()` (graceful
-                         shutdown) waits for it.
-
-A small state description of the client side:
-
-  READING  --(any blocker added)--> PAUSED --(last blocker removed)--> READING
-  READING  --(throttled response sent)--> PAUSED[throttled] --(timer at _muted_until)-->
-           READING, but ONE-AT-A-TIME until _one_at_a_time_until
-  any state --(close)--> CLOSED (timers cancelled, both transports closed, _drained set)
-
-A throttle decided on a request (acks=0 Produce, which gets no response to carry it) mutes
-right after the request is forwarded; one decided on a response mutes after that response
-(or, for a local answer, after the answer) has been written.
+What is written is framed by the session (`send_request`, `send_response`,
+`send_stream_head`: the size prefix beside the frame, for `writelines`), so the bytes sent
+are tested without sockets too.
 """
 
 from __future__ import annotations
@@ -91,7 +49,9 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from kqp.protocol.apis import SASL_AUTHENTICATE_KEY
+from kqp.protocol.close_reason import CloseReason
 from kqp.protocol.errors import ProtocolError
+from kqp.protocol.gate import FORWARD, NOTHING, Actions, ClientGate
 from kqp.protocol.sasl import ANONYMOUS, SaslObserver
 from kqp.protocol.session import (
     KafkaSession,
@@ -103,7 +63,7 @@ from kqp.protocol.session import (
     TruncatedFrameError,
 )
 from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
-from kqp.proxy.hooks import ONE_AT_A_TIME_AFTER_THROTTLE_S, ClientView, Exchange, TrafficHooks
+from kqp.proxy.hooks import ClientView, Exchange, TrafficHooks
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.tls import CertificateParseError, ListenerTlsState, PrincipalMappingError
 from kqp.proxy.topics import TopicDirectory
@@ -111,22 +71,6 @@ from kqp.proxy.topics import TopicDirectory
 __all__ = ["ClientSide", "ConnectionServices", "ProxiedConnection", "TruncatedFrameError"]
 
 log = logging.getLogger(__name__)
-
-# Reasons in `_client_blockers` (see the module docstring): reading from the client is
-# paused while any of them holds.
-_CONNECTING = "connecting"
-_UPSTREAM_BACKLOG = "upstream-backlog"
-_THROTTLED = "throttled"
-_SHUTDOWN = "shutdown"
-_HELD = "held"
-_IN_HANDLING = "in-handling"
-
-
-def _size_prefix(frame: bytes | bytearray) -> bytes:
-    """The int32 size that precedes every Kafka frame. Written beside the frame with
-    `writelines` rather than concatenated, so a large frame is never copied to prepend it."""
-    return len(frame).to_bytes(4, "big")
-
 
 @dataclass(frozen=True, slots=True)
 class ConnectionServices:
@@ -139,7 +83,7 @@ class ConnectionServices:
     hooks: TrafficHooks
     listener_tls: ListenerTlsState | None
     upstream_ssl: Callable[[], ssl.SSLContext | None]  # the context for a new upstream connection
-    closed: Callable[[ProxiedConnection, str], None]
+    closed: Callable[[ProxiedConnection, CloseReason], None]
     frame_rejected: Callable[[ProxiedConnection, str, ProtocolError], None]
     node_endpoints_rewritten: Callable[[int], None]  # by API key: KIP-951 endpoints rewritten
     unreadable_login: Callable[[ProxiedConnection, str], None]  # by mechanism: a principal the proxy cannot read
@@ -178,17 +122,13 @@ class ProxiedConnection:
         # Event-loop time bytes last moved either way; the server's idle sweep reads it
         # (Kafka's connections.max.idle.ms).
         self.last_activity = self._loop.time()
-        self._stream_mute_ms = 0  # the mute due once the streaming response has passed
-        self._client_blockers: set[str] = set()
+        # When the client is read and its requests handed on (kqp.protocol.gate).
+        self._gate = ClientGate()
         self._upstream_blockers: set[str] = set()
-        self._muted_until = 0.0
-        self._one_at_a_time_until = 0.0
         self._unmute_handle: asyncio.TimerHandle | None = None
         self._hold_handle: asyncio.TimerHandle | None = None
-        self._closed = False
-        self._held = False  # a request waits for a hook's hold (see `hold` in kqp.proxy.hooks)
-        self._drained = asyncio.Event()
-        self._drained.set()  # nothing is owed to a connection that has sent nothing
+        # Set when a graceful shutdown may end; made by `drain()`, the only one to wait on it.
+        self._drained: asyncio.Event | None = None
         # What hooks see of this connection's client: replaced where the peer or principal changes.
         self.view = ClientView(connection_id, self.peer, listener.name, self.upstream_node_id, ANONYMOUS, self)
 
@@ -212,7 +152,7 @@ class ProxiedConnection:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._gate.closed
 
     @property
     def in_flight(self) -> int:
@@ -227,22 +167,23 @@ class ProxiedConnection:
             self.peer = f"{peer[0]}:{peer[1]}"
             self._refresh_view()
         transport.set_write_buffer_limits(high=self.services.options.write_buffer_high_bytes)
-        self._block_client(_CONNECTING)
+        self._apply(self._gate.accepted())
         self._hooks.connection_opened(self.view)
 
     def start(self) -> None:
         """Terminate TLS if the listener has it, then connect upstream and start forwarding."""
         # Not tracked: the task ends on its own (connected, failed or closed), and
-        # `_connect_upstream` checks `_closed` after every await.
+        # `_connect_upstream` checks `closed` after every await.
         self._loop.create_task(self._open())
 
-    def hold_then_close(self, hold_ms: int, reason: str) -> None:
+    def hold_then_close(self, hold_ms: int) -> None:
         """KIP-612: keep a throttled new connection open, unread, then close it, as a broker does.
 
         The broker (ConnectionQuotas) delays closing rather than refusing at once, so a client
         that reconnects in a loop is slowed to the connection_creation_rate instead of spinning.
-        The connection was never started, so the client's reads stay paused (`connecting`)."""
-        self._hold_handle = self._loop.call_later(hold_ms / 1000.0, self.close, reason)
+        The connection was never started, so the client's reads stay paused (connecting)."""
+        self._hold_handle = self._loop.call_later(hold_ms / 1000.0, self.close, CloseReason.CONNECTION_RATE,
+                                                  f"held {hold_ms} ms")
 
     async def _open(self) -> None:
         if self.services.listener_tls is not None and not self._take_tls_principal():
@@ -256,7 +197,7 @@ class ProxiedConnection:
         try:
             principal = tls.principal_of(cast("ssl.SSLObject | None", self.client.get_extra_info("ssl_object")))
         except (PrincipalMappingError, CertificateParseError) as exc:
-            self.close(f"TLS client certificate rejected: {exc}", problem=True)
+            self.close(CloseReason.TLS_CERTIFICATE_REJECTED, str(exc), problem=True)
             return False
         if principal is not None:
             self.tls_principal = principal
@@ -273,7 +214,7 @@ class ProxiedConnection:
             candidates = [known] if known is not None else []
         failure = "upstream address of this node is unknown"
         for host, port in candidates:
-            if self._closed:
+            if self.closed:
                 return
             try:
                 transport, _ = await asyncio.wait_for(
@@ -284,68 +225,77 @@ class ProxiedConnection:
                 failure = f"{host}:{port}: {exc or type(exc).__name__}"
                 log.warning("connection %d: upstream %s:%d unreachable: %s", self.connection_id, host, port, exc)
                 continue
-            if self._closed:
+            if self.closed:
                 transport.close()
                 return
-            self._unblock_client(_CONNECTING)
+            self._apply(self._gate.upstream_open())
             # The client may have sent requests before the broker connection was up (they
             # were framed and queued, not read further).
             self._process_pending()
             return
-        self.close(f"no upstream broker reachable ({failure})", problem=True)
+        self.close(CloseReason.NO_UPSTREAM_REACHABLE, failure, problem=True)
 
     def upstream_connected(self, transport: asyncio.Transport) -> None:
         self.upstream = transport
         transport.set_write_buffer_limits(high=self.services.options.write_buffer_high_bytes)
 
-    def close(self, reason: str, *, problem: bool = False) -> None:
-        """Close both sides, once; `problem` logs it as a warning (a fault, not an ending)."""
-        if self._closed:
-            return
-        self._closed = True
+    def close(self, reason: CloseReason, detail: str = "", *, problem: bool = False) -> None:
+        """Close both sides, once; `problem` logs it as a warning (a fault, not an ending).
+        `detail` (an address, a limit, the error) goes to the log only: the metric's label is
+        the reason's, so it stays bounded."""
+        actions = self._gate.close()
+        if actions is NOTHING:
+            return  # closed already
         level = logging.WARNING if problem else logging.DEBUG
-        log.log(level, "connection %d from %s via %s closed: %s", self.connection_id, self.peer,
-                self.listener.name, reason)
-        for handle in (self._unmute_handle, self._hold_handle):
-            if handle is not None:
-                handle.cancel()
+        log.log(level, "connection %d from %s via %s closed: %s%s", self.connection_id, self.peer,
+                self.listener.name, reason.label, f" ({detail})" if detail else "")
+        self._apply(actions)  # the unmute timer, and a shutdown waiting for this connection
+        if self._hold_handle is not None:
+            self._hold_handle.cancel()
         # Closing one side closes the other: the client's requests in flight cannot be
         # answered on a new broker connection (correlation ids and SASL state are per
         # connection), so the client must see the failure and retry, as after a broker's close.
         for transport in (self.client, self.upstream):
             if transport is not None:
                 transport.close()
-        self._drained.set()
         self.services.closed(self, reason)
 
     async def drain(self) -> None:
         """Stop taking requests and wait for the ones in flight to be answered."""
-        self._block_client(_SHUTDOWN)
+        if self._drained is None:
+            self._drained = asyncio.Event()
+        self._apply(self._gate.drain(self.session.in_flight))
+        # Never forwarded, so the client retries them elsewhere, as after a broker's close.
         self.session.drop_queued_requests()
         await self._drained.wait()
 
     # ---- flow control ----------------------------------------------------------------
 
-    def _block_client(self, reason: str) -> None:
-        if not self._client_blockers and self.client is not None and not self._closed:
-            self.client.pause_reading()
-        self._client_blockers.add(reason)
-
-    # pause_reading/resume_reading are called only on the edges (first blocker in, last
-    # blocker out), so overlapping reasons never resume reading early.
-
-    def _unblock_client(self, reason: str) -> None:
-        self._client_blockers.discard(reason)
-        if not self._client_blockers and self.client is not None and not self._closed:
-            self.client.resume_reading()
+    def _apply(self, actions: Actions) -> None:
+        """Do what the gate answered. Pausing and resuming come only on the edges (first
+        blocker in, last out), so overlapping reasons never resume reading early."""
+        client = self.client
+        if actions.pause_reading:
+            if client is not None:
+                client.pause_reading()
+        elif actions.resume_reading and client is not None:
+            client.resume_reading()
             if self.frame_started_at is not None:
                 # The rest of the frame could not be read while paused; its clock restarts.
                 self.frame_started_at = self._loop.time()
+        if actions.unmute_at is not None or actions.cancel_unmute:
+            if self._unmute_handle is not None:
+                self._unmute_handle.cancel()
+                self._unmute_handle = None
+            if actions.unmute_at is not None:
+                self._unmute_handle = self._loop.call_at(actions.unmute_at, self._unmute)
+        if actions.drained and self._drained is not None:
+            self._drained.set()
 
     def block_upstream_reads(self) -> None:
         """The client's write buffer is full (it does not read its responses): stop reading
         the broker until it drains, so responses back up into the broker, not into memory."""
-        if not self._upstream_blockers and self.upstream is not None and not self._closed:
+        if not self._upstream_blockers and self.upstream is not None and not self.closed:
             self.upstream.pause_reading()
         self._upstream_blockers.add("client-backlog")
 
@@ -353,7 +303,7 @@ class ProxiedConnection:
         # The client is reading again: that is activity, whatever the idle clock said.
         self.last_activity = self._loop.time()
         self._upstream_blockers.discard("client-backlog")
-        if not self._upstream_blockers and self.upstream is not None and not self._closed:
+        if not self._upstream_blockers and self.upstream is not None and not self.closed:
             self.upstream.resume_reading()
 
     @property
@@ -363,13 +313,11 @@ class ProxiedConnection:
 
     @property
     def client_reads_paused(self) -> bool:
-        return bool(self._client_blockers)
+        return self._gate.reads_paused
 
     def upstream_backlog(self, full: bool) -> None:
-        if full:
-            self._block_client(_UPSTREAM_BACKLOG)
-        else:
-            self._unblock_client(_UPSTREAM_BACKLOG)
+        self._apply(self._gate.upstream_backlog(full))
+        if not full:
             self._process_pending()
 
     def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None:
@@ -377,50 +325,34 @@ class ProxiedConnection:
 
         `one_at_a_time=False` mutes without the one-request-at-a-time span that follows a
         throttle on this connection itself (a cluster-wide budget throttled elsewhere)."""
-        if throttle_ms <= 0 or self._closed:
-            return
-        loop = self._loop
-        until = loop.time() + throttle_ms / 1000.0
-        if until <= self._muted_until:
-            return  # an earlier, longer mute already covers this one
-        self._muted_until = until
-        # A broker reads one request per connection at a time, so a throttled client's
-        # pipelined requests wait in the socket. Do the same while it is being throttled,
-        # or requests read before the throttle would all go through at once.
-        if one_at_a_time:
-            self._one_at_a_time_until = until + ONE_AT_A_TIME_AFTER_THROTTLE_S
-        if self._unmute_handle is not None:
-            self._unmute_handle.cancel()
-        self._block_client(_THROTTLED)
-        self._unmute_handle = loop.call_at(until, self._unmute)
+        if throttle_ms > 0:
+            self._apply(self._gate.mute(self._loop.time(), throttle_ms, one_at_a_time=one_at_a_time))
 
     def read_one_request_at_a_time(self, seconds: float) -> None:
         """Forward one request at a time for a while: this client is being throttled, maybe on
         another connection, and a broker would not let it pipeline past its throttles."""
-        until = self._loop.time() + seconds
-        if until > self._one_at_a_time_until:
-            self._one_at_a_time_until = until
+        self._gate.read_one_at_a_time(self._loop.time(), seconds)
 
     def _unmute(self) -> None:
         self._unmute_handle = None
-        self._unblock_client(_THROTTLED)
+        self._apply(self._gate.unmute())
         self._process_pending()
 
     @property
     def muted(self) -> bool:
-        return _THROTTLED in self._client_blockers
+        return self._gate.muted
 
     # ---- requests --------------------------------------------------------------------
 
     def client_data(self, data: bytes) -> None:
-        """Bytes from the client: frame them, then forward what the blockers allow."""
+        """Bytes from the client: frame them, then forward what the gate allows."""
         now = self.last_activity = self._loop.time()
         session = self.session
         try:
             completed = session.client_bytes(data)
         except ProtocolError as exc:
             self.services.frame_rejected(self, "client", exc)
-            self.close(f"bad frame from client: {exc}", problem=True)
+            self.close(CloseReason.BAD_FRAME_FROM_CLIENT, str(exc), problem=True)
             return
         # The frame-read clock follows the frame in progress: cleared when no partial frame
         # is buffered, restarted when a new one began in this chunk.
@@ -432,34 +364,38 @@ class ProxiedConnection:
             self._process_pending()
 
     def _process_pending(self) -> None:
-        # Requests already read stay queued while the connection is blocked, so a muted
-        # client gets nothing through even if it had pipelined requests.
+        # Requests already read stay queued while the gate says no, so a muted client gets
+        # nothing through even if it had pipelined requests.
         session = self.session
-        while session.requests_queued and not self._client_blockers and not self._closed:
-            if session.in_flight and self._one_at_a_time_until > self._loop.time():
-                # Requests pipelined before the client was throttled are still in flight.
-                self._block_client(_IN_HANDLING)
-                return
-            if session.local_answer_waiting:
-                # Its throttle must hold the requests behind it: read no more until it is sent.
+        if not session.requests_queued:
+            return
+        gate = self._gate
+        now = self._loop.time()
+        while session.requests_queued:
+            actions = gate.next_request(now, session.in_flight, session.local_answer_waiting)
+            if actions is not FORWARD:
+                if actions is not NOTHING:
+                    self._apply(actions)
                 return
             try:
                 self._handle_request(session.next_request())
             except ProtocolError as exc:
                 self.services.frame_rejected(self, "client", exc)
-                self.close(f"bad request from client: {exc}", problem=True)
+                self.close(CloseReason.BAD_REQUEST_FROM_CLIENT, str(exc), problem=True)
                 return
 
     def client_lost(self, exc: Exception | None) -> None:
         # A client that disconnects mid-frame sent a truncated request: counted as a
         # rejected frame (kqp_frames_rejected_total), not as an ordinary disconnect.
         buffered = self.session.client_bytes_buffered
-        if buffered and not self._closed:
+        if buffered and not self.closed:
             error = TruncatedFrameError(f"client went away {buffered} bytes into a frame")
             self.services.frame_rejected(self, "client", error)
-            self.close(f"truncated frame from client: {error}", problem=True)
+            self.close(CloseReason.TRUNCATED_FRAME_FROM_CLIENT, str(error), problem=True)
+        elif exc is None:
+            self.close(CloseReason.CLIENT_DISCONNECTED)
         else:
-            self.close("client disconnected" if exc is None else f"client connection lost: {exc}")
+            self.close(CloseReason.CLIENT_CONNECTION_LOST, str(exc))
 
     def _handle_request(self, request: Request) -> None:
         header = request.header
@@ -473,22 +409,17 @@ class ProxiedConnection:
         wait = self._hooks.hold(self.view, exchange, frame)
         if wait is not None:
             # Nothing behind it is read until it is decided, and shutdown waits for it.
-            self._block_client(_HELD)
-            self._held = True
-            self._drained.clear()
+            self._apply(self._gate.hold())
             wait.add_done_callback(lambda _done: self._release(request, exchange))
             return
         self._decide(request, exchange)
 
     def _release(self, request: Request, exchange: Exchange) -> None:
         """A hold ended: decide the held request, then read on (done callback of the hold)."""
-        if self._closed:
+        if self.closed:
             return
-        self._held = False
-        self._unblock_client(_HELD)
+        self._apply(self._gate.release())
         self._decide(request, exchange)
-        if not self.session.in_flight:
-            self._drained.set()
         self._process_pending()
 
     def _decide(self, request: Request, exchange: Exchange) -> None:
@@ -498,33 +429,27 @@ class ProxiedConnection:
         if verdict is not None and verdict.answer is not None:
             exchange.local_response = verdict.answer
             self.session.answer_locally(request, exchange, verdict.answer)
-            self._drained.clear()
             self._flush_local_answers()
+            now = self._loop.time()
         else:
             out = frame if verdict is None or verdict.frame is None else verdict.frame
             upstream = self.upstream
             assert upstream is not None  # requests are only processed once connected
-            upstream.writelines((_size_prefix(out), out))
-            exchange.sent_at = self._loop.time()
-            self.session.forwarded(request, exchange)
-            if request.expects_response:
-                self._drained.clear()
-            else:
+            upstream.writelines(self.session.send_request(request, exchange, out))
+            now = exchange.sent_at = self._loop.time()
+            if not request.expects_response:
                 # acks=0: no response will ever end this exchange, so the hooks close it now.
                 self._hooks.unanswered(self.view, exchange)
         # A throttle decided on the request itself (acks=0 Produce has no response to carry
-        # it) applies once the request is on its way.
-        if verdict is not None:
-            if verdict.one_at_a_time_s:
-                self.read_one_request_at_a_time(verdict.one_at_a_time_s)
-            if verdict.mute_ms:
-                self.mute(verdict.mute_ms)
-        if self.session.in_flight and self._one_at_a_time_until > self._loop.time():
-            # As a broker mutes a channel while it handles one of its requests: without
-            # this a client that pipelines (librdkafka writes requests as long as its socket
-            # takes them) would move its whole backlog into the proxy's memory as small
-            # requests, which then each wait out a throttle of their own.
-            self._block_client(_IN_HANDLING)
+        # it) applies once the request is on its way; the gate also reads one request at a
+        # time from here if the connection is in its span after a throttle.
+        in_flight = self.session.in_flight
+        if verdict is None:
+            actions = self._gate.decided(now, in_flight)
+        else:
+            actions = self._gate.decided(now, in_flight, verdict.mute_ms, verdict.one_at_a_time_s)
+        if actions is not NOTHING:
+            self._apply(actions)
 
     def _flush_local_answers(self) -> None:
         # A local answer leaves in its place among the forwarded responses, and its verdict
@@ -535,8 +460,6 @@ class ProxiedConnection:
                 mute_ms = self._send_response(response)
                 if mute_ms:
                     self.mute(mute_ms)
-        if not self.session.in_flight and not self._held:
-            self._drained.set()
 
     # ---- responses -------------------------------------------------------------------
 
@@ -556,11 +479,11 @@ class ProxiedConnection:
                     self._stream_started(event)
                 else:
                     self._stream_ended(event)
-                if self._closed:
+                if self.closed:
                     return
         except ProtocolError as exc:
             self.services.frame_rejected(self, "broker", exc)
-            self.close(f"bad response from broker: {exc}", problem=True)
+            self.close(CloseReason.BAD_RESPONSE_FROM_BROKER, str(exc), problem=True)
 
     def _write_client(self, data: memoryview | bytes) -> None:
         if self.client is not None:
@@ -588,18 +511,18 @@ class ProxiedConnection:
             out = verdict.frame
         client = self.client
         if client is not None:
-            client.writelines((_size_prefix(out), out))
+            client.writelines(self.session.send_response(response, out))
         return verdict.mute_ms if verdict is not None else 0
 
     def _stream_started(self, event: StreamStarted[Exchange]) -> None:
         exchange = event.context
         exchange.response_received_at = self._loop.time()
         verdict = self._hooks.response_started(self.view, exchange, event.head, event.body_offset, event.frame_size)
-        self._stream_mute_ms = verdict.mute_ms if verdict is not None else 0
+        # KIP-219 mutes after the throttled response is sent: the gate keeps it until the end.
+        self._gate.stream_started(verdict.mute_ms if verdict is not None else 0)
         client = self.client
         if client is not None:
-            # The size prefix announces the whole frame, though most of it is still to come.
-            client.writelines((event.frame_size.to_bytes(4, "big"), bytes(event.head[: event.passed])))
+            client.writelines(self.session.send_stream_head(event))
 
     def _stream_ended(self, event: StreamEnded[Exchange]) -> None:
         if event.tail:
@@ -607,20 +530,22 @@ class ProxiedConnection:
         if event.endpoints_rewritten:
             self.services.node_endpoints_rewritten(event.header.api_key)
         self._hooks.response_streamed(self.view, event.context, event.frame_size, event.body_offset)
-        mute_ms, self._stream_mute_ms = self._stream_mute_ms, 0
-        self._after_response(mute_ms)
+        self._after_response(streamed=True)
 
-    def _after_response(self, mute_ms: int) -> None:
+    def _after_response(self, mute_ms: int = 0, *, streamed: bool = False) -> None:
         """A response went out: local answers that were waiting behind it follow, then its
-        mute starts, then queued requests go on if nothing blocks them."""
-        self._flush_local_answers()
-        if mute_ms:
-            self.mute(mute_ms)
-        if _IN_HANDLING in self._client_blockers and (
-            not self.session.in_flight or self._one_at_a_time_until <= self._loop.time()
-        ):
-            self._unblock_client(_IN_HANDLING)
-        if self.session.requests_queued:
+        mute starts (a streamed one's, kept by the gate since it started), then queued
+        requests go on if nothing blocks them."""
+        session = self.session
+        if session.local_answer_due:
+            self._flush_local_answers()
+        gate = self._gate
+        now = self._loop.time()
+        actions = gate.stream_ended(now, session.in_flight) if streamed else gate.response_sent(
+            now, session.in_flight, mute_ms)
+        if actions is not NOTHING:
+            self._apply(actions)
+        if session.requests_queued:
             self._process_pending()
 
 
@@ -677,8 +602,10 @@ class _UpstreamSide(asyncio.Protocol):
         # A broker closing an idle connection is routine (connections.max.idle.ms); closing
         # one with requests unanswered is worth a warning.
         problem = bool(self._connection.in_flight)
-        reason = "broker closed the connection" if exc is None else f"broker connection lost: {exc}"
-        self._connection.close(reason, problem=problem)
+        if exc is None:
+            self._connection.close(CloseReason.BROKER_CLOSED, problem=problem)
+        else:
+            self._connection.close(CloseReason.BROKER_CONNECTION_LOST, str(exc), problem=problem)
 
     def pause_writing(self) -> None:
         self._connection.upstream_backlog(True)

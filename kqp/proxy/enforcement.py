@@ -36,8 +36,10 @@ from typing import Protocol
 
 from kqp.config.models import EnforcementSection
 from kqp.protocol.api_keys import ApiKey
+from kqp.protocol.close_reason import CloseReason
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.fast_path import patch_fetch_max_bytes
+from kqp.protocol.gate import ONE_AT_A_TIME_AFTER_THROTTLE_S
 from kqp.protocol.headers import encode_response_header
 from kqp.protocol.mutations import (
     MUTATION_APIS,
@@ -56,7 +58,6 @@ from kqp.protocol.throttle_field import (
     write_throttle_time,
 )
 from kqp.proxy.hooks import (
-    ONE_AT_A_TIME_AFTER_THROTTLE_S,
     ClientView,
     ConnectionControl,
     Exchange,
@@ -259,7 +260,7 @@ class QuotaEnforcement(TrafficHooks):
             if connection_id != client.connection_id:
                 other.mute(throttle, one_at_a_time=False)
 
-    def connection_closed(self, client: ClientView, reason: str) -> None:
+    def connection_closed(self, client: ClientView, reason: CloseReason) -> None:
         self._turns.closed(client.connection_id)
         self._controls.pop(client.connection_id, None)
         for key in client.state.cluster_scope_keys:

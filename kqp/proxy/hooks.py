@@ -51,14 +51,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from kqp.protocol.api_keys import ApiKey
+from kqp.protocol.close_reason import CloseReason
 from kqp.protocol.fast_path import FetchRequestSummary, parse_fetch_request, parse_share_fetch_request
 from kqp.protocol.headers import RequestHeader
 from kqp.protocol.mutations import MutationRequest, TopicMutation
 from kqp.quotas.recording import QuotaClient, QuotaTrace, RequestOutcome
-
-# How long a throttled connection keeps reading one request at a time: a default quota span
-# (11 windows of 1 s). The enforcement hook holds a client's new connections for as long.
-ONE_AT_A_TIME_AFTER_THROTTLE_S = 11.0
 
 
 class ConnectionControl(Protocol):
@@ -277,7 +274,7 @@ class TrafficHooks:
         """The last byte of a streamed response went to the client."""
         return None
 
-    def connection_closed(self, client: ClientView, reason: str) -> None:
+    def connection_closed(self, client: ClientView, reason: CloseReason) -> None:
         return None
 
 
@@ -387,6 +384,6 @@ class HookChain(TrafficHooks):
         for streamed in self.calls_for("response_streamed", exchange.header.api_key):
             streamed(client, exchange, frame_size, body_offset)
 
-    def connection_closed(self, client: ClientView, reason: str) -> None:
+    def connection_closed(self, client: ClientView, reason: CloseReason) -> None:
         for hook in self.hooks:
             hook.connection_closed(client, reason)

@@ -29,6 +29,7 @@ from kqp.protocol.apis import (
     SASL_AUTHENTICATE_KEY,
     SASL_HANDSHAKE_KEY,
 )
+from kqp.protocol.close_reason import CloseReason
 from kqp.protocol.codec import decode_body
 from kqp.protocol.error_codes import response_error_codes
 from kqp.protocol.errors import ProtocolError
@@ -93,11 +94,9 @@ class ObservationHooks(TrafficHooks):
         if self.metrics is not None:
             self.metrics.connection_opened(client.listener, _node_label(client))
 
-    def connection_closed(self, client: ClientView, reason: str) -> None:
+    def connection_closed(self, client: ClientView, reason: CloseReason) -> None:
         if self.metrics is not None:
-            # Reasons carry details (addresses, sizes); the label keeps only the kind.
-            self.metrics.connection_closed(client.listener, _node_label(client),
-                                           reason.split(":")[0].split("(")[0].strip())
+            self.metrics.connection_closed(client.listener, _node_label(client), reason.label)
 
     def _captured(self, client: ClientView) -> bool:
         """Whether the capture keeps this connection's exchanges (asked once per connection)."""

@@ -12,6 +12,7 @@ import ssl
 from collections.abc import Callable
 
 from kqp.protocol.apis import METADATA_KEY, api_name
+from kqp.protocol.close_reason import CloseReason
 from kqp.protocol.codec import decode_body
 from kqp.protocol.errors import CorrelationError, FrameTooLargeError, ProtocolError, UnsupportedApiError
 from kqp.protocol.framing import FrameDecoder, frame
@@ -166,7 +167,7 @@ class ProxyServer:
             connection = ProxiedConnection(self._services, bootstrap, next(self._ids))
             self.connections.add(connection)
             connection.client_connected(transport)
-            connection.close("TLS handshake chose no node by server name", problem=True)
+            connection.close(CloseReason.SNI_NO_NODE, problem=True)
             return connection
         listener = self._routed.get(node)
         if listener is None:
@@ -264,27 +265,28 @@ class ProxyServer:
         # The broker's order (ConnectionQuotas.inc): overall limit, connection rate, then per IP;
         # a connection held for its rate is not counted against its IP.
         if self._stopping:
-            connection.close("proxy is shutting down", problem=True)
+            connection.close(CloseReason.SHUTTING_DOWN, problem=True)
             return connection
         if options.max_connections and len(self.connections) > options.max_connections:
-            connection.close(f"too many connections (max_connections={options.max_connections})", problem=True)
+            connection.close(CloseReason.TOO_MANY_CONNECTIONS, f"max_connections={options.max_connections}",
+                             problem=True)
             return connection
         hold_ms = self.accept_throttle(ip) if self.accept_throttle is not None else 0
         if hold_ms > 0:
             log.info("connection %d from %s: connection_creation_rate exceeded, closing it after %d ms",
                      connection.connection_id, connection.peer, hold_ms)
-            connection.hold_then_close(hold_ms, f"connection_creation_rate quota exceeded: held {hold_ms} ms")
+            connection.hold_then_close(hold_ms)
             return connection
         self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
         connection.counted_per_ip = True
         if options.max_connections_per_ip and self._per_ip[ip] > options.max_connections_per_ip:
-            connection.close(f"too many connections from {ip} "
-                             f"(max_connections_per_ip={options.max_connections_per_ip})", problem=True)
+            connection.close(CloseReason.TOO_MANY_FROM_IP,
+                             f"{ip}, max_connections_per_ip={options.max_connections_per_ip}", problem=True)
             return connection
         connection.start()
         return connection
 
-    def connection_closed(self, connection: ProxiedConnection, reason: str) -> None:
+    def connection_closed(self, connection: ProxiedConnection, reason: CloseReason) -> None:
         self.connections.discard(connection)
         if connection.counted_per_ip:
             ip = connection.peer_ip
@@ -326,8 +328,8 @@ class ProxyServer:
                     not connection.in_flight or connection.client_not_reading
                 ):
                     # A client that stopped reading its responses is idle too: nothing moves.
-                    reason = "not reading its responses" if connection.in_flight else "idle"
-                    connection.close(f"{reason} for more than {idle_limit:g} s", problem=bool(connection.in_flight))
+                    reason = CloseReason.NOT_READING if connection.in_flight else CloseReason.IDLE
+                    connection.close(reason, f"for more than {idle_limit:g} s", problem=bool(connection.in_flight))
                 # A frame cannot progress while the proxy itself pauses reading (a mute,
                 # back-pressure): that time is the proxy's, not the client's, and the clock
                 # restarts when reading resumes.
@@ -336,7 +338,8 @@ class ProxyServer:
                     and connection.frame_started_at < now - frame_limit
                     and not connection.client_reads_paused
                 ):
-                    connection.close(f"request frame not received whole within {frame_limit:g} s", problem=True)
+                    connection.close(CloseReason.FRAME_READ_TIMEOUT, f"within {frame_limit:g} s",
+                                     problem=True)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, close."""
@@ -359,6 +362,6 @@ class ProxyServer:
             for task in pending:
                 task.cancel()
         for connection in list(self.connections):
-            connection.close("proxy shut down")
+            connection.close(CloseReason.SHUT_DOWN)
         for server in self._servers:
             await server.wait_closed()

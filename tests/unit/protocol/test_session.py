@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 import pytest
 from kafka.protocol.consumer import FetchResponse, HeartbeatRequest, HeartbeatResponse
@@ -65,7 +66,7 @@ def take_all(session: KafkaSession[str], *contexts: str) -> list[str]:
     taken = []
     for context in contexts:
         request = session.next_request()
-        session.forwarded(request, context)
+        session.send_request(request, context)
         taken.append(context)
     return taken
 
@@ -103,7 +104,7 @@ def test_produce_with_acks_0_is_not_waited_for() -> None:
     session.client_bytes(frame(produce_acks0(1)) + frame(heartbeat(2)))
     acks0 = session.next_request()
     assert not acks0.expects_response
-    session.forwarded(acks0, "produce")
+    session.send_request(acks0, "produce")
     take_all(session, "heartbeat")
     assert session.in_flight == 1
     # The next response answers the heartbeat, not the Produce that gets none.
@@ -168,7 +169,7 @@ def test_an_api_the_proxy_does_not_read_passes_in_any_version() -> None:
     session.client_bytes(frame(unknown))
     request = session.next_request()
     assert request.frame == unknown and request.header.api_key == 9999
-    session.forwarded(request, "opaque")
+    session.send_request(request, "opaque")
     answer = struct.pack(">i", 7) + b"opaque answer"
     assert responses(list(session.broker_bytes(frame(answer)))) == [("opaque", answer)]
 
@@ -219,7 +220,7 @@ def test_a_large_fetch_response_streams_and_arrives_byte_for_byte() -> None:
             kinds.append(type(event).__name__)
             if isinstance(event, StreamStarted):
                 assert event.context == "fetch" and event.frame_size == len(wire) - 4
-                out += struct.pack(">i", event.frame_size) + event.head[: event.passed]
+                out += b"".join(session.send_stream_head(event))
             elif isinstance(event, StreamData):
                 out += event.data
             elif isinstance(event, StreamEnded):
@@ -255,3 +256,34 @@ def test_a_streamed_fetch_response_cut_short_inside_its_structure_is_refused() -
     wire = struct.pack(">i", size) + struct.pack(">i", 9) + b"\x00" + body[: size - 5]
     with pytest.raises(ProtocolDecodeError):
         list(session.broker_bytes(wire))
+
+
+def test_what_is_written_is_the_size_prefix_beside_the_frame() -> None:
+    # Two parts for writelines, never one concatenation: the frame itself is what gets written.
+    session = new_session()
+    session.client_bytes(frame(heartbeat(1)) + frame(heartbeat(2)))
+    first = session.next_request()
+    prefix, out = session.send_request(first, "first")
+    assert prefix + out == frame(heartbeat(1)) and out is first.frame
+    changed = heartbeat(2)[:-1] + b"\x01"  # as a hook would hand back a rewritten request
+    assert b"".join(session.send_request(session.next_request(), "second", changed)) == frame(changed)
+    (response,) = responses_of(session.broker_bytes(frame(heartbeat_answer(1))))
+    prefix, out = session.send_response(response)
+    assert prefix == struct.pack(">i", len(heartbeat_answer(1))) and out is response.frame
+    assert b"".join(session.send_response(response, b"patched")) == frame(b"patched")
+
+
+def test_a_local_answer_is_due_only_when_its_turn_has_come() -> None:
+    session = new_session()
+    session.client_bytes(frame(heartbeat(1)) + frame(heartbeat(2)))
+    session.send_request(session.next_request(), "forwarded")
+    session.answer_locally(session.next_request(), "local", heartbeat_answer(2))
+    assert session.local_answer_waiting and not session.local_answer_due
+    list(session.broker_bytes(frame(heartbeat_answer(1))))
+    assert session.local_answer_due
+    assert [r.context for r in session.local_answers()] == ["local"]
+    assert not session.local_answer_due and session.in_flight == 0
+
+
+def responses_of(events: Iterable[BrokerEvent[str]]) -> list[Response[str]]:
+    return [event for event in events if isinstance(event, Response)]

@@ -62,7 +62,7 @@ class Login:
         body = bytes(message.encode())  # type: ignore[attr-defined]
         self.session.client_bytes(frame(encode_request_header(api_key, version, self._correlation, "c") + body))
         request = self.session.next_request()
-        self.session.forwarded(request, self._correlation)
+        self.session.send_request(request, self._correlation)
 
     def handshake(self, mechanism: str) -> None:
         self._request(SASL_HANDSHAKE_KEY, HANDSHAKE_VERSION,
