@@ -328,11 +328,6 @@ class ProxiedConnection:
         if throttle_ms > 0:
             self._apply(self._gate.mute(self._loop.time(), throttle_ms, one_at_a_time=one_at_a_time))
 
-    def read_one_request_at_a_time(self, seconds: float) -> None:
-        """Forward one request at a time for a while: this client is being throttled, maybe on
-        another connection, and a broker would not let it pipeline past its throttles."""
-        self._gate.read_one_at_a_time(self._loop.time(), seconds)
-
     def _unmute(self) -> None:
         self._unmute_handle = None
         self._apply(self._gate.unmute())

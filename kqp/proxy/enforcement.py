@@ -113,7 +113,7 @@ class QuotaEnforcement(TrafficHooks):
         self._topics = topics
         # (principal, client-id) -> when its latest throttle ends (ms). A client that opens a
         # new connection while throttled (librdkafka does after a request timeout) must not
-        # pipeline its backlog through it: see `read_one_request_at_a_time`.
+        # pipeline its backlog through it: see `ClientGate.read_one_at_a_time` in kqp.protocol.gate.
         self._throttled_until: dict[tuple[str, str], float] = {}
         # Numbers every engine call, so a replay of the capture can order calls whose clock
         # readings tie (see kqp.quotas.recording.QuotaTrace).
