@@ -19,8 +19,8 @@ Reading is paused while any `Blocker` holds. Each blocker is set and cleared on 
 one ending never resumes reading while another holds, and the caller is told only about the
 edges (the first blocker in: pause; the last one out: resume). Which event sets or clears
 which blocker is data, `TRANSITIONS`; the guards that decide whether an event happens at all
-(a mute only extends, one-at-a-time only while its span lasts) are the methods' code, each
-next to the table entry it feeds:
+(a mute only extends, one-at-a-time only while its span lasts) are code, in the method that
+fires the event. A new blocker is a new Flag member and two table rows:
 
   CONNECTING        from accept until an upstream broker connection is open.
   UPSTREAM_BACKLOG  the upstream transport's write buffer passed its high-water mark: the
@@ -61,22 +61,24 @@ Drained. A graceful shutdown waits until the client is owed nothing: no request 
 the broker, no local answer waiting, none held. The gate says so (`Actions.drained`) from
 the calls that can end the wait, once SHUTDOWN is set, and on close.
 
-The states, as the client sees them (`state(now)`; several blockers can hold at once, and
-the state names the one that will end last, as the priority order of `ClientState` says):
+The states, as the client sees them (`state(now)`; when several blockers hold at once, the
+first in `ClientState`'s priority order names the state):
 
-                 accepted
-                    |
-                    v
-              CONNECTING --upstream open--> OPEN <---------- span over ----------+
-                                           | ^ ^                                 |
-                            hook holds one | | | released        throttled       |
-                                           v | |                 response sent   |
-                                           HELD +--- OPEN ----------------> THROTTLED
-                                                                                 | unmute timer
-                                                                                 v
-                                         IN_HANDLING <--request forwarded-- ONE_AT_A_TIME
-                                              |                                  ^
-                                              +-------its response sent----------+
+           accepted
+              |
+              v
+         CONNECTING
+              | upstream open
+              v
+  +-------> OPEN ------------ a throttled response sent ------------> THROTTLED
+  |         |  ^                                                          |
+  |  a hook |  | released                                                 | unmute timer
+  |   holds |  |                                                          v
+  |     one v  |                  +---------- request forwarded ---- ONE_AT_A_TIME
+  |        HELD                   v                                   ^    |
+  |                          IN_HANDLING ---- its response sent ------+    |
+  |                                                                        |
+  +------------------------------ span over -------------------------------+
 
   any state --upstream write buffer full--> BACKLOGGED --drained--> the state it left
   any state --drain--> DRAINING (nothing new is handed on; `drained` once nothing is owed)
@@ -367,8 +369,8 @@ class ClientGate:
         and one-at-a-time span (a throttle decided on a request, such as an acks=0 Produce
         that gets no response to carry it, applies once the request is on its way)."""
         if not mute_ms and not one_at_a_time_s and (not in_flight or self._one_at_a_time_until <= now):
-            # The common path: no throttle, nothing to wait for.
-            return self._drained_if_owed_nothing(in_flight)
+            # The common path: no throttle, nothing to wait for (unless a drain is).
+            return self._drained_if_owed_nothing(in_flight) if self._blocked & _SHUTDOWN else NOTHING
         if self._closed:
             return NOTHING
         if one_at_a_time_s:
