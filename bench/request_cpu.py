@@ -125,7 +125,7 @@ def connection(hooks: TrafficHooks) -> ProxiedConnection:
     proxied = ProxiedConnection(services, Listener(1, 0), 1)
     proxied.client_connected(NullTransport())  # type: ignore[arg-type]
     proxied.upstream_connected(NullTransport())  # type: ignore[arg-type]
-    proxied._unblock_client("connecting")  # as _connect_upstream does once connected
+    proxied._apply(proxied._gate.upstream_open())  # as _connect_upstream does once connected
     return proxied
 
 
