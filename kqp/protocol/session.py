@@ -294,7 +294,8 @@ class KafkaSession(Generic[C]):
         the broker; its response (if it gets one) is due in this turn."""
         if request.expects_response:
             self._in_flight.append(_InFlight(request.header, context, None))
-        return framed(request.frame if frame is None else frame)
+        out = request.frame if frame is None else frame
+        return len(out).to_bytes(4, "big"), out  # `framed`, inlined: once per request
 
     def answer_locally(self, request: Request, context: C, answer: bytes) -> None:
         """The proxy answers the request itself; the answer leaves in the request's turn."""
@@ -320,7 +321,8 @@ class KafkaSession(Generic[C]):
     @staticmethod
     def send_response(response: Response[C], frame: bytes | bytearray | None = None) -> Parts:
         """What to write to the client for a whole response (as `frame` if something changed it)."""
-        return framed(response.frame if frame is None else frame)
+        out = response.frame if frame is None else frame
+        return len(out).to_bytes(4, "big"), out  # `framed`, inlined: once per response
 
     @staticmethod
     def send_stream_head(event: StreamStarted[C]) -> Parts:

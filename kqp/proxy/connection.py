@@ -362,8 +362,6 @@ class ProxiedConnection:
         # Requests already read stay queued while the gate says no, so a muted client gets
         # nothing through even if it had pipelined requests.
         session = self.session
-        if not session.requests_queued:
-            return
         gate = self._gate
         now = self._loop.time()
         while session.requests_queued:
