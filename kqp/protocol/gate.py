@@ -325,8 +325,9 @@ class ClientGate:
         if one_at_a_time:
             # A broker reads one request per connection at a time, so a throttled client's
             # pipelined requests wait in the socket; the same here, or requests read before
-            # the throttle would all go through at once. Like the mute, it only extends.
-            self._one_at_a_time_until = max(self._one_at_a_time_until, until + ONE_AT_A_TIME_AFTER_THROTTLE_S)
+            # the throttle would all go through at once. Set, not extended: as before the
+            # gate, a mute on this connection starts its own span from its end.
+            self._one_at_a_time_until = until + ONE_AT_A_TIME_AFTER_THROTTLE_S
         edge = self._fire(Event.MUTED)
         return Actions(pause_reading=edge.pause_reading, unmute_at=until)
 
