@@ -382,35 +382,41 @@ def client_outcomes(simulated: DataFrame) -> DataFrame:
     delayed = F.col("sim_ts_ms") > F.col("ts_ms")
     # At least 1 s, so a client seen for an instant does not get an absurd rate.
     span_s = F.greatest((F.max("sim_ts_ms") - F.min("sim_ts_ms")) / 1000.0, F.lit(1.0))
-    return (
-        simulated.groupBy("principal", "client_id")
-        .agg(
-            F.count("*").alias("requests"),
-            F.sum(F.when(throttled, 1).otherwise(0)).alias("throttled_requests"),
-            F.sum("sim_throttle_ms").alias("throttle_ms_total"),
-            F.percentile("sim_throttle_ms", [0.5, 0.95, 0.99]).alias("q"),
-            F.max("sim_throttle_ms").alias("throttle_ms_max"),
-            F.sum(F.when(throttled | delayed, F.col("nbytes")).otherwise(0)).alias("bytes_delayed"),
-            F.sum("nbytes").alias("bytes"),
-            (F.sum("nbytes") / span_s).alias("effective_bytes_per_s"),
-            F.max(F.col("sim_ts_ms") - F.col("ts_ms")).alias("max_shift_ms"),
-        )
-        .select(
-            "principal",
-            "client_id",
-            "requests",
-            "throttled_requests",
-            (F.col("throttled_requests") / F.col("requests")).alias("throttled_share"),
-            "throttle_ms_total",
-            F.col("q")[0].alias("throttle_ms_p50"),
-            F.col("q")[1].alias("throttle_ms_p95"),
-            F.col("q")[2].alias("throttle_ms_p99"),
-            "throttle_ms_max",
-            "bytes",
-            "bytes_delayed",
-            "effective_bytes_per_s",
-            "max_shift_ms",
-        )
+    totals = simulated.groupBy("principal", "client_id").agg(
+        F.count("*").alias("requests"),
+        F.sum(F.when(throttled, 1).otherwise(0)).alias("throttled_requests"),
+        F.sum("sim_throttle_ms").alias("throttle_ms_total"),
+        F.max("sim_throttle_ms").alias("throttle_ms_max"),
+        F.sum(F.when(throttled | delayed, F.col("nbytes")).otherwise(0)).alias("bytes_delayed"),
+        F.sum("nbytes").alias("bytes"),
+        (F.sum("nbytes") / span_s).alias("effective_bytes_per_s"),
+        F.max(F.col("sim_ts_ms") - F.col("ts_ms")).alias("max_shift_ms"),
+    )
+    # Exact percentiles from (throttle, count) pairs: Spark's percentile keeps a value -> count
+    # map either way, so the figures are the same, but throttles are whole milliseconds and
+    # repeat, and counting them first in a plain hash aggregate spares the percentile's map
+    # one update per request (at 10M requests, most of what the per-client table cost).
+    quantiles = (
+        simulated.groupBy("principal", "client_id", "sim_throttle_ms")
+        .agg(F.count("*").alias("times"))
+        .groupBy("principal", "client_id")
+        .agg(F.percentile("sim_throttle_ms", [0.5, 0.95, 0.99], F.col("times")).alias("q"))
+    )
+    return totals.join(quantiles, ["principal", "client_id"]).select(
+        "principal",
+        "client_id",
+        "requests",
+        "throttled_requests",
+        (F.col("throttled_requests") / F.col("requests")).alias("throttled_share"),
+        "throttle_ms_total",
+        F.col("q")[0].alias("throttle_ms_p50"),
+        F.col("q")[1].alias("throttle_ms_p95"),
+        F.col("q")[2].alias("throttle_ms_p99"),
+        "throttle_ms_max",
+        "bytes",
+        "bytes_delayed",
+        "effective_bytes_per_s",
+        "max_shift_ms",
     )
 
 

@@ -278,6 +278,20 @@ def test_deferral_passes_through_what_the_quotas_never_throttle_and_changes_noth
         for name, frame in runs.items()
     }
     pd.testing.assert_frame_equal(outcomes["filtered"], outcomes["full"])
+    # The percentiles, taken from (throttle, count) pairs, are Spark's percentile over every request.
+    from pyspark.sql import functions as F
+
+    direct = (
+        runs["full"]
+        .groupBy("principal", "client_id")
+        .agg(F.percentile("sim_throttle_ms", [0.5, 0.95, 0.99]).alias("q"))
+        .toPandas()
+        .sort_values(["principal", "client_id"])
+        .reset_index(drop=True)
+    )
+    for position, column in enumerate(("throttle_ms_p50", "throttle_ms_p95", "throttle_ms_p99")):
+        assert list(outcomes["full"][column]) == [q[position] for q in direct["q"]]
+    assert outcomes["full"]["throttle_ms_p99"].gt(0).any()
     # Not vacuous: the config throttles some tasks, and the filter passes others through.
     assert (full["sim_throttle_ms"] > 0).any()
     pairs = [(r["principal"], r["client_id"]) for r in requests.select("principal", "client_id").distinct().collect()]
