@@ -78,6 +78,15 @@ CONSUMER_BYTE_RATE: ByteQuotaType = "consumer_byte_rate"
 # What a Produce or Fetch can charge is never more than the largest of these: the raw frame
 # sizes (the recording rules subtract headers from them) or the charges the proxy recorded.
 _CHARGE_BOUND_COLUMNS = ("request_bytes", "response_bytes", "quota_produce_bytes", "quota_fetch_bytes")
+# The proxy's engine clock, call order and acks: what quota_replay.replay_recorded replays call by
+# call. Deferral mode derives the charges from sizes and times (charged_inputs) and never reads them.
+_RECORDED_CALL_COLUMNS = (
+    "quota_request_seq",
+    "quota_request_now_ms",
+    "quota_response_seq",
+    "quota_response_now_ms",
+    "acks",
+)
 
 # What each replayed group returns: the request as captured (ts_ms, nbytes, ...) and as
 # simulated (sim_ts_ms: when it would have been sent; sim_throttle_ms: what it would get).
@@ -269,6 +278,9 @@ def simulate(
     mapping = spark.createDataFrame(
         [(p, c, g) for (p, c), g in groups.items()], "principal string, client_id string, quota_group int"
     )
+    if mode == "deferral":
+        # Read only by the open-loop replay of recorded engine calls: not shuffled for nothing.
+        requests = requests.drop(*_RECORDED_CALL_COLUMNS)
     grouped = requests.join(F.broadcast(mapping), ["principal", "client_id"])
 
     def replay(frame: pd.DataFrame) -> pd.DataFrame:
