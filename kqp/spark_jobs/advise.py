@@ -389,10 +389,15 @@ def verify(
         link_users=link_users,
         link_client_ids=link_client_ids,
         per_broker=not needs_cluster_wide_replay(settings),
+        # Tasks the advice can never throttle keep their recorded timeline: no replay needed.
+        passthrough=settings,
     ).persist()
     clients = to_pandas(client_outcomes(simulated))
     unit = series.unit
-    moved = to_pandas(
+    # Per (broker, API, bucket): the bytes the deferral moved out of it and into it. Summed in
+    # Spark so that the driver gets one row per bucket, not one per (from, to) pair of buckets
+    # (millions at 10M requests, when throttled clients run minutes behind their capture).
+    moved_rows = (
         simulated.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
         .select(
             "broker",
@@ -402,11 +407,23 @@ def verify(
             "nbytes",
         )
         .where(F.col("before") != F.col("after"))
-        .groupBy("broker", "api_key", "before", "after")
-        .agg(F.sum("nbytes").alias("nbytes"))
+    )
+    zero = F.lit(0).cast("long")
+    moved = to_pandas(
+        moved_rows.groupBy("broker", "api_key", F.col("before").alias("bucket"))
+        .agg(F.sum("nbytes").alias("moved_out"), zero.alias("moved_in"), zero.alias("arrivals"))
+        .unionByName(
+            moved_rows.groupBy("broker", "api_key", F.col("after").alias("bucket")).agg(
+                zero.alias("moved_out"), F.sum("nbytes").alias("moved_in"), F.count("*").alias("arrivals")
+            )
+        )
+        .groupBy("broker", "api_key", "bucket")
+        .agg(*[F.sum(c).alias(c) for c in ("moved_out", "moved_in", "arrivals")])
     )
     simulated.unpersist()
-    last = int(moved["after"].max()) if len(moved) else series.first_bucket
+    # The replay spills past the capture up to the last bucket a deferred request reaches.
+    arrived = moved.loc[moved["arrivals"] > 0, "bucket"]
+    last = int(arrived.max()) if len(arrived) else series.first_bucket
     buckets = max(len(series.covered), last - series.first_bucket + 1)
     covered = np.concatenate([series.covered, np.full(buckets - len(series.covered), float(unit))])
     # delta[(broker, api)]: the bytes/s the deferral moved out of (negative) and into (positive) each
@@ -414,14 +431,9 @@ def verify(
     delta = {(b, k): np.zeros(buckets) for b in series.brokers for k in (ApiKey.PRODUCE, ApiKey.FETCH)}
     for row in moved.itertuples():
         key = (int(row.broker), int(row.api_key))
-        if key not in delta:
-            continue
-        first = int(row.before) - series.first_bucket
-        then = int(row.after) - series.first_bucket
-        if 0 <= first < buckets:
-            delta[key][first] -= row.nbytes / covered[first]
-        if 0 <= then < buckets:
-            delta[key][then] += row.nbytes / covered[then]
+        index = int(row.bucket) - series.first_bucket
+        if key in delta and 0 <= index < buckets:
+            delta[key][index] += (int(row.moved_in) - int(row.moved_out)) / covered[index]
     # The client-side change, carried to the brokers' NW_IN/NW_OUT with advice_math's replication model.
     followers, spread = replication_shares(options.replication_factor, len(series.brokers))
     produce_total = sum(delta[(b, ApiKey.PRODUCE)] for b in series.brokers)
