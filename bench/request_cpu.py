@@ -42,11 +42,11 @@ from kqp.protocol.apis import PRODUCE_KEY
 from kqp.protocol.headers import encode_request_header
 from kqp.proxy.cluster import ClusterDirectory, Listener
 from kqp.proxy.connection import ConnectionServices, ProxiedConnection
-from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.options import ProxyOptions
+from kqp.proxy.policies.chain import EnforcementPolicies
 from kqp.proxy.quota_admin import QuotaAdminHooks
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
@@ -110,7 +110,7 @@ def kqp_serve_hooks(topics: TopicDirectory) -> TrafficHooks:
     loop = asyncio.get_running_loop()
     return HookChain([
         QuotaAdminHooks(lambda: engine.settings, lambda _settings, _who: None),
-        QuotaEnforcement(engine, EnforcementSection(), lambda: time.monotonic() * 1000.0, topics),
+        EnforcementPolicies(engine, EnforcementSection(), lambda: time.monotonic() * 1000.0, topics),
         ObservationHooks(metrics, None, clock=loop.time, topics=topics),
     ])
 

@@ -19,13 +19,13 @@ from kqp.config import ConfigError, ConfigFiles, KqpConfig, find_quota_file, loa
 from kqp.config.check import unreadable_login_warnings
 from kqp.config.models import CaptureSection, CommandLine, EnforcementSection, MetricsSection
 from kqp.config.writeback import decode_quota_snapshot, encode_quota_snapshot
-from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.fleet import FleetExchange, FleetOptions, default_instance_id
 from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.options import ProxyOptions
+from kqp.proxy.policies.chain import EnforcementPolicies
 from kqp.proxy.quota_admin import QuotaAdminHooks
 from kqp.proxy.server import ProxyServer
 from kqp.proxy.tls import parse_principal_mapping_rules, upstream_context
@@ -75,7 +75,7 @@ class ProxyApp:
         self.endpoint: ObservabilityEndpoint | None = None
         self.capture: CaptureWriter | None = None
         self.server: ProxyServer | None = None
-        self.enforcement: QuotaEnforcement | None = None
+        self.enforcement: EnforcementPolicies | None = None
         self.fleet: FleetExchange | None = None
         # The last quota configuration known to be the fleet's (read from or sent to its topic).
         self._fleet_quotas: tuple[tuple[QuotaEntry, ...], tuple[IpQuotaEntry, ...]] | None = None
@@ -110,7 +110,7 @@ class ProxyApp:
                 self.engine.on_throttle = self._report_throttle
                 self.metrics.set_quota_stats_source(self.engine.snapshot)
                 self._label_configured_entities()
-            self.enforcement = QuotaEnforcement(self.engine, settings.enforcement, self.now_ms, topics)
+            self.enforcement = EnforcementPolicies(self.engine, settings.enforcement, self.now_ms, topics)
             hooks.append(self.enforcement)
         if self.metrics is not None or self.capture is not None:
             hooks.append(ObservationHooks(self.metrics, self.capture, settings.capture.sample_one_in,

@@ -55,7 +55,7 @@ from kqp.protocol.close_reason import CloseReason
 from kqp.protocol.fast_path import FetchRequestSummary, parse_fetch_request, parse_share_fetch_request
 from kqp.protocol.headers import RequestHeader
 from kqp.protocol.mutations import MutationRequest, TopicMutation
-from kqp.quotas.recording import QuotaClient, QuotaTrace, RequestOutcome
+from kqp.quotas.recording import QuotaTrace, RequestOutcome
 
 
 class ConnectionControl(Protocol):
@@ -71,12 +71,9 @@ class ConnectionHookState:
     `ClientView`s that replace each other when the principal changes. One field per use,
     named by the hook that owns it."""
 
-    # Enforcement: the quota client (broker label, principal, client id) of the connection's
-    # latest client id, so that it is not rebuilt for every request.
-    quota_client: QuotaClient | None = None
-    # Enforcement, `scope: cluster` only: the (principal, client-id) pairs this connection
-    # registered, to unregister them when it closes.
-    cluster_scope_keys: set[tuple[str, str]] = field(default_factory=set)
+    # Enforcement: the connection's own policy objects (kqp.proxy.policies.chain, typed there:
+    # this module sits below the policies), made by their factories on first use.
+    policies: Any = None
     # Observation, when the connection opens: whether the capture keeps this connection's
     # exchanges (None: not known, as when no observation hook runs). Enforcement keeps the
     # engine's inputs for the capture (`Exchange.quota`) unless it is False.
@@ -157,7 +154,9 @@ class Exchange:
     local_response: bytes | None = None
     # What the quota engine was given for this exchange (enforcement writes, capture reads).
     quota: QuotaTrace | None = None
-    # Throttle the proxy's own quotas gave the exchange, and the one the broker put in its response (ms).
+    # The throttle the proxy's own quotas gave the exchange: the largest throttle of its folded
+    # verdicts, request and response, written by the policy chain alone (kqp.proxy.policies.chain)
+    # for observation to read; and the one the broker put in its response (ms).
     proxy_throttle_ms: int = 0
     broker_throttle_ms: int = 0
     # What the quotas charged when the request arrived gave (a mutation throttle), if anything.
@@ -214,15 +213,42 @@ class RequestVerdict:
     # Forward this connection's requests one at a time for this long: its client is being
     # throttled, maybe on another connection, and a broker would not let it pipeline past that.
     one_at_a_time_s: float = 0.0
+    # The throttle the proxy's quotas gave the request itself (acks=0 Produce: no response will
+    # carry one), which policies that follow throttles are told of.
+    throttle_ms: int = 0
+
+    def fold(self, later: RequestVerdict) -> None:
+        """Fold a later hook's verdict into this one, the one rule every chain uses:
+
+        * throttle, mute and one-at-a-time span: the largest, never the sum (a broker
+          returns the largest of its quotas' throttles, and two mutes are one wait);
+        * frame and answer: the later one's when it gives one (it saw the request as the
+          earlier ones left it)."""
+        if later.frame is not None:
+            self.frame = later.frame
+        if later.answer is not None:
+            self.answer = later.answer
+        self.mute_ms = max(self.mute_ms, later.mute_ms)
+        self.one_at_a_time_s = max(self.one_at_a_time_s, later.one_at_a_time_s)
+        self.throttle_ms = max(self.throttle_ms, later.throttle_ms)
 
 
 @dataclass(slots=True)
 class ResponseVerdict:
     """What a hook decided for a response: a replacement frame (no size prefix; None keeps
-    the broker's) and how long to mute the client once the response has been sent."""
+    the broker's), the throttle it gave, and how long to mute the client once the response
+    has been sent."""
 
     frame: bytes | bytearray | None = None
     mute_ms: int = 0
+    throttle_ms: int = 0
+
+    def fold(self, later: ResponseVerdict) -> None:
+        """As `RequestVerdict.fold`: throttle and mute the largest, the later frame wins."""
+        if later.frame is not None:
+            self.frame = later.frame
+        self.mute_ms = max(self.mute_ms, later.mute_ms)
+        self.throttle_ms = max(self.throttle_ms, later.throttle_ms)
 
 
 class TrafficHooks:
@@ -231,6 +257,11 @@ class TrafficHooks:
     # The API keys whose exchanges this hook is given (hold, request, response, unanswered
     # and the streaming calls); None: every API.
     api_keys: ClassVar[frozenset[int] | None] = None
+
+    def takes(self, call: str, api_key: int) -> bool:
+        """Whether the per-API call `call` (a method name) wants `api_key`'s exchanges; asked
+        once per API by `HookChain`. By default, what `api_keys` declares for every call."""
+        return self.api_keys is None or api_key in self.api_keys
 
     def connection_opened(self, client: ClientView) -> None:
         return None
@@ -308,7 +339,7 @@ class HookChain(TrafficHooks):
             base = getattr(TrafficHooks, name)
             calls = table[api_key] = tuple(
                 getattr(hook, name) for hook in self.hooks
-                if getattr(type(hook), name) is not base and (hook.api_keys is None or api_key in hook.api_keys)
+                if getattr(type(hook), name) is not base and hook.takes(name, api_key)
             )
         return calls
 
@@ -332,10 +363,7 @@ class HookChain(TrafficHooks):
             if combined is None:
                 combined = verdict
             else:
-                combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
-                combined.one_at_a_time_s = max(combined.one_at_a_time_s, verdict.one_at_a_time_s)
-                combined.frame = verdict.frame if verdict.frame is not None else combined.frame
-                combined.answer = verdict.answer if verdict.answer is not None else combined.answer
+                combined.fold(verdict)
             if combined.frame is not None:
                 frame = combined.frame  # later hooks see the request as it will be sent
             if combined.answer is not None:
@@ -352,11 +380,10 @@ class HookChain(TrafficHooks):
                 continue
             if combined is None:
                 combined = ResponseVerdict()
+            combined.fold(verdict)
             if verdict.frame is not None:
-                frame = bytes(verdict.frame)
-                combined.frame = frame
+                frame = combined.frame = bytes(verdict.frame)  # later hooks see it as the client will
                 exchange.response_throttle_offset = None  # it described the frame replaced
-            combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
         return combined
 
     def unanswered(self, client: ClientView, exchange: Exchange) -> None:
@@ -375,7 +402,8 @@ class HookChain(TrafficHooks):
             verdict: ResponseVerdict | None = started(client, exchange, head, body_offset, frame_size)
             if verdict is not None:
                 combined = combined or ResponseVerdict()
-                combined.mute_ms = max(combined.mute_ms, verdict.mute_ms)
+                combined.fold(verdict)
+                combined.frame = None  # a streamed head is patched in place, never replaced
         return combined
 
     def response_streamed(

@@ -12,7 +12,7 @@ from kqp.protocol.headers import (
     RequestHeader,
     encode_request_header,
 )
-from kqp.proxy.enforcement import QuotaEnforcement
+from kqp.proxy.policies.chain import EnforcementPolicies
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
 from kqp.quotas.settings import QuotaEntity, QuotaEntry, QuotaSettings
@@ -36,11 +36,11 @@ def answer_create_topics(header: RequestHeader, body: bytes) -> bytes:
     return encode_body(response_class(throttle_time_ms=0, topics=topics), header.api_version)
 
 
-def creator_enforcement() -> QuotaEnforcement:
+def creator_enforcement() -> EnforcementPolicies:
     """Client "creator" at 1000 partitions/s over 11 one-second windows: a bucket of 11000
     partitions, on the running loop's clock."""
     loop = asyncio.get_running_loop()
     settings = QuotaSettings(entries=(
         QuotaEntry(QuotaEntity(client_id="creator"), {"controller_mutation_rate": 1000.0}),))
-    return QuotaEnforcement(QuotaEngine(settings), EnforcementSection(), lambda: loop.time() * 1000.0,
+    return EnforcementPolicies(QuotaEngine(settings), EnforcementSection(), lambda: loop.time() * 1000.0,
                             TopicDirectory())

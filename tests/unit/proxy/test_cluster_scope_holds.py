@@ -14,7 +14,7 @@ import pytest
 from kqp.config.models import EnforcementSection
 from kqp.protocol.apis import PRODUCE_KEY
 from kqp.protocol.headers import response_correlation_id
-from kqp.proxy.enforcement import QuotaEnforcement
+from kqp.proxy.policies.chain import EnforcementPolicies
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
 from kqp.quotas.settings import QuotaEntity, QuotaEntry, QuotaSettings, Scope
@@ -41,7 +41,7 @@ async def muted_after_a_throttle_on_one_connection(broker: FakeBroker, scope: Sc
     settings = QuotaSettings(scope=scope, entries=(
         QuotaEntry(QuotaEntity(client_id="test"), {"producer_byte_rate": 1.0}),))
     loop = asyncio.get_running_loop()
-    enforcement = QuotaEnforcement(QuotaEngine(settings), EnforcementSection(), lambda: loop.time() * 1000.0,
+    enforcement = EnforcementPolicies(QuotaEngine(settings), EnforcementSection(), lambda: loop.time() * 1000.0,
                                    TopicDirectory())
     proxy = await start_proxy(broker, enforcement)
     first, second = await RawClient.connect(proxy.bootstrap_port), await RawClient.connect(proxy.bootstrap_port)

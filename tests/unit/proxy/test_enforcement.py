@@ -19,8 +19,8 @@ from kqp.protocol.headers import (
     response_body_offset,
 )
 from kqp.protocol.throttle_field import throttle_field_offset
-from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.hooks import ClientView, Exchange, HookChain, RequestVerdict, ResponseVerdict, TrafficHooks
+from kqp.proxy.policies.chain import EnforcementPolicies
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 from tests.unit.helpers.client_views import client_view
@@ -44,7 +44,7 @@ def share_fetch_frame(version: int, min_bytes: int, max_bytes: int) -> bytes:
 
 def capped(rate: float | None, version: int, min_bytes: int, max_bytes: int) -> tuple[int, int]:
     entries = () if rate is None else (QuotaEntry(QuotaEntity(client_id="consumer"), {"consumer_byte_rate": rate}),)
-    enforcement = QuotaEnforcement(QuotaEngine(QuotaSettings(entries=entries)), EnforcementSection(),
+    enforcement = EnforcementPolicies(QuotaEngine(QuotaSettings(entries=entries)), EnforcementSection(),
                                    lambda: 1_000_000.0, TopicDirectory())
     frame = share_fetch_frame(version, min_bytes, max_bytes)
     header = parse_request_header(frame)
@@ -75,10 +75,10 @@ def test_a_request_within_the_window_or_without_a_quota_is_unchanged() -> None:
 VERSION = 9
 
 
-def produce_throttling_enforcement() -> QuotaEnforcement:
+def produce_throttling_enforcement() -> EnforcementPolicies:
     # 10 B/s: any Produce request is throttled, so the response's ThrottleTimeMs is patched.
     settings = QuotaSettings(entries=(QuotaEntry(QuotaEntity(None, DEFAULT_ENTITY), {"producer_byte_rate": 10}),))
-    return QuotaEnforcement(QuotaEngine(settings), EnforcementSection(), lambda: 5_000.0, TopicDirectory())
+    return EnforcementPolicies(QuotaEngine(settings), EnforcementSection(), lambda: 5_000.0, TopicDirectory())
 
 
 def produce_response(partitions: int) -> bytes:
@@ -145,9 +145,9 @@ def heartbeat_exchange_for(client_id: str) -> Exchange:
 def test_a_new_connection_of_a_throttled_client_starts_one_request_at_a_time() -> None:
     now = [1_000_000.0]
     entry = QuotaEntry(QuotaEntity(client_id="test"), {"producer_byte_rate": 1000.0})
-    enforcement = QuotaEnforcement(QuotaEngine(QuotaSettings(entries=(entry,))), EnforcementSection(),
+    enforcement = EnforcementPolicies(QuotaEngine(QuotaSettings(entries=(entry,))), EnforcementSection(),
                                    lambda: now[0], TopicDirectory())
-    enforcement._note_throttle(("ANONYMOUS", "test"), 2000, now[0])
+    enforcement.registry.recent_throttles.note(("ANONYMOUS", "test"), 2000, now[0])
     second = enforcement.request(client_view(2), heartbeat_exchange_for("test"), heartbeat_request(1))
     other = enforcement.request(client_view(3), heartbeat_exchange_for("else"), heartbeat_request(1))
     # The throttle's 2 s plus a quota span of 11 s; another client is not affected.

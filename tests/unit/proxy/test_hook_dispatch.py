@@ -15,9 +15,9 @@ from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.apis import FETCH_KEY, PRODUCE_KEY
 from kqp.protocol.headers import encode_request_header, parse_request_header
 from kqp.proxy import hooks as hooks_module
-from kqp.proxy.enforcement import QuotaEnforcement
 from kqp.proxy.hooks import ClientView, Exchange, HookChain, RequestVerdict, ResponseVerdict, TrafficHooks
 from kqp.proxy.observation import ObservationHooks
+from kqp.proxy.policies.chain import EnforcementPolicies
 from kqp.proxy.quota_admin import QuotaAdminHooks
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
@@ -153,7 +153,7 @@ def test_a_fetch_is_read_once_and_the_capture_records_its_limits_as_forwarded(
 
     monkeypatch.setattr(hooks_module, "parse_fetch_request", counting)
     entry = QuotaEntry(QuotaEntity(client_id="consumer"), {"consumer_byte_rate": 1000.0})
-    enforcement = QuotaEnforcement(QuotaEngine(QuotaSettings(entries=(entry,))), EnforcementSection(),
+    enforcement = EnforcementPolicies(QuotaEngine(QuotaSettings(entries=(entry,))), EnforcementSection(),
                                    lambda: 1_000_000.0, TopicDirectory())
     writer = ListWriter()
     observation = ObservationHooks(None, writer, clock=lambda: 100.0,  # type: ignore[arg-type]

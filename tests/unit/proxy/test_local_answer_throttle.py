@@ -108,4 +108,4 @@ async def test_a_strict_create_topics_rejected_locally_mutes_the_connection() ->
     assert waited >= response.throttle_time_ms / 1000.0 - 0.01
     assert [h.api_key for h in broker.received if h.client_id != "kqp-discovery"] == [CREATE_TOPICS_KEY, HEARTBEAT_KEY]
     # Recorded as throttled: a new connection of this client starts one request at a time.
-    assert ("ANONYMOUS", "creator") in enforcement._throttled_until
+    assert ("ANONYMOUS", "creator") in enforcement.registry.recent_throttles

@@ -141,14 +141,14 @@ def test_sasl_frames_are_not_captured() -> None:
 
 def test_a_record_carries_the_exact_inputs_the_quota_engine_got() -> None:
     from kqp.config.models import EnforcementSection
-    from kqp.proxy.enforcement import QuotaEnforcement
     from kqp.proxy.hooks import HookChain
+    from kqp.proxy.policies.chain import EnforcementPolicies
     from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 
     settings = QuotaSettings(entries=(QuotaEntry(QuotaEntity(None, DEFAULT_ENTITY), {"producer_byte_rate": 10}),))
     engine_clock = [5_000.125]
     writer = RecordingWriter(Path("unused"))
-    chain = HookChain([QuotaEnforcement(QuotaEngine(settings), EnforcementSection(), lambda: engine_clock[0],
+    chain = HookChain([EnforcementPolicies(QuotaEngine(settings), EnforcementSection(), lambda: engine_clock[0],
                                         TopicDirectory()),
                        observer(writer)])
     request, response = produce_pair(9, {"name": "orders"}, (0, 0))

@@ -1,0 +1,308 @@
+"""Enforcement as a chain of policies, one object of each per connection, deciding by verdicts.
+
+`EnforcementPolicies` is the hook the app installs (kqp.proxy.hooks' seam). On a
+connection's first exchange it has every policy's factory make that connection's object
+(kept in `ClientView.state`, as Kroxylicious' FilterFactory makes a filter per connection),
+handing each the `PolicyRegistry`, the one place for state shared across connections. Each
+call then runs the policies that declared the exchange's API, in `POLICIES` order, in phases
+(kqp.proxy.policies.policy), and folds their verdicts by one written rule:
+
+  1. decide: every policy's `request` or `response` verdict, folded by
+     `RequestVerdict.fold` / `ResponseVerdict.fold`: the largest throttle, mute and
+     one-at-a-time span (a broker returns the largest of its quotas' throttles, never the
+     sum), the later frame or answer;
+  2. follow: if the folded throttle is > 0, every policy's `throttled` is told it
+     (one_at_a_time notes it, cluster_hold mutes the client's other connections);
+  3. pace (responses): a policy's `turn` replaces the folded mute with its budget's turn
+     (fair_turns); without one the connection is muted for the folded throttle (KIP-219).
+
+Then Kafka's rule for the client's view of it: the response's ThrottleTimeMs carries the
+larger of the broker's and the folded throttle (the client waits once, for the longer), and
+`Exchange.proxy_throttle_ms` records the folded throttle, the largest of the exchange's
+request and response verdicts, which observation reads. No policy writes it.
+
+Policies talk only through verdicts and the registry: an import contract (pyproject.toml)
+keeps each policy module from importing another. Time is read here, once per call, and
+handed down (`now_ms`, the engine's clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kqp.config.models import EnforcementSection
+from kqp.protocol.close_reason import CloseReason
+from kqp.protocol.errors import ProtocolError
+from kqp.protocol.throttle_field import (
+    patch_throttle_time,
+    read_throttle_time,
+    read_throttle_time_at,
+    write_throttle_time,
+)
+from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
+from kqp.proxy.policies.cluster_hold import ClusterHold
+from kqp.proxy.policies.fair_turns import FairTurns
+from kqp.proxy.policies.fleet_mutation_order import FleetMutationOrder
+from kqp.proxy.policies.kafka_charging import KafkaCharging
+from kqp.proxy.policies.kafka_mutations import KafkaMutations
+from kqp.proxy.policies.one_at_a_time import OneAtATime
+from kqp.proxy.policies.policy import PHASES, Policy
+from kqp.proxy.policies.registry import MutationOrder, PolicyRegistry
+from kqp.proxy.topics import TopicDirectory
+from kqp.quotas import QuotaEngine
+
+PolicyFactory = Callable[[PolicyRegistry], Policy]
+
+# The order verdicts are asked for and followers told, within each phase. Kafka's own
+# charging comes first; the followers are told in this order too (one_at_a_time before
+# cluster_hold), then fair turns, as the single hook that preceded this chain did.
+POLICIES: tuple[PolicyFactory, ...] = (
+    FleetMutationOrder, KafkaCharging, KafkaMutations, OneAtATime, ClusterHold, FairTurns,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCalls:
+    """The bound calls of one connection's policies that take part in each phase for one API
+    key, in `POLICIES` order."""
+
+    hold: tuple[Callable[..., Any], ...]
+    request: tuple[Callable[..., Any], ...]
+    response: tuple[Callable[..., Any], ...]
+    throttled: tuple[Callable[..., Any], ...]
+    turn: tuple[Callable[..., Any], ...]
+
+
+class ConnectionPolicies:
+    """One connection's policy objects and, per API key, the calls of those that take part
+    (filled the first time an API is seen, and again after a reload changed the settings)."""
+
+    __slots__ = ("by_api", "policies", "registry", "settings")
+
+    def __init__(self, registry: PolicyRegistry, factories: tuple[PolicyFactory, ...]) -> None:
+        self.registry = registry
+        self.policies = tuple(factory(registry) for factory in factories)
+        self.by_api: dict[int, ApiCalls] = {}
+        self.settings = registry.settings  # what `by_api` was filled under
+
+    def calls(self, api_key: int) -> ApiCalls:
+        settings = self.registry.settings
+        if settings is not self.settings:  # reloaded: which policies take part may differ
+            self.settings = settings
+            self.by_api.clear()
+        calls = self.by_api.get(api_key)
+        if calls is None:
+            calls = self.by_api[api_key] = ApiCalls(*(
+                tuple(getattr(policy, phase) for policy in self.policies
+                      if _takes_part(policy, phase, api_key, settings))
+                for phase in PHASES
+            ))
+        return calls
+
+
+def _phase_apis(kind: type[Policy], phase: str) -> frozenset[int] | None:
+    """The API keys a policy class declares for `phase` (None: every API)."""
+    return {"hold": kind.hold_apis, "request": kind.request_apis, "throttled": None}.get(phase, kind.response_apis)
+
+
+def _overrides(kind: type[Policy], phase: str) -> bool:
+    return getattr(kind, phase) is not getattr(Policy, phase)
+
+
+def _takes_part(policy: Policy, phase: str, api_key: int, settings: EnforcementSection) -> bool:
+    kind = type(policy)
+    if not _overrides(kind, phase) or not kind.enabled(settings):
+        return False
+    apis = _phase_apis(kind, phase)
+    return apis is None or api_key in apis
+
+
+class EnforcementPolicies(TrafficHooks):
+    """The enforcement hook: one per proxy (or worker); its policies are per connection."""
+
+    def __init__(
+        self,
+        engine: QuotaEngine,
+        settings: EnforcementSection,
+        clock_ms: Callable[[], float],
+        topics: TopicDirectory,
+        factories: tuple[PolicyFactory, ...] = POLICIES,
+    ) -> None:
+        self.registry = PolicyRegistry(engine, settings, topics)
+        self._now_ms = clock_ms
+        self._factories = factories
+
+    @property
+    def engine(self) -> QuotaEngine:
+        return self.registry.engine
+
+    @property
+    def settings(self) -> EnforcementSection:
+        return self.registry.settings
+
+    @settings.setter
+    def settings(self, settings: EnforcementSection) -> None:
+        self.registry.settings = settings  # live: every connection's tables follow
+
+    @property
+    def mutation_order(self) -> MutationOrder | None:
+        return self.registry.mutation_order
+
+    @mutation_order.setter
+    def mutation_order(self, order: MutationOrder | None) -> None:
+        self.registry.mutation_order = order
+
+    def forget_expired_throttles(self, now_ms: float) -> None:
+        """Housekeeping off the data path (the app calls it periodically)."""
+        self.registry.forget_expired(now_ms)
+
+    def _calls(self, client: ClientView, api_key: int) -> ApiCalls:
+        """The connection's calls for `api_key`, its policies made on first use."""
+        registry = self.registry
+        policies: ConnectionPolicies | None = client.state.policies
+        if policies is None or policies.registry is not registry:
+            policies = client.state.policies = ConnectionPolicies(registry, self._factories)
+        elif policies.settings is registry.settings:
+            calls = policies.by_api.get(api_key)
+            if calls is not None:
+                return calls
+        return policies.calls(api_key)
+
+    def takes(self, call: str, api_key: int) -> bool:
+        """Whether any policy could take part in the hook call `call` for `api_key` (asked
+        once per API by the hook chain): a Produce never reaches `hold`, held for mutations."""
+        phases = {"hold": ("hold",), "request": ("request",), "needs_whole_response": ()}.get(
+            call, ("response", "throttled", "turn"))
+        for factory in self._factories:
+            kind = factory if isinstance(factory, type) else None
+            if kind is None:
+                return True  # a factory that is not a Policy class: ask it at every call
+            for phase in phases:
+                apis = _phase_apis(kind, phase)
+                if _overrides(kind, phase) and (apis is None or api_key in apis):
+                    return True
+        return False
+
+    def connection_opened(self, client: ClientView) -> None:
+        policies: ConnectionPolicies | None = client.state.policies
+        if policies is None or policies.registry is not self.registry:
+            client.state.policies = ConnectionPolicies(self.registry, self._factories)
+
+    def connection_closed(self, client: ClientView, reason: CloseReason) -> None:
+        policies: ConnectionPolicies | None = client.state.policies
+        if policies is not None and policies.registry is self.registry:
+            for policy in policies.policies:
+                policy.closed(client)
+
+    def hold(self, client: ClientView, exchange: Exchange, frame: bytes) -> asyncio.Future[Any] | None:
+        for hold in self._calls(client, exchange.header.api_key).hold:
+            wait: asyncio.Future[Any] | None = hold(client, exchange, frame)
+            if wait is not None:
+                return wait
+        return None
+
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        calls = self._calls(client, exchange.header.api_key)
+        now_ms = self._now_ms()
+        folded: RequestVerdict | None = None
+        for request in calls.request:
+            verdict: RequestVerdict | None = request(client, exchange, frame, now_ms)
+            if verdict is not None:
+                if folded is None:
+                    folded = verdict
+                else:
+                    folded.fold(verdict)
+        if folded is not None and folded.throttle_ms > 0:
+            exchange.proxy_throttle_ms = max(exchange.proxy_throttle_ms, folded.throttle_ms)
+            for throttled in calls.throttled:
+                throttled(client, exchange, folded.throttle_ms, now_ms)
+        return folded
+
+    def _decide_response(
+        self, client: ClientView, exchange: Exchange, frame: bytes | bytearray, body_offset: int, body_size: int,
+    ) -> ResponseVerdict | None:
+        """Phases 1-3 for a response (whole or streamed): the folded verdict, mute resolved."""
+        calls = self._calls(client, exchange.header.api_key)
+        now_ms = self._now_ms()
+        folded: ResponseVerdict | None = None
+        for response in calls.response:
+            verdict: ResponseVerdict | None = response(client, exchange, frame, body_offset, body_size, now_ms)
+            if verdict is not None:
+                if folded is None:
+                    folded = verdict
+                else:
+                    folded.fold(verdict)
+        throttle = folded.throttle_ms if folded is not None else 0
+        exchange.proxy_throttle_ms = max(exchange.proxy_throttle_ms, throttle)
+        if throttle > 0:
+            for throttled in calls.throttled:
+                throttled(client, exchange, throttle, now_ms)
+        if exchange.local_response is None:
+            for turn in calls.turn:
+                mute_ms: int | None = turn(client, exchange, body_size, throttle, now_ms)
+                if mute_ms is not None and (folded is not None or mute_ms):
+                    folded = folded or ResponseVerdict()
+                    folded.mute_ms = mute_ms
+        return folded
+
+    def response(
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> ResponseVerdict | None:
+        verdict = self._decide_response(client, exchange, frame, body_offset, len(frame) - body_offset)
+        if exchange.local_response is not None:
+            return verdict  # answered by the proxy: the throttle is already in the answer
+        out = frame if verdict is None or verdict.frame is None else verdict.frame
+        # The session may have found ThrottleTimeMs already (Produce); that holds for `frame` only.
+        known_offset = exchange.response_throttle_offset if out is frame else None
+        broker_throttle = _broker_throttle(exchange, out, body_offset, known_offset)
+        if verdict is None:
+            return None
+        throttle = verdict.throttle_ms
+        # ThrottleTimeMs carries the larger of the broker's and the proxy's throttle: the
+        # client waits once, for the longer; the mute applies the proxy's own in any case.
+        if throttle > 0 and broker_throttle is not None and throttle > broker_throttle:
+            patched = bytearray(out)
+            if known_offset is not None:
+                write_throttle_time(patched, known_offset, throttle)
+            else:
+                header = exchange.header
+                patch_throttle_time(patched, body_offset, header.api_key, header.api_version, throttle)
+            verdict.frame = patched
+        return verdict
+
+    def response_started(
+        self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
+    ) -> ResponseVerdict | None:
+        """A streamed (cut-through) response: charged by the size its frame header gives, its
+        ThrottleTimeMs (in the head) patched in place, as `response` does for a whole frame."""
+        verdict = self._decide_response(client, exchange, head, body_offset, frame_size - body_offset)
+        broker_throttle = _broker_throttle(exchange, head, body_offset)
+        if verdict is None:
+            return None
+        throttle = verdict.throttle_ms
+        if throttle > 0 and broker_throttle is not None and throttle > broker_throttle:
+            header = exchange.header
+            patch_throttle_time(head, body_offset, header.api_key, header.api_version, throttle)
+        verdict.frame = None  # patched in place
+        return verdict
+
+
+def _broker_throttle(
+    exchange: Exchange, frame: bytes | bytearray, body_offset: int, known_offset: int | None = None
+) -> int | None:
+    """The broker's own ThrottleTimeMs in the response (None: the version has no such field,
+    or the bytes do not read), noted on the exchange for metrics and capture."""
+    header = exchange.header
+    try:
+        if known_offset is not None:
+            broker_throttle: int | None = read_throttle_time_at(frame, known_offset)
+        else:
+            broker_throttle = read_throttle_time(frame, body_offset, header.api_key, header.api_version)
+    except ProtocolError:
+        return None
+    if broker_throttle:
+        exchange.broker_throttle_ms = broker_throttle
+    return broker_throttle
