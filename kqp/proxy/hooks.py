@@ -11,24 +11,30 @@ The order of a connection's calls, for one request:
        |  unanswered (acks=0: no response will come)
 
 Every exchange ends in exactly one of `response`, `response_streamed` or `unanswered`
-(or the connection closes first, then `connection_closed`). Hooks keep what they learn about
-an exchange on its typed `Exchange` fields, which later hooks and later calls read.
+(or the connection closes first, then `connection_closed`). What a hook read from a request
+(a Fetch's limits, a mutation's topics, the engine's inputs for the capture) it keeps on the
+exchange's typed `Exchange` fields, read once and reused by later hooks and calls.
 
-Verdicts are data, not actions: a hook says "answer with these bytes" or "mute for this
-long", and the connection carries it out in its own order (see kqp.proxy.connection), so a
-hook can be tested by calling it, without sockets.
+Verdicts are data, not actions: a hook says "answer with these bytes", "mute for this long"
+or "throttled this long", and the connection carries it out in its own order (see
+kqp.proxy.connection), so a hook can be tested by calling it, without sockets. Decisions
+pass between hooks as verdicts only: a chain folds them by one rule (`RequestVerdict.fold`,
+`ResponseVerdict.fold`: the largest throttle, mute and one-at-a-time span, never the sum;
+the later frame or answer).
 
 Typed per API
 -------------
 A hook declares the API keys it wants (`api_keys`; None: every API, for what applies to all
-requests, such as request-time quotas and metrics), and `HookChain` turns the declarations
-into a table from API key to the hooks that want it, per call: a hook is only in the table
-of a call it overrides. So a Produce touches only what cares about Produce, a hook never
-sees an API it did not declare, and an API no hook wants costs a header parse and a write.
+requests, such as request-time quotas and metrics; or per call, `takes`), and `HookChain`
+turns the declarations into a table from API key to the hooks that want it, per call: a hook
+is only in the table of a call it overrides. So a Produce touches only what cares about
+Produce, a hook never sees an API it did not declare, and an API no hook wants costs a
+header parse and a write.
 
 Per-connection state lives in the connection's `ConnectionHookState` (`ClientView.state`),
 created once with the connection, as Kroxylicious gives each connection its own filter
 instances, instead of in dicts keyed by connection id inside hooks every connection shares.
+Enforcement keeps there its policies' per-connection objects (kqp.proxy.policies).
 
 A request body is parsed at most once: the first hook that needs a Fetch's limits keeps what
 it read in `Exchange.fetch` (`read_fetch_request`), and later hooks take it from there.
@@ -37,10 +43,12 @@ The order hooks run in, and why (kqp.proxy.app builds the chain):
 
   1. quota administration: a DescribeClientQuotas/AlterClientQuotas is answered from the
      proxy's quotas, so nothing after it must count it as forwarded as it was sent;
-  2. quota enforcement: decides throttles, caps Fetch limits, refuses mutations; writes
-     `Exchange.proxy_throttle_ms` and `Exchange.quota`;
+  2. quota enforcement (kqp.proxy.policies): its policies decide throttles, cap Fetch
+     limits and refuse mutations by verdicts, which its chain folds; it records the folded
+     throttle in `Exchange.proxy_throttle_ms` (the policies themselves write no such field)
+     and the engine's inputs in `Exchange.quota`;
   3. observation (metrics and capture): reads what 1 and 2 decided, so it records the
-     request as forwarded and the response as the client gets it.
+     request as forwarded, the response as the client gets it and the folded throttle.
 """
 
 from __future__ import annotations
@@ -318,9 +326,9 @@ class HookChain(TrafficHooks):
     """Several hooks in order; the first to answer a request wins, later ones see its changes.
 
     The app chains quota administration, then enforcement, then observation (see "The order
-    hooks run in" above). Mutes combine by max, not sum: two hooks throttling the same
-    response mean one wait, as a broker returns the largest of its quotas' throttles rather
-    than their total.
+    hooks run in" above). Verdicts fold by `RequestVerdict.fold`/`ResponseVerdict.fold`:
+    mutes and throttles by max, not sum: two hooks throttling the same response mean one
+    wait, as a broker returns the largest of its quotas' throttles rather than their total.
 
     Each per-API call goes only to the hooks that declared the exchange's API and override
     that call: `_calls[name][api_key]` holds their bound methods, in chain order, filled the

@@ -1,7 +1,8 @@
 """Metrics and capture: the hooks that watch the traffic without changing it.
 
-They run last in the hook chain, so they see the throttle the enforcement hook decided
-(typed fields of the `Exchange`) and the response exactly as the client gets it.
+They run last in the hook chain, so they see the throttle enforcement's verdicts folded to
+(`Exchange.proxy_throttle_ms`, recorded by its chain, kqp.proxy.policies.chain) and the
+response exactly as the client gets it.
 
 Cost is the constraint here: these hooks run inline on the data path for every request.
 Metrics read only what the header and the exchange already hold, plus the error codes of
