@@ -1,31 +1,29 @@
-"""kqp.proxy.enforcement's hook, called directly (no sockets): what it does to requests and
-responses. How a connection carries its verdicts out (mutes, one request at a time) is tested
-with a proxy in front of a scripted broker: test_throttled_pipelining, test_cluster_scope_holds,
-test_local_answer_throttle and test_mutation_throttle_adjusted."""
+"""kqp.proxy.policies.kafka_charging, through the enforcement chain called directly (no
+sockets): what it does to requests and responses. How a connection carries its verdicts out
+(mutes, one request at a time) is tested with a proxy in front of a scripted broker:
+test_throttled_pipelining, test_cluster_scope_holds, test_local_answer_throttle and
+test_mutation_throttle_adjusted."""
 
 from __future__ import annotations
 
-import pytest
 from kafka.protocol.producer import ProduceResponse
 
 from kqp.config.models import EnforcementSection
 from kqp.protocol.apis import API_SPECS, PRODUCE_KEY
 from kqp.protocol.fast_path import parse_share_fetch_request
 from kqp.protocol.headers import (
-    RequestHeader,
     encode_request_header,
     encode_response_header,
     parse_request_header,
     response_body_offset,
 )
 from kqp.protocol.throttle_field import throttle_field_offset
-from kqp.proxy.hooks import ClientView, Exchange, HookChain, RequestVerdict, ResponseVerdict, TrafficHooks
+from kqp.proxy.hooks import ClientView, Exchange, HookChain, ResponseVerdict, TrafficHooks
 from kqp.proxy.policies.chain import EnforcementPolicies
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 from tests.unit.helpers.client_views import client_view
 from tests.unit.helpers.exchanges import CLIENT, exchange_for, produce_pair, request_frame
-from tests.unit.helpers.proxy import heartbeat_request
 
 # ---- Fetch and ShareFetch limits capped at the quota window ------------------------------
 # A ShareFetch's MaxBytes (and MinBytes) are capped at the consumer quota's window, as Kafka's
@@ -127,33 +125,3 @@ def test_an_offset_that_described_a_replaced_frame_is_not_used() -> None:
     # Written where the replaced frame has it: the frame still decodes, with the throttle in it.
     assert throttle_of(out) == exchange.proxy_throttle_ms > 0
     assert len(out) == len(produce_response(4))
-
-
-# ---- a throttled client's other connections --------------------------------------------
-# A client throttled on one connection is read one request at a time on its others.
-
-def one_at_a_time_for(verdict: RequestVerdict | None) -> float:
-    return verdict.one_at_a_time_s if verdict is not None else 0.0
-
-
-def heartbeat_exchange_for(client_id: str) -> Exchange:
-    frame = heartbeat_request(1)
-    header: RequestHeader = parse_request_header(frame.replace(b"test", client_id.encode()[:4].ljust(4, b"x")))
-    return Exchange(header=header, request_bytes=len(frame) + 4, received_at=0.0)
-
-
-def test_a_new_connection_of_a_throttled_client_starts_one_request_at_a_time() -> None:
-    now = [1_000_000.0]
-    entry = QuotaEntry(QuotaEntity(client_id="test"), {"producer_byte_rate": 1000.0})
-    enforcement = EnforcementPolicies(QuotaEngine(QuotaSettings(entries=(entry,))), EnforcementSection(),
-                                   lambda: now[0], TopicDirectory())
-    enforcement.registry.recent_throttles.note(("ANONYMOUS", "test"), 2000, now[0])
-    second = enforcement.request(client_view(2), heartbeat_exchange_for("test"), heartbeat_request(1))
-    other = enforcement.request(client_view(3), heartbeat_exchange_for("else"), heartbeat_request(1))
-    # The throttle's 2 s plus a quota span of 11 s; another client is not affected.
-    assert one_at_a_time_for(second) == pytest.approx(13.0)
-    assert one_at_a_time_for(other) == 0.0
-    now[0] += 14_000
-    enforcement.forget_expired_throttles(now[0])
-    later = enforcement.request(client_view(4), heartbeat_exchange_for("test"), heartbeat_request(1))
-    assert one_at_a_time_for(later) == 0.0
