@@ -1,6 +1,6 @@
 """What a request and its response charge to which quota, and when: the one copy of the rules.
 
-The proxy's enforcement (kqp/proxy/enforcement.py) and the what-if replay
+The proxy's Kafka policies (kqp/proxy/policies/kafka_*.py) and the what-if replay
 (kqp/spark_jobs/quota_replay.py) both call these functions, so a replay of the inputs the
 proxy recorded takes the proxy's decisions exactly. Each exchange has up to two moments:
 

@@ -11,7 +11,7 @@ On a cluster::
         kqp/spark_jobs/whatif.py hdfs:///captures/kqp --quotas quotas.yaml --output /shared/out/whatif
 
 Every request goes through `kqp.quotas` (the proxy's own engine, not a re-implementation),
-recorded the way the proxy records it (kqp/proxy/enforcement.py): Produce by request size,
+recorded the way the proxy records it (kqp/proxy/policies/kafka_charging.py): Produce by request size,
 Fetch by response size, request time by the broker round trip (less a long-poll's wait),
 at the instant the response came back; the throttle is the largest of them. The broker
 is the upstream node label (`1`, `2`, ... or `bootstrap`, as the proxy names it), and the

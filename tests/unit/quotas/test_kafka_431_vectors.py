@@ -3,7 +3,7 @@
 Each expected number is derived from Kafka 4.3.1's own code (commit 26b251a451ce, "Bump
 version to 4.3.1"): the engine methods kqp.quotas.recording calls (record_produce,
 record_fetch, record_request_time, mutations) and recording's charge_request,
-charge_response and exchange_throttle, which kqp/proxy/enforcement.py and the replay call.
+charge_response and exchange_throttle, which kqp/proxy/policies and the replay call.
 """
 
 from __future__ import annotations
