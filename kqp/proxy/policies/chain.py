@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kqp.config.models import EnforcementSection
@@ -49,12 +48,10 @@ from kqp.proxy.policies.fleet_mutation_order import FleetMutationOrder
 from kqp.proxy.policies.kafka_charging import KafkaCharging
 from kqp.proxy.policies.kafka_mutations import KafkaMutations
 from kqp.proxy.policies.one_at_a_time import OneAtATime
-from kqp.proxy.policies.policy import PHASES, Policy
 from kqp.proxy.policies.registry import MutationOrder, PolicyRegistry
+from kqp.proxy.policies.tables import ApiCalls, ConnectionPolicies, PolicyFactory, any_takes_part
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine
-
-PolicyFactory = Callable[[PolicyRegistry], Policy]
 
 # The order verdicts are asked for and followers told, within each phase. Kafka's own
 # charging comes first; the followers are told in this order too (one_at_a_time before
@@ -62,62 +59,6 @@ PolicyFactory = Callable[[PolicyRegistry], Policy]
 POLICIES: tuple[PolicyFactory, ...] = (
     FleetMutationOrder, KafkaCharging, KafkaMutations, OneAtATime, ClusterHold, FairTurns,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ApiCalls:
-    """The bound calls of one connection's policies that take part in each phase for one API
-    key, in `POLICIES` order."""
-
-    hold: tuple[Callable[..., Any], ...]
-    request: tuple[Callable[..., Any], ...]
-    response: tuple[Callable[..., Any], ...]
-    throttled: tuple[Callable[..., Any], ...]
-    turn: tuple[Callable[..., Any], ...]
-
-
-class ConnectionPolicies:
-    """One connection's policy objects and, per API key, the calls of those that take part
-    (filled the first time an API is seen, and again after a reload changed the settings)."""
-
-    __slots__ = ("by_api", "policies", "registry", "settings")
-
-    def __init__(self, registry: PolicyRegistry, factories: tuple[PolicyFactory, ...]) -> None:
-        self.registry = registry
-        self.policies = tuple(factory(registry) for factory in factories)
-        self.by_api: dict[int, ApiCalls] = {}
-        self.settings = registry.settings  # what `by_api` was filled under
-
-    def calls(self, api_key: int) -> ApiCalls:
-        settings = self.registry.settings
-        if settings is not self.settings:  # reloaded: which policies take part may differ
-            self.settings = settings
-            self.by_api.clear()
-        calls = self.by_api.get(api_key)
-        if calls is None:
-            calls = self.by_api[api_key] = ApiCalls(*(
-                tuple(getattr(policy, phase) for policy in self.policies
-                      if _takes_part(policy, phase, api_key, settings))
-                for phase in PHASES
-            ))
-        return calls
-
-
-def _phase_apis(kind: type[Policy], phase: str) -> frozenset[int] | None:
-    """The API keys a policy class declares for `phase` (None: every API)."""
-    return {"hold": kind.hold_apis, "request": kind.request_apis, "throttled": None}.get(phase, kind.response_apis)
-
-
-def _overrides(kind: type[Policy], phase: str) -> bool:
-    return getattr(kind, phase) is not getattr(Policy, phase)
-
-
-def _takes_part(policy: Policy, phase: str, api_key: int, settings: EnforcementSection) -> bool:
-    kind = type(policy)
-    if not _overrides(kind, phase) or not kind.enabled(settings):
-        return False
-    apis = _phase_apis(kind, phase)
-    return apis is None or api_key in apis
 
 
 class EnforcementPolicies(TrafficHooks):
@@ -174,17 +115,7 @@ class EnforcementPolicies(TrafficHooks):
     def takes(self, call: str, api_key: int) -> bool:
         """Whether any policy could take part in the hook call `call` for `api_key` (asked
         once per API by the hook chain): a Produce never reaches `hold`, held for mutations."""
-        phases = {"hold": ("hold",), "request": ("request",), "needs_whole_response": ()}.get(
-            call, ("response", "throttled", "turn"))
-        for factory in self._factories:
-            kind = factory if isinstance(factory, type) else None
-            if kind is None:
-                return True  # a factory that is not a Policy class: ask it at every call
-            for phase in phases:
-                apis = _phase_apis(kind, phase)
-                if _overrides(kind, phase) and (apis is None or api_key in apis):
-                    return True
-        return False
+        return any_takes_part(self._factories, call, api_key)
 
     def connection_opened(self, client: ClientView) -> None:
         policies: ConnectionPolicies | None = client.state.policies

@@ -10,10 +10,11 @@ from kqp.protocol.apis import PRODUCE_KEY
 from kqp.protocol.headers import encode_response_header, response_body_offset
 from kqp.proxy.hooks import ClientView, Exchange, HookChain, RequestVerdict, ResponseVerdict
 from kqp.proxy.observation import ObservationHooks
-from kqp.proxy.policies.chain import POLICIES, ConnectionPolicies, EnforcementPolicies
+from kqp.proxy.policies.chain import POLICIES, EnforcementPolicies
 from kqp.proxy.policies.fair_turns import FairTurns
 from kqp.proxy.policies.policy import Policy
 from kqp.proxy.policies.registry import PolicyRegistry
+from kqp.proxy.policies.tables import ConnectionPolicies
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 from tests.unit.helpers.client_views import client_view
