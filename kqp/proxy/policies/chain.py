@@ -101,15 +101,11 @@ class EnforcementPolicies(TrafficHooks):
         self.registry.forget_expired(now_ms)
 
     def _calls(self, client: ClientView, api_key: int) -> ApiCalls:
-        """The connection's calls for `api_key`, its policies made on first use."""
-        registry = self.registry
+        """The connection's calls for `api_key`, its policies made on first use. The hot
+        calls (`request`, `response`) test the table they hold first, inline."""
         policies: ConnectionPolicies | None = client.state.policies
-        if policies is None or policies.registry is not registry:
-            policies = client.state.policies = ConnectionPolicies(registry, self._factories)
-        elif policies.settings is registry.settings:
-            calls = policies.by_api.get(api_key)
-            if calls is not None:
-                return calls
+        if policies is None or policies.registry is not self.registry:
+            policies = client.state.policies = ConnectionPolicies(self.registry, self._factories)
         return policies.calls(api_key)
 
     def takes(self, call: str, api_key: int) -> bool:
@@ -136,7 +132,13 @@ class EnforcementPolicies(TrafficHooks):
         return None
 
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
-        calls = self._calls(client, exchange.header.api_key)
+        api_key = exchange.header.api_key
+        registry = self.registry
+        policies: ConnectionPolicies | None = client.state.policies
+        if (policies is None or policies.registry is not registry or policies.settings is not registry.settings
+                or policies.quotas is not registry.engine.settings
+                or (calls := policies.by_api.get(api_key)) is None):
+            calls = self._calls(client, api_key)
         now_ms = self._now_ms()
         folded: RequestVerdict | None = None
         for request in calls.request:
@@ -152,12 +154,22 @@ class EnforcementPolicies(TrafficHooks):
                 throttled(client, exchange, folded.throttle_ms, now_ms)
         return folded
 
-    def _decide_response(
-        self, client: ClientView, exchange: Exchange, frame: bytes | bytearray, body_offset: int, body_size: int,
+    def response(
+        self, client: ClientView, exchange: Exchange, frame: bytes | bytearray, body_offset: int,
+        frame_size: int | None = None,
     ) -> ResponseVerdict | None:
-        """Phases 1-3 for a response (whole or streamed): the folded verdict, mute resolved."""
-        calls = self._calls(client, exchange.header.api_key)
+        """A whole response, or with `frame_size` the head of a streamed one: the phases,
+        then the folded throttle into ThrottleTimeMs (a copy of a whole frame, the head in
+        place) and on the exchange."""
+        api_key = exchange.header.api_key
+        registry = self.registry
+        policies: ConnectionPolicies | None = client.state.policies
+        if (policies is None or policies.registry is not registry or policies.settings is not registry.settings
+                or policies.quotas is not registry.engine.settings
+                or (calls := policies.by_api.get(api_key)) is None):
+            calls = self._calls(client, api_key)
         now_ms = self._now_ms()
+        body_size = (len(frame) if frame_size is None else frame_size) - body_offset
         folded: ResponseVerdict | None = None
         for response in calls.response:
             verdict: ResponseVerdict | None = response(client, exchange, frame, body_offset, body_size, now_ms)
@@ -171,54 +183,40 @@ class EnforcementPolicies(TrafficHooks):
         if throttle > 0:
             for throttled in calls.throttled:
                 throttled(client, exchange, throttle, now_ms)
-        if exchange.local_response is None:
-            for turn in calls.turn:
-                mute_ms: int | None = turn(client, exchange, body_size, throttle, now_ms)
-                if mute_ms is not None and (folded is not None or mute_ms):
-                    folded = folded or ResponseVerdict()
-                    folded.mute_ms = mute_ms
-        return folded
-
-    def response(
-        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
-    ) -> ResponseVerdict | None:
-        verdict = self._decide_response(client, exchange, frame, body_offset, len(frame) - body_offset)
         if exchange.local_response is not None:
-            return verdict  # answered by the proxy: the throttle is already in the answer
-        out = frame if verdict is None or verdict.frame is None else verdict.frame
+            return folded  # answered by the proxy: the throttle is already in the answer
+        for turn in calls.turn:
+            mute_ms: int | None = turn(client, exchange, body_size, throttle, now_ms)
+            if mute_ms is not None and (folded is not None or mute_ms):
+                folded = folded or ResponseVerdict()
+                folded.mute_ms = mute_ms
+        out = frame if folded is None or folded.frame is None else folded.frame
         # The session may have found ThrottleTimeMs already (Produce); that holds for `frame` only.
-        known_offset = exchange.response_throttle_offset if out is frame else None
+        known_offset = exchange.response_throttle_offset if out is frame and frame_size is None else None
         broker_throttle = _broker_throttle(exchange, out, body_offset, known_offset)
-        if verdict is None:
-            return None
-        throttle = verdict.throttle_ms
         # ThrottleTimeMs carries the larger of the broker's and the proxy's throttle: the
         # client waits once, for the longer; the mute applies the proxy's own in any case.
-        if throttle > 0 and broker_throttle is not None and throttle > broker_throttle:
-            patched = bytearray(out)
-            if known_offset is not None:
-                write_throttle_time(patched, known_offset, throttle)
-            else:
-                header = exchange.header
-                patch_throttle_time(patched, body_offset, header.api_key, header.api_version, throttle)
-            verdict.frame = patched
-        return verdict
+        if folded is None or throttle <= 0 or broker_throttle is None or throttle <= broker_throttle:
+            return folded
+        header = exchange.header
+        if frame_size is not None:
+            assert isinstance(frame, bytearray)  # a streamed head, patched in place
+            patch_throttle_time(frame, body_offset, header.api_key, header.api_version, throttle)
+            return folded
+        patched = bytearray(out)
+        if known_offset is not None:
+            write_throttle_time(patched, known_offset, throttle)
+        else:
+            patch_throttle_time(patched, body_offset, header.api_key, header.api_version, throttle)
+        folded.frame = patched
+        return folded
 
     def response_started(
         self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
     ) -> ResponseVerdict | None:
         """A streamed (cut-through) response: charged by the size its frame header gives, its
         ThrottleTimeMs (in the head) patched in place, as `response` does for a whole frame."""
-        verdict = self._decide_response(client, exchange, head, body_offset, frame_size - body_offset)
-        broker_throttle = _broker_throttle(exchange, head, body_offset)
-        if verdict is None:
-            return None
-        throttle = verdict.throttle_ms
-        if throttle > 0 and broker_throttle is not None and throttle > broker_throttle:
-            header = exchange.header
-            patch_throttle_time(head, body_offset, header.api_key, header.api_version, throttle)
-        verdict.frame = None  # patched in place
-        return verdict
+        return self.response(client, exchange, head, body_offset, frame_size)
 
 
 def _broker_throttle(

@@ -3,14 +3,17 @@ connections too, as the one broker that budget stands for would (opt-in, not Kaf
 
 Connections register their (principal, client-id) per request, not per connection: the
 client id comes with each request header and may differ between requests of one connection.
-They are kept only while some quota has `scope: cluster`.
+They are kept only while some quota has `scope: cluster`: otherwise the policy takes no
+part (`enabled`), and costs a request nothing.
 """
 
 from __future__ import annotations
 
+from kqp.config.models import EnforcementSection
 from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict
 from kqp.proxy.policies.policy import Policy
 from kqp.proxy.policies.registry import ClientKey, PolicyRegistry
+from kqp.quotas import QuotaSettings
 
 
 class ClusterHold(Policy):
@@ -22,14 +25,14 @@ class ClusterHold(Policy):
         # The clients this connection registered, to unregister them when it closes.
         self._keys: set[ClientKey] = set()
 
+    @classmethod
+    def enabled(cls, settings: EnforcementSection, quotas: QuotaSettings) -> bool:
+        return quotas.scope == "cluster" or any(entry.scope == "cluster" for entry in quotas.entries)
+
     def request(self, client: ClientView, exchange: Exchange, frame: bytes, now_ms: float) -> RequestVerdict | None:
-        connections = self._connections
-        in_use = connections.in_use if connections.checked_for is self._engine.settings else connections.check(
-            self._engine)
-        if in_use:
-            key = (client.principal, exchange.header.client_id or "")
-            connections.add(key, client.connection_id, client.control)
-            self._keys.add(key)
+        key = (client.principal, exchange.header.client_id or "")
+        self._connections.add(key, client.connection_id, client.control)
+        self._keys.add(key)
         return None
 
     def throttled(self, client: ClientView, exchange: Exchange, throttle_ms: int, now_ms: float) -> None:

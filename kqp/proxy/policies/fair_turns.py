@@ -14,7 +14,7 @@ from kqp.protocol.api_keys import ApiKey
 from kqp.proxy.hooks import ClientView, Exchange
 from kqp.proxy.policies.policy import Policy
 from kqp.proxy.policies.registry import PolicyRegistry
-from kqp.quotas import QuotaType
+from kqp.quotas import QuotaSettings, QuotaType
 from kqp.quotas.recording import broker_label
 
 
@@ -29,7 +29,7 @@ class FairTurns(Policy):
         self._controls = registry.turn_controls
 
     @classmethod
-    def enabled(cls, settings: EnforcementSection) -> bool:
+    def enabled(cls, settings: EnforcementSection, quotas: QuotaSettings) -> bool:
         return settings.fair_connection_turns
 
     def turn(self, client: ClientView, exchange: Exchange, body_size: int, throttle_ms: int,

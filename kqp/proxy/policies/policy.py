@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from kqp.config.models import EnforcementSection
 from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict
+from kqp.quotas import QuotaSettings
 
 PHASES = ("hold", "request", "response", "throttled", "turn")
 
@@ -35,8 +36,9 @@ class Policy:
     response_apis: ClassVar[frozenset[int] | None] = None  # and `turn`
 
     @classmethod
-    def enabled(cls, settings: EnforcementSection) -> bool:
-        """Whether the policy takes part under these (live) settings; asked once per reload."""
+    def enabled(cls, settings: EnforcementSection, quotas: QuotaSettings) -> bool:
+        """Whether the policy takes part under these (live) settings; asked again only when
+        either changes (a reload), not per request."""
         return True
 
     def hold(self, client: ClientView, exchange: Exchange, frame: bytes) -> asyncio.Future[Any] | None:

@@ -75,14 +75,6 @@ class ClientConnections:
 
     def __init__(self) -> None:
         self.of: dict[ClientKey, dict[int, ConnectionControl]] = {}
-        # The quota settings `in_use` was worked out for: once per configuration, not per request.
-        self.checked_for: object = None
-        self.in_use = False
-
-    def check(self, engine: QuotaEngine) -> bool:
-        settings = self.checked_for = engine.settings
-        self.in_use = settings.scope == "cluster" or any(e.scope == "cluster" for e in settings.entries)
-        return self.in_use
 
     def add(self, client: ClientKey, connection_id: int, control: ConnectionControl) -> None:
         self.of.setdefault(client, {})[connection_id] = control

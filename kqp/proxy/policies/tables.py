@@ -2,7 +2,7 @@
 
 A policy takes part in a phase when its class overrides it, declares the exchange's API
 for it (`Policy.hold_apis`, `request_apis`, `response_apis`; `throttled` follows every API)
-and is enabled under the live settings (`Policy.enabled`). The tables are filled per
+and is enabled under the live enforcement and quota settings (`Policy.enabled`). The tables are filled per
 connection the first time an API is seen, and again after a reload, so that per request
 the chain makes one dictionary lookup and calls only the policies that have a say.
 """
@@ -16,6 +16,7 @@ from typing import Any
 from kqp.config.models import EnforcementSection
 from kqp.proxy.policies.policy import PHASES, Policy
 from kqp.proxy.policies.registry import PolicyRegistry
+from kqp.quotas import QuotaSettings
 
 PolicyFactory = Callable[[PolicyRegistry], Policy]
 
@@ -33,26 +34,29 @@ class ApiCalls:
 
 class ConnectionPolicies:
     """One connection's policy objects and, per API key, the calls of those that take part
-    (filled the first time an API is seen, and again after a reload changed the settings)."""
+    (filled the first time an API is seen, and again after a reload changed the enforcement
+    or the quota settings: `settings` and `quotas` are what `by_api` was filled under)."""
 
-    __slots__ = ("by_api", "policies", "registry", "settings")
+    __slots__ = ("by_api", "policies", "quotas", "registry", "settings")
 
     def __init__(self, registry: PolicyRegistry, factories: tuple[PolicyFactory, ...]) -> None:
         self.registry = registry
         self.policies = tuple(factory(registry) for factory in factories)
         self.by_api: dict[int, ApiCalls] = {}
-        self.settings = registry.settings  # what `by_api` was filled under
+        self.settings = registry.settings
+        self.quotas = registry.engine.settings
 
     def calls(self, api_key: int) -> ApiCalls:
-        settings = self.registry.settings
-        if settings is not self.settings:  # reloaded: which policies take part may differ
-            self.settings = settings
+        registry = self.registry
+        settings, quotas = registry.settings, registry.engine.settings
+        if settings is not self.settings or quotas is not self.quotas:  # reloaded
+            self.settings, self.quotas = settings, quotas
             self.by_api.clear()
         calls = self.by_api.get(api_key)
         if calls is None:
             calls = self.by_api[api_key] = ApiCalls(*(
                 tuple(getattr(policy, phase) for policy in self.policies
-                      if _takes_part(policy, phase, api_key, settings))
+                      if _takes_part(policy, phase, api_key, settings, quotas))
                 for phase in PHASES
             ))
         return calls
@@ -67,9 +71,10 @@ def _overrides(kind: type[Policy], phase: str) -> bool:
     return getattr(kind, phase) is not getattr(Policy, phase)
 
 
-def _takes_part(policy: Policy, phase: str, api_key: int, settings: EnforcementSection) -> bool:
+def _takes_part(policy: Policy, phase: str, api_key: int, settings: EnforcementSection,
+                quotas: QuotaSettings) -> bool:
     kind = type(policy)
-    if not _overrides(kind, phase) or not kind.enabled(settings):
+    if not _overrides(kind, phase) or not kind.enabled(settings, quotas):
         return False
     apis = _phase_apis(kind, phase)
     return apis is None or api_key in apis

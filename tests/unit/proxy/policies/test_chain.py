@@ -136,8 +136,8 @@ def test_only_the_phases_and_apis_a_policy_declares_are_in_its_tables() -> None:
     policies = client.state.policies
     produce, create_topics = policies.calls(ApiKey.PRODUCE), policies.calls(ApiKey.CREATE_TOPICS)
     assert produce.hold == () and len(create_topics.hold) == 1  # the fleet's order, for mutations only
-    assert [call.__self__.__class__.__name__ for call in produce.request] == [
-        "KafkaCharging", "OneAtATime", "ClusterHold"]
+    # No quota has `scope: cluster`: the cluster hold takes no part (and costs a request nothing).
+    assert [call.__self__.__class__.__name__ for call in produce.request] == ["KafkaCharging", "OneAtATime"]
     assert [call.__self__.__class__.__name__ for call in produce.response] == ["KafkaCharging"]
     assert produce.turn == ()  # fair turns is off
     # The hook chain does not even call enforcement's `hold` for a Produce.
@@ -158,3 +158,14 @@ def test_a_reload_that_turns_fair_turns_on_reaches_open_connections() -> None:
     exchange, answer, body_offset = produce_exchange()
     chain.response(client, exchange, answer, body_offset)
     assert len(chain.registry.turns) == 1  # the budget the response charged now takes turns
+
+
+def test_a_quota_with_cluster_scope_brings_the_cluster_hold_in_for_open_connections() -> None:
+    engine = QuotaEngine(QuotaSettings())
+    chain = EnforcementPolicies(engine, EnforcementSection(), lambda: 1_000.0, TopicDirectory())
+    client = client_view()
+    chain.connection_opened(client)
+    assert "ClusterHold" not in [type(call.__self__).__name__ for call in client.state.policies.calls(0).request]
+    engine.update(QuotaSettings(scope="cluster"))
+    names = [type(call.__self__).__name__ for call in client.state.policies.calls(ApiKey.PRODUCE).request]
+    assert names == ["KafkaCharging", "OneAtATime", "ClusterHold"]
