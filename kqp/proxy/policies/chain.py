@@ -1,10 +1,11 @@
 """Enforcement as a chain of policies, one object of each per connection, deciding by verdicts.
 
-`EnforcementPolicies` is the hook the app installs (kqp.proxy.hooks' seam). On a
-connection's first exchange it has every policy's factory make that connection's object
-(kept in `ClientView.state`, as Kroxylicious' FilterFactory makes a filter per connection),
-handing each the `PolicyRegistry`, the one place for state shared across connections. Each
-call then runs the policies that declared the exchange's API, in `POLICIES` order, in phases
+`EnforcementPolicies` is the hook the app installs (kqp.proxy.hooks' seam). When a
+connection opens it has every policy's factory make that connection's object (kept in
+`ClientView.state`, as Kroxylicious' FilterFactory makes a filter per connection), handing
+each the `PolicyRegistry`, the one place for state shared across connections. Each call
+then runs, in `POLICIES` order, the policies that declared the exchange's API and are
+enabled under the live settings (kqp.proxy.policies.tables), in phases
 (kqp.proxy.policies.policy), and folds their verdicts by one written rule:
 
   1. decide: every policy's `request` or `response` verdict, folded by
