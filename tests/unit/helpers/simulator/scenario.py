@@ -1,0 +1,251 @@
+"""A simulated scenario: the same modelled clients run twice on virtual time, once through the
+real proxy (kqp's figure) and once straight to a broker that enforces the quota itself (Kafka's
+figure), and what an operator would measure of each.
+
+The proxy is the one `kqp serve` runs: a `KqpConfig` through `app_settings_from_config`, a
+`ProxyApp` with a `QuotaEngine` of `config.quota_settings()`, started as `run_app` starts it,
+on a `VirtualLoop` whose in-memory network stands for the sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kqp.config import KqpConfig
+from kqp.proxy.app import ProxyApp, app_settings_from_config
+from kqp.quotas import QuotaEngine
+from tests.unit.helpers.simulator.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
+from tests.unit.helpers.simulator.clients import CLIENT_SHAPES, ClientConnection, ConnectionRecord
+from tests.unit.helpers.simulator.virtual_loop import Faults, run
+
+KIB = 1024
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One row of the scenario table: the shape of the traffic and the proxy's settings."""
+
+    client: str = "librdkafka"  # a key of CLIENT_SHAPES
+    connections: int = 1  # per client-id
+    client_ids: int = 1  # each with its own quota of `quota` bytes/s
+    quota: float = 1 * MIB  # bytes/s, producer_byte_rate or consumer_byte_rate by the client's API
+    request_bytes: int = 64 * KIB  # a Produce's size; a Fetch's MaxBytes
+    fair_connection_turns: bool = False
+    latency_s: float = 0.0005
+    jitter_s: float = 0.0002
+    loop_delay_s: float = 0.0
+    loop_delay_chance: float = 0.0
+    broker_latency_s: float = 0.002
+    warmup_s: float = 15.0
+    measure_s: float = 45.0
+
+    @property
+    def name(self) -> str:
+        parts = [f"{self.client}", f"{self.client_ids}x{self.connections}conn", f"q{_size(self.quota)}",
+                 f"r{_size(self.request_bytes)}"]
+        if self.fair_connection_turns:
+            parts.append("fair")
+        if self.jitter_s:
+            parts.append(f"jitter{self.jitter_s * 1000:g}ms")
+        if self.loop_delay_s:
+            parts.append(f"busy{self.loop_delay_s * 1000:g}ms@{self.loop_delay_chance:g}")
+        return "-".join(parts)
+
+    @property
+    def faults(self) -> Faults:
+        return Faults(self.latency_s, self.jitter_s, self.loop_delay_s, self.loop_delay_chance)
+
+    def config(self) -> KqpConfig:
+        quota_type = "producer_byte_rate" if CLIENT_SHAPES[self.client].api == "produce" else "consumer_byte_rate"
+        return KqpConfig.model_validate({
+            "upstream": {"bootstrap_servers": (f"{BROKER_HOST}:{BROKER_PORT}",)},
+            "metrics": {"enabled": False},
+            "quotas": {"entries": ({"entity": {"client-id": "<default>"}, quota_type: int(self.quota)},)},
+            "enforcement": {"fair_connection_turns": self.fair_connection_turns},
+        })
+
+    def replay_command(self, seed: int) -> str:
+        fields = ",".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                          if getattr(self, f.name) != f.default)
+        return f".venv/bin/python bench/simulator.py --replay '{fields}' --seed {seed}"
+
+
+def _size(n: float) -> str:
+    if n >= MIB and n % MIB == 0:
+        return f"{int(n // MIB)}M"
+    if n >= KIB and n % KIB == 0:
+        return f"{int(n // KIB)}K"
+    return f"{n:g}"
+
+
+@dataclass
+class Figures:
+    """What an operator measures of one run, over the measured span after the warm-up."""
+
+    records: list[ConnectionRecord]
+    span: tuple[float, float]
+    quota: float
+    client_ids: int
+    throttles: int = 0
+
+    def rate_of(self, client_id: str) -> float:
+        start, end = self.span
+        return sum(r.bytes_between(start, end) for r in self.records if r.client_id == client_id) / (end - start)
+
+    @property
+    def client_rates(self) -> list[float]:
+        return [self.rate_of(client_id(i)) for i in range(self.client_ids)]
+
+    @property
+    def admitted(self) -> float:
+        """The mean client-id's admitted rate, as a multiple of its quota."""
+        return sum(self.client_rates) / len(self.client_rates) / self.quota
+
+    @property
+    def worst_client(self) -> float:
+        return max(self.client_rates) / self.quota
+
+    def connection_shares(self) -> list[float]:
+        """Each connection's bytes as a fraction of an equal share of its client-id's bytes."""
+        start, end = self.span
+        shares = []
+        for i in range(self.client_ids):
+            mine = [r.bytes_between(start, end) for r in self.records if r.client_id == client_id(i)]
+            total = sum(mine)
+            shares.extend(b * len(mine) / total if total else 0.0 for b in mine)
+        return shares
+
+    @property
+    def fairness(self) -> float:
+        """The poorest connection's share of an equal split (1 = perfectly even)."""
+        return min(self.connection_shares())
+
+    @property
+    def timeouts(self) -> int:
+        return sum(r.timeouts for r in self.records)
+
+    @property
+    def max_wait_s(self) -> float:
+        return max(r.max_wait_s for r in self.records)
+
+    def summary(self) -> str:
+        return (f"admitted {self.admitted:.3f}x quota (worst client-id {self.worst_client:.3f}x), "
+                f"fairness {self.fairness:.2f}, time-outs {self.timeouts}, longest wait {self.max_wait_s:.1f} s")
+
+
+def client_id(index: int) -> str:
+    return f"client-{index}"
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    seed: int
+    kqp: Figures
+    kafka: Figures
+    notes: list[str] = field(default_factory=list)
+
+    def digest(self) -> str:
+        """A fingerprint of every acknowledgement of both runs: equal digests, equal numbers."""
+        runs = (self.kqp, self.kafka)
+        text = repr([[(r.client_id, r.acks, r.timeouts) for r in figures.records] for figures in runs])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return (f"{self.scenario.name} seed {self.seed}\n  kqp:   {self.kqp.summary()}\n"
+                f"  kafka: {self.kafka.summary()}\n  replay: {self.scenario.replay_command(self.seed)}")
+
+
+async def _drive(scenario: Scenario, address: tuple[str, int]) -> list[ConnectionRecord]:
+    loop = asyncio.get_running_loop()
+    shape = CLIENT_SHAPES[scenario.client]
+    records = []
+    clients = []
+    for i in range(scenario.client_ids):
+        for _ in range(scenario.connections):
+            record = ConnectionRecord(client_id(i))
+            client = ClientConnection(loop, shape, client_id(i), scenario.request_bytes, address, record)
+            records.append(record)
+            clients.append(client)
+    # Connections open at seeded moments within the first second, as a client's do: the seed
+    # moves every connection's phase against the others and against the quota windows.
+    starts = loop.client_random  # type: ignore[attr-defined]
+    for client in clients:
+        loop.call_later(starts.uniform(0.0, 1.0), client.open)
+    await asyncio.sleep(scenario.warmup_s + scenario.measure_s)
+    for client in clients:
+        client.stop()
+    await asyncio.sleep(0.1)
+    return records
+
+
+def _figures(scenario: Scenario, records: list[ConnectionRecord], throttles: int = 0) -> Figures:
+    span = (scenario.warmup_s, scenario.warmup_s + scenario.measure_s)
+    return Figures(records, span, scenario.quota, scenario.client_ids, throttles)
+
+
+# The engine built for a run; a test may wrap it (the planted-bug tests do).
+EngineFactory = Callable[[KqpConfig], QuotaEngine]
+
+
+def default_engine(config: KqpConfig) -> QuotaEngine:
+    return QuotaEngine(config.quota_settings())
+
+
+async def _through_kqp(scenario: Scenario, engine_factory: EngineFactory) -> Figures:
+    loop = asyncio.get_running_loop()
+    BrokerModel(latency_s=scenario.broker_latency_s).listen(loop)
+    config = scenario.config()
+    settings = app_settings_from_config(config)
+    # Ports the OS picks (ProxyOptions allows 0 where the config file does not).
+    proxy = settings.proxy.model_copy(update={"bootstrap_port": 0, "node_ports": {NODE_ID: 0}})
+    settings = dataclasses.replace(settings, proxy=proxy)
+    app = ProxyApp(settings, engine_factory(config), config=config, clock_ms=lambda: loop.time() * 1000.0)
+    await app.start()
+    assert app.server is not None
+    listener = app.server.directory.listeners[NODE_ID]
+    records = await _drive(scenario, (proxy.bind_host, listener.port))
+    await app.stop()
+    return _figures(scenario, records)
+
+
+async def _straight_to_kafka(scenario: Scenario) -> Figures:
+    loop = asyncio.get_running_loop()
+    broker = BrokerModel(latency_s=scenario.broker_latency_s, engine=default_engine(scenario.config()))
+    broker.listen(loop)
+    records = await _drive(scenario, (BROKER_HOST, BROKER_PORT))
+    return _figures(scenario, records, len(broker.throttles))
+
+
+def simulate(scenario: Scenario, seed: int, engine_factory: EngineFactory = default_engine) -> Outcome:
+    """Run the scenario through kqp and straight to Kafka's model, each on its own virtual loop."""
+    logging.getLogger("kqp").setLevel(logging.ERROR)  # warnings of closed connections are expected
+    kqp = run(lambda: _through_kqp(scenario, engine_factory), seed, scenario.faults)
+    kafka = run(lambda: _straight_to_kafka(scenario), seed, scenario.faults)
+    return Outcome(scenario, seed, kqp, kafka)
+
+
+def parse_scenario(text: str) -> Scenario:
+    """The inverse of the `--replay` argument of `Scenario.replay_command`."""
+    values: dict[str, Any] = {}
+    if text:
+        for item in text.split(","):
+            name, _, value = item.partition("=")
+            values[name] = _literal(value)
+    return Scenario(**values)
+
+
+def _literal(value: str) -> Any:
+    import ast
+    result = ast.literal_eval(value)
+    if isinstance(result, float) and math.isfinite(result) and result.is_integer() and "." not in value:
+        return int(result)
+    return result
