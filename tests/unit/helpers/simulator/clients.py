@@ -107,6 +107,9 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.in_flight.clear()
+        if self._timeout is not None:
+            self._timeout.cancel()
+            self._timeout = None
         if not self.stopped:
             self.record.reconnects += 1
             self.loop.call_later(self.shape.reconnect_backoff_s, self.open)
@@ -142,20 +145,22 @@ class ClientConnection(asyncio.Protocol):
         self._send_more()
 
     def _arm_timeout(self) -> None:
-        if self._timeout is not None:
-            self._timeout.cancel()
-            self._timeout = None
-        if self.in_flight:
-            deadline = self.in_flight[0][1] + self.shape.request_timeout_s
-            self._timeout = self.loop.call_at(deadline, self._timed_out)
+        # One timer, at the oldest request's deadline; when it fires, a request answered since
+        # only moves it on (cheaper than re-arming it on every response).
+        if self._timeout is None and self.in_flight:
+            self._timeout = self.loop.call_at(self.in_flight[0][1] + self.shape.request_timeout_s, self._deadline)
 
-    def _timed_out(self) -> None:
+    def _deadline(self) -> None:
+        self._timeout = None
+        if not self.in_flight or self.transport is None:
+            return
+        if self.loop.time() < self.in_flight[0][1] + self.shape.request_timeout_s:
+            self._arm_timeout()
+            return
         # The oldest request was not answered in time: the client fails it and reconnects
         # (librdkafka and Java both close the connection on an in-flight time-out).
-        self._timeout = None
         self.record.timeouts += 1
-        if self.transport is not None:
-            self.transport.close()
+        self.transport.close()
 
     # ---- receiving -----------------------------------------------------------------------
 

@@ -44,8 +44,34 @@ class Scenario:
     loop_delay_s: float = 0.0
     loop_delay_chance: float = 0.0
     broker_latency_s: float = 0.002
-    warmup_s: float = 15.0
-    measure_s: float = 45.0
+    # 0: long enough for the scenario (`warmup`, `measure`), so that the phase of a throttle
+    # cycle against the span's edges cannot move the measured rate beyond the tolerance.
+    warmup_s: float = 0.0
+    measure_s: float = 0.0
+
+    @property
+    def in_flight_seconds(self) -> float:
+        """Seconds of quota one client-id can have outstanding: the largest burst a throttle answers."""
+        shape = CLIENT_SHAPES[self.client]
+        return self.connections * shape.max_in_flight * self.request_bytes / self.quota
+
+    @property
+    def warmup(self) -> float:
+        """Past the first throttles and Kafka's quota window (11 s), several bursts long."""
+        return self.warmup_s or max(15.0, 3.0 * self.in_flight_seconds)
+
+    @property
+    def measure(self) -> float:
+        """Fifty bursts long, a minute at least, fifteen minutes at most."""
+        return self.measure_s or min(900.0, max(60.0, 50.0 * self.in_flight_seconds))
+
+    @property
+    def tolerance(self) -> float:
+        """How far two measurements of the same admitted rate may differ, as a fraction of the
+        quota: 5 %, plus what one request per connection in or out at each edge of the span
+        is worth (the phase of the requests against the span, which the span's length bounds)."""
+        edges = 2.0 * self.connections * self.request_bytes / (self.quota * self.measure)
+        return 0.05 + edges
 
     @property
     def name(self) -> str:
@@ -180,7 +206,7 @@ async def _drive(scenario: Scenario, address: tuple[str, int]) -> list[Connectio
     starts = loop.client_random  # type: ignore[attr-defined]
     for client in clients:
         loop.call_later(starts.uniform(0.0, 1.0), client.open)
-    await asyncio.sleep(scenario.warmup_s + scenario.measure_s)
+    await asyncio.sleep(scenario.warmup + scenario.measure)
     for client in clients:
         client.stop()
     await asyncio.sleep(0.1)
@@ -188,7 +214,7 @@ async def _drive(scenario: Scenario, address: tuple[str, int]) -> list[Connectio
 
 
 def _figures(scenario: Scenario, records: list[ConnectionRecord], throttles: int = 0) -> Figures:
-    span = (scenario.warmup_s, scenario.warmup_s + scenario.measure_s)
+    span = (scenario.warmup, scenario.warmup + scenario.measure)
     return Figures(records, span, scenario.quota, scenario.client_ids, throttles)
 
 

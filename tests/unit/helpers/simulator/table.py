@@ -1,0 +1,136 @@
+"""The scenario table (shape x settings) and what every scenario-seed must show.
+
+`make test` runs each row for its seeds (tests/unit/simulator/test_scenarios.py);
+`bench/simulator.py` runs the same rows for thousands of seeds. A row that shows a known
+difference from Kafka carries a `finding` (the figures measured), and the test expects it to
+fail (xfail, strict) until the product is fixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tests.unit.helpers.simulator.clients import CLIENT_SHAPES
+from tests.unit.helpers.simulator.scenario import KIB, MIB, Outcome, Scenario
+
+# With fair_connection_turns the connections of one budget take turns: none may get less than
+# this share of an equal split.
+FAIR_TURNS_SHARE = 0.9
+# Without it kqp is Kafka's (each connection throttled on its own): no connection may fare worse
+# than Kafka's poorest one by more than this share of an equal split. Which connection loses
+# a throttle race is phase, and Kafka's own poorest share moves by as much from seed to seed
+# (0.31 to 0.64 for five Java producers, librdkafka's from 0.46 to 0.51 for ten).
+FAIRNESS_SLACK = 0.25
+
+
+def violations(outcome: Outcome) -> list[str]:
+    """What an operator would object to in this scenario-seed; empty when kqp behaves."""
+    scenario, kqp, kafka = outcome.scenario, outcome.kqp, outcome.kafka
+    tolerance = scenario.tolerance
+    found = []
+    kafka_rate = kafka.admitted
+    for index, rate in enumerate(kqp.client_rates):
+        admitted = rate / scenario.quota
+        # Over: beyond the quota only as far as Kafka itself goes beyond it.
+        ceiling = max(1.0, kafka_rate) + tolerance
+        if admitted > ceiling:
+            found.append(f"client-{index} admitted {admitted:.3f}x the quota, over max(quota, Kafka's "
+                         f"{kafka_rate:.3f}x) + {tolerance:.3f}")
+        # Under: short of the quota only as far as Kafka itself falls short (demand saturates).
+        floor = min(1.0, kafka_rate) - tolerance
+        if admitted < floor:
+            found.append(f"client-{index} admitted {admitted:.3f}x the quota, under min(quota, Kafka's "
+                         f"{kafka_rate:.3f}x) - {tolerance:.3f}")
+    if scenario.connections > 1:
+        if scenario.fair_connection_turns:
+            if kqp.fairness < FAIR_TURNS_SHARE:
+                found.append(f"with fair_connection_turns the poorest connection got {kqp.fairness:.2f} of an "
+                             f"equal share (< {FAIR_TURNS_SHARE})")
+        elif kqp.fairness < kafka.fairness - FAIRNESS_SLACK:
+            found.append(f"the poorest connection got {kqp.fairness:.2f} of an equal share, Kafka's "
+                         f"{kafka.fairness:.2f} (slack {FAIRNESS_SLACK})")
+    if kqp.timeouts > kafka.timeouts:
+        found.append(f"{kqp.timeouts} request time-outs through kqp, {kafka.timeouts} against Kafka "
+                     f"(longest waits {kqp.max_wait_s:.1f} s and {kafka.max_wait_s:.1f} s)")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    scenario: Scenario
+    seeds: int  # how many seeds `make test` runs (0 .. seeds-1); the bench runs more
+    # A known difference from Kafka, with its figures, and the seeds of `make test` that show it
+    # (the simulation is deterministic, so exactly these fail until the product is fixed).
+    finding: str | None = None
+    failing_seeds: frozenset[int] = frozenset()
+
+
+def _rows() -> list[Row]:
+    rows: list[Row] = []
+    add = rows.append
+    # One client over 1-20 connections, each client model, fair turns off and on.
+    for connections, seeds in ((1, 12), (2, 12), (5, 10), (10, 3), (20, 1)):
+        for fair in (False, True):
+            if connections == 1 and fair:
+                continue
+            add(Row(Scenario("librdkafka", connections, quota=1 * MIB, request_bytes=64 * KIB,
+                             fair_connection_turns=fair), seeds))
+    for connections, seeds in ((1, 8), (5, 8), (10, 2)):
+        for fair in (False, True):
+            if connections == 1 and fair:
+                continue
+            add(Row(Scenario("java-producer", connections, quota=1 * MIB, request_bytes=64 * KIB,
+                             fair_connection_turns=fair), seeds))
+    for connections in (1, 4):
+        add(Row(Scenario("aiokafka", connections, quota=256 * KIB, request_bytes=16 * KIB), 12))
+    add(Row(Scenario("aiokafka", 4, quota=256 * KIB, request_bytes=16 * KIB, fair_connection_turns=True), 8))
+    # Fetching consumers.
+    add(Row(Scenario("consumer", 1, quota=1 * MIB, request_bytes=1 * MIB), 20))
+    add(Row(Scenario("consumer", 3, quota=1 * MIB, request_bytes=256 * KIB), 12,
+            finding="fetch over 3 connections of one client-id, 256 KiB fetches: the poorest connection gets "
+                    "0.50-0.51 of an equal share through kqp, 0.78-0.82 against Kafka's model",
+            failing_seeds=frozenset({0, 6, 9})))
+    add(Row(Scenario("consumer", 3, quota=1 * MIB, request_bytes=1 * MIB), 12,
+            finding="fetch over 3 connections of one client-id, 1 MiB fetches: kqp admits 1.147-1.153x the quota, "
+                    "Kafka's model 0.867-0.887x (kqp delivers a throttled fetch's data and keeps it recorded; "
+                    "Kafka answers it empty and unrecords it)",
+            failing_seeds=frozenset(range(12))))
+    add(Row(Scenario("consumer", 3, quota=1 * MIB, request_bytes=256 * KIB, fair_connection_turns=True), 12))
+    add(Row(Scenario("consumer", 2, quota=10 * MIB, request_bytes=4 * MIB), 4))
+    # Several client-ids on one broker, each with its own quota.
+    add(Row(Scenario("librdkafka", 2, client_ids=3, quota=1 * MIB, request_bytes=128 * KIB), 8,
+            finding="3 client-ids x 2 librdkafka connections, 128 KiB requests: the poorest connection gets 0.58 "
+                    "of an equal share through kqp, 0.86 against Kafka's model",
+            failing_seeds=frozenset({0, 1, 3})))
+    add(Row(Scenario("java-producer", 1, client_ids=4, quota=512 * KIB, request_bytes=64 * KIB), 4))
+    # Quotas from 64 KiB/s to 100 MiB/s, requests from 1 KB to several seconds of the quota.
+    add(Row(Scenario("librdkafka", 1, quota=64 * KIB, request_bytes=1 * KIB), 2))
+    add(Row(Scenario("librdkafka", 2, quota=64 * KIB, request_bytes=8 * KIB), 12))
+    add(Row(Scenario("librdkafka", 2, quota=64 * KIB, request_bytes=128 * KIB), 12,
+            finding="librdkafka over 2 connections at 64 KiB/s, requests of 2 s of quota: 1-2 request time-outs "
+                    "through kqp (longest wait 27-30 s), none against Kafka's model (28 s)",
+            failing_seeds=frozenset({2, 7})))
+    add(Row(Scenario("librdkafka", 1, quota=64 * KIB, request_bytes=192 * KIB), 12,
+            finding="librdkafka, one connection at 64 KiB/s, requests of 3 s of quota: kqp admits 1.140x the quota "
+                    "where Kafka's model admits 1.068x (tolerance 0.058)",
+            failing_seeds=frozenset({8})))
+    add(Row(Scenario("java-producer", 2, quota=64 * KIB, request_bytes=192 * KIB), 8,
+            finding="Java producer over 2 connections at 64 KiB/s, requests of 3 s of quota: 2-7 request time-outs "
+                    "through kqp, 1 against Kafka's model",
+            failing_seeds=frozenset({0, 3, 4, 5, 7})))
+    add(Row(Scenario("librdkafka", 5, quota=10 * MIB, request_bytes=1 * MIB), 2))
+    add(Row(Scenario("librdkafka", 4, quota=100 * MIB, request_bytes=1 * MIB, warmup_s=12, measure_s=20), 1))
+    # Timing faults: network jitter, a busy host whose loop runs late.
+    for connections in (1, 5):
+        add(Row(Scenario("librdkafka", connections, quota=1 * MIB, request_bytes=64 * KIB, jitter_s=0.005), 8))
+        add(Row(Scenario("librdkafka", connections, quota=1 * MIB, request_bytes=64 * KIB, loop_delay_s=0.02,
+                         loop_delay_chance=0.05), 8))
+        add(Row(Scenario("java-producer", connections, quota=1 * MIB, request_bytes=64 * KIB, loop_delay_s=0.1,
+                         loop_delay_chance=0.01), 8))
+    add(Row(Scenario("librdkafka", 5, quota=1 * MIB, request_bytes=64 * KIB, fair_connection_turns=True,
+                     loop_delay_s=0.02, loop_delay_chance=0.05), 8))
+    assert all(row.scenario.client in CLIENT_SHAPES for row in rows)
+    return rows
+
+
+ROWS = _rows()
