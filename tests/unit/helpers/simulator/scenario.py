@@ -9,6 +9,7 @@ on a `VirtualLoop` whose in-memory network stands for the sockets.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import dataclasses
 import hashlib
@@ -99,7 +100,8 @@ class Scenario:
         })
 
     def replay_command(self, seed: int) -> str:
-        fields = ",".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+        # Strings bare (no quotes to fight the shell's), everything else as a Python literal.
+        fields = ",".join(f"{f.name}={_field_text(getattr(self, f.name))}" for f in dataclasses.fields(self)
                           if getattr(self, f.name) != f.default)
         return f".venv/bin/python bench/simulator.py --replay '{fields}' --seed {seed}"
 
@@ -269,9 +271,15 @@ def parse_scenario(text: str) -> Scenario:
     return Scenario(**values)
 
 
+def _field_text(value: object) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
 def _literal(value: str) -> Any:
-    import ast
-    result = ast.literal_eval(value)
+    try:
+        result = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value  # a bare string
     if isinstance(result, float) and math.isfinite(result) and result.is_integer() and "." not in value:
         return int(result)
     return result
