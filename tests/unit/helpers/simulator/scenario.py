@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kqp.config import KqpConfig
+from kqp.config.models import FleetSection
 from kqp.proxy.app import ProxyApp, app_settings_from_config
 from kqp.quotas import QuotaEngine
+from kqp.quotas.fleet import UsageDelta
 from tests.unit.helpers.simulator.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
 from tests.unit.helpers.simulator.clients import CLIENT_SHAPES, ClientConnection, ConnectionRecord
 from tests.unit.helpers.simulator.virtual_loop import Faults, run
@@ -40,6 +42,12 @@ class Scenario:
     quota: float = 1 * MIB  # bytes/s, producer_byte_rate or consumer_byte_rate by the client's API
     request_bytes: int = 64 * KIB  # a Produce's size; a Fetch's MaxBytes
     fair_connection_turns: bool = False
+    # A fleet (or --workers) of proxies sharing one budget through the usage exchange; a
+    # client's connections are spread over them round-robin, as a balancer would.
+    instances: int = 1
+    exchange_lag_s: float = 0.05  # a report's way from one instance to the others (the topic's round trip)
+    report_interval_s: float = 0.1  # fleet.report_interval_seconds
+    count_other_instances: bool = False  # fleet.count_other_instances
     latency_s: float = 0.0005
     jitter_s: float = 0.0002
     loop_delay_s: float = 0.0
@@ -80,6 +88,10 @@ class Scenario:
                  f"r{_size(self.request_bytes)}"]
         if self.fair_connection_turns:
             parts.append("fair")
+        if self.instances > 1:
+            parts.append(f"fleet{self.instances}-lag{self.exchange_lag_s * 1000:g}ms")
+            if self.count_other_instances:
+                parts.append("count-others")
         if self.jitter_s:
             parts.append(f"jitter{self.jitter_s * 1000:g}ms")
         if self.loop_delay_s:
@@ -192,14 +204,15 @@ class Outcome:
                 f"  kafka: {self.kafka.summary()}\n  replay: {self.scenario.replay_command(self.seed)}")
 
 
-async def _drive(scenario: Scenario, address: tuple[str, int]) -> list[ConnectionRecord]:
+async def _drive(scenario: Scenario, addresses: list[tuple[str, int]]) -> list[ConnectionRecord]:
     loop = asyncio.get_running_loop()
     shape = CLIENT_SHAPES[scenario.client]
     records = []
     clients = []
     for i in range(scenario.client_ids):
-        for _ in range(scenario.connections):
+        for j in range(scenario.connections):
             record = ConnectionRecord(client_id(i))
+            address = addresses[j % len(addresses)]
             client = ClientConnection(loop, shape, client_id(i), scenario.request_bytes, address, record)
             records.append(record)
             clients.append(client)
@@ -236,20 +249,56 @@ async def _through_kqp(scenario: Scenario, engine_factory: EngineFactory) -> Fig
     # Ports the OS picks (ProxyOptions allows 0 where the config file does not).
     proxy = settings.proxy.model_copy(update={"bootstrap_port": 0, "node_ports": {NODE_ID: 0}})
     settings = dataclasses.replace(settings, proxy=proxy)
-    app = ProxyApp(settings, engine_factory(config), config=config, clock_ms=lambda: loop.time() * 1000.0)
-    await app.start()
-    assert app.server is not None
-    listener = app.server.directory.listeners[NODE_ID]
-    records = await _drive(scenario, (proxy.bind_host, listener.port))
-    await app.stop()
+    apps = []
+    for _ in range(scenario.instances):
+        app = ProxyApp(settings, engine_factory(config), config=config, clock_ms=lambda: loop.time() * 1000.0)
+        await app.start()
+        apps.append(app)
+    exchange = loop.create_task(_exchange(scenario, apps)) if len(apps) > 1 else None
+    addresses = []
+    for app in apps:
+        assert app.server is not None
+        addresses.append((proxy.bind_host, app.server.directory.listeners[NODE_ID].port))
+    records = await _drive(scenario, addresses)
+    if exchange is not None:
+        exchange.cancel()
+    for app in apps:
+        await app.stop()
     return _figures(scenario, records)
+
+
+async def _exchange(scenario: Scenario, apps: list[ProxyApp]) -> None:
+    """The fleet's usage exchange, modelled: every report interval each instance takes its usage
+    report from its engine (FleetExchange._publish's call) and every other instance records it
+    (FleetExchange._apply's call) once the exchange's lag has passed. The engines are shared as
+    FleetExchange.start shares them; the topic itself is what the lag stands for."""
+    loop = asyncio.get_running_loop()
+    engines = [app.engine for app in apps]
+    for engine in engines:
+        assert engine is not None
+        engine.share_usage(True, mutations_claimed=True, count_other_instances=scenario.count_other_instances)
+    unreported_share = FleetSection().max_unreported_share / len(engines)
+
+    def deliver(to: QuotaEngine, usage: list[UsageDelta], instance: str) -> None:
+        to.record_remote_usage(usage, loop.time() * 1000.0, instance)
+
+    while True:
+        await asyncio.sleep(scenario.report_interval_s)
+        now_ms = loop.time() * 1000.0
+        for index, engine in enumerate(engines):
+            assert engine is not None
+            usage = engine.take_local_usage(now_ms, unreported_share)
+            for other in engines:
+                if other is not engine:
+                    assert other is not None
+                    loop.call_later(scenario.exchange_lag_s, deliver, other, usage, f"instance-{index}")
 
 
 async def _straight_to_kafka(scenario: Scenario) -> Figures:
     loop = asyncio.get_running_loop()
     broker = BrokerModel(latency_s=scenario.broker_latency_s, engine=default_engine(scenario.config()))
     broker.listen(loop)
-    records = await _drive(scenario, (BROKER_HOST, BROKER_PORT))
+    records = await _drive(scenario, [(BROKER_HOST, BROKER_PORT)])
     return _figures(scenario, records, len(broker.throttles))
 
 

@@ -129,6 +129,40 @@ def _rows() -> list[Row]:
                          loop_delay_chance=0.01), 8))
     add(Row(Scenario("librdkafka", 5, quota=1 * MIB, request_bytes=64 * KIB, fair_connection_turns=True,
                      loop_delay_s=0.02, loop_delay_chance=0.05), 8))
+    # Fleets of 2-5 instances and --workers (instances a few ms apart) sharing one budget through
+    # the usage exchange, a client's connections spread over them; Kafka's figure is one broker's.
+    add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=2), 3,
+            finding="a fleet of 2 (exchange lag 50 ms), 10 librdkafka connections of one client-id: kqp admits "
+                    "1.054-1.094x the quota, one Kafka broker 1.026x; poorest connection 0.23 of an equal share "
+                    "(Kafka 0.48) in seed 0",
+            failing_seeds=frozenset({0, 1})))
+    add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=5), 2,
+            finding="a fleet of 5 (exchange lag 50 ms), 10 librdkafka connections of one client-id: kqp admits "
+                    "1.139-1.142x the quota, one Kafka broker 1.026x (count_other_instances holds it: 0.985-1.000x)",
+            failing_seeds=frozenset({0, 1})))
+    add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=5,
+                     count_other_instances=True), 3))
+    add(Row(Scenario("librdkafka", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2, exchange_lag_s=0.5), 3,
+            finding="a fleet of 2 with a slow exchange (lag 500 ms), 4 librdkafka connections: kqp admits "
+                    "1.070-1.097x the quota, one Kafka broker 0.935x; poorest connection 0.32-0.37 (Kafka 0.67)",
+            failing_seeds=frozenset({0, 1, 2})))
+    add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=4), 3,
+            finding="a fleet of 4, one Java producer connection on each: kqp admits 0.999-1.277x the quota "
+                    "(1.190x, 1.277x in seeds 0, 1), one Kafka broker 0.935x",
+            failing_seeds=frozenset({0, 1})))
+    add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=4,
+                     count_other_instances=True), 3,
+            finding="a fleet of 4 with count_other_instances, one Java producer connection on each: kqp admits "
+                    "1.121x the quota in seed 2 (0.957x and 0.961x in the others), one Kafka broker 0.935x",
+            failing_seeds=frozenset({2})))
+    add(Row(Scenario("consumer", 4, quota=1 * MIB, request_bytes=256 * KIB, instances=2), 4,
+            finding="a fleet of 2, 4 consumer connections of one client-id, 256 KiB fetches: kqp admits "
+                    "1.096-1.104x the quota in 3 of 4 seeds, one Kafka broker 0.896-0.942x",
+            failing_seeds=frozenset({0, 2, 3})))
+    add(Row(Scenario("librdkafka", 6, quota=1 * MIB, request_bytes=64 * KIB, instances=3, exchange_lag_s=0.002), 3,
+            finding="--workers 3 (exchange lag 2 ms), 6 librdkafka connections of one client-id: kqp admits "
+                    "0.981-1.127x the quota, one Kafka broker 1.005x; poorest connection 0.24-0.50 (Kafka 0.75-0.84)",
+            failing_seeds=frozenset({0, 1, 2})))
     assert all(row.scenario.client in CLIENT_SHAPES for row in rows)
     return rows
 
