@@ -102,10 +102,17 @@ class _BrokerConnection(asyncio.Protocol):
         engine = broker.engine
         now_ms = broker.now_ms(self.loop)
         client_id = header.client_id or ""
+        # KIP-124: the request's time on the broker's threads, here its handling latency.
+        request_ms = broker.latency_s * 1000.0
         if header.api_key == PRODUCE_KEY:
             size = len(request)  # the frame without its size prefix, as kqp.quotas.recording charges it
             broker.produced_bytes += size
-            throttle = engine.record_produce("1", USER, client_id, size, now_ms) if engine is not None else 0
+            throttle = 0
+            if engine is not None:
+                # KafkaApis.handleProduceRequest: the larger of the produce and request throttles.
+                throttle = engine.record_produce("1", USER, client_id, size, now_ms)
+                throttle = max(throttle, engine.record_request_time("1", USER, client_id, PRODUCE_KEY, request_ms,
+                                                                    now_ms))
             return wire.response_with(wire.produce_response_template(), PRODUCE_KEY, header.api_version,
                                       header.correlation_id, throttle), throttle
         if header.api_key == FETCH_KEY:
@@ -118,7 +125,12 @@ class _BrokerConnection(asyncio.Protocol):
             template = wire.fetch_response_template(data)
             throttle = 0
             if engine is not None:
-                throttle = engine.record_fetch("1", USER, client_id, wire.fetch_charge(template), now_ms)
+                # KafkaApis.handleFetchRequest: request time first; either throttle empties the
+                # response and unrecords its bytes.
+                request_throttle = engine.record_request_time("1", USER, client_id, FETCH_KEY, request_ms, now_ms)
+                throttle = engine.record_fetch("1", USER, client_id, wire.fetch_charge(template), now_ms,
+                                               request_throttle)
+                throttle = max(throttle, request_throttle)
                 if throttle > 0:
                     template = wire.fetch_response_template(0)
             broker.fetched_bytes += wire.fetch_charge(template)

@@ -42,6 +42,9 @@ class Scenario:
     quota: float = 1 * MIB  # bytes/s, producer_byte_rate or consumer_byte_rate by the client's API
     request_bytes: int = 64 * KIB  # a Produce's size; a Fetch's MaxBytes
     fair_connection_turns: bool = False
+    # KIP-124 request_percentage (percent of one broker thread) for every client-id; 0: none.
+    # The proxy charges the round trip it measures; Kafka's model the broker's handling time.
+    request_percentage: float = 0.0
     # A fleet (or --workers) of proxies sharing one budget through the usage exchange; a
     # client's connections are spread over them round-robin, as a balancer would.
     instances: int = 1
@@ -88,6 +91,8 @@ class Scenario:
                  f"r{_size(self.request_bytes)}"]
         if self.fair_connection_turns:
             parts.append("fair")
+        if self.request_percentage:
+            parts.append(f"req{self.request_percentage:g}pct")
         if self.instances > 1:
             parts.append(f"fleet{self.instances}-lag{self.exchange_lag_s * 1000:g}ms")
             if self.count_other_instances:
@@ -104,10 +109,13 @@ class Scenario:
 
     def config(self) -> KqpConfig:
         quota_type = "producer_byte_rate" if CLIENT_SHAPES[self.client].api == "produce" else "consumer_byte_rate"
+        entry: dict[str, object] = {"entity": {"client-id": "<default>"}, quota_type: int(self.quota)}
+        if self.request_percentage:
+            entry["request_percentage"] = float(self.request_percentage)
         return KqpConfig.model_validate({
             "upstream": {"bootstrap_servers": (f"{BROKER_HOST}:{BROKER_PORT}",)},
             "metrics": {"enabled": False},
-            "quotas": {"entries": ({"entity": {"client-id": "<default>"}, quota_type: int(self.quota)},)},
+            "quotas": {"entries": (entry,)},
             "enforcement": {"fair_connection_turns": self.fair_connection_turns},
         })
 
