@@ -14,9 +14,10 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from kqp.protocol.apis import FETCH_KEY, METADATA_KEY, PRODUCE_KEY
+from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, METADATA_KEY, PRODUCE_KEY
 from kqp.protocol.framing import FrameDecoder, frame
 from kqp.protocol.headers import RequestHeader, encode_response_header, parse_request_header
+from kqp.protocol.mutations import THROTTLING_QUOTA_EXCEEDED
 from kqp.quotas import QuotaEngine
 from tests.unit.helpers.simulator import wire
 
@@ -136,6 +137,15 @@ class _BrokerConnection(asyncio.Protocol):
             broker.fetched_bytes += wire.fetch_charge(template)
             return wire.response_with(template, FETCH_KEY, header.api_version, header.correlation_id,
                                       throttle), throttle
+        if header.api_key == CREATE_TOPICS_KEY:
+            asked = wire.create_topics_asked(header, request)
+            accepted, throttle = [True] * len(asked), 0
+            if engine is not None:
+                # KIP-599: the controller charges topic by topic and refuses those over the quota.
+                outcome = engine.mutations("1", USER, client_id, header.api_key, header.api_version, asked, now_ms)
+                accepted, throttle = outcome.accepted, outcome.throttle_ms
+            errors = [0 if ok else THROTTLING_QUOTA_EXCEEDED for ok in accepted]
+            return wire.create_topics_response(header, asked, errors, throttle), throttle
         if header.api_key == METADATA_KEY:
             body = wire.metadata_response_body(header.api_version, NODE_ID, BROKER_HOST, BROKER_PORT)
             return frame(encode_response_header(METADATA_KEY, header.api_version, header.correlation_id) + body), 0

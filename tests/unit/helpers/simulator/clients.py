@@ -16,7 +16,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from kqp.protocol.apis import FETCH_KEY, PRODUCE_KEY
+from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, PRODUCE_KEY
 from kqp.protocol.framing import FrameDecoder
 from tests.unit.helpers.simulator import wire
 
@@ -26,7 +26,7 @@ class ClientShape:
     """How one kind of client sends and reacts; see the models below."""
 
     name: str
-    api: str  # "produce" or "fetch"
+    api: str  # "produce", "fetch" or "create_topics"
     max_in_flight: int
     honours_throttle: bool  # KIP-219 client side: send nothing on the connection until the throttle ends
     request_timeout_s: float
@@ -46,7 +46,11 @@ AIOKAFKA = ClientShape("aiokafka", "produce", max_in_flight=1, honours_throttle=
 # request.timeout.ms 30 s.
 FETCHING_CONSUMER = ClientShape("consumer", "fetch", max_in_flight=1, honours_throttle=True, request_timeout_s=30.0)
 
-CLIENT_SHAPES = {shape.name: shape for shape in (LIBRDKAFKA, JAVA_PRODUCER, AIOKAFKA, FETCHING_CONSUMER)}
+# Kafka's Java Admin client creating topics (CreateTopics v7, strict): one request in flight,
+# honours ThrottleTimeMs; topics refused with THROTTLING_QUOTA_EXCEEDED are asked for again.
+ADMIN = ClientShape("admin", "create_topics", max_in_flight=1, honours_throttle=True, request_timeout_s=30.0)
+
+CLIENT_SHAPES = {shape.name: shape for shape in (LIBRDKAFKA, JAVA_PRODUCER, AIOKAFKA, FETCHING_CONSUMER, ADMIN)}
 
 
 @dataclass
@@ -68,13 +72,14 @@ class ClientConnection(asyncio.Protocol):
     outstanding, less while the client itself honours a throttle."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, shape: ClientShape, client_id: str, request_bytes: int,
-                 address: tuple[str, int], record: ConnectionRecord) -> None:
+                 address: tuple[str, int], record: ConnectionRecord, index: int = 0) -> None:
         self.loop = loop
         self.shape = shape
         self.client_id = client_id
         self.request_bytes = request_bytes
         self.address = address
         self.record = record
+        self.index = index  # the connection's number in its scenario (names its topics)
         self.transport: asyncio.Transport | None = None
         self.decoder = FrameDecoder(1 << 30)
         self.in_flight: deque[tuple[int, float]] = deque()  # (correlation id, sent at)
@@ -83,9 +88,14 @@ class ClientConnection(asyncio.Protocol):
         self.stopped = False
         self._wake: asyncio.TimerHandle | None = None
         self._timeout: asyncio.TimerHandle | None = None
+        self.topics_created = 0
         if shape.api == "produce":
             self.template = wire.produce_request(client_id, request_bytes)
             self.api_key, self.version = PRODUCE_KEY, wire.PRODUCE_VERSION
+        elif shape.api == "create_topics":
+            # `request_bytes` is the partitions of the one topic each request creates.
+            self.template = b""
+            self.api_key, self.version = CREATE_TOPICS_KEY, wire.CREATE_TOPICS_VERSION
         else:
             self.template = wire.fetch_request(client_id, request_bytes)
             self.api_key, self.version = FETCH_KEY, wire.FETCH_VERSION
@@ -136,9 +146,16 @@ class ClientConnection(asyncio.Protocol):
         while len(self.in_flight) < self.shape.max_in_flight:
             correlation = self.next_correlation
             self.next_correlation += 1
-            transport.write(bytes(wire.with_correlation(self.template, correlation, request=True)))
+            transport.write(self._request(correlation))
             self.in_flight.append((correlation, now))
         self._arm_timeout()
+
+    def _request(self, correlation: int) -> bytes:
+        if self.api_key == CREATE_TOPICS_KEY:
+            self.topics_created += 1
+            name = f"{self.client_id}-{self.index}-{self.topics_created}"
+            return wire.create_topics_request(self.client_id, correlation, [name], self.request_bytes)
+        return bytes(wire.with_correlation(self.template, correlation, request=True))
 
     def _woken(self) -> None:
         self._wake = None
@@ -177,6 +194,8 @@ class ClientConnection(asyncio.Protocol):
         throttle_ms = wire.response_throttle(response, self.api_key, self.version)
         if self.shape.api == "produce":
             self.record.acks.append((now, len(self.template) - 4))
+        elif self.shape.api == "create_topics":
+            self.record.acks.append((now, wire.partitions_created(response)))
         else:
             self.record.acks.append((now, wire.fetch_charge(response, prefixed=False)))
         if throttle_ms > 0 and self.shape.honours_throttle:

@@ -39,8 +39,10 @@ class Scenario:
     client: str = "librdkafka"  # a key of CLIENT_SHAPES
     connections: int = 1  # per client-id
     client_ids: int = 1  # each with its own quota of `quota` bytes/s
-    quota: float = 1 * MIB  # bytes/s, producer_byte_rate or consumer_byte_rate by the client's API
-    request_bytes: int = 64 * KIB  # a Produce's size; a Fetch's MaxBytes
+    # bytes/s, producer_byte_rate or consumer_byte_rate by the client's API; for the admin
+    # client controller_mutation_rate, partitions/s
+    quota: float = 1 * MIB
+    request_bytes: int = 64 * KIB  # a Produce's size; a Fetch's MaxBytes; the admin's partitions per topic
     fair_connection_turns: bool = False
     # KIP-124 request_percentage (percent of one broker thread) for every client-id; 0: none.
     # The proxy charges the round trip it measures; Kafka's model the broker's handling time.
@@ -108,8 +110,10 @@ class Scenario:
         return Faults(self.latency_s, self.jitter_s, self.loop_delay_s, self.loop_delay_chance)
 
     def config(self) -> KqpConfig:
-        quota_type = "producer_byte_rate" if CLIENT_SHAPES[self.client].api == "produce" else "consumer_byte_rate"
-        entry: dict[str, object] = {"entity": {"client-id": "<default>"}, quota_type: int(self.quota)}
+        quota_type = {"produce": "producer_byte_rate", "fetch": "consumer_byte_rate",
+                      "create_topics": "controller_mutation_rate"}[CLIENT_SHAPES[self.client].api]
+        limit = float(self.quota) if quota_type == "controller_mutation_rate" else int(self.quota)
+        entry: dict[str, object] = {"entity": {"client-id": "<default>"}, quota_type: limit}
         if self.request_percentage:
             entry["request_percentage"] = float(self.request_percentage)
         return KqpConfig.model_validate({
@@ -221,7 +225,8 @@ async def _drive(scenario: Scenario, addresses: list[tuple[str, int]]) -> list[C
         for j in range(scenario.connections):
             record = ConnectionRecord(client_id(i))
             address = addresses[j % len(addresses)]
-            client = ClientConnection(loop, shape, client_id(i), scenario.request_bytes, address, record)
+            client = ClientConnection(loop, shape, client_id(i), scenario.request_bytes, address, record,
+                                      index=len(clients))
             records.append(record)
             clients.append(client)
     # Connections open at seeded moments within the first second, as a client's do: the seed

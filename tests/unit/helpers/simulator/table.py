@@ -162,6 +162,11 @@ def _rows() -> list[Row]:
                     "fetch empty and throttled (0.1 KiB/s: each fetch after a throttle is over again), kqp "
                     "delivers 504-508 KiB/s (it holds the data when it throttles, and sends it)",
             failing_seeds=frozenset({0, 1})))
+    # KIP-599 controller_mutation_rate (partitions/s): Java Admin clients creating topics
+    # (CreateTopics v7, strict), `request_bytes` being each topic's partitions.
+    add(Row(Scenario("admin", 1, quota=5, request_bytes=10), 8))
+    add(Row(Scenario("admin", 3, quota=5, request_bytes=10), 8))
+    add(Row(Scenario("admin", 2, client_ids=2, quota=50, request_bytes=80), 4))
     # Fleets of 2-5 instances and --workers (instances a few ms apart) sharing one budget through
     # the usage exchange, a client's connections spread over them; Kafka's figure is one broker's.
     add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=2), 3,

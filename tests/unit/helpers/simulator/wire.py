@@ -14,12 +14,19 @@ from kafka.protocol.metadata import MetadataResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record import MemoryRecordsBuilder
 
-from kqp.protocol.apis import FETCH_KEY, PRODUCE_KEY
+from kqp.protocol.apis import API_SPECS, CREATE_TOPICS_KEY, FETCH_KEY, PRODUCE_KEY
+from kqp.protocol.codec import decode_body, encode_body
 from kqp.protocol.framing import frame
-from kqp.protocol.headers import encode_request_header, encode_response_header, response_body_offset
+from kqp.protocol.headers import (
+    RequestHeader,
+    encode_request_header,
+    encode_response_header,
+    response_body_offset,
+)
 from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time
 
 PRODUCE_VERSION = 9
+CREATE_TOPICS_VERSION = 7  # strict (KIP-599): topics over the quota are refused one by one
 FETCH_VERSION = 12
 TOPIC = "sim"
 TOPIC_ID = uuid.UUID(int=7)
@@ -136,3 +143,38 @@ def response_throttle(response_frame: bytes, api_key: int, version: int) -> int:
 def response_correlation(response_frame: bytes) -> int:
     value: int = _CORRELATION.unpack_from(response_frame, 0)[0]
     return value
+
+
+def create_topics_request(client_id: str, correlation_id: int, names: list[str], partitions: int) -> bytes:
+    request_class = API_SPECS[CREATE_TOPICS_KEY].request_class[CREATE_TOPICS_VERSION]
+    topics = [request_class.CreatableTopic(name=name, num_partitions=partitions, replication_factor=1,
+                                           assignments=[], configs=[]) for name in names]
+    body = encode_body(request_class(topics=topics, timeout_ms=30000, validate_only=False), CREATE_TOPICS_VERSION)
+    return frame(encode_request_header(CREATE_TOPICS_KEY, CREATE_TOPICS_VERSION, correlation_id, client_id) + body)
+
+
+def create_topics_asked(header: RequestHeader, request: bytes) -> list[tuple[str, int]]:
+    """The (topic, partitions) a CreateTopics request (no size prefix) asks for, in order."""
+    message = decode_body(CREATE_TOPICS_KEY, header.api_version, memoryview(request)[header.body_offset:],
+                          is_request=True)
+    return [(t.name, t.num_partitions) for t in message.topics]
+
+
+def create_topics_response(header: RequestHeader, asked: list[tuple[str, int]], errors: list[int],
+                           throttle_ms: int) -> bytes:
+    response_class = API_SPECS[CREATE_TOPICS_KEY].response_class[header.api_version]
+    result = response_class.CreatableTopicResult
+    topics = [result(name=name, topic_id=uuid.UUID(int=index + 1), error_code=error, error_message=None,
+                     num_partitions=partitions if error == 0 else -1, replication_factor=1 if error == 0 else -1,
+                     configs=None)
+              for index, ((name, partitions), error) in enumerate(zip(asked, errors, strict=True))]
+    body = encode_body(response_class(throttle_time_ms=throttle_ms, topics=topics), header.api_version)
+    return frame(encode_response_header(CREATE_TOPICS_KEY, header.api_version, header.correlation_id) + body)
+
+
+def partitions_created(response_frame: bytes) -> int:
+    """The partitions a CreateTopics response (no size prefix) says were created."""
+    offset = response_body_offset(response_frame, CREATE_TOPICS_KEY, CREATE_TOPICS_VERSION)
+    message = decode_body(CREATE_TOPICS_KEY, CREATE_TOPICS_VERSION, memoryview(response_frame)[offset:],
+                          is_request=False)
+    return sum(t.num_partitions for t in message.topics if t.error_code == 0)
