@@ -72,12 +72,16 @@ class ClientConnection(asyncio.Protocol):
     outstanding, less while the client itself honours a throttle."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, shape: ClientShape, client_id: str, request_bytes: int,
-                 address: tuple[str, int], record: ConnectionRecord, index: int = 0) -> None:
+                 address: tuple[str, int], record: ConnectionRecord, index: int = 0,
+                 fallbacks: tuple[tuple[str, int], ...] = ()) -> None:
         self.loop = loop
         self.shape = shape
         self.client_id = client_id
         self.request_bytes = request_bytes
         self.address = address
+        # Other addresses of the same service (a fleet's instances behind a balancer), tried in
+        # turn when this one refuses a connection.
+        self.addresses = [address, *(a for a in fallbacks if a != address)]
         self.record = record
         self.index = index  # the connection's number in its scenario (names its topics)
         self.transport: asyncio.Transport | None = None
@@ -106,7 +110,14 @@ class ClientConnection(asyncio.Protocol):
         self.loop.create_task(self._connect())
 
     async def _connect(self) -> None:
-        await self.loop.create_connection(lambda: self, *self.address)
+        for _ in range(len(self.addresses)):
+            try:
+                await self.loop.create_connection(lambda: self, *self.address)
+                return
+            except ConnectionRefusedError:
+                self.addresses.append(self.addresses.pop(0))
+                self.address = self.addresses[0]
+        self.loop.call_later(self.shape.reconnect_backoff_s, self.open)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)

@@ -53,6 +53,9 @@ class Scenario:
     exchange_lag_s: float = 0.05  # a report's way from one instance to the others (the topic's round trip)
     report_interval_s: float = 0.1  # fleet.report_interval_seconds
     count_other_instances: bool = False  # fleet.count_other_instances
+    # When (virtual seconds) the first instance dies: its listener and connections close, its
+    # reports stop, its clients reconnect to the others. 0: never.
+    instance_dies_at_s: float = 0.0
     latency_s: float = 0.0005
     jitter_s: float = 0.0002
     loop_delay_s: float = 0.0
@@ -99,6 +102,8 @@ class Scenario:
             parts.append(f"fleet{self.instances}-lag{self.exchange_lag_s * 1000:g}ms")
             if self.count_other_instances:
                 parts.append("count-others")
+            if self.instance_dies_at_s:
+                parts.append(f"dies{self.instance_dies_at_s:g}s")
         if self.jitter_s:
             parts.append(f"jitter{self.jitter_s * 1000:g}ms")
         if self.loop_delay_s:
@@ -226,7 +231,7 @@ async def _drive(scenario: Scenario, addresses: list[tuple[str, int]]) -> list[C
             record = ConnectionRecord(client_id(i))
             address = addresses[j % len(addresses)]
             client = ClientConnection(loop, shape, client_id(i), scenario.request_bytes, address, record,
-                                      index=len(clients))
+                                      index=len(clients), fallbacks=tuple(addresses))
             records.append(record)
             clients.append(client)
     # Connections open at seeded moments within the first second, as a client's do: the seed
@@ -267,7 +272,10 @@ async def _through_kqp(scenario: Scenario, engine_factory: EngineFactory) -> Fig
         app = ProxyApp(settings, engine_factory(config), config=config, clock_ms=lambda: loop.time() * 1000.0)
         await app.start()
         apps.append(app)
-    exchange = loop.create_task(_exchange(scenario, apps)) if len(apps) > 1 else None
+    alive = list(apps)
+    exchange = loop.create_task(_exchange(scenario, alive)) if len(apps) > 1 else None
+    if scenario.instance_dies_at_s:
+        loop.call_later(scenario.instance_dies_at_s, _die, apps[0], alive)
     addresses = []
     for app in apps:
         assert app.server is not None
@@ -280,17 +288,32 @@ async def _through_kqp(scenario: Scenario, engine_factory: EngineFactory) -> Fig
     return _figures(scenario, records)
 
 
+def _die(app: ProxyApp, alive: list[ProxyApp]) -> None:
+    """An instance dies: nothing more is accepted, its connections drop, its reports stop."""
+    alive.remove(app)
+    server = app.server
+    assert server is not None
+    # Abrupt, not ProxyServer.stop()'s graceful drain: the process is gone.
+    for listener in server._servers:
+        listener.close()
+    for connection in list(server.connections):
+        for transport in (connection.client, connection.upstream):
+            if transport is not None:
+                transport.abort()
+
+
 async def _exchange(scenario: Scenario, apps: list[ProxyApp]) -> None:
     """The fleet's usage exchange, modelled: every report interval each instance takes its usage
     report from its engine (FleetExchange._publish's call) and every other instance records it
     (FleetExchange._apply's call) once the exchange's lag has passed. The engines are shared as
     FleetExchange.start shares them; the topic itself is what the lag stands for."""
     loop = asyncio.get_running_loop()
-    engines = [app.engine for app in apps]
-    for engine in engines:
+    for app in apps:
+        engine = app.engine
         assert engine is not None
         engine.share_usage(True, mutations_claimed=True, count_other_instances=scenario.count_other_instances)
-    unreported_share = FleetSection().max_unreported_share / len(engines)
+    unreported_share = FleetSection().max_unreported_share / len(apps)
+    names = {app: f"instance-{index}" for index, app in enumerate(apps)}
 
     def deliver(to: QuotaEngine, usage: list[UsageDelta], instance: str) -> None:
         to.record_remote_usage(usage, loop.time() * 1000.0, instance)
@@ -298,13 +321,14 @@ async def _exchange(scenario: Scenario, apps: list[ProxyApp]) -> None:
     while True:
         await asyncio.sleep(scenario.report_interval_s)
         now_ms = loop.time() * 1000.0
-        for index, engine in enumerate(engines):
-            assert engine is not None
-            usage = engine.take_local_usage(now_ms, unreported_share)
-            for other in engines:
-                if other is not engine:
-                    assert other is not None
-                    loop.call_later(scenario.exchange_lag_s, deliver, other, usage, f"instance-{index}")
+        live = list(apps)  # `apps` loses an instance that dies
+        for app in live:
+            assert app.engine is not None
+            usage = app.engine.take_local_usage(now_ms, unreported_share)
+            for other in live:
+                if other is not app:
+                    assert other.engine is not None
+                    loop.call_later(scenario.exchange_lag_s, deliver, other.engine, usage, names[app])
 
 
 async def _straight_to_kafka(scenario: Scenario) -> Figures:

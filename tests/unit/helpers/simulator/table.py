@@ -201,6 +201,16 @@ def _rows() -> list[Row]:
             finding="--workers 3 (exchange lag 2 ms), 6 librdkafka connections of one client-id: kqp admits "
                     "0.981-1.127x the quota, one Kafka broker 1.005x; poorest connection 0.24-0.50 (Kafka 0.75-0.84)",
             failing_seeds=frozenset({0, 1, 2})))
+    # An instance that dies 40 s in (its connections drop, its reports stop; clients reconnect to
+    # the others).
+    add(Row(Scenario("librdkafka", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2, count_other_instances=True,
+                     instance_dies_at_s=40), 3))
+    add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=3,
+                     count_other_instances=True, instance_dies_at_s=40), 3,
+            finding="a fleet of 3 with count_other_instances, one instance dying 40 s in, 4 Java producer "
+                    "connections: kqp admits 1.150x the quota in seed 2 (0.961x, 0.979x in the others), one Kafka "
+                    "broker 0.935x",
+            failing_seeds=frozenset({2})))
     assert all(row.scenario.client in CLIENT_SHAPES for row in rows)
     return rows
 
