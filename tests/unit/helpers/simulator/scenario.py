@@ -26,7 +26,7 @@ from kqp.quotas import QuotaEngine
 from kqp.quotas.fleet import UsageDelta
 from tests.unit.helpers.simulator.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
 from tests.unit.helpers.simulator.clients import CLIENT_SHAPES, ClientConnection, ConnectionRecord
-from tests.unit.helpers.simulator.virtual_loop import Faults, run
+from tests.unit.helpers.simulator.virtual_loop import Faults, MemoryTransport, run
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -56,6 +56,10 @@ class Scenario:
     # When (virtual seconds) the first instance dies: its listener and connections close, its
     # reports stop, its clients reconnect to the others. 0: never.
     instance_dies_at_s: float = 0.0
+    # When the first instance stalls (a busy or paused process: it reads nothing and reports
+    # nothing) and for how long; 0: never.
+    instance_stalls_at_s: float = 0.0
+    stall_s: float = 0.0
     latency_s: float = 0.0005
     jitter_s: float = 0.0002
     loop_delay_s: float = 0.0
@@ -104,6 +108,8 @@ class Scenario:
                 parts.append("count-others")
             if self.instance_dies_at_s:
                 parts.append(f"dies{self.instance_dies_at_s:g}s")
+            if self.instance_stalls_at_s:
+                parts.append(f"stalls{self.stall_s:g}s@{self.instance_stalls_at_s:g}s")
         if self.jitter_s:
             parts.append(f"jitter{self.jitter_s * 1000:g}ms")
         if self.loop_delay_s:
@@ -273,9 +279,12 @@ async def _through_kqp(scenario: Scenario, engine_factory: EngineFactory) -> Fig
         await app.start()
         apps.append(app)
     alive = list(apps)
-    exchange = loop.create_task(_exchange(scenario, alive)) if len(apps) > 1 else None
+    stalled: set[ProxyApp] = set()
+    exchange = loop.create_task(_exchange(scenario, alive, stalled)) if len(apps) > 1 else None
     if scenario.instance_dies_at_s:
         loop.call_later(scenario.instance_dies_at_s, _die, apps[0], alive)
+    if scenario.instance_stalls_at_s:
+        loop.call_later(scenario.instance_stalls_at_s, _stall, apps[0], stalled, scenario.stall_s)
     addresses = []
     for app in apps:
         assert app.server is not None
@@ -286,6 +295,25 @@ async def _through_kqp(scenario: Scenario, engine_factory: EngineFactory) -> Fig
     for app in apps:
         await app.stop()
     return _figures(scenario, records)
+
+
+def _stall(app: ProxyApp, stalled: set[ProxyApp], seconds: float) -> None:
+    """An instance stalls for `seconds`: it reads nothing from its clients or the broker and
+    sends no report (others' reports still reach its engine, as they wait in its consumer)."""
+    loop = asyncio.get_running_loop()
+    server = app.server
+    assert server is not None
+    stalled.add(app)
+    transports = [t for c in server.connections for t in (c.client, c.upstream) if isinstance(t, MemoryTransport)]
+    for transport in transports:
+        transport.freeze()
+
+    def resume() -> None:
+        for transport in transports:
+            transport.thaw()
+        stalled.discard(app)
+
+    loop.call_later(seconds, resume)
 
 
 def _die(app: ProxyApp, alive: list[ProxyApp]) -> None:
@@ -302,7 +330,7 @@ def _die(app: ProxyApp, alive: list[ProxyApp]) -> None:
                 transport.abort()
 
 
-async def _exchange(scenario: Scenario, apps: list[ProxyApp]) -> None:
+async def _exchange(scenario: Scenario, apps: list[ProxyApp], stalled: set[ProxyApp]) -> None:
     """The fleet's usage exchange, modelled: every report interval each instance takes its usage
     report from its engine (FleetExchange._publish's call) and every other instance records it
     (FleetExchange._apply's call) once the exchange's lag has passed. The engines are shared as
@@ -323,6 +351,8 @@ async def _exchange(scenario: Scenario, apps: list[ProxyApp]) -> None:
         now_ms = loop.time() * 1000.0
         live = list(apps)  # `apps` loses an instance that dies
         for app in live:
+            if app in stalled:
+                continue  # a stalled instance reports nothing (what it records waits for its next report)
             assert app.engine is not None
             usage = app.engine.take_local_usage(now_ms, unreported_share)
             for other in live:

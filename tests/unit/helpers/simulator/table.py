@@ -211,6 +211,13 @@ def _rows() -> list[Row]:
                     "connections: kqp admits 1.150x the quota in seed 2 (0.961x, 0.979x in the others), one Kafka "
                     "broker 0.935x",
             failing_seeds=frozenset({2})))
+    # An instance that stalls 40 s in (reads and reports nothing) for 2 s or 5 s. A stall of 20 s
+    # starves its own connections for a third of the span, which the fairness check would
+    # (rightly) count against the fault, not the product: not a row.
+    add(Row(Scenario("librdkafka", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2, count_other_instances=True,
+                     instance_stalls_at_s=40, stall_s=2), 3))
+    add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2,
+                     count_other_instances=True, instance_stalls_at_s=40, stall_s=5), 3))
     assert all(row.scenario.client in CLIENT_SHAPES for row in rows)
     return rows
 

@@ -199,6 +199,7 @@ class MemoryTransport(asyncio.Transport):
         self._high = 64 * 1024
         self._low = 16 * 1024
         self._writing_paused = False
+        self._frozen = False  # a stalled process: nothing it receives is read until it thaws
         self.bytes_written = 0
 
     # ---- asyncio.BaseTransport ----------------------------------------------------------
@@ -247,11 +248,20 @@ class MemoryTransport(asyncio.Transport):
         if self._lost:
             return
         self._inbox.append(data)
-        if self._reading:
+        if self._reading and not self._frozen:
             self._drain_inbox()
 
+    def freeze(self) -> None:
+        """The process owning this end stalls: what arrives waits, whatever it paused or not."""
+        self._frozen = True
+
+    def thaw(self) -> None:
+        self._frozen = False
+        if self._inbox and self._reading:
+            self._loop.call_soon(self._drain_inbox)
+
     def _drain_inbox(self) -> None:
-        while self._inbox and self._reading and not self._lost:
+        while self._inbox and self._reading and not self._frozen and not self._lost:
             data = self._inbox.popleft()
             if self.peer is not None:
                 self.peer._read_by_peer(len(data))
