@@ -179,7 +179,7 @@ class Figures:
     def connection_shares(self) -> list[float]:
         """Each connection's bytes as a fraction of an equal share of its client-id's bytes."""
         start, end = self.span
-        shares = []
+        shares: list[float] = []
         for i in range(self.client_ids):
             mine = [r.bytes_between(start, end) for r in self.records if r.client_id == client_id(i)]
             total = sum(mine)
@@ -230,8 +230,8 @@ class Outcome:
 async def _drive(scenario: Scenario, addresses: list[tuple[str, int]]) -> list[ConnectionRecord]:
     loop = asyncio.get_running_loop()
     shape = CLIENT_SHAPES[scenario.client]
-    records = []
-    clients = []
+    records: list[ConnectionRecord] = []
+    clients: list[ClientConnection] = []
     for i in range(scenario.client_ids):
         for j in range(scenario.connections):
             record = ConnectionRecord(client_id(i))
