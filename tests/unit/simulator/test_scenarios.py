@@ -5,9 +5,11 @@ figures and the one command that replays the seed."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
-from tests.unit.helpers.simulator.scenario import simulate
+from tests.unit.helpers.simulator.scenario import parse_scenario, simulate
 from tests.unit.helpers.simulator.table import ROWS, Row, violations
 
 
@@ -32,3 +34,9 @@ def test_scenario_seed(row: Row, seed: int) -> None:
 def test_the_table_has_the_scenario_seeds_the_issue_asks_for() -> None:
     assert sum(row.seeds for row in ROWS) >= 300
     assert all(seed < row.seeds for row in ROWS for seed in row.failing_seeds)
+
+
+def test_every_rows_replay_command_names_its_scenario_exactly() -> None:
+    for row in ROWS:
+        argument = shlex.split(row.scenario.replay_command(3))[3]
+        assert parse_scenario(argument) == row.scenario

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.unit.helpers.simulator.scenario import Scenario, simulate
-from tests.unit.helpers.simulator.virtual_loop import Deadlock, Faults, VirtualLoop, run
+from tests.unit.helpers.simulator.virtual_loop import Deadlock, Faults, MemoryTransport, VirtualLoop, run
 
 
 class _Collect(asyncio.Protocol):
@@ -106,3 +106,22 @@ def test_the_numbers_do_not_depend_on_the_process_its_hash_seed_or_the_host() ->
                                    text=True).stdout.strip())
     digests.add(simulate(Scenario(connections=4, measure_s=20, jitter_s=0.001), 5).digest())
     assert len(digests) == 1
+
+
+def test_a_frozen_end_reads_nothing_until_it_thaws_even_if_reading() -> None:
+    async def stall() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        server = _Collect()
+        assert isinstance(loop, VirtualLoop)
+        loop.network.listen(("broker", 1), lambda: server)
+        client, _ = await loop.create_connection(asyncio.Protocol, "broker", 1)
+        assert isinstance(server.transport, MemoryTransport)
+        server.transport.freeze()
+        client.write(b"during the stall")
+        await asyncio.sleep(5)
+        during = len(server.received)
+        server.transport.thaw()
+        await asyncio.sleep(0.001)
+        return during, len(server.received)
+
+    assert run(stall, seed=1) == (0, 1)
