@@ -62,6 +62,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def __init__(self, seed: int, faults: Faults | None = None) -> None:
         super().__init__()
         self._now = 0.0
+        self.jumps = 0  # how many times the clock moved (each a wait the loop did not do)
         self._selector = _VirtualSelector(self)
         self._clock_resolution = 1e-9
         self.faults = faults or Faults()
@@ -76,6 +77,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
 
     def advance(self, seconds: float) -> None:
         self._now += seconds
+        self.jumps += 1
 
     def busy_delay(self) -> float:
         f = self.faults
