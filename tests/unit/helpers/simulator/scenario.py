@@ -304,7 +304,9 @@ def _stall(app: ProxyApp, stalled: set[ProxyApp], seconds: float) -> None:
     server = app.server
     assert server is not None
     stalled.add(app)
-    transports = [t for c in server.connections for t in (c.client, c.upstream) if isinstance(t, MemoryTransport)]
+    # In connection order: the server keeps a set, whose order is the objects' addresses.
+    connections = sorted(server.connections, key=lambda c: c.connection_id)
+    transports = [t for c in connections for t in (c.client, c.upstream) if isinstance(t, MemoryTransport)]
     for transport in transports:
         transport.freeze()
 
@@ -324,7 +326,8 @@ def _die(app: ProxyApp, alive: list[ProxyApp]) -> None:
     # Abrupt, not ProxyServer.stop()'s graceful drain: the process is gone.
     for listener in server._servers:
         listener.close()
-    for connection in list(server.connections):
+    # In connection order: the server keeps a set, whose order is the objects' addresses.
+    for connection in sorted(server.connections, key=lambda c: c.connection_id):
         for transport in (connection.client, connection.upstream):
             if transport is not None:
                 transport.abort()
