@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 KAFKA_VERSION := 4.3.1
 KAFKA_DIR := .cache/kafka-$(KAFKA_VERSION)
 
-.PHONY: demo test lint typecheck unit integration bench setup kafka kafka-messages system-deps clean
+.PHONY: demo test lint typecheck unit integration bench bench-simulator setup kafka kafka-messages system-deps clean
 
 setup: $(VENV)/.installed kafka system-deps
 
@@ -68,6 +68,11 @@ bench: setup
 	$(PY) bench/fast_path.py
 	$(PY) bench/proxy_throughput.py
 	$(PY) bench/capture_overhead.py
+
+# The deterministic simulator's scenario table over thousands of seeds (make test runs ~300).
+SIM_SEEDS ?= 100
+bench-simulator: $(VENV)/.installed
+	$(PY) bench/simulator.py --seeds $(SIM_SEEDS)
 
 clean:
 	rm -rf $(VENV) .cache

@@ -11,7 +11,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kqp.capture.writer import CaptureWriter
@@ -39,6 +39,10 @@ _MAINTENANCE_INTERVAL_S = 1.0
 _RESTART_SECTIONS = ("proxy", "upstream", "metrics", "capture", "fleet", "workers")
 
 
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
 @dataclass(frozen=True, slots=True)
 class AppSettings:
     """What one proxy process runs with, derived from the configuration (see
@@ -64,8 +68,12 @@ class ProxyApp:
         config: KqpConfig | None = None,
         files: ConfigFiles | None = None,
         command_line: CommandLine | None = None,
+        clock_ms: Callable[[], float] | None = None,
     ) -> None:
         self.settings = settings
+        # The quota engine's clock (ms); injected by the deterministic simulator, which runs the
+        # proxy on virtual time (tests/unit/simulator).
+        self._clock_ms = clock_ms if clock_ms is not None else _monotonic_ms
         self.engine = engine
         self.config = config
         self.files = files
@@ -83,7 +91,7 @@ class ProxyApp:
         self._maintenance: asyncio.Task[None] | None = None
 
     def now_ms(self) -> float:
-        return time.monotonic() * 1000.0
+        return self._clock_ms()
 
     async def start(self) -> None:
         settings = self.settings

@@ -1,0 +1,404 @@
+"""A simulated scenario: the same modelled clients run twice on virtual time, once through the
+real proxy (kqp's figure) and once straight to a broker that enforces the quota itself (Kafka's
+figure), and what an operator would measure of each.
+
+The proxy is the one `kqp serve` runs: a `KqpConfig` through `app_settings_from_config`, a
+`ProxyApp` with a `QuotaEngine` of `config.quota_settings()`, started as `run_app` starts it,
+on a `VirtualLoop` whose in-memory network stands for the sockets.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kqp.config import KqpConfig
+from kqp.config.models import FleetSection
+from kqp.proxy.app import ProxyApp, app_settings_from_config
+from kqp.quotas import QuotaEngine
+from kqp.quotas.fleet import UsageDelta
+from tests.unit.helpers.simulator.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
+from tests.unit.helpers.simulator.clients import CLIENT_SHAPES, ClientConnection, ConnectionRecord
+from tests.unit.helpers.simulator.virtual_loop import Faults, MemoryTransport, run
+
+KIB = 1024
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One row of the scenario table: the shape of the traffic and the proxy's settings."""
+
+    client: str = "librdkafka"  # a key of CLIENT_SHAPES
+    connections: int = 1  # per client-id
+    client_ids: int = 1  # each with its own quota of `quota` bytes/s
+    # bytes/s, producer_byte_rate or consumer_byte_rate by the client's API; for the admin
+    # client controller_mutation_rate, partitions/s
+    quota: float = 1 * MIB
+    request_bytes: int = 64 * KIB  # a Produce's size; a Fetch's MaxBytes; the admin's partitions per topic
+    fair_connection_turns: bool = False
+    # KIP-124 request_percentage (percent of one broker thread) for every client-id; 0: none.
+    # The proxy charges the round trip it measures; Kafka's model the broker's handling time.
+    request_percentage: float = 0.0
+    # A fleet (or --workers) of proxies sharing one budget through the usage exchange; a
+    # client's connections are spread over them round-robin, as a balancer would.
+    instances: int = 1
+    exchange_lag_s: float = 0.05  # a report's way from one instance to the others (the topic's round trip)
+    report_interval_s: float = 0.1  # fleet.report_interval_seconds
+    count_other_instances: bool = False  # fleet.count_other_instances
+    # When (virtual seconds) the first instance dies: its listener and connections close, its
+    # reports stop, its clients reconnect to the others. 0: never.
+    instance_dies_at_s: float = 0.0
+    # When the first instance stalls (a busy or paused process: it reads nothing and reports
+    # nothing) and for how long; 0: never.
+    instance_stalls_at_s: float = 0.0
+    stall_s: float = 0.0
+    latency_s: float = 0.0005
+    jitter_s: float = 0.0002
+    loop_delay_s: float = 0.0
+    loop_delay_chance: float = 0.0
+    broker_latency_s: float = 0.002
+    # 0: long enough for the scenario (`warmup`, `measure`), so that the phase of a throttle
+    # cycle against the span's edges cannot move the measured rate beyond the tolerance.
+    warmup_s: float = 0.0
+    measure_s: float = 0.0
+
+    @property
+    def in_flight_seconds(self) -> float:
+        """Seconds of quota one client-id can have outstanding: the largest burst a throttle answers."""
+        shape = CLIENT_SHAPES[self.client]
+        return self.connections * shape.max_in_flight * self.request_bytes / self.quota
+
+    @property
+    def warmup(self) -> float:
+        """Past the first throttles and Kafka's quota window (11 s), several bursts long."""
+        return self.warmup_s or max(15.0, 3.0 * self.in_flight_seconds)
+
+    @property
+    def measure(self) -> float:
+        """Fifty bursts long, a minute at least, fifteen minutes at most."""
+        return self.measure_s or min(900.0, max(60.0, 50.0 * self.in_flight_seconds))
+
+    @property
+    def tolerance(self) -> float:
+        """How far two measurements of the same admitted rate may differ, as a fraction of the
+        quota: 5 %, plus what one request per connection in or out at each edge of the span
+        is worth (the phase of the requests against the span, which the span's length bounds)."""
+        edges = 2.0 * self.connections * self.request_bytes / (self.quota * self.measure)
+        return 0.05 + edges
+
+    @property
+    def name(self) -> str:
+        parts = [f"{self.client}", f"{self.client_ids}x{self.connections}conn", f"q{_size(self.quota)}",
+                 f"r{_size(self.request_bytes)}"]
+        if self.fair_connection_turns:
+            parts.append("fair")
+        if self.request_percentage:
+            parts.append(f"req{self.request_percentage:g}pct")
+        if self.instances > 1:
+            parts.append(f"fleet{self.instances}-lag{self.exchange_lag_s * 1000:g}ms")
+            if self.count_other_instances:
+                parts.append("count-others")
+            if self.instance_dies_at_s:
+                parts.append(f"dies{self.instance_dies_at_s:g}s")
+            if self.instance_stalls_at_s:
+                parts.append(f"stalls{self.stall_s:g}s@{self.instance_stalls_at_s:g}s")
+        if self.jitter_s:
+            parts.append(f"jitter{self.jitter_s * 1000:g}ms")
+        if self.loop_delay_s:
+            parts.append(f"busy{self.loop_delay_s * 1000:g}ms@{self.loop_delay_chance:g}")
+        return "-".join(parts)
+
+    @property
+    def faults(self) -> Faults:
+        return Faults(self.latency_s, self.jitter_s, self.loop_delay_s, self.loop_delay_chance)
+
+    def config(self) -> KqpConfig:
+        quota_type = {"produce": "producer_byte_rate", "fetch": "consumer_byte_rate",
+                      "create_topics": "controller_mutation_rate"}[CLIENT_SHAPES[self.client].api]
+        limit = float(self.quota) if quota_type == "controller_mutation_rate" else int(self.quota)
+        entry: dict[str, object] = {"entity": {"client-id": "<default>"}, quota_type: limit}
+        if self.request_percentage:
+            entry["request_percentage"] = float(self.request_percentage)
+        return KqpConfig.model_validate({
+            "upstream": {"bootstrap_servers": (f"{BROKER_HOST}:{BROKER_PORT}",)},
+            "metrics": {"enabled": False},
+            "quotas": {"entries": (entry,)},
+            "enforcement": {"fair_connection_turns": self.fair_connection_turns},
+        })
+
+    def replay_command(self, seed: int) -> str:
+        # Strings bare (no quotes to fight the shell's), everything else as a Python literal.
+        fields = ",".join(f"{f.name}={_field_text(getattr(self, f.name))}" for f in dataclasses.fields(self)
+                          if getattr(self, f.name) != f.default)
+        return f".venv/bin/python bench/simulator.py --replay '{fields}' --seed {seed}"
+
+
+def _size(n: float) -> str:
+    if n >= MIB and n % MIB == 0:
+        return f"{int(n // MIB)}M"
+    if n >= KIB and n % KIB == 0:
+        return f"{int(n // KIB)}K"
+    return f"{n:g}"
+
+
+@dataclass
+class Figures:
+    """What an operator measures of one run, over the measured span after the warm-up."""
+
+    records: list[ConnectionRecord]
+    span: tuple[float, float]
+    quota: float
+    client_ids: int
+    throttles: int = 0
+
+    def rate_of(self, client_id: str) -> float:
+        start, end = self.span
+        return sum(r.bytes_between(start, end) for r in self.records if r.client_id == client_id) / (end - start)
+
+    @property
+    def client_rates(self) -> list[float]:
+        return [self.rate_of(client_id(i)) for i in range(self.client_ids)]
+
+    @property
+    def admitted(self) -> float:
+        """The mean client-id's admitted rate, as a multiple of its quota."""
+        return sum(self.client_rates) / len(self.client_rates) / self.quota
+
+    @property
+    def worst_client(self) -> float:
+        return max(self.client_rates) / self.quota
+
+    def connection_shares(self) -> list[float]:
+        """Each connection's bytes as a fraction of an equal share of its client-id's bytes."""
+        start, end = self.span
+        shares: list[float] = []
+        for i in range(self.client_ids):
+            mine = [r.bytes_between(start, end) for r in self.records if r.client_id == client_id(i)]
+            total = sum(mine)
+            shares.extend(b * len(mine) / total if total else 0.0 for b in mine)
+        return shares
+
+    @property
+    def fairness(self) -> float:
+        """The poorest connection's share of an equal split (1 = perfectly even)."""
+        return min(self.connection_shares())
+
+    @property
+    def timeouts(self) -> int:
+        return sum(r.timeouts for r in self.records)
+
+    @property
+    def max_wait_s(self) -> float:
+        return max(r.max_wait_s for r in self.records)
+
+    def summary(self) -> str:
+        return (f"admitted {self.admitted:.3f}x quota (worst client-id {self.worst_client:.3f}x), "
+                f"fairness {self.fairness:.2f}, time-outs {self.timeouts}, longest wait {self.max_wait_s:.1f} s")
+
+
+def client_id(index: int) -> str:
+    return f"client-{index}"
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    seed: int
+    kqp: Figures
+    kafka: Figures
+    notes: list[str] = field(default_factory=list)
+
+    def digest(self) -> str:
+        """A fingerprint of every acknowledgement of both runs: equal digests, equal numbers."""
+        runs = (self.kqp, self.kafka)
+        text = repr([[(r.client_id, r.acks, r.timeouts) for r in figures.records] for figures in runs])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return (f"{self.scenario.name} seed {self.seed}\n  kqp:   {self.kqp.summary()}\n"
+                f"  kafka: {self.kafka.summary()}\n  replay: {self.scenario.replay_command(self.seed)}")
+
+
+async def _drive(scenario: Scenario, addresses: list[tuple[str, int]]) -> list[ConnectionRecord]:
+    loop = asyncio.get_running_loop()
+    shape = CLIENT_SHAPES[scenario.client]
+    records: list[ConnectionRecord] = []
+    clients: list[ClientConnection] = []
+    for i in range(scenario.client_ids):
+        for j in range(scenario.connections):
+            record = ConnectionRecord(client_id(i))
+            address = addresses[j % len(addresses)]
+            client = ClientConnection(loop, shape, client_id(i), scenario.request_bytes, address, record,
+                                      index=len(clients), fallbacks=tuple(addresses))
+            records.append(record)
+            clients.append(client)
+    # Connections open at seeded moments within the first second, as a client's do: the seed
+    # moves every connection's phase against the others and against the quota windows.
+    starts = loop.client_random  # type: ignore[attr-defined]
+    for client in clients:
+        loop.call_later(starts.uniform(0.0, 1.0), client.open)
+    await asyncio.sleep(scenario.warmup + scenario.measure)
+    for client in clients:
+        client.stop()
+    await asyncio.sleep(0.1)
+    return records
+
+
+def _figures(scenario: Scenario, records: list[ConnectionRecord], throttles: int = 0) -> Figures:
+    span = (scenario.warmup, scenario.warmup + scenario.measure)
+    return Figures(records, span, scenario.quota, scenario.client_ids, throttles)
+
+
+# The engine built for a run; a test may wrap it (the planted-bug tests do).
+EngineFactory = Callable[[KqpConfig], QuotaEngine]
+
+
+def default_engine(config: KqpConfig) -> QuotaEngine:
+    return QuotaEngine(config.quota_settings())
+
+
+async def _through_kqp(scenario: Scenario, engine_factory: EngineFactory) -> Figures:
+    loop = asyncio.get_running_loop()
+    BrokerModel(latency_s=scenario.broker_latency_s).listen(loop)
+    config = scenario.config()
+    settings = app_settings_from_config(config)
+    # Ports the OS picks (ProxyOptions allows 0 where the config file does not).
+    proxy = settings.proxy.model_copy(update={"bootstrap_port": 0, "node_ports": {NODE_ID: 0}})
+    settings = dataclasses.replace(settings, proxy=proxy)
+    apps = []
+    for _ in range(scenario.instances):
+        app = ProxyApp(settings, engine_factory(config), config=config, clock_ms=lambda: loop.time() * 1000.0)
+        await app.start()
+        apps.append(app)
+    alive = list(apps)
+    stalled: set[ProxyApp] = set()
+    exchange = loop.create_task(_exchange(scenario, alive, stalled)) if len(apps) > 1 else None
+    if scenario.instance_dies_at_s:
+        loop.call_later(scenario.instance_dies_at_s, _die, apps[0], alive)
+    if scenario.instance_stalls_at_s:
+        loop.call_later(scenario.instance_stalls_at_s, _stall, apps[0], stalled, scenario.stall_s)
+    addresses = []
+    for app in apps:
+        assert app.server is not None
+        addresses.append((proxy.bind_host, app.server.directory.listeners[NODE_ID].port))
+    records = await _drive(scenario, addresses)
+    if exchange is not None:
+        exchange.cancel()
+    for app in apps:
+        await app.stop()
+    return _figures(scenario, records)
+
+
+def _stall(app: ProxyApp, stalled: set[ProxyApp], seconds: float) -> None:
+    """An instance stalls for `seconds`: it reads nothing from its clients or the broker and
+    sends no report (others' reports still reach its engine, as they wait in its consumer)."""
+    loop = asyncio.get_running_loop()
+    server = app.server
+    assert server is not None
+    stalled.add(app)
+    # In connection order: the server keeps a set, whose order is the objects' addresses.
+    connections = sorted(server.connections, key=lambda c: c.connection_id)
+    transports = [t for c in connections for t in (c.client, c.upstream) if isinstance(t, MemoryTransport)]
+    for transport in transports:
+        transport.freeze()
+
+    def resume() -> None:
+        for transport in transports:
+            transport.thaw()
+        stalled.discard(app)
+
+    loop.call_later(seconds, resume)
+
+
+def _die(app: ProxyApp, alive: list[ProxyApp]) -> None:
+    """An instance dies: nothing more is accepted, its connections drop, its reports stop."""
+    alive.remove(app)
+    server = app.server
+    assert server is not None
+    # Abrupt, not ProxyServer.stop()'s graceful drain: the process is gone.
+    for listener in server._servers:
+        listener.close()
+    # In connection order: the server keeps a set, whose order is the objects' addresses.
+    for connection in sorted(server.connections, key=lambda c: c.connection_id):
+        for transport in (connection.client, connection.upstream):
+            if transport is not None:
+                transport.abort()
+
+
+async def _exchange(scenario: Scenario, apps: list[ProxyApp], stalled: set[ProxyApp]) -> None:
+    """The fleet's usage exchange, modelled: every report interval each instance takes its usage
+    report from its engine (FleetExchange._publish's call) and every other instance records it
+    (FleetExchange._apply's call) once the exchange's lag has passed. The engines are shared as
+    FleetExchange.start shares them; the topic itself is what the lag stands for."""
+    loop = asyncio.get_running_loop()
+    for app in apps:
+        engine = app.engine
+        assert engine is not None
+        engine.share_usage(True, mutations_claimed=True, count_other_instances=scenario.count_other_instances)
+    unreported_share = FleetSection().max_unreported_share / len(apps)
+    names = {app: f"instance-{index}" for index, app in enumerate(apps)}
+
+    def deliver(to: QuotaEngine, usage: list[UsageDelta], instance: str) -> None:
+        to.record_remote_usage(usage, loop.time() * 1000.0, instance)
+
+    while True:
+        await asyncio.sleep(scenario.report_interval_s)
+        now_ms = loop.time() * 1000.0
+        live = list(apps)  # `apps` loses an instance that dies
+        for app in live:
+            if app in stalled:
+                continue  # a stalled instance reports nothing (what it records waits for its next report)
+            assert app.engine is not None
+            usage = app.engine.take_local_usage(now_ms, unreported_share)
+            for other in live:
+                if other is not app:
+                    assert other.engine is not None
+                    loop.call_later(scenario.exchange_lag_s, deliver, other.engine, usage, names[app])
+
+
+async def _straight_to_kafka(scenario: Scenario) -> Figures:
+    loop = asyncio.get_running_loop()
+    broker = BrokerModel(latency_s=scenario.broker_latency_s, engine=default_engine(scenario.config()))
+    broker.listen(loop)
+    records = await _drive(scenario, [(BROKER_HOST, BROKER_PORT)])
+    return _figures(scenario, records, len(broker.throttles))
+
+
+def simulate(scenario: Scenario, seed: int, engine_factory: EngineFactory = default_engine) -> Outcome:
+    """Run the scenario through kqp and straight to Kafka's model, each on its own virtual loop."""
+    logging.getLogger("kqp").setLevel(logging.ERROR)  # warnings of closed connections are expected
+    kqp = run(lambda: _through_kqp(scenario, engine_factory), seed, scenario.faults)
+    kafka = run(lambda: _straight_to_kafka(scenario), seed, scenario.faults)
+    return Outcome(scenario, seed, kqp, kafka)
+
+
+def parse_scenario(text: str) -> Scenario:
+    """The inverse of the `--replay` argument of `Scenario.replay_command`."""
+    values: dict[str, Any] = {}
+    if text:
+        for item in text.split(","):
+            name, _, value = item.partition("=")
+            values[name] = _literal(value)
+    return Scenario(**values)
+
+
+def _field_text(value: object) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def _literal(value: str) -> Any:
+    try:
+        result = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value  # a bare string
+    if isinstance(result, float) and math.isfinite(result) and result.is_integer() and "." not in value:
+        return int(result)
+    return result

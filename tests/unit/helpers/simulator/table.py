@@ -1,0 +1,225 @@
+"""The scenario table (shape x settings) and what every scenario-seed must show.
+
+`make test` runs each row for its seeds (tests/unit/simulator/test_scenarios.py);
+`bench/simulator.py` runs the same rows for thousands of seeds. A row that shows a known
+difference from Kafka carries a `finding` (the figures measured), and the test expects it to
+fail (xfail, strict) until the product is fixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tests.unit.helpers.simulator.clients import CLIENT_SHAPES
+from tests.unit.helpers.simulator.scenario import KIB, MIB, Outcome, Scenario
+
+# With fair_connection_turns the connections of one budget take turns: none may get less than
+# this share of an equal split.
+FAIR_TURNS_SHARE = 0.9
+# Without it kqp is Kafka's (each connection throttled on its own): no connection may fare worse
+# than Kafka's poorest one by more than this share of an equal split. Which connection loses
+# a throttle race is phase, and Kafka's own poorest share moves by as much from seed to seed
+# (0.31 to 0.64 for five Java producers, librdkafka's from 0.46 to 0.51 for ten).
+FAIRNESS_SLACK = 0.25
+
+
+def violations(outcome: Outcome) -> list[str]:
+    """What an operator would object to in this scenario-seed; empty when kqp behaves."""
+    scenario, kqp, kafka = outcome.scenario, outcome.kqp, outcome.kafka
+    tolerance = scenario.tolerance
+    found = []
+    if scenario.request_percentage:
+        found.extend(_request_quota_violations(outcome))
+    kafka_rate = kafka.admitted
+    for index, rate in enumerate(kqp.client_rates if not scenario.request_percentage else ()):
+        admitted = rate / scenario.quota
+        # Over: beyond the quota only as far as Kafka itself goes beyond it.
+        ceiling = max(1.0, kafka_rate) + tolerance
+        if admitted > ceiling:
+            found.append(f"client-{index} admitted {admitted:.3f}x the quota, over max(quota, Kafka's "
+                         f"{kafka_rate:.3f}x) + {tolerance:.3f}")
+        # Under: short of the quota only as far as Kafka itself falls short (demand saturates).
+        floor = min(1.0, kafka_rate) - tolerance
+        if admitted < floor:
+            found.append(f"client-{index} admitted {admitted:.3f}x the quota, under min(quota, Kafka's "
+                         f"{kafka_rate:.3f}x) - {tolerance:.3f}")
+    if scenario.connections > 1:
+        if scenario.fair_connection_turns:
+            if kqp.fairness < FAIR_TURNS_SHARE:
+                found.append(f"with fair_connection_turns the poorest connection got {kqp.fairness:.2f} of an "
+                             f"equal share (< {FAIR_TURNS_SHARE})")
+        elif kqp.fairness < kafka.fairness - FAIRNESS_SLACK:
+            found.append(f"the poorest connection got {kqp.fairness:.2f} of an equal share, Kafka's "
+                         f"{kafka.fairness:.2f} (slack {FAIRNESS_SLACK})")
+    if kqp.timeouts > kafka.timeouts:
+        found.append(f"{kqp.timeouts} request time-outs through kqp, {kafka.timeouts} against Kafka "
+                     f"(longest waits {kqp.max_wait_s:.1f} s and {kafka.max_wait_s:.1f} s)")
+    return found
+
+
+def _request_quota_violations(outcome: Outcome) -> list[str]:
+    """With a request quota (KIP-124) binding, the byte rate is what the request time allows:
+    kqp's must be Kafka's, within 5 % and what one request per connection at each edge of the
+    span is worth at Kafka's rate."""
+    scenario, kqp, kafka = outcome.scenario, outcome.kqp, outcome.kafka
+    found = []
+    for index, (rate, kafka_rate) in enumerate(zip(kqp.client_rates, kafka.client_rates, strict=True)):
+        if kafka_rate <= 0:
+            found.append(f"client-{index}: Kafka's model admitted nothing")
+            continue
+        edges = 2.0 * scenario.connections * scenario.request_bytes / (kafka_rate * scenario.measure)
+        ratio = rate / kafka_rate
+        if abs(ratio - 1.0) > 0.05 + edges:
+            found.append(f"client-{index} admitted {ratio:.3f}x Kafka's rate under the request quota "
+                         f"({rate / 1024:.1f} KiB/s, Kafka {kafka_rate / 1024:.1f} KiB/s; "
+                         f"tolerance {0.05 + edges:.3f})")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    scenario: Scenario
+    seeds: int  # how many seeds `make test` runs (0 .. seeds-1); the bench runs more
+    # A known difference from Kafka, with its figures, and the seeds of `make test` that show it
+    # (the simulation is deterministic, so exactly these fail until the product is fixed).
+    finding: str | None = None
+    failing_seeds: frozenset[int] = frozenset()
+
+
+def _rows() -> list[Row]:
+    rows: list[Row] = []
+    add = rows.append
+    # One client over 1-20 connections, each client model, fair turns off and on.
+    for connections, seeds in ((1, 12), (2, 12), (5, 10), (10, 3), (20, 1)):
+        for fair in (False, True):
+            if connections == 1 and fair:
+                continue
+            add(Row(Scenario("librdkafka", connections, quota=1 * MIB, request_bytes=64 * KIB,
+                             fair_connection_turns=fair), seeds))
+    for connections, seeds in ((1, 8), (5, 8), (10, 2)):
+        for fair in (False, True):
+            if connections == 1 and fair:
+                continue
+            add(Row(Scenario("java-producer", connections, quota=1 * MIB, request_bytes=64 * KIB,
+                             fair_connection_turns=fair), seeds))
+    for connections in (1, 4):
+        add(Row(Scenario("aiokafka", connections, quota=256 * KIB, request_bytes=16 * KIB), 12))
+    add(Row(Scenario("aiokafka", 4, quota=256 * KIB, request_bytes=16 * KIB, fair_connection_turns=True), 8))
+    # Fetching consumers.
+    add(Row(Scenario("consumer", 1, quota=1 * MIB, request_bytes=1 * MIB), 20))
+    add(Row(Scenario("consumer", 3, quota=1 * MIB, request_bytes=256 * KIB), 12,
+            finding="fetch over 3 connections of one client-id, 256 KiB fetches: the poorest connection gets "
+                    "0.50-0.51 of an equal share through kqp, 0.78-0.82 against Kafka's model",
+            failing_seeds=frozenset({0, 6, 9})))
+    add(Row(Scenario("consumer", 3, quota=1 * MIB, request_bytes=1 * MIB), 12,
+            finding="fetch over 3 connections of one client-id, 1 MiB fetches: kqp admits 1.147-1.153x the quota, "
+                    "Kafka's model 0.867-0.887x (kqp delivers a throttled fetch's data and keeps it recorded; "
+                    "Kafka answers it empty and unrecords it)",
+            failing_seeds=frozenset(range(12))))
+    add(Row(Scenario("consumer", 3, quota=1 * MIB, request_bytes=256 * KIB, fair_connection_turns=True), 12))
+    add(Row(Scenario("consumer", 2, quota=10 * MIB, request_bytes=4 * MIB), 4))
+    # Several client-ids on one broker, each with its own quota.
+    add(Row(Scenario("librdkafka", 2, client_ids=3, quota=1 * MIB, request_bytes=128 * KIB), 8,
+            finding="3 client-ids x 2 librdkafka connections, 128 KiB requests: the poorest connection gets 0.58 "
+                    "of an equal share through kqp, 0.86 against Kafka's model",
+            failing_seeds=frozenset({0, 1, 3})))
+    add(Row(Scenario("java-producer", 1, client_ids=4, quota=512 * KIB, request_bytes=64 * KIB), 4))
+    # Quotas from 64 KiB/s to 100 MiB/s, requests from 1 KB to several seconds of the quota.
+    add(Row(Scenario("librdkafka", 1, quota=64 * KIB, request_bytes=1 * KIB), 2))
+    add(Row(Scenario("librdkafka", 2, quota=64 * KIB, request_bytes=8 * KIB), 12))
+    add(Row(Scenario("librdkafka", 2, quota=64 * KIB, request_bytes=128 * KIB), 12,
+            finding="librdkafka over 2 connections at 64 KiB/s, requests of 2 s of quota: 1-2 request time-outs "
+                    "through kqp (longest wait 27-30 s), none against Kafka's model (28 s)",
+            failing_seeds=frozenset({2, 7})))
+    add(Row(Scenario("librdkafka", 1, quota=64 * KIB, request_bytes=192 * KIB), 12,
+            finding="librdkafka, one connection at 64 KiB/s, requests of 3 s of quota: kqp admits 1.140x the quota "
+                    "where Kafka's model admits 1.068x (tolerance 0.058)",
+            failing_seeds=frozenset({8})))
+    add(Row(Scenario("java-producer", 2, quota=64 * KIB, request_bytes=192 * KIB), 8,
+            finding="Java producer over 2 connections at 64 KiB/s, requests of 3 s of quota: 2-7 request time-outs "
+                    "through kqp, 1 against Kafka's model",
+            failing_seeds=frozenset({0, 3, 4, 5, 7})))
+    add(Row(Scenario("librdkafka", 5, quota=10 * MIB, request_bytes=1 * MIB), 2))
+    add(Row(Scenario("librdkafka", 4, quota=100 * MIB, request_bytes=1 * MIB, warmup_s=12, measure_s=20), 1))
+    # Timing faults: network jitter, a busy host whose loop runs late.
+    for connections in (1, 5):
+        add(Row(Scenario("librdkafka", connections, quota=1 * MIB, request_bytes=64 * KIB, jitter_s=0.005), 8))
+        add(Row(Scenario("librdkafka", connections, quota=1 * MIB, request_bytes=64 * KIB, loop_delay_s=0.02,
+                         loop_delay_chance=0.05), 8))
+        add(Row(Scenario("java-producer", connections, quota=1 * MIB, request_bytes=64 * KIB, loop_delay_s=0.1,
+                         loop_delay_chance=0.01), 8))
+    add(Row(Scenario("librdkafka", 5, quota=1 * MIB, request_bytes=64 * KIB, fair_connection_turns=True,
+                     loop_delay_s=0.02, loop_delay_chance=0.05), 8))
+    # KIP-124 request_percentage binding (the byte quota far away), a broker that takes 10-20 ms
+    # per request: the proxy charges the round trip it measures, Kafka the handling time.
+    add(Row(Scenario("librdkafka", 2, quota=100 * MIB, request_bytes=64 * KIB, request_percentage=2,
+                     broker_latency_s=0.01), 4))
+    add(Row(Scenario("java-producer", 2, quota=100 * MIB, request_bytes=64 * KIB, request_percentage=5,
+                     broker_latency_s=0.02), 4))
+    add(Row(Scenario("consumer", 2, quota=100 * MIB, request_bytes=256 * KIB, request_percentage=2,
+                     broker_latency_s=0.01), 2,
+            finding="a consumer bound by request_percentage 2 (10 ms a fetch): Kafka's model answers nearly every "
+                    "fetch empty and throttled (0.1 KiB/s: each fetch after a throttle is over again), kqp "
+                    "delivers 504-508 KiB/s (it holds the data when it throttles, and sends it)",
+            failing_seeds=frozenset({0, 1})))
+    # KIP-599 controller_mutation_rate (partitions/s): Java Admin clients creating topics
+    # (CreateTopics v7, strict), `request_bytes` being each topic's partitions.
+    add(Row(Scenario("admin", 1, quota=5, request_bytes=10), 8))
+    add(Row(Scenario("admin", 3, quota=5, request_bytes=10), 8))
+    add(Row(Scenario("admin", 2, client_ids=2, quota=50, request_bytes=80), 4))
+    # Fleets of 2-5 instances and --workers (instances a few ms apart) sharing one budget through
+    # the usage exchange, a client's connections spread over them; Kafka's figure is one broker's.
+    add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=2), 3,
+            finding="a fleet of 2 (exchange lag 50 ms), 10 librdkafka connections of one client-id: kqp admits "
+                    "1.054-1.094x the quota, one Kafka broker 1.026x; poorest connection 0.23 of an equal share "
+                    "(Kafka 0.48) in seed 0",
+            failing_seeds=frozenset({0, 1})))
+    add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=5), 2,
+            finding="a fleet of 5 (exchange lag 50 ms), 10 librdkafka connections of one client-id: kqp admits "
+                    "1.139-1.142x the quota, one Kafka broker 1.026x (count_other_instances holds it: 0.985-1.000x)",
+            failing_seeds=frozenset({0, 1})))
+    add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=5,
+                     count_other_instances=True), 3))
+    add(Row(Scenario("librdkafka", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2, exchange_lag_s=0.5), 3,
+            finding="a fleet of 2 with a slow exchange (lag 500 ms), 4 librdkafka connections: kqp admits "
+                    "1.070-1.097x the quota, one Kafka broker 0.935x; poorest connection 0.32-0.37 (Kafka 0.67)",
+            failing_seeds=frozenset({0, 1, 2})))
+    add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=4), 3,
+            finding="a fleet of 4, one Java producer connection on each: kqp admits 0.999-1.277x the quota "
+                    "(1.190x, 1.277x in seeds 0, 1), one Kafka broker 0.935x",
+            failing_seeds=frozenset({0, 1})))
+    add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=4,
+                     count_other_instances=True), 3,
+            finding="a fleet of 4 with count_other_instances, one Java producer connection on each: kqp admits "
+                    "1.121x the quota in seed 2 (0.957x and 0.961x in the others), one Kafka broker 0.935x",
+            failing_seeds=frozenset({2})))
+    add(Row(Scenario("consumer", 4, quota=1 * MIB, request_bytes=256 * KIB, instances=2), 4,
+            finding="a fleet of 2, 4 consumer connections of one client-id, 256 KiB fetches: kqp admits "
+                    "1.096-1.104x the quota in 3 of 4 seeds, one Kafka broker 0.896-0.942x",
+            failing_seeds=frozenset({0, 2, 3})))
+    add(Row(Scenario("librdkafka", 6, quota=1 * MIB, request_bytes=64 * KIB, instances=3, exchange_lag_s=0.002), 3,
+            finding="--workers 3 (exchange lag 2 ms), 6 librdkafka connections of one client-id: kqp admits "
+                    "0.981-1.127x the quota, one Kafka broker 1.005x; poorest connection 0.24-0.50 (Kafka 0.75-0.84)",
+            failing_seeds=frozenset({0, 1, 2})))
+    # An instance that dies 40 s in (its connections drop, its reports stop; clients reconnect to
+    # the others).
+    add(Row(Scenario("librdkafka", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2, count_other_instances=True,
+                     instance_dies_at_s=40), 3))
+    add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=3,
+                     count_other_instances=True, instance_dies_at_s=40), 3,
+            finding="a fleet of 3 with count_other_instances, one instance dying 40 s in, 4 Java producer "
+                    "connections: kqp admits 1.150x the quota in seed 2 (0.961x, 0.979x in the others), one Kafka "
+                    "broker 0.935x",
+            failing_seeds=frozenset({2})))
+    # An instance that stalls 40 s in (reads and reports nothing) for 2 s or 5 s. A stall of 20 s
+    # starves its own connections for a third of the span, which the fairness check would
+    # (rightly) count against the fault, not the product: not a row.
+    add(Row(Scenario("librdkafka", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2, count_other_instances=True,
+                     instance_stalls_at_s=40, stall_s=2), 3))
+    add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2,
+                     count_other_instances=True, instance_stalls_at_s=40, stall_s=5), 3))
+    assert all(row.scenario.client in CLIENT_SHAPES for row in rows)
+    return rows
+
+
+ROWS = _rows()

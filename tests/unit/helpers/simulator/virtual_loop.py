@@ -1,0 +1,354 @@
+"""A virtual-time asyncio event loop and in-memory transports, for the deterministic simulator.
+
+`VirtualLoop` is asyncio's own `BaseEventLoop` (the same ready queue, timers and task
+machinery the proxy runs on) with two things replaced: its clock is a number that only moves
+when the loop would otherwise wait, straight to the next timer, and its "network" is an
+in-memory `Network` of listeners, so `create_server(sock=...)` and `create_connection(host,
+port)` join protocols through `MemoryTransport` pairs instead of sockets. Nothing reads the
+wall clock and nothing depends on the host's speed or load: a seed gives the same numbers
+on any machine.
+
+Timing faults are inputs (`Faults`): a one-way network latency with seeded jitter (FIFO per
+direction, as TCP keeps order) and, for a busy host, a seeded delay added to each wait of the
+loop (timers fire late, as on a loaded machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+class Deadlock(RuntimeError):
+    """Nothing is ready and no timer is set: the simulated world waits forever."""
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Timing faults, all in seconds; zero is a perfect world."""
+
+    latency_s: float = 0.0005  # one-way, each direction of each link
+    jitter_s: float = 0.0  # up to this much more per delivery, uniform
+    loop_delay_s: float = 0.0  # busy host: up to this much added to each wait of the loop
+    loop_delay_chance: float = 0.0  # ... on this fraction of the waits
+
+
+class _VirtualSelector:
+    """Stands where asyncio's selector does: "waiting" `timeout` moves the clock by it."""
+
+    def __init__(self, loop: VirtualLoop) -> None:
+        self._loop = loop
+
+    def select(self, timeout: float | None) -> list[Any]:
+        loop = self._loop
+        if timeout is None:
+            raise Deadlock(f"nothing ready and no timer set at t={loop.time():.6f}")
+        if timeout > 0:
+            loop.advance(timeout + loop.busy_delay())
+        return []
+
+    def close(self) -> None:
+        return
+
+
+class VirtualLoop(asyncio.BaseEventLoop):
+    """asyncio's loop on virtual time and an in-memory network (see the module docstring)."""
+
+    def __init__(self, seed: int, faults: Faults | None = None) -> None:
+        super().__init__()
+        self._now = 0.0
+        self.jumps = 0  # how many times the clock moved (each a wait the loop did not do)
+        self._selector = _VirtualSelector(self)
+        self._clock_resolution = 1e-9
+        self.faults = faults or Faults()
+        # One generator per concern, so adding draws to one does not move the others.
+        self.net_random = random.Random(f"net-{seed}")
+        self.loop_random = random.Random(f"loop-{seed}")
+        self.client_random = random.Random(f"clients-{seed}")
+        self.network = Network(self)
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+        self.jumps += 1
+
+    def busy_delay(self) -> float:
+        f = self.faults
+        if f.loop_delay_s <= 0 or self.loop_random.random() >= f.loop_delay_chance:
+            return 0.0
+        return self.loop_random.uniform(0.0, f.loop_delay_s)
+
+    # ---- what BaseEventLoop leaves to a subclass ---------------------------------------
+
+    def _process_events(self, event_list: list[Any]) -> None:
+        return
+
+    def _write_to_self(self) -> None:
+        return
+
+    def close(self) -> None:
+        self._selector.close()
+        super().close()
+
+    # ---- the in-memory network ---------------------------------------------------------
+
+    async def create_server(  # type: ignore[override]
+        self, protocol_factory: Callable[[], asyncio.BaseProtocol], host: Any = None, port: Any = None, *,
+        sock: socket.socket | None = None, **_: Any,
+    ) -> MemoryServer:
+        if sock is not None:
+            host, port = sock.getsockname()[:2]
+        return self.network.listen((str(host), int(port)), protocol_factory, sock)
+
+    async def create_connection(  # type: ignore[override]
+        self, protocol_factory: Callable[[], asyncio.BaseProtocol], host: str | None = None,
+        port: int | None = None, **_: Any,
+    ) -> tuple[MemoryTransport, asyncio.BaseProtocol]:
+        await asyncio.sleep(self.faults.latency_s * 2)  # the TCP handshake's round trip
+        return self.network.connect((str(host), int(port or 0)), protocol_factory)
+
+
+class MemoryServer:
+    """What `create_server` returns: enough of asyncio.Server for the proxy's use of it."""
+
+    def __init__(self, network: Network, address: tuple[str, int], sock: socket.socket | None) -> None:
+        self._network = network
+        self.address = address
+        self._sock = sock
+        self.sockets = [sock] if sock is not None else []
+
+    def close(self) -> None:
+        self._network.listeners.pop(self.address, None)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    async def wait_closed(self) -> None:
+        return
+
+    def is_serving(self) -> bool:
+        return self.address in self._network.listeners
+
+
+class Network:
+    """Listeners by (host, port); each connection is a pair of `MemoryTransport`s."""
+
+    def __init__(self, loop: VirtualLoop) -> None:
+        self.loop = loop
+        self.listeners: dict[tuple[str, int], Callable[[], asyncio.BaseProtocol]] = {}
+        self._next_client_port = 40000
+
+    def listen(self, address: tuple[str, int], protocol_factory: Callable[[], asyncio.BaseProtocol],
+               sock: socket.socket | None = None) -> MemoryServer:
+        if address in self.listeners:
+            raise OSError(f"{address} is already listening")
+        self.listeners[address] = protocol_factory
+        return MemoryServer(self, address, sock)
+
+    def connect(self, address: tuple[str, int], protocol_factory: Callable[[], asyncio.BaseProtocol],
+                client_ip: str = "10.0.0.1") -> tuple[MemoryTransport, asyncio.BaseProtocol]:
+        accept = self.listeners.get(address)
+        if accept is None:
+            raise ConnectionRefusedError(f"nothing listens on {address[0]}:{address[1]}")
+        self._next_client_port += 1
+        client_address = (client_ip, self._next_client_port)
+        client = MemoryTransport(self.loop, sockname=client_address, peername=address)
+        server = MemoryTransport(self.loop, sockname=address, peername=client_address)
+        client.peer, server.peer = server, client
+        server_protocol = accept()
+        client_protocol = protocol_factory()
+        server.set_protocol(server_protocol)
+        client.set_protocol(client_protocol)
+        server_protocol.connection_made(server)
+        client_protocol.connection_made(client)
+        return client, client_protocol
+
+
+# Bytes a direction holds in the kernel (both ends' socket buffers) before its writer's
+# transport starts to buffer: what a muted reader lets a writer send before TCP pushes back.
+SOCKET_BUFFERS_BYTES = 256 * 1024
+
+
+# What separates two deliveries due at once on one direction of a link.
+_ORDERING_S = 1e-7
+
+
+class MemoryTransport(asyncio.Transport):
+    """One end of an in-memory connection. `write` delivers to the peer's protocol after the
+    link's latency (and jitter), in order; a peer that paused reading keeps what arrives
+    until it resumes, and the writer's buffer then grows past its high-water mark and calls
+    `pause_writing`, as a full TCP window does."""
+
+    def __init__(self, loop: VirtualLoop, sockname: tuple[str, int], peername: tuple[str, int]) -> None:
+        super().__init__()
+        self._loop = loop
+        self._extra = {"sockname": sockname, "peername": peername}
+        self.peer: MemoryTransport | None = None
+        self._protocol: asyncio.BaseProtocol | None = None
+        self._reading = True
+        self._closing = False
+        self._lost = False
+        self._inbox: deque[bytes] = deque()  # arrived, not yet given to the protocol (paused)
+        self._in_transit = 0  # bytes written by this end and not yet read by the peer's protocol
+        self._last_arrival = 0.0
+        self._high = 64 * 1024
+        self._low = 16 * 1024
+        self._writing_paused = False
+        self._frozen = False  # a stalled process: nothing it receives is read until it thaws
+        self.bytes_written = 0
+
+    # ---- asyncio.BaseTransport ----------------------------------------------------------
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._extra.get(name, default)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        peer = self.peer
+        if peer is not None:
+            # The peer learns of the close after what was written before it has arrived.
+            self._loop.call_at(self._arrival_time(), peer._peer_closed)
+        self._loop.call_soon(self._connection_lost)
+
+    def abort(self) -> None:
+        self.close()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self._protocol is not None
+        return self._protocol
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def is_reading(self) -> bool:
+        return self._reading and not self._closing
+
+    def pause_reading(self) -> None:
+        self._reading = False
+
+    def resume_reading(self) -> None:
+        if not self._reading:
+            self._reading = True
+            if self._inbox:
+                self._loop.call_soon(self._drain_inbox)
+
+    def _arrive(self, data: bytes) -> None:
+        if self._lost:
+            return
+        self._inbox.append(data)
+        if self._reading and not self._frozen:
+            self._drain_inbox()
+
+    def freeze(self) -> None:
+        """The process owning this end stalls: what arrives waits, whatever it paused or not."""
+        self._frozen = True
+
+    def thaw(self) -> None:
+        self._frozen = False
+        if self._inbox and self._reading:
+            self._loop.call_soon(self._drain_inbox)
+
+    def _drain_inbox(self) -> None:
+        while self._inbox and self._reading and not self._frozen and not self._lost:
+            data = self._inbox.popleft()
+            if self.peer is not None:
+                self.peer._read_by_peer(len(data))
+            protocol = self._protocol
+            assert isinstance(protocol, asyncio.Protocol)
+            protocol.data_received(data)
+
+    def _peer_closed(self) -> None:
+        if self._lost:
+            return
+        if self._inbox:
+            # What arrived before the close is read first, once reading resumes.
+            self._loop.call_later(0.001, self._peer_closed)
+            return
+        protocol = self._protocol
+        if isinstance(protocol, asyncio.Protocol) and not self._closing:
+            protocol.eof_received()
+        self.close()
+
+    def _connection_lost(self) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        self._inbox.clear()
+        if self._protocol is not None:
+            self._protocol.connection_lost(None)
+
+    # ---- writing ---------------------------------------------------------------------------
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._high = 64 * 1024 if high is None else high
+        self._low = self._high // 4 if low is None else low
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._low, self._high
+
+    def get_write_buffer_size(self) -> int:
+        return max(0, self._in_transit - SOCKET_BUFFERS_BYTES)
+
+    def _arrival_time(self) -> float:
+        f = self._loop.faults
+        delay = f.latency_s
+        if f.jitter_s > 0:
+            delay += self._loop.net_random.uniform(0.0, f.jitter_s)
+        # FIFO per direction: nothing overtakes what was written before it. Strictly later,
+        # since asyncio's timer heap does not keep the order of timers due at the same time.
+        self._last_arrival = max(self._last_arrival + _ORDERING_S, self._loop.time() + delay)
+        return self._last_arrival
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing or self.peer is None or not data:
+            return
+        chunk = bytes(data)
+        self._in_transit += len(chunk)
+        self.bytes_written += len(chunk)
+        self._loop.call_at(self._arrival_time(), self.peer._arrive, chunk)
+        if not self._writing_paused and self.get_write_buffer_size() > self._high:
+            self._writing_paused = True
+            protocol = self._protocol
+            if protocol is not None:
+                protocol.pause_writing()
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(bytes(d) for d in list_of_data))
+
+    def _read_by_peer(self, nbytes: int) -> None:
+        self._in_transit -= nbytes
+        if self._writing_paused and self.get_write_buffer_size() <= self._low:
+            self._writing_paused = False
+            if self._protocol is not None and not self._lost:
+                self._protocol.resume_writing()
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def write_eof(self) -> None:
+        raise NotImplementedError
+
+
+def run(coroutine_factory: Callable[[], Any], seed: int, faults: Faults | None = None) -> Any:
+    """Run `coroutine_factory()` to completion on a new VirtualLoop; returns its result."""
+    loop = VirtualLoop(seed, faults)
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coroutine_factory())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
