@@ -36,6 +36,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from kqp.proxy.claims import ClaimBook
 from kqp.proxy.hooks import FleetCharge
@@ -106,7 +107,7 @@ class FrameReader:
             del buffer[:start]
 
 
-def _send(transport: asyncio.WriteTransport | None, data: bytes) -> bool:
+def _send(transport: asyncio.Transport | None, data: bytes) -> bool:
     """Write unless the peer is gone or too far behind; False if the frame was dropped."""
     if transport is None or transport.is_closing() or transport.get_write_buffer_size() > MAX_QUEUED_BYTES:
         return False
@@ -122,11 +123,10 @@ class _RelayPeer(asyncio.Protocol):
         self.relay = relay
         self.index = index
         self.reader = FrameReader()
-        self.transport: asyncio.WriteTransport | None = None
+        self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's is not a subclass)
         self.relay.joined(self)
 
     def data_received(self, data: bytes) -> None:
@@ -288,7 +288,7 @@ class HostExchange:
         self._reports_status = reports_status
         self._on_lost = on_lost
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._transport: asyncio.WriteTransport | None = None
+        self._transport: asyncio.Transport | None = None
         self._flush_due = False
         self._stopping = False
         self._seq = 0
@@ -302,7 +302,6 @@ class HostExchange:
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         transport, _ = await loop.create_unix_connection(lambda: _WorkerPeer(self), sock=self.link.sock)
-        assert isinstance(transport, asyncio.WriteTransport)
         self._transport = transport
         self.engine.share_with_host(True, self._flush_soon, mutations_claimed=self._orders_mutations)
         self._report_status()
