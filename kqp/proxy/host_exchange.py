@@ -327,6 +327,8 @@ class HostExchange:
             self.frames_sent += 1
             return True
         self.frames_dropped += 1
+        if self._metrics is not None:
+            self._metrics.fleet_report_failed()
         return False
 
     def received(self, kind: bytes, payload: bytes) -> None:

@@ -39,6 +39,13 @@ How far a fleet's figure can be from one broker's:
   enforces quota / N for the N instances it last saw (`FleetSharing.limit_scale`), about one
   quota in total.
 
+The workers of one host (`kqp serve --workers N`) share the same deltas through their
+supervisor instead, at a loop turn's lag rather than an interval and a topic's round trip
+(kqp.proxy.host_exchange): lag is what lets every worker fill, on its own, the room that
+opens for all of them when a burst leaves the window (docs/scaling.md). FleetSharing keeps
+their deltas apart from the topic's (`share_with_host`, `take_host_usage`), so a worker of a
+fleet reports to both.
+
 Partition mutations (KIP-599) cannot work that way: a CreateTopics is admitted or refused per
 topic the moment it arrives, and two instances that each see a full bucket would both admit.
 So an instance does not decide a mutation alone: it writes a `MutationClaim` to the same
