@@ -5,6 +5,7 @@ through it. Relay and workers run here on one loop over real Unix socket pairs."
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -167,5 +168,27 @@ async def test_a_worker_that_does_not_read_costs_dropped_frames_never_a_blocked_
     sock.close()
 
 
-def _report(usage: list[UsageDelta]) -> bytes:
-    return encode_report(UsageReport("h:w0", 1, tuple(usage)))
+def _report(usage: list[UsageDelta], instance: str = "h:w0") -> bytes:
+    return encode_report(UsageReport(instance, 1, tuple(usage)))
+
+
+def test_on_the_fleets_topic_a_siblings_usage_marks_it_alive_but_is_not_counted_twice() -> None:
+    from kqp.proxy.fleet import FleetExchange, FleetOptions
+
+    options = FleetOptions.model_validate({"bootstrap_servers": ("k:9092",), "instance_id": "h:w0"})
+    engine = QuotaEngine(settings_for(PRODUCE, {(None, D): QUOTA}, scope="cluster"))
+    link = HostLink(socket_pair_end(), "h:w0", "h:w")
+    exchange = FleetExchange(options, engine, now_ms, lambda: 11_000.0, same_host=link.is_sibling)
+    tags = (("user", ""), ("client-id", "c"))
+    for instance in ("h:w1", "elsewhere:w1"):
+        exchange._apply(_report([UsageDelta(PRODUCE, None, tags, 1000.0)], instance), "h:w0", now_ms())
+    sensor = engine.manager(PRODUCE).sensor_for_tags(None, dict(tags), int(now_ms()))
+    assert sensor.rate.total(int(now_ms())) == 1000.0  # the other host's only: the sibling's came by the relay
+    assert exchange.view.instances(now_ms()) == 3
+    link.sock.close()
+
+
+def socket_pair_end() -> socket.socket:
+    mine, theirs = socket.socketpair()
+    theirs.close()
+    return mine

@@ -415,3 +415,47 @@ def java_round_throttle(engine: QuotaEngine, now_ms: int) -> int:
     """The throttle Kafka's arithmetic alone gives the cluster-wide sensor of client "c" at `now_ms`."""
     sensor = engine.manager(PRODUCE).sensor("1", "u", "c", now_ms)
     return max(0, int(sensor.rate.throttle_with(0.0, now_ms)))
+
+
+def test_host_usage_and_topic_usage_are_kept_apart_and_taken_each_once() -> None:
+    """A worker of a fleet reports to its host's other workers every loop turn and to the topic
+    every interval: each gets every byte once."""
+    engine = _sharing_engine(scope="cluster")
+    calls: list[int] = []
+    engine.share_with_host(True, lambda: calls.append(1))
+    engine.record_produce("1", "u", "c", 300, 0)
+    engine.record_produce("1", "u", "c", 200, 1)
+    assert calls == [1]  # one call per batch, not per request
+    tags = (("user", ""), ("client-id", "c"))
+    assert engine.take_host_usage() == [UsageDelta(PRODUCE, None, tags, 500.0)]
+    engine.record_produce("1", "u", "c", 50, 2)
+    assert calls == [1, 1]
+    assert engine.take_host_usage() == [UsageDelta(PRODUCE, None, tags, 50.0)]
+    assert engine.take_local_usage() == [UsageDelta(PRODUCE, None, tags, 550.0)]
+
+
+def test_workers_without_a_topic_share_through_the_host_alone() -> None:
+    engine = QuotaEngine(settings_for(PRODUCE, {(None, D): QUOTA}, scope="cluster"))
+    engine.share_with_host(True)
+    engine.record_produce("1", "u", "c", 300, 0)
+    assert engine.take_local_usage() == []
+    assert [d.amount for d in engine.take_host_usage()] == [300.0]
+    engine.share_with_host(False)
+    engine.record_produce("1", "u", "c", 300, 0)
+    assert engine.take_host_usage() == []
+
+
+def test_a_sibling_is_taken_to_have_served_only_what_this_worker_has_not_relayed_yet() -> None:
+    """The fetch rule (pending_elsewhere) with a sibling: what this worker has relayed, the
+    sibling knows; only the current request is unknown to it. An instance elsewhere does not
+    know this worker's usage until the topic's next report."""
+    engine = _sharing_engine(CONSUME, scope="cluster")
+    engine.share_with_host(True)
+    tags = (("user", ""), ("client-id", "c"))
+    engine.record_remote_usage([UsageDelta(CONSUME, None, tags, 1.0)], 0, "h:w1", via_host=True)
+    engine.record_fetch("1", "u", "c", 10_000, 0)
+    engine.take_host_usage()  # relayed; not reported to the topic yet
+    sensor = engine.manager(CONSUME).sensor_for_tags(None, dict(tags), 0)
+    assert engine.fleet.pending_elsewhere(sensor, 100, 1) == 100
+    engine.record_remote_usage([UsageDelta(CONSUME, None, tags, 1.0)], 1, "other-host")
+    assert engine.fleet.pending_elsewhere(sensor, 100, 1) == 100 + 10_100
