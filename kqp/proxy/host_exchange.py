@@ -124,6 +124,7 @@ class _RelayPeer(asyncio.Protocol):
         self.index = index
         self.reader = FrameReader()
         self.transport: asyncio.Transport | None = None
+        self.behind = False  # frames to it are being dropped (logged once per episode)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's is not a subclass)
@@ -217,10 +218,15 @@ class HostRelay:
         for peer in targets:
             if _send(peer.transport, whole):
                 self.frames_relayed += 1
+                if peer.behind:
+                    peer.behind = False
+                    log.warning("host relay: worker %d reads its frames again", peer.index)
             else:
                 self.frames_dropped += 1
-                log.warning("host relay: worker %d is %d bytes behind; a frame for it was dropped", peer.index,
-                            peer.transport.get_write_buffer_size() if peer.transport is not None else 0)
+                if not peer.behind:
+                    peer.behind = True
+                    log.warning("host relay: worker %d is more than %d bytes behind; frames for it are dropped "
+                                "until it catches up", peer.index, MAX_QUEUED_BYTES)
 
     def _forget_old_claims(self) -> None:
         horizon = self._clock() - self._claim_history_s
