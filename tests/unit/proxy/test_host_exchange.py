@@ -103,8 +103,8 @@ async def test_a_workers_usage_is_in_the_others_sensors_within_milliseconds(host
 
 async def test_one_budget_the_second_worker_throttles_on_the_first_ones_usage(host: Host) -> None:
     a, b = await host.start_worker(0), await host.start_worker(1)
-    # Ten windows' worth through worker a...
-    a.engine.record_produce("1", "u", "c", int(QUOTA * 10), now_ms())
+    # Twelve windows' worth through worker a (more than a whole window holds)...
+    a.engine.record_produce("1", "u", "c", int(QUOTA * 12), now_ms())
     await until(lambda: b.deltas_applied == 1, "a's usage at b")
     # ...and worker b throttles the same client, as one process would.
     assert b.engine.record_produce("1", "u", "c", 1000, now_ms()) > 0
