@@ -184,7 +184,7 @@ class FleetExchange:
         now = self._now_ms()
         instances = self.view.instances(now)
         if self._state == "share":
-            return (f"fleet exchange unreachable: enforcing 1/{self.view.last_known_instances} of each quota "
+            return (f"fleet exchange unreachable: enforcing 1/{self.view.last_known_holders} of each quota "
                     f"(policy share)")
         if self._state == "local":
             return "fleet exchange unreachable: enforcing this instance's own budget (policy local)"

@@ -51,6 +51,7 @@ from kqp.proxy.backoff import Backoff
 from kqp.proxy.fleet import default_instance_id
 from kqp.proxy.host_exchange import HostLink, HostRelay
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
+from kqp.quotas.fleet import worker_instance_id
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,8 @@ class Supervisor:
         # Every worker's instance name starts with this: the fleet's, or this host's and process's.
         fleet = setup.settings.fleet
         base = fleet.instance_id if fleet is not None else default_instance_id(setup.settings.proxy.bootstrap_port)
-        self.siblings_prefix = f"{base}:w"
+        self.base_instance_id = base
+        self.siblings_prefix = worker_instance_id(base, 0)[:-1]
         self.scrape_timeouts = Counter(
             "kqp_worker_scrape_timeouts", "Scrapes of the supervisor a worker did not answer in time "
             "(workers.scrape_timeout_seconds); its figures were left out of that scrape.",
@@ -218,7 +220,7 @@ class Supervisor:
         """
         settings = self.setup.settings
         proxy = settings.proxy.updated(reuse_port=True)
-        instance_id = f"{self.siblings_prefix}{index}"
+        instance_id = worker_instance_id(self.base_instance_id, index)
         fleet = settings.fleet.updated(instance_id=instance_id) if settings.fleet is not None else None
         # Capture files are named after the proxy id: one series per worker.
         capture = settings.capture.updated(proxy_id=f"{settings.capture.proxy_id}-w{index}")

@@ -236,6 +236,18 @@ def split_usage(usage: Iterable[UsageDelta], per_report: int) -> list[tuple[Usag
     return chunks
 
 
+def worker_instance_id(base: str, index: int) -> str:
+    """The name of worker `index` of `kqp serve --workers` whose host's instance name is `base`."""
+    return f"{base}:w{index}"
+
+
+def budget_holder(instance: str) -> str:
+    """Who holds a budget share under the `share` fallback: a worker's host (its workers share
+    one budget through their supervisor, exchange or no exchange), any other instance itself."""
+    base, sep, index = instance.rpartition(":w")
+    return base if sep and index.isdigit() else instance
+
+
 @dataclass(slots=True)
 class FleetView:
     """Who is in the fleet and whether the exchange works, as one instance sees it.
@@ -245,7 +257,8 @@ class FleetView:
     to it through the topic; when its last one is older than `unreachable_after_ms`, the
     instance falls back to `policy`: `local` enforces its own budget alone, `share` enforces
     quota / (instances last seen), so a fleet of N that loses the exchange still admits about
-    one quota in total, not N.
+    one quota in total, not N. The workers of one host count as one there (`budget_holder`):
+    their supervisor still shares their usage among them.
     """
 
     instance: str
@@ -256,6 +269,7 @@ class FleetView:
     last_seen_ms: dict[str, float] = field(default_factory=dict)
     own_report_seen_ms: float | None = None
     last_known_instances: int = 1
+    last_known_holders: int = 1
 
     def report_seen(self, instance: str, now_ms: float) -> None:
         self.last_seen_ms[instance] = now_ms
@@ -267,9 +281,11 @@ class FleetView:
         gone = [name for name, seen in self.last_seen_ms.items() if now_ms - seen > self.member_timeout_ms]
         for name in gone:
             del self.last_seen_ms[name]
-        alive = len(self.last_seen_ms.keys() | {self.instance})
+        names = self.last_seen_ms.keys() | {self.instance}
+        alive = len(names)
         if self.reachable(now_ms):
             self.last_known_instances = alive
+            self.last_known_holders = len({budget_holder(name) for name in names})
         return alive
 
     def reachable(self, now_ms: float) -> bool:
@@ -284,7 +300,7 @@ class FleetView:
     def budget_share(self, now_ms: float) -> float:
         """The fraction of each quota this instance enforces alone: 1 while the exchange works."""
         if self.state(now_ms) == "share":
-            return 1.0 / max(1, self.last_known_instances)
+            return 1.0 / max(1, self.last_known_holders)
         return 1.0
 
 

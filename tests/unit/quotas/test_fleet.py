@@ -16,11 +16,13 @@ from kqp.quotas.fleet import (
     ReportError,
     UsageDelta,
     UsageReport,
+    budget_holder,
     decode_record,
     decode_report,
     encode_claim,
     encode_report,
     split_usage,
+    worker_instance_id,
 )
 from kqp.quotas.recording import QuotaClient, RequestCharges, charge_request
 from tests.unit.helpers.quotas import D, settings_for
@@ -219,6 +221,20 @@ def test_membership_ages_out_a_silent_instance_and_falls_back_when_the_exchange_
     assert view.budget_share(11_300 + 20_000) == 0.5
     view.report_seen("a", 40_000)
     assert (view.state(40_000), view.budget_share(40_000)) == ("ok", 1.0)
+
+
+def test_under_the_share_policy_the_workers_of_one_host_hold_one_share() -> None:
+    """Two hosts of `--workers 2` and a plain instance lose the topic: each host's workers
+    still share their usage through their supervisor, so each holds 1/3 between them (one
+    third per worker would give the two hosts a sixth each)."""
+    view = FleetView(worker_instance_id("h1:9092:7", 0), "share", member_timeout_ms=11_000,
+                     unreachable_after_ms=3_000, started_ms=0)
+    names = [worker_instance_id(host, i) for host in ("h1:9092:7", "h2:9092:8") for i in range(2)] + ["plain:w"]
+    for name in names:
+        view.report_seen(name, 0)
+    assert view.instances(0) == 5
+    assert view.budget_share(3_001) == pytest.approx(1 / 3)
+    assert [budget_holder(n) for n in names] == ["h1:9092:7", "h1:9092:7", "h2:9092:8", "h2:9092:8", "plain:w"]
 
 
 def test_the_local_policy_keeps_the_whole_budget_when_the_exchange_stops() -> None:
