@@ -67,6 +67,9 @@ class ShapeResult:
     shares: list[float] = field(default_factory=list)  # per producer, x quota, measured seconds
     request_timeouts: int = 0
     note: str = ""
+    # The total over whole throttling cycles (x quota), when the traffic came in cycles.
+    cycles: float | None = None
+    cycle_span: tuple[int, int] | None = None
 
     @property
     def total(self) -> float:
@@ -171,7 +174,16 @@ def run_producers(bootstraps: Sequence[str], topic: str, client_id: str, offered
     measured = int(seconds) - warmup_s
     shares = [sum(t.per_second[warmup_s:]) / measured / QUOTA for t in tallies]
     result = ShapeResult(shape, side, shares, sum(t.request_timeouts for t in tallies))
-    progress(f"  {side}: {result.total:.3f}x in total, shares {[round(s, 2) for s in shares]}, "
+    # Throttled clients come back in cycles of about a quota window: a plain mean moves by
+    # several percent with where its edges cut a cycle, the mean over whole cycles does not.
+    total = [sum(t.per_second[s] for t in tallies) for s in range(int(seconds))]
+    starts = [s for s in range(max(warmup_s, 3), int(seconds))
+              if total[s] > QUOTA and max(total[s - 3:s]) < QUOTA]
+    if len(starts) >= 2:
+        result.cycles = sum(total[starts[0]:starts[-1]]) / (starts[-1] - starts[0]) / QUOTA
+        result.cycle_span = (starts[0], starts[-1])
+    cycles = f" ({result.cycles:.3f}x over whole cycles)" if result.cycles is not None else ""
+    progress(f"  {side}: {result.total:.3f}x in total{cycles}, shares {[round(s, 2) for s in shares]}, "
              f"{result.request_timeouts} request time-outs")
     return result
 
@@ -374,6 +386,9 @@ def shapes_report(results: Sequence[ShapeResult], seconds: float, warmup_s: int,
                 cells += [r.note, "", ""]
             else:
                 shares = " / ".join(f"{s:.2f}" for s in r.shares)
-                cells += [f"{r.total:.3f}", shares, str(r.request_timeouts)]
+                total = f"{r.total:.3f}"
+                if r.cycles is not None and r.cycle_span is not None:
+                    total += f" ({r.cycles:.3f} over whole cycles, s {r.cycle_span[0]}-{r.cycle_span[1]})"
+                cells += [total, shares, str(r.request_timeouts)]
         lines.append(f"| {shape} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
