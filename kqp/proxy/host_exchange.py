@@ -177,7 +177,9 @@ class HostRelay:
 
     async def attach(self, index: int) -> None:
         """Start relaying for worker `index` (its end went with its fork)."""
-        sock = self._unattached.pop(index)
+        sock = self._unattached.pop(index, None)
+        if sock is None:
+            return  # the worker died before its relay started: detach closed its end
         loop = asyncio.get_running_loop()
         await loop.create_unix_connection(lambda: _RelayPeer(self, index), sock=sock)
 
