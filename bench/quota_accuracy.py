@@ -2,12 +2,15 @@
 
     .venv/bin/python bench/quota_accuracy.py [--seconds 120] [--runs 3] [--scenario single|cluster|all]
     .venv/bin/python bench/quota_accuracy.py --scenario shapes [--seconds 90] [--warmup 25] \
-        [--shapes ten-producers,fleet,workers,cluster-one,kip599] [--kqp-set key=value ...]
+        [--shapes ten-producers,fleet,workers,cluster-one,kip599] [--kqp-set key=value ...] [--busy N]
+    .venv/bin/python bench/quota_accuracy.py --scenario shapes --shapes workers-n [--busy 2]
 
 `shapes` (issue 25, acceptance 4): every client shape of the issue through kqp, beside Kafka's
 own broker enforcing the same quota for the same clients, with each producer's share and the
 clients' request time-outs; see bench/quota_shapes.py. `--kqp-set` applies a setting to every
-kqp config it writes, to measure a setting without editing the bench.
+kqp config it writes, to measure a setting without editing the bench. `workers-n` (opt-in,
+issue 33) runs the `workers` shape through --workers 1, 2 and 4 and Kafka's broker; `--busy N`
+keeps N processes spinning on the CPU through every measurement, a host doing other work.
 
 `single` (issue 11, acceptance 5): one broker; a confluent-kafka (librdkafka) producer offers
 3x the quota for --seconds, once through `kqp serve` holding client-id `limited` to the quota,
@@ -44,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import Producer
 
-from bench.quota_shapes import SHAPES, parse_overrides, run_shapes, shapes_report
+from bench.quota_shapes import DEFAULT_SHAPES, SHAPES, parse_overrides, run_shapes, shapes_report
 from bench.soak import ConfiguredProxy
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
@@ -217,8 +220,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=25, help="seconds left out at the start (default 25)")
     parser.add_argument("--scenario", choices=("single", "cluster", "all", "shapes"), default="all")
-    parser.add_argument("--shapes", default=",".join(SHAPES),
-                        help=f"with --scenario shapes: which, comma-separated (default all: {','.join(SHAPES)})")
+    parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES),
+                        help=f"with --scenario shapes: which, comma-separated, of {','.join(SHAPES)} "
+                             f"(default {','.join(DEFAULT_SHAPES)})")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="with --scenario shapes: N processes spinning on the CPU through every measurement")
     parser.add_argument("--kqp-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a dotted kqp config key set in every kqp config the shapes write (repeatable)")
     args = parser.parse_args()
@@ -230,8 +236,10 @@ def main() -> None:
         seconds = args.seconds if args.seconds is not None else 90.0
         overrides = parse_overrides(args.kqp_set)
         with tempfile.TemporaryDirectory(prefix="kqp-shapes-") as tmp:
-            shape_results = run_shapes(Path(tmp), selected, overrides, seconds, args.warmup)
+            shape_results = run_shapes(Path(tmp), selected, overrides, seconds, args.warmup, args.busy)
         print(shapes_report(shape_results, seconds, args.warmup, overrides))
+        if args.busy:
+            print(f"\n{args.busy} busy CPU loops ran through every measurement.")
         return
     seconds = args.seconds if args.seconds is not None else 120.0
     results: list[Measurement] = []

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -46,7 +47,11 @@ QUOTA = 1024 * 1024  # bytes/s
 RECORD_SIZE = 1024
 QUEUE_KBYTES = 64 * 1024
 BROKER_CLIENT_ID = "broker-limited"
-SHAPES = ("ten-producers", "fleet", "workers", "cluster-one", "kip599")
+SHAPES = ("ten-producers", "fleet", "workers", "cluster-one", "kip599", "workers-n")
+# What `--scenario shapes` runs unless --shapes names others (`workers-n` takes four runs: opt-in).
+DEFAULT_SHAPES = ("ten-producers", "fleet", "workers", "cluster-one", "kip599")
+# `workers-n`: the `workers` shape through --workers 1, then each of these (issue 33).
+WORKER_COUNTS = (2, 4)
 
 
 @dataclass
@@ -62,6 +67,9 @@ class ShapeResult:
     shares: list[float] = field(default_factory=list)  # per producer, x quota, measured seconds
     request_timeouts: int = 0
     note: str = ""
+    # The total over whole throttling cycles (x quota), when the traffic came in cycles.
+    cycles: float | None = None
+    cycle_span: tuple[int, int] | None = None
 
     @property
     def total(self) -> float:
@@ -166,7 +174,16 @@ def run_producers(bootstraps: Sequence[str], topic: str, client_id: str, offered
     measured = int(seconds) - warmup_s
     shares = [sum(t.per_second[warmup_s:]) / measured / QUOTA for t in tallies]
     result = ShapeResult(shape, side, shares, sum(t.request_timeouts for t in tallies))
-    progress(f"  {side}: {result.total:.3f}x in total, shares {[round(s, 2) for s in shares]}, "
+    # Throttled clients come back in cycles of about a quota window: a plain mean moves by
+    # several percent with where its edges cut a cycle, the mean over whole cycles does not.
+    total = [sum(t.per_second[s] for t in tallies) for s in range(int(seconds))]
+    starts = [s for s in range(max(warmup_s, 3), int(seconds))
+              if total[s] > QUOTA and max(total[s - 3:s]) < QUOTA]
+    if len(starts) >= 2:
+        result.cycles = sum(total[starts[0]:starts[-1]]) / (starts[-1] - starts[0]) / QUOTA
+        result.cycle_span = (starts[0], starts[-1])
+    cycles = f" ({result.cycles:.3f}x over whole cycles)" if result.cycles is not None else ""
+    progress(f"  {side}: {result.total:.3f}x in total{cycles}, shares {[round(s, 2) for s in shares]}, "
              f"{result.request_timeouts} request time-outs")
     return result
 
@@ -221,6 +238,40 @@ def workers(one_broker: KafkaCluster, three_brokers: KafkaCluster, workdir: Path
         kqp = run_producers([p.bootstrap] * 3, "shapes-6", FLEET_CLIENT_ID, 0.5 * QUOTA, seconds, warmup_s, shape,
                             "kqp")
     return [kqp, kafka_side(one_broker, "shapes", 3, 0.5 * QUOTA, seconds, warmup_s, shape)]
+
+
+def workers_n(one_broker: KafkaCluster, three_brokers: KafkaCluster, workdir: Path,
+              overrides: Sequence[tuple[str, Any]], seconds: float, warmup_s: int,
+              counts: Sequence[int] = WORKER_COUNTS) -> list[ShapeResult]:
+    """The `workers` shape through `--workers 1` (one process: the figure to match), then through
+    each of `counts`, then Kafka's broker. With `--busy N`, N CPU loops compete for the cores
+    during every run, Kafka's included."""
+    results = []
+    for count in (1, *counts):
+        shape = f"3 producers x 0.5x, --workers {count}, scope cluster, 3 brokers"
+        config = with_overrides(fleet_config(workdir / f"workers-{count}.yaml", "kqp-shapes-usage", enabled=False,
+                                             quota=QUOTA), overrides)
+        with proxies(ProxyProcess(three_brokers.bootstrap, workdir / f"workers-{count}.log", config=config,
+                                  workers=count)) as (p,):
+            results.append(run_producers([p.bootstrap] * 3, "shapes-6", FLEET_CLIENT_ID, 0.5 * QUOTA, seconds,
+                                         warmup_s, shape, "kqp"))
+    results.append(kafka_side(one_broker, "shapes", 3, 0.5 * QUOTA, seconds, warmup_s,
+                              "3 producers x 0.5x, one Kafka broker"))
+    return results
+
+
+@contextmanager
+def busy_loops(count: int) -> Iterator[None]:
+    """`count` processes that spin on a core each until the block ends (a host doing other work)."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    if loops:
+        progress(f"{count} busy CPU loops running (pids {[p.pid for p in loops]})")
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
 
 
 def cluster_one(one_broker: KafkaCluster, three_brokers: KafkaCluster, workdir: Path,
@@ -278,7 +329,9 @@ def kip599(one_broker: KafkaCluster, workdir: Path, overrides: Sequence[tuple[st
 
 
 def run_shapes(workdir: Path, selected: Sequence[str], overrides: Sequence[tuple[str, Any]], seconds: float,
-               warmup_s: int) -> list[ShapeResult]:
+               warmup_s: int, busy: int = 0) -> list[ShapeResult]:
+    """The selected shapes; with `busy`, that many CPU loops run through every measurement (not
+    through the clusters' start)."""
     if seconds <= warmup_s:
         raise SystemExit(f"--seconds ({seconds}) must be longer than --warmup ({warmup_s})")
     results: list[ShapeResult] = []
@@ -289,7 +342,7 @@ def run_shapes(workdir: Path, selected: Sequence[str], overrides: Sequence[tuple
                             "--add-config", f"producer_byte_rate={QUOTA}", "--entity-type", "clients",
                             "--entity-name", BROKER_CLIENT_ID)
         three_brokers: KafkaCluster | None = None
-        if set(selected) & {"fleet", "workers", "cluster-one"}:
+        if set(selected) & {"fleet", "workers", "cluster-one", "workers-n"}:
             three_brokers = stack.enter_context(KafkaCluster(nodes=3, workdir=workdir / "kafka-3"))
             three_brokers.create_topic("shapes-6", partitions=6, replication=1)
         runners: dict[str, Callable[[], list[ShapeResult]]] = {
@@ -300,10 +353,12 @@ def run_shapes(workdir: Path, selected: Sequence[str], overrides: Sequence[tuple
             three = three_brokers
             runners["fleet"] = lambda: fleet(one_broker, three, workdir, overrides, seconds, warmup_s)
             runners["workers"] = lambda: workers(one_broker, three, workdir, overrides, seconds, warmup_s)
+            runners["workers-n"] = lambda: workers_n(one_broker, three, workdir, overrides, seconds, warmup_s)
             runners["cluster-one"] = lambda: cluster_one(one_broker, three, workdir, overrides, seconds, warmup_s)
-        for name in SHAPES:
-            if name in selected:
-                results += runners[name]()
+        with busy_loops(busy):
+            for name in SHAPES:
+                if name in selected:
+                    results += runners[name]()
     return results
 
 
@@ -331,6 +386,9 @@ def shapes_report(results: Sequence[ShapeResult], seconds: float, warmup_s: int,
                 cells += [r.note, "", ""]
             else:
                 shares = " / ".join(f"{s:.2f}" for s in r.shares)
-                cells += [f"{r.total:.3f}", shares, str(r.request_timeouts)]
+                total = f"{r.total:.3f}"
+                if r.cycles is not None and r.cycle_span is not None:
+                    total += f" ({r.cycles:.3f} over whole cycles, s {r.cycle_span[0]}-{r.cycle_span[1]})"
+                cells += [total, shares, str(r.request_timeouts)]
         lines.append(f"| {shape} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from kqp.config.models import CaptureSection, CommandLine, EnforcementSection, M
 from kqp.config.writeback import decode_quota_snapshot, encode_quota_snapshot
 from kqp.proxy.fleet import FleetExchange, FleetOptions, default_instance_id
 from kqp.proxy.hooks import HookChain, TrafficHooks
+from kqp.proxy.host_exchange import HostExchange, HostLink
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.observation import ObservationHooks
@@ -56,6 +57,8 @@ class AppSettings:
     fleet: FleetOptions | None = None
     # A worker's endpoint: a loopback socket its supervisor listens on and scrapes.
     metrics_socket: socket.socket | None = None
+    # A worker's end of its supervisor's relay: the budget it shares with the host's other workers.
+    host_link: HostLink | None = None
 
 
 class ProxyApp:
@@ -85,6 +88,7 @@ class ProxyApp:
         self.server: ProxyServer | None = None
         self.enforcement: EnforcementPolicies | None = None
         self.fleet: FleetExchange | None = None
+        self.host: HostExchange | None = None
         # The last quota configuration known to be the fleet's (read from or sent to its topic).
         self._fleet_quotas: tuple[tuple[QuotaEntry, ...], tuple[IpQuotaEntry, ...]] | None = None
         self._stop = asyncio.Event()
@@ -123,6 +127,15 @@ class ProxyApp:
         if self.metrics is not None or self.capture is not None:
             hooks.append(ObservationHooks(self.metrics, self.capture, settings.capture.sample_one_in,
                                           clock=asyncio.get_running_loop().time, topics=topics))
+        if settings.host_link is not None and self.engine is not None:
+            # Before the listeners open: every request a worker admits is shared with its siblings.
+            # With a fleet's topic as well, the topic orders mutations and tells the fleet's state.
+            self.host = HostExchange(settings.host_link, self.engine, self.now_ms, self.metrics,
+                                     orders_mutations=settings.fleet is None, reports_status=settings.fleet is None,
+                                     on_lost=self.request_stop)
+            await self.host.start()
+            if self.enforcement is not None and settings.fleet is None:
+                self.enforcement.mutation_order = self.host
         quota_engine, proxy_metrics = self.engine, self.metrics
         self.server = ProxyServer(
             settings.proxy, HookChain(hooks), topics=topics,
@@ -142,6 +155,7 @@ class ProxyApp:
                 settings.fleet, engine, self.now_ms,
                 lambda: engine.settings.window_num * engine.settings.window_size_s * 1000.0, self.metrics,
                 on_quotas=self._apply_fleet_quotas, on_no_quotas=self._share_quotas,
+                same_host=settings.host_link.is_sibling if settings.host_link is not None else None,
             )
             if self.enforcement is not None:
                 self.enforcement.mutation_order = self.fleet
@@ -187,6 +201,8 @@ class ProxyApp:
         if self.fleet is not None:
             # Still serving under the fallback policy: ready, with the fallback in the body.
             return True, self.fleet.describe()
+        if self.host is not None:
+            return True, self.host.describe()
         return True, "ok"
 
     async def _maintain(self) -> None:
@@ -320,6 +336,8 @@ class ProxyApp:
                 await self._maintenance
         if self.fleet is not None:
             await self.fleet.stop()
+        if self.host is not None:
+            await self.host.stop()
         if self.server is not None:
             await self.server.stop()
         if self.endpoint is not None:

@@ -33,11 +33,11 @@ from pydantic import ConfigDict
 
 from kqp.config.models import FleetSection, HostPort, NonEmptyText
 from kqp.proxy.backoff import Backoff
+from kqp.proxy.claims import ClaimBook
 from kqp.proxy.hooks import FleetCharge
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.quotas import QuotaEngine
 from kqp.quotas.fleet import (
-    ClaimClock,
     ExchangeState,
     FleetView,
     MutationClaim,
@@ -48,7 +48,7 @@ from kqp.quotas.fleet import (
     encode_report,
     split_usage,
 )
-from kqp.quotas.recording import QuotaClient, RequestCharges, charge_request
+from kqp.quotas.recording import QuotaClient, RequestCharges
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,13 @@ class FleetExchange:
         metrics: ProxyMetrics | None = None,
         on_quotas: Callable[[bytes], None] | None = None,
         on_no_quotas: Callable[[], None] | None = None,
+        same_host: Callable[[str], bool] | None = None,
     ) -> None:
         self.options = options
+        # The instances whose usage reaches this one through its host's supervisor (the other
+        # workers of `--workers N`): their reports on the topic mark them alive, but their usage
+        # is already in this engine's sensors.
+        self._same_host = same_host
         self.engine = engine
         self._now_ms = now_ms
         self._quota_window_ms = quota_window_ms
@@ -141,12 +146,8 @@ class FleetExchange:
         self.bytes_received = 0
         self.deltas_applied = 0
         # Partition mutations (see the module's docstring): this instance's claims still to come
-        # back, those it charged alone because they did not come back in time, and the clock
-        # that puts every instance's claims on this engine's timeline.
-        self._claims: dict[int, asyncio.Future[FleetCharge | None]] = {}
-        self._charged_alone: set[int] = set()
-        self._claim_seq = 0
-        self._claim_clock = ClaimClock(time.time() * 1000.0 - now_ms())
+        # back, and the charging of every instance's in the topic's order.
+        self._claims = ClaimBook(options.instance_id, engine, now_ms, metrics, "fleet exchange")
         # Records of the usage topic before this offset were written before this instance
         # joined: only their claims are charged (their usage is already in the others' windows).
         self._joined_at_offset = 0
@@ -183,7 +184,7 @@ class FleetExchange:
         now = self._now_ms()
         instances = self.view.instances(now)
         if self._state == "share":
-            return (f"fleet exchange unreachable: enforcing 1/{self.view.last_known_instances} of each quota "
+            return (f"fleet exchange unreachable: enforcing 1/{self.view.last_known_holders} of each quota "
                     f"(policy share)")
         if self._state == "local":
             return "fleet exchange unreachable: enforcing this instance's own budget (policy local)"
@@ -360,12 +361,12 @@ class FleetExchange:
                         self.options.topic, exc)
             return
         if isinstance(report, MutationClaim):
-            self._charge_claim(report, own, history)
+            self._claims.charge(report, history)
             return
         if history:
             return
         self.view.report_seen(report.instance, now)
-        if report.instance != own:
+        if report.instance != own and not (self._same_host is not None and self._same_host(report.instance)):
             self.engine.record_remote_usage(report.usage, now, report.instance)
             self.deltas_applied += len(report.usage)
         if self._metrics is not None:
@@ -402,29 +403,14 @@ class FleetExchange:
         producer = self._producer
         if producer is None or self._state != "ok" or charges.mutations is None:
             return None
-        self._claim_seq += 1
-        claim = MutationClaim(
-            self.options.instance_id, self._claim_seq, time.time() * 1000.0, client.broker, client.principal,
-            client.client_id, charges.api_key, charges.api_version, charges.mutations,
-        )
-        loop = asyncio.get_running_loop()
-        waiting: asyncio.Future[FleetCharge | None] = loop.create_future()
-        self._claims[claim.claim_id] = waiting
-        timeout = loop.call_later(self.options.unreachable_after_seconds, self._claim_timed_out, claim.claim_id)
-        sent_at = loop.time()
+        return self._claims.open(client, charges, self.options.unreachable_after_seconds, self._send_claim)
 
-        def answered(done: asyncio.Future[FleetCharge | None]) -> None:
-            timeout.cancel()
-            if self._metrics is not None and not done.cancelled():
-                self._metrics.fleet_mutation_claimed(loop.time() - sent_at, ordered=done.result() is not None)
-
-        waiting.add_done_callback(answered)
-        task = loop.create_task(self._send_claim(claim))
+    def _send_claim(self, claim: MutationClaim) -> None:
+        task = asyncio.get_running_loop().create_task(self._write_claim(claim))
         self._tasks.append(task)
         task.add_done_callback(self._tasks.remove)
-        return waiting
 
-    async def _send_claim(self, claim: MutationClaim) -> None:
+    async def _write_claim(self, claim: MutationClaim) -> None:
         producer = self._producer
         assert producer is not None
         record = encode_claim(claim)
@@ -434,34 +420,7 @@ class FleetExchange:
             await producer.send(self.options.topic, record, key=self.options.instance_id.encode())
         except Exception as exc:  # the claim will not come back: charge it here instead
             log.warning("fleet exchange: a mutation claim was not written (%r); charging it here", exc)
-            self._claim_timed_out(claim.claim_id)
-
-    def _claim_timed_out(self, claim_id: int) -> None:
-        waiting = self._claims.pop(claim_id, None)
-        if waiting is not None and not waiting.done():
-            # The request is charged here and now; if the claim still arrives, the others
-            # charge it and this instance must not charge it twice.
-            self._charged_alone.add(claim_id)
-            waiting.set_result(None)
-            log.warning("fleet exchange: mutation claim %d not back within %.1f s; charged here alone",
-                        claim_id, self.options.unreachable_after_seconds)
-
-    def _charge_claim(self, claim: MutationClaim, own: str, history: bool) -> None:
-        # An instance restarted under the same name finds its predecessor's claims in the history.
-        mine = claim.instance == own and not history
-        if mine and claim.claim_id in self._charged_alone:
-            self._charged_alone.discard(claim.claim_id)
-            return
-        # The claim is charged at its sender's wall-clock time moved onto this engine's clock
-        # (ClaimClock), so the gaps between claims, which the token bucket's refills depend on, are
-        # the same on every instance.
-        at = self._claim_clock.engine_time(claim)
-        charges = RequestCharges(claim.api_key, claim.api_version, mutations=claim.topics)
-        outcome = charge_request(self.engine, QuotaClient(claim.broker, claim.user, claim.client_id), charges, at)
-        if mine:
-            waiting = self._claims.pop(claim.claim_id, None)
-            if waiting is not None and not waiting.done():
-                waiting.set_result(FleetCharge(outcome, at))
+            self._claims.timed_out(claim.claim_id)
 
     def publish_quotas(self, snapshot: bytes) -> None:
         """Make `snapshot` the fleet's quota configuration (every instance reads it back)."""
@@ -491,8 +450,7 @@ class FleetExchange:
         self._producer = self._consumer = None
 
     async def stop(self) -> None:
-        for claim_id in list(self._claims):
-            self._claim_timed_out(claim_id)  # requests still waiting are charged here
+        self._claims.close()  # requests still waiting are charged here
         tasks = list(self._tasks)  # a quota send removes itself from the list when done
         for task in tasks:
             task.cancel()

@@ -1,8 +1,11 @@
 """`kqp serve --workers N`: N proxy processes on one host, one set of ports, one budget.
 
 Every worker binds every listener with SO_REUSEPORT, so the kernel spreads new connections
-over them, and takes part in the fleet exchange (kqp.proxy.fleet) as an instance of its own,
-so a client whose connections land on different workers still gets one quota. The
+over them, and shares its quota usage with the others through the supervisor
+(kqp.proxy.host_exchange: a Unix socket pair per worker, relayed within a loop turn), so a
+client whose connections land on different workers still gets one quota, as from one
+process. With `fleet.enabled`, each worker is also an instance of the fleet's topic exchange
+(kqp.proxy.fleet) for the instances on other hosts. The
 supervisor (the process started) forks the workers, restarts one that dies, passes SIGHUP
 and SIGTERM on, and serves the operator endpoint: /metrics is every worker's, each series
 labelled `worker`, so Prometheus scrapes one proxy.
@@ -43,9 +46,12 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from kqp.config.models import WorkersSection
-from kqp.proxy.app import ServeSetup, fleet_options, run_app
+from kqp.proxy.app import ServeSetup, run_app
 from kqp.proxy.backoff import Backoff
+from kqp.proxy.fleet import default_instance_id
+from kqp.proxy.host_exchange import HostLink, HostRelay
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
+from kqp.quotas.fleet import worker_instance_id
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,9 @@ log = logging.getLogger(__name__)
 _REAP_INTERVAL_S = 0.2
 # The code a supervisor that gave up on a crash-looping worker exits with.
 CRASH_LOOP_EXIT = 1
+# A (re)started worker gets the mutation claims of the last quota window and this much more: a
+# bucket emptied by a large mutation takes longer than one window to fill again (as the topic).
+_CLAIM_HISTORY_MARGIN_S = 30.0
 
 
 class WorkerUnanswered(Exception):
@@ -186,32 +195,43 @@ class Supervisor:
         self.stopping = False
         self.gave_up = False
         self.exit_codes: dict[int, int] = {}
+        self._relay_tasks: set[asyncio.Task[None]] = set()
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = WorkersCollector()
         self.registry.register(self.collector)
+        # The workers' one budget: every worker's usage relayed to the others (kqp.proxy.host_exchange).
+        quotas = setup.config.quota_settings()
+        self.relay = HostRelay(quotas.window_num * quotas.window_size_s + _CLAIM_HISTORY_MARGIN_S)
+        # Every worker's instance name starts with this: the fleet's, or this host's and process's.
+        fleet = setup.settings.fleet
+        base = fleet.instance_id if fleet is not None else default_instance_id(setup.settings.proxy.bootstrap_port)
+        self.base_instance_id = base
+        self.siblings_prefix = worker_instance_id(base, 0)[:-1]
         self.scrape_timeouts = Counter(
             "kqp_worker_scrape_timeouts", "Scrapes of the supervisor a worker did not answer in time "
             "(workers.scrape_timeout_seconds); its figures were left out of that scrape.",
             ["worker"], registry=self.registry,
         )
 
-    def worker_setup(self, index: int) -> ServeSetup:
+    def worker_setup(self, index: int, relay_socket: socket.socket) -> ServeSetup:
         """The worker's own settings: SO_REUSEPORT on every listener so the kernel balances connections
-        over the workers, a fleet instance id of its own (the exchange counts each worker as an
-        instance, so they share one budget), and its pre-bound endpoint socket.
+        over the workers, its end of the supervisor's relay and an instance name of its own (the
+        same on the fleet's topic, if there is one), and its pre-bound endpoint socket.
         """
         settings = self.setup.settings
         proxy = settings.proxy.updated(reuse_port=True)
-        fleet = settings.fleet
-        assert fleet is not None  # serve_workers enables it
-        fleet = fleet.updated(instance_id=f"{fleet.instance_id}:w{index}")
+        instance_id = worker_instance_id(self.base_instance_id, index)
+        fleet = settings.fleet.updated(instance_id=instance_id) if settings.fleet is not None else None
         # Capture files are named after the proxy id: one series per worker.
         capture = settings.capture.updated(proxy_id=f"{settings.capture.proxy_id}-w{index}")
         worker_settings = dataclasses.replace(settings, proxy=proxy, fleet=fleet, capture=capture,
-                                              metrics_socket=self.metrics_sockets[index])
+                                              metrics_socket=self.metrics_sockets[index],
+                                              host_link=HostLink(relay_socket, instance_id, self.siblings_prefix))
         return dataclasses.replace(self.setup, settings=worker_settings)
 
     def spawn(self, index: int) -> None:
+        relay_socket = self.relay.socket_for(index)
+        relay_fds = self.relay.supervisor_fds()
         pid = os.fork()
         if pid == 0:  # the worker
             # Everything in the child ends in os._exit: returning or raising would run the supervisor's
@@ -228,16 +248,24 @@ class Supervisor:
                 for other, sock in enumerate(self.metrics_sockets):
                     if other != index:
                         sock.close()
+                # Nor the supervisor's ends of the relay: a worker's end must see the supervisor's close.
+                for fd in relay_fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     # The supervisor's handlers came across the fork; the worker's app installs its own.
                     signal.signal(sig, signal.SIG_DFL)
-                run_app(self.worker_setup(index))
+                run_app(self.worker_setup(index, relay_socket))
             except BaseException:
                 log.exception("worker %d failed", index)
                 code = 1
             finally:
                 logging.shutdown()
                 os._exit(code)
+        relay_socket.close()  # the worker's end is the worker's
+        attach = asyncio.get_running_loop().create_task(self.relay.attach(index), name=f"kqp-relay-w{index}")
+        self._relay_tasks.add(attach)
+        attach.add_done_callback(self._relay_tasks.discard)
         self.pids[pid] = index
         self.restarts[index].started_at = time.monotonic()
         self.restarts[index].restart_at = None
@@ -262,6 +290,7 @@ class Supervisor:
             index = self.pids.pop(pid, None)
             if index is None:
                 continue
+            self.relay.detach(index)  # its usage stays in the others' windows until it ages out
             code = os.waitstatus_to_exitcode(status)
             if self.stopping and code == -signal.SIGTERM:
                 code = 0  # stopped by the SIGTERM it was sent, before it could handle it: a clean stop
@@ -376,6 +405,7 @@ class Supervisor:
             for index in self.due_restarts(time.monotonic()):
                 self.spawn(index)
         await self._stop_workers()
+        self.relay.close()
         if endpoint is not None:
             await endpoint.stop()
         if self.gave_up:
@@ -408,15 +438,11 @@ def serve_workers(setup: ServeSetup, workers: int) -> int:
     """Run `workers` proxy processes sharing every port and one budget; returns the exit code."""
     import uvloop
 
-    settings = setup.settings
-    if settings.fleet is None:
-        # Workers without the exchange would each enforce a whole quota.
-        # settings.proxy holds the upstream from the files or --upstream.
-        fleet = fleet_options(setup.config, settings.proxy, enable=True)
-        assert fleet is not None
-        log.info("--workers %d: the fleet exchange is on (topic %s), so the workers share one budget",
-                 workers, fleet.topic)
-        setup = dataclasses.replace(setup, settings=dataclasses.replace(settings, fleet=fleet))
+    if setup.settings.fleet is None:
+        log.info("--workers %d: the workers share one budget through the supervisor (no fleet topic)", workers)
+    else:
+        log.info("--workers %d: the workers share one budget through the supervisor, and the fleet's through "
+                 "topic %s", workers, setup.settings.fleet.topic)
     try:
         supervisor = Supervisor(setup, workers)
     except OSError as exc:

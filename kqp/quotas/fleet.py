@@ -39,6 +39,13 @@ How far a fleet's figure can be from one broker's:
   enforces quota / N for the N instances it last saw (`FleetSharing.limit_scale`), about one
   quota in total.
 
+The workers of one host (`kqp serve --workers N`) share the same deltas through their
+supervisor instead, at a loop turn's lag rather than an interval and a topic's round trip
+(kqp.proxy.host_exchange): lag is what lets every worker fill, on its own, the room that
+opens for all of them when a burst leaves the window (docs/scaling.md). FleetSharing keeps
+their deltas apart from the topic's (`share_with_host`, `take_host_usage`), so a worker of a
+fleet reports to both.
+
 Partition mutations (KIP-599) cannot work that way: a CreateTopics is admitted or refused per
 topic the moment it arrives, and two instances that each see a full bucket would both admit.
 So an instance does not decide a mutation alone: it writes a `MutationClaim` to the same
@@ -52,7 +59,7 @@ they are not reported as usage as well (`mutations_claimed`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
@@ -229,6 +236,18 @@ def split_usage(usage: Iterable[UsageDelta], per_report: int) -> list[tuple[Usag
     return chunks
 
 
+def worker_instance_id(base: str, index: int) -> str:
+    """The name of worker `index` of `kqp serve --workers` whose host's instance name is `base`."""
+    return f"{base}:w{index}"
+
+
+def budget_holder(instance: str) -> str:
+    """Who holds a budget share under the `share` fallback: a worker's host (its workers share
+    one budget through their supervisor, exchange or no exchange), any other instance itself."""
+    base, sep, index = instance.rpartition(":w")
+    return base if sep and index.isdigit() else instance
+
+
 @dataclass(slots=True)
 class FleetView:
     """Who is in the fleet and whether the exchange works, as one instance sees it.
@@ -238,7 +257,8 @@ class FleetView:
     to it through the topic; when its last one is older than `unreachable_after_ms`, the
     instance falls back to `policy`: `local` enforces its own budget alone, `share` enforces
     quota / (instances last seen), so a fleet of N that loses the exchange still admits about
-    one quota in total, not N.
+    one quota in total, not N. The workers of one host count as one there (`budget_holder`):
+    their supervisor still shares their usage among them.
     """
 
     instance: str
@@ -249,6 +269,7 @@ class FleetView:
     last_seen_ms: dict[str, float] = field(default_factory=dict)
     own_report_seen_ms: float | None = None
     last_known_instances: int = 1
+    last_known_holders: int = 1
 
     def report_seen(self, instance: str, now_ms: float) -> None:
         self.last_seen_ms[instance] = now_ms
@@ -260,9 +281,11 @@ class FleetView:
         gone = [name for name, seen in self.last_seen_ms.items() if now_ms - seen > self.member_timeout_ms]
         for name in gone:
             del self.last_seen_ms[name]
-        alive = len(self.last_seen_ms.keys() | {self.instance})
+        names = self.last_seen_ms.keys() | {self.instance}
+        alive = len(names)
         if self.reachable(now_ms):
             self.last_known_instances = alive
+            self.last_known_holders = len({budget_holder(name) for name in names})
         return alive
 
     def reachable(self, now_ms: float) -> bool:
@@ -277,7 +300,7 @@ class FleetView:
     def budget_share(self, now_ms: float) -> float:
         """The fraction of each quota this instance enforces alone: 1 while the exchange works."""
         if self.state(now_ms) == "share":
-            return 1.0 / max(1, self.last_known_instances)
+            return 1.0 / max(1, self.last_known_holders)
         return 1.0
 
 
@@ -291,13 +314,27 @@ class FleetSharing:
     """
 
     __slots__ = (
-        "_forget_above", "_pending", "_report_ms", "_serving", "_serving_types",
-        "kept_quiet", "limit_scale", "mutations_claimed", "records_usage",
+        "_claimed_on_host", "_claimed_on_topic", "_for_topic", "_forget_above", "_host_instances", "_pending",
+        "_pending_host", "_report_ms", "_serving", "_serving_types", "kept_quiet", "limit_scale", "mutations_claimed",
+        "on_host_pending", "records_host_usage", "records_usage",
     )
 
     def __init__(self) -> None:
-        self.records_usage = False  # keep local usage for reports (share_usage)
+        # Keep local usage for an exchange: the engine's one test on its hot path. For the topic's
+        # reports (share_usage), for the host's other workers (share_with_host), or both.
+        self.records_usage = False
+        self._for_topic = False
         self.mutations_claimed = False
+        self._claimed_on_topic = self._claimed_on_host = False
+        # The workers of one host (`--workers N`) share usage through their supervisor at a loop
+        # tick's lag, apart from the topic's reports: their own accumulator, taken every tick
+        # (`take_host_usage`), and a call when it gets its first entry so that the IO layer can
+        # schedule that tick (`share_with_host`).
+        self.records_host_usage = False
+        self.on_host_pending: Callable[[], None] | None = None
+        self._pending_host: dict[QuotaSensor, tuple[QuotaType, float]] = {}
+        # The other instances whose usage comes through the host (siblings), not the topic.
+        self._host_instances: set[str] = set()
         self.limit_scale = 1.0
         # Deltas `take_local_usage` left out because their client was far from its quota.
         self.kept_quiet = 0
@@ -313,14 +350,29 @@ class FleetSharing:
 
     def share_usage(self, enabled: bool, *, mutations_claimed: bool = False, count_other_instances: bool = False
                     ) -> None:
-        self.records_usage = enabled
-        self.mutations_claimed = enabled and mutations_claimed
+        self._for_topic = enabled
+        self.records_usage = enabled or self.records_host_usage
+        self._claimed_on_topic = enabled and mutations_claimed
+        self.mutations_claimed = self._claimed_on_topic or self._claimed_on_host
         counted = _WITH_PRODUCE if enabled and count_other_instances else _ALWAYS_COUNTED
         if counted != self._serving_types:
             self._serving_types = counted
             self._serving.clear()  # only the types counted now are looked up
         if not enabled:
             self.take_local_usage()
+
+    def share_with_host(self, enabled: bool, on_pending: Callable[[], None] | None = None, *,
+                        mutations_claimed: bool = False) -> None:
+        """Keep what each sensor records for the host's other workers too (`take_host_usage`);
+        `on_pending` is called when that usage goes from nothing to something (once per batch),
+        `mutations_claimed`: partition mutations are ordered through the host, not shared as usage."""
+        self.records_host_usage = enabled
+        self.records_usage = enabled or self._for_topic
+        self.on_host_pending = on_pending if enabled else None
+        self._claimed_on_host = enabled and mutations_claimed
+        self.mutations_claimed = self._claimed_on_topic or self._claimed_on_host
+        if not enabled:
+            self._pending_host = {}
 
     # -- the UsageSharing seam ----------------------------------------------------------------
 
@@ -329,8 +381,15 @@ class FleetSharing:
             return  # no quota limits this client: nobody's throttle depends on its usage
         if self.mutations_claimed and quota_type == "controller_mutation_rate":
             return
-        pending = self._pending.get(sensor)
-        self._pending[sensor] = (quota_type, (0.0 if pending is None else pending[1]) + amount)
+        if self._for_topic:
+            pending = self._pending.get(sensor)
+            self._pending[sensor] = (quota_type, (0.0 if pending is None else pending[1]) + amount)
+        if self.records_host_usage:
+            host = self._pending_host
+            if not host and self.on_host_pending is not None:
+                self.on_host_pending()
+            pending = host.get(sensor)
+            host[sensor] = (quota_type, (0.0 if pending is None else pending[1]) + amount)
 
     def pending_elsewhere(self, sensor: RateSensor, amount: float, now_ms: int) -> float | None:
         """Other instances serve this client too, and what they served since their last report
@@ -346,8 +405,13 @@ class FleetSharing:
         instances -= {i for i in instances if reported.get(i, horizon_ms - 1) < horizon_ms}
         if not instances:
             return None
+        # A sibling on this host has seen this instance's usage up to the last loop tick; an
+        # instance elsewhere, up to the last topic report.
+        siblings = len(instances & self._host_instances)
         pending = self._pending.get(sensor)
-        return len(instances) * ((0.0 if pending is None else pending[1]) + amount)
+        pending_host = self._pending_host.get(sensor)
+        return (siblings * ((0.0 if pending_host is None else pending_host[1]) + amount)
+                + (len(instances) - siblings) * ((0.0 if pending is None else pending[1]) + amount))
 
     # -- the exchange's side ------------------------------------------------------------------
 
@@ -373,13 +437,28 @@ class FleetSharing:
             usage.append(UsageDelta(quota_type, identity.broker, tuple(identity.tags.items()), amount))
         return usage
 
+    def take_host_usage(self) -> list[UsageDelta]:
+        """What this worker recorded into each sensor since the last call, for the other workers
+        of its host. Nothing is left out as quiet: on one host a delta costs microseconds, not a
+        record on a topic."""
+        pending, self._pending_host = self._pending_host, {}
+        usage = []
+        for sensor, (quota_type, amount) in pending.items():
+            if amount:
+                identity = sensor.identity
+                usage.append(UsageDelta(quota_type, identity.broker, tuple(identity.tags.items()), amount))
+        return usage
+
     def record_remote_usage(
-        self, engine: QuotaManagers, usage: Iterable[UsageDelta], now_ms: float, instance: str | None
+        self, engine: QuotaManagers, usage: Iterable[UsageDelta], now_ms: float, instance: str | None,
+        via_host: bool = False,
     ) -> None:
         """Another instance's report into `engine`'s sensors (see QuotaEngine.record_remote_usage)."""
         t = int(now_ms)
         if instance is not None:
             self._report_ms[instance] = t
+            if via_host:
+                self._host_instances.add(instance)
         for delta in usage:
             manager = engine.manager(delta.quota_type)
             if not manager.enabled:
@@ -433,15 +512,26 @@ class QuotaEngine(QuotaManagers):
         """This instance's usage report since the last call (FleetSharing.take_local_usage)."""
         return self.fleet.take_local_usage(now_ms, quiet_below)
 
-    def record_remote_usage(self, usage: Iterable[UsageDelta], now_ms: float, instance: str | None = None) -> None:
+    def share_with_host(self, enabled: bool, on_pending: Callable[[], None] | None = None, *,
+                        mutations_claimed: bool = False) -> None:
+        """Keep usage for the other workers of this host as well (FleetSharing.share_with_host)."""
+        self.fleet.share_with_host(enabled, on_pending, mutations_claimed=mutations_claimed)
+
+    def take_host_usage(self) -> list[UsageDelta]:
+        """This worker's usage since the last call, for its host's other workers."""
+        return self.fleet.take_host_usage()
+
+    def record_remote_usage(self, usage: Iterable[UsageDelta], now_ms: float, instance: str | None = None,
+                            via_host: bool = False) -> None:
         """Another instance's report: its usage counts against the same sensors as this one's.
 
         Nothing is throttled here; the next local request measures the fleet's rate. A quota
         type this instance does not enforce ignores the usage (its sensors would never be read).
         `instance` (the reporter; give it for heartbeats too) lets fetch sensors know how many
-        live instances serve a client.
+        live instances serve a client; `via_host`: it is a worker of this host, whose usage comes
+        through the supervisor at a loop tick's lag rather than through the topic.
         """
-        self.fleet.record_remote_usage(self, usage, now_ms, instance)
+        self.fleet.record_remote_usage(self, usage, now_ms, instance, via_host)
 
     @property
     def deltas_kept_quiet(self) -> int:

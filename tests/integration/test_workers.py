@@ -46,7 +46,8 @@ def samples(proxy: ProxyProcess, name: str) -> list[tuple[dict[str, str], float]
 
 @pytest.fixture
 def two_workers(kafka_1node: KafkaCluster, tmp_path: Path, topic_name: str) -> Iterator[ProxyProcess]:
-    # The exchange is not enabled in the file: --workers turns it on.
+    # The fleet's exchange is not enabled in the file: the workers share through their supervisor,
+    # with no topic, and count each other in kqp_fleet_instances.
     config = fleet_config(tmp_path / "workers.yaml", f"_kqp_usage-{topic_name}", enabled=False)
     proxy = ProxyProcess(kafka_1node.bootstrap, tmp_path / "workers.log", config=config, workers=2)
     proxy.start()

@@ -3,7 +3,7 @@ scrape deadline, no worker holds its listening socket, and a worker that keeps d
 restarted with growing delays until the supervisor gives up with a non-zero exit.
 
 Real `kqp serve --workers 2` processes; no Kafka is needed, as a worker serves its endpoint
-while its upstream (a closed port here) and its fleet exchange are unreachable.
+while its upstream (a closed port here) is unreachable.
 """
 
 from __future__ import annotations

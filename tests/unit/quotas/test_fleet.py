@@ -16,11 +16,13 @@ from kqp.quotas.fleet import (
     ReportError,
     UsageDelta,
     UsageReport,
+    budget_holder,
     decode_record,
     decode_report,
     encode_claim,
     encode_report,
     split_usage,
+    worker_instance_id,
 )
 from kqp.quotas.recording import QuotaClient, RequestCharges, charge_request
 from tests.unit.helpers.quotas import D, settings_for
@@ -221,6 +223,20 @@ def test_membership_ages_out_a_silent_instance_and_falls_back_when_the_exchange_
     assert (view.state(40_000), view.budget_share(40_000)) == ("ok", 1.0)
 
 
+def test_under_the_share_policy_the_workers_of_one_host_hold_one_share() -> None:
+    """Two hosts of `--workers 2` and a plain instance lose the topic: each host's workers
+    still share their usage through their supervisor, so each holds 1/3 between them (one
+    third per worker would give the two hosts a sixth each)."""
+    view = FleetView(worker_instance_id("h1:9092:7", 0), "share", member_timeout_ms=11_000,
+                     unreachable_after_ms=3_000, started_ms=0)
+    names = [worker_instance_id(host, i) for host in ("h1:9092:7", "h2:9092:8") for i in range(2)] + ["plain:w"]
+    for name in names:
+        view.report_seen(name, 0)
+    assert view.instances(0) == 5
+    assert view.budget_share(3_001) == pytest.approx(1 / 3)
+    assert [budget_holder(n) for n in names] == ["h1:9092:7", "h1:9092:7", "h2:9092:8", "h2:9092:8", "plain:w"]
+
+
 def test_the_local_policy_keeps_the_whole_budget_when_the_exchange_stops() -> None:
     view = FleetView("a", "local", member_timeout_ms=11_000, unreachable_after_ms=3_000, started_ms=0)
     view.report_seen("a", 0)
@@ -415,3 +431,47 @@ def java_round_throttle(engine: QuotaEngine, now_ms: int) -> int:
     """The throttle Kafka's arithmetic alone gives the cluster-wide sensor of client "c" at `now_ms`."""
     sensor = engine.manager(PRODUCE).sensor("1", "u", "c", now_ms)
     return max(0, int(sensor.rate.throttle_with(0.0, now_ms)))
+
+
+def test_host_usage_and_topic_usage_are_kept_apart_and_taken_each_once() -> None:
+    """A worker of a fleet reports to its host's other workers every loop turn and to the topic
+    every interval: each gets every byte once."""
+    engine = _sharing_engine(scope="cluster")
+    calls: list[int] = []
+    engine.share_with_host(True, lambda: calls.append(1))
+    engine.record_produce("1", "u", "c", 300, 0)
+    engine.record_produce("1", "u", "c", 200, 1)
+    assert calls == [1]  # one call per batch, not per request
+    tags = (("user", ""), ("client-id", "c"))
+    assert engine.take_host_usage() == [UsageDelta(PRODUCE, None, tags, 500.0)]
+    engine.record_produce("1", "u", "c", 50, 2)
+    assert calls == [1, 1]
+    assert engine.take_host_usage() == [UsageDelta(PRODUCE, None, tags, 50.0)]
+    assert engine.take_local_usage() == [UsageDelta(PRODUCE, None, tags, 550.0)]
+
+
+def test_workers_without_a_topic_share_through_the_host_alone() -> None:
+    engine = QuotaEngine(settings_for(PRODUCE, {(None, D): QUOTA}, scope="cluster"))
+    engine.share_with_host(True)
+    engine.record_produce("1", "u", "c", 300, 0)
+    assert engine.take_local_usage() == []
+    assert [d.amount for d in engine.take_host_usage()] == [300.0]
+    engine.share_with_host(False)
+    engine.record_produce("1", "u", "c", 300, 0)
+    assert engine.take_host_usage() == []
+
+
+def test_a_sibling_is_taken_to_have_served_only_what_this_worker_has_not_relayed_yet() -> None:
+    """The fetch rule (pending_elsewhere) with a sibling: what this worker has relayed, the
+    sibling knows; only the current request is unknown to it. An instance elsewhere does not
+    know this worker's usage until the topic's next report."""
+    engine = _sharing_engine(CONSUME, scope="cluster")
+    engine.share_with_host(True)
+    tags = (("user", ""), ("client-id", "c"))
+    engine.record_remote_usage([UsageDelta(CONSUME, None, tags, 1.0)], 0, "h:w1", via_host=True)
+    engine.record_fetch("1", "u", "c", 10_000, 0)
+    engine.take_host_usage()  # relayed; not reported to the topic yet
+    sensor = engine.manager(CONSUME).sensor_for_tags(None, dict(tags), 0)
+    assert engine.fleet.pending_elsewhere(sensor, 100, 1) == 100
+    engine.record_remote_usage([UsageDelta(CONSUME, None, tags, 1.0)], 1, "other-host")
+    assert engine.fleet.pending_elsewhere(sensor, 100, 1) == 100 + 10_100
