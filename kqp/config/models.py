@@ -31,6 +31,9 @@ from kqp.quotas.settings import (
     QuotaType,
 )
 
+# Kept importable from here (check.py, advise.py), where it lived before the cluster guard needed it in kqp.quotas.
+from kqp.quotas.settings import entity_text as entity_text
+
 # Java's Long.MAX_VALUE and Integer.MAX_VALUE: the largest LONG and INT quota values Kafka stores.
 LONG_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
@@ -433,15 +436,6 @@ class EntitySection(Section):
 
     def describe(self) -> str:
         return entity_text(self.to_entity())
-
-
-def entity_text(entity: QuotaEntity) -> str:
-    parts = []
-    if entity.user is not None:
-        parts.append(f"user={entity.user}")
-    if entity.client_id is not None:
-        parts.append(f"client-id={entity.client_id}")
-    return ", ".join(parts)
 
 
 class QuotaEntrySection(Section):
