@@ -101,13 +101,16 @@ class MeasuredFlow:
     """One entity's produce or fetch rate, as Kafka measures it (the windowed rate), per broker.
 
     `configured_quota` is the quota the entity already has from the quota entries (per broker,
-    bytes/s), None without one: the guard never gives a limit at or above it.
+    bytes/s), None without one: the guard never gives a limit at or above it. `throttled`: its
+    guard limit throttled it within the last quota window (dry run: would have), the sign that
+    it wants more than its limit.
     """
 
     entity: QuotaEntity
     quota_type: ByteRateType
     rates: Mapping[int, float]
     configured_quota: float | None = None
+    throttled: bool = False
 
     @property
     def key(self) -> FlowKey:
@@ -272,11 +275,17 @@ def _rates(flow: MeasuredFlow, brokers: Sequence[int]) -> np.ndarray:
 
 
 def _held_back(settings: GuardSettings, state: GuardState, flow: MeasuredFlow) -> bool:
-    """The flow's rate is at its guard limit (and the guard limit is what binds, not its configured quota)."""
+    """The flow wants more than its guard limit (and the guard limit is what binds, not its configured quota).
+
+    Its guard limit throttled it within the last quota window, or its rate is at the limit. The
+    throttle is the signal that counts: Kafka's throttle mutes a client for (rate - limit) / limit
+    x window, so the windowed rate of a held-back client swings under its limit between
+    throttles, while a client whose demand fell under its limit is not throttled again.
+    """
     limit = state.limits.get(flow.key)
     if limit is None or (flow.configured_quota is not None and flow.configured_quota <= limit):
         return False
-    return flow.peak >= settings.saturation * limit
+    return flow.throttled or flow.peak >= settings.saturation * limit
 
 
 def _demand(flow: MeasuredFlow, brokers: Sequence[int], held_back: bool, ceiling: float) -> np.ndarray:

@@ -106,6 +106,10 @@ class GuardQuotas:
         }
         for manager in self.managers.values():
             manager.refresh_enabled()
+        # Per sensor, the throttle count seen at the last measurement; per flow, when a throttle was
+        # last seen (ms): what tells the guard a flow wants more than its limit.
+        self._throttle_counts: dict[RateSensor, int] = {}
+        self._throttled_at: dict[tuple[QuotaEntity, ByteRateType], int] = {}
         self.configure()
 
     @property
@@ -152,19 +156,28 @@ class GuardQuotas:
 
     def measured(self, now_ms: int) -> list[MeasuredFlow]:
         """Each entity's windowed rate per broker (bytes/s), read without purging, with the
-        configured quota that applies to it (the highest bound among its clients' own sensors)."""
+        configured quota that applies to it (the highest bound among its clients' own sensors)
+        and whether its guard limit throttled it within the last quota window."""
         configured = self._configured_bounds()
         rates: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
+        counts: dict[RateSensor, int] = {}
         for quota_type, manager in self.managers.items():
             for sensor in list(manager.sensors.values()):
+                key = (self.callback.entity(sensor.identity.tags), quota_type)
+                counts[sensor] = sensor.throttle_count
+                if sensor.throttle_count > self._throttle_counts.get(sensor, 0):
+                    self._throttled_at[key] = now_ms
                 broker = sensor.identity.broker
                 if broker is None or not broker.isdigit():
                     continue  # `bootstrap`: before the proxy knew the node; not a broker to judge
-                key = (self.callback.entity(sensor.identity.tags), quota_type)
                 per_broker = rates.setdefault(key, {})
                 per_broker[int(broker)] = per_broker.get(int(broker), 0.0) + sensor.rate.peek(now_ms)
+        self._throttle_counts = counts  # live sensors only: an expired one is forgotten here
+        window_ms = self.engine.settings.window_num * self.engine.settings.window_size_s * 1000
+        self._throttled_at = {key: at for key, at in self._throttled_at.items() if now_ms - at <= window_ms}
         return [
-            MeasuredFlow(entity, quota_type, per_broker, configured.get((entity, quota_type)))
+            MeasuredFlow(entity, quota_type, per_broker, configured.get((entity, quota_type)),
+                         throttled=(entity, quota_type) in self._throttled_at)
             for (entity, quota_type), per_broker in rates.items()
         ]
 

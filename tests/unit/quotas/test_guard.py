@@ -190,3 +190,20 @@ def test_a_limit_its_flow_still_uses_rises_at_the_bounded_rate_after_release() -
     state = GuardState(engaged={}, limits={(client("n1"), PRODUCE): 600.0}, last_step_s=0.0)
     decision = step(one_broker(1000), state, [produce("n1", 599)], now_s=5)
     assert limit_of(decision, "n1") == pytest.approx(750)
+
+
+def test_a_flow_its_limit_throttled_is_held_back_though_its_windowed_rate_dipped() -> None:
+    # Kafka mutes a throttled client for (rate - limit) / limit x window, so its windowed rate swings
+    # under its limit between throttles: 380 B/s under a limit of 450 (below 0.95 x 450). Throttled in
+    # the last window, it still wants more: it keeps its fair share (3 x 100 + 2 x 450 = 1200) ...
+    state = GuardState(engaged={(1, NW_IN): 0.0},
+                       limits={(client("n1"), PRODUCE): 450.0, (client("n2"), PRODUCE): 450.0}, last_step_s=0.0)
+    quiet = [produce("q1", 100), produce("q2", 100), produce("q3", 100)]
+    throttled = [MeasuredFlow(client(n), PRODUCE, {1: 380.0}, throttled=True) for n in ("n1", "n2")]
+    held = step(one_broker(), state, [*quiet, *throttled], now_s=1)
+    assert limit_of(held, "n1") == pytest.approx(450)
+    assert limit_of(held, "n2") == pytest.approx(450)
+    # ... while the same rates without a recent throttle say the demand fell: the limits go
+    # (1060 B/s is under 1200 x 0.9, so the resource releases too).
+    fell = step(one_broker(), state, [*quiet, produce("n1", 380), produce("n2", 380)], now_s=1)
+    assert fell.limits == {}

@@ -86,3 +86,15 @@ def test_guard_off_leaves_the_engine_as_kafkas() -> None:
     assert engine.set_guard(None) is None
     assert not engine.quota_enabled("producer_byte_rate")
     assert not any(produce_throttles(engine))
+
+
+def test_measured_says_which_flows_the_guard_throttled_within_the_last_window() -> None:
+    engine = guarded(40_000)
+    guard = engine.guard
+    assert guard is not None
+    assert any(produce_throttles(engine))  # 100 kB/s against 40 kB/s until 29.9 s
+    [flow] = guard.measured(30_000)
+    assert flow.throttled
+    # A quota window (11 s) with no throttle later, it is no longer held back.
+    [later] = guard.measured(30_000 + 11_001)
+    assert not later.throttled
