@@ -14,8 +14,7 @@ backlogged librdkafka producer held back by muting alone sends 1 MB requests (ba
 at a limit of 450 kB/s one request is two seconds of its budget, so the bytes admitted in any
 10 or 11 s span move by about one request per noisy producer (some 15 % of the limit) with the
 requests' phase, as they would under a static Kafka quota of the same value. The 10 s and 11 s
-extremes are printed beside it. The first run (2026-11-26) measured 1.149x the limit at the
-worst 11 s window.
+extremes are printed beside it, with the guard's metrics each second and its log.
 """
 
 from __future__ import annotations
@@ -117,8 +116,12 @@ def load_of(tallies: dict[str, ProducerTally]) -> list[int]:
     return [sum(t.per_second[s] for t in tallies.values()) for s in range(seconds)]
 
 
-@pytest.mark.skip(reason="issue 36 acceptance 3, not yet confirmed: the first run measured 1.149x the limit at the "
-                         "worst 11 s window (load 2.38 before); the span measure above has not run yet")
+@pytest.mark.skip(reason=(
+    "issue 36 acceptance 3 not met yet (2026-11-26, load 1.02 before): guard limits held still at 433 kB/s "
+    "from 13 s on, quiet producers within 0.02 % of their offer, nobody throttled after the noisy stopped, "
+    "noisy-1 alone got 800 kB/s; but over seconds 33-75 the load was 0.917x the limit on average and 0.70x "
+    "to 1.149x over 11 s windows (0.66x to 1.24x over 10 s), and the noisy got 424 and 377 kB/s against an "
+    "equal 450 (-16 %): Kafka's throttle on 1 MB backlogged requests, with the limits constant"))
 def test_the_guard_shares_the_limit_and_lets_go(kafka_1node: KafkaCluster, tmp_path: Path) -> None:
     kafka_1node.create_topic("guarded", partitions=1, replication=1)
     proxy = ConfiguredProxy(kafka_1node.bootstrap, tmp_path / "proxy.log", guard_config(tmp_path, dry_run=False))
