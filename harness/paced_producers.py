@@ -103,3 +103,20 @@ def offer_from_many(bootstrap: str, topic: str, client_id: str, producers: int, 
     for thread in threads:
         thread.join(seconds + 90)
     return tallies
+
+
+def offer_from_clients(bootstrap: str, topic: str, offers: dict[str, float], seconds: float,
+                       config: dict[str, object] | None = None) -> dict[str, ProducerTally]:
+    """One librdkafka producer per client-id, each offering its own bytes/s for `seconds`, started
+    together; one tally per client-id."""
+    start = time.monotonic()
+    tallies = {client_id: ProducerTally([0] * int(seconds)) for client_id in offers}
+    threads = [threading.Thread(target=_produce_paced, name=f"producer-{client_id}", daemon=True,
+                                args=(bootstrap, topic, client_id, offered, seconds, start, tallies[client_id],
+                                      config or {}))
+               for client_id, offered in offers.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 90)
+    return tallies

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from kqp.config.errors import ConfigError
 from kqp.config.loader import line_of, load_config, read_config_file
-from kqp.config.models import KqpConfig, ListenerSaslSection, ProxySection, entity_text
+from kqp.config.models import GuardSection, KqpConfig, ListenerSaslSection, ProxySection, entity_text
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaType
+from kqp.spark_jobs.capacity import DEFAULT_BROKER_ID, load_capacity
 
 # Each quota type's unit, as Kafka defines it: byte rates in bytes per second (per broker),
 # request_percentage in percent of one network/IO thread's time (KIP-124: 200 = two threads'
@@ -206,9 +207,41 @@ def render_summary(config: KqpConfig, files: Sequence[str | Path], origins: Sequ
             [[e.ip, format_limit("connection_creation_rate", e.connection_creation_rate)]
              for e in settings.ip_entries],
         ))
+    lines += guard_summary(config.guard)
     warnings = unreadable_login_warnings(config)
     if warnings:
         lines += ["", "Warnings"]
         lines.extend(f"  WARNING: {warning}" for warning in warnings)
     return "\n".join(lines)
 
+
+def guard_summary(guard: GuardSection) -> list[str]:
+    """The cluster guard's settings and the limits it judges each broker against (nothing when off,
+    as for the other opt-in sections)."""
+    if not guard.enabled:
+        return []
+    lines = [
+        "",
+        f"Guard: {'DRY RUN (limits computed and reported, nothing throttled)' if guard.dry_run else 'on'}, "
+        f"per {guard.granularity}, every {guard.interval_seconds:g} s, replication factor {guard.replication_factor}",
+        f"  thresholds NW_IN {guard.nw_in_threshold:g}, NW_OUT {guard.nw_out_threshold:g} of {guard.capacity_file}; "
+        f"releases at {1 - guard.release_margin:g} x the limit; limits rise by at most "
+        f"{guard.raise_per_second:.0%} a second; floor {format_limit('producer_byte_rate', guard.floor)}",
+    ]
+    assert guard.capacity_file is not None  # the section's check requires it when enabled
+    capacity = load_capacity(guard.capacity_file)
+    declared = sorted(capacity.brokers)
+    if capacity.default is not None:
+        declared.append(DEFAULT_BROKER_ID)
+    limits = guard.limits(declared)
+    lines.extend(_table(
+        ["broker", "NW_IN limit", "NW_OUT limit"],
+        [["every other" if broker == DEFAULT_BROKER_ID else str(broker),
+          format_limit("producer_byte_rate", limits[(broker, "NW_IN")]),
+          format_limit("consumer_byte_rate", limits[(broker, "NW_OUT")])] for broker in declared],
+    ))
+    if guard.weights:
+        lines.append("  weights: " + "; ".join(f"{w.entity.describe()} x{w.weight:g}" for w in guard.weights))
+    if guard.protected:
+        lines.append("  protected (never limited): " + "; ".join(e.describe() for e in guard.protected))
+    return lines

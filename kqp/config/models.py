@@ -21,6 +21,8 @@ from pydantic_core import PydanticCustomError
 from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from kqp.protocol.sasl import DEFAULT_OAUTHBEARER_SUB_CLAIM, READABLE_MECHANISMS
 from kqp.protocol.sni_routing import SniNameError, SniRoutes, check_broker_pattern, check_host_name
+from kqp.quotas.fair_share import NW_IN, NW_OUT
+from kqp.quotas.guard import GuardSettings
 from kqp.quotas.settings import (
     DEFAULT_ENTITY,
     QUOTA_TYPES,
@@ -30,6 +32,10 @@ from kqp.quotas.settings import (
     QuotaSettings,
     QuotaType,
 )
+
+# Kept importable from here (check.py, advise.py), where it lived before the cluster guard needed it in kqp.quotas.
+from kqp.quotas.settings import entity_text as entity_text
+from kqp.spark_jobs.capacity import DEFAULT_NETWORK_THRESHOLD, CapacityFileError, load_capacity
 
 # Java's Long.MAX_VALUE and Integer.MAX_VALUE: the largest LONG and INT quota values Kafka stores.
 LONG_MAX = 2**63 - 1
@@ -435,15 +441,6 @@ class EntitySection(Section):
         return entity_text(self.to_entity())
 
 
-def entity_text(entity: QuotaEntity) -> str:
-    parts = []
-    if entity.user is not None:
-        parts.append(f"user={entity.user}")
-    if entity.client_id is not None:
-        parts.append(f"client-id={entity.client_id}")
-    return ", ".join(parts)
-
-
 class QuotaEntrySection(Section):
     entity: EntitySection
     producer_byte_rate: LongQuota | None = None  # bytes/s
@@ -557,6 +554,118 @@ class QuotasSection(Section):
         return entries
 
 
+Granularity = Literal["client-id", "user", "user,client-id"]
+# The entity keys each granularity of the guard names, as the quota entries spell them.
+_GRANULARITY_KEYS: dict[str, tuple[str, ...]] = {
+    "client-id": ("client-id",),
+    "user": ("user",),
+    "user,client-id": ("user", "client-id"),
+}
+Threshold = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
+class GuardWeightSection(Section):
+    entity: EntitySection
+    weight: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class GuardSection(Section):
+    """Opt-in, beyond Kafka: the cluster guard (docs/quotas.md, "The cluster guard").
+
+    While a broker's modelled NW_IN or NW_OUT is over capacity x threshold, every entity (at
+    `granularity`) gets its max-min fair share of the limit as a guard limit, and its effective
+    quota is the lower of its configured quota and its guard limit.
+    """
+
+    enabled: bool = False
+    # Cruise Control's capacity.json, as `kqp replay analyze --capacity` reads it; relative to the
+    # proxy's working directory. Read again at every reload.
+    capacity_file: NonEmptyText | None = None
+    # The share of a broker's declared capacity it may carry: Cruise Control's
+    # network.{inbound,outbound}.capacity.threshold, with analyze's names and defaults.
+    nw_in_threshold: Threshold = DEFAULT_NETWORK_THRESHOLD
+    nw_out_threshold: Threshold = DEFAULT_NETWORK_THRESHOLD
+    granularity: Granularity = "client-id"
+    weights: tuple[GuardWeightSection, ...] = ()
+    protected: tuple[EntitySection, ...] = ()
+    # No guard limit below this many bytes/s; an entity whose rate is under it is never limited.
+    floor: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    # Models follower traffic as analyze does (capped at the broker count).
+    replication_factor: Annotated[int, Field(ge=1)] = 3
+    interval_seconds: Annotated[float, Field(ge=0.1, le=60.0, allow_inf_nan=False)] = 1.0
+    # A resource releases once its load is at or under limit x (1 - release_margin).
+    release_margin: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.1
+    # A guard limit rises by at most this share of itself per second.
+    raise_per_second: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 0.05
+    # Compute, log and report the guard limits; throttle nothing for them.
+    dry_run: bool = False
+
+    @model_validator(mode="after")
+    def _capacity_and_entities(self) -> GuardSection:
+        if self.enabled:
+            if self.capacity_file is None:
+                raise nested_error("missing_capacity_file", "the guard needs capacity_file (Cruise Control's "
+                                   "capacity.json) when enabled", ("capacity_file",))
+            try:
+                load_capacity(self.capacity_file)
+            except OSError as error:
+                raise nested_error("capacity_file", "cannot read {path}: {reason}", ("capacity_file",),
+                                   path=self.capacity_file, reason=error.strerror or str(error)) from error
+            except (CapacityFileError, ValueError) as error:
+                raise nested_error("capacity_file", "{path} is not a Cruise Control capacity file: {reason}",
+                                   ("capacity_file",), path=self.capacity_file, reason=str(error)) from error
+        keys = _GRANULARITY_KEYS[self.granularity]
+        named: list[tuple[tuple[str | int, ...], EntitySection]] = [
+            (("weights", index, "entity"), w.entity) for index, w in enumerate(self.weights)
+        ]
+        named += [(("protected", index), entity) for index, entity in enumerate(self.protected)]
+        for path, entity in named:
+            given = tuple(key for key, value in (("user", entity.user), ("client-id", entity.client_id))
+                          if value is not None)
+            if given != keys:
+                raise nested_error(
+                    "guard_entity", "the guard's entities are {granularity} (its granularity): expected the "
+                    "key(s) {keys}, got {given}", path, granularity=self.granularity, keys=", ".join(keys),
+                    given=", ".join(given),
+                )
+        return self
+
+    def weight_of(self) -> dict[QuotaEntity, float]:
+        return {w.entity.to_entity(): w.weight for w in self.weights}
+
+    def protected_entities(self) -> frozenset[QuotaEntity]:
+        return frozenset(entity.to_entity() for entity in self.protected)
+
+    def limits(self, brokers: Sequence[int]) -> dict[tuple[int, str], float]:
+        """capacity x threshold per (broker, NW_IN | NW_OUT), bytes/s, for the brokers the proxy
+        knows; a broker the capacity file has no entry (nor -1 default) for is left unguarded."""
+        if self.capacity_file is None:
+            return {}
+        capacity = load_capacity(self.capacity_file)
+        thresholds = {NW_IN: self.nw_in_threshold, NW_OUT: self.nw_out_threshold}
+        limits = {}
+        for broker in brokers:
+            try:
+                declared = capacity.for_broker(broker)
+            except CapacityFileError:
+                continue
+            for resource, threshold in thresholds.items():
+                limits[(broker, resource)] = declared.network_bytes_per_s(resource) * threshold
+        return limits
+
+    def settings(self, brokers: Sequence[int]) -> GuardSettings:
+        """The pure control step's settings for these brokers (reads the capacity file)."""
+        return GuardSettings(
+            limits=self.limits(brokers),
+            replication_factor=self.replication_factor,
+            weights=self.weight_of(),
+            protected=self.protected_entities(),
+            floor=self.floor,
+            release_margin=self.release_margin,
+            raise_per_s=self.raise_per_second,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class CommandLine:
     """`kqp serve`'s options that override a setting; None (or empty) leaves it to the files."""
@@ -583,6 +692,7 @@ class KqpConfig(Section):
     enforcement: EnforcementSection = EnforcementSection()
     fleet: FleetSection = FleetSection()
     workers: WorkersSection = WorkersSection()
+    guard: GuardSection = GuardSection()
 
     def with_command_line(self, options: CommandLine) -> KqpConfig:
         """This configuration with `kqp serve`'s options on top, validated as a file would be.

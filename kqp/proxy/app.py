@@ -20,6 +20,7 @@ from kqp.config.check import unreadable_login_warnings
 from kqp.config.models import CaptureSection, CommandLine, EnforcementSection, MetricsSection
 from kqp.config.writeback import decode_quota_snapshot, encode_quota_snapshot
 from kqp.proxy.fleet import FleetExchange, FleetOptions, default_instance_id
+from kqp.proxy.guard import GuardLoop
 from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.host_exchange import HostExchange, HostLink
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
@@ -89,6 +90,7 @@ class ProxyApp:
         self.enforcement: EnforcementPolicies | None = None
         self.fleet: FleetExchange | None = None
         self.host: HostExchange | None = None
+        self.guard: GuardLoop | None = None
         # The last quota configuration known to be the fleet's (read from or sent to its topic).
         self._fleet_quotas: tuple[tuple[QuotaEntry, ...], tuple[IpQuotaEntry, ...]] | None = None
         self._stop = asyncio.Event()
@@ -167,6 +169,25 @@ class ProxyApp:
             )
             await self.endpoint.start()
         self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
+        self._apply_guard()
+
+    def _apply_guard(self) -> None:
+        """Start, update or stop the cluster guard's loop as the `guard` section says (live on reload)."""
+        section = self.config.guard if self.config is not None else None
+        if self.engine is None or section is None or not section.enabled:
+            if self.guard is not None:
+                self.guard.close()  # off: no more steps, and the engine drops the guard's limits
+                self.guard = None
+            return
+        if self.guard is not None:
+            self.guard.update(section)
+            return
+        server = self.server
+        self.guard = GuardLoop(
+            self.engine, section, lambda: server.directory.known_nodes() if server is not None else [],
+            self.now_ms, self.metrics,
+        )
+        self.guard.start()
 
     def _admin_principals(self) -> frozenset[str] | None:
         # Read at each request: enforcement settings apply live on reload.
@@ -243,6 +264,7 @@ class ProxyApp:
             self.engine.update(config.quota_settings())
         if self.enforcement is not None:
             self.enforcement.settings = config.enforcement
+        self._apply_guard()
         self._label_configured_entities()
         if self.metrics is not None:
             self.metrics.config_reload(True)
@@ -334,6 +356,8 @@ class ProxyApp:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
+        if self.guard is not None:
+            await self.guard.stop()
         if self.fleet is not None:
             await self.fleet.stop()
         if self.host is not None:

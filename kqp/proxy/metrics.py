@@ -307,6 +307,32 @@ class ProxyMetrics:
             "ordered (charged in the fleet's order) or alone (not back in time, charged by this instance alone).",
             ["result"], buckets=FLEET_CLAIM_BUCKETS_S, registry=registry,
         )
+        # The cluster guard (guard.enabled): per broker resource, and per entity it limits. The entity
+        # series exist only while the guard holds a limit on the entity, so their number stays bounded
+        # by the entities the guard limits at once.
+        self._guard_active = Gauge(
+            "kqp_guard_active", "1 while the cluster guard is engaged on this broker resource (NW_IN, NW_OUT).",
+            ["broker", "resource"], registry=registry,
+        )
+        self._guard_load = Gauge(
+            "kqp_guard_load_bytes_per_second",
+            "The broker resource's load as the guard models it from the measured rates (replication included).",
+            ["broker", "resource"], registry=registry,
+        )
+        self._guard_limit = Gauge(
+            "kqp_guard_limit_bytes_per_second", "The broker resource's limit: capacity x threshold.",
+            ["broker", "resource"], registry=registry,
+        )
+        self._guard_entity_limit = Gauge(
+            "kqp_guard_entity_limit_bytes_per_second",
+            "The guard limit in force on an entity (per broker), while there is one.",
+            ["entity", "quota_type", "dry_run"], registry=registry,
+        )
+        self._guard_entity_usage = Gauge(
+            "kqp_guard_entity_usage_bytes_per_second",
+            "A guarded entity's measured rate on its busiest broker (the quota window's rate).",
+            ["entity", "quota_type"], registry=registry,
+        )
         registry.register(_AccumulatorCollector(self))
 
     # ---- configuration ----------------------------------------------------------------
@@ -460,6 +486,26 @@ class ProxyMetrics:
             self._fleet_state.labels(state=name).set(1 if name == state else 0)
         self._fleet_instances.set(instances)
         self._fleet_budget_share.set(budget_share)
+
+    def guard_status(
+        self,
+        resources: Iterable[tuple[int, str, float, float, bool]],
+        entities: Iterable[tuple[str, str, float, float]],
+        dry_run: bool,
+    ) -> None:
+        """The guard's last step: (broker, resource, load, limit, engaged) per broker resource and
+        (entity, quota type, guard limit, usage) per entity it limits; the entity series of the step
+        before are dropped first, so a released entity's series goes away."""
+        for broker, resource, load, limit, engaged in resources:
+            self._guard_active.labels(broker=str(broker), resource=resource).set(1 if engaged else 0)
+            self._guard_load.labels(broker=str(broker), resource=resource).set(load)
+            self._guard_limit.labels(broker=str(broker), resource=resource).set(limit)
+        self._guard_entity_limit.clear()
+        self._guard_entity_usage.clear()
+        for entity, quota_type, limit, usage in entities:
+            self._guard_entity_limit.labels(entity=entity, quota_type=quota_type,
+                                            dry_run="true" if dry_run else "false").set(limit)
+            self._guard_entity_usage.labels(entity=entity, quota_type=quota_type).set(usage)
 
     def capture_written(self, n: int) -> None:
         self._capture_written.inc(n)

@@ -37,6 +37,7 @@ from kqp.quotas.callbacks import (
     DefaultQuotaCallback,
     load_callback,
 )
+from kqp.quotas.guard_limits import GuardQuotas
 from kqp.quotas.managers import (
     EXEMPT_REQUEST_API_KEYS,
     STRICT_MUTATION_SINCE,
@@ -161,6 +162,8 @@ class QuotaManagers:
             "controller_mutation_rate": self._mutation,
         }
         self._ip = ConnectionQuotas()
+        # The cluster guard's limits (kqp.quotas.guard_limits), when the proxy runs the guard.
+        self.guard: GuardQuotas | None = None
         self._expiry_ms = 0.0
         self._rotated_at_ms: float | None = None
         self.update(settings)
@@ -191,6 +194,19 @@ class QuotaManagers:
         self.refresh_limits()
         self._ip.configure(settings)
         self._expiry_ms = settings.sensor_expiry_s * 1000.0
+        if self.guard is not None:
+            self.guard.configure()
+
+    def set_guard(self, granularity: str | None, dry_run: bool = False) -> GuardQuotas | None:
+        """Run the cluster guard's sensors at this granularity (None: no guard). A change of
+        granularity starts them afresh; a change of dry run keeps their history."""
+        if granularity is None:
+            self.guard = None
+        elif self.guard is None or self.guard.granularity != granularity:
+            self.guard = GuardQuotas(self, granularity, dry_run)
+        else:
+            self.guard.configure(dry_run)
+        return self.guard
 
     def refresh_limits(self) -> None:
         """Every client sensor gets its current limit (updateQuotaMetricConfigs on each manager)."""
@@ -238,7 +254,20 @@ class QuotaManagers:
 
         Beyond Kafka, a fleet that counts its other instances (`fleet.count_other_instances`)
         adds what they may admit meanwhile to the total the throttle is computed from, as for
-        a fetch (see kqp.quotas.fleet)."""
+        a fetch (see kqp.quotas.fleet). With the cluster guard on, the guard's sensor records
+        too, and the larger throttle is the answer (the lower of the two limits binds)."""
+        throttle = self._record_configured_produce(broker, user, client_id, nbytes, now_ms)
+        guard = self.guard
+        if guard is None:
+            return throttle
+        t = int(now_ms)
+        sensor = guard.sensor("producer_byte_rate", broker, user, client_id, t)
+        guarded = guard.managers["producer_byte_rate"].record(sensor, nbytes, t)
+        if guarded > 0:
+            guarded = self._throttled("producer_byte_rate", sensor, guarded)
+        return guarded if guarded > throttle else throttle
+
+    def _record_configured_produce(self, broker: str, user: str, client_id: str, nbytes: int, now_ms: float) -> int:
         manager = self._produce
         if not manager.enabled:
             return 0
@@ -281,7 +310,36 @@ class QuotaManagers:
 
         `delivered`: the data reaches the client anyway (a proxy that already has the
         broker's response), so the bytes stay recorded, as they were really consumed.
+
+        With the cluster guard on, the guard's sensor records first and its throttle counts as
+        one more reason to answer empty; the larger throttle is the answer.
         """
+        guard = self.guard
+        if guard is None:
+            return self._record_configured_fetch(broker, user, client_id, nbytes, now_ms, request_throttle_ms,
+                                                 delivered=delivered)
+        t = int(now_ms)
+        sensor = guard.sensor("consumer_byte_rate", broker, user, client_id, t)
+        guarded = guard.managers["consumer_byte_rate"].record(sensor, nbytes, t)
+        throttle = self._record_configured_fetch(broker, user, client_id, nbytes, now_ms,
+                                                 max(request_throttle_ms, guarded), delivered=delivered)
+        if (guarded > 0 or throttle > 0 or request_throttle_ms > 0) and not delivered and not sensor.identity.dry_run:
+            sensor.record(-nbytes, t)
+        if guarded > 0:
+            guarded = self._throttled("consumer_byte_rate", sensor, guarded)
+        return guarded if guarded > throttle else throttle
+
+    def _record_configured_fetch(
+        self,
+        broker: str,
+        user: str,
+        client_id: str,
+        nbytes: int,
+        now_ms: float,
+        request_throttle_ms: int,
+        *,
+        delivered: bool,
+    ) -> int:
         manager = self._fetch
         if not manager.enabled:
             return 0
@@ -303,11 +361,17 @@ class QuotaManagers:
 
     def fetch_max_bytes_cap(self, broker: str, user: str, client_id: str, now_ms: float) -> int | None:
         """The largest response that is not throttled on an idle sensor (KafkaApis caps a
-        fetch's MaxBytes with quotas.fetch.maxValueInQuotaWindow); None without a consumer quota."""
+        fetch's MaxBytes with quotas.fetch.maxValueInQuotaWindow); None without a consumer quota.
+        With the cluster guard on, the lower of that and the guard limit's window."""
         manager = self._fetch
-        if not manager.enabled:
-            return None
-        return manager.max_value_in_window(manager.sensor(broker, user, client_id, int(now_ms)))
+        cap = None
+        if manager.enabled:
+            cap = manager.max_value_in_window(manager.sensor(broker, user, client_id, int(now_ms)))
+        guard = self.guard
+        if guard is None:
+            return cap
+        guarded = guard.max_value_in_window(broker, user, client_id, int(now_ms))
+        return guarded if cap is None or (guarded is not None and guarded < cap) else cap
 
     # -- request time (KIP-124) ----------------------------------------------------------------
 
@@ -408,6 +472,8 @@ class QuotaManagers:
         is lost, as in Kafka. Returns how many were dropped."""
         expiry_ms = self._expiry_ms
         dropped = sum(manager.expire(int(now_ms), expiry_ms) for manager in self._managers.values())
+        if self.guard is not None:
+            dropped += self.guard.expire(int(now_ms), expiry_ms)
         idle_ips = [ip for ip, s in self._ip.sensors.items() if now_ms - s.last_record_ms > expiry_ms]
         for ip in idle_ips:
             self._ip.sensors.pop(ip).expired = True
@@ -423,7 +489,9 @@ class QuotaManagers:
 
     def quota_enabled(self, quota_type: QuotaType) -> bool:
         """Whether any quota of this type applies (Kafka's quotaTypesEnabled != 0): when not,
-        the proxy can skip the work of preparing to record it."""
+        the proxy can skip the work of preparing to record it. The cluster guard's byte rates count."""
+        if self.guard is not None and quota_type in ("producer_byte_rate", "consumer_byte_rate"):
+            return True
         return bool(self._managers[quota_type].enabled)
 
     def tracked_sensors(self) -> int:

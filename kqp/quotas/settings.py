@@ -39,6 +39,16 @@ class QuotaEntity:
     client_id: str | None = None
 
 
+def entity_text(entity: QuotaEntity) -> str:
+    """The entity as operators write it: `user=alice, client-id=app` (a missing part left out)."""
+    parts = []
+    if entity.user is not None:
+        parts.append(f"user={entity.user}")
+    if entity.client_id is not None:
+        parts.append(f"client-id={entity.client_id}")
+    return ", ".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class QuotaEntry:
     entity: QuotaEntity

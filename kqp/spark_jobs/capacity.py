@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# One copy of the resource names, in the pure fair-share module the live guard shares with advise.
+from kqp.quotas.fair_share import NETWORK_RESOURCES as NETWORK_RESOURCES
+from kqp.quotas.fair_share import NW_IN as NW_IN
+from kqp.quotas.fair_share import NW_OUT as NW_OUT
+
 # Cruise Control turns the broker's byte-rate metrics into KB/s by dividing by 1024.
 CC_KB_BYTES = 1024
 DEFAULT_BROKER_ID = -1
@@ -29,9 +34,6 @@ DEFAULT_BROKER_ID = -1
 # `network.outbound.capacity.threshold`): a broker is "full" at 80 % of its network.
 DEFAULT_NETWORK_THRESHOLD = 0.8
 
-NW_IN = "NW_IN"
-NW_OUT = "NW_OUT"
-NETWORK_RESOURCES = (NW_IN, NW_OUT)
 
 
 class CapacityFileError(ValueError):

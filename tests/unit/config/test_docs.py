@@ -14,6 +14,8 @@ from kqp.config.models import (
     CaptureSection,
     EnforcementSection,
     FleetSection,
+    GuardSection,
+    GuardWeightSection,
     IpQuotaEntrySection,
     KqpConfig,
     ListenerSaslSection,
@@ -42,6 +44,8 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "fleet": FleetSection,
     "proxy.sasl": ListenerSaslSection,
     "workers": WorkersSection,
+    "guard": GuardSection,
+    "guard.weights[]": GuardWeightSection,
 }
 
 

@@ -1,0 +1,339 @@
+"""The cluster guard's control step: work-conserving quotas, limited only while a broker is near its limit.
+
+Pure: no IO, no clock (the time of the step is an argument). The proxy calls `step` every control
+interval with what it measured; the simulator and the unit tests call it with made-up figures.
+
+Every interval, per broker and network resource (NW_IN, NW_OUT):
+
+* The *load* is modelled from each entity's measured rate exactly as `analyze` and `advise` model a
+  capture (kqp.quotas.fair_share): produce on a leader is its NW_IN, and its RF-1 followers fetch
+  it (the leader's NW_OUT, the followers' NW_IN, spread evenly over the other brokers); fetches
+  are the broker's NW_OUT; traffic no byte-rate quota charges is the resource's background.
+* The *limit* is capacity x threshold (the Cruise Control capacity file, as analyze reads it).
+* A resource *engages* when its load is above its limit and *releases* when its load is at or
+  under limit x (1 - release_margin): between the two it keeps its state (hysteresis).
+* While any resource is engaged, or any guard limit is still in force, the *target* of every
+  flow (one entity's produce or fetch) is its max-min fair share from `water_fill`, the same
+  function `advise` uses, with weights, protected entities and the floor. A flow whose measured
+  rate is at its guard limit is held back by it, so its rate says nothing of what it wants: it
+  is modelled as wanting more than any limit (it takes whatever share the others leave). A flow
+  under its limit is modelled at its measured rate, capped by its configured quota.
+* A guard limit falls to its target at once (what keeps a broker under its limit), and rises by
+  at most `raise_per_s` of itself per second (what keeps the loop from overshooting when demand
+  falls). A limit whose flow no longer uses it disappears once no resource is engaged; one still
+  in use rises at that bounded rate and disappears when it no longer bounds anything (above every
+  resource's limit).
+
+Why this does not oscillate (docs/quotas.md, "The cluster guard"): with demand constant, the
+target depends only on the flows' rates under their limits and on which flows are held back,
+not on how far the held-back ones are over, so one step reaches it and the next steps repeat it;
+Kafka's windowed throttle then holds each held-back flow's rate at its limit, which puts the
+load at the limit, inside the hysteresis band, where nothing changes state.
+
+The guard limit is per broker (each broker's sensor enforces it, as Kafka's quotas do). The
+entity's effective quota is the lower of its configured quota and its guard limit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kqp.quotas.fair_share import (
+    NETWORK_RESOURCES,
+    ByteRateType,
+    Flow,
+    Problem,
+    Resource,
+    unquoted_loads,
+    water_fill,
+)
+from kqp.quotas.settings import QuotaEntity
+
+FlowKey = tuple[QuotaEntity, ByteRateType]
+
+# Defaults, each a documented setting of the `guard` section (docs/configuration.md).
+DEFAULT_RELEASE_MARGIN = 0.1
+DEFAULT_RAISE_PER_S = 0.05
+# A flow whose measured rate is at least this share of its guard limit is held back by it.
+# Under 1 because the windowed rate of a throttled client sits just under its quota.
+DEFAULT_SATURATION = 0.95
+# The longest time one raise step accounts for: a step after a long pause (the proxy was busy,
+# the interval was reloaded) must not lift every limit at once.
+_MAX_RAISE_SPAN_S = 60.0
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """What the control step needs from the `guard` section (kqp.config builds it).
+
+    Attributes:
+        limits: capacity x threshold per (broker, NW_IN | NW_OUT), bytes/s. A broker not
+            listed is not guarded.
+        replication_factor: models follower traffic, as analyze (capped at the broker count).
+        weights: an entity's share of a binding resource relative to the others (default 1).
+        protected: entities never limited.
+        floor: no guard limit below this many bytes/s.
+        release_margin: a resource releases at load <= limit x (1 - release_margin).
+        raise_per_s: a guard limit rises by at most this share of itself per second.
+        saturation: a flow at >= this share of its guard limit is held back by it.
+    """
+
+    limits: Mapping[Resource, float]
+    replication_factor: int = 1
+    weights: Mapping[QuotaEntity, float] = field(default_factory=dict)
+    protected: frozenset[QuotaEntity] = frozenset()
+    floor: float = 0.0
+    release_margin: float = DEFAULT_RELEASE_MARGIN
+    raise_per_s: float = DEFAULT_RAISE_PER_S
+    saturation: float = DEFAULT_SATURATION
+
+    @property
+    def brokers(self) -> tuple[int, ...]:
+        return tuple(sorted({broker for broker, _ in self.limits}))
+
+
+@dataclass(frozen=True)
+class MeasuredFlow:
+    """One entity's produce or fetch rate, as Kafka measures it (the windowed rate), per broker.
+
+    `configured_quota` is the quota the entity already has from the quota entries (per broker,
+    bytes/s), None without one: the guard never gives a limit at or above it. `throttled`: its
+    guard limit throttled it within the last quota window (dry run: would have), the sign that
+    it wants more than its limit.
+    """
+
+    entity: QuotaEntity
+    quota_type: ByteRateType
+    rates: Mapping[int, float]
+    configured_quota: float | None = None
+    throttled: bool = False
+
+    @property
+    def key(self) -> FlowKey:
+        return (self.entity, self.quota_type)
+
+    @property
+    def peak(self) -> float:
+        return max(self.rates.values(), default=0.0)
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """What the guard carries from one step to the next: the engaged resources (with the time
+    each engaged), the guard limits in force, and the time of the last step."""
+
+    engaged: Mapping[Resource, float] = field(default_factory=dict)
+    limits: Mapping[FlowKey, float] = field(default_factory=dict)
+    last_step_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ResourceStatus:
+    broker: int
+    resource: str
+    load: float
+    limit: float
+    engaged: bool
+
+
+@dataclass(frozen=True)
+class FlowStatus:
+    """One flow after the step: its usage, its fair share (the target) and the limits in force."""
+
+    entity: QuotaEntity
+    quota_type: ByteRateType
+    usage: float  # its busiest broker's measured rate, bytes/s
+    held_back: bool  # its rate was at its guard limit (modelled as wanting more)
+    target: float | None  # its max-min fair share this step, None when it needs no limit
+    guard_limit: float | None  # the guard limit in force after the step
+    configured_quota: float | None
+
+    @property
+    def effective_quota(self) -> float | None:
+        """The lower of the configured quota and the guard limit: what the engine enforces."""
+        limits = [limit for limit in (self.configured_quota, self.guard_limit) if limit is not None]
+        return min(limits) if limits else None
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    state: GuardState
+    resources: list[ResourceStatus]
+    flows: list[FlowStatus]
+    engaged_now: list[Resource]  # resources that engaged at this step
+    released_now: list[Resource]  # resources that released at this step
+
+    @property
+    def limits(self) -> Mapping[FlowKey, float]:
+        return self.state.limits
+
+
+def step(
+    settings: GuardSettings,
+    state: GuardState,
+    measured: Sequence[MeasuredFlow],
+    now_s: float,
+    background: Mapping[Resource, float] | None = None,
+) -> GuardDecision:
+    """One control step at time `now_s` (seconds, any origin): the guard limits for the next interval.
+
+    Args:
+        settings: the guard's configuration.
+        state: what the previous step returned (GuardState() at the start).
+        measured: every flow's windowed rate per broker; rates on brokers without a limit are ignored.
+        now_s: the time of the step.
+        background: per resource, traffic no byte-rate quota charges, bytes/s.
+    """
+    brokers = settings.brokers
+    background = background or {}
+    flows = [flow for flow in measured if any(broker in flow.rates for broker in brokers)]
+
+    # 1. The load each resource carries now, modelled from the measured rates.
+    as_measured = [_flow(settings, flow, _rates(flow, brokers)) for flow in flows]
+    loads = unquoted_loads(_problem(settings, background, as_measured))
+
+    # 2. Hysteresis: engage above the limit, release at or under limit x (1 - margin).
+    engaged: dict[Resource, float] = {}
+    for resource, limit in settings.limits.items():
+        load = loads.get(resource, 0.0)
+        if load > limit or (resource in state.engaged and load > limit * (1 - settings.release_margin)):
+            engaged[resource] = state.engaged.get(resource, now_s)
+
+    # 3. Targets: every flow's max-min fair share, while there is anything to guard.
+    held_back = {flow.key: _held_back(settings, state, flow) for flow in flows}
+    targets: dict[FlowKey, float | None] = dict.fromkeys((flow.key for flow in flows), None)
+    if engaged or state.limits:
+        ceiling = max(settings.limits.values(), default=0.0)
+        demand = [_flow(settings, flow, _demand(flow, brokers, held_back[flow.key], ceiling)) for flow in flows]
+        advice = water_fill(_problem(settings, background, demand))
+        for flow, advised in zip(flows, advice.flows, strict=True):
+            quota = advised.quota
+            if quota is not None and flow.configured_quota is not None and quota >= flow.configured_quota:
+                quota = None  # the configured quota already holds the flow at or under its share
+            targets[flow.key] = quota
+
+    # 4. Bounded rate of change: down at once, up by at most raise_per_s of the limit per second.
+    span = 0.0 if state.last_step_s is None else min(max(now_s - state.last_step_s, 0.0), _MAX_RAISE_SPAN_S)
+    raise_factor = 1.0 + settings.raise_per_s * span
+    ceiling = max(settings.limits.values(), default=0.0)
+    usage = {flow.key: flow.peak for flow in flows}
+    limits: dict[FlowKey, float] = {}
+    for key in sorted({*targets, *state.limits}, key=_order):
+        current = state.limits.get(key)
+        target = targets.get(key)
+        if current is None or (target is not None and target <= current):
+            if target is not None:
+                limits[key] = target
+            continue
+        raised = current * raise_factor
+        if target is not None:
+            limits[key] = min(target, raised)
+        elif not held_back.get(key, False) and not engaged:
+            continue  # its flow is under the limit and no broker is near its own: it goes
+        elif raised < ceiling:
+            limits[key] = raised
+        # else: a limit above every resource's limit bounds nothing: it goes
+
+    resources = [
+        ResourceStatus(broker, resource, loads.get((broker, resource), 0.0), limit, (broker, resource) in engaged)
+        for (broker, resource), limit in sorted(settings.limits.items())
+    ]
+    by_key = {flow.key: flow for flow in flows}
+    statuses = [
+        FlowStatus(
+            entity=key[0],
+            quota_type=key[1],
+            usage=usage.get(key, 0.0),
+            held_back=held_back.get(key, False),
+            target=targets.get(key),
+            guard_limit=limits.get(key),
+            configured_quota=by_key[key].configured_quota if key in by_key else None,
+        )
+        for key in sorted({*targets, *limits}, key=_order)
+    ]
+    return GuardDecision(
+        state=GuardState(engaged=engaged, limits=limits, last_step_s=now_s),
+        resources=resources,
+        flows=statuses,
+        engaged_now=sorted(set(engaged) - set(state.engaged)),
+        released_now=sorted(set(state.engaged) - set(engaged)),
+    )
+
+
+def _order(key: FlowKey) -> tuple[str, str, str]:
+    entity, quota_type = key
+    return (entity.user or "", entity.client_id or "", quota_type)
+
+
+def _rates(flow: MeasuredFlow, brokers: Sequence[int]) -> np.ndarray:
+    """The flow's measured rate per broker of the problem, as a (brokers, 1) demand matrix."""
+    return np.array([[max(flow.rates.get(broker, 0.0), 0.0)] for broker in brokers], dtype=np.float64)
+
+
+def _held_back(settings: GuardSettings, state: GuardState, flow: MeasuredFlow) -> bool:
+    """The flow wants more than its guard limit (and the guard limit is what binds, not its configured quota).
+
+    Its guard limit throttled it within the last quota window, or its rate is at the limit. The
+    throttle is the signal that counts: Kafka's throttle mutes a client for (rate - limit) / limit
+    x window, so the windowed rate of a held-back client swings under its limit between
+    throttles, while a client whose demand fell under its limit is not throttled again.
+    """
+    limit = state.limits.get(flow.key)
+    if limit is None or (flow.configured_quota is not None and flow.configured_quota <= limit):
+        return False
+    return flow.throttled or flow.peak >= settings.saturation * limit
+
+
+def _demand(flow: MeasuredFlow, brokers: Sequence[int], held_back: bool, ceiling: float) -> np.ndarray:
+    """What the water-filling is told the flow wants, per broker.
+
+    Under its limit, its measured rate (capped by its configured quota, which holds it there
+    anyway). Held back, more than any resource can take (`ceiling`, or its configured quota if
+    lower), spread over its brokers as its measured traffic is, so it takes whatever share the
+    others leave.
+    """
+    rates = _rates(flow, brokers)
+    cap = math.inf if flow.configured_quota is None else flow.configured_quota
+    peak = float(rates.max()) if rates.size else 0.0
+    if held_back and peak > 0:
+        rates = rates * (min(ceiling, cap) / peak)
+    capped: np.ndarray = np.minimum(rates, cap)
+    return capped
+
+
+def _flow(settings: GuardSettings, flow: MeasuredFlow, demand: np.ndarray) -> Flow:
+    return Flow(
+        entity=flow.entity,
+        quota_type=flow.quota_type,
+        demand=demand,
+        weight=settings.weights.get(flow.entity, 1.0),
+        protected=flow.entity in settings.protected,
+    )
+
+
+def _problem(settings: GuardSettings, background: Mapping[Resource, float], flows: Sequence[Flow]) -> Problem:
+    """One bucket (this interval), judged at its value: the measured rates are already windowed."""
+    brokers = settings.brokers
+    return Problem(
+        brokers=brokers,
+        # Both resources of every guarded broker: one the file leaves out is never judged (no limit).
+        limits={
+            (broker, resource): settings.limits.get((broker, resource), math.inf)
+            for broker in brokers
+            for resource in NETWORK_RESOURCES
+        },
+        background={
+            (broker, resource): np.array([background.get((broker, resource), 0.0)], dtype=np.float64)
+            for broker in brokers
+            for resource in NETWORK_RESOURCES
+        },
+        flows=list(flows),
+        replication_factor=settings.replication_factor,
+        scope="broker",
+        stat="max",
+        floor=settings.floor,
+    )

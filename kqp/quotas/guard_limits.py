@@ -1,0 +1,200 @@
+"""The cluster guard's limits inside the engine: a KIP-257 callback and two byte-rate managers.
+
+The guard (kqp.quotas.guard) decides a limit per entity at its own granularity (client-id,
+user, or both). The engine enforces it the way Kafka enforces a custom ClientQuotaCallback's
+limit: a sensor per broker and entity, named by the tags `GuardLimitsCallback` gives, whose
+bound is the limit `quota_limit` returns; a produce or fetch records into it beside the
+client's own sensor and the exchange's throttle is the larger of the two (a throttle falls as
+the limit rises, so on one series the larger throttle is the one of the lower limit: the
+effective quota is the lower of the configured quota and the guard limit). Its sensors are
+also what the guard measures: each entity's windowed rate per broker, as Kafka measures it.
+
+Guard sensors are always per broker (each Kafka broker enforces its quota alone) and take
+the guard's `dry_run`, whatever the quota entries say; the fleet's sharing does not scale them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+from kqp.quotas.callbacks import CLIENT_ID_TAG, USER_TAG, ClusterMetadata, sanitize_user
+from kqp.quotas.fair_share import BYTE_RATE_TYPES, ByteRateType
+from kqp.quotas.guard import MeasuredFlow
+from kqp.quotas.managers import ClientQuotaManager
+from kqp.quotas.sensors import RateSensor
+from kqp.quotas.settings import QuotaEntity, QuotaType, Scope
+from kqp.quotas.stats import INT_MAX, NO_QUOTA_BOUND
+
+if TYPE_CHECKING:
+    from kqp.quotas.engine import QuotaManagers
+
+GRANULARITIES = ("client-id", "user", "user,client-id")
+
+
+class GuardLimitsCallback:
+    """A ClientQuotaCallback whose tags are the guard's entities and whose limits are the guard's."""
+
+    def __init__(self, granularity: str) -> None:
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"guard granularity {granularity!r}: expected one of {', '.join(GRANULARITIES)}")
+        self.granularity = granularity
+        self.limits: dict[tuple[QuotaType, QuotaEntity], float] = {}
+
+    def quota_metric_tags(self, quota_type: QuotaType, user: str, client_id: str) -> Mapping[str, str]:
+        if self.granularity == "client-id":
+            return {USER_TAG: "", CLIENT_ID_TAG: client_id}
+        if self.granularity == "user":
+            return {USER_TAG: sanitize_user(user), CLIENT_ID_TAG: ""}
+        return {USER_TAG: sanitize_user(user), CLIENT_ID_TAG: client_id}
+
+    def entity(self, tags: Mapping[str, str]) -> QuotaEntity:
+        """The guard entity a sensor with these tags meters."""
+        if self.granularity == "client-id":
+            return QuotaEntity(client_id=tags.get(CLIENT_ID_TAG, ""))
+        user = unquote(tags.get(USER_TAG, ""))
+        if self.granularity == "user":
+            return QuotaEntity(user=user)
+        return QuotaEntity(user=user, client_id=tags.get(CLIENT_ID_TAG, ""))
+
+    def quota_limit(self, quota_type: QuotaType, tags: Mapping[str, str]) -> float | None:
+        return self.limits.get((quota_type, self.entity(tags)))
+
+    def update_quota(self, quota_type: QuotaType, entity: QuotaEntity, value: float) -> None:
+        return  # the quota entries go to the engine's own callback, never here
+
+    def remove_quota(self, quota_type: QuotaType, entity: QuotaEntity) -> None:
+        return
+
+    def quota_reset_required(self, quota_type: QuotaType) -> bool:
+        return False  # GuardQuotas.set_limits refreshes the sensors itself
+
+    def update_cluster_metadata(self, metadata: ClusterMetadata) -> bool:
+        return False
+
+    def close(self) -> None:
+        return
+
+
+class GuardQuotaManager(ClientQuotaManager[RateSensor]):
+    """ClientQuotaManager for the guard's sensors: scope broker, the guard's dry run, no fleet scaling."""
+
+    __slots__ = ("dry_run",)
+
+    def __init__(self, engine: QuotaManagers, quota_type: QuotaType, callback: GuardLimitsCallback,
+                 dry_run: bool) -> None:
+        super().__init__(engine, quota_type, callback, RateSensor)
+        self.dry_run = dry_run
+
+    def entry_policy(self, tags: Mapping[str, str]) -> tuple[Scope, bool]:
+        return "broker", self.dry_run
+
+    def limit_for(self, tags: Mapping[str, str]) -> float:
+        limit = self.callback.quota_limit(self.quota_type, tags)
+        return NO_QUOTA_BOUND if limit is None else float(limit)
+
+
+class GuardQuotas:
+    """The guard's produce and fetch managers, its callback, and what it measures."""
+
+    def __init__(self, engine: QuotaManagers, granularity: str, dry_run: bool) -> None:
+        self.engine = engine
+        self.callback = GuardLimitsCallback(granularity)
+        self.managers: dict[ByteRateType, GuardQuotaManager] = {
+            quota_type: GuardQuotaManager(engine, quota_type, self.callback, dry_run) for quota_type in BYTE_RATE_TYPES
+        }
+        for manager in self.managers.values():
+            manager.refresh_enabled()
+        # Per sensor, the throttle count seen at the last measurement; per flow, when a throttle was
+        # last seen (ms): what tells the guard a flow wants more than its limit.
+        self._throttle_counts: dict[RateSensor, int] = {}
+        self._throttled_at: dict[tuple[QuotaEntity, ByteRateType], int] = {}
+        self.configure()
+
+    @property
+    def granularity(self) -> str:
+        return self.callback.granularity
+
+    @property
+    def dry_run(self) -> bool:
+        return self.managers["producer_byte_rate"].dry_run
+
+    def configure(self, dry_run: bool | None = None) -> None:
+        """Take the engine's quota windows (and a new dry run); keeps every sensor when nothing changed."""
+        settings = self.engine.settings
+        for manager in self.managers.values():
+            manager.configure(settings.window_num, settings.window_size_s * 1000)
+            if dry_run is not None and dry_run != manager.dry_run:
+                manager.dry_run = dry_run
+                manager.refresh_limits()
+
+    def set_limits(self, limits: Mapping[tuple[QuotaEntity, ByteRateType], float]) -> None:
+        """The guard limits in force from now on (bytes/s per broker); every sensor takes its new bound."""
+        new: dict[tuple[QuotaType, QuotaEntity], float] = {
+            (quota_type, entity): float(value) for (entity, quota_type), value in limits.items()
+        }
+        if new == self.callback.limits:
+            return
+        self.callback.limits = new
+        for manager in self.managers.values():
+            manager.refresh_limits()
+
+    def sensor(self, quota_type: ByteRateType, broker: str, user: str, client_id: str, now_ms: int) -> RateSensor:
+        return self.managers[quota_type].client_sensor(broker, user, client_id, now_ms)
+
+    def max_value_in_window(self, broker: str, user: str, client_id: str, now_ms: int) -> int | None:
+        manager = self.managers["consumer_byte_rate"]
+        sensor = manager.sensor(broker, user, client_id, now_ms)
+        if sensor.bound == NO_QUOTA_BOUND:
+            return None
+        cap = sensor.bound * (manager.samples - 1) * (manager.window_ms // 1000)
+        return int(cap) if cap < INT_MAX else INT_MAX
+
+    def expire(self, now_ms: int, expiry_ms: float) -> int:
+        return sum(manager.expire(now_ms, expiry_ms) for manager in self.managers.values())
+
+    def measured(self, now_ms: int) -> list[MeasuredFlow]:
+        """Each entity's windowed rate per broker (bytes/s), read without purging, with the
+        configured quota that applies to it (the highest bound among its clients' own sensors)
+        and whether its guard limit throttled it within the last quota window."""
+        configured = self._configured_bounds()
+        rates: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
+        counts: dict[RateSensor, int] = {}
+        for quota_type, manager in self.managers.items():
+            for sensor in list(manager.sensors.values()):
+                key = (self.callback.entity(sensor.identity.tags), quota_type)
+                counts[sensor] = sensor.throttle_count
+                if sensor.throttle_count > self._throttle_counts.get(sensor, 0):
+                    self._throttled_at[key] = now_ms
+                broker = sensor.identity.broker
+                if broker is None or not broker.isdigit():
+                    continue  # `bootstrap`: before the proxy knew the node; not a broker to judge
+                per_broker = rates.setdefault(key, {})
+                per_broker[int(broker)] = per_broker.get(int(broker), 0.0) + sensor.rate.peek(now_ms)
+        self._throttle_counts = counts  # live sensors only: an expired one is forgotten here
+        window_ms = self.engine.settings.window_num * self.engine.settings.window_size_s * 1000
+        self._throttled_at = {key: at for key, at in self._throttled_at.items() if now_ms - at <= window_ms}
+        return [
+            MeasuredFlow(entity, quota_type, per_broker, configured.get((entity, quota_type)),
+                         throttled=(entity, quota_type) in self._throttled_at)
+            for (entity, quota_type), per_broker in rates.items()
+        ]
+
+    def _configured_bounds(self) -> dict[tuple[QuotaEntity, ByteRateType], float]:
+        bounds: dict[tuple[QuotaEntity, ByteRateType], float] = {}
+        for quota_type in BYTE_RATE_TYPES:
+            manager = self.engine.manager(quota_type)
+            if not manager.enabled:
+                continue
+            for sensor in _client_sensors(manager):
+                if sensor.bound == NO_QUOTA_BOUND:
+                    continue
+                key = (self.callback.entity(self.callback.quota_metric_tags(
+                    quota_type, unquote(sensor.identity.user), sensor.identity.client_id)), quota_type)
+                bounds[key] = max(bounds.get(key, 0.0), sensor.bound)
+        return bounds
+
+
+def _client_sensors(manager: ClientQuotaManager[RateSensor]) -> Iterator[RateSensor]:
+    yield from list(manager.sensors.values())

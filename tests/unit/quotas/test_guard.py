@@ -1,0 +1,209 @@
+"""The cluster guard's control step (kqp/quotas/guard.py) on cases computed by hand.
+
+One broker unless said otherwise, one interval per step. With every flow at its measured rate,
+the fair level L on a resource solves: limit = background + sum over flows of min(demand, weight x L).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from kqp.quotas.fair_share import FETCH, NW_IN, NW_OUT, PRODUCE, ByteRateType
+from kqp.quotas.guard import GuardDecision, GuardSettings, GuardState, MeasuredFlow, step
+from kqp.quotas.settings import QuotaEntity
+
+BIG = 1e9  # a limit nothing reaches
+
+
+def client(name: str) -> QuotaEntity:
+    return QuotaEntity(client_id=name)
+
+
+def produce(name: str, rate: float | Mapping[int, float], configured: float | None = None) -> MeasuredFlow:
+    rates = {1: rate} if isinstance(rate, int | float) else rate
+    return MeasuredFlow(client(name), PRODUCE, rates, configured)
+
+
+def fetch(name: str, rates: Mapping[int, float]) -> MeasuredFlow:
+    return MeasuredFlow(client(name), FETCH, rates)
+
+
+def one_broker(nw_in: float = 1200.0, **options: object) -> GuardSettings:
+    return GuardSettings(limits={(1, NW_IN): nw_in, (1, NW_OUT): BIG}, **options)  # type: ignore[arg-type]
+
+
+def limit_of(decision: GuardDecision, name: str, quota_type: ByteRateType = PRODUCE) -> float | None:
+    return decision.limits.get((client(name), quota_type))
+
+
+def status_of(decision: GuardDecision, name: str, quota_type: ByteRateType = PRODUCE) -> object:
+    return next(f for f in decision.flows if f.entity == client(name) and f.quota_type == quota_type)
+
+
+def engaged(decision: GuardDecision) -> set[tuple[int, str]]:
+    return {(r.broker, r.resource) for r in decision.resources if r.engaged}
+
+
+def test_under_the_limit_nobody_is_limited() -> None:
+    # 1150 B/s against a limit of 1200: the guard stays out of the way.
+    decision = step(one_broker(), GuardState(), [produce("a", 550), produce("b", 600)], now_s=0)
+    assert decision.limits == {}
+    assert engaged(decision) == set()
+    assert decision.resources[0].load == pytest.approx(1150)
+
+
+def test_one_broker_quiet_producers_keep_their_rate_and_the_noisy_share_what_is_left() -> None:
+    # The issue's shape: three at 100 B/s, two at 800 B/s, NW_IN limit 1200.
+    # 3 x 100 + 2 x L = 1200: L = 450 for each noisy producer; the quiet ones are under it.
+    flows = [produce("q1", 100), produce("q2", 100), produce("q3", 100), produce("n1", 800), produce("n2", 800)]
+    first = step(one_broker(), GuardState(), flows, now_s=0)
+    assert first.resources[0].load == pytest.approx(1900)
+    assert first.engaged_now == [(1, NW_IN)]
+    assert limit_of(first, "n1") == pytest.approx(450)
+    assert limit_of(first, "n2") == pytest.approx(450)
+    assert [limit_of(first, q) for q in ("q1", "q2", "q3")] == [None, None, None]
+
+    # The throttled producers now measure at their limit: load 1200, inside the hysteresis band.
+    # Held back, they are modelled as wanting more, and get the same share again: a fixed point.
+    converged = [produce("q1", 100), produce("q2", 100), produce("q3", 100), produce("n1", 449), produce("n2", 449)]
+    second = step(one_broker(), first.state, converged, now_s=5)
+    assert engaged(second) == {(1, NW_IN)}
+    assert second.engaged_now == []
+    assert limit_of(second, "n1") == pytest.approx(450)
+    assert limit_of(second, "n2") == pytest.approx(450)
+    assert status_of(second, "n1").held_back  # type: ignore[attr-defined]
+
+    # The noisy ones stop: 300 B/s is under 1200 x 0.9, the resource releases and their limits go.
+    quiet = [produce("q1", 100), produce("q2", 100), produce("q3", 100), produce("n1", 0), produce("n2", 0)]
+    third = step(one_broker(), second.state, quiet, now_s=10)
+    assert third.released_now == [(1, NW_IN)]
+    assert third.limits == {}
+
+
+def test_a_noisy_producer_alone_gets_what_the_others_leave_at_a_bounded_rate() -> None:
+    # n1 held at 450 while the others stop: its share is now the whole 1200, reached by steps
+    # of at most raise_per_s x 5 s = 25 % of its limit, never above its target.
+    state = GuardState(engaged={(1, NW_IN): 0.0}, limits={(client("n1"), PRODUCE): 450.0}, last_step_s=0.0)
+    expected = [562.5, 703.125, 878.90625, 1098.6328125, 1200.0, 1200.0]
+    seen = []
+    rate = 450.0
+    for index in range(len(expected)):
+        decision = step(one_broker(raise_per_s=0.05), state, [produce("n1", rate)], now_s=5.0 * (index + 1))
+        seen.append(limit_of(decision, "n1"))
+        state = decision.state
+        rate = float(seen[-1] or 0.0)  # Kafka's throttle holds its windowed rate at the limit
+    assert seen == pytest.approx(expected)
+
+
+def test_hysteresis_keeps_the_guard_on_inside_the_band_and_off_below_it() -> None:
+    limits = {(client("n1"), PRODUCE): 500.0}
+    inside = step(one_broker(1000), GuardState({(1, NW_IN): 0.0}, limits, 0.0), [produce("n1", 950)], now_s=1)
+    assert engaged(inside) == {(1, NW_IN)}  # 950 > 1000 x 0.9: still engaged
+    below = step(one_broker(1000), GuardState({(1, NW_IN): 0.0}, limits, 0.0), [produce("n1", 890)], now_s=1)
+    assert engaged(below) == set()
+    assert below.released_now == [(1, NW_IN)]
+
+
+def test_several_brokers_with_different_binding_resources() -> None:
+    # Two brokers, RF 2: every produced byte is fetched by the other broker's follower, so each
+    # broker's NW_IN is the cluster's produce and a leader's NW_OUT is its fetches plus its produce.
+    # Limits: broker 1 NW_IN 900, broker 2 NW_OUT 1100 (the others out of reach).
+    settings = GuardSettings(
+        limits={(1, NW_IN): 900, (1, NW_OUT): BIG, (2, NW_IN): BIG, (2, NW_OUT): 1100},
+        replication_factor=2,
+    )
+    flows = [
+        produce("p", {1: 600}),  # produce to broker 1
+        produce("q", {2: 600}),  # produce to broker 2
+        fetch("f", {2: 500}),
+        fetch("g", {2: 300}),
+    ]
+    decision = step(settings, GuardState(), flows, now_s=0)
+    loads = {(r.broker, r.resource): r.load for r in decision.resources}
+    assert loads == pytest.approx({(1, NW_IN): 1200, (1, NW_OUT): 600, (2, NW_IN): 1200, (2, NW_OUT): 1400})
+    # Broker 2 NW_OUT binds first: min(500,L) + min(300,L) + min(600,L) = 1100 at L = 400 (g under it).
+    # Then broker 1 NW_IN: p + q = p + 400 = 900, so p = 500.
+    assert limit_of(decision, "q") == pytest.approx(400)
+    assert limit_of(decision, "f", FETCH) == pytest.approx(400)
+    assert limit_of(decision, "p") == pytest.approx(500)
+    assert limit_of(decision, "g", FETCH) is None
+    assert engaged(decision) == {(1, NW_IN), (2, NW_OUT)}
+
+
+def test_weights_share_in_proportion() -> None:
+    # 2L + L = 1200: a (weight 2) gets 800, b gets 400.
+    settings = one_broker(weights={client("a"): 2.0})
+    decision = step(settings, GuardState(), [produce("a", 1000), produce("b", 1000)], now_s=0)
+    assert limit_of(decision, "a") == pytest.approx(800)
+    assert limit_of(decision, "b") == pytest.approx(400)
+
+
+def test_protected_entities_and_the_floor() -> None:
+    # Limit 1000: p protected at 400, z at 90 (under the floor of 100, never limited), x and y at 500
+    # with y's weight 0.2: x + y = 510, y = max(100, 0.2 x) = 100 (the floor), so x = 410.
+    settings = one_broker(1000, protected=frozenset({client("p")}), weights={client("y"): 0.2}, floor=100.0)
+    flows = [produce("p", 400), produce("z", 90), produce("x", 500), produce("y", 500)]
+    decision = step(settings, GuardState(), flows, now_s=0)
+    assert limit_of(decision, "p") is None
+    assert limit_of(decision, "z") is None
+    assert limit_of(decision, "x") == pytest.approx(410, abs=1)
+    assert limit_of(decision, "y") == pytest.approx(100)
+
+
+def test_the_floor_holds_even_when_it_cannot_bring_the_load_under_the_limit() -> None:
+    # Protected 600 + two at the floor of 250 = 1100 > 1000: the guard limits them to the floor, no lower.
+    settings = one_broker(1000, protected=frozenset({client("p")}), floor=250.0)
+    decision = step(settings, GuardState(), [produce("p", 600), produce("x", 500), produce("y", 500)], now_s=0)
+    assert limit_of(decision, "x") == pytest.approx(250)
+    assert limit_of(decision, "y") == pytest.approx(250)
+
+
+def test_an_entity_with_a_configured_quota_gets_the_lower_of_the_two() -> None:
+    # a holds at its configured 300, c at its configured 700, b unlimited at 1000; limit 1200.
+    # 300 + L + L = 1200: L = 450, under c's configured 700: c's effective quota is the guard's 450.
+    flows = [produce("a", 300, configured=300), produce("b", 1000), produce("c", 700, configured=700)]
+    decision = step(one_broker(), GuardState(), flows, now_s=0)
+    assert limit_of(decision, "b") == pytest.approx(450)
+    c = status_of(decision, "c")
+    assert c.guard_limit == pytest.approx(450)  # type: ignore[attr-defined]
+    assert c.effective_quota == pytest.approx(450)  # type: ignore[attr-defined]
+    a = status_of(decision, "a")
+    assert a.guard_limit is None  # type: ignore[attr-defined]
+    assert a.effective_quota == 300  # type: ignore[attr-defined]
+
+
+def test_a_configured_quota_under_the_fair_share_is_left_to_bind() -> None:
+    # c's configured 400 is under its share: 300 + L + 400 = 1200 gives b L = 500, c no guard limit.
+    flows = [produce("a", 300, configured=300), produce("b", 1000), produce("c", 400, configured=400)]
+    decision = step(one_broker(), GuardState(), flows, now_s=0)
+    assert limit_of(decision, "b") == pytest.approx(500)
+    c = status_of(decision, "c")
+    assert c.guard_limit is None  # type: ignore[attr-defined]
+    assert c.effective_quota == 400  # type: ignore[attr-defined]
+
+
+def test_a_limit_its_flow_still_uses_rises_at_the_bounded_rate_after_release() -> None:
+    # Released (load 600 <= 900) but n1 still runs at its limit of 600: its limit rises by 25 % a
+    # step instead of vanishing, so that a held-back flow cannot jump the broker over its limit.
+    state = GuardState(engaged={}, limits={(client("n1"), PRODUCE): 600.0}, last_step_s=0.0)
+    decision = step(one_broker(1000), state, [produce("n1", 599)], now_s=5)
+    assert limit_of(decision, "n1") == pytest.approx(750)
+
+
+def test_a_flow_its_limit_throttled_is_held_back_though_its_windowed_rate_dipped() -> None:
+    # Kafka mutes a throttled client for (rate - limit) / limit x window, so its windowed rate swings
+    # under its limit between throttles: 380 B/s under a limit of 450 (below 0.95 x 450). Throttled in
+    # the last window, it still wants more: it keeps its fair share (3 x 100 + 2 x 450 = 1200) ...
+    state = GuardState(engaged={(1, NW_IN): 0.0},
+                       limits={(client("n1"), PRODUCE): 450.0, (client("n2"), PRODUCE): 450.0}, last_step_s=0.0)
+    quiet = [produce("q1", 100), produce("q2", 100), produce("q3", 100)]
+    throttled = [MeasuredFlow(client(n), PRODUCE, {1: 380.0}, throttled=True) for n in ("n1", "n2")]
+    held = step(one_broker(), state, [*quiet, *throttled], now_s=1)
+    assert limit_of(held, "n1") == pytest.approx(450)
+    assert limit_of(held, "n2") == pytest.approx(450)
+    # ... while the same rates without a recent throttle say the demand fell: the limits go
+    # (1060 B/s is under 1200 x 0.9, so the resource releases too).
+    fell = step(one_broker(), state, [*quiet, produce("n1", 380), produce("n2", 380)], now_s=1)
+    assert fell.limits == {}
