@@ -183,7 +183,7 @@ def guarantee(stat: str, unit: int, windows: Mapping[str, int], burst_factor: fl
     if unit <= window:
         return (
             f"{promise}, the quota window ({window_text}): the finest resolution over which Kafka holds a "
-            "throttled client to its quota; single seconds can go higher."
+            "throttled client to its quota; single seconds, and a client's first window after idling, can go higher."
         )
     return f"{promise}, longer than the {window_text} quota window over which Kafka holds a client to its quota."
 
