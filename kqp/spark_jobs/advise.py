@@ -182,8 +182,9 @@ def guarantee(stat: str, unit: int, windows: Mapping[str, int], burst_factor: fl
         )
     if unit <= window:
         return (
-            f"{promise}, the quota window ({window_text}): the finest resolution over which Kafka holds a "
-            "throttled client to its quota; single seconds, and a client's first window after idling, can go higher."
+            f"{promise}, the quota window ({window_text}), as modelled and replayed: the finest resolution over "
+            "which Kafka holds a throttled client to its quota, though on the wire a few % over it (the limit "
+            "held to within 10 %); single seconds, and a client's first window after idling, go higher."
         )
     return f"{promise}, longer than the {window_text} quota window over which Kafka holds a client to its quota."
 
