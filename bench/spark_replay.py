@@ -12,6 +12,11 @@ exponent between consecutive sizes (time ~ size^k; k = 1 is linear), as text and
 The capture keeps a constant request rate (`--rate` requests/s), so a bigger capture is a
 longer window, as a longer real capture would be.
 
+`floor` is the floor the jobs are measured against: the plain Spark SQL query analyze's headline
+figures need (per broker and second: NW_IN, NW_OUT, requests; p50/p99/max of each per broker;
+bytes per client-id), run the same way (a fresh process, `--master` alike, Spark start-up
+included). The table gives analyze's time relative to it (target: 2.5x).
+
 `advise` runs against ADVISE_CAPACITY (NW_IN/NW_OUT low enough that the heavy clients of the
 synthetic capture are limited, so the water-filling and the verification replay both work),
 and the table gives its time relative to `analyze` on the same capture (target: 1.5x).
@@ -34,6 +39,24 @@ REPO = Path(__file__).resolve().parents[1]
 CAPACITY_FILE = REPO / "config" / "capacity.json"
 TARGET_10M_ANALYZE_S = 180.0
 TARGET_ADVISE_OVER_ANALYZE = 1.5
+TARGET_ANALYZE_OVER_FLOOR = 2.5
+JOBS = ("floor", "analyze", "whatif", "advise")
+# The floor query, in Spark SQL over the capture's own columns (docs/capture-schema.md).
+FLOOR_PER_SECOND = """
+SELECT upstream_node_id AS broker, CAST(floor(ts_request_received_us / 1000000) AS BIGINT) AS second,
+       SUM(request_bytes) AS nw_in, SUM(COALESCE(response_bytes, 0)) AS nw_out, COUNT(*) AS requests
+FROM capture GROUP BY 1, 2
+"""
+FLOOR_PER_BROKER = """
+SELECT broker,
+       percentile(nw_in, array(0.5, 0.99)) AS nw_in_p50_p99, MAX(nw_in) AS nw_in_max,
+       percentile(nw_out, array(0.5, 0.99)) AS nw_out_p50_p99, MAX(nw_out) AS nw_out_max,
+       percentile(requests, array(0.5, 0.99)) AS requests_p50_p99, MAX(requests) AS requests_max
+FROM per_second GROUP BY broker ORDER BY broker
+"""
+FLOOR_PER_CLIENT = """
+SELECT client_id, SUM(request_bytes + COALESCE(response_bytes, 0)) AS bytes FROM capture GROUP BY client_id
+"""
 # 2,000 KB/s per broker (1.6 MB/s at Cruise Control's 0.8): below what the synthetic capture's
 # heaviest clients put on a broker at 2,000 requests/s.
 ADVISE_CAPACITY = {
@@ -83,7 +106,31 @@ def generate(rows: int, rate: int, directory: Path) -> None:
     log(f"generated in {time.monotonic() - started:.1f} s (not counted)")
 
 
+def floor_query(capture: str, master: str) -> int:
+    """The floor: analyze's headline aggregation in plain Spark SQL, in this (fresh) process."""
+    from kqp.spark_jobs.session import get_spark
+
+    started = time.monotonic()
+    spark = get_spark("kqp-floor", master)
+    print(f"[floor 1/3 {time.monotonic() - started:6.1f}s] Spark started", file=sys.stderr, flush=True)
+    spark.read.parquet(capture).createOrReplaceTempView("capture")
+    spark.sql(FLOOR_PER_SECOND).createOrReplaceTempView("per_second")
+    brokers = spark.sql(FLOOR_PER_BROKER).collect()
+    clients = spark.sql(FLOOR_PER_CLIENT).collect()
+    print(
+        f"[floor 2/3 {time.monotonic() - started:6.1f}s] {len(brokers)} brokers, {len(clients)} client-ids",
+        file=sys.stderr,
+        flush=True,
+    )
+    for row in brokers:
+        print(f"[floor 3/3 {time.monotonic() - started:6.1f}s] {row.asDict()}", file=sys.stderr, flush=True)
+    spark.stop()
+    return 0
+
+
 def job_command(job: str, capture: Path, output: Path, master: str, quotas: Path) -> list[str]:
+    if job == "floor":
+        return [sys.executable, str(Path(__file__).resolve()), "--floor-query", str(capture), "--master", master]
     command = [sys.executable, "-m", f"kqp.spark_jobs.{job}", str(capture), "--output", str(output), "--master", master]
     if job == "analyze":
         command += ["--capacity", str(CAPACITY_FILE)]
@@ -142,13 +189,18 @@ def growth_exponents(measurements: list[Measurement]) -> dict[str, list[dict[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
-    parser.add_argument("--jobs", nargs="+", choices=("analyze", "whatif", "advise"), default=["analyze", "whatif"])
+    parser.add_argument(
+        "--jobs", nargs="+", choices=JOBS, default=["floor", "analyze", "whatif"], help="jobs to time, in this order"
+    )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rate", type=int, default=2_000, help="requests/s of the synthetic capture")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kqp-bench"))
     parser.add_argument("--quotas", type=Path, help="quota YAML for whatif (default: a client-id default quota)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--floor-query", metavar="CAPTURE", help=argparse.SUPPRESS)  # the `floor` job's process
     args = parser.parse_args(argv)
+    if args.floor_query:
+        return floor_query(args.floor_query, args.master)
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     quotas = args.quotas or args.workdir / "quotas.yaml"
@@ -178,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "met" if ten_million[0].seconds < TARGET_10M_ANALYZE_S else "MISSED"
         print(f"target: 10M analysed in < {TARGET_10M_ANALYZE_S:.0f} s: {verdict} ({ten_million[0].seconds:.1f} s)")
     analyze_times = {m.rows: m.seconds for m in measurements if m.job == "analyze"}
+    for m in measurements:
+        if m.job == "floor" and m.rows in analyze_times:
+            ratio = analyze_times[m.rows] / m.seconds
+            verdict = "met" if ratio <= TARGET_ANALYZE_OVER_FLOOR else "MISSED"
+            print(
+                f"analyze / floor on {m.rows:,} rows: x{ratio:.2f} ({analyze_times[m.rows]:.1f} s vs {m.seconds:.1f} s;"
+                f" target x{TARGET_ANALYZE_OVER_FLOOR}): {verdict}"
+            )
     for m in measurements:
         if m.job == "advise" and m.rows in analyze_times:
             ratio = m.seconds / analyze_times[m.rows]

@@ -167,9 +167,11 @@ class FlowAdvice:
 
     `demand_peak` is the highest rate the quota would see (the mean over its window, per
     broker or over the cluster as the scope says): a quota at or above it never throttles the
-    flow. `quota` is None when the flow is left unlimited. `fair_share` is weight x the level at
-    which its binding resource filled; `reason` is one of: protected, under its floor, under
-    its fair share, fair share of <resource>, floor (the fair share would be below the floor).
+    flow. `demand_stat` is the statistic (Problem.stat) of that same rate, per bucket (its
+    busiest broker with scope broker), so it never exceeds `demand_peak`. `quota` is None when
+    the flow is left unlimited. `fair_share` is weight x the level at which its binding resource
+    filled; `reason` is one of: protected, under its floor, under its fair share, fair share of
+    <resource>, floor (the fair share would be below the floor).
     """
 
     entity: QuotaEntity
@@ -485,9 +487,11 @@ def _advice(
             reason = f"fair share of broker {bound[0]} {bound[1]}"
         else:
             reason = "floor (no quota brings the resource under its limit)" if unmet else "fair share"
-        # The flow's demand in the scope's terms: summed over brokers for one cluster budget, else its
-        # busiest broker in each bucket (the one a per-broker quota throttles first).
-        demand = flow.demand.sum(axis=0) if problem.scope == "cluster" else flow.demand.max(axis=0)
+        # The rate the quota sees, in the scope's terms: over the cluster for one cluster budget, else
+        # its busiest broker in each bucket (the one a per-broker quota throttles first). The same
+        # series as demand_peak, so the statistic and the peak in a comment never contradict.
+        rate = model.rate[index]
+        demand = rate if rate.ndim == 1 else rate.max(axis=0)
         advice.append(
             FlowAdvice(
                 entity=flow.entity,

@@ -69,10 +69,13 @@ from kqp.spark_jobs.advice_math import (
 )
 from kqp.spark_jobs.analyze_transform import RESOLUTIONS, aggregate_traffic, prepare_requests, throughput_series
 from kqp.spark_jobs.capture_source import read_capture
-from kqp.spark_jobs.common import BUDGET_EXIT_CODE, Progress
+from kqp.spark_jobs.common import BUDGET_EXIT_CODE, HelpFormatter, Progress
 from kqp.spark_jobs.session import fit_shuffle_partitions, to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.advise/1"
+# advise's default resolution: buckets as long as the quota window (docs/replay.md, advise).
+WINDOW_RESOLUTION = "window"
+ADVISE_RESOLUTIONS = (WINDOW_RESOLUTION, *RESOLUTIONS)
 # Entity columns of the capture per granularity; "user" is the captured principal, the
 # name the proxy's engine meters users under.
 ENTITY_COLUMNS: dict[Granularity, tuple[str, ...]] = {
@@ -97,7 +100,9 @@ class AdviseOptions:
     nw_in_threshold: float = cap.DEFAULT_NETWORK_THRESHOLD
     nw_out_threshold: float = cap.DEFAULT_NETWORK_THRESHOLD
     headroom_stat: str = "p99"
-    headroom_resolution: str = "1s"
+    # "window": buckets of the quota window (window_num x window_size_seconds), the finest
+    # resolution a Kafka quota holds a throttled client to its quota; "1s" / "1min" as analyze.
+    headroom_resolution: str = WINDOW_RESOLUTION
     verify: bool = True
     rounds: int = 3
     window_num: int | None = None
@@ -135,6 +140,7 @@ class Series:
     broker_rates: dict[int, dict[str, np.ndarray]]  # broker -> bytes_in/bytes_out/produce_bytes/fetch_bytes
     demand: dict[tuple[QuotaEntity, str], np.ndarray]  # (entity, quota type) -> (brokers, buckets)
     pairs: pd.DataFrame  # every (principal, client_id) seen
+    seconds: tuple[int, int]  # the capture's first and last second
 
 
 def _covered(first_second: int, last_second: int, unit: int) -> tuple[int, np.ndarray]:
@@ -149,15 +155,48 @@ def _covered(first_second: int, last_second: int, unit: int) -> tuple[int, np.nd
     return first_bucket, covered.astype(np.float64)
 
 
-def aggregate(spark: SparkSession, traffic: DataFrame, options: AdviseOptions) -> Series:
-    """Spark's part: broker series and each entity's Produce/Fetch bytes per broker and bucket."""
+def bucket_seconds(options: AdviseOptions, windows: Mapping[str, int]) -> int:
+    """The judged bucket in seconds: the quota window for "window", else analyze's 1 s or 1 min."""
+    if options.headroom_resolution == WINDOW_RESOLUTION:
+        return windows["window_num"] * windows["window_size_seconds"]
+    return RESOLUTIONS[options.headroom_resolution]
+
+
+def resolution_text(unit: int) -> str:
+    """How a bucket length is named in the outputs: "1 s", "11 s", "1 min"."""
+    return "1 min" if unit == 60 else f"{unit} s"
+
+
+def guarantee(stat: str, unit: int, windows: Mapping[str, int], burst_factor: float) -> str:
+    """The advice's promise in one sentence: what stays under which limit, at what resolution."""
+    window = windows["window_num"] * windows["window_size_seconds"]
+    window_text = f"{windows['window_num']} x {windows['window_size_seconds']} s"
+    promise = (
+        f"What this advice guarantees: every broker's NW_IN and NW_OUT stays under its limit at the {stat} "
+        f"of {resolution_text(unit)} buckets"
+    )
+    if burst_factor > 1:
+        return (
+            f"{promise}, planning every throttled client at up to {burst_factor:g} x its quota within one bucket "
+            f"(Kafka holds a client to its quota over the {window_text} quota window, not in every bucket)."
+        )
+    if unit <= window:
+        return (
+            f"{promise}, the quota window ({window_text}), as modelled and replayed: the finest resolution over "
+            "which Kafka holds a throttled client to its quota, though on the wire a few % over it (the limit "
+            "held to within 10 %); single seconds, and a client's first window after idling, go higher."
+        )
+    return f"{promise}, longer than the {window_text} quota window over which Kafka holds a client to its quota."
+
+
+def aggregate(spark: SparkSession, traffic: DataFrame, options: AdviseOptions, unit: int) -> Series:
+    """Spark's part: broker series and each entity's Produce/Fetch bytes per broker and bucket of `unit` s."""
     row = traffic.agg(
         F.min("second").alias("first"), F.max("second").alias("last"), F.collect_set("broker").alias("brokers")
     ).first()
     if row is None or row["first"] is None:
         raise ValueError(f"capture {options.capture} holds no requests")
     brokers = tuple(sorted(int(b) for b in row["brokers"]))
-    unit = RESOLUTIONS[options.headroom_resolution]
     first_bucket, covered = _covered(int(row["first"]), int(row["last"]), unit)
     buckets = len(covered)
     series = to_pandas(
@@ -197,7 +236,9 @@ def aggregate(spark: SparkSession, traffic: DataFrame, options: AdviseOptions) -
             np.add.at(matrix, (broker, bucket), values / covered[bucket])
             demand[(entity, quota_type)] = matrix
     pairs = to_pandas(traffic.select("principal", "client_id").distinct())
-    return Series(brokers, first_bucket, unit, covered, broker_rates, demand, pairs)
+    return Series(
+        brokers, first_bucket, unit, covered, broker_rates, demand, pairs, (int(row["first"]), int(row["last"]))
+    )
 
 
 def limits_of(capacity_file: cap.CapacityFile, brokers: Sequence[int], options: AdviseOptions) -> dict[Resource, float]:
@@ -273,10 +314,14 @@ def _rate(value: float) -> str:
     return f"{value:,.0f} B/s"
 
 
-def _why(flow: FlowAdvice, throttled: Mapping[QuotaEntity, float]) -> str:
-    """The one-line reason written above a flow's entry: demand, the rule that set the quota, replay outcome."""
+def _why(flow: FlowAdvice, throttled: Mapping[QuotaEntity, float], stat: str) -> str:
+    """The one-line reason written above a flow's entry: demand, the rule that set the quota, replay outcome.
+
+    Both demand figures are of the rate the quota measures (advice_math.FlowAdvice), so the
+    statistic never reads above the peak.
+    """
     kind = "produce" if flow.quota_type == PRODUCE else "fetch"
-    text = f"{kind} {_rate(flow.demand_stat)} at the statistic, peak {_rate(flow.demand_peak)}; {flow.reason}"
+    text = f"{kind} {_rate(flow.demand_stat)} at the {stat}, {_rate(flow.demand_peak)} at the peak; {flow.reason}"
     if flow.quota is not None and flow.fair_share is not None:
         text += f" ({_rate(flow.fair_share)})"
     share = throttled.get(flow.entity)
@@ -302,6 +347,7 @@ def render_quotas_yaml(
     header: Sequence[str],
     scope: Scope,
     windows: Mapping[str, int],
+    stat: str = "p99",
 ) -> str:
     """quotas.yaml in kqp's own format (`kqp check-config` / `kqp serve --config`), with a
     comment per entry saying why."""
@@ -331,10 +377,10 @@ def render_quotas_yaml(
                     f"of their own ({names}); {len(below)} others never went above it"
                 )
             for flow in [f for f in flows if f.entity not in explicit and f.quota is not None][:10]:
-                lines.append(f"    #   {entity_label(flow.entity)}: {_why(flow, throttled)}")
+                lines.append(f"    #   {entity_label(flow.entity)}: {_why(flow, throttled, stat)}")
         else:
             for flow in by_entity.get(entry.entity, []):
-                lines.append(f"    # {entity_label(flow.entity)}: {_why(flow, throttled)}")
+                lines.append(f"    # {entity_label(flow.entity)}: {_why(flow, throttled, stat)}")
         lines.append(f"    - entity: {_yaml_entity(entry.entity)}")
         for quota_type, value in entry.limits.items():
             note = "  # Long.MAX_VALUE: no quota (exempt from the <default> entry)" if value == UNLIMITED_QUOTA else ""
@@ -404,6 +450,7 @@ def verify(
             "api_key",
             F.floor(F.col("ts_ms") / (1000 * unit)).cast("long").alias("before"),
             F.floor(F.col("sim_ts_ms") / (1000 * unit)).cast("long").alias("after"),
+            F.floor(F.col("sim_ts_ms") / 1000).cast("long").alias("sim_second"),
             "nbytes",
         )
         .where(F.col("before") != F.col("after"))
@@ -411,29 +458,48 @@ def verify(
     zero = F.lit(0).cast("long")
     moved = to_pandas(
         moved_rows.groupBy("broker", "api_key", F.col("before").alias("bucket"))
-        .agg(F.sum("nbytes").alias("moved_out"), zero.alias("moved_in"), zero.alias("arrivals"))
+        .agg(
+            F.sum("nbytes").alias("moved_out"),
+            zero.alias("moved_in"),
+            zero.alias("arrivals"),
+            F.lit(None).cast("long").alias("last_second"),
+        )
         .unionByName(
             moved_rows.groupBy("broker", "api_key", F.col("after").alias("bucket")).agg(
-                zero.alias("moved_out"), F.sum("nbytes").alias("moved_in"), F.count("*").alias("arrivals")
+                zero.alias("moved_out"),
+                F.sum("nbytes").alias("moved_in"),
+                F.count("*").alias("arrivals"),
+                F.max("sim_second").alias("last_second"),
             )
         )
         .groupBy("broker", "api_key", "bucket")
-        .agg(*[F.sum(c).alias(c) for c in ("moved_out", "moved_in", "arrivals")])
+        .agg(
+            *[F.sum(c).alias(c) for c in ("moved_out", "moved_in", "arrivals")],
+            F.max("last_second").alias("last_second"),
+        )
     )
     simulated.unpersist()
     # The replay spills past the capture up to the last bucket a deferred request reaches.
     arrived = moved.loc[moved["arrivals"] > 0, "bucket"]
     last = int(arrived.max()) if len(arrived) else series.first_bucket
     buckets = max(len(series.covered), last - series.first_bucket + 1)
-    covered = np.concatenate([series.covered, np.full(buckets - len(series.covered), float(unit))])
-    # delta[(broker, api)]: the bytes/s the deferral moved out of (negative) and into (positive) each
+    # The seconds each bucket spans in the capture (its bytes as captured are rate x these) and in
+    # the replay, which runs on past the capture's last second while deferred requests arrive: a
+    # last capture bucket covering 2 s of an 11 s bucket must not have 11 s of spill divided by 2.
+    capture_covered = np.concatenate([series.covered, np.zeros(buckets - len(series.covered))])
+    arrivals = moved["last_second"].dropna()
+    last_second = max(series.seconds[1], int(arrivals.max()) if len(arrivals) else series.seconds[1])
+    replay_covered = _covered(series.seconds[0], last_second, unit)[1]
+    replay_covered = np.concatenate([replay_covered, np.full(max(buckets - len(replay_covered), 0), float(unit))])
+    replay_covered = replay_covered[:buckets]
+    # delta[(broker, api)]: the bytes the deferral moved out of (negative) and into (positive) each
     # bucket. Only the timing changes: deferral sends every byte, later.
     delta = {(b, k): np.zeros(buckets) for b in series.brokers for k in (ApiKey.PRODUCE, ApiKey.FETCH)}
     for row in moved.itertuples():
         key = (int(row.broker), int(row.api_key))
         index = int(row.bucket) - series.first_bucket
         if key in delta and 0 <= index < buckets:
-            delta[key][index] += (int(row.moved_in) - int(row.moved_out)) / covered[index]
+            delta[key][index] += int(row.moved_in) - int(row.moved_out)
     # The client-side change, carried to the brokers' NW_IN/NW_OUT with advice_math's replication model.
     followers, spread = replication_shares(options.replication_factor, len(series.brokers))
     produce_total = sum(delta[(b, ApiKey.PRODUCE)] for b in series.brokers)
@@ -446,7 +512,9 @@ def verify(
         }
         for resource in cap.NETWORK_RESOURCES:
             base = np.concatenate([before[(broker, resource)], np.zeros(buckets - len(series.covered))])
-            after[(broker, resource)] = np.maximum(base + change[resource], 0.0)
+            # Bytes in each bucket (as captured, plus what the deferral moved), over the seconds
+            # the replay spans in it. At 1 s buckets both spans are 1 s: the rate plus the moved bytes.
+            after[(broker, resource)] = np.maximum((base * capture_covered + change[resource]) / replay_covered, 0.0)
     # The replay starts every quota sensor empty, and Kafka's windowed rate lets a new sensor
     # take up to (window_num - 1) windows' worth of quota at once: the first quota window of
     # the replay shows that warm-up, which a running broker's sensors (warm for hours) do not.
@@ -513,20 +581,20 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
     progress = progress or Progress("advise", 3 + 2 * options.rounds)
     if options.headroom_stat not in STATS:
         raise ValueError(f"headroom stat must be one of {STATS}")
-    if options.headroom_resolution not in RESOLUTIONS:
-        raise ValueError(f"headroom resolution must be one of {tuple(RESOLUTIONS)}")
+    if options.headroom_resolution not in ADVISE_RESOLUTIONS:
+        raise ValueError(f"headroom resolution must be one of {ADVISE_RESOLUTIONS}")
     capacity_file = cap.load_capacity(options.capacity)
     current = load_quota_settings(options.current) if options.current else None
 
     fit_shuffle_partitions(spark, options.capture)
     raw = read_capture(spark, options.capture)
     traffic = aggregate_traffic(prepare_requests(raw).drop("partitions")).persist()
-    series = aggregate(spark, traffic, options)
+    windows = _windows(current, options)
+    series = aggregate(spark, traffic, options, bucket_seconds(options, windows))
     traffic.unpersist()
     progress.step(f"aggregated {len(series.demand)} flows over {len(series.brokers)} brokers")
 
     limits = limits_of(capacity_file, series.brokers, options)
-    windows = _windows(current, options)
     problem = build_problem(series, limits, options, windows)
     before = _before_series(series, problem)
     out = Path(options.output)
@@ -535,11 +603,9 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         f"Quotas advised by `kqp replay advise` for capture {options.capture}",
         f"capacity {options.capacity}, limits = capacity x threshold (NW_IN {options.nw_in_threshold}, "
         f"NW_OUT {options.nw_out_threshold}), judged at the {options.headroom_stat} of "
-        f"{options.headroom_resolution} buckets, replication factor {options.replication_factor} (modelled), "
+        f"{resolution_text(series.unit)} buckets, replication factor {options.replication_factor} (modelled), "
         f"entities by {options.entity}, floor {options.floor:,.0f} B/s.",
-        f"Throttled clients planned at up to {problem.burst_factor:g} x their quota within one bucket: Kafka "
-        f"throttles over the {windows['window_num']} x {windows['window_size_seconds']} s window, so a throttled "
-        "client still bursts (docs/replay.md, advise).",
+        guarantee(options.headroom_stat, series.unit, windows, problem.burst_factor),
         "Check it with `kqp check-config`; load it with `kqp serve --config` (live reload picks up a change).",
     ]
     quotas_path = out / "quotas.yaml"
@@ -556,7 +622,9 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         progress.step(
             f"round {round_number}: {sum(f.limited for f in advice.flows)} flows limited in {len(entries)} entries"
         )
-        quotas_path.write_text(render_quotas_yaml(entries, advice.flows, {}, header, options.scope, windows))
+        quotas_path.write_text(
+            render_quotas_yaml(entries, advice.flows, {}, header, options.scope, windows, options.headroom_stat)
+        )
         # Loaded exactly as `kqp serve` loads it: the replay runs what the proxy would run.
         settings = load_quota_settings(str(quotas_path))
         if not options.verify or advice.unmet:
@@ -584,7 +652,9 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
             planned[res] = planned[res] * limits[res] / load
     # The last round's advice is the one written, now with the replay's throttled share per entry.
     throttled = throttled_shares(verification.clients, options.entity) if verification is not None else {}
-    quotas_yaml = render_quotas_yaml(entries, advice.flows, throttled, header, options.scope, windows)
+    quotas_yaml = render_quotas_yaml(
+        entries, advice.flows, throttled, header, options.scope, windows, options.headroom_stat
+    )
     quotas_path.write_text(quotas_yaml)
 
     # A violation is either a limit no quota can meet (unmet) or one the replay still finds exceeded
@@ -613,6 +683,8 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
     summary = _summary(options, series, advice, entries, tables, violations, verification is not None)
     summary["rounds"] = rounds
     summary["burst_factor"] = problem.burst_factor
+    summary["bucket_seconds"] = series.unit
+    summary["guarantee"] = guarantee(options.headroom_stat, series.unit, windows, problem.burst_factor)
     progress.step("tables and summary")
     return AdviseResult(
         summary=summary,
@@ -726,7 +798,7 @@ def _summary(
             "floor": options.floor,
             "replication_factor": options.replication_factor,
             "thresholds": {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold},
-            "basis": f"{options.headroom_stat} of {options.headroom_resolution} buckets",
+            "basis": f"{options.headroom_stat} of {resolution_text(series.unit)} buckets",
             "top_n": options.top_n,
         },
         "brokers": list(series.brokers),
@@ -834,6 +906,7 @@ def write_advise_outputs(result: AdviseResult, output: str, unit: int) -> None:
         f"{summary['entries']} entries (`quotas.yaml`). "
         + ("The advice fits every broker." if summary["fits"] else "**The advice does not fit.**")
     )
+    report.paragraph(summary["guarantee"])
     report.bullets([f"**Cannot be met:** {reason}" for reason in summary["unmet"]])
     report.heading("Broker load before and after")
     loads = result.tables["broker_loads"]
@@ -872,16 +945,24 @@ def _weight(text: str) -> tuple[str, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kqp replay advise", description="Propose byte-rate quotas that keep every broker under its capacity."
+        prog="kqp replay advise",
+        description="Propose byte-rate quotas that keep every broker under its capacity.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("capture", help="capture directory (local path or Hadoop-compatible URI)")
     parser.add_argument("--capacity", required=True, help="Cruise Control capacity JSON file")
     parser.add_argument("--output", required=True, help="output directory (local to the driver)")
-    parser.add_argument("--current", help="the quota config in force today: the report shows the difference")
+    parser.add_argument(
+        "--current",
+        help="the quota config in force today: the report shows the difference, and its quota window is "
+        "the advice's (default: none, Kafka's 11 x 1 s window)",
+    )
     parser.add_argument(
         "--weight", action="append", type=_weight, default=[], metavar="ENTITY=W", help="share weight (default 1)"
     )
-    parser.add_argument("--protect", action="append", default=[], metavar="ENTITY", help="never limit this entity")
+    parser.add_argument(
+        "--protect", action="append", default=[], metavar="ENTITY", help="never limit this entity (default: none)"
+    )
     parser.add_argument("--floor", type=float, default=0.0, metavar="BYTES_PER_S", help="never limit below this")
     parser.add_argument(
         "--entity",
@@ -889,12 +970,40 @@ def build_parser() -> argparse.ArgumentParser:
         default="client-id",
         help="quota entities: ENTITY names are CLIENT-ID, USER or USER/CLIENT-ID",
     )
-    parser.add_argument("--scope", choices=("broker", "cluster"), default="broker")
-    parser.add_argument("--replication-factor", type=int, default=3)
-    parser.add_argument("--nw-in-threshold", type=float, default=cap.DEFAULT_NETWORK_THRESHOLD)
-    parser.add_argument("--nw-out-threshold", type=float, default=cap.DEFAULT_NETWORK_THRESHOLD)
-    parser.add_argument("--headroom-stat", choices=STATS, default="p99")
-    parser.add_argument("--headroom-resolution", choices=tuple(RESOLUTIONS), default="1s")
+    parser.add_argument(
+        "--scope",
+        choices=("broker", "cluster"),
+        default="broker",
+        help="broker: every broker enforces the quota on its own (Kafka's way); cluster: one budget over brokers",
+    )
+    parser.add_argument(
+        "--replication-factor",
+        type=int,
+        default=3,
+        help="replicas per partition, to model the followers' NW_IN and the leaders' NW_OUT",
+    )
+    parser.add_argument(
+        "--nw-in-threshold",
+        type=float,
+        default=cap.DEFAULT_NETWORK_THRESHOLD,
+        help="share of a broker's NW_IN capacity it may use (the limit is capacity x threshold)",
+    )
+    parser.add_argument(
+        "--nw-out-threshold",
+        type=float,
+        default=cap.DEFAULT_NETWORK_THRESHOLD,
+        help="share of a broker's NW_OUT capacity it may use",
+    )
+    parser.add_argument(
+        "--headroom-stat", choices=STATS, default="p99", help="statistic of a broker's series judged against its limit"
+    )
+    parser.add_argument(
+        "--headroom-resolution",
+        choices=ADVISE_RESOLUTIONS,
+        default=WINDOW_RESOLUTION,
+        help="bucket length of the judged series: window = the quota window (window-num x window-size-seconds, "
+        "the finest a quota holds a client to; default), 1s or 1min as analyze",
+    )
     parser.add_argument(
         "--window-num", type=int, help="quota.window.num of the advised file (default: --current's, else 11)"
     )
@@ -905,13 +1014,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--burst-factor",
         type=float,
         help="how far above its quota a throttled client may go within one bucket "
-        "(default: quota window / bucket, e.g. 11 for 11 x 1 s at 1 s; 1 ignores the burst)",
+        "(default: quota window / bucket, at least 1: 1 at the window resolution, 11 for 11 x 1 s at 1 s)",
     )
     parser.add_argument("--no-verify", action="store_true", help="skip the replay of the advice")
     parser.add_argument(
         "--rounds", type=int, default=3, help="replays at most, each planning for the overshoot the last one showed"
     )
-    parser.add_argument("--top-n", type=int, default=20)
+    parser.add_argument("--top-n", type=int, default=20, help="entities in the offered-vs-allowed plot")
     parser.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
     return parser
 
@@ -952,7 +1061,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = get_spark("kqp-advise", args.master)
     progress = Progress("advise", 4 + 2 * options.rounds)
     result = run_advise(spark, options, progress)
-    write_advise_outputs(result, options.output, RESOLUTIONS[options.headroom_resolution])
+    write_advise_outputs(result, options.output, int(result.summary["bucket_seconds"]))
     progress.step(f"wrote {options.output}/quotas.yaml, report.html and summary.json")
     for violation in result.violations:
         print(f"ADVICE DOES NOT FIT: {violation}", file=sys.stderr)

@@ -82,7 +82,7 @@ from kqp.spark_jobs.analyze_transform import (
     without_broker,
 )
 from kqp.spark_jobs.capture_source import FooterCoverage, read_capture, read_footer_coverage
-from kqp.spark_jobs.common import BUDGET_EXIT_CODE, Progress
+from kqp.spark_jobs.common import BUDGET_EXIT_CODE, HelpFormatter, Progress
 from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.analyze/1"
@@ -576,28 +576,58 @@ def _summary(
 
 def build_parser() -> argparse.ArgumentParser:
     # Defaults come from AnalyzeOptions, so the command line and the API cannot disagree.
-    parser = argparse.ArgumentParser(prog="kqp replay analyze", description="Capacity analysis of a capture.")
+    parser = argparse.ArgumentParser(
+        prog="kqp replay analyze", description="Capacity analysis of a capture.", formatter_class=HelpFormatter
+    )
     parser.add_argument("capture", help="capture directory (local path or Hadoop-compatible URI)")
     parser.add_argument("--output", required=True, help="output directory (local to the driver)")
-    parser.add_argument("--replication-factor", type=int, default=AnalyzeOptions.replication_factor)
-    parser.add_argument("--capacity", help="Cruise Control capacity JSON file")
-    parser.add_argument("--nw-in-threshold", type=float, default=AnalyzeOptions.nw_in_threshold)
-    parser.add_argument("--nw-out-threshold", type=float, default=AnalyzeOptions.nw_out_threshold)
+    parser.add_argument(
+        "--replication-factor",
+        type=int,
+        default=AnalyzeOptions.replication_factor,
+        help="replicas per partition, to model the followers' NW_IN and the leaders' NW_OUT",
+    )
+    parser.add_argument(
+        "--capacity", help="Cruise Control capacity JSON file (default: none, no headroom, sizing or runway)"
+    )
+    parser.add_argument(
+        "--nw-in-threshold",
+        type=float,
+        default=AnalyzeOptions.nw_in_threshold,
+        help="share of a broker's NW_IN capacity it may use (the limit is capacity x threshold)",
+    )
+    parser.add_argument(
+        "--nw-out-threshold",
+        type=float,
+        default=AnalyzeOptions.nw_out_threshold,
+        help="share of a broker's NW_OUT capacity it may use",
+    )
     parser.add_argument("--monthly-growth", type=float, default=AnalyzeOptions.monthly_growth,
                         help="growth factor per month (1.05 = +5%%)")
     parser.add_argument(
         "--target-utilisation", type=float, default=AnalyzeOptions.target_utilisation,
         help="network share per broker to size for (0.6 = 60%%)",
     )
-    parser.add_argument("--top-n", type=int, default=AnalyzeOptions.top_n)
-    parser.add_argument("--headroom-stat", choices=STATS, default=AnalyzeOptions.headroom_stat)
-    parser.add_argument("--headroom-resolution", choices=tuple(RESOLUTIONS),
-                        default=AnalyzeOptions.headroom_resolution)
+    parser.add_argument("--top-n", type=int, default=AnalyzeOptions.top_n, help="rows in each top-N table")
     parser.add_argument(
-        "--budget-min-runway-months", type=float, help="exit 3 when the growth runway is shorter than this"
+        "--headroom-stat",
+        choices=STATS,
+        default=AnalyzeOptions.headroom_stat,
+        help="statistic of a broker's network series judged against its limit",
     )
-    parser.add_argument("--start", help="ISO time: analyse requests from this instant (UTC)")
-    parser.add_argument("--end", help="ISO time: analyse requests before this instant (UTC)")
+    parser.add_argument(
+        "--headroom-resolution",
+        choices=tuple(RESOLUTIONS),
+        default=AnalyzeOptions.headroom_resolution,
+        help="bucket length of the series the headroom statistic is taken over",
+    )
+    parser.add_argument(
+        "--budget-min-runway-months",
+        type=float,
+        help="exit 3 when the growth runway is shorter than this (default: no budget)",
+    )
+    parser.add_argument("--start", help="ISO time: analyse requests from this instant (UTC) (default: the first)")
+    parser.add_argument("--end", help="ISO time: analyse requests before this instant (UTC) (default: to the last)")
     parser.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
     return parser
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from typing import Any
@@ -10,6 +11,24 @@ from typing import Any
 ANONYMOUS = "ANONYMOUS"
 # `analyze` and `whatif` exit with it when a budget is violated, so a change can gate CI.
 BUDGET_EXIT_CODE = 3
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """`--help` with every option's default: appended as "(default: X)" when the help text does not
+    already say it, "(default: off)" for a flag. An option whose default is None (computed, or
+    "not set") must say in its own help what happens without it; tests/unit/test_replay_cli_help.py
+    checks that every option of every `kqp replay` command does.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or action.required or "default" in text.lower():
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{text} (default: off)"
+        if action.default is None or action.default is argparse.SUPPRESS or action.default == []:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 class Progress:

@@ -52,7 +52,7 @@ from pyspark.sql import functions as F
 
 from kqp.protocol.api_keys import ApiKey
 from kqp.spark_jobs.capture_source import read_capture
-from kqp.spark_jobs.common import Progress
+from kqp.spark_jobs.common import HelpFormatter, Progress
 from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.live/1"
@@ -511,17 +511,26 @@ def write_live_outputs(summary: dict[str, Any], results: pd.DataFrame | None, ou
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kqp replay live", description="Re-send captured Produce/Fetch load.")
-    parser.add_argument("capture")
+    parser = argparse.ArgumentParser(
+        prog="kqp replay live", description="Re-send captured Produce/Fetch load.", formatter_class=HelpFormatter
+    )
+    parser.add_argument("capture", help="capture directory (local path or Hadoop-compatible URI)")
     parser.add_argument("--bootstrap", required=True, help="target cluster bootstrap servers")
-    parser.add_argument("--output", help="directory for summary.json, report.html and the per-request results")
-    parser.add_argument("--topic-prefix", default="replay.")
+    parser.add_argument(
+        "--output",
+        help="directory for summary.json, report.html and the per-request results (default: none, summary on stdout)",
+    )
+    parser.add_argument(
+        "--topic-prefix", default="replay.", help="prefix of the target topics: <prefix><captured topic>"
+    )
     parser.add_argument("--speedup", type=float, default=1.0, help="time-scale factor (2 = twice as fast)")
     parser.add_argument("--copies", type=int, default=1, help="volume multiplier: replay each connection N times")
     parser.add_argument("--no-fetch", action="store_true", help="replay Produce only")
-    parser.add_argument("--tasks", type=int, help="Spark tasks the connections are spread over")
+    parser.add_argument(
+        "--tasks", type=int, help="Spark tasks the connections are spread over (default: the default parallelism)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the expected duration, requests, bytes, peaks")
-    parser.add_argument("--master")
+    parser.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
     return parser
 
 

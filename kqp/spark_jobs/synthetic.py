@@ -44,6 +44,7 @@ from kqp.capture.schema import (
     PARTITION_FIELDS,
     SCHEMA_VERSION,
 )
+from kqp.spark_jobs.common import HelpFormatter
 
 US_PER_SECOND = 1_000_000
 US_PER_HOUR = 3600 * US_PER_SECOND
@@ -376,16 +377,36 @@ def write_capture(spec: SyntheticSpec, directory: str | Path) -> int:
     return rows
 
 
+# What each option of `kqp replay generate` sets (SyntheticSpec's fields; the defaults are its own).
+GENERATE_OPTIONS = {
+    "requests": "requests (rows) to write",
+    "seconds": "capture duration in seconds; the requests are spread over it at a rate that varies",
+    "brokers": "brokers the requests go to",
+    "clients": "client-ids, whose shares of the traffic follow a Zipf law (a few heavy ones)",
+    "principals": "principals the clients authenticate as",
+    "topics": "topics produced to and fetched from",
+    "partitions_per_topic": "partitions per topic",
+    "seed": "random seed: the same options always write the same capture",
+    "noisy_clients": "extra steady producers noisy-0, noisy-1, ... on top of the skewed population",
+    "noisy_requests_per_s": "Produce requests per second of each noisy producer",
+    "noisy_batch_bytes": "approximate bytes per Produce of each noisy producer",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kqp replay generate", description="Write a synthetic capture.", formatter_class=HelpFormatter
+    )
+    parser.add_argument("directory", help="directory to write the capture to (Hive-partitioned Parquet)")
+    defaults = SyntheticSpec()
+    for name, text in GENERATE_OPTIONS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name), help=text)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m kqp.spark_jobs.synthetic OUT --requests N --seconds S`: write a synthetic capture."""
-    parser = argparse.ArgumentParser(prog="kqp replay generate", description=main.__doc__)
-    parser.add_argument("directory")
-    defaults = SyntheticSpec()
-    names = ("requests", "seconds", "brokers", "clients", "principals", "topics", "partitions_per_topic", "seed",
-             "noisy_clients", "noisy_requests_per_s", "noisy_batch_bytes")
-    for name in names:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     spec = SyntheticSpec(
         requests=args.requests,
         seconds=args.seconds,

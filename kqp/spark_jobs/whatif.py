@@ -55,7 +55,7 @@ from kqp.quotas.recording import (
 )
 from kqp.quotas.settings import QuotaSettings, QuotaType
 from kqp.spark_jobs.capture_source import read_capture
-from kqp.spark_jobs.common import ANONYMOUS, BUDGET_EXIT_CODE, Progress
+from kqp.spark_jobs.common import ANONYMOUS, BUDGET_EXIT_CODE, HelpFormatter, Progress
 from kqp.spark_jobs.quota_replay import (
     MODES,
     MUTATION_COLUMNS,
@@ -601,15 +601,27 @@ def write_whatif_outputs(result: dict[str, Any], output: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kqp replay whatif", description="Quota what-if over a capture.")
-    parser.add_argument("capture")
+    parser = argparse.ArgumentParser(
+        prog="kqp replay whatif", description="Quota what-if over a capture.", formatter_class=HelpFormatter
+    )
+    parser.add_argument("capture", help="capture directory (local path or Hadoop-compatible URI)")
     parser.add_argument("--quotas", required=True, help="quota config YAML (same format as the proxy's)")
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--mode", choices=MODES, default=WhatIfOptions.mode)
+    parser.add_argument("--output", required=True, help="output directory (local to the driver)")
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default=WhatIfOptions.mode,
+        help="open_loop: traffic as recorded whatever the throttles; deferral: a throttled connection "
+        "waits out its throttle and its later requests move with it",
+    )
     parser.add_argument("--calibrate", action="store_true", help="compare with the recorded proxy throttles")
-    parser.add_argument("--top-n", type=int, default=WhatIfOptions.top_n)
-    parser.add_argument("--budget-max-throttled-share", type=float, help="exit 3 when a client is throttled more")
-    parser.add_argument("--master")
+    parser.add_argument("--top-n", type=int, default=WhatIfOptions.top_n, help="rows in each top-N table")
+    parser.add_argument(
+        "--budget-max-throttled-share",
+        type=float,
+        help="exit 3 when a client is throttled on a larger share of its requests (default: no budget)",
+    )
+    parser.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
     return parser
 
 

@@ -131,6 +131,20 @@ def test_a_quota_sees_the_rate_over_its_window_and_lets_shorter_bursts_through()
     }
 
 
+def test_the_demand_statistic_and_peak_are_of_the_same_windowed_rate() -> None:
+    # Window of 2 buckets over [100, 0, 100, 0, 0]: the rate the quota measures is [100, 50, 50, 50, 0].
+    # Its max is the peak (100), and its p50 (50) is the statistic: the raw buckets' p50 would be 0
+    # and their max 100; the p99 of the raw buckets (100) could read above a windowed peak.
+    advice = water_fill(one_broker([flow("a", [[100, 0, 100, 0, 0]])], nw_in=1_000.0, window_buckets=2, stat="p50"))
+    assert advice.flows[0].demand_peak == 100
+    assert advice.flows[0].demand_stat == 50
+    # Bursty demand under a long window: p99 of the windowed rate <= its max, always.
+    rng = np.random.default_rng(3)
+    demand = rng.exponential(1_000.0, size=(1, 300)) * (rng.random((1, 300)) < 0.2)
+    advice = water_fill(one_broker([flow("b", demand.tolist())], nw_in=1e12, window_buckets=10, stat="p99"))
+    assert advice.flows[0].demand_stat <= advice.flows[0].demand_peak
+
+
 def test_a_throttled_flow_is_planned_at_its_burst_above_the_quota() -> None:
     # Burst factor 2 (a 2 s window judged at 1 s): a throttled bucket keeps min(demand, 2q).
     # Quiet a at 15 stays under the level; b and c at 800 each: 15 + 2 x 2q = 115 at the
