@@ -235,6 +235,8 @@ class Message:
     DECODERS: ClassVar[dict[int, Callable[[Buffer, int], tuple[Any, int]]]] = {}
     ENCODERS: ClassVar[dict[int, Callable[[Any, bytearray], None]]] = {}
     json: ClassVar[dict[str, Any]] = {}
+    # The version `encode` writes by default: set on the views `Cls[version]` makes.
+    VERSION: ClassVar[int | None] = None
 
     unknown_tags: dict[int, bytes] | None
 
@@ -249,17 +251,25 @@ class Message:
             raise TypeError(f"{type(self).__name__} has no fields {sorted(fields)}")
 
     def __class_getitem__(cls, version: int) -> type[Message]:
-        """`Cls[version]`, as with kafka-python's classes: the class serves every version."""
+        """`Cls[version]`, as with kafka-python's classes: the same class, whose objects encode
+        in that version when `encode` is given none."""
         if version not in cls.DECODERS:
             raise KeyError(f"{cls.__name__} has no version {version}")
-        return cls
+        view = _VERSIONED.get((cls, version))
+        if view is None:
+            view = _VERSIONED[(cls, version)] = type(cls.__name__, (cls,), {"__slots__": (), "VERSION": version})
+        return view
 
     @classmethod
     def decode(cls, data: Buffer, version: int) -> Any:
         message, _ = cls.DECODERS[version](data, 0)
         return message
 
-    def encode(self, version: int) -> bytes:
+    def encode(self, version: int | None = None) -> bytes:
+        if version is None:
+            version = self.VERSION
+            if version is None:
+                raise TypeError(f"{type(self).__name__}.encode needs a version")
         out = bytearray()
         self.ENCODERS[version](self, out)
         return bytes(out)
@@ -268,7 +278,7 @@ class Message:
         return {name: _plain(getattr(self, name)) for name in self.FIELDS}
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
+        if not isinstance(other, Message) or other.FIELDS is not self.FIELDS:
             return NotImplemented
         return all(getattr(self, name) == getattr(other, name) for name in self.FIELDS)
 
@@ -277,6 +287,9 @@ class Message:
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.FIELDS)
         return f"{type(self).__name__}({fields})"
+
+
+_VERSIONED: dict[tuple[type[Message], int], type[Message]] = {}
 
 
 def _plain(value: Any) -> Any:

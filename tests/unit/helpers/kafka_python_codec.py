@@ -1,9 +1,11 @@
-"""Tagged-field sections that survive decode and re-encode unchanged.
+"""kafka-python's JSON-driven codec, compiled from kqp's bundled definitions: a second, independent
+decoder that tests hold kqp's generated codec and schema walks to. It reaches into kafka-python
+3.0.12's internals (`_struct`, its tagged-field sections), which is why it lives with the tests
+and not in kqp.
 
-kafka-python decodes tags it has no schema for into `unknown_tags` but drops them when it
-encodes. A rewritten response must not lose what a newer broker added, so the codec classes
-get sections that write unknown tags back as the same bytes, merged with the known ones
-(written, as Kafka writes them, when they differ from their default) in ascending tag order.
+`KafkaMessage` compiles a definition without registering the class as kafka-python's own
+response class; `keep_unknown_tags` gives its structs tagged-field sections that write unknown
+tags back as the same bytes (kafka-python decodes them, then drops them when it encodes).
 """
 
 from __future__ import annotations
@@ -11,8 +13,30 @@ from __future__ import annotations
 from types import MethodType
 from typing import Any
 
+from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.schemas import BaseField
 from kafka.protocol.schemas.fields.codecs.tagged_fields import TaggedFields
 from kafka.protocol.schemas.fields.codecs.types import UnsignedVarInt32
+
+
+class KafkaMessage(ApiMessage, init=False):  # type: ignore[misc,call-arg]
+    """Base of the codec classes compiled from the bundled definitions.
+
+    kafka-python's own message classes register themselves as the response class of their
+    API key (its client decodes with them); ours must not replace them, so this repeats
+    ApiMessage's set-up without the registration.
+    """
+
+    # Placeholder that lets ApiMessage's own subclass hook accept this abstract base.
+    _json = {"name": "KafkaMessage", "type": "request", "validVersions": "none", "flexibleVersions": "none"}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        if "_json" not in cls.__dict__:  # versioned views (cls[3]) inherit everything
+            super(ApiMessage, cls).__init_subclass__(**kw)
+            return
+        super(ApiMessage, cls).__init_subclass__(**kw)
+        cls._flexible_versions = BaseField.parse_versions(cls._json["flexibleVersions"])
+        cls._valid_versions = BaseField.parse_versions(cls._json["validVersions"])
 
 
 class PreservingTaggedFields(TaggedFields):  # type: ignore[misc]
