@@ -1,9 +1,16 @@
 """The codec generated from Kafka's JSON definitions (kqp/protocol/generated): the committed module
-is what the definitions give, and every message of every version Kafka 4.3.1 defines decodes bodies
+is what the definitions give; every message of every version Kafka 4.3.1 defines decodes bodies
 written by an independent encoder (tests/unit/helpers/schema_messages.py, which writes bytes
-field by field from the same JSON) to the end, and encodes them back to the same bytes."""
+field by field from the same JSON) to the end, and encodes them back to the same bytes; and the
+generated skippers find ThrottleTimeMs (and ShareFetch's NodeEndpoints) where the interpreted
+schema walk (kqp.protocol.schema_walk) does, and fail where it fails, on those bodies and on
+mutants of them."""
 
 from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,8 +18,12 @@ from hypothesis import strategies as st
 
 from harness.kafka_codegen import OUTPUT, generate
 from kqp.protocol.apis import API_SPECS
+from kqp.protocol.errors import ProtocolError
 from kqp.protocol.generated.kafka_messages import MESSAGES
+from kqp.protocol.schema_walk import SHORT_READ, Step, field_step, sequence, wire_fields
+from kqp.protocol.throttle_field import field_location
 from tests.unit.helpers.schema_messages import body_strategy
+from tests.unit.protocol.test_fuzz import mutate
 
 CASES = [
     (key, version, is_request)
@@ -48,3 +59,59 @@ def test_decode_reads_to_the_end_and_encode_gives_the_same_bytes(
     message, used = MESSAGES[(key, is_request)].DECODERS[version](body, 0)
     assert used == len(body)
     assert message.encode(version) == body
+
+
+ERROR = "error"
+LOCATED = [
+    (key, version, name)
+    for key, spec in sorted(API_SPECS.items())
+    for version in range(spec.min_version, spec.max_version + 1)
+    for name in ("ThrottleTimeMs", "NodeEndpoints")
+    if name == "ThrottleTimeMs" or spec.name in ("ShareFetch", "ShareAcknowledge")
+]
+
+
+def _walked_location(api_key: int, version: int, name: str) -> Step | None:
+    """The reference: the schema walk over the fields before `name`, interpreted from the JSON."""
+    spec = API_SPECS[api_key]
+    fields: list[Mapping[str, Any]] = spec.response_class.json["fields"]
+    before: list[Step] = []
+    for field in wire_fields(fields, version):
+        if field["name"] == name:
+            return sequence(before)
+        before.append(field_step(field, version, spec.is_flexible(version)))
+    return None
+
+
+def _outcome(location: Step | Callable[[bytes, int], int], frame: bytes, offset: int, width: int) -> int | str:
+    """Where the field is, or ERROR when it cannot be read (what throttle_field_offset reports);
+    `width` is the least the field takes (4 for ThrottleTimeMs, 1 for an array's count)."""
+    try:
+        found = offset + location if isinstance(location, int) else location(frame, offset)
+    except (ProtocolError, *SHORT_READ):
+        return ERROR
+    return found if found + width <= len(frame) else ERROR
+
+
+@pytest.mark.parametrize("case", LOCATED, ids=lambda case: f"{API_SPECS[case[0]].name}-v{case[1]}-{case[2]}")
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_the_generated_skipper_finds_the_field_where_the_schema_walk_does(
+    case: tuple[int, int, str], data: st.DataObject, seed: int
+) -> None:
+    api_key, version, name = case
+    generated, walked = field_location(api_key, version, name), _walked_location(api_key, version, name)
+    assert (generated is None) == (walked is None)
+    if generated is None or walked is None:
+        return
+    assert isinstance(generated, int) == isinstance(walked, int)
+    body = data.draw(body_strategy(api_key, version, is_request=False, max_items=3))
+    frame = b"\x00\x00\x00\x07" + body
+    width = 4 if name == "ThrottleTimeMs" else 1
+    expected = _outcome(walked, frame, 4, width)
+    assert expected != ERROR
+    assert _outcome(generated, frame, 4, width) == expected
+    rng = random.Random(seed)
+    for _ in range(20):
+        broken = mutate(frame, rng)
+        assert _outcome(generated, broken, 4, width) == _outcome(walked, broken, 4, width), broken.hex()
