@@ -21,6 +21,8 @@ from typing import TypeVar
 from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.headers import read_uvarint, skip_tagged_fields
 from kqp.protocol.records import EMPTY_RECORDS, RecordCounts, summarise_records
+from kqp.protocol.wire import compact_count, compact_string, string
+from kqp.protocol.wire import count as array_count
 
 Buffer = bytes | bytearray | memoryview
 S = TypeVar("S")
@@ -155,40 +157,14 @@ def _parse_share_fetch_request(body: Buffer, version: int) -> FetchRequestSummar
 
 def read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, int]:
     """Element count of an array (0 for null), checked against the bytes left."""
-    if flexible:
-        count_plus_one, offset = read_uvarint(buf, offset)
-        count = count_plus_one - 1
-    else:
-        (count,) = _INT32.unpack_from(buf, offset)
-        offset += 4
-        if count < -1:
-            raise ProtocolDecodeError(f"invalid array length {count}")
-    # Every element takes at least one byte; this stops absurd counts before any loop.
-    if count > len(buf) - offset:
-        raise ProtocolDecodeError(f"array of {count} elements in {len(buf) - offset} bytes")
+    count, offset = compact_count(buf, offset) if flexible else array_count(buf, offset)
     return max(count, 0), offset
 
 
 def _string(buf: Buffer, offset: int, flexible: bool) -> tuple[str | None, int]:
     """A nullable string: int16 length, or unsigned varint length + 1 (0 = null) in flexible
     versions. Topic names are decoded (they become labels); nothing else is."""
-    if flexible:
-        length_plus_one, offset = read_uvarint(buf, offset)
-        length = length_plus_one - 1
-    else:
-        (length,) = _INT16.unpack_from(buf, offset)
-        offset += 2
-        if length < -1:
-            raise ProtocolDecodeError(f"invalid string length {length}")
-    if length < 0:
-        return None, offset
-    end = offset + length
-    if end > len(buf):
-        raise ProtocolDecodeError("string runs past the end of the message")
-    try:
-        return str(buf[offset:end], "utf-8"), end
-    except UnicodeDecodeError as exc:
-        raise ProtocolDecodeError("string is not valid UTF-8") from exc
+    return compact_string(buf, offset) if flexible else string(buf, offset)
 
 
 def _topic(buf: Buffer, offset: int, flexible: bool, by_id: bool) -> tuple[str | None, uuid.UUID | None, int]:

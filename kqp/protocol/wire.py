@@ -53,6 +53,13 @@ def write_uvarint(out: bytearray, value: int) -> None:
     out.append(value)
 
 
+def encode_uvarint(value: int) -> bytes:
+    """Unsigned LEB128 varint, as read by `read_uvarint`."""
+    out = bytearray()
+    write_uvarint(out, value)
+    return bytes(out)
+
+
 def skip_tagged_fields(buf: Buffer, offset: int) -> int:
     """The offset after a tagged-field section, its fields unread."""
     if offset < len(buf) and buf[offset] == 0:
@@ -67,75 +74,79 @@ def skip_tagged_fields(buf: Buffer, offset: int) -> int:
     return offset
 
 
-def count(buf: Buffer, offset: int) -> tuple[int, int]:
-    """An int32 array count (-1 for null), checked against the bytes left: every element
-    takes at least one byte, so absurd counts stop here, before any loop."""
-    (number,) = INT32.unpack_from(buf, offset)
-    offset += 4
-    if number < -1:
-        raise ProtocolDecodeError(f"invalid array length {number}")
+def _checked_count(buf: Buffer, number: int, offset: int) -> tuple[int, int]:
+    # Every element takes at least one byte: absurd counts stop here, before any loop.
     if number > len(buf) - offset:
         raise ProtocolDecodeError(f"array of {number} elements in {len(buf) - offset} bytes")
     return number, offset
+
+
+def count(buf: Buffer, offset: int) -> tuple[int, int]:
+    """An int32 array count (-1 for null), checked against the bytes left."""
+    (number,) = INT32.unpack_from(buf, offset)
+    if number < -1:
+        raise ProtocolDecodeError(f"invalid array length {number}")
+    return _checked_count(buf, number, offset + 4)
 
 
 def compact_count(buf: Buffer, offset: int) -> tuple[int, int]:
     """A compact array count (varint of count + 1, 0 for null, returned as -1), checked likewise."""
     number, offset = read_uvarint(buf, offset)
-    number -= 1
-    if number > len(buf) - offset:
-        raise ProtocolDecodeError(f"array of {number} elements in {len(buf) - offset} bytes")
-    return number, offset
+    return _checked_count(buf, number - 1, offset)
 
 
-def _text(buf: Buffer, start: int, length: int) -> str:
-    end = start + length
-    if end > len(buf):
-        raise ProtocolDecodeError("string runs past the end of the message")
-    return bytes(buf[start:end]).decode("utf-8")
+def _length(buf: Buffer, offset: int, prefix: struct.Struct) -> tuple[int, int]:
+    """An int16 (string) or int32 (bytes) length; -1 is null."""
+    (length,) = prefix.unpack_from(buf, offset)
+    if length < -1:
+        raise ProtocolDecodeError(f"invalid length {length}")
+    return length, offset + prefix.size
 
 
-def string(buf: Buffer, offset: int) -> tuple[str | None, int]:
-    (length,) = INT16.unpack_from(buf, offset)
-    offset += 2
-    if length < 0:
-        if length < -1:
-            raise ProtocolDecodeError(f"invalid string length {length}")
-        return None, offset
-    return _text(buf, offset, length), offset + length
-
-
-def compact_string(buf: Buffer, offset: int) -> tuple[str | None, int]:
+def _compact_length(buf: Buffer, offset: int) -> tuple[int, int]:
+    """A compact length: unsigned varint of the length + 1, 0 (returned as -1) for null."""
     length, offset = read_uvarint(buf, offset)
-    if length == 0:
-        return None, offset
-    length -= 1
-    return _text(buf, offset, length), offset + length
+    return length - 1, offset
 
 
-def _blob(buf: Buffer, start: int, length: int) -> bytes:
+def _raw(buf: Buffer, start: int, length: int) -> bytes:
     end = start + length
     if end > len(buf):
-        raise ProtocolDecodeError("bytes run past the end of the message")
+        raise ProtocolDecodeError("field runs past the end of the message")
     return bytes(buf[start:end])
 
 
-def blob(buf: Buffer, offset: int) -> tuple[bytes | None, int]:
-    (length,) = INT32.unpack_from(buf, offset)
-    offset += 4
+def _text(buf: Buffer, length_and_offset: tuple[int, int]) -> tuple[str | None, int]:
+    length, offset = length_and_offset
     if length < 0:
-        if length < -1:
-            raise ProtocolDecodeError(f"invalid bytes length {length}")
         return None, offset
-    return _blob(buf, offset, length), offset + length
+    try:
+        return _raw(buf, offset, length).decode("utf-8"), offset + length
+    except UnicodeDecodeError as exc:
+        raise ProtocolDecodeError("string is not valid UTF-8") from exc
+
+
+def _bytes(buf: Buffer, length_and_offset: tuple[int, int]) -> tuple[bytes | None, int]:
+    length, offset = length_and_offset
+    if length < 0:
+        return None, offset
+    return _raw(buf, offset, length), offset + length
+
+
+def string(buf: Buffer, offset: int) -> tuple[str | None, int]:
+    return _text(buf, _length(buf, offset, INT16))
+
+
+def compact_string(buf: Buffer, offset: int) -> tuple[str | None, int]:
+    return _text(buf, _compact_length(buf, offset))
+
+
+def blob(buf: Buffer, offset: int) -> tuple[bytes | None, int]:
+    return _bytes(buf, _length(buf, offset, INT32))
 
 
 def compact_blob(buf: Buffer, offset: int) -> tuple[bytes | None, int]:
-    length, offset = read_uvarint(buf, offset)
-    if length == 0:
-        return None, offset
-    length -= 1
-    return _blob(buf, offset, length), offset + length
+    return _bytes(buf, _compact_length(buf, offset))
 
 
 def read_uuid(raw: bytes) -> uuid.UUID:
@@ -156,12 +167,7 @@ def write_string(out: bytearray, value: str | None) -> None:
 
 
 def write_compact_string(out: bytearray, value: str | None) -> None:
-    if value is None:
-        out.append(0)
-        return
-    raw = value.encode("utf-8")
-    write_uvarint(out, len(raw) + 1)
-    out += raw
+    write_compact_blob(out, None if value is None else value.encode("utf-8"))
 
 
 def write_blob(out: bytearray, value: bytes | None) -> None:
