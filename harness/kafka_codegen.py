@@ -79,6 +79,10 @@ class Struct:
     children: list[Struct] = field(default_factory=list)
 
 
+def _is_error_code(spec: Mapping[str, Any]) -> bool:
+    return bool(spec["name"] == "ErrorCode" and spec["type"] == "int16")
+
+
 def _default(spec: Mapping[str, Any], structs: dict[str, Struct]) -> str:
     """The Python expression of a field's default (a callable where a fresh value is needed)."""
     type_name = str(spec["type"])
@@ -554,6 +558,131 @@ class Generator:
         w.line("    if o > end:")
         w.line("        raise _ProtocolDecodeError('field runs past the end of the message')")
 
+    # ---- error-code collectors --------------------------------------------------------------
+    def carries_error_code(self, spec: Mapping[str, Any], structs: dict[str, Struct], version: int) -> bool:
+        """Whether the field is, or holds at some depth, an ErrorCode present at this version."""
+        if not in_versions(spec.get("versions"), version):
+            return False
+        if _is_error_code(spec):
+            return True
+        struct = structs.get(str(spec["type"]).removeprefix("[]"))
+        return struct is not None and any(self.carries_error_code(f, structs, version) for f in struct.fields)
+
+    def collector(self, message: str, struct: Struct, structs: dict[str, Struct], version: int,
+                  flexible: bool) -> str | int:
+        """A function (buffer, offset, found) -> offset after the struct, appending every non-zero
+        ErrorCode to `found` in the order of the decoded message's dict form (kqp.protocol.wire's
+        to_dict): a struct's own code first, then the code-bearing fields as declared, tagged ones
+        included; or the struct's size when it has no codes and a fixed size."""
+        if not any(self.carries_error_code(f, structs, version) for f in struct.fields):
+            size = self.struct_fixed(struct, structs, version, flexible)
+            if size is not None:
+                return size
+        w = Writer()
+        w.line("end = len(b)")
+        self.collect_struct(w, message, struct, structs, version, flexible, "found")
+        w.line("return o")
+        return self.function("c", "(b: _Buffer, o: int, found: list[int]) -> int", w.lines,
+                             f"{message} v{version}: error codes")
+
+    def value_collector(self, message: str, spec: Mapping[str, Any], structs: dict[str, Struct],
+                        version: int) -> str:
+        """A collector over one tagged field's value (its own buffer: the value's bytes)."""
+        w = Writer()
+        w.line("end = len(b)")
+        self.collect_value(w, message, spec, structs, version, True, "found")
+        w.line("return o")
+        return self.function("c", "(b: _Buffer, o: int, found: list[int]) -> int", w.lines,
+                             f"{message} v{version}: error codes")
+
+    def collect_struct(self, w: Writer, message: str, struct: Struct, structs: dict[str, Struct], version: int,
+                       flexible: bool, target: str) -> None:
+        present = [f for f in struct.fields if in_versions(f.get("versions"), version)]
+        tagged = [f for f in present if in_versions(f.get("taggedVersions"), version)]
+        wire = [f for f in present if f not in tagged]
+        bearing = sorted((f for f in present if self.carries_error_code(f, structs, version)),
+                         key=lambda f: not _is_error_code(f))
+        in_order = not [f for f in bearing if f in tagged] and [f for f in wire if f in bearing] == bearing
+        # Out of wire order, each code-bearing field collects into its own list, joined at the end.
+        slots = {id(f): (target if in_order else w.fresh("codes")) for f in bearing}
+        if not in_order:
+            for f in bearing:
+                w.line(f"{slots[id(f)]}: list[int] = []")
+        pending = 0
+        for spec in wire:
+            if id(spec) not in slots:
+                size = self.fixed_size(spec, structs, version)
+                if size is not None:
+                    pending += size
+                    continue
+            if pending:
+                w.line(f"o += {pending}")
+                pending = 0
+            field_flexible = self.field_flexible(spec, flexible, version)
+            if id(spec) not in slots:
+                self.skip_value(w, spec, structs, version, field_flexible)
+            elif _is_error_code(spec):
+                code = w.fresh("code")
+                w.line(f"{code} = _INT16.unpack_from(b, o)[0]")
+                w.line(f"if {code}:")
+                w.line(f"    {slots[id(spec)]}.append({code})")
+                pending = 2
+            else:
+                self.collect_value(w, message, spec, structs, version, field_flexible, slots[id(spec)])
+        if pending:
+            w.line(f"o += {pending}")
+        bearing_tags = sorted((f for f in bearing if f in tagged), key=lambda f: int(f["tag"]))
+        if flexible and not bearing_tags:
+            w.line("o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)")
+        elif flexible:
+            # A tagged value is walked within its size, as the schema walk bounds it.
+            n = w.fresh("n")
+            w.line(f"{n}, o = _read_uvarint(b, o)")
+            w.line(f"for _ in range({n}):")
+            w.indent += 1
+            w.line("t, o, e = _tagged_field_end(b, o)")
+            keyword = "if"
+            for spec in bearing_tags:
+                function = self.value_collector(f"{message} tag {spec['tag']}", spec, structs, version)
+                w.line(f"{keyword} t == {int(spec['tag'])}:")
+                w.line(f"    if {function}(_memoryview(b)[:e], o, {slots[id(spec)]}) > e:")
+                w.line(f"        raise _ProtocolDecodeError('tagged field {int(spec['tag'])} runs past its size')")
+                keyword = "elif"
+            w.line("o = e")
+            w.indent -= 1
+        if not in_order:
+            for f in bearing:
+                w.line(f"{target} += {slots[id(f)]}")
+
+    def collect_value(self, w: Writer, message: str, spec: Mapping[str, Any], structs: dict[str, Struct],
+                      version: int, flexible: bool, target: str) -> None:
+        type_name = str(spec["type"])
+        if _is_error_code(spec):  # a tagged ErrorCode of its own
+            code = w.fresh("code")
+            w.line(f"{code} = _INT16.unpack_from(b, o)[0]")
+            w.line(f"if {code}:")
+            w.line(f"    {target}.append({code})")
+            w.line("o += 2")
+            return
+        struct = structs[type_name.removeprefix("[]")]
+        if type_name.startswith("[]"):
+            n = w.fresh("n")
+            self.skip_count(w, n, flexible)
+            w.line(f"for _ in range({n}):")
+            w.indent += 1
+            self.collect_struct(w, message, struct, structs, version, flexible, target)
+            w.indent -= 1
+        elif in_versions(spec.get("nullableVersions"), version):
+            w.line("if b[o] == 0xFF:")
+            w.line("    o += 1")
+            w.line("else:")
+            w.indent += 1
+            w.line("o += 1")
+            self.collect_struct(w, message, struct, structs, version, flexible, target)
+            w.indent -= 1
+        else:
+            self.collect_struct(w, message, struct, structs, version, flexible, target)
+
     # ---- the module -------------------------------------------------------------------------
     def message(self, definition: dict[str, Any], assignments: list[str]) -> Iterator[str]:
         """Class definitions of one message; what refers to functions goes to `assignments`,
@@ -590,6 +719,18 @@ class Generator:
         assignments.append(f"{root.class_name}.ENCODERS = {{{', '.join(f'{v}: {n}' for v, n in encoders.items())}}}")
         assignments.append("")
 
+    def error_collectors(self, definition: dict[str, Any]) -> dict[int, str | int]:
+        root, structs = self.collect_structs(definition)
+        valid = versions(definition.get("validVersions"))
+        flexible_from = versions(definition.get("flexibleVersions"))
+        found: dict[int, str | int] = {}
+        if valid is None:
+            return found
+        for version in range(valid[0], valid[1] + 1):
+            flexible = flexible_from is not None and version >= flexible_from[0]
+            found[version] = self.collector(root.name, root, structs, version, flexible)
+        return found
+
     def locations(self, definition: dict[str, Any], target: str) -> dict[int, str | int | None]:
         root, structs = self.collect_structs(definition)
         valid = versions(definition.get("validVersions"))
@@ -617,6 +758,8 @@ from __future__ import annotations
 
 from struct import Struct as _Struct, pack as _pack, unpack_from as _unpack_from
 from typing import Any
+
+_memoryview = memoryview
 
 from kqp.protocol.errors import ProtocolDecodeError as _ProtocolDecodeError
 from kqp.protocol.wire import (
@@ -657,6 +800,7 @@ def generate(definitions: Path = DEFINITIONS) -> str:
     assignments: list[str] = []
     throttle: dict[int, dict[int, str | int | None]] = {}
     located: dict[str, dict[int, str | int | None]] = {}
+    errors: dict[int, dict[int, str | int]] = {}
     messages: dict[tuple[int, bool], str] = {}
     for path in sorted(definitions.glob("*.json")):
         definition = load(path)
@@ -670,6 +814,7 @@ def generate(definitions: Path = DEFINITIONS) -> str:
         messages[(key, is_request)] = str(definition["name"])
         if not is_request:
             throttle[key] = generator.locations(definition, THROTTLE)
+            errors[key] = generator.error_collectors(definition)
             for target in LOCATED_FIELDS.get(str(definition["name"]), ()):
                 located[f"{definition['name']}.{target}"] = generator.locations(definition, target)
     kafka_version = (definitions / "KAFKA_VERSION").read_text().strip()
@@ -689,6 +834,11 @@ def generate(definitions: Path = DEFINITIONS) -> str:
                "FIELD_LOCATIONS: dict[str, dict[int, Any]] = {"]
     for name, table in sorted(located.items()):
         tables.append(f"    {name!r}: {{{', '.join(f'{v}: {loc}' for v, loc in table.items())}}},")
+    tables += ["}", "", "# API key -> response version -> collector of every non-zero ErrorCode: a function",
+               "# (buffer, offset, found) -> offset after the body, or the body's size when it has no codes.",
+               "ERROR_CODES: dict[int, dict[int, Any]] = {"]
+    for key, collectors in sorted(errors.items()):
+        tables.append(f"    {key}: {{{', '.join(f'{v}: {c}' for v, c in collectors.items())}}},")
     tables += ["}", ""]
     return "\n".join([*parts, *body, *generator.out, *assignments, "", "", *tables])
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import re
+import struct
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -178,3 +179,21 @@ def can_decode(api_key: int, api_version: int) -> bool:
 def api_name(api_key: int) -> str:
     spec = API_SPECS.get(api_key)
     return spec.name if spec is not None else f"Unknown{api_key}"
+
+
+# Kafka's Errors.UNSUPPORTED_VERSION.
+UNSUPPORTED_VERSION = 35
+_INT16 = struct.Struct(">h")
+
+
+def response_layout_version(api_key: int, api_version: int, buf: bytes | bytearray | memoryview,
+                            body_offset: int) -> int:
+    """The version whose layout a response body has: a broker that does not support the
+    requested ApiVersions version answers UNSUPPORTED_VERSION with a v0 body."""
+    if (
+        api_key == API_VERSIONS_KEY
+        and len(buf) >= body_offset + 2
+        and _INT16.unpack_from(buf, body_offset)[0] == UNSUPPORTED_VERSION
+    ):
+        return 0
+    return api_version

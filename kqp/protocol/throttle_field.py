@@ -16,12 +16,12 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY
+from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY, response_layout_version
+
+# Re-exported: they lived here once.
+from kqp.protocol.apis import UNSUPPORTED_VERSION as UNSUPPORTED_VERSION
 from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.generated.kafka_messages import FIELD_LOCATIONS, THROTTLE_TIME_MS
-
-# Re-exported: they lived here before the walking rules moved to kqp.protocol.schema_walk.
-from kqp.protocol.schema_walk import UNSUPPORTED_VERSION as UNSUPPORTED_VERSION
 from kqp.protocol.schema_walk import field_in_versions as field_in_versions
 
 Buffer = bytes | bytearray | memoryview
@@ -31,7 +31,6 @@ Skipper = Callable[[Buffer, int], int]
 THROTTLE_FIELD = "ThrottleTimeMs"
 MAX_THROTTLE_MS = 0x7FFFFFFF
 
-_INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 # What a skipper raises when the bytes end early (besides ProtocolDecodeError).
 _SHORT_READ = (struct.error, IndexError)
@@ -58,10 +57,9 @@ def throttle_location(api_key: int, api_version: int) -> Skipper | int | None:
 
 
 def throttle_field_offset(frame: Buffer, body_offset: int, api_key: int, api_version: int) -> int | None:
-    if api_key == API_VERSIONS_KEY and _answered_as_v0(frame, body_offset):
-        # A broker that does not support the requested ApiVersions version answers with a v0
-        # body, which has no ThrottleTimeMs.
-        return None
+    if api_key == API_VERSIONS_KEY:
+        # A broker that does not support the requested ApiVersions version answers with a v0 body.
+        api_version = response_layout_version(api_key, api_version, frame, body_offset)
     location = THROTTLE_TIME_MS.get(api_key, _NONE).get(api_version)
     if location is None:
         return None
@@ -75,10 +73,6 @@ def throttle_field_offset(frame: Buffer, body_offset: int, api_key: int, api_ver
     if offset + 4 > len(frame):
         raise ProtocolDecodeError(f"response too short for {THROTTLE_FIELD} at offset {offset}")
     return offset
-
-
-def _answered_as_v0(frame: Buffer, body_offset: int) -> bool:
-    return len(frame) >= body_offset + 2 and _INT16.unpack_from(frame, body_offset)[0] == UNSUPPORTED_VERSION
 
 
 def read_throttle_time(frame: Buffer, body_offset: int, api_key: int, api_version: int) -> int | None:

@@ -25,6 +25,9 @@ ZERO_UUID = uuid.UUID(int=0)
 _ZERO_UUID_BYTES = bytes(16)
 _NULL_INT16 = INT16.pack(-1)
 _NULL_INT32 = INT32.pack(-1)
+# What a read or walk raises besides ProtocolDecodeError when the bytes end early or are not a
+# message; callers turn these into ProtocolDecodeError.
+SHORT_READ = (struct.error, IndexError, ValueError)
 
 
 def read_uvarint(buf: Buffer, offset: int) -> tuple[int, int]:

@@ -2,14 +2,16 @@
 is what the definitions give; every message of every version Kafka 4.3.1 defines decodes bodies
 written by an independent encoder (tests/unit/helpers/schema_messages.py, which writes bytes
 field by field from the same JSON) to the end, and encodes them back to the same bytes; and the
-generated skippers find ThrottleTimeMs (and ShareFetch's NodeEndpoints) where the interpreted
-schema walk (kqp.protocol.schema_walk) does, and fail where it fails, on those bodies and on
-mutants of them."""
+generated skippers find ThrottleTimeMs (and ShareFetch's NodeEndpoints), and the generated
+collectors read the error codes, where and as the interpreted schema walk (kqp.protocol.schema_walk)
+does, and fail where it fails, on those bodies and on mutants of them."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +20,13 @@ from hypothesis import strategies as st
 
 from harness.kafka_codegen import OUTPUT, generate
 from kqp.protocol.apis import API_SPECS
+from kqp.protocol.error_codes import collect_error_codes, error_code_walker
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.generated.kafka_messages import MESSAGES
-from kqp.protocol.schema_walk import SHORT_READ, Step, field_step, sequence, wire_fields
+from kqp.protocol.schema_walk import SHORT_READ, Step, field_step, sequence, struct_step, wire_fields
 from kqp.protocol.throttle_field import field_location
-from tests.unit.helpers.schema_messages import body_strategy
+from tests.unit.helpers.schema_messages import body_strategy, struct_body
+from tests.unit.protocol.test_error_codes import _SYNTHETIC
 from tests.unit.protocol.test_fuzz import mutate
 
 CASES = [
@@ -115,3 +119,76 @@ def test_the_generated_skipper_finds_the_field_where_the_schema_walk_does(
     for _ in range(20):
         broken = mutate(frame, rng)
         assert _outcome(generated, broken, 4, width) == _outcome(walked, broken, 4, width), broken.hex()
+
+
+RESPONSES = [(key, version) for key, spec in sorted(API_SPECS.items())
+             for version in range(spec.min_version, spec.max_version + 1)]
+
+
+def _codes(walk: Any, body: bytes) -> tuple[int, list[int]] | str:
+    """Where a walk ends and the codes it read, or ERROR when the body cannot be walked."""
+    found: list[int] = []
+    try:
+        end = walk if isinstance(walk, int) else walk(body, 0, found)
+    except (ProtocolError, *SHORT_READ):
+        return ERROR
+    return (end, found) if end <= len(body) else ERROR
+
+
+@pytest.mark.parametrize("pair", RESPONSES, ids=lambda pair: f"{API_SPECS[pair[0]].name}-v{pair[1]}")
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_the_generated_collector_reads_the_codes_the_schema_walk_reads(
+    pair: tuple[int, int], data: st.DataObject, seed: int
+) -> None:
+    api_key, version = pair
+    spec = API_SPECS[api_key]
+    walked = struct_step(spec.response_class.json["fields"], version, spec.is_flexible(version), collect=True)
+    generated = error_code_walker(api_key, version)
+    body = data.draw(body_strategy(api_key, version, is_request=False, max_items=3))
+    expected = _codes(walked, body)
+    assert expected != ERROR and expected[0] == len(body)
+    assert _codes(generated, body) == expected
+    rng = random.Random(seed)
+    for _ in range(20):
+        broken = mutate(body, rng)
+        assert _codes(generated, broken) == _codes(walked, broken), broken.hex()
+
+
+def _generated_from(definition: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """The module the generator writes for one made-up definition, loaded."""
+    (tmp / f"{definition['name']}.json").write_text(json.dumps(definition))
+    (tmp / "KAFKA_VERSION").write_text("test\n")
+    namespace: dict[str, Any] = {"__name__": "generated_for_test"}
+    exec(compile(generate(tmp), "generated_for_test", "exec"), namespace)
+    return namespace
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), version=st.sampled_from([0, 1]), seed=st.integers(0, 2**32 - 1))
+def test_codes_in_tagged_fields_and_out_of_wire_order_are_collected_in_dict_order(
+    data: st.DataObject, version: int, seed: int, tmp_path: Path
+) -> None:
+    # No bundled response has these shapes (test_error_codes.py's made-up one has both), so
+    # the generator's reordering is held to the schema walk and the decoded dict form here.
+    if not _SYNTHETIC_MODULE:
+        _SYNTHETIC_MODULE.update(_generated_from(_SYNTHETIC, tmp_path))
+    generated = _SYNTHETIC_MODULE
+    fields = _SYNTHETIC["fields"]
+    body = data.draw(struct_body(fields, version, version >= 1))
+    collector = generated["ERROR_CODES"][12][version]
+    walked = struct_step(fields, version, version >= 1, collect=True)
+    expected = _codes(walked, body)
+    assert expected != ERROR
+    assert _codes(collector, body) == expected
+    message, used = generated["HeartbeatResponse"].DECODERS[version](body, 0)
+    from_dict: list[int] = []
+    collect_error_codes(message.to_dict(), from_dict)
+    assert used == len(body) and expected == (used, from_dict)
+    rng = random.Random(seed)
+    for _ in range(20):
+        broken = mutate(body, rng)
+        assert _codes(collector, broken) == _codes(walked, broken), broken.hex()
+
+
+_SYNTHETIC_MODULE: dict[str, Any] = {}
