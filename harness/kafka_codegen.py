@@ -250,7 +250,14 @@ class Generator:
         if type_name.startswith("[]"):
             element = type_name[2:]
             n = w.fresh("n")
-            w.line(f"{n}, o = {'_compact_count' if flexible else '_count'}(b, o)")
+            if flexible:  # a one-byte count (nearly all of them) read inline
+                w.line(f"{n} = b[o] - 1")
+                w.line(f"if 0 <= {n} < 0x7F and {n} <= len(b) - o - 1:")
+                w.line("    o += 1")
+                w.line("else:")
+                w.line(f"    {n}, o = _compact_count(b, o)")
+            else:
+                w.line(f"{n}, o = _count(b, o)")
             w.line(f"if {n} < 0:")
             w.line(f"    {target} = None")
             w.line("else:")
@@ -295,6 +302,15 @@ class Generator:
             else:
                 w.line(f"{target} = {const}.unpack_from(b, {at})[0]")
             w.line(f"o += {size + skip}")
+        elif type_name == "string" and flexible and not skip:
+            # A short string (one-byte length, nearly all of them) read inline.
+            length = w.fresh("length")
+            w.line(f"{length} = b[o]")
+            w.line(f"if 1 < {length} < 0x80 and o + {length} <= len(b):")
+            w.line(f"    {target} = str(b[o + 1:o + {length}], 'utf-8')")
+            w.line(f"    o += {length}")
+            w.line("else:")
+            w.line(f"    {target}, o = _compact_string(b, o)")
         elif type_name == "string":
             w.line(f"{target}, o = {'_compact_string' if flexible else '_string'}(b, {at})")
         elif type_name in ("bytes", "records"):

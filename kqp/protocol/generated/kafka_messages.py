@@ -2568,10 +2568,20 @@ def _e2(m: Any, w: bytearray) -> None:  # AddOffsetsToTxnRequest v0
 def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AddOffsetsToTxnRequest v3
     m = _new(AddOffsetsToTxnRequest)
     m.unknown_tags = None
-    m.transactional_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
     m.producer_id, m.producer_epoch = _S_qh.unpack_from(b, o)
     o += 10
-    m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_id, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -2706,13 +2716,22 @@ def _e14(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnRequest v0
 def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest_AddPartitionsToTxnTopic v3
     m = _new(AddPartitionsToTxnRequest_AddPartitionsToTxnTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -2730,18 +2749,27 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest v3
     m = _new(AddPartitionsToTxnRequest)
     m.unknown_tags = None
     m.transactions = list()
-    m.v3_and_below_transactional_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.v3_and_below_transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.v3_and_below_transactional_id, o = _compact_string(b, o)
     m.v3_and_below_producer_id, m.v3_and_below_producer_epoch = _S_qh.unpack_from(b, o)
     o += 10
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.v3_and_below_topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d15(b, o)
-            items2.append(v3)
-        m.v3_and_below_topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d15(b, o)
+            items3.append(v4)
+        m.v3_and_below_topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -2783,18 +2811,27 @@ def _e18(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnRequest v3
 def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction v4
     m = _new(AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction)
     m.unknown_tags = None
-    m.transactional_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
     m.producer_id, m.producer_epoch, m.verify_only = _S_qho.unpack_from(b, o)
     o += 11
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d15(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d15(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -2815,7 +2852,11 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest v4
     m.v3_and_below_producer_id = 0
     m.v3_and_below_producer_epoch = 0
     m.v3_and_below_topics = list()
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.transactions = None
     else:
@@ -2945,16 +2986,25 @@ def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_A
 def _d30(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult v3
     m = _new(AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.results_by_partition = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d29(b, o)
-            items2.append(v3)
-        m.results_by_partition = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d29(b, o)
+            items3.append(v4)
+        m.results_by_partition = items3
     if b[o] == 0:
         o += 1
     else:
@@ -2975,7 +3025,11 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse v
     m.results_by_transaction = list()
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results_by_topic_v3_and_below = None
     else:
@@ -3032,16 +3086,25 @@ def _e34(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnResponse v3
 def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_AddPartitionsToTxnResult v4
     m = _new(AddPartitionsToTxnResponse_AddPartitionsToTxnResult)
     m.unknown_tags = None
-    m.transactional_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topic_results = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d30(b, o)
-            items2.append(v3)
-        m.topic_results = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d30(b, o)
+            items3.append(v4)
+        m.topic_results = items3
     if b[o] == 0:
         o += 1
     else:
@@ -3061,7 +3124,11 @@ def _d36(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse v
     m.results_by_topic_v3_and_below = list()
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results_by_transaction = None
     else:
@@ -3247,8 +3314,18 @@ def _c41(b: _Buffer, o: int, found: list[int]) -> int:  # AddPartitionsToTxnResp
 def _d42(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest_Listener v0
     m = _new(AddRaftVoterRequest_Listener)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.host = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -3268,19 +3345,28 @@ def _d43(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest v0
     m = _new(AddRaftVoterRequest)
     m.unknown_tags = None
     m.ack_when_committed = True
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.timeout_ms, m.voter_id, _u2 = _S_iiu.unpack_from(b, o)
     m.voter_directory_id = _read_uuid(_u2)
     o += 24
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.listeners = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d42(b, o)
-            items2.append(v3)
-        m.listeners = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d42(b, o)
+            items3.append(v4)
+        m.listeners = items3
     if b[o] == 0:
         o += 1
     else:
@@ -3320,19 +3406,28 @@ def _e45(m: Any, w: bytearray) -> None:  # AddRaftVoterRequest v0
 def _d46(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest v1
     m = _new(AddRaftVoterRequest)
     m.unknown_tags = None
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.timeout_ms, m.voter_id, _u2 = _S_iiu.unpack_from(b, o)
     m.voter_directory_id = _read_uuid(_u2)
     o += 24
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.listeners = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d42(b, o)
-            items2.append(v3)
-        m.listeners = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d42(b, o)
+            items3.append(v4)
+        m.listeners = items3
     m.ack_when_committed, = _S_o.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -3367,7 +3462,12 @@ def _d48(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterResponse v0
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -3565,8 +3665,18 @@ def _e63(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest v0
 def _d64(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_EntityData v1
     m = _new(AlterClientQuotasRequest_EntityData)
     m.unknown_tags = None
-    m.entity_type, o = _compact_string(b, o)
-    m.entity_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.entity_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.entity_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.entity_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.entity_name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -3583,7 +3693,12 @@ def _d64(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_Ent
 def _d65(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_OpData v1
     m = _new(AlterClientQuotasRequest_OpData)
     m.unknown_tags = None
-    m.key, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.key = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.key, o = _compact_string(b, o)
     m.value, m.remove = _S_do.unpack_from(b, o)
     o += 9
     if b[o] == 0:
@@ -3602,7 +3717,11 @@ def _d65(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_OpD
 def _d66(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_EntryData v1
     m = _new(AlterClientQuotasRequest_EntryData)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.entity = None
     else:
@@ -3611,7 +3730,11 @@ def _d66(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_Ent
             v3, o = _d64(b, o)
             items2.append(v3)
         m.entity = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.ops = None
     else:
@@ -3636,7 +3759,11 @@ def _d66(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_Ent
 def _d67(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest v1
     m = _new(AlterClientQuotasRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.entries = None
     else:
@@ -3768,8 +3895,18 @@ def _e76(m: Any, w: bytearray) -> None:  # AlterClientQuotasResponse v0
 def _d77(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_EntityData v1
     m = _new(AlterClientQuotasResponse_EntityData)
     m.unknown_tags = None
-    m.entity_type, o = _compact_string(b, o)
-    m.entity_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.entity_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.entity_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.entity_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.entity_name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -3788,16 +3925,25 @@ def _d78(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_En
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.entity = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d77(b, o)
-            items2.append(v3)
-        m.entity = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d77(b, o)
+            items3.append(v4)
+        m.entity = items3
     if b[o] == 0:
         o += 1
     else:
@@ -3816,7 +3962,11 @@ def _d79(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse v1
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.entries = None
     else:
@@ -4045,8 +4195,18 @@ def _e89(m: Any, w: bytearray) -> None:  # AlterConfigsRequest v0
 def _d90(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_AlterableConfig v2
     m = _new(AlterConfigsRequest_AlterableConfig)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.value, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.value = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.value, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -4065,16 +4225,25 @@ def _d91(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_AlterCon
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.resource_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.resource_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.configs = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d90(b, o)
-            items2.append(v3)
-        m.configs = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d90(b, o)
+            items3.append(v4)
+        m.configs = items3
     if b[o] == 0:
         o += 1
     else:
@@ -4091,7 +4260,11 @@ def _d91(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_AlterCon
 def _d92(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest v2
     m = _new(AlterConfigsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.resources = None
     else:
@@ -4198,10 +4371,20 @@ def _d100(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse_AlterC
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.resource_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.resource_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.resource_name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -4220,7 +4403,11 @@ def _d101(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse v2
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -4349,7 +4536,11 @@ def _d106(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignments
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.replicas = None
     else:
@@ -4371,16 +4562,25 @@ def _d106(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignments
 def _d107(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRequest_ReassignableTopic v0
     m = _new(AlterPartitionReassignmentsRequest_ReassignableTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d106(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d106(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -4400,7 +4600,11 @@ def _d108(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignments
     m.allow_replication_factor_change = True
     m.timeout_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -4463,7 +4667,11 @@ def _d112(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignments
     m.unknown_tags = None
     m.timeout_ms, m.allow_replication_factor_change = _S_io.unpack_from(b, o)
     o += 5
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -4502,7 +4710,12 @@ def _d114(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignments
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -4519,16 +4732,25 @@ def _d114(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignments
 def _d115(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsResponse_ReassignableTopicResponse v0
     m = _new(AlterPartitionReassignmentsResponse_ReassignableTopicResponse)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d114(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d114(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -4548,16 +4770,25 @@ def _d116(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignments
     m.allow_replication_factor_change = True
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.responses = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d115(b, o)
-            items2.append(v3)
-        m.responses = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d115(b, o)
+            items3.append(v4)
+        m.responses = items3
     if b[o] == 0:
         o += 1
     else:
@@ -4610,16 +4841,25 @@ def _d120(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignments
     m.unknown_tags = None
     m.throttle_time_ms, m.allow_replication_factor_change, m.error_code = _S_ioh.unpack_from(b, o)
     o += 7
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.responses = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d115(b, o)
-            items2.append(v3)
-        m.responses = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d115(b, o)
+            items3.append(v4)
+        m.responses = items3
     if b[o] == 0:
         o += 1
     else:
@@ -4794,7 +5034,11 @@ def _d124(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_Parti
     m.new_isr_with_epochs = list()
     m.partition_index, m.leader_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.new_isr = None
     else:
@@ -4821,7 +5065,11 @@ def _d125(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_Topic
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -4848,7 +5096,11 @@ def _d126(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest v2
     m.unknown_tags = None
     m.broker_id, m.broker_epoch = _S_iq.unpack_from(b, o)
     o += 12
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -4931,7 +5183,11 @@ def _d131(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_Parti
     m.new_isr = list()
     m.partition_index, m.leader_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.new_isr_with_epochs = None
     else:
@@ -4961,7 +5217,11 @@ def _d132(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_Topic
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -4988,7 +5248,11 @@ def _d133(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest v3
     m.unknown_tags = None
     m.broker_id, m.broker_epoch = _S_iq.unpack_from(b, o)
     o += 12
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -5052,7 +5316,11 @@ def _d137(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse_Part
     m.unknown_tags = None
     m.partition_index, m.error_code, m.leader_id, m.leader_epoch = _S_ihii.unpack_from(b, o)
     o += 14
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.isr = None
     else:
@@ -5079,7 +5347,11 @@ def _d138(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse_Topi
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -5106,7 +5378,11 @@ def _d139(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse v2
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -5278,13 +5554,22 @@ def _e148(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsRequest v1
 def _d149(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic v2
     m = _new(AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -5301,16 +5586,25 @@ def _d149(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_
 def _d150(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_AlterReplicaLogDir v2
     m = _new(AlterReplicaLogDirsRequest_AlterReplicaLogDir)
     m.unknown_tags = None
-    m.path, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.path = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.path, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d149(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d149(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -5327,7 +5621,11 @@ def _d150(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_
 def _d151(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest v2
     m = _new(AlterReplicaLogDirsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.dirs = None
     else:
@@ -5454,16 +5752,25 @@ def _d160(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse
 def _d161(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult v2
     m = _new(AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d160(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d160(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -5482,7 +5789,11 @@ def _d162(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -5635,16 +5946,25 @@ def _d168(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsReque
 def _d169(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestTopic v0
     m = _new(AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestTopic)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d168(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d168(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -5661,16 +5981,25 @@ def _d169(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsReque
 def _d170(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRequest v0
     m = _new(AlterShareGroupOffsetsRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d169(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d169(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -5721,7 +6050,12 @@ def _d174(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRespo
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -5738,19 +6072,28 @@ def _d174(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRespo
 def _d175(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic v0
     m = _new(AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d174(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d174(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -5769,16 +6112,25 @@ def _d176(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRespo
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.responses = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d175(b, o)
-            items2.append(v3)
-        m.responses = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d175(b, o)
+            items3.append(v4)
+        m.responses = items3
     if b[o] == 0:
         o += 1
     else:
@@ -5893,7 +6245,12 @@ def _c179(b: _Buffer, o: int, found: list[int]) -> int:  # AlterShareGroupOffset
 def _d180(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequest_ScramCredentialDeletion v0
     m = _new(AlterUserScramCredentialsRequest_ScramCredentialDeletion)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.mechanism, = _S_b.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -5912,7 +6269,12 @@ def _d180(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRe
 def _d181(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequest_ScramCredentialUpsertion v0
     m = _new(AlterUserScramCredentialsRequest_ScramCredentialUpsertion)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.mechanism, m.iterations = _S_bi.unpack_from(b, o)
     o += 5
     m.salt, o = _compact_blob(b, o)
@@ -5933,7 +6295,11 @@ def _d181(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRe
 def _d182(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequest v0
     m = _new(AlterUserScramCredentialsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.deletions = None
     else:
@@ -5942,7 +6308,11 @@ def _d182(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRe
             v3, o = _d180(b, o)
             items2.append(v3)
         m.deletions = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.upsertions = None
     else:
@@ -6002,10 +6372,20 @@ def _e185(m: Any, w: bytearray) -> None:  # AlterUserScramCredentialsRequest v0
 def _d186(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult v0
     m = _new(AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult)
     m.unknown_tags = None
-    m.user, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.user = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.user, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.error_message = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -6024,7 +6404,11 @@ def _d187(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRe
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -6127,8 +6511,18 @@ def _e192(m: Any, w: bytearray) -> None:  # ApiVersionsRequest v0
 def _d193(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsRequest v3
     m = _new(ApiVersionsRequest)
     m.unknown_tags = None
-    m.client_software_name, o = _compact_string(b, o)
-    m.client_software_version, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.client_software_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.client_software_name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.client_software_version = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.client_software_version, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -6246,7 +6640,12 @@ def _d201(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_ApiVers
 def _d202(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_SupportedFeatureKey v3
     m = _new(ApiVersionsResponse_SupportedFeatureKey)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.min_version, m.max_version = _S_hh.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -6265,7 +6664,12 @@ def _d202(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_Support
 def _d203(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_FinalizedFeatureKey v3
     m = _new(ApiVersionsResponse_FinalizedFeatureKey)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.max_version_level, m.min_version_level = _S_hh.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -6290,7 +6694,11 @@ def _d204(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v3
     m.zk_migration_ready = False
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.api_keys = None
     else:
@@ -6308,7 +6716,11 @@ def _d204(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v3
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                n4, o = _compact_count(b, o)
+                n4 = b[o] - 1
+                if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n4, o = _compact_count(b, o)
                 if n4 < 0:
                     m.supported_features = None
                 else:
@@ -6323,7 +6735,11 @@ def _d204(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v3
                 o += 8
                 _check_tag_end(t, o, e)
             elif t == 2:
-                n7, o = _compact_count(b, o)
+                n7 = b[o] - 1
+                if 0 <= n7 < 0x7F and n7 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n7, o = _compact_count(b, o)
                 if n7 < 0:
                     m.finalized_features = None
                 else:
@@ -6518,7 +6934,11 @@ def _d215(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -6546,7 +6966,11 @@ def _d216(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest
     _u0, = _S_u.unpack_from(b, o)
     m.id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -6573,7 +6997,11 @@ def _d217(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest
     m.unknown_tags = None
     m.broker_id, m.broker_epoch = _S_iq.unpack_from(b, o)
     o += 12
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.directories = None
     else:
@@ -6663,7 +7091,11 @@ def _d223(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRespons
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -6691,7 +7123,11 @@ def _d224(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRespons
     _u0, = _S_u.unpack_from(b, o)
     m.id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -6718,7 +7154,11 @@ def _d225(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRespons
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.directories = None
     else:
@@ -6912,16 +7352,25 @@ def _d236(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_Par
 def _d237(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_TopicData v1
     m = _new(BeginQuorumEpochRequest_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d236(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d236(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -6938,8 +7387,18 @@ def _d237(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_Top
 def _d238(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_LeaderEndpoint v1
     m = _new(BeginQuorumEpochRequest_LeaderEndpoint)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.host = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -6958,27 +7417,40 @@ def _d238(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_Lea
 def _d239(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest v1
     m = _new(BeginQuorumEpochRequest)
     m.unknown_tags = None
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.voter_id, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d237(b, o)
-            items2.append(v3)
-        m.topics = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d237(b, o)
+            items3.append(v4)
+        m.topics = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.leader_endpoints = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d238(b, o)
-            items5.append(v6)
-        m.leader_endpoints = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d238(b, o)
+            items6.append(v7)
+        m.leader_endpoints = items6
     if b[o] == 0:
         o += 1
     else:
@@ -7112,16 +7584,25 @@ def _d249(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_Pa
 def _d250(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_TopicData v1
     m = _new(BeginQuorumEpochResponse_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d249(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d249(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -7140,7 +7621,12 @@ def _d251(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_No
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -7162,7 +7648,11 @@ def _d252(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse v1
     m.node_endpoints = list()
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -7178,7 +7668,11 @@ def _d252(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse v1
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                n4, o = _compact_count(b, o)
+                n4 = b[o] - 1
+                if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n4, o = _compact_count(b, o)
                 if n4 < 0:
                     m.node_endpoints = None
                 else:
@@ -7369,7 +7863,11 @@ def _d261(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatRequest v1
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                n1, o = _compact_count(b, o)
+                n1 = b[o] - 1
+                if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n1, o = _compact_count(b, o)
                 if n1 < 0:
                     m.offline_log_dirs = None
                 else:
@@ -7415,7 +7913,11 @@ def _d263(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatRequest v2
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                n1, o = _compact_count(b, o)
+                n1 = b[o] - 1
+                if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n1, o = _compact_count(b, o)
                 if n1 < 0:
                     m.offline_log_dirs = None
                 else:
@@ -7427,7 +7929,11 @@ def _d263(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatRequest v2
                     m.offline_log_dirs = items2
                 _check_tag_end(t, o, e)
             elif t == 1:
-                n4, o = _compact_count(b, o)
+                n4 = b[o] - 1
+                if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n4, o = _compact_count(b, o)
                 if n4 < 0:
                     m.cordoned_log_dirs = None
                 else:
@@ -7506,8 +8012,18 @@ def _c267(b: _Buffer, o: int, found: list[int]) -> int:  # BrokerHeartbeatRespon
 def _d268(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest_Listener v0
     m = _new(BrokerRegistrationRequest_Listener)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.host = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, m.security_protocol = _S_Hh.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -7526,7 +8042,12 @@ def _d268(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest_L
 def _d269(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest_Feature v0
     m = _new(BrokerRegistrationRequest_Feature)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.min_supported_version, m.max_supported_version = _S_hh.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -7550,29 +8071,47 @@ def _d270(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v
     m.previous_broker_epoch = -1
     m.broker_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     _u0, = _S_u.unpack_from(b, o)
     m.incarnation_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.listeners = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d268(b, o)
-            items2.append(v3)
-        m.listeners = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d268(b, o)
+            items3.append(v4)
+        m.listeners = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.features = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d269(b, o)
-            items5.append(v6)
-        m.features = items5
-    m.rack, o = _compact_string(b, o)
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d269(b, o)
+            items6.append(v7)
+        m.features = items6
+    length8 = b[o]
+    if 1 < length8 < 0x80 and o + length8 <= len(b):
+        m.rack = str(b[o + 1:o + length8], 'utf-8')
+        o += length8
+    else:
+        m.rack, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -7631,29 +8170,47 @@ def _d274(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v
     m.previous_broker_epoch = -1
     m.broker_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     _u0, = _S_u.unpack_from(b, o)
     m.incarnation_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.listeners = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d268(b, o)
-            items2.append(v3)
-        m.listeners = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d268(b, o)
+            items3.append(v4)
+        m.listeners = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.features = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d269(b, o)
-            items5.append(v6)
-        m.features = items5
-    m.rack, o = _compact_string(b, o)
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d269(b, o)
+            items6.append(v7)
+        m.features = items6
+    length8 = b[o]
+    if 1 < length8 < 0x80 and o + length8 <= len(b):
+        m.rack = str(b[o + 1:o + length8], 'utf-8')
+        o += length8
+    else:
+        m.rack, o = _compact_string(b, o)
     m.is_migrating_zk_broker, = _S_o.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -7695,41 +8252,63 @@ def _d276(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v
     m.previous_broker_epoch = -1
     m.broker_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     _u0, = _S_u.unpack_from(b, o)
     m.incarnation_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.listeners = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d268(b, o)
-            items2.append(v3)
-        m.listeners = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d268(b, o)
+            items3.append(v4)
+        m.listeners = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.features = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d269(b, o)
-            items5.append(v6)
-        m.features = items5
-    m.rack, o = _compact_string(b, o)
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d269(b, o)
+            items6.append(v7)
+        m.features = items6
+    length8 = b[o]
+    if 1 < length8 < 0x80 and o + length8 <= len(b):
+        m.rack = str(b[o + 1:o + length8], 'utf-8')
+        o += length8
+    else:
+        m.rack, o = _compact_string(b, o)
     m.is_migrating_zk_broker, = _S_o.unpack_from(b, o)
     o += 1
-    n7, o = _compact_count(b, o)
-    if n7 < 0:
+    n9 = b[o] - 1
+    if 0 <= n9 < 0x7F and n9 <= len(b) - o - 1:
+        o += 1
+    else:
+        n9, o = _compact_count(b, o)
+    if n9 < 0:
         m.log_dirs = None
     else:
-        items8 = []
-        for _ in range(n7):
-            v9 = _read_uuid(_S_u.unpack_from(b, o)[0])
+        items10 = []
+        for _ in range(n9):
+            v11 = _read_uuid(_S_u.unpack_from(b, o)[0])
             o += 16
-            items8.append(v9)
-        m.log_dirs = items8
+            items10.append(v11)
+        m.log_dirs = items10
     if b[o] == 0:
         o += 1
     else:
@@ -7772,41 +8351,63 @@ def _d278(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v
     m.unknown_tags = None
     m.broker_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     _u0, = _S_u.unpack_from(b, o)
     m.incarnation_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.listeners = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d268(b, o)
-            items2.append(v3)
-        m.listeners = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d268(b, o)
+            items3.append(v4)
+        m.listeners = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.features = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d269(b, o)
-            items5.append(v6)
-        m.features = items5
-    m.rack, o = _compact_string(b, o)
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d269(b, o)
+            items6.append(v7)
+        m.features = items6
+    length8 = b[o]
+    if 1 < length8 < 0x80 and o + length8 <= len(b):
+        m.rack = str(b[o + 1:o + length8], 'utf-8')
+        o += length8
+    else:
+        m.rack, o = _compact_string(b, o)
     m.is_migrating_zk_broker, = _S_o.unpack_from(b, o)
     o += 1
-    n7, o = _compact_count(b, o)
-    if n7 < 0:
+    n9 = b[o] - 1
+    if 0 <= n9 < 0x7F and n9 <= len(b) - o - 1:
+        o += 1
+    else:
+        n9, o = _compact_count(b, o)
+    if n9 < 0:
         m.log_dirs = None
     else:
-        items8 = []
-        for _ in range(n7):
-            v9 = _read_uuid(_S_u.unpack_from(b, o)[0])
+        items10 = []
+        for _ in range(n9):
+            v11 = _read_uuid(_S_u.unpack_from(b, o)[0])
             o += 16
-            items8.append(v9)
-        m.log_dirs = items8
+            items10.append(v11)
+        m.log_dirs = items10
     m.previous_broker_epoch, = _S_q.unpack_from(b, o)
     o += 8
     if b[o] == 0:
@@ -7887,13 +8488,22 @@ def _c282(b: _Buffer, o: int, found: list[int]) -> int:  # BrokerRegistrationRes
 def _d283(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRequest v0
     m = _new(ConsumerGroupDescribeRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.group_ids = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.group_ids = items2
     m.include_authorized_operations, = _S_o.unpack_from(b, o)
@@ -7929,13 +8539,22 @@ def _d285(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespon
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -7952,7 +8571,11 @@ def _d285(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespon
 def _d286(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse_Assignment v0
     m = _new(ConsumerGroupDescribeResponse_Assignment)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topic_partitions = None
     else:
@@ -7978,23 +8601,62 @@ def _d287(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespon
     m = _new(ConsumerGroupDescribeResponse_Member)
     m.unknown_tags = None
     m.member_type = -1
-    m.member_id, o = _compact_string(b, o)
-    m.instance_id, o = _compact_string(b, o)
-    m.rack_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.member_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.instance_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.instance_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.rack_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.rack_id, o = _compact_string(b, o)
     m.member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    m.client_id, o = _compact_string(b, o)
-    m.client_host, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.client_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.client_id, o = _compact_string(b, o)
+    length5 = b[o]
+    if 1 < length5 < 0x80 and o + length5 <= len(b):
+        m.client_host = str(b[o + 1:o + length5], 'utf-8')
+        o += length5
+    else:
+        m.client_host, o = _compact_string(b, o)
+    n6 = b[o] - 1
+    if 0 <= n6 < 0x7F and n6 <= len(b) - o - 1:
+        o += 1
+    else:
+        n6, o = _compact_count(b, o)
+    if n6 < 0:
         m.subscribed_topic_names = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _compact_string(b, o)
-            items2.append(v3)
-        m.subscribed_topic_names = items2
-    m.subscribed_topic_regex, o = _compact_string(b, o)
+        items7 = []
+        for _ in range(n6):
+            length9 = b[o]
+            if 1 < length9 < 0x80 and o + length9 <= len(b):
+                v8 = str(b[o + 1:o + length9], 'utf-8')
+                o += length9
+            else:
+                v8, o = _compact_string(b, o)
+            items7.append(v8)
+        m.subscribed_topic_names = items7
+    length10 = b[o]
+    if 1 < length10 < 0x80 and o + length10 <= len(b):
+        m.subscribed_topic_regex = str(b[o + 1:o + length10], 'utf-8')
+        o += length10
+    else:
+        m.subscribed_topic_regex, o = _compact_string(b, o)
     m.assignment, o = _d286(b, o)
     m.target_assignment, o = _d286(b, o)
     if b[o] == 0:
@@ -8015,21 +8677,45 @@ def _d288(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespon
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
-    m.group_id, o = _compact_string(b, o)
-    m.group_state, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_state = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_state, o = _compact_string(b, o)
     m.group_epoch, m.assignment_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    m.assignor_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.assignor_name = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.assignor_name, o = _compact_string(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d287(b, o)
-            items2.append(v3)
-        m.members = items2
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d287(b, o)
+            items6.append(v7)
+        m.members = items6
     m.authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -8050,7 +8736,11 @@ def _d289(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespon
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -8149,23 +8839,62 @@ def _e294(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse v0
 def _d295(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse_Member v1
     m = _new(ConsumerGroupDescribeResponse_Member)
     m.unknown_tags = None
-    m.member_id, o = _compact_string(b, o)
-    m.instance_id, o = _compact_string(b, o)
-    m.rack_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.member_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.instance_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.instance_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.rack_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.rack_id, o = _compact_string(b, o)
     m.member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    m.client_id, o = _compact_string(b, o)
-    m.client_host, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.client_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.client_id, o = _compact_string(b, o)
+    length5 = b[o]
+    if 1 < length5 < 0x80 and o + length5 <= len(b):
+        m.client_host = str(b[o + 1:o + length5], 'utf-8')
+        o += length5
+    else:
+        m.client_host, o = _compact_string(b, o)
+    n6 = b[o] - 1
+    if 0 <= n6 < 0x7F and n6 <= len(b) - o - 1:
+        o += 1
+    else:
+        n6, o = _compact_count(b, o)
+    if n6 < 0:
         m.subscribed_topic_names = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _compact_string(b, o)
-            items2.append(v3)
-        m.subscribed_topic_names = items2
-    m.subscribed_topic_regex, o = _compact_string(b, o)
+        items7 = []
+        for _ in range(n6):
+            length9 = b[o]
+            if 1 < length9 < 0x80 and o + length9 <= len(b):
+                v8 = str(b[o + 1:o + length9], 'utf-8')
+                o += length9
+            else:
+                v8, o = _compact_string(b, o)
+            items7.append(v8)
+        m.subscribed_topic_names = items7
+    length10 = b[o]
+    if 1 < length10 < 0x80 and o + length10 <= len(b):
+        m.subscribed_topic_regex = str(b[o + 1:o + length10], 'utf-8')
+        o += length10
+    else:
+        m.subscribed_topic_regex, o = _compact_string(b, o)
     m.assignment, o = _d286(b, o)
     m.target_assignment, o = _d286(b, o)
     m.member_type, = _S_b.unpack_from(b, o)
@@ -8188,21 +8917,45 @@ def _d296(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespon
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
-    m.group_id, o = _compact_string(b, o)
-    m.group_state, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_state = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_state, o = _compact_string(b, o)
     m.group_epoch, m.assignment_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    m.assignor_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.assignor_name = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.assignor_name, o = _compact_string(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d295(b, o)
-            items2.append(v3)
-        m.members = items2
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d295(b, o)
+            items6.append(v7)
+        m.members = items6
     m.authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -8223,7 +8976,11 @@ def _d297(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespon
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -8777,7 +9534,11 @@ def _d303(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatReque
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -8800,33 +9561,71 @@ def _d304(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatReque
     m = _new(ConsumerGroupHeartbeatRequest)
     m.unknown_tags = None
     m.subscribed_topic_regex = None
-    m.group_id, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    m.instance_id, o = _compact_string(b, o)
-    m.rack_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.instance_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.instance_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.rack_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.rack_id, o = _compact_string(b, o)
     m.rebalance_timeout_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.subscribed_topic_names = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _compact_string(b, o)
-            items2.append(v3)
-        m.subscribed_topic_names = items2
-    m.server_assignor, o = _compact_string(b, o)
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items6 = []
+        for _ in range(n5):
+            length8 = b[o]
+            if 1 < length8 < 0x80 and o + length8 <= len(b):
+                v7 = str(b[o + 1:o + length8], 'utf-8')
+                o += length8
+            else:
+                v7, o = _compact_string(b, o)
+            items6.append(v7)
+        m.subscribed_topic_names = items6
+    length9 = b[o]
+    if 1 < length9 < 0x80 and o + length9 <= len(b):
+        m.server_assignor = str(b[o + 1:o + length9], 'utf-8')
+        o += length9
+    else:
+        m.server_assignor, o = _compact_string(b, o)
+    n10 = b[o] - 1
+    if 0 <= n10 < 0x7F and n10 <= len(b) - o - 1:
+        o += 1
+    else:
+        n10, o = _compact_count(b, o)
+    if n10 < 0:
         m.topic_partitions = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d303(b, o)
-            items5.append(v6)
-        m.topic_partitions = items5
+        items11 = []
+        for _ in range(n10):
+            v12, o = _d303(b, o)
+            items11.append(v12)
+        m.topic_partitions = items11
     if b[o] == 0:
         o += 1
     else:
@@ -8877,34 +9676,77 @@ def _e306(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatRequest v0
 def _d307(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRequest v1
     m = _new(ConsumerGroupHeartbeatRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    m.instance_id, o = _compact_string(b, o)
-    m.rack_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.instance_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.instance_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.rack_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.rack_id, o = _compact_string(b, o)
     m.rebalance_timeout_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.subscribed_topic_names = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _compact_string(b, o)
-            items2.append(v3)
-        m.subscribed_topic_names = items2
-    m.subscribed_topic_regex, o = _compact_string(b, o)
-    m.server_assignor, o = _compact_string(b, o)
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items6 = []
+        for _ in range(n5):
+            length8 = b[o]
+            if 1 < length8 < 0x80 and o + length8 <= len(b):
+                v7 = str(b[o + 1:o + length8], 'utf-8')
+                o += length8
+            else:
+                v7, o = _compact_string(b, o)
+            items6.append(v7)
+        m.subscribed_topic_names = items6
+    length9 = b[o]
+    if 1 < length9 < 0x80 and o + length9 <= len(b):
+        m.subscribed_topic_regex = str(b[o + 1:o + length9], 'utf-8')
+        o += length9
+    else:
+        m.subscribed_topic_regex, o = _compact_string(b, o)
+    length10 = b[o]
+    if 1 < length10 < 0x80 and o + length10 <= len(b):
+        m.server_assignor = str(b[o + 1:o + length10], 'utf-8')
+        o += length10
+    else:
+        m.server_assignor, o = _compact_string(b, o)
+    n11 = b[o] - 1
+    if 0 <= n11 < 0x7F and n11 <= len(b) - o - 1:
+        o += 1
+    else:
+        n11, o = _compact_count(b, o)
+    if n11 < 0:
         m.topic_partitions = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d303(b, o)
-            items5.append(v6)
-        m.topic_partitions = items5
+        items12 = []
+        for _ in range(n11):
+            v13, o = _d303(b, o)
+            items12.append(v13)
+        m.topic_partitions = items12
     if b[o] == 0:
         o += 1
     else:
@@ -8947,7 +9789,11 @@ def _d309(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRespo
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -8969,7 +9815,11 @@ def _d309(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRespo
 def _d310(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatResponse_Assignment v0
     m = _new(ConsumerGroupHeartbeatResponse_Assignment)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topic_partitions = None
     else:
@@ -8996,8 +9846,18 @@ def _d311(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRespo
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.member_epoch, m.heartbeat_interval_ms = _S_ii.unpack_from(b, o)
     o += 8
     if b[o] != 1:
@@ -9112,8 +9972,18 @@ def _c314(b: _Buffer, o: int, found: list[int]) -> int:  # ConsumerGroupHeartbea
 def _d315(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRequest_Listener v0
     m = _new(ControllerRegistrationRequest_Listener)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.host = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, m.security_protocol = _S_Hh.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -9132,7 +10002,12 @@ def _d315(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationReque
 def _d316(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRequest_Feature v0
     m = _new(ControllerRegistrationRequest_Feature)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.min_supported_version, m.max_supported_version = _S_hh.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -9154,7 +10029,11 @@ def _d317(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationReque
     m.controller_id, _u1, m.zk_migration_ready = _S_iuo.unpack_from(b, o)
     m.incarnation_id = _read_uuid(_u1)
     o += 21
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.listeners = None
     else:
@@ -9163,7 +10042,11 @@ def _d317(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationReque
             v3, o = _d315(b, o)
             items2.append(v3)
         m.listeners = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.features = None
     else:
@@ -9206,7 +10089,12 @@ def _d319(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRespo
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -9271,11 +10159,26 @@ def _d324(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest_AclCreati
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.resource_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.resource_name, o = _compact_string(b, o)
     m.resource_pattern_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.principal, o = _compact_string(b, o)
-    m.host, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.principal = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.principal, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.host = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.host, o = _compact_string(b, o)
     m.operation, m.permission_type = _S_bb.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -9294,7 +10197,11 @@ def _d324(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest_AclCreati
 def _d325(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest v2
     m = _new(CreateAclsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.creations = None
     else:
@@ -9384,7 +10291,12 @@ def _d332(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse_AclCreat
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -9403,7 +10315,11 @@ def _d333(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse v2
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -9547,8 +10463,18 @@ def _e341(m: Any, w: bytearray) -> None:  # CreateDelegationTokenRequest v1
 def _d342(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest_CreatableRenewers v2
     m = _new(CreateDelegationTokenRequest_CreatableRenewers)
     m.unknown_tags = None
-    m.principal_type, o = _compact_string(b, o)
-    m.principal_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.principal_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.principal_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.principal_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.principal_name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -9567,7 +10493,11 @@ def _d343(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenReques
     m.unknown_tags = None
     m.owner_principal_type = ''
     m.owner_principal_name = ''
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.renewers = None
     else:
@@ -9615,17 +10545,31 @@ def _e345(m: Any, w: bytearray) -> None:  # CreateDelegationTokenRequest v2
 def _d346(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest v3
     m = _new(CreateDelegationTokenRequest)
     m.unknown_tags = None
-    m.owner_principal_type, o = _compact_string(b, o)
-    m.owner_principal_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.owner_principal_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.owner_principal_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.owner_principal_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.owner_principal_name, o = _compact_string(b, o)
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.renewers = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d342(b, o)
-            items2.append(v3)
-        m.renewers = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d342(b, o)
+            items4.append(v5)
+        m.renewers = items4
     m.max_lifetime_ms, = _S_q.unpack_from(b, o)
     o += 8
     if b[o] == 0:
@@ -9690,11 +10634,26 @@ def _d350(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRespon
     m.token_requester_principal_name = ''
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.principal_type, o = _compact_string(b, o)
-    m.principal_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.principal_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.principal_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.principal_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.principal_name, o = _compact_string(b, o)
     m.issue_timestamp_ms, m.expiry_timestamp_ms, m.max_timestamp_ms = _S_qqq.unpack_from(b, o)
     o += 24
-    m.token_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.token_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.token_id, o = _compact_string(b, o)
     m.hmac, o = _compact_blob(b, o)
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
@@ -9730,13 +10689,38 @@ def _d352(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRespon
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.principal_type, o = _compact_string(b, o)
-    m.principal_name, o = _compact_string(b, o)
-    m.token_requester_principal_type, o = _compact_string(b, o)
-    m.token_requester_principal_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.principal_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.principal_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.principal_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.principal_name, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.token_requester_principal_type = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.token_requester_principal_type, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.token_requester_principal_name = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.token_requester_principal_name, o = _compact_string(b, o)
     m.issue_timestamp_ms, m.expiry_timestamp_ms, m.max_timestamp_ms = _S_qqq.unpack_from(b, o)
     o += 24
-    m.token_id, o = _compact_string(b, o)
+    length5 = b[o]
+    if 1 < length5 < 0x80 and o + length5 <= len(b):
+        m.token_id = str(b[o + 1:o + length5], 'utf-8')
+        o += length5
+    else:
+        m.token_id, o = _compact_string(b, o)
     m.hmac, o = _compact_blob(b, o)
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
@@ -10183,7 +11167,11 @@ def _e365(m: Any, w: bytearray) -> None:  # CreatePartitionsRequest v0
 def _d366(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_CreatePartitionsAssignment v2
     m = _new(CreatePartitionsRequest_CreatePartitionsAssignment)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.broker_ids = None
     else:
@@ -10205,18 +11193,27 @@ def _d366(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_Cre
 def _d367(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_CreatePartitionsTopic v2
     m = _new(CreatePartitionsRequest_CreatePartitionsTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.count, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.assignments = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d366(b, o)
-            items2.append(v3)
-        m.assignments = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d366(b, o)
+            items3.append(v4)
+        m.assignments = items3
     if b[o] == 0:
         o += 1
     else:
@@ -10233,7 +11230,11 @@ def _d367(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_Cre
 def _d368(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest v2
     m = _new(CreatePartitionsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -10337,10 +11338,20 @@ def _e375(m: Any, w: bytearray) -> None:  # CreatePartitionsResponse v0
 def _d376(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse_CreatePartitionsTopicResult v2
     m = _new(CreatePartitionsResponse_CreatePartitionsTopicResult)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.error_message = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -10359,7 +11370,11 @@ def _d377(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse v2
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -10536,7 +11551,11 @@ def _d388(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatab
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.broker_ids = None
     else:
@@ -10558,8 +11577,18 @@ def _d388(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatab
 def _d389(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_CreatableTopicConfig v5
     m = _new(CreateTopicsRequest_CreatableTopicConfig)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.value, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.value = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.value, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -10576,27 +11605,40 @@ def _d389(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatab
 def _d390(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_CreatableTopic v5
     m = _new(CreateTopicsRequest_CreatableTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.num_partitions, m.replication_factor = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.assignments = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d388(b, o)
-            items2.append(v3)
-        m.assignments = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d388(b, o)
+            items3.append(v4)
+        m.assignments = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.configs = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d389(b, o)
-            items5.append(v6)
-        m.configs = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d389(b, o)
+            items6.append(v7)
+        m.configs = items6
     if b[o] == 0:
         o += 1
     else:
@@ -10613,7 +11655,11 @@ def _d390(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatab
 def _d391(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest v5
     m = _new(CreateTopicsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -10721,8 +11767,18 @@ def _e397(m: Any, w: bytearray) -> None:  # CreateTopicsResponse v2
 def _d398(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_CreatableTopicConfigs v5
     m = _new(CreateTopicsResponse_CreatableTopicConfigs)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.value, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.value = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.value, o = _compact_string(b, o)
     m.read_only, m.config_source, m.is_sensitive = _S_obo.unpack_from(b, o)
     o += 3
     if b[o] == 0:
@@ -10743,21 +11799,35 @@ def _d399(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_Creata
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
     m.topic_config_error_code = 0
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.error_message = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.num_partitions, m.replication_factor = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.configs = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d398(b, o)
-            items2.append(v3)
-        m.configs = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d398(b, o)
+            items4.append(v5)
+        m.configs = items4
     if b[o] == 0:
         o += 1
     else:
@@ -10781,7 +11851,11 @@ def _d400(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse v5
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -10846,22 +11920,36 @@ def _d404(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_Creata
     m = _new(CreateTopicsResponse_CreatableTopicResult)
     m.unknown_tags = None
     m.topic_config_error_code = 0
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     _u0, m.error_code = _S_uh.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 18
-    m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.error_message = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.num_partitions, m.replication_factor = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.configs = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d398(b, o)
-            items2.append(v3)
-        m.configs = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d398(b, o)
+            items4.append(v5)
+        m.configs = items4
     if b[o] == 0:
         o += 1
     else:
@@ -10885,7 +11973,11 @@ def _d405(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse v7
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -11146,11 +12238,26 @@ def _d414(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest_DeleteAcl
     m.unknown_tags = None
     m.resource_type_filter, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name_filter, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.resource_name_filter = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.resource_name_filter, o = _compact_string(b, o)
     m.pattern_type_filter, = _S_b.unpack_from(b, o)
     o += 1
-    m.principal_filter, o = _compact_string(b, o)
-    m.host_filter, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.principal_filter = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.principal_filter, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.host_filter = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.host_filter, o = _compact_string(b, o)
     m.operation, m.permission_type = _S_bb.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -11169,7 +12276,11 @@ def _d414(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest_DeleteAcl
 def _d415(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest v2
     m = _new(DeleteAclsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.filters = None
     else:
@@ -11301,14 +12412,34 @@ def _d424(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAc
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.resource_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.resource_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.resource_name, o = _compact_string(b, o)
     m.pattern_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.principal, o = _compact_string(b, o)
-    m.host, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.principal = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.principal, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.host = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.host, o = _compact_string(b, o)
     m.operation, m.permission_type = _S_bb.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -11329,16 +12460,25 @@ def _d425(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAc
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.matching_acls = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d424(b, o)
-            items2.append(v3)
-        m.matching_acls = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d424(b, o)
+            items3.append(v4)
+        m.matching_acls = items3
     if b[o] == 0:
         o += 1
     else:
@@ -11357,7 +12497,11 @@ def _d426(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse v2
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.filter_results = None
     else:
@@ -11610,13 +12754,22 @@ def _e433(m: Any, w: bytearray) -> None:  # DeleteGroupsRequest v0
 def _d434(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsRequest v2
     m = _new(DeleteGroupsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups_names = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.groups_names = items2
     if b[o] == 0:
@@ -11685,7 +12838,12 @@ def _e439(m: Any, w: bytearray) -> None:  # DeleteGroupsResponse v0
 def _d440(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse_DeletableGroupResult v2
     m = _new(DeleteGroupsResponse_DeletableGroupResult)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -11706,7 +12864,11 @@ def _d441(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse v2
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -11889,16 +13051,25 @@ def _d452(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_Delete
 def _d453(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_DeleteRecordsTopic v2
     m = _new(DeleteRecordsRequest_DeleteRecordsTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d452(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d452(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -11915,7 +13086,11 @@ def _d453(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_Delete
 def _d454(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest v2
     m = _new(DeleteRecordsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -12053,16 +13228,25 @@ def _d464(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_Delet
 def _d465(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_DeleteRecordsTopicResult v2
     m = _new(DeleteRecordsResponse_DeleteRecordsTopicResult)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d464(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d464(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -12081,7 +13265,11 @@ def _d466(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse v2
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -12216,7 +13404,12 @@ def _c471(b: _Buffer, o: int, found: list[int]) -> int:  # DeleteRecordsResponse
 def _d472(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic v0
     m = _new(DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -12233,16 +13426,25 @@ def _d472(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsRequ
 def _d473(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsRequest v0
     m = _new(DeleteShareGroupOffsetsRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d472(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d472(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -12279,11 +13481,21 @@ def _e475(m: Any, w: bytearray) -> None:  # DeleteShareGroupOffsetsRequest v0
 def _d476(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic v0
     m = _new(DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
     _u0, m.error_code = _S_uh.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 18
-    m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.error_message = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -12302,16 +13514,25 @@ def _d477(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsResp
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.responses = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d476(b, o)
-            items2.append(v3)
-        m.responses = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d476(b, o)
+            items3.append(v4)
+        m.responses = items3
     if b[o] == 0:
         o += 1
     else:
@@ -12432,7 +13653,11 @@ def _d482(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateReques
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -12457,16 +13682,25 @@ def _d482(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateReques
 def _d483(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRequest v0
     m = _new(DeleteShareGroupStateRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d482(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d482(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -12517,7 +13751,12 @@ def _d487(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRespon
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -12537,7 +13776,11 @@ def _d488(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRespon
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -12562,7 +13805,11 @@ def _d488(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRespon
 def _d489(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateResponse v0
     m = _new(DeleteShareGroupStateResponse)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -12691,13 +13938,22 @@ def _d496(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest v4
     m = _new(DeleteTopicsRequest)
     m.unknown_tags = None
     m.topics = list()
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topic_names = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.topic_names = items2
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -12730,7 +13986,12 @@ def _e497(m: Any, w: bytearray) -> None:  # DeleteTopicsRequest v4
 def _d498(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest_DeleteTopicState v6
     m = _new(DeleteTopicsRequest_DeleteTopicState)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
@@ -12751,7 +14012,11 @@ def _d499(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest v6
     m = _new(DeleteTopicsRequest)
     m.unknown_tags = None
     m.topic_names = list()
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -12842,7 +14107,12 @@ def _d506(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_Deleta
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
     m.error_message = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -12863,7 +14133,11 @@ def _d507(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v4
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -12910,10 +14184,20 @@ def _d510(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_Deleta
     m = _new(DeleteTopicsResponse_DeletableTopicResult)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.error_message = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -12932,7 +14216,11 @@ def _d511(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v5
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -12969,11 +14257,21 @@ def _e512(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse v5
 def _d513(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_DeletableTopicResult v6
     m = _new(DeleteTopicsResponse_DeletableTopicResult)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     _u0, m.error_code = _S_uh.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 18
-    m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.error_message = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -12992,7 +14290,11 @@ def _d514(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v6
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -13101,11 +14403,26 @@ def _d519(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsRequest v2
     m.unknown_tags = None
     m.resource_type_filter, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name_filter, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.resource_name_filter = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.resource_name_filter, o = _compact_string(b, o)
     m.pattern_type_filter, = _S_b.unpack_from(b, o)
     o += 1
-    m.principal_filter, o = _compact_string(b, o)
-    m.host_filter, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.principal_filter = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.principal_filter, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.host_filter = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.host_filter, o = _compact_string(b, o)
     m.operation, m.permission_type = _S_bb.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -13197,8 +14514,18 @@ def _e525(m: Any, w: bytearray) -> None:  # DescribeAclsResponse v1
 def _d526(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_AclDescription v2
     m = _new(DescribeAclsResponse_AclDescription)
     m.unknown_tags = None
-    m.principal, o = _compact_string(b, o)
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.principal = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.principal, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.host = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.host, o = _compact_string(b, o)
     m.operation, m.permission_type = _S_bb.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -13219,18 +14546,27 @@ def _d527(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_Descri
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.resource_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.resource_name, o = _compact_string(b, o)
     m.pattern_type, = _S_b.unpack_from(b, o)
     o += 1
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.acls = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d526(b, o)
-            items2.append(v3)
-        m.acls = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d526(b, o)
+            items3.append(v4)
+        m.acls = items3
     if b[o] == 0:
         o += 1
     else:
@@ -13249,16 +14585,25 @@ def _d528(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse v2
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.resources = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d527(b, o)
-            items2.append(v3)
-        m.resources = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d527(b, o)
+            items3.append(v4)
+        m.resources = items3
     if b[o] == 0:
         o += 1
     else:
@@ -13492,10 +14837,20 @@ def _e537(m: Any, w: bytearray) -> None:  # DescribeClientQuotasRequest v0
 def _d538(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest_ComponentData v1
     m = _new(DescribeClientQuotasRequest_ComponentData)
     m.unknown_tags = None
-    m.entity_type, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.entity_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.entity_type, o = _compact_string(b, o)
     m.match_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.match, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.match = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.match, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -13512,7 +14867,11 @@ def _d538(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest
 def _d539(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest v1
     m = _new(DescribeClientQuotasRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.components = None
     else:
@@ -13645,8 +15004,18 @@ def _e548(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse v0
 def _d549(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse_EntityData v1
     m = _new(DescribeClientQuotasResponse_EntityData)
     m.unknown_tags = None
-    m.entity_type, o = _compact_string(b, o)
-    m.entity_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.entity_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.entity_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.entity_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.entity_name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -13663,7 +15032,12 @@ def _d549(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRespons
 def _d550(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse_ValueData v1
     m = _new(DescribeClientQuotasResponse_ValueData)
     m.unknown_tags = None
-    m.key, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.key = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.key, o = _compact_string(b, o)
     m.value, = _S_d.unpack_from(b, o)
     o += 8
     if b[o] == 0:
@@ -13682,7 +15056,11 @@ def _d550(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRespons
 def _d551(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse_EntryData v1
     m = _new(DescribeClientQuotasResponse_EntryData)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.entity = None
     else:
@@ -13691,7 +15069,11 @@ def _d551(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRespons
             v3, o = _d549(b, o)
             items2.append(v3)
         m.entity = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.values = None
     else:
@@ -13718,16 +15100,25 @@ def _d552(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRespons
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.entries = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d551(b, o)
-            items2.append(v3)
-        m.entries = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d551(b, o)
+            items3.append(v4)
+        m.entries = items3
     if b[o] == 0:
         o += 1
     else:
@@ -14018,10 +15409,20 @@ def _d564(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse_Des
     m.is_fenced = False
     m.broker_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_i.unpack_from(b, o)
     o += 4
-    m.rack, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.rack = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.rack, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -14041,19 +15442,33 @@ def _d565(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v0
     m.endpoint_type = 1
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.controller_id, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.brokers = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d564(b, o)
-            items2.append(v3)
-        m.brokers = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d564(b, o)
+            items4.append(v5)
+        m.brokers = items4
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -14101,21 +15516,35 @@ def _d568(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v1
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.endpoint_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.cluster_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.controller_id, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.brokers = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d564(b, o)
-            items2.append(v3)
-        m.brokers = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d564(b, o)
+            items4.append(v5)
+        m.brokers = items4
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -14153,10 +15582,20 @@ def _d570(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse_Des
     m.unknown_tags = None
     m.broker_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_i.unpack_from(b, o)
     o += 4
-    m.rack, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.rack = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.rack, o = _compact_string(b, o)
     m.is_fenced, = _S_o.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -14177,21 +15616,35 @@ def _d571(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v2
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.endpoint_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.cluster_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.controller_id, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.brokers = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d570(b, o)
-            items2.append(v3)
-        m.brokers = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d570(b, o)
+            items4.append(v5)
+        m.brokers = items4
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -14532,16 +15985,30 @@ def _d583(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest_Desc
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.resource_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.resource_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.configuration_keys = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _compact_string(b, o)
-            items2.append(v3)
-        m.configuration_keys = items2
+        items3 = []
+        for _ in range(n2):
+            length5 = b[o]
+            if 1 < length5 < 0x80 and o + length5 <= len(b):
+                v4 = str(b[o + 1:o + length5], 'utf-8')
+                o += length5
+            else:
+                v4, o = _compact_string(b, o)
+            items3.append(v4)
+        m.configuration_keys = items3
     if b[o] == 0:
         o += 1
     else:
@@ -14558,7 +16025,11 @@ def _d583(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest_Desc
 def _d584(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest v4
     m = _new(DescribeConfigsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.resources = None
     else:
@@ -14805,8 +16276,18 @@ def _e600(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse v3
 def _d601(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_DescribeConfigsSynonym v4
     m = _new(DescribeConfigsResponse_DescribeConfigsSynonym)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.value, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.value = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.value, o = _compact_string(b, o)
     m.source, = _S_b.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -14825,22 +16306,41 @@ def _d601(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Des
 def _d602(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_DescribeConfigsResourceResult v4
     m = _new(DescribeConfigsResponse_DescribeConfigsResourceResult)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.value, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.value = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.value, o = _compact_string(b, o)
     m.read_only, m.config_source, m.is_sensitive = _S_obo.unpack_from(b, o)
     o += 3
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.synonyms = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d601(b, o)
-            items2.append(v3)
-        m.synonyms = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d601(b, o)
+            items4.append(v5)
+        m.synonyms = items4
     m.config_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.documentation, o = _compact_string(b, o)
+    length6 = b[o]
+    if 1 < length6 < 0x80 and o + length6 <= len(b):
+        m.documentation = str(b[o + 1:o + length6], 'utf-8')
+        o += length6
+    else:
+        m.documentation, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -14859,19 +16359,33 @@ def _d603(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Des
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.resource_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.resource_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.resource_name, o = _compact_string(b, o)
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.configs = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d602(b, o)
-            items2.append(v3)
-        m.configs = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d602(b, o)
+            items4.append(v5)
+        m.configs = items4
     if b[o] == 0:
         o += 1
     else:
@@ -14890,7 +16404,11 @@ def _d604(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse v4
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -15296,8 +16814,18 @@ def _e614(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenRequest v1
 def _d615(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRequest_DescribeDelegationTokenOwner v2
     m = _new(DescribeDelegationTokenRequest_DescribeDelegationTokenOwner)
     m.unknown_tags = None
-    m.principal_type, o = _compact_string(b, o)
-    m.principal_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.principal_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.principal_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.principal_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.principal_name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -15314,7 +16842,11 @@ def _d615(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRequ
 def _d616(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRequest v2
     m = _new(DescribeDelegationTokenRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.owners = None
     else:
@@ -15421,8 +16953,18 @@ def _e622(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse v1
 def _d623(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer v2
     m = _new(DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer)
     m.unknown_tags = None
-    m.principal_type, o = _compact_string(b, o)
-    m.principal_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.principal_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.principal_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.principal_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.principal_name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -15441,21 +16983,40 @@ def _d624(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResp
     m.unknown_tags = None
     m.token_requester_principal_type = ''
     m.token_requester_principal_name = ''
-    m.principal_type, o = _compact_string(b, o)
-    m.principal_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.principal_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.principal_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.principal_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.principal_name, o = _compact_string(b, o)
     m.issue_timestamp, m.expiry_timestamp, m.max_timestamp = _S_qqq.unpack_from(b, o)
     o += 24
-    m.token_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.token_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.token_id, o = _compact_string(b, o)
     m.hmac, o = _compact_blob(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
+    if n4 < 0:
         m.renewers = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d623(b, o)
-            items2.append(v3)
-        m.renewers = items2
+        items5 = []
+        for _ in range(n4):
+            v6, o = _d623(b, o)
+            items5.append(v6)
+        m.renewers = items5
     if b[o] == 0:
         o += 1
     else:
@@ -15474,7 +17035,11 @@ def _d625(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResp
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.tokens = None
     else:
@@ -15530,23 +17095,52 @@ def _e627(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse v2
 def _d628(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResponse_DescribedDelegationToken v3
     m = _new(DescribeDelegationTokenResponse_DescribedDelegationToken)
     m.unknown_tags = None
-    m.principal_type, o = _compact_string(b, o)
-    m.principal_name, o = _compact_string(b, o)
-    m.token_requester_principal_type, o = _compact_string(b, o)
-    m.token_requester_principal_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.principal_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.principal_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.principal_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.principal_name, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.token_requester_principal_type = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.token_requester_principal_type, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.token_requester_principal_name = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.token_requester_principal_name, o = _compact_string(b, o)
     m.issue_timestamp, m.expiry_timestamp, m.max_timestamp = _S_qqq.unpack_from(b, o)
     o += 24
-    m.token_id, o = _compact_string(b, o)
+    length5 = b[o]
+    if 1 < length5 < 0x80 and o + length5 <= len(b):
+        m.token_id = str(b[o + 1:o + length5], 'utf-8')
+        o += length5
+    else:
+        m.token_id, o = _compact_string(b, o)
     m.hmac, o = _compact_blob(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n6 = b[o] - 1
+    if 0 <= n6 < 0x7F and n6 <= len(b) - o - 1:
+        o += 1
+    else:
+        n6, o = _compact_count(b, o)
+    if n6 < 0:
         m.renewers = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d623(b, o)
-            items2.append(v3)
-        m.renewers = items2
+        items7 = []
+        for _ in range(n6):
+            v8, o = _d623(b, o)
+            items7.append(v8)
+        m.renewers = items7
     if b[o] == 0:
         o += 1
     else:
@@ -15565,7 +17159,11 @@ def _d629(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResp
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.tokens = None
     else:
@@ -16247,13 +17845,22 @@ def _e641(m: Any, w: bytearray) -> None:  # DescribeGroupsRequest v3
 def _d642(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsRequest v5
     m = _new(DescribeGroupsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.groups = items2
     m.include_authorized_operations, = _S_o.unpack_from(b, o)
@@ -16534,10 +18141,30 @@ def _e661(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse v4
 def _d662(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_DescribedGroupMember v5
     m = _new(DescribeGroupsResponse_DescribedGroupMember)
     m.unknown_tags = None
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
-    m.client_id, o = _compact_string(b, o)
-    m.client_host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.member_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.client_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.client_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.client_host = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.client_host, o = _compact_string(b, o)
     m.member_metadata, o = _compact_blob(b, o)
     m.member_assignment, o = _compact_blob(b, o)
     if b[o] == 0:
@@ -16559,19 +18186,43 @@ def _d663(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Desc
     m.error_message = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.group_id, o = _compact_string(b, o)
-    m.group_state, o = _compact_string(b, o)
-    m.protocol_type, o = _compact_string(b, o)
-    m.protocol_data, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_state = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_state, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.protocol_type, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.protocol_data = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.protocol_data, o = _compact_string(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d662(b, o)
-            items2.append(v3)
-        m.members = items2
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d662(b, o)
+            items6.append(v7)
+        m.members = items6
     m.authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -16592,7 +18243,11 @@ def _d664(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v5
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -16661,20 +18316,49 @@ def _d668(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Desc
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
-    m.group_id, o = _compact_string(b, o)
-    m.group_state, o = _compact_string(b, o)
-    m.protocol_type, o = _compact_string(b, o)
-    m.protocol_data, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_state = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_state, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.protocol_type, o = _compact_string(b, o)
+    length5 = b[o]
+    if 1 < length5 < 0x80 and o + length5 <= len(b):
+        m.protocol_data = str(b[o + 1:o + length5], 'utf-8')
+        o += length5
+    else:
+        m.protocol_data, o = _compact_string(b, o)
+    n6 = b[o] - 1
+    if 0 <= n6 < 0x7F and n6 <= len(b) - o - 1:
+        o += 1
+    else:
+        n6, o = _compact_count(b, o)
+    if n6 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d662(b, o)
-            items2.append(v3)
-        m.members = items2
+        items7 = []
+        for _ in range(n6):
+            v8, o = _d662(b, o)
+            items7.append(v8)
+        m.members = items7
     m.authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -16695,7 +18379,11 @@ def _d669(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v6
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -17485,13 +19173,22 @@ def _e681(m: Any, w: bytearray) -> None:  # DescribeLogDirsRequest v1
 def _d682(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest_DescribableLogDirTopic v2
     m = _new(DescribeLogDirsRequest_DescribableLogDirTopic)
     m.unknown_tags = None
-    m.topic, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -17508,7 +19205,11 @@ def _d682(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest_Desc
 def _d683(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest v2
     m = _new(DescribeLogDirsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -17666,16 +19367,25 @@ def _d694(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Des
 def _d695(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_DescribeLogDirsTopic v2
     m = _new(DescribeLogDirsResponse_DescribeLogDirsTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d694(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d694(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -17697,16 +19407,25 @@ def _d696(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Des
     m.is_cordoned = False
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.log_dir, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.log_dir = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.log_dir, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d695(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d695(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -17726,7 +19445,11 @@ def _d697(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v2
     m.error_code = 0
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -17798,7 +19521,11 @@ def _d702(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v3
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -17838,16 +19565,25 @@ def _d704(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Des
     m.is_cordoned = False
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.log_dir, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.log_dir = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.log_dir, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d695(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d695(b, o)
+            items3.append(v4)
+        m.topics = items3
     m.total_bytes, m.usable_bytes = _S_qq.unpack_from(b, o)
     o += 16
     if b[o] == 0:
@@ -17868,7 +19604,11 @@ def _d705(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v4
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -17921,16 +19661,25 @@ def _d708(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Des
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.log_dir, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.log_dir = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.log_dir, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d695(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d695(b, o)
+            items3.append(v4)
+        m.topics = items3
     m.total_bytes, m.usable_bytes, m.is_cordoned = _S_qqo.unpack_from(b, o)
     o += 17
     if b[o] == 0:
@@ -17951,7 +19700,11 @@ def _d709(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v5
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -18332,13 +20085,22 @@ def _c716(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeLogDirsRespon
 def _d717(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersRequest_TopicRequest v0
     m = _new(DescribeProducersRequest_TopicRequest)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partition_indexes = None
     else:
-        m.partition_indexes = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partition_indexes = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -18355,7 +20117,11 @@ def _d717(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersRequest_To
 def _d718(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersRequest v0
     m = _new(DescribeProducersRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -18423,16 +20189,25 @@ def _d722(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_P
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.active_producers = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d721(b, o)
-            items2.append(v3)
-        m.active_producers = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d721(b, o)
+            items3.append(v4)
+        m.active_producers = items3
     if b[o] == 0:
         o += 1
     else:
@@ -18449,16 +20224,25 @@ def _d722(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_P
 def _d723(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_TopicResponse v0
     m = _new(DescribeProducersResponse_TopicResponse)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d722(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d722(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -18477,7 +20261,11 @@ def _d724(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse v
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -18633,16 +20421,25 @@ def _d730(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest_Parti
 def _d731(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest_TopicData v0
     m = _new(DescribeQuorumRequest_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d730(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d730(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -18659,7 +20456,11 @@ def _d731(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest_Topic
 def _d732(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest v0
     m = _new(DescribeQuorumRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -18731,7 +20532,11 @@ def _d736(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Part
     m.error_message = ''
     m.partition_index, m.error_code, m.leader_id, m.leader_epoch, m.high_watermark = _S_ihiiq.unpack_from(b, o)
     o += 22
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.current_voters = None
     else:
@@ -18740,7 +20545,11 @@ def _d736(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Part
             v3, o = _d735(b, o)
             items2.append(v3)
         m.current_voters = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.observers = None
     else:
@@ -18765,16 +20574,25 @@ def _d736(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Part
 def _d737(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_TopicData v0
     m = _new(DescribeQuorumResponse_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d736(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d736(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -18795,7 +20613,11 @@ def _d738(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v0
     m.nodes = list()
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -18890,7 +20712,11 @@ def _d744(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Part
     m.error_message = ''
     m.partition_index, m.error_code, m.leader_id, m.leader_epoch, m.high_watermark = _S_ihiiq.unpack_from(b, o)
     o += 22
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.current_voters = None
     else:
@@ -18899,7 +20725,11 @@ def _d744(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Part
             v3, o = _d743(b, o)
             items2.append(v3)
         m.current_voters = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.observers = None
     else:
@@ -18924,16 +20754,25 @@ def _d744(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Part
 def _d745(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_TopicData v1
     m = _new(DescribeQuorumResponse_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d744(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d744(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -18954,7 +20793,11 @@ def _d746(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v1
     m.nodes = list()
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -19048,27 +20891,40 @@ def _d752(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Part
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.leader_id, m.leader_epoch, m.high_watermark = _S_iiq.unpack_from(b, o)
     o += 16
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.current_voters = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d751(b, o)
-            items2.append(v3)
-        m.current_voters = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d751(b, o)
+            items3.append(v4)
+        m.current_voters = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.observers = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d751(b, o)
-            items5.append(v6)
-        m.observers = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d751(b, o)
+            items6.append(v7)
+        m.observers = items6
     if b[o] == 0:
         o += 1
     else:
@@ -19085,16 +20941,25 @@ def _d752(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Part
 def _d753(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_TopicData v2
     m = _new(DescribeQuorumResponse_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d752(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d752(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -19111,8 +20976,18 @@ def _d753(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Topi
 def _d754(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Listener v2
     m = _new(DescribeQuorumResponse_Listener)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.host = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -19133,7 +21008,11 @@ def _d755(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Node
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.listeners = None
     else:
@@ -19160,25 +21039,38 @@ def _d756(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v2
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d753(b, o)
-            items2.append(v3)
-        m.topics = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d753(b, o)
+            items3.append(v4)
+        m.topics = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.nodes = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d755(b, o)
-            items5.append(v6)
-        m.nodes = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d755(b, o)
+            items6.append(v7)
+        m.nodes = items6
     if b[o] == 0:
         o += 1
     else:
@@ -19547,13 +21439,22 @@ def _c764(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeQuorumRespons
 def _d765(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic v0
     m = _new(DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -19570,16 +21471,25 @@ def _d765(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRe
 def _d766(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestGroup v0
     m = _new(DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestGroup)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d765(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d765(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -19596,7 +21506,11 @@ def _d766(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRe
 def _d767(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequest v0
     m = _new(DescribeShareGroupOffsetsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -19659,7 +21573,12 @@ def _d771(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRe
     m.lag = -1
     m.partition_index, m.start_offset, m.leader_epoch, m.error_code = _S_iqih.unpack_from(b, o)
     o += 18
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -19676,19 +21595,28 @@ def _d771(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRe
 def _d772(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic v0
     m = _new(DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d771(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d771(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -19705,19 +21633,33 @@ def _d772(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRe
 def _d773(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup v0
     m = _new(DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d772(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d772(b, o)
+            items3.append(v4)
+        m.topics = items3
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length5 = b[o]
+    if 1 < length5 < 0x80 and o + length5 <= len(b):
+        m.error_message = str(b[o + 1:o + length5], 'utf-8')
+        o += length5
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -19736,7 +21678,11 @@ def _d774(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRe
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -19811,7 +21757,12 @@ def _d779(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRe
     m.unknown_tags = None
     m.partition_index, m.start_offset, m.leader_epoch, m.lag, m.error_code = _S_iqiqh.unpack_from(b, o)
     o += 26
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -19828,19 +21779,28 @@ def _d779(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRe
 def _d780(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic v1
     m = _new(DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d779(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d779(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -19857,19 +21817,33 @@ def _d780(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRe
 def _d781(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup v1
     m = _new(DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d780(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d780(b, o)
+            items3.append(v4)
+        m.topics = items3
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length5 = b[o]
+    if 1 < length5 < 0x80 and o + length5 <= len(b):
+        m.error_message = str(b[o + 1:o + length5], 'utf-8')
+        o += length5
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -19888,7 +21862,11 @@ def _d782(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRe
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -20157,7 +22135,12 @@ def _c788(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeShareGroupOff
 def _d789(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRequest_TopicRequest v0
     m = _new(DescribeTopicPartitionsRequest_TopicRequest)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -20174,7 +22157,12 @@ def _d789(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRequ
 def _d790(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRequest_Cursor v0
     m = _new(DescribeTopicPartitionsRequest_Cursor)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
     m.partition_index, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -20193,7 +22181,11 @@ def _d790(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRequ
 def _d791(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRequest v0
     m = _new(DescribeTopicPartitionsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -20263,31 +22255,51 @@ def _d795(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsResp
     m.unknown_tags = None
     m.error_code, m.partition_index, m.leader_id, m.leader_epoch = _S_hiii.unpack_from(b, o)
     o += 14
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.replica_nodes = None
     else:
         m.replica_nodes = list(_unpack_from(f'>{n1}i', b, o))
         o += n1 * 4
-    n2, o = _compact_count(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
     if n2 < 0:
         m.isr_nodes = None
     else:
         m.isr_nodes = list(_unpack_from(f'>{n2}i', b, o))
         o += n2 * 4
-    n3, o = _compact_count(b, o)
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
     if n3 < 0:
         m.eligible_leader_replicas = None
     else:
         m.eligible_leader_replicas = list(_unpack_from(f'>{n3}i', b, o))
         o += n3 * 4
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.last_known_elr = None
     else:
         m.last_known_elr = list(_unpack_from(f'>{n4}i', b, o))
         o += n4 * 4
-    n5, o = _compact_count(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
     if n5 < 0:
         m.offline_replicas = None
     else:
@@ -20311,19 +22323,28 @@ def _d796(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsResp
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     _u0, m.is_internal = _S_uo.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 17
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d795(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d795(b, o)
+            items3.append(v4)
+        m.partitions = items3
     m.topic_authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -20342,7 +22363,12 @@ def _d796(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsResp
 def _d797(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsResponse_Cursor v0
     m = _new(DescribeTopicPartitionsResponse_Cursor)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
     m.partition_index, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -20363,7 +22389,11 @@ def _d798(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsResp
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -20577,13 +22607,22 @@ def _c802(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeTopicPartitio
 def _d803(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsRequest v0
     m = _new(DescribeTransactionsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.transactional_ids = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.transactional_ids = items2
     if b[o] == 0:
@@ -20613,13 +22652,22 @@ def _e804(m: Any, w: bytearray) -> None:  # DescribeTransactionsRequest v0
 def _d805(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsResponse_TopicData v0
     m = _new(DescribeTransactionsResponse_TopicData)
     m.unknown_tags = None
-    m.topic, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -20638,19 +22686,33 @@ def _d806(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsRespons
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.transactional_id, o = _compact_string(b, o)
-    m.transaction_state, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.transaction_state = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.transaction_state, o = _compact_string(b, o)
     m.transaction_timeout_ms, m.transaction_start_time_ms, m.producer_id, m.producer_epoch = _S_iqqh.unpack_from(b, o)
     o += 22
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d805(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d805(b, o)
+            items4.append(v5)
+        m.topics = items4
     if b[o] == 0:
         o += 1
     else:
@@ -20669,7 +22731,11 @@ def _d807(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsRespons
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.transaction_states = None
     else:
@@ -20799,7 +22865,12 @@ def _c810(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeTransactionsR
 def _d811(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsRequest_UserName v0
     m = _new(DescribeUserScramCredentialsRequest_UserName)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -20816,7 +22887,11 @@ def _d811(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredential
 def _d812(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsRequest v0
     m = _new(DescribeUserScramCredentialsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.users = None
     else:
@@ -20870,19 +22945,33 @@ def _d814(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredential
 def _d815(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult v0
     m = _new(DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult)
     m.unknown_tags = None
-    m.user, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.user = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.user, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.error_message = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.credential_infos = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d814(b, o)
-            items2.append(v3)
-        m.credential_infos = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d814(b, o)
+            items4.append(v5)
+        m.credential_infos = items4
     if b[o] == 0:
         o += 1
     else:
@@ -20901,16 +22990,25 @@ def _d816(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredential
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.results = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d815(b, o)
-            items2.append(v3)
-        m.results = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d815(b, o)
+            items3.append(v4)
+        m.results = items3
     if b[o] == 0:
         o += 1
     else:
@@ -21100,13 +23198,22 @@ def _e825(m: Any, w: bytearray) -> None:  # ElectLeadersRequest v1
 def _d826(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest_TopicPartitions v2
     m = _new(ElectLeadersRequest_TopicPartitions)
     m.unknown_tags = None
-    m.topic, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -21125,7 +23232,11 @@ def _d827(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest v2
     m.unknown_tags = None
     m.election_type, = _S_b.unpack_from(b, o)
     o += 1
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topic_partitions = None
     else:
@@ -21256,7 +23367,12 @@ def _d837(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_Partit
     m.unknown_tags = None
     m.partition_id, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -21273,16 +23389,25 @@ def _d837(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_Partit
 def _d838(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_ReplicaElectionResult v2
     m = _new(ElectLeadersResponse_ReplicaElectionResult)
     m.unknown_tags = None
-    m.topic, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partition_result = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d837(b, o)
-            items2.append(v3)
-        m.partition_result = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d837(b, o)
+            items3.append(v4)
+        m.partition_result = items3
     if b[o] == 0:
         o += 1
     else:
@@ -21301,7 +23426,11 @@ def _d839(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse v2
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.replica_election_results = None
     else:
@@ -21599,7 +23728,11 @@ def _d853(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_Parti
     m.preferred_successors = list()
     m.partition_index, m.leader_id, m.leader_epoch = _S_iii.unpack_from(b, o)
     o += 12
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.preferred_candidates = None
     else:
@@ -21624,16 +23757,25 @@ def _d853(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_Parti
 def _d854(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_TopicData v1
     m = _new(EndQuorumEpochRequest_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d853(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d853(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -21650,8 +23792,18 @@ def _d854(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_Topic
 def _d855(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_LeaderEndpoint v1
     m = _new(EndQuorumEpochRequest_LeaderEndpoint)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.host = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -21670,25 +23822,38 @@ def _d855(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_Leade
 def _d856(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest v1
     m = _new(EndQuorumEpochRequest)
     m.unknown_tags = None
-    m.cluster_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d854(b, o)
-            items2.append(v3)
-        m.topics = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d854(b, o)
+            items3.append(v4)
+        m.topics = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.leader_endpoints = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d855(b, o)
-            items5.append(v6)
-        m.leader_endpoints = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d855(b, o)
+            items6.append(v7)
+        m.leader_endpoints = items6
     if b[o] == 0:
         o += 1
     else:
@@ -21813,16 +23978,25 @@ def _d864(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_Part
 def _d865(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_TopicData v1
     m = _new(EndQuorumEpochResponse_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d864(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d864(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -21841,7 +24015,12 @@ def _d866(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_Node
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -21863,7 +24042,11 @@ def _d867(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse v1
     m.node_endpoints = list()
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -21879,7 +24062,11 @@ def _d867(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse v1
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                n4, o = _compact_count(b, o)
+                n4 = b[o] - 1
+                if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n4, o = _compact_count(b, o)
                 if n4 < 0:
                     m.node_endpoints = None
                 else:
@@ -21914,7 +24101,12 @@ def _e869(m: Any, w: bytearray) -> None:  # EndTxnRequest v0
 def _d870(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnRequest v3
     m = _new(EndTxnRequest)
     m.unknown_tags = None
-    m.transactional_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
     m.producer_id, m.producer_epoch, m.committed = _S_qho.unpack_from(b, o)
     o += 11
     if b[o] == 0:
@@ -22530,16 +24722,25 @@ def _d916(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v12
     m = _new(FetchRequest_FetchTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.topic, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d915(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d915(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -22557,13 +24758,22 @@ def _d917(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_ForgottenTopic
     m = _new(FetchRequest_ForgottenTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.topic, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -22584,7 +24794,11 @@ def _d918(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v12
     m.replica_state = None
     m.replica_id, m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch = _S_iiiibii.unpack_from(b, o)
     o += 25
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -22593,7 +24807,11 @@ def _d918(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v12
             v3, o = _d916(b, o)
             items2.append(v3)
         m.topics = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.forgotten_topics_data = None
     else:
@@ -22602,7 +24820,12 @@ def _d918(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v12
             v6, o = _d917(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
-    m.rack_id, o = _compact_string(b, o)
+    length7 = b[o]
+    if 1 < length7 < 0x80 and o + length7 <= len(b):
+        m.rack_id = str(b[o + 1:o + length7], 'utf-8')
+        o += length7
+    else:
+        m.rack_id, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -22610,7 +24833,12 @@ def _d918(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v12
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.cluster_id, o = _compact_string(b, o)
+                length8 = b[o]
+                if 1 < length8 < 0x80 and o + length8 <= len(b):
+                    m.cluster_id = str(b[o + 1:o + length8], 'utf-8')
+                    o += length8
+                else:
+                    m.cluster_id, o = _compact_string(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -22666,7 +24894,11 @@ def _d922(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v13
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -22695,7 +24927,11 @@ def _d923(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_ForgottenTopic
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -22721,7 +24957,11 @@ def _d924(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v13
     m.replica_state = None
     m.replica_id, m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch = _S_iiiibii.unpack_from(b, o)
     o += 25
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -22730,7 +24970,11 @@ def _d924(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v13
             v3, o = _d922(b, o)
             items2.append(v3)
         m.topics = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.forgotten_topics_data = None
     else:
@@ -22739,7 +24983,12 @@ def _d924(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v13
             v6, o = _d923(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
-    m.rack_id, o = _compact_string(b, o)
+    length7 = b[o]
+    if 1 < length7 < 0x80 and o + length7 <= len(b):
+        m.rack_id = str(b[o + 1:o + length7], 'utf-8')
+        o += length7
+    else:
+        m.rack_id, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -22747,7 +24996,12 @@ def _d924(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v13
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.cluster_id, o = _compact_string(b, o)
+                length8 = b[o]
+                if 1 < length8 < 0x80 and o + length8 <= len(b):
+                    m.cluster_id = str(b[o + 1:o + length8], 'utf-8')
+                    o += length8
+                else:
+                    m.cluster_id, o = _compact_string(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -22814,7 +25068,11 @@ def _d928(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v15
     m.replica_state = None
     m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch = _S_iiibii.unpack_from(b, o)
     o += 21
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -22823,7 +25081,11 @@ def _d928(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v15
             v3, o = _d922(b, o)
             items2.append(v3)
         m.topics = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.forgotten_topics_data = None
     else:
@@ -22832,7 +25094,12 @@ def _d928(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v15
             v6, o = _d923(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
-    m.rack_id, o = _compact_string(b, o)
+    length7 = b[o]
+    if 1 < length7 < 0x80 and o + length7 <= len(b):
+        m.rack_id = str(b[o + 1:o + length7], 'utf-8')
+        o += length7
+    else:
+        m.rack_id, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -22840,7 +25107,12 @@ def _d928(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v15
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.cluster_id, o = _compact_string(b, o)
+                length8 = b[o]
+                if 1 < length8 < 0x80 and o + length8 <= len(b):
+                    m.cluster_id = str(b[o + 1:o + length8], 'utf-8')
+                    o += length8
+                else:
+                    m.cluster_id, o = _compact_string(b, o)
                 _check_tag_end(t, o, e)
             elif t == 1:
                 m.replica_state, o = _d927(b, o)
@@ -22916,7 +25188,11 @@ def _d932(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v17
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -22946,7 +25222,11 @@ def _d933(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v17
     m.replica_state = None
     m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch = _S_iiibii.unpack_from(b, o)
     o += 21
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -22955,7 +25235,11 @@ def _d933(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v17
             v3, o = _d932(b, o)
             items2.append(v3)
         m.topics = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.forgotten_topics_data = None
     else:
@@ -22964,7 +25248,12 @@ def _d933(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v17
             v6, o = _d923(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
-    m.rack_id, o = _compact_string(b, o)
+    length7 = b[o]
+    if 1 < length7 < 0x80 and o + length7 <= len(b):
+        m.rack_id = str(b[o + 1:o + length7], 'utf-8')
+        o += length7
+    else:
+        m.rack_id, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -22972,7 +25261,12 @@ def _d933(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v17
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.cluster_id, o = _compact_string(b, o)
+                length8 = b[o]
+                if 1 < length8 < 0x80 and o + length8 <= len(b):
+                    m.cluster_id = str(b[o + 1:o + length8], 'utf-8')
+                    o += length8
+                else:
+                    m.cluster_id, o = _compact_string(b, o)
                 _check_tag_end(t, o, e)
             elif t == 1:
                 m.replica_state, o = _d927(b, o)
@@ -23066,7 +25360,11 @@ def _d938(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v18
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -23096,7 +25394,11 @@ def _d939(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v18
     m.replica_state = None
     m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch = _S_iiibii.unpack_from(b, o)
     o += 21
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -23105,7 +25407,11 @@ def _d939(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v18
             v3, o = _d938(b, o)
             items2.append(v3)
         m.topics = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.forgotten_topics_data = None
     else:
@@ -23114,7 +25420,12 @@ def _d939(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v18
             v6, o = _d923(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
-    m.rack_id, o = _compact_string(b, o)
+    length7 = b[o]
+    if 1 < length7 < 0x80 and o + length7 <= len(b):
+        m.rack_id = str(b[o + 1:o + length7], 'utf-8')
+        o += length7
+    else:
+        m.rack_id, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -23122,7 +25433,12 @@ def _d939(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v18
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.cluster_id, o = _compact_string(b, o)
+                length8 = b[o]
+                if 1 < length8 < 0x80 and o + length8 <= len(b):
+                    m.cluster_id = str(b[o + 1:o + length8], 'utf-8')
+                    o += length8
+                else:
+                    m.cluster_id, o = _compact_string(b, o)
                 _check_tag_end(t, o, e)
             elif t == 1:
                 m.replica_state, o = _d927(b, o)
@@ -23555,7 +25871,11 @@ def _d969(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData
     m.snapshot_id = None
     m.partition_index, m.error_code, m.high_watermark, m.last_stable_offset, m.log_start_offset = _S_ihqqq.unpack_from(b, o)
     o += 30
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.aborted_transactions = None
     else:
@@ -23594,16 +25914,25 @@ def _d970(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopi
     m = _new(FetchResponse_FetchableTopicResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.topic, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d969(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d969(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -23623,7 +25952,11 @@ def _d971(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v12
     m.node_endpoints = list()
     m.throttle_time_ms, m.error_code, m.session_id = _S_ihi.unpack_from(b, o)
     o += 10
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -23732,7 +26065,11 @@ def _d979(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopi
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -23760,7 +26097,11 @@ def _d980(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v13
     m.node_endpoints = list()
     m.throttle_time_ms, m.error_code, m.session_id = _S_ihi.unpack_from(b, o)
     o += 10
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -23811,10 +26152,20 @@ def _d983(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_NodeEndpoint 
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_i.unpack_from(b, o)
     o += 4
-    m.rack, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.rack = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.rack, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -23834,7 +26185,11 @@ def _d984(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v16
     m.node_endpoints = list()
     m.throttle_time_ms, m.error_code, m.session_id = _S_ihi.unpack_from(b, o)
     o += 10
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -23850,7 +26205,11 @@ def _d984(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v16
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                n4, o = _compact_count(b, o)
+                n4 = b[o] - 1
+                if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n4, o = _compact_count(b, o)
                 if n4 < 0:
                     m.node_endpoints = None
                 else:
@@ -24280,16 +26639,25 @@ def _d994(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_Partit
 def _d995(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSnapshot v0
     m = _new(FetchSnapshotRequest_TopicSnapshot)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d994(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d994(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -24309,7 +26677,11 @@ def _d996(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v0
     m.cluster_id = None
     m.replica_id, m.max_bytes = _S_ii.unpack_from(b, o)
     o += 8
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -24325,7 +26697,12 @@ def _d996(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v0
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.cluster_id, o = _compact_string(b, o)
+                length4 = b[o]
+                if 1 < length4 < 0x80 and o + length4 <= len(b):
+                    m.cluster_id = str(b[o + 1:o + length4], 'utf-8')
+                    o += length4
+                else:
+                    m.cluster_id, o = _compact_string(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -24401,16 +26778,25 @@ def _d1000(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_Parti
 def _d1001(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSnapshot v1
     m = _new(FetchSnapshotRequest_TopicSnapshot)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1000(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1000(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -24430,7 +26816,11 @@ def _d1002(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v1
     m.cluster_id = None
     m.replica_id, m.max_bytes = _S_ii.unpack_from(b, o)
     o += 8
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -24446,7 +26836,12 @@ def _d1002(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v1
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.cluster_id, o = _compact_string(b, o)
+                length4 = b[o]
+                if 1 < length4 < 0x80 and o + length4 <= len(b):
+                    m.cluster_id = str(b[o + 1:o + length4], 'utf-8')
+                    o += length4
+                else:
+                    m.cluster_id, o = _compact_string(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -24560,16 +26955,25 @@ def _d1008(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Part
 def _d1009(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_TopicSnapshot v0
     m = _new(FetchSnapshotResponse_TopicSnapshot)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1008(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1008(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -24589,7 +26993,11 @@ def _d1010(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v0
     m.node_endpoints = list()
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -24653,7 +27061,12 @@ def _d1014(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Node
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -24675,7 +27088,11 @@ def _d1015(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
     m.node_endpoints = list()
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -24691,7 +27108,11 @@ def _d1015(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                n4, o = _compact_count(b, o)
+                n4 = b[o] - 1
+                if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n4, o = _compact_count(b, o)
                 if n4 < 0:
                     m.node_endpoints = None
                 else:
@@ -24821,7 +27242,12 @@ def _d1022(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v3
     m = _new(FindCoordinatorRequest)
     m.unknown_tags = None
     m.coordinator_keys = list()
-    m.key, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.key = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.key, o = _compact_string(b, o)
     m.key_type, = _S_b.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -24852,13 +27278,22 @@ def _d1024(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v4
     m.key = ''
     m.key_type, = _S_b.unpack_from(b, o)
     o += 1
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.coordinator_keys = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.coordinator_keys = items2
     if b[o] == 0:
@@ -24935,10 +27370,20 @@ def _d1030(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v3
     m.coordinators = list()
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.host = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -24969,13 +27414,28 @@ def _e1031(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v3
 def _d1032(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse_Coordinator v4
     m = _new(FindCoordinatorResponse_Coordinator)
     m.unknown_tags = None
-    m.key, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.key = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.key, o = _compact_string(b, o)
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.host = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.error_message = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -24999,7 +27459,11 @@ def _d1033(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v4
     m.port = 0
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.coordinators = None
     else:
@@ -25216,7 +27680,11 @@ def _d1042(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsR
     m.throttle_time_ms, m.error_code, _u2, m.subscription_id = _S_ihui.unpack_from(b, o)
     m.client_instance_id = _read_uuid(_u2)
     o += 26
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.accepted_compression_types = None
     else:
@@ -25224,13 +27692,22 @@ def _d1042(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsR
         o += n1 * 1
     m.push_interval_ms, m.telemetry_max_bytes, m.delta_temporality = _S_iio.unpack_from(b, o)
     o += 9
-    n2, o = _compact_count(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
     if n2 < 0:
         m.requested_metrics = None
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _compact_string(b, o)
+            length5 = b[o]
+            if 1 < length5 < 0x80 and o + length5 <= len(b):
+                v4 = str(b[o + 1:o + length5], 'utf-8')
+                o += length5
+            else:
+                v4, o = _compact_string(b, o)
             items3.append(v4)
         m.requested_metrics = items3
     if b[o] == 0:
@@ -25345,11 +27822,26 @@ def _e1048(m: Any, w: bytearray) -> None:  # HeartbeatRequest v3
 def _d1049(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v4
     m = _new(HeartbeatRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
     m.generation_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -25493,10 +27985,20 @@ def _e1061(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest v0
 def _d1062(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterableConfig v1
     m = _new(IncrementalAlterConfigsRequest_AlterableConfig)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.config_operation, = _S_b.unpack_from(b, o)
     o += 1
-    m.value, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.value = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.value, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -25515,16 +28017,25 @@ def _d1063(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.resource_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.resource_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.configs = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1062(b, o)
-            items2.append(v3)
-        m.configs = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1062(b, o)
+            items3.append(v4)
+        m.configs = items3
     if b[o] == 0:
         o += 1
     else:
@@ -25541,7 +28052,11 @@ def _d1063(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
 def _d1064(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest v1
     m = _new(IncrementalAlterConfigsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.resources = None
     else:
@@ -25634,10 +28149,20 @@ def _d1070(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRes
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.resource_type, = _S_b.unpack_from(b, o)
     o += 1
-    m.resource_name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.resource_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.resource_name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -25656,7 +28181,11 @@ def _d1071(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRes
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -25703,7 +28232,12 @@ def _d1074(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v2
     m.producer_epoch = -1
     m.enable2_pc = False
     m.keep_prepared_txn = False
-    m.transactional_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
     m.transaction_timeout_ms, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -25733,7 +28267,12 @@ def _d1076(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v3
     m.unknown_tags = None
     m.enable2_pc = False
     m.keep_prepared_txn = False
-    m.transactional_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
     m.transaction_timeout_ms, m.producer_id, m.producer_epoch = _S_iqh.unpack_from(b, o)
     o += 14
     if b[o] == 0:
@@ -25761,7 +28300,12 @@ def _e1077(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v3
 def _d1078(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v6
     m = _new(InitProducerIdRequest)
     m.unknown_tags = None
-    m.transactional_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
     m.transaction_timeout_ms, m.producer_id, m.producer_epoch, m.enable2_pc, m.keep_prepared_txn = _S_iqhoo.unpack_from(b, o)
     o += 16
     if b[o] == 0:
@@ -25891,7 +28435,11 @@ def _d1088(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -25916,16 +28464,25 @@ def _d1088(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
 def _d1089(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequest v0
     m = _new(InitializeShareGroupStateRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1088(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1088(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -25976,7 +28533,12 @@ def _d1093(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -25996,7 +28558,11 @@ def _d1094(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -26021,7 +28587,11 @@ def _d1094(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
 def _d1095(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResponse v0
     m = _new(InitializeShareGroupStateResponse)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -26160,7 +28730,12 @@ def _e1103(m: Any, w: bytearray) -> None:  # JoinGroupRequest v5
 def _d1104(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroupRequestProtocol v6
     m = _new(JoinGroupRequest_JoinGroupRequestProtocol)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.metadata, o = _compact_blob(b, o)
     if b[o] == 0:
         o += 1
@@ -26179,21 +28754,45 @@ def _d1105(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v6
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     m.reason = None
-    m.group_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
     m.session_timeout_ms, m.rebalance_timeout_ms = _S_ii.unpack_from(b, o)
     o += 8
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
-    m.protocol_type, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.protocol_type, o = _compact_string(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.protocols = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1104(b, o)
-            items2.append(v3)
-        m.protocols = items2
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1104(b, o)
+            items6.append(v7)
+        m.protocols = items6
     if b[o] == 0:
         o += 1
     else:
@@ -26235,22 +28834,51 @@ def _e1107(m: Any, w: bytearray) -> None:  # JoinGroupRequest v6
 def _d1108(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v8
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
     m.session_timeout_ms, m.rebalance_timeout_ms = _S_ii.unpack_from(b, o)
     o += 8
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
-    m.protocol_type, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.protocol_type, o = _compact_string(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.protocols = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1104(b, o)
-            items2.append(v3)
-        m.protocols = items2
-    m.reason, o = _compact_string(b, o)
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1104(b, o)
+            items6.append(v7)
+        m.protocols = items6
+    length8 = b[o]
+    if 1 < length8 < 0x80 and o + length8 <= len(b):
+        m.reason = str(b[o + 1:o + length8], 'utf-8')
+        o += length8
+    else:
+        m.reason, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -26413,8 +29041,18 @@ def _e1119(m: Any, w: bytearray) -> None:  # JoinGroupResponse v5
 def _d1120(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupResponseMember v6
     m = _new(JoinGroupResponse_JoinGroupResponseMember)
     m.unknown_tags = None
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.member_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
     m.metadata, o = _compact_blob(b, o)
     if b[o] == 0:
         o += 1
@@ -26436,18 +29074,37 @@ def _d1121(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v6
     m.skip_assignment = False
     m.throttle_time_ms, m.error_code, m.generation_id = _S_ihi.unpack_from(b, o)
     o += 10
-    m.protocol_name, o = _compact_string(b, o)
-    m.leader, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.protocol_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.protocol_name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.leader = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.leader, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.member_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.member_id, o = _compact_string(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
+    if n4 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1120(b, o)
-            items2.append(v3)
-        m.members = items2
+        items5 = []
+        for _ in range(n4):
+            v6, o = _d1120(b, o)
+            items5.append(v6)
+        m.members = items5
     if b[o] == 0:
         o += 1
     else:
@@ -26492,19 +29149,43 @@ def _d1124(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v7
     m.skip_assignment = False
     m.throttle_time_ms, m.error_code, m.generation_id = _S_ihi.unpack_from(b, o)
     o += 10
-    m.protocol_type, o = _compact_string(b, o)
-    m.protocol_name, o = _compact_string(b, o)
-    m.leader, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.protocol_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.protocol_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.protocol_name, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.leader = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.leader, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.member_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.member_id, o = _compact_string(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1120(b, o)
-            items2.append(v3)
-        m.members = items2
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1120(b, o)
+            items6.append(v7)
+        m.members = items6
     if b[o] == 0:
         o += 1
     else:
@@ -26539,21 +29220,45 @@ def _d1126(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v9
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, m.generation_id = _S_ihi.unpack_from(b, o)
     o += 10
-    m.protocol_type, o = _compact_string(b, o)
-    m.protocol_name, o = _compact_string(b, o)
-    m.leader, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.protocol_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.protocol_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.protocol_name, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.leader = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.leader, o = _compact_string(b, o)
     m.skip_assignment, = _S_o.unpack_from(b, o)
     o += 1
-    m.member_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.member_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.member_id, o = _compact_string(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1120(b, o)
-            items2.append(v3)
-        m.members = items2
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1120(b, o)
+            items6.append(v7)
+        m.members = items6
     if b[o] == 0:
         o += 1
     else:
@@ -27106,8 +29811,18 @@ def _d1140(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberId
     m = _new(LeaveGroupRequest_MemberIdentity)
     m.unknown_tags = None
     m.reason = None
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.member_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -27125,16 +29840,25 @@ def _d1141(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v4
     m = _new(LeaveGroupRequest)
     m.unknown_tags = None
     m.member_id = ''
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1140(b, o)
-            items2.append(v3)
-        m.members = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1140(b, o)
+            items3.append(v4)
+        m.members = items3
     if b[o] == 0:
         o += 1
     else:
@@ -27172,9 +29896,24 @@ def _e1143(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v4
 def _d1144(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdentity v5
     m = _new(LeaveGroupRequest_MemberIdentity)
     m.unknown_tags = None
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
-    m.reason, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.member_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.reason = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.reason, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -27192,16 +29931,25 @@ def _d1145(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v5
     m = _new(LeaveGroupRequest)
     m.unknown_tags = None
     m.member_id = ''
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1144(b, o)
-            items2.append(v3)
-        m.members = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1144(b, o)
+            items3.append(v4)
+        m.members = items3
     if b[o] == 0:
         o += 1
     else:
@@ -27300,8 +30048,18 @@ def _e1153(m: Any, w: bytearray) -> None:  # LeaveGroupResponse v3
 def _d1154(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberResponse v4
     m = _new(LeaveGroupResponse_MemberResponse)
     m.unknown_tags = None
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.member_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -27322,7 +30080,11 @@ def _d1155(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v4
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.members = None
     else:
@@ -27478,7 +30240,11 @@ def _e1161(m: Any, w: bytearray) -> None:  # ListConfigResourcesRequest v0
 def _d1162(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest v1
     m = _new(ListConfigResourcesRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.resource_types = None
     else:
@@ -27512,7 +30278,12 @@ def _d1164(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRespons
     m = _new(ListConfigResourcesResponse_ConfigResource)
     m.unknown_tags = None
     m.resource_type = 16
-    m.resource_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.resource_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.resource_name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -27531,7 +30302,11 @@ def _d1165(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRespons
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.config_resources = None
     else:
@@ -27576,7 +30351,12 @@ def _e1167(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse v0
 def _d1168(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse_ConfigResource v1
     m = _new(ListConfigResourcesResponse_ConfigResource)
     m.unknown_tags = None
-    m.resource_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.resource_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.resource_name, o = _compact_string(b, o)
     m.resource_type, = _S_b.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -27597,7 +30377,11 @@ def _d1169(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRespons
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.config_resources = None
     else:
@@ -27737,13 +30521,22 @@ def _d1176(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v4
     m = _new(ListGroupsRequest)
     m.unknown_tags = None
     m.types_filter = list()
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.states_filter = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.states_filter = items2
     if b[o] == 0:
@@ -27773,24 +30566,42 @@ def _e1177(m: Any, w: bytearray) -> None:  # ListGroupsRequest v4
 def _d1178(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v5
     m = _new(ListGroupsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.states_filter = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.states_filter = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.types_filter = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _compact_string(b, o)
-            items5.append(v6)
-        m.types_filter = items5
+        items6 = []
+        for _ in range(n5):
+            length8 = b[o]
+            if 1 < length8 < 0x80 and o + length8 <= len(b):
+                v7 = str(b[o + 1:o + length8], 'utf-8')
+                o += length8
+            else:
+                v7, o = _compact_string(b, o)
+            items6.append(v7)
+        m.types_filter = items6
     if b[o] == 0:
         o += 1
     else:
@@ -27890,8 +30701,18 @@ def _d1186(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedG
     m.unknown_tags = None
     m.group_state = ''
     m.group_type = ''
-    m.group_id, o = _compact_string(b, o)
-    m.protocol_type, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.protocol_type, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -27910,7 +30731,11 @@ def _d1187(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v3
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -27957,9 +30782,24 @@ def _d1190(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedG
     m = _new(ListGroupsResponse_ListedGroup)
     m.unknown_tags = None
     m.group_type = ''
-    m.group_id, o = _compact_string(b, o)
-    m.protocol_type, o = _compact_string(b, o)
-    m.group_state, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.protocol_type, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_state = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_state, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -27978,7 +30818,11 @@ def _d1191(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v4
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -28025,10 +30869,30 @@ def _e1193(m: Any, w: bytearray) -> None:  # ListGroupsResponse v4
 def _d1194(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v5
     m = _new(ListGroupsResponse_ListedGroup)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    m.protocol_type, o = _compact_string(b, o)
-    m.group_state, o = _compact_string(b, o)
-    m.group_type, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.protocol_type, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_state = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_state, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.group_type = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.group_type, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -28047,7 +30911,11 @@ def _d1195(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v5
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -28495,16 +31363,25 @@ def _d1217(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOff
 def _d1218(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsTopic v6
     m = _new(ListOffsetsRequest_ListOffsetsTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1217(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1217(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -28524,7 +31401,11 @@ def _d1219(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v6
     m.timeout_ms = 0
     m.replica_id, m.isolation_level = _S_ib.unpack_from(b, o)
     o += 5
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -28583,7 +31464,11 @@ def _d1223(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v10
     m.unknown_tags = None
     m.replica_id, m.isolation_level = _S_ib.unpack_from(b, o)
     o += 5
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -28787,16 +31672,25 @@ def _d1239(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOf
 def _d1240(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsTopicResponse v6
     m = _new(ListOffsetsResponse_ListOffsetsTopicResponse)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1239(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1239(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -28815,7 +31709,11 @@ def _d1241(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v6
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -29015,13 +31913,22 @@ def _c1248(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse 
 def _d1249(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics v0
     m = _new(ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partition_indexes = None
     else:
-        m.partition_indexes = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partition_indexes = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -29040,7 +31947,11 @@ def _d1250(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     m.unknown_tags = None
     m.timeout_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -29079,19 +31990,31 @@ def _d1252(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.replicas = None
     else:
         m.replicas = list(_unpack_from(f'>{n1}i', b, o))
         o += n1 * 4
-    n2, o = _compact_count(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
     if n2 < 0:
         m.adding_replicas = None
     else:
         m.adding_replicas = list(_unpack_from(f'>{n2}i', b, o))
         o += n2 * 4
-    n3, o = _compact_count(b, o)
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
     if n3 < 0:
         m.removing_replicas = None
     else:
@@ -29113,16 +32036,25 @@ def _d1252(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
 def _d1253(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsResponse_OngoingTopicReassignment v0
     m = _new(ListPartitionReassignmentsResponse_OngoingTopicReassignment)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1252(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1252(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -29141,16 +32073,25 @@ def _d1254(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1253(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1253(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -29303,21 +32244,34 @@ def _d1259(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v0
     m.unknown_tags = None
     m.duration_filter = -1
     m.transactional_id_pattern = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.state_filters = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.state_filters = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.producer_id_filters = None
     else:
-        m.producer_id_filters = list(_unpack_from(f'>{n4}q', b, o))
-        o += n4 * 8
+        m.producer_id_filters = list(_unpack_from(f'>{n5}q', b, o))
+        o += n5 * 8
     if b[o] == 0:
         o += 1
     else:
@@ -29350,21 +32304,34 @@ def _d1261(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v1
     m = _new(ListTransactionsRequest)
     m.unknown_tags = None
     m.transactional_id_pattern = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.state_filters = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.state_filters = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.producer_id_filters = None
     else:
-        m.producer_id_filters = list(_unpack_from(f'>{n4}q', b, o))
-        o += n4 * 8
+        m.producer_id_filters = list(_unpack_from(f'>{n5}q', b, o))
+        o += n5 * 8
     m.duration_filter, = _S_q.unpack_from(b, o)
     o += 8
     if b[o] == 0:
@@ -29399,24 +32366,42 @@ def _e1262(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v1
 def _d1263(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v2
     m = _new(ListTransactionsRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.state_filters = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.state_filters = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.producer_id_filters = None
     else:
-        m.producer_id_filters = list(_unpack_from(f'>{n4}q', b, o))
-        o += n4 * 8
+        m.producer_id_filters = list(_unpack_from(f'>{n5}q', b, o))
+        o += n5 * 8
     m.duration_filter, = _S_q.unpack_from(b, o)
     o += 8
-    m.transactional_id_pattern, o = _compact_string(b, o)
+    length6 = b[o]
+    if 1 < length6 < 0x80 and o + length6 <= len(b):
+        m.transactional_id_pattern = str(b[o + 1:o + length6], 'utf-8')
+        o += length6
+    else:
+        m.transactional_id_pattern, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -29450,10 +32435,20 @@ def _e1264(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v2
 def _d1265(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse_TransactionState v0
     m = _new(ListTransactionsResponse_TransactionState)
     m.unknown_tags = None
-    m.transactional_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
     m.producer_id, = _S_q.unpack_from(b, o)
     o += 8
-    m.transaction_state, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.transaction_state = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.transaction_state, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -29472,24 +32467,37 @@ def _d1266(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse v
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.unknown_state_filters = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.unknown_state_filters = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.transaction_states = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1265(b, o)
-            items5.append(v6)
-        m.transaction_states = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1265(b, o)
+            items6.append(v7)
+        m.transaction_states = items6
     if b[o] == 0:
         o += 1
     else:
@@ -29688,7 +32696,12 @@ def _d1278(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRe
     m = _new(MetadataRequest_MetadataRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -29705,7 +32718,11 @@ def _d1278(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRe
 def _d1279(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v9
     m = _new(MetadataRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -29747,7 +32764,12 @@ def _d1281(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRe
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -29764,7 +32786,11 @@ def _d1281(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRe
 def _d1282(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v10
     m = _new(MetadataRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -29813,7 +32839,11 @@ def _d1285(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v11
     m = _new(MetadataRequest)
     m.unknown_tags = None
     m.include_cluster_authorized_operations = False
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -30477,10 +33507,20 @@ def _d1321(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_i.unpack_from(b, o)
     o += 4
-    m.rack, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.rack = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.rack, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -30499,19 +33539,31 @@ def _d1322(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     m.unknown_tags = None
     m.error_code, m.partition_index, m.leader_id, m.leader_epoch = _S_hiii.unpack_from(b, o)
     o += 14
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.replica_nodes = None
     else:
         m.replica_nodes = list(_unpack_from(f'>{n1}i', b, o))
         o += n1 * 4
-    n2, o = _compact_count(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
     if n2 < 0:
         m.isr_nodes = None
     else:
         m.isr_nodes = list(_unpack_from(f'>{n2}i', b, o))
         o += n2 * 4
-    n3, o = _compact_count(b, o)
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
     if n3 < 0:
         m.offline_replicas = None
     else:
@@ -30536,18 +33588,27 @@ def _d1323(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     m.topic_id = _ZERO_UUID
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.is_internal, = _S_o.unpack_from(b, o)
     o += 1
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1322(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1322(b, o)
+            items3.append(v4)
+        m.partitions = items3
     m.topic_authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -30569,7 +33630,11 @@ def _d1324(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
     m.error_code = 0
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.brokers = None
     else:
@@ -30578,18 +33643,27 @@ def _d1324(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
             v3, o = _d1321(b, o)
             items2.append(v3)
         m.brokers = items2
-    m.cluster_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.controller_id, = _S_i.unpack_from(b, o)
     o += 4
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.topics = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1323(b, o)
-            items5.append(v6)
-        m.topics = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1323(b, o)
+            items6.append(v7)
+        m.topics = items6
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -30664,19 +33738,28 @@ def _d1328(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     _u0, m.is_internal = _S_uo.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 17
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1322(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1322(b, o)
+            items3.append(v4)
+        m.partitions = items3
     m.topic_authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -30698,7 +33781,11 @@ def _d1329(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
     m.error_code = 0
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.brokers = None
     else:
@@ -30707,18 +33794,27 @@ def _d1329(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
             v3, o = _d1321(b, o)
             items2.append(v3)
         m.brokers = items2
-    m.cluster_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.controller_id, = _S_i.unpack_from(b, o)
     o += 4
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.topics = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1328(b, o)
-            items5.append(v6)
-        m.topics = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1328(b, o)
+            items6.append(v7)
+        m.topics = items6
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -30775,7 +33871,11 @@ def _d1332(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
     m.error_code = 0
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.brokers = None
     else:
@@ -30784,18 +33884,27 @@ def _d1332(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
             v3, o = _d1321(b, o)
             items2.append(v3)
         m.brokers = items2
-    m.cluster_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.controller_id, = _S_i.unpack_from(b, o)
     o += 4
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.topics = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1328(b, o)
-            items5.append(v6)
-        m.topics = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1328(b, o)
+            items6.append(v7)
+        m.topics = items6
     if b[o] == 0:
         o += 1
     else:
@@ -30833,7 +33942,11 @@ def _d1334(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
     m.cluster_authorized_operations = -2147483648
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.brokers = None
     else:
@@ -30842,18 +33955,27 @@ def _d1334(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
             v3, o = _d1321(b, o)
             items2.append(v3)
         m.brokers = items2
-    m.cluster_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.controller_id, = _S_i.unpack_from(b, o)
     o += 4
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.topics = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1328(b, o)
-            items5.append(v6)
-        m.topics = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1328(b, o)
+            items6.append(v7)
+        m.topics = items6
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -32235,7 +35357,12 @@ def _d1363(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
     o += 16
-    m.committed_metadata, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.committed_metadata = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.committed_metadata, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -32253,16 +35380,25 @@ def _d1364(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     m = _new(OffsetCommitRequest_OffsetCommitRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1363(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1363(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -32280,20 +35416,39 @@ def _d1365(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v8
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.retention_time_ms = -1
-    m.group_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
     m.generation_id_or_member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
+    if n4 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1364(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items5 = []
+        for _ in range(n4):
+            v6, o = _d1364(b, o)
+            items5.append(v6)
+        m.topics = items5
     if b[o] == 0:
         o += 1
     else:
@@ -32350,7 +35505,11 @@ def _d1369(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -32376,20 +35535,39 @@ def _d1370(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v10
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.retention_time_ms = -1
-    m.group_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
     m.generation_id_or_member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
+    if n4 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1369(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items5 = []
+        for _ in range(n4):
+            v6, o = _d1369(b, o)
+            items5.append(v6)
+        m.topics = items5
     if b[o] == 0:
         o += 1
     else:
@@ -32533,16 +35711,25 @@ def _d1381(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_Offse
     m = _new(OffsetCommitResponse_OffsetCommitResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1380(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1380(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -32561,7 +35748,11 @@ def _d1382(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v8
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -32614,7 +35805,11 @@ def _d1385(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_Offse
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -32641,7 +35836,11 @@ def _d1386(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v10
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -32937,13 +36136,22 @@ def _e1404(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v1
 def _d1405(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopic v6
     m = _new(OffsetFetchRequest_OffsetFetchRequestTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partition_indexes = None
     else:
-        m.partition_indexes = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partition_indexes = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -32962,16 +36170,25 @@ def _d1406(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v6
     m.unknown_tags = None
     m.groups = list()
     m.require_stable = False
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1405(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1405(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -33001,16 +36218,25 @@ def _d1408(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v7
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.groups = list()
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1405(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1405(b, o)
+            items3.append(v4)
+        m.topics = items3
     m.require_stable, = _S_o.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -33043,13 +36269,22 @@ def _d1410(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     m = _new(OffsetFetchRequest_OffsetFetchRequestTopics)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partition_indexes = None
     else:
-        m.partition_indexes = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partition_indexes = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -33068,16 +36303,25 @@ def _d1411(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     m.unknown_tags = None
     m.member_id = None
     m.member_epoch = -1
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1410(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1410(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -33096,7 +36340,11 @@ def _d1412(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v8
     m.unknown_tags = None
     m.group_id = ''
     m.topics = list()
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -33135,19 +36383,33 @@ def _e1413(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v8
 def _d1414(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v9
     m = _new(OffsetFetchRequest_OffsetFetchRequestGroup)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1410(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d1410(b, o)
+            items4.append(v5)
+        m.topics = items4
     if b[o] == 0:
         o += 1
     else:
@@ -33166,7 +36428,11 @@ def _d1415(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v9
     m.unknown_tags = None
     m.group_id = ''
     m.topics = list()
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -33223,7 +36489,11 @@ def _d1418(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partition_indexes = None
     else:
@@ -33245,19 +36515,33 @@ def _d1418(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
 def _d1419(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v10
     m = _new(OffsetFetchRequest_OffsetFetchRequestGroup)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1418(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d1418(b, o)
+            items4.append(v5)
+        m.topics = items4
     if b[o] == 0:
         o += 1
     else:
@@ -33276,7 +36560,11 @@ def _d1420(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v10
     m.unknown_tags = None
     m.group_id = ''
     m.topics = list()
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -33536,7 +36824,12 @@ def _d1440(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
     o += 16
-    m.metadata, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.metadata = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.metadata, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -33555,16 +36848,25 @@ def _d1440(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
 def _d1441(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopic v6
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1440(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1440(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -33584,7 +36886,11 @@ def _d1442(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v6
     m.groups = list()
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -33648,7 +36954,12 @@ def _d1446(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
     o += 16
-    m.metadata, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.metadata = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.metadata, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -33668,16 +36979,25 @@ def _d1447(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopics)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1446(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1446(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -33694,16 +37014,25 @@ def _d1447(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
 def _d1448(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseGroup v8
     m = _new(OffsetFetchResponse_OffsetFetchResponseGroup)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1447(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1447(b, o)
+            items3.append(v4)
+        m.topics = items3
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -33726,7 +37055,11 @@ def _d1449(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v8
     m.error_code = 0
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -33780,7 +37113,11 @@ def _d1452(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -33805,16 +37142,25 @@ def _d1452(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
 def _d1453(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseGroup v10
     m = _new(OffsetFetchResponse_OffsetFetchResponseGroup)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1452(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1452(b, o)
+            items3.append(v4)
+        m.topics = items3
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -33837,7 +37183,11 @@ def _d1454(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v10
     m.error_code = 0
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -34413,16 +37763,25 @@ def _d1473(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
 def _d1474(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v4
     m = _new(OffsetForLeaderEpochRequest_OffsetForLeaderTopic)
     m.unknown_tags = None
-    m.topic, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1473(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1473(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -34441,7 +37800,11 @@ def _d1475(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
     m.unknown_tags = None
     m.replica_id, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -34577,16 +37940,25 @@ def _d1485(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRespon
 def _d1486(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v4
     m = _new(OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult)
     m.unknown_tags = None
-    m.topic, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1485(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1485(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -34605,7 +37977,11 @@ def _d1487(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRespon
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -34824,16 +38200,25 @@ def _d1500(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduc
     m = _new(ProduceRequest_TopicProduceData)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partition_data = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1499(b, o)
-            items2.append(v3)
-        m.partition_data = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1499(b, o)
+            items3.append(v4)
+        m.partition_data = items3
     if b[o] == 0:
         o += 1
     else:
@@ -34850,18 +38235,27 @@ def _d1500(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduc
 def _d1501(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v9
     m = _new(ProduceRequest)
     m.unknown_tags = None
-    m.transactional_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
     m.acks, m.timeout_ms = _S_hi.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topic_data = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1500(b, o)
-            items2.append(v3)
-        m.topic_data = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1500(b, o)
+            items3.append(v4)
+        m.topic_data = items3
     if b[o] == 0:
         o += 1
     else:
@@ -34916,7 +38310,11 @@ def _d1505(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduc
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partition_data = None
     else:
@@ -34941,18 +38339,27 @@ def _d1505(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduc
 def _d1506(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v13
     m = _new(ProduceRequest)
     m.unknown_tags = None
-    m.transactional_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
     m.acks, m.timeout_ms = _S_hi.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topic_data = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1505(b, o)
-            items2.append(v3)
-        m.topic_data = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1505(b, o)
+            items3.append(v4)
+        m.topic_data = items3
     if b[o] == 0:
         o += 1
     else:
@@ -35222,7 +38629,12 @@ def _d1529(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndex
     m.unknown_tags = None
     m.batch_index, = _S_i.unpack_from(b, o)
     o += 4
-    m.batch_index_error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.batch_index_error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.batch_index_error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -35242,7 +38654,11 @@ def _d1530(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
     m.current_leader = None
     m.index, m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset = _S_ihqqq.unpack_from(b, o)
     o += 30
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.record_errors = None
     else:
@@ -35251,7 +38667,12 @@ def _d1530(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
             v3, o = _d1529(b, o)
             items2.append(v3)
         m.record_errors = items2
-    m.error_message, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.error_message = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -35269,16 +38690,25 @@ def _d1531(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partition_responses = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1530(b, o)
-            items2.append(v3)
-        m.partition_responses = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1530(b, o)
+            items3.append(v4)
+        m.partition_responses = items3
     if b[o] == 0:
         o += 1
     else:
@@ -35296,7 +38726,11 @@ def _d1532(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v9
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -35390,7 +38824,11 @@ def _d1538(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
     m.current_leader = None
     m.index, m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset = _S_ihqqq.unpack_from(b, o)
     o += 30
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.record_errors = None
     else:
@@ -35399,7 +38837,12 @@ def _d1538(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
             v3, o = _d1529(b, o)
             items2.append(v3)
         m.record_errors = items2
-    m.error_message, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.error_message = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -35421,16 +38864,25 @@ def _d1539(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partition_responses = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1538(b, o)
-            items2.append(v3)
-        m.partition_responses = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1538(b, o)
+            items3.append(v4)
+        m.partition_responses = items3
     if b[o] == 0:
         o += 1
     else:
@@ -35449,10 +38901,20 @@ def _d1540(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_NodeEndpoi
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_i.unpack_from(b, o)
     o += 4
-    m.rack, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.rack = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.rack, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -35470,7 +38932,11 @@ def _d1541(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -35488,7 +38954,11 @@ def _d1541(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                n4, o = _compact_count(b, o)
+                n4 = b[o] - 1
+                if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n4, o = _compact_count(b, o)
                 if n4 < 0:
                     m.node_endpoints = None
                 else:
@@ -35557,7 +39027,11 @@ def _d1545(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partition_responses = None
     else:
@@ -35583,7 +39057,11 @@ def _d1546(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.responses = None
     else:
@@ -35601,7 +39079,11 @@ def _d1546(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                n4, o = _compact_count(b, o)
+                n4 = b[o] - 1
+                if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n4, o = _compact_count(b, o)
                 if n4 < 0:
                     m.node_endpoints = None
                 else:
@@ -36234,7 +39716,11 @@ def _d1563(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -36259,16 +39745,25 @@ def _d1563(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest
 def _d1564(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest v0
     m = _new(ReadShareGroupStateRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1563(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1563(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -36337,18 +39832,27 @@ def _d1569(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRespons
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.state_epoch, m.start_offset = _S_iq.unpack_from(b, o)
     o += 12
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.state_batches = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1568(b, o)
-            items2.append(v3)
-        m.state_batches = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1568(b, o)
+            items3.append(v4)
+        m.state_batches = items3
     if b[o] == 0:
         o += 1
     else:
@@ -36368,7 +39872,11 @@ def _d1570(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRespons
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -36393,7 +39901,11 @@ def _d1570(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRespons
 def _d1571(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse v0
     m = _new(ReadShareGroupStateResponse)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -36542,7 +40054,11 @@ def _d1578(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -36567,16 +40083,25 @@ def _d1578(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
 def _d1579(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRequest v0
     m = _new(ReadShareGroupStateSummaryRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1578(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1578(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -36596,7 +40121,12 @@ def _d1580(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     m.delivery_complete_count = -1
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.state_epoch, m.leader_epoch, m.start_offset = _S_iiq.unpack_from(b, o)
     o += 16
     if b[o] == 0:
@@ -36618,7 +40148,11 @@ def _d1581(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -36643,7 +40177,11 @@ def _d1581(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
 def _d1582(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse v0
     m = _new(ReadShareGroupStateSummaryResponse)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -36703,7 +40241,12 @@ def _d1586(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.state_epoch, m.leader_epoch, m.start_offset, m.delivery_complete_count = _S_iiqi.unpack_from(b, o)
     o += 20
     if b[o] == 0:
@@ -36725,7 +40268,11 @@ def _d1587(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -36750,7 +40297,11 @@ def _d1587(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
 def _d1588(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse v1
     m = _new(ReadShareGroupStateSummaryResponse)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -36900,7 +40451,12 @@ def _c1593(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateS
 def _d1594(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterRequest v0
     m = _new(RemoveRaftVoterRequest)
     m.unknown_tags = None
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.voter_id, _u1 = _S_iu.unpack_from(b, o)
     m.voter_directory_id = _read_uuid(_u1)
     o += 20
@@ -36931,7 +40487,12 @@ def _d1596(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterResponse v0
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -37170,7 +40731,12 @@ def _d1619(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.auth_bytes, o = _compact_blob(b, o)
     m.session_lifetime_ms, = _S_q.unpack_from(b, o)
     o += 8
@@ -37347,7 +40913,11 @@ def _d1629(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ac
     m.unknown_tags = None
     m.first_offset, m.last_offset = _S_qq.unpack_from(b, o)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.acknowledge_types = None
     else:
@@ -37371,7 +40941,11 @@ def _d1630(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ac
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.acknowledgement_batches = None
     else:
@@ -37399,7 +40973,11 @@ def _d1631(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ac
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -37425,19 +41003,33 @@ def _d1632(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v1
     m = _new(ShareAcknowledgeRequest)
     m.unknown_tags = None
     m.is_renew_ack = False
-    m.group_id, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.share_session_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1631(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d1631(b, o)
+            items4.append(v5)
+        m.topics = items4
     if b[o] == 0:
         o += 1
     else:
@@ -37504,19 +41096,33 @@ def _e1636(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest v1
 def _d1637(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v2
     m = _new(ShareAcknowledgeRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.share_session_epoch, m.is_renew_ack = _S_io.unpack_from(b, o)
     o += 5
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1631(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d1631(b, o)
+            items4.append(v5)
+        m.topics = items4
     if b[o] == 0:
         o += 1
     else:
@@ -37567,7 +41173,12 @@ def _d1640(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_P
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.current_leader, o = _d1639(b, o)
     if b[o] == 0:
         o += 1
@@ -37588,7 +41199,11 @@ def _d1641(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_S
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -37615,10 +41230,20 @@ def _d1642(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_N
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_i.unpack_from(b, o)
     o += 4
-    m.rack, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.rack = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.rack, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -37638,25 +41263,38 @@ def _d1643(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v
     m.acquisition_lock_timeout_ms = 0
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.responses = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1641(b, o)
-            items2.append(v3)
-        m.responses = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1641(b, o)
+            items3.append(v4)
+        m.responses = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.node_endpoints = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1642(b, o)
-            items5.append(v6)
-        m.node_endpoints = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1642(b, o)
+            items6.append(v7)
+        m.node_endpoints = items6
     if b[o] == 0:
         o += 1
     else:
@@ -37714,27 +41352,40 @@ def _d1647(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.acquisition_lock_timeout_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.responses = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1641(b, o)
-            items2.append(v3)
-        m.responses = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1641(b, o)
+            items3.append(v4)
+        m.responses = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.node_endpoints = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1642(b, o)
-            items5.append(v6)
-        m.node_endpoints = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1642(b, o)
+            items6.append(v7)
+        m.node_endpoints = items6
     if b[o] == 0:
         o += 1
     else:
@@ -38077,7 +41728,11 @@ def _d1653(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_Acknowle
     m.unknown_tags = None
     m.first_offset, m.last_offset = _S_qq.unpack_from(b, o)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.acknowledge_types = None
     else:
@@ -38102,7 +41757,11 @@ def _d1654(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchPar
     m.partition_max_bytes = 0
     m.partition_index, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.acknowledgement_batches = None
     else:
@@ -38130,7 +41789,11 @@ def _d1655(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchTop
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -38158,7 +41821,11 @@ def _d1656(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_Forgotte
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -38182,28 +41849,46 @@ def _d1657(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v1
     m.unknown_tags = None
     m.share_acquire_mode = 0
     m.is_renew_ack = False
-    m.group_id, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.share_session_epoch, m.max_wait_ms, m.min_bytes, m.max_bytes, m.max_records, m.batch_size = _S_iiiiii.unpack_from(b, o)
     o += 24
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1655(b, o)
-            items2.append(v3)
-        m.topics = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d1655(b, o)
+            items4.append(v5)
+        m.topics = items4
+    n6 = b[o] - 1
+    if 0 <= n6 < 0x7F and n6 <= len(b) - o - 1:
+        o += 1
+    else:
+        n6, o = _compact_count(b, o)
+    if n6 < 0:
         m.forgotten_topics_data = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1656(b, o)
-            items5.append(v6)
-        m.forgotten_topics_data = items5
+        items7 = []
+        for _ in range(n6):
+            v8, o = _d1656(b, o)
+            items7.append(v8)
+        m.forgotten_topics_data = items7
     if b[o] == 0:
         o += 1
     else:
@@ -38238,28 +41923,46 @@ def _e1658(m: Any, w: bytearray) -> None:  # ShareFetchRequest v1
 def _d1659(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v2
     m = _new(ShareFetchRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.share_session_epoch, m.max_wait_ms, m.min_bytes, m.max_bytes, m.max_records, m.batch_size, m.share_acquire_mode, m.is_renew_ack = _S_iiiiiibo.unpack_from(b, o)
     o += 26
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1655(b, o)
-            items2.append(v3)
-        m.topics = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d1655(b, o)
+            items4.append(v5)
+        m.topics = items4
+    n6 = b[o] - 1
+    if 0 <= n6 < 0x7F and n6 <= len(b) - o - 1:
+        o += 1
+    else:
+        n6, o = _compact_count(b, o)
+    if n6 < 0:
         m.forgotten_topics_data = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1656(b, o)
-            items5.append(v6)
-        m.forgotten_topics_data = items5
+        items7 = []
+        for _ in range(n6):
+            v8, o = _d1656(b, o)
+            items7.append(v8)
+        m.forgotten_topics_data = items7
     if b[o] == 0:
         o += 1
     else:
@@ -38332,21 +42035,35 @@ def _d1663(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_Partiti
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.acknowledge_error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.acknowledge_error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.acknowledge_error_message = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.acknowledge_error_message, o = _compact_string(b, o)
     m.current_leader, o = _d1661(b, o)
     m.records, o = _compact_blob(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.acquired_records = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1662(b, o)
-            items2.append(v3)
-        m.acquired_records = items2
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d1662(b, o)
+            items4.append(v5)
+        m.acquired_records = items4
     if b[o] == 0:
         o += 1
     else:
@@ -38366,7 +42083,11 @@ def _d1664(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_ShareFe
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -38393,10 +42114,20 @@ def _d1665(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_NodeEnd
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_i.unpack_from(b, o)
     o += 4
-    m.rack, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.rack = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.rack, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -38415,27 +42146,40 @@ def _d1666(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse v1
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     m.acquisition_lock_timeout_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.responses = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1664(b, o)
-            items2.append(v3)
-        m.responses = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1664(b, o)
+            items3.append(v4)
+        m.responses = items3
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.node_endpoints = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1665(b, o)
-            items5.append(v6)
-        m.node_endpoints = items5
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1665(b, o)
+            items6.append(v7)
+        m.node_endpoints = items6
     if b[o] == 0:
         o += 1
     else:
@@ -38731,13 +42475,22 @@ def _s1672(b: _Buffer, o: int) -> int:  # ShareFetchResponse v1: NodeEndpoints
 def _d1673(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeRequest v1
     m = _new(ShareGroupDescribeRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.group_ids = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.group_ids = items2
     m.include_authorized_operations, = _S_o.unpack_from(b, o)
@@ -38761,13 +42514,22 @@ def _d1674(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -38784,7 +42546,11 @@ def _d1674(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
 def _d1675(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_Assignment v1
     m = _new(ShareGroupDescribeResponse_Assignment)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topic_partitions = None
     else:
@@ -38809,21 +42575,50 @@ def _d1675(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
 def _d1676(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_Member v1
     m = _new(ShareGroupDescribeResponse_Member)
     m.unknown_tags = None
-    m.member_id, o = _compact_string(b, o)
-    m.rack_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.member_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.rack_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.rack_id, o = _compact_string(b, o)
     m.member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    m.client_id, o = _compact_string(b, o)
-    m.client_host, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.client_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.client_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.client_host = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.client_host, o = _compact_string(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.subscribed_topic_names = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _compact_string(b, o)
-            items2.append(v3)
-        m.subscribed_topic_names = items2
+        items6 = []
+        for _ in range(n5):
+            length8 = b[o]
+            if 1 < length8 < 0x80 and o + length8 <= len(b):
+                v7 = str(b[o + 1:o + length8], 'utf-8')
+                o += length8
+            else:
+                v7, o = _compact_string(b, o)
+            items6.append(v7)
+        m.subscribed_topic_names = items6
     m.assignment, o = _d1675(b, o)
     if b[o] == 0:
         o += 1
@@ -38843,21 +42638,45 @@ def _d1677(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
-    m.group_id, o = _compact_string(b, o)
-    m.group_state, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_state = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_state, o = _compact_string(b, o)
     m.group_epoch, m.assignment_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    m.assignor_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.assignor_name = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.assignor_name, o = _compact_string(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1676(b, o)
-            items2.append(v3)
-        m.members = items2
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1676(b, o)
+            items6.append(v7)
+        m.members = items6
     m.authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -38878,7 +42697,11 @@ def _d1678(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -39130,20 +42953,44 @@ def _c1682(b: _Buffer, o: int, found: list[int]) -> int:  # ShareGroupDescribeRe
 def _d1683(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRequest v1
     m = _new(ShareGroupHeartbeatRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    m.rack_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.rack_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.rack_id, o = _compact_string(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
+    if n4 < 0:
         m.subscribed_topic_names = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _compact_string(b, o)
-            items2.append(v3)
-        m.subscribed_topic_names = items2
+        items5 = []
+        for _ in range(n4):
+            length7 = b[o]
+            if 1 < length7 < 0x80 and o + length7 <= len(b):
+                v6 = str(b[o + 1:o + length7], 'utf-8')
+                o += length7
+            else:
+                v6, o = _compact_string(b, o)
+            items5.append(v6)
+        m.subscribed_topic_names = items5
     if b[o] == 0:
         o += 1
     else:
@@ -39178,7 +43025,11 @@ def _d1685(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRespons
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -39200,7 +43051,11 @@ def _d1685(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRespons
 def _d1686(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse_Assignment v1
     m = _new(ShareGroupHeartbeatResponse_Assignment)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topic_partitions = None
     else:
@@ -39227,8 +43082,18 @@ def _d1687(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRespons
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.member_epoch, m.heartbeat_interval_ms = _S_ii.unpack_from(b, o)
     o += 8
     if b[o] != 1:
@@ -39254,13 +43119,22 @@ def _d1687(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRespons
 def _d1688(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRequest v0
     m = _new(StreamsGroupDescribeRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.group_ids = None
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _compact_string(b, o)
+            length4 = b[o]
+            if 1 < length4 < 0x80 and o + length4 <= len(b):
+                v3 = str(b[o + 1:o + length4], 'utf-8')
+                o += length4
+            else:
+                v3, o = _compact_string(b, o)
             items2.append(v3)
         m.group_ids = items2
     m.include_authorized_operations, = _S_o.unpack_from(b, o)
@@ -39281,8 +43155,18 @@ def _d1688(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeReques
 def _d1689(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_KeyValue v0
     m = _new(StreamsGroupDescribeResponse_KeyValue)
     m.unknown_tags = None
-    m.key, o = _compact_string(b, o)
-    m.value, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.key = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.key, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.value = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.value, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -39299,18 +43183,27 @@ def _d1689(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
 def _d1690(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TopicInfo v0
     m = _new(StreamsGroupDescribeResponse_TopicInfo)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.partitions, m.replication_factor = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topic_configs = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1689(b, o)
-            items2.append(v3)
-        m.topic_configs = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1689(b, o)
+            items3.append(v4)
+        m.topic_configs = items3
     if b[o] == 0:
         o += 1
     else:
@@ -39327,43 +43220,74 @@ def _d1690(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
 def _d1691(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Subtopology v0
     m = _new(StreamsGroupDescribeResponse_Subtopology)
     m.unknown_tags = None
-    m.subtopology_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.subtopology_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.subtopology_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.source_topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _compact_string(b, o)
-            items2.append(v3)
-        m.source_topics = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            length5 = b[o]
+            if 1 < length5 < 0x80 and o + length5 <= len(b):
+                v4 = str(b[o + 1:o + length5], 'utf-8')
+                o += length5
+            else:
+                v4, o = _compact_string(b, o)
+            items3.append(v4)
+        m.source_topics = items3
+    n6 = b[o] - 1
+    if 0 <= n6 < 0x7F and n6 <= len(b) - o - 1:
+        o += 1
+    else:
+        n6, o = _compact_count(b, o)
+    if n6 < 0:
         m.repartition_sink_topics = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _compact_string(b, o)
-            items5.append(v6)
-        m.repartition_sink_topics = items5
-    n7, o = _compact_count(b, o)
-    if n7 < 0:
-        m.state_changelog_topics = None
+        items7 = []
+        for _ in range(n6):
+            length9 = b[o]
+            if 1 < length9 < 0x80 and o + length9 <= len(b):
+                v8 = str(b[o + 1:o + length9], 'utf-8')
+                o += length9
+            else:
+                v8, o = _compact_string(b, o)
+            items7.append(v8)
+        m.repartition_sink_topics = items7
+    n10 = b[o] - 1
+    if 0 <= n10 < 0x7F and n10 <= len(b) - o - 1:
+        o += 1
     else:
-        items8 = []
-        for _ in range(n7):
-            v9, o = _d1690(b, o)
-            items8.append(v9)
-        m.state_changelog_topics = items8
-    n10, o = _compact_count(b, o)
+        n10, o = _compact_count(b, o)
     if n10 < 0:
-        m.repartition_source_topics = None
+        m.state_changelog_topics = None
     else:
         items11 = []
         for _ in range(n10):
             v12, o = _d1690(b, o)
             items11.append(v12)
-        m.repartition_source_topics = items11
+        m.state_changelog_topics = items11
+    n13 = b[o] - 1
+    if 0 <= n13 < 0x7F and n13 <= len(b) - o - 1:
+        o += 1
+    else:
+        n13, o = _compact_count(b, o)
+    if n13 < 0:
+        m.repartition_source_topics = None
+    else:
+        items14 = []
+        for _ in range(n13):
+            v15, o = _d1690(b, o)
+            items14.append(v15)
+        m.repartition_source_topics = items14
     if b[o] == 0:
         o += 1
     else:
@@ -39382,7 +43306,11 @@ def _d1692(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     m.unknown_tags = None
     m.epoch, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.subtopologies = None
     else:
@@ -39407,7 +43335,12 @@ def _d1692(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
 def _d1693(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Endpoint v0
     m = _new(StreamsGroupDescribeResponse_Endpoint)
     m.unknown_tags = None
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -39426,7 +43359,12 @@ def _d1693(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
 def _d1694(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TaskOffset v0
     m = _new(StreamsGroupDescribeResponse_TaskOffset)
     m.unknown_tags = None
-    m.subtopology_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.subtopology_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.subtopology_id, o = _compact_string(b, o)
     m.partition, m.offset = _S_iq.unpack_from(b, o)
     o += 12
     if b[o] == 0:
@@ -39445,13 +43383,22 @@ def _d1694(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
 def _d1695(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TaskIds v0
     m = _new(StreamsGroupDescribeResponse_TaskIds)
     m.unknown_tags = None
-    m.subtopology_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.subtopology_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.subtopology_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -39468,7 +43415,11 @@ def _d1695(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
 def _d1696(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Assignment v0
     m = _new(StreamsGroupDescribeResponse_Assignment)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.active_tasks = None
     else:
@@ -39477,7 +43428,11 @@ def _d1696(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
             v3, o = _d1695(b, o)
             items2.append(v3)
         m.active_tasks = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.standby_tasks = None
     else:
@@ -39486,7 +43441,11 @@ def _d1696(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
             v6, o = _d1695(b, o)
             items5.append(v6)
         m.standby_tasks = items5
-    n7, o = _compact_count(b, o)
+    n7 = b[o] - 1
+    if 0 <= n7 < 0x7F and n7 <= len(b) - o - 1:
+        o += 1
+    else:
+        n7, o = _compact_count(b, o)
     if n7 < 0:
         m.warmup_tasks = None
     else:
@@ -39511,16 +43470,46 @@ def _d1696(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
 def _d1697(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Member v0
     m = _new(StreamsGroupDescribeResponse_Member)
     m.unknown_tags = None
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.member_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.member_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    m.instance_id, o = _compact_string(b, o)
-    m.rack_id, o = _compact_string(b, o)
-    m.client_id, o = _compact_string(b, o)
-    m.client_host, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.instance_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.instance_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.rack_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.rack_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.client_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.client_id, o = _compact_string(b, o)
+    length5 = b[o]
+    if 1 < length5 < 0x80 and o + length5 <= len(b):
+        m.client_host = str(b[o + 1:o + length5], 'utf-8')
+        o += length5
+    else:
+        m.client_host, o = _compact_string(b, o)
     m.topology_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    m.process_id, o = _compact_string(b, o)
+    length6 = b[o]
+    if 1 < length6 < 0x80 and o + length6 <= len(b):
+        m.process_id = str(b[o + 1:o + length6], 'utf-8')
+        o += length6
+    else:
+        m.process_id, o = _compact_string(b, o)
     if b[o] != 1:
         if b[o] != 0xFF:
             raise _bad_nullable(b[o])
@@ -39528,33 +43517,45 @@ def _d1697(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
         o += 1
     else:
         m.user_endpoint, o = _d1693(b, o + 1)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
-        m.client_tags = None
+    n7 = b[o] - 1
+    if 0 <= n7 < 0x7F and n7 <= len(b) - o - 1:
+        o += 1
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1689(b, o)
-            items2.append(v3)
-        m.client_tags = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
-        m.task_offsets = None
-    else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1694(b, o)
-            items5.append(v6)
-        m.task_offsets = items5
-    n7, o = _compact_count(b, o)
+        n7, o = _compact_count(b, o)
     if n7 < 0:
-        m.task_end_offsets = None
+        m.client_tags = None
     else:
         items8 = []
         for _ in range(n7):
-            v9, o = _d1694(b, o)
+            v9, o = _d1689(b, o)
             items8.append(v9)
-        m.task_end_offsets = items8
+        m.client_tags = items8
+    n10 = b[o] - 1
+    if 0 <= n10 < 0x7F and n10 <= len(b) - o - 1:
+        o += 1
+    else:
+        n10, o = _compact_count(b, o)
+    if n10 < 0:
+        m.task_offsets = None
+    else:
+        items11 = []
+        for _ in range(n10):
+            v12, o = _d1694(b, o)
+            items11.append(v12)
+        m.task_offsets = items11
+    n13 = b[o] - 1
+    if 0 <= n13 < 0x7F and n13 <= len(b) - o - 1:
+        o += 1
+    else:
+        n13, o = _compact_count(b, o)
+    if n13 < 0:
+        m.task_end_offsets = None
+    else:
+        items14 = []
+        for _ in range(n13):
+            v15, o = _d1694(b, o)
+            items14.append(v15)
+        m.task_end_offsets = items14
     m.assignment, o = _d1696(b, o)
     m.target_assignment, o = _d1696(b, o)
     m.is_classic, = _S_o.unpack_from(b, o)
@@ -39577,9 +43578,24 @@ def _d1698(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
-    m.group_id, o = _compact_string(b, o)
-    m.group_state, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_state = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_state, o = _compact_string(b, o)
     m.group_epoch, m.assignment_epoch = _S_ii.unpack_from(b, o)
     o += 8
     if b[o] != 1:
@@ -39589,15 +43605,19 @@ def _d1698(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
         o += 1
     else:
         m.topology, o = _d1692(b, o + 1)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
+    if n4 < 0:
         m.members = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1697(b, o)
-            items2.append(v3)
-        m.members = items2
+        items5 = []
+        for _ in range(n4):
+            v6, o = _d1697(b, o)
+            items5.append(v6)
+        m.members = items5
     m.authorized_operations, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -39618,7 +43638,11 @@ def _d1699(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.groups = None
     else:
@@ -40434,8 +44458,18 @@ def _c1711(b: _Buffer, o: int, found: list[int]) -> int:  # StreamsGroupDescribe
 def _d1712(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_KeyValue v0
     m = _new(StreamsGroupHeartbeatRequest_KeyValue)
     m.unknown_tags = None
-    m.key, o = _compact_string(b, o)
-    m.value, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.key = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.key, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.value = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.value, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -40452,18 +44486,27 @@ def _d1712(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
 def _d1713(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TopicInfo v0
     m = _new(StreamsGroupHeartbeatRequest_TopicInfo)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
     m.partitions, m.replication_factor = _S_ih.unpack_from(b, o)
     o += 6
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topic_configs = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1712(b, o)
-            items2.append(v3)
-        m.topic_configs = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1712(b, o)
+            items3.append(v4)
+        m.topic_configs = items3
     if b[o] == 0:
         o += 1
     else:
@@ -40480,19 +44523,31 @@ def _d1713(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
 def _d1714(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_CopartitionGroup v0
     m = _new(StreamsGroupHeartbeatRequest_CopartitionGroup)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.source_topics = None
     else:
         m.source_topics = list(_unpack_from(f'>{n1}h', b, o))
         o += n1 * 2
-    n2, o = _compact_count(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
     if n2 < 0:
         m.source_topic_regex = None
     else:
         m.source_topic_regex = list(_unpack_from(f'>{n2}h', b, o))
         o += n2 * 2
-    n3, o = _compact_count(b, o)
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
     if n3 < 0:
         m.repartition_source_topics = None
     else:
@@ -40514,61 +44569,105 @@ def _d1714(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
 def _d1715(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Subtopology v0
     m = _new(StreamsGroupHeartbeatRequest_Subtopology)
     m.unknown_tags = None
-    m.subtopology_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.subtopology_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.subtopology_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.source_topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _compact_string(b, o)
-            items2.append(v3)
-        m.source_topics = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items3 = []
+        for _ in range(n2):
+            length5 = b[o]
+            if 1 < length5 < 0x80 and o + length5 <= len(b):
+                v4 = str(b[o + 1:o + length5], 'utf-8')
+                o += length5
+            else:
+                v4, o = _compact_string(b, o)
+            items3.append(v4)
+        m.source_topics = items3
+    n6 = b[o] - 1
+    if 0 <= n6 < 0x7F and n6 <= len(b) - o - 1:
+        o += 1
+    else:
+        n6, o = _compact_count(b, o)
+    if n6 < 0:
         m.source_topic_regex = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _compact_string(b, o)
-            items5.append(v6)
-        m.source_topic_regex = items5
-    n7, o = _compact_count(b, o)
-    if n7 < 0:
-        m.state_changelog_topics = None
+        items7 = []
+        for _ in range(n6):
+            length9 = b[o]
+            if 1 < length9 < 0x80 and o + length9 <= len(b):
+                v8 = str(b[o + 1:o + length9], 'utf-8')
+                o += length9
+            else:
+                v8, o = _compact_string(b, o)
+            items7.append(v8)
+        m.source_topic_regex = items7
+    n10 = b[o] - 1
+    if 0 <= n10 < 0x7F and n10 <= len(b) - o - 1:
+        o += 1
     else:
-        items8 = []
-        for _ in range(n7):
-            v9, o = _d1713(b, o)
-            items8.append(v9)
-        m.state_changelog_topics = items8
-    n10, o = _compact_count(b, o)
+        n10, o = _compact_count(b, o)
     if n10 < 0:
-        m.repartition_sink_topics = None
+        m.state_changelog_topics = None
     else:
         items11 = []
         for _ in range(n10):
-            v12, o = _compact_string(b, o)
+            v12, o = _d1713(b, o)
             items11.append(v12)
-        m.repartition_sink_topics = items11
-    n13, o = _compact_count(b, o)
+        m.state_changelog_topics = items11
+    n13 = b[o] - 1
+    if 0 <= n13 < 0x7F and n13 <= len(b) - o - 1:
+        o += 1
+    else:
+        n13, o = _compact_count(b, o)
     if n13 < 0:
-        m.repartition_source_topics = None
+        m.repartition_sink_topics = None
     else:
         items14 = []
         for _ in range(n13):
-            v15, o = _d1713(b, o)
+            length16 = b[o]
+            if 1 < length16 < 0x80 and o + length16 <= len(b):
+                v15 = str(b[o + 1:o + length16], 'utf-8')
+                o += length16
+            else:
+                v15, o = _compact_string(b, o)
             items14.append(v15)
-        m.repartition_source_topics = items14
-    n16, o = _compact_count(b, o)
-    if n16 < 0:
+        m.repartition_sink_topics = items14
+    n17 = b[o] - 1
+    if 0 <= n17 < 0x7F and n17 <= len(b) - o - 1:
+        o += 1
+    else:
+        n17, o = _compact_count(b, o)
+    if n17 < 0:
+        m.repartition_source_topics = None
+    else:
+        items18 = []
+        for _ in range(n17):
+            v19, o = _d1713(b, o)
+            items18.append(v19)
+        m.repartition_source_topics = items18
+    n20 = b[o] - 1
+    if 0 <= n20 < 0x7F and n20 <= len(b) - o - 1:
+        o += 1
+    else:
+        n20, o = _compact_count(b, o)
+    if n20 < 0:
         m.copartition_groups = None
     else:
-        items17 = []
-        for _ in range(n16):
-            v18, o = _d1714(b, o)
-            items17.append(v18)
-        m.copartition_groups = items17
+        items21 = []
+        for _ in range(n20):
+            v22, o = _d1714(b, o)
+            items21.append(v22)
+        m.copartition_groups = items21
     if b[o] == 0:
         o += 1
     else:
@@ -40587,7 +44686,11 @@ def _d1716(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     m.unknown_tags = None
     m.epoch, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.subtopologies = None
     else:
@@ -40612,13 +44715,22 @@ def _d1716(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
 def _d1717(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TaskIds v0
     m = _new(StreamsGroupHeartbeatRequest_TaskIds)
     m.unknown_tags = None
-    m.subtopology_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.subtopology_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.subtopology_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -40635,7 +44747,12 @@ def _d1717(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
 def _d1718(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Endpoint v0
     m = _new(StreamsGroupHeartbeatRequest_Endpoint)
     m.unknown_tags = None
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -40654,7 +44771,12 @@ def _d1718(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
 def _d1719(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TaskOffset v0
     m = _new(StreamsGroupHeartbeatRequest_TaskOffset)
     m.unknown_tags = None
-    m.subtopology_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.subtopology_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.subtopology_id, o = _compact_string(b, o)
     m.partition, m.offset = _S_iq.unpack_from(b, o)
     o += 12
     if b[o] == 0:
@@ -40673,12 +44795,32 @@ def _d1719(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
 def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest v0
     m = _new(StreamsGroupHeartbeatRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.member_epoch, m.endpoint_information_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    m.instance_id, o = _compact_string(b, o)
-    m.rack_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.instance_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.instance_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.rack_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.rack_id, o = _compact_string(b, o)
     m.rebalance_timeout_ms, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] != 1:
@@ -40688,34 +44830,51 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
         o += 1
     else:
         m.topology, o = _d1716(b, o + 1)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.active_tasks = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1717(b, o)
-            items2.append(v3)
-        m.active_tasks = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1717(b, o)
+            items6.append(v7)
+        m.active_tasks = items6
+    n8 = b[o] - 1
+    if 0 <= n8 < 0x7F and n8 <= len(b) - o - 1:
+        o += 1
+    else:
+        n8, o = _compact_count(b, o)
+    if n8 < 0:
         m.standby_tasks = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1717(b, o)
-            items5.append(v6)
-        m.standby_tasks = items5
-    n7, o = _compact_count(b, o)
-    if n7 < 0:
+        items9 = []
+        for _ in range(n8):
+            v10, o = _d1717(b, o)
+            items9.append(v10)
+        m.standby_tasks = items9
+    n11 = b[o] - 1
+    if 0 <= n11 < 0x7F and n11 <= len(b) - o - 1:
+        o += 1
+    else:
+        n11, o = _compact_count(b, o)
+    if n11 < 0:
         m.warmup_tasks = None
     else:
-        items8 = []
-        for _ in range(n7):
-            v9, o = _d1717(b, o)
-            items8.append(v9)
-        m.warmup_tasks = items8
-    m.process_id, o = _compact_string(b, o)
+        items12 = []
+        for _ in range(n11):
+            v13, o = _d1717(b, o)
+            items12.append(v13)
+        m.warmup_tasks = items12
+    length14 = b[o]
+    if 1 < length14 < 0x80 and o + length14 <= len(b):
+        m.process_id = str(b[o + 1:o + length14], 'utf-8')
+        o += length14
+    else:
+        m.process_id, o = _compact_string(b, o)
     if b[o] != 1:
         if b[o] != 0xFF:
             raise _bad_nullable(b[o])
@@ -40723,33 +44882,45 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
         o += 1
     else:
         m.user_endpoint, o = _d1718(b, o + 1)
-    n10, o = _compact_count(b, o)
-    if n10 < 0:
+    n15 = b[o] - 1
+    if 0 <= n15 < 0x7F and n15 <= len(b) - o - 1:
+        o += 1
+    else:
+        n15, o = _compact_count(b, o)
+    if n15 < 0:
         m.client_tags = None
     else:
-        items11 = []
-        for _ in range(n10):
-            v12, o = _d1712(b, o)
-            items11.append(v12)
-        m.client_tags = items11
-    n13, o = _compact_count(b, o)
-    if n13 < 0:
+        items16 = []
+        for _ in range(n15):
+            v17, o = _d1712(b, o)
+            items16.append(v17)
+        m.client_tags = items16
+    n18 = b[o] - 1
+    if 0 <= n18 < 0x7F and n18 <= len(b) - o - 1:
+        o += 1
+    else:
+        n18, o = _compact_count(b, o)
+    if n18 < 0:
         m.task_offsets = None
     else:
-        items14 = []
-        for _ in range(n13):
-            v15, o = _d1719(b, o)
-            items14.append(v15)
-        m.task_offsets = items14
-    n16, o = _compact_count(b, o)
-    if n16 < 0:
+        items19 = []
+        for _ in range(n18):
+            v20, o = _d1719(b, o)
+            items19.append(v20)
+        m.task_offsets = items19
+    n21 = b[o] - 1
+    if 0 <= n21 < 0x7F and n21 <= len(b) - o - 1:
+        o += 1
+    else:
+        n21, o = _compact_count(b, o)
+    if n21 < 0:
         m.task_end_offsets = None
     else:
-        items17 = []
-        for _ in range(n16):
-            v18, o = _d1719(b, o)
-            items17.append(v18)
-        m.task_end_offsets = items17
+        items22 = []
+        for _ in range(n21):
+            v23, o = _d1719(b, o)
+            items22.append(v23)
+        m.task_end_offsets = items22
     m.shutdown_application, = _S_o.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -40882,7 +45053,12 @@ def _d1725(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     m.unknown_tags = None
     m.status_code, = _S_b.unpack_from(b, o)
     o += 1
-    m.status_detail, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.status_detail = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.status_detail, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -40899,13 +45075,22 @@ def _d1725(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
 def _d1726(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_TaskIds v0
     m = _new(StreamsGroupHeartbeatResponse_TaskIds)
     m.unknown_tags = None
-    m.subtopology_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.subtopology_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.subtopology_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -40922,7 +45107,12 @@ def _d1726(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
 def _d1727(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_Endpoint v0
     m = _new(StreamsGroupHeartbeatResponse_Endpoint)
     m.unknown_tags = None
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -40941,13 +45131,22 @@ def _d1727(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
 def _d1728(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_TopicPartition v0
     m = _new(StreamsGroupHeartbeatResponse_TopicPartition)
     m.unknown_tags = None
-    m.topic, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        m.partitions = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partitions = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -40965,7 +45164,11 @@ def _d1729(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     m = _new(StreamsGroupHeartbeatResponse_EndpointToPartitions)
     m.unknown_tags = None
     m.user_endpoint, o = _d1727(b, o)
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.active_partitions = None
     else:
@@ -40974,7 +45177,11 @@ def _d1729(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
             v3, o = _d1728(b, o)
             items2.append(v3)
         m.active_partitions = items2
-    n4, o = _compact_count(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
     if n4 < 0:
         m.standby_partitions = None
     else:
@@ -41001,57 +45208,87 @@ def _d1730(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.member_epoch, m.heartbeat_interval_ms, m.acceptable_recovery_lag, m.task_offset_interval_ms = _S_iiii.unpack_from(b, o)
     o += 16
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n3 = b[o] - 1
+    if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
+        o += 1
+    else:
+        n3, o = _compact_count(b, o)
+    if n3 < 0:
         m.status = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1725(b, o)
-            items2.append(v3)
-        m.status = items2
-    n4, o = _compact_count(b, o)
-    if n4 < 0:
+        items4 = []
+        for _ in range(n3):
+            v5, o = _d1725(b, o)
+            items4.append(v5)
+        m.status = items4
+    n6 = b[o] - 1
+    if 0 <= n6 < 0x7F and n6 <= len(b) - o - 1:
+        o += 1
+    else:
+        n6, o = _compact_count(b, o)
+    if n6 < 0:
         m.active_tasks = None
     else:
-        items5 = []
-        for _ in range(n4):
-            v6, o = _d1726(b, o)
-            items5.append(v6)
-        m.active_tasks = items5
-    n7, o = _compact_count(b, o)
-    if n7 < 0:
+        items7 = []
+        for _ in range(n6):
+            v8, o = _d1726(b, o)
+            items7.append(v8)
+        m.active_tasks = items7
+    n9 = b[o] - 1
+    if 0 <= n9 < 0x7F and n9 <= len(b) - o - 1:
+        o += 1
+    else:
+        n9, o = _compact_count(b, o)
+    if n9 < 0:
         m.standby_tasks = None
     else:
-        items8 = []
-        for _ in range(n7):
-            v9, o = _d1726(b, o)
-            items8.append(v9)
-        m.standby_tasks = items8
-    n10, o = _compact_count(b, o)
-    if n10 < 0:
+        items10 = []
+        for _ in range(n9):
+            v11, o = _d1726(b, o)
+            items10.append(v11)
+        m.standby_tasks = items10
+    n12 = b[o] - 1
+    if 0 <= n12 < 0x7F and n12 <= len(b) - o - 1:
+        o += 1
+    else:
+        n12, o = _compact_count(b, o)
+    if n12 < 0:
         m.warmup_tasks = None
     else:
-        items11 = []
-        for _ in range(n10):
-            v12, o = _d1726(b, o)
-            items11.append(v12)
-        m.warmup_tasks = items11
+        items13 = []
+        for _ in range(n12):
+            v14, o = _d1726(b, o)
+            items13.append(v14)
+        m.warmup_tasks = items13
     m.endpoint_information_epoch, = _S_i.unpack_from(b, o)
     o += 4
-    n13, o = _compact_count(b, o)
-    if n13 < 0:
+    n15 = b[o] - 1
+    if 0 <= n15 < 0x7F and n15 <= len(b) - o - 1:
+        o += 1
+    else:
+        n15, o = _compact_count(b, o)
+    if n15 < 0:
         m.partitions_by_user_endpoint = None
     else:
-        items14 = []
-        for _ in range(n13):
-            v15, o = _d1729(b, o)
-            items14.append(v15)
-        m.partitions_by_user_endpoint = items14
+        items16 = []
+        for _ in range(n15):
+            v17, o = _d1729(b, o)
+            items16.append(v17)
+        m.partitions_by_user_endpoint = items16
     if b[o] == 0:
         o += 1
     else:
@@ -41450,7 +45687,12 @@ def _e1740(m: Any, w: bytearray) -> None:  # SyncGroupRequest v3
 def _d1741(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroupRequestAssignment v4
     m = _new(SyncGroupRequest_SyncGroupRequestAssignment)
     m.unknown_tags = None
-    m.member_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.member_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.member_id, o = _compact_string(b, o)
     m.assignment, o = _compact_blob(b, o)
     if b[o] == 0:
         o += 1
@@ -41470,20 +45712,39 @@ def _d1742(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v4
     m.unknown_tags = None
     m.protocol_type = None
     m.protocol_name = None
-    m.group_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
     m.generation_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
+    n4 = b[o] - 1
+    if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+        o += 1
+    else:
+        n4, o = _compact_count(b, o)
+    if n4 < 0:
         m.assignments = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1741(b, o)
-            items2.append(v3)
-        m.assignments = items2
+        items5 = []
+        for _ in range(n4):
+            v6, o = _d1741(b, o)
+            items5.append(v6)
+        m.assignments = items5
     if b[o] == 0:
         o += 1
     else:
@@ -41524,22 +45785,51 @@ def _e1744(m: Any, w: bytearray) -> None:  # SyncGroupRequest v4
 def _d1745(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v5
     m = _new(SyncGroupRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
     m.generation_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
-    m.protocol_type, o = _compact_string(b, o)
-    m.protocol_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.member_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.protocol_type, o = _compact_string(b, o)
+    length5 = b[o]
+    if 1 < length5 < 0x80 and o + length5 <= len(b):
+        m.protocol_name = str(b[o + 1:o + length5], 'utf-8')
+        o += length5
+    else:
+        m.protocol_name, o = _compact_string(b, o)
+    n6 = b[o] - 1
+    if 0 <= n6 < 0x7F and n6 <= len(b) - o - 1:
+        o += 1
+    else:
+        n6, o = _compact_count(b, o)
+    if n6 < 0:
         m.assignments = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1741(b, o)
-            items2.append(v3)
-        m.assignments = items2
+        items7 = []
+        for _ in range(n6):
+            v8, o = _d1741(b, o)
+            items7.append(v8)
+        m.assignments = items7
     if b[o] == 0:
         o += 1
     else:
@@ -41638,8 +45928,18 @@ def _d1753(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v5
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.protocol_type, o = _compact_string(b, o)
-    m.protocol_name, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.protocol_type = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.protocol_type, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.protocol_name = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.protocol_name, o = _compact_string(b, o)
     m.assignment, o = _compact_blob(b, o)
     if b[o] == 0:
         o += 1
@@ -41864,7 +46164,12 @@ def _d1766(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_Txn
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
     o += 16
-    m.committed_metadata, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.committed_metadata = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.committed_metadata, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -41881,16 +46186,25 @@ def _d1766(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_Txn
 def _d1767(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v3
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1766(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1766(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -41907,21 +46221,45 @@ def _d1767(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_Txn
 def _d1768(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v3
     m = _new(TxnOffsetCommitRequest)
     m.unknown_tags = None
-    m.transactional_id, o = _compact_string(b, o)
-    m.group_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.transactional_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.transactional_id, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.group_id = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.group_id, o = _compact_string(b, o)
     m.producer_id, m.producer_epoch, m.generation_id = _S_qhi.unpack_from(b, o)
     o += 14
-    m.member_id, o = _compact_string(b, o)
-    m.group_instance_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length3 = b[o]
+    if 1 < length3 < 0x80 and o + length3 <= len(b):
+        m.member_id = str(b[o + 1:o + length3], 'utf-8')
+        o += length3
+    else:
+        m.member_id, o = _compact_string(b, o)
+    length4 = b[o]
+    if 1 < length4 < 0x80 and o + length4 <= len(b):
+        m.group_instance_id = str(b[o + 1:o + length4], 'utf-8')
+        o += length4
+    else:
+        m.group_instance_id, o = _compact_string(b, o)
+    n5 = b[o] - 1
+    if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
+        o += 1
+    else:
+        n5, o = _compact_count(b, o)
+    if n5 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1767(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items6 = []
+        for _ in range(n5):
+            v7, o = _d1767(b, o)
+            items6.append(v7)
+        m.topics = items6
     if b[o] == 0:
         o += 1
     else:
@@ -42013,16 +46351,25 @@ def _d1773(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_Tx
 def _d1774(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic v3
     m = _new(TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1773(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1773(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -42041,7 +46388,11 @@ def _d1775(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v3
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -42094,7 +46445,12 @@ def _d1778(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerResponse v
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -42112,7 +46468,12 @@ def _d1779(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_Feat
     m = _new(UpdateFeaturesRequest_FeatureUpdateKey)
     m.unknown_tags = None
     m.upgrade_type = 1
-    m.feature, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.feature = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.feature, o = _compact_string(b, o)
     m.max_version_level, m.allow_downgrade = _S_ho.unpack_from(b, o)
     o += 3
     if b[o] == 0:
@@ -42134,7 +46495,11 @@ def _d1780(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v0
     m.validate_only = False
     m.timeout_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.feature_updates = None
     else:
@@ -42181,7 +46546,12 @@ def _d1783(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_Feat
     m = _new(UpdateFeaturesRequest_FeatureUpdateKey)
     m.unknown_tags = None
     m.allow_downgrade = False
-    m.feature, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.feature = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.feature, o = _compact_string(b, o)
     m.max_version_level, m.upgrade_type = _S_hb.unpack_from(b, o)
     o += 3
     if b[o] == 0:
@@ -42202,7 +46572,11 @@ def _d1784(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v1
     m.unknown_tags = None
     m.timeout_ms, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.feature_updates = None
     else:
@@ -42251,10 +46625,20 @@ def _e1786(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest v1
 def _d1787(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse_UpdatableFeatureResult v0
     m = _new(UpdateFeaturesResponse_UpdatableFeatureResult)
     m.unknown_tags = None
-    m.feature, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.feature = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.feature, o = _compact_string(b, o)
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    m.error_message, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.error_message = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -42273,16 +46657,25 @@ def _d1788(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v0
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.results = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1787(b, o)
-            items2.append(v3)
-        m.results = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1787(b, o)
+            items3.append(v4)
+        m.results = items3
     if b[o] == 0:
         o += 1
     else:
@@ -42325,7 +46718,12 @@ def _d1791(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v2
     m.results = list()
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -42401,8 +46799,18 @@ def _c1792(b: _Buffer, o: int, found: list[int]) -> int:  # UpdateFeaturesRespon
 def _d1793(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_Listener v0
     m = _new(UpdateRaftVoterRequest_Listener)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    length2 = b[o]
+    if 1 < length2 < 0x80 and o + length2 <= len(b):
+        m.host = str(b[o + 1:o + length2], 'utf-8')
+        o += length2
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -42439,19 +46847,28 @@ def _d1794(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_KRa
 def _d1795(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest v0
     m = _new(UpdateRaftVoterRequest)
     m.unknown_tags = None
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.current_leader_epoch, m.voter_id, _u2 = _S_iiu.unpack_from(b, o)
     m.voter_directory_id = _read_uuid(_u2)
     o += 24
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.listeners = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1793(b, o)
-            items2.append(v3)
-        m.listeners = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1793(b, o)
+            items3.append(v4)
+        m.listeners = items3
     m.k_raft_version_feature, o = _d1794(b, o)
     if b[o] == 0:
         o += 1
@@ -42493,7 +46910,12 @@ def _d1798(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse_Cu
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_i.unpack_from(b, o)
     o += 4
     if b[o] == 0:
@@ -42576,16 +46998,25 @@ def _d1802(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData 
 def _d1803(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v0
     m = _new(VoteRequest_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1802(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1802(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -42603,16 +47034,25 @@ def _d1804(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v0
     m = _new(VoteRequest)
     m.unknown_tags = None
     m.voter_id = -1
-    m.cluster_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1803(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1803(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -42682,16 +47122,25 @@ def _d1808(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData 
 def _d1809(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v1
     m = _new(VoteRequest_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1808(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1808(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -42708,18 +47157,27 @@ def _d1809(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v1
 def _d1810(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v1
     m = _new(VoteRequest)
     m.unknown_tags = None
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.voter_id, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1809(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1809(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -42789,16 +47247,25 @@ def _d1814(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData 
 def _d1815(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v2
     m = _new(VoteRequest_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1814(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1814(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -42815,18 +47282,27 @@ def _d1815(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v2
 def _d1816(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v2
     m = _new(VoteRequest)
     m.unknown_tags = None
-    m.cluster_id, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.cluster_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.cluster_id, o = _compact_string(b, o)
     m.voter_id, = _S_i.unpack_from(b, o)
     o += 4
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1815(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1815(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -42894,16 +47370,25 @@ def _d1820(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_PartitionData
 def _d1821(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_TopicData v0
     m = _new(VoteResponse_TopicData)
     m.unknown_tags = None
-    m.topic_name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.topic_name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.topic_name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1820(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1820(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -42923,7 +47408,11 @@ def _d1822(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v0
     m.node_endpoints = list()
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -42982,7 +47471,12 @@ def _d1826(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_NodeEndpoint 
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
     o += 4
-    m.host, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.host = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.host, o = _compact_string(b, o)
     m.port, = _S_H.unpack_from(b, o)
     o += 2
     if b[o] == 0:
@@ -43004,7 +47498,11 @@ def _d1827(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
     m.node_endpoints = list()
     m.error_code, = _S_h.unpack_from(b, o)
     o += 2
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -43020,7 +47518,11 @@ def _d1827(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                n4, o = _compact_count(b, o)
+                n4 = b[o] - 1
+                if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
+                    o += 1
+                else:
+                    n4, o = _compact_count(b, o)
                 if n4 < 0:
                     m.node_endpoints = None
                 else:
@@ -43127,7 +47629,11 @@ def _d1831(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     m.delivery_complete_count = -1
     m.partition, m.state_epoch, m.leader_epoch, m.start_offset = _S_iiiq.unpack_from(b, o)
     o += 20
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.state_batches = None
     else:
@@ -43155,7 +47661,11 @@ def _d1832(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -43180,16 +47690,25 @@ def _d1832(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
 def _d1833(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest v0
     m = _new(WriteShareGroupStateRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1832(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1832(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -43244,7 +47763,11 @@ def _d1837(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     m.unknown_tags = None
     m.partition, m.state_epoch, m.leader_epoch, m.start_offset, m.delivery_complete_count = _S_iiiqi.unpack_from(b, o)
     o += 24
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.state_batches = None
     else:
@@ -43272,7 +47795,11 @@ def _d1838(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -43297,16 +47824,25 @@ def _d1838(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
 def _d1839(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest v1
     m = _new(WriteShareGroupStateRequest)
     m.unknown_tags = None
-    m.group_id, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.group_id = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.group_id, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.topics = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1838(b, o)
-            items2.append(v3)
-        m.topics = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1838(b, o)
+            items3.append(v4)
+        m.topics = items3
     if b[o] == 0:
         o += 1
     else:
@@ -43361,7 +47897,12 @@ def _d1843(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRespon
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.error_message, o = _compact_string(b, o)
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.error_message = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.error_message, o = _compact_string(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -43381,7 +47922,11 @@ def _d1844(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRespon
     _u0, = _S_u.unpack_from(b, o)
     m.topic_id = _read_uuid(_u0)
     o += 16
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.partitions = None
     else:
@@ -43406,7 +47951,11 @@ def _d1844(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRespon
 def _d1845(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse v0
     m = _new(WriteShareGroupStateResponse)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.results = None
     else:
@@ -43431,13 +47980,22 @@ def _d1845(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRespon
 def _d1846(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_WritableTxnMarkerTopic v1
     m = _new(WriteTxnMarkersRequest_WritableTxnMarkerTopic)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partition_indexes = None
     else:
-        m.partition_indexes = list(_unpack_from(f'>{n1}i', b, o))
-        o += n1 * 4
+        m.partition_indexes = list(_unpack_from(f'>{n2}i', b, o))
+        o += n2 * 4
     if b[o] == 0:
         o += 1
     else:
@@ -43457,7 +48015,11 @@ def _d1847(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Wri
     m.transaction_version = 0
     m.producer_id, m.producer_epoch, m.transaction_result = _S_qho.unpack_from(b, o)
     o += 11
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -43484,7 +48046,11 @@ def _d1847(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Wri
 def _d1848(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v1
     m = _new(WriteTxnMarkersRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.markers = None
     else:
@@ -43535,7 +48101,11 @@ def _d1851(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Wri
     m.unknown_tags = None
     m.producer_id, m.producer_epoch, m.transaction_result = _S_qho.unpack_from(b, o)
     o += 11
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -43562,7 +48132,11 @@ def _d1851(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Wri
 def _d1852(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v2
     m = _new(WriteTxnMarkersRequest)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.markers = None
     else:
@@ -43629,16 +48203,25 @@ def _d1855(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Wr
 def _d1856(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_WritableTxnMarkerTopicResult v1
     m = _new(WriteTxnMarkersResponse_WritableTxnMarkerTopicResult)
     m.unknown_tags = None
-    m.name, o = _compact_string(b, o)
-    n1, o = _compact_count(b, o)
-    if n1 < 0:
+    length1 = b[o]
+    if 1 < length1 < 0x80 and o + length1 <= len(b):
+        m.name = str(b[o + 1:o + length1], 'utf-8')
+        o += length1
+    else:
+        m.name, o = _compact_string(b, o)
+    n2 = b[o] - 1
+    if 0 <= n2 < 0x7F and n2 <= len(b) - o - 1:
+        o += 1
+    else:
+        n2, o = _compact_count(b, o)
+    if n2 < 0:
         m.partitions = None
     else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1855(b, o)
-            items2.append(v3)
-        m.partitions = items2
+        items3 = []
+        for _ in range(n2):
+            v4, o = _d1855(b, o)
+            items3.append(v4)
+        m.partitions = items3
     if b[o] == 0:
         o += 1
     else:
@@ -43657,7 +48240,11 @@ def _d1857(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Wr
     m.unknown_tags = None
     m.producer_id, = _S_q.unpack_from(b, o)
     o += 8
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.topics = None
     else:
@@ -43682,7 +48269,11 @@ def _d1857(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Wr
 def _d1858(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse v1
     m = _new(WriteTxnMarkersResponse)
     m.unknown_tags = None
-    n1, o = _compact_count(b, o)
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
     if n1 < 0:
         m.markers = None
     else:
