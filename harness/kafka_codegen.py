@@ -33,9 +33,14 @@ DEFINITIONS = ROOT / "kqp" / "protocol" / "kafka_message_definitions"
 OUTPUT = ROOT / "kqp" / "protocol" / "generated" / "kafka_messages.py"
 _COMMENT = re.compile(r"(?m)^\s*//.*\n?")
 # Top-level fields whose offset the proxy reads or writes in place, by message name.
+# TAG_SECTION stands for the top-level tagged-field section (after every other field), where
+# Produce and Fetch responses carry NodeEndpoints (KIP-951).
+TAG_SECTION = "TaggedFields"
 LOCATED_FIELDS: dict[str, tuple[str, ...]] = {
     "ShareFetchResponse": ("NodeEndpoints",),
     "ShareAcknowledgeResponse": ("NodeEndpoints",),
+    "ProduceResponse": (TAG_SECTION,),
+    "FetchResponse": (TAG_SECTION,),
 }
 THROTTLE = "ThrottleTimeMs"
 FIXED = {"bool": ("?", 1), "int8": ("b", 1), "int16": ("h", 2), "uint16": ("H", 2), "int32": ("i", 4),
@@ -430,7 +435,8 @@ class Generator:
                 break
             before.append(spec)
         else:
-            return None
+            if target != TAG_SECTION or not flexible:
+                return None
         sizes = [self.fixed_size(spec, structs, version) for spec in before]
         if all(size is not None for size in sizes):
             return sum(size for size in sizes if size is not None)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from kqp.protocol.errors import ProtocolDecodeError
+from kqp.protocol.generated.kafka_messages import FIELD_LOCATIONS
 from kqp.protocol.headers import read_uvarint, skip_tagged_fields
 from kqp.protocol.records import EMPTY_RECORDS, RecordCounts, summarise_records
 from kqp.protocol.wire import compact_count, compact_string, string
@@ -43,6 +44,8 @@ _PARTITION_HEAD = struct.Struct(">ihq")  # partition, error code, high watermark
 _UUID_SIZE = 16
 # The exceptions struct and memoryview raise on bytes that end too early.
 _SHORT_READ = (struct.error, IndexError, ValueError)
+# Fetch response version -> skipper to its top-level tagged fields (generated from the definitions).
+_FETCH_TAG_SECTION = FIELD_LOCATIONS["FetchResponse.TaggedFields"]
 
 
 @dataclass(slots=True)
@@ -319,29 +322,9 @@ def fetch_response_tag_count(body: Buffer, api_version: int) -> int:
 
 
 def _fetch_response_tag_count(body: Buffer, version: int) -> int:
-    # Flexible, topics by id: ThrottleTimeMs, ErrorCode, SessionId, then the topics.
-    end = len(body)
-    offset = 10
-    # A partition's fixed head: PartitionIndex, ErrorCode, HighWatermark, LastStableOffset,
-    # LogStartOffset. Not read: a cut inside it fails at the count after it, as in the full parse.
-    partition_head = 4 + 2 + 8 + 8 + 8
-    topic_count, offset = read_array_length(body, offset, True)
-    for _ in range(topic_count):
-        if offset + _UUID_SIZE > end:
-            raise ProtocolDecodeError("topic id runs past the end of the message")
-        partition_count, offset = read_array_length(body, offset + _UUID_SIZE, True)
-        for _ in range(partition_count):
-            aborted, offset = read_array_length(body, offset + partition_head, True)
-            for _ in range(aborted):
-                offset = skip_tagged_fields(body, offset + 16)
-            offset += 4  # PreferredReadReplica
-            size_plus_one, offset = read_uvarint(body, offset)
-            if size_plus_one > 1:
-                offset += size_plus_one - 1
-                if offset > end:
-                    raise ProtocolDecodeError("records run past the end of the message")
-            offset = skip_tagged_fields(body, offset)
-        offset = skip_tagged_fields(body, offset)
+    # The generated skipper over every field before the top-level tag section: records are
+    # skipped by their length, nothing is decoded.
+    offset = _FETCH_TAG_SECTION[version](body, 0)
     tagged_fields = read_uvarint(body, offset)[0]
     _expect_end(body, skip_tagged_fields(body, offset), f"Fetch v{version} response")
     return tagged_fields

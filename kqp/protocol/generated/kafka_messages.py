@@ -26596,7 +26596,125 @@ def _c992(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v13: er
     return o
 
 
-def _d993(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_SnapshotId v0
+def _s993(b: _Buffer, o: int) -> int:  # FetchResponse v12: TaggedFields
+    end = len(b)
+    o += 10
+    n1 = b[o]
+    if n1 < 0x80:
+        n1 -= 1
+        o += 1
+    else:
+        n1, o = _read_uvarint(b, o)
+        n1 -= 1
+    if n1 > end - o:
+        raise _ProtocolDecodeError(f'array of {n1} elements in {end - o} bytes')
+    for _ in range(n1):
+        length2 = b[o]
+        if length2 < 0x80:
+            length2 -= 1
+            o += 1
+        else:
+            length2, o = _read_uvarint(b, o)
+            length2 -= 1
+        if length2 > 0:
+            o += length2
+            if o > end:
+                raise _ProtocolDecodeError('field runs past the end of the message')
+        n3 = b[o]
+        if n3 < 0x80:
+            n3 -= 1
+            o += 1
+        else:
+            n3, o = _read_uvarint(b, o)
+            n3 -= 1
+        if n3 > end - o:
+            raise _ProtocolDecodeError(f'array of {n3} elements in {end - o} bytes')
+        for _ in range(n3):
+            o += 30
+            n4 = b[o]
+            if n4 < 0x80:
+                n4 -= 1
+                o += 1
+            else:
+                n4, o = _read_uvarint(b, o)
+                n4 -= 1
+            if n4 > end - o:
+                raise _ProtocolDecodeError(f'array of {n4} elements in {end - o} bytes')
+            for _ in range(n4):
+                o += 16
+                o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+            o += 4
+            length5 = b[o]
+            if length5 < 0x80:
+                length5 -= 1
+                o += 1
+            else:
+                length5, o = _read_uvarint(b, o)
+                length5 -= 1
+            if length5 > 0:
+                o += length5
+                if o > end:
+                    raise _ProtocolDecodeError('field runs past the end of the message')
+            o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    return o
+
+
+def _s994(b: _Buffer, o: int) -> int:  # FetchResponse v13: TaggedFields
+    end = len(b)
+    o += 10
+    n1 = b[o]
+    if n1 < 0x80:
+        n1 -= 1
+        o += 1
+    else:
+        n1, o = _read_uvarint(b, o)
+        n1 -= 1
+    if n1 > end - o:
+        raise _ProtocolDecodeError(f'array of {n1} elements in {end - o} bytes')
+    for _ in range(n1):
+        o += 16
+        n2 = b[o]
+        if n2 < 0x80:
+            n2 -= 1
+            o += 1
+        else:
+            n2, o = _read_uvarint(b, o)
+            n2 -= 1
+        if n2 > end - o:
+            raise _ProtocolDecodeError(f'array of {n2} elements in {end - o} bytes')
+        for _ in range(n2):
+            o += 30
+            n3 = b[o]
+            if n3 < 0x80:
+                n3 -= 1
+                o += 1
+            else:
+                n3, o = _read_uvarint(b, o)
+                n3 -= 1
+            if n3 > end - o:
+                raise _ProtocolDecodeError(f'array of {n3} elements in {end - o} bytes')
+            for _ in range(n3):
+                o += 16
+                o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+            o += 4
+            length4 = b[o]
+            if length4 < 0x80:
+                length4 -= 1
+                o += 1
+            else:
+                length4, o = _read_uvarint(b, o)
+                length4 -= 1
+            if length4 > 0:
+                o += length4
+                if o > end:
+                    raise _ProtocolDecodeError('field runs past the end of the message')
+            o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    return o
+
+
+def _d995(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_SnapshotId v0
     m = _new(FetchSnapshotRequest_SnapshotId)
     m.unknown_tags = None
     m.end_offset, m.epoch = _S_qi.unpack_from(b, o)
@@ -26614,13 +26732,13 @@ def _d993(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_Snapsh
     return m, o
 
 
-def _d994(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_PartitionSnapshot v0
+def _d996(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_PartitionSnapshot v0
     m = _new(FetchSnapshotRequest_PartitionSnapshot)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
     m.partition, m.current_leader_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    m.snapshot_id, o = _d993(b, o)
+    m.snapshot_id, o = _d995(b, o)
     m.position, = _S_q.unpack_from(b, o)
     o += 8
     if b[o] == 0:
@@ -26636,7 +26754,7 @@ def _d994(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_Partit
     return m, o
 
 
-def _d995(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSnapshot v0
+def _d997(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSnapshot v0
     m = _new(FetchSnapshotRequest_TopicSnapshot)
     m.unknown_tags = None
     length1 = b[o]
@@ -26655,7 +26773,7 @@ def _d995(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicS
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d994(b, o)
+            v4, o = _d996(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -26671,7 +26789,7 @@ def _d995(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicS
     return m, o
 
 
-def _d996(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v0
+def _d998(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v0
     m = _new(FetchSnapshotRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -26687,7 +26805,7 @@ def _d996(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d995(b, o)
+            v3, o = _d997(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -26712,7 +26830,7 @@ def _d996(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v0
     return m, o
 
 
-def _e997(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_PartitionSnapshot v0
+def _e999(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_PartitionSnapshot v0
     w += _S_ii.pack(m.partition, m.current_leader_epoch)
     _e975(m.snapshot_id, w)
     w += _S_q.pack(m.position)
@@ -26722,24 +26840,24 @@ def _e997(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_PartitionSnapsh
         w.append(0)
 
 
-def _e998(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_TopicSnapshot v0
+def _e1000(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_TopicSnapshot v0
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e997(item2, w)
+        _e999(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e999(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest v0
+def _e1001(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest v0
     w += _S_ii.pack(m.replica_id, m.max_bytes)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e998(item2, w)
+        _e1000(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.cluster_id is not None:
         t = bytearray()
@@ -26748,13 +26866,13 @@ def _e999(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest v0
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d1000(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_PartitionSnapshot v1
+def _d1002(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_PartitionSnapshot v1
     m = _new(FetchSnapshotRequest_PartitionSnapshot)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
     m.partition, m.current_leader_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    m.snapshot_id, o = _d993(b, o)
+    m.snapshot_id, o = _d995(b, o)
     m.position, = _S_q.unpack_from(b, o)
     o += 8
     if b[o] == 0:
@@ -26775,7 +26893,7 @@ def _d1000(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_Parti
     return m, o
 
 
-def _d1001(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSnapshot v1
+def _d1003(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSnapshot v1
     m = _new(FetchSnapshotRequest_TopicSnapshot)
     m.unknown_tags = None
     length1 = b[o]
@@ -26794,7 +26912,7 @@ def _d1001(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_Topic
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1000(b, o)
+            v4, o = _d1002(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -26810,7 +26928,7 @@ def _d1001(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_Topic
     return m, o
 
 
-def _d1002(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v1
+def _d1004(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v1
     m = _new(FetchSnapshotRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -26826,7 +26944,7 @@ def _d1002(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1001(b, o)
+            v3, o = _d1003(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -26851,7 +26969,7 @@ def _d1002(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v1
     return m, o
 
 
-def _e1003(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_PartitionSnapshot v1
+def _e1005(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_PartitionSnapshot v1
     w += _S_ii.pack(m.partition, m.current_leader_epoch)
     _e975(m.snapshot_id, w)
     w += _S_q.pack(m.position)
@@ -26863,24 +26981,24 @@ def _e1003(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_PartitionSnaps
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e1004(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_TopicSnapshot v1
+def _e1006(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_TopicSnapshot v1
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1003(item2, w)
+        _e1005(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1005(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest v1
+def _e1007(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest v1
     w += _S_ii.pack(m.replica_id, m.max_bytes)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1004(item2, w)
+        _e1006(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.cluster_id is not None:
         t = bytearray()
@@ -26889,7 +27007,7 @@ def _e1005(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest v1
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d1006(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_SnapshotId v0
+def _d1008(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_SnapshotId v0
     m = _new(FetchSnapshotResponse_SnapshotId)
     m.unknown_tags = None
     m.end_offset, m.epoch = _S_qi.unpack_from(b, o)
@@ -26907,7 +27025,7 @@ def _d1006(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Snap
     return m, o
 
 
-def _d1007(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_LeaderIdAndEpoch v0
+def _d1009(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_LeaderIdAndEpoch v0
     m = _new(FetchSnapshotResponse_LeaderIdAndEpoch)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -26925,13 +27043,13 @@ def _d1007(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Lead
     return m, o
 
 
-def _d1008(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_PartitionSnapshot v0
+def _d1010(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_PartitionSnapshot v0
     m = _new(FetchSnapshotResponse_PartitionSnapshot)
     m.unknown_tags = None
     m.current_leader = None
     m.index, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.snapshot_id, o = _d1006(b, o)
+    m.snapshot_id, o = _d1008(b, o)
     m.size, m.position = _S_qq.unpack_from(b, o)
     o += 16
     m.unaligned_records, o = _compact_blob(b, o)
@@ -26942,7 +27060,7 @@ def _d1008(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Part
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.current_leader, o = _d1007(b, o)
+                m.current_leader, o = _d1009(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -26952,7 +27070,7 @@ def _d1008(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Part
     return m, o
 
 
-def _d1009(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_TopicSnapshot v0
+def _d1011(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_TopicSnapshot v0
     m = _new(FetchSnapshotResponse_TopicSnapshot)
     m.unknown_tags = None
     length1 = b[o]
@@ -26971,7 +27089,7 @@ def _d1009(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Topi
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1008(b, o)
+            v4, o = _d1010(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -26987,7 +27105,7 @@ def _d1009(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Topi
     return m, o
 
 
-def _d1010(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v0
+def _d1012(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v0
     m = _new(FetchSnapshotResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -27003,7 +27121,7 @@ def _d1010(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1009(b, o)
+            v3, o = _d1011(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -27019,7 +27137,7 @@ def _d1010(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v0
     return m, o
 
 
-def _e1011(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_PartitionSnapshot v0
+def _e1013(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_PartitionSnapshot v0
     w += _S_ih.pack(m.index, m.error_code)
     _e975(m.snapshot_id, w)
     w += _S_qq.pack(m.size, m.position)
@@ -27032,31 +27150,31 @@ def _e1011(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_PartitionSnap
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e1012(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_TopicSnapshot v0
+def _e1014(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_TopicSnapshot v0
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1011(item2, w)
+        _e1013(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1013(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse v0
+def _e1015(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse v0
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1012(item2, w)
+        _e1014(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1014(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_NodeEndpoint v1
+def _d1016(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_NodeEndpoint v1
     m = _new(FetchSnapshotResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -27082,7 +27200,7 @@ def _d1014(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Node
     return m, o
 
 
-def _d1015(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
+def _d1017(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
     m = _new(FetchSnapshotResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -27098,7 +27216,7 @@ def _d1015(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1009(b, o)
+            v3, o = _d1011(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -27118,7 +27236,7 @@ def _d1015(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d1014(b, o)
+                        v6, o = _d1016(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -27130,12 +27248,12 @@ def _d1015(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
     return m, o
 
 
-def _e1016(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse v1
+def _e1018(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse v1
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1012(item2, w)
+        _e1014(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
         t = bytearray()
@@ -27147,7 +27265,7 @@ def _e1016(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse v1
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _c1017(b: _Buffer, o: int, found: list[int]) -> int:  # FetchSnapshotResponse v0: error codes
+def _c1019(b: _Buffer, o: int, found: list[int]) -> int:  # FetchSnapshotResponse v0: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -27210,7 +27328,7 @@ def _c1017(b: _Buffer, o: int, found: list[int]) -> int:  # FetchSnapshotRespons
     return o
 
 
-def _d1018(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v0
+def _d1020(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v0
     m = _new(FindCoordinatorRequest)
     m.unknown_tags = None
     m.key_type = 0
@@ -27219,11 +27337,11 @@ def _d1018(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v0
     return m, o
 
 
-def _e1019(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v0
+def _e1021(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v0
     _write_string(w, m.key)
 
 
-def _d1020(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v1
+def _d1022(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v1
     m = _new(FindCoordinatorRequest)
     m.unknown_tags = None
     m.coordinator_keys = list()
@@ -27233,12 +27351,12 @@ def _d1020(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v1
     return m, o
 
 
-def _e1021(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v1
+def _e1023(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v1
     _write_string(w, m.key)
     w += _S_b.pack(m.key_type)
 
 
-def _d1022(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v3
+def _d1024(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v3
     m = _new(FindCoordinatorRequest)
     m.unknown_tags = None
     m.coordinator_keys = list()
@@ -27263,7 +27381,7 @@ def _d1022(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v3
     return m, o
 
 
-def _e1023(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v3
+def _e1025(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v3
     _write_compact_string(w, m.key)
     w += _S_b.pack(m.key_type)
     if m.unknown_tags:
@@ -27272,7 +27390,7 @@ def _e1023(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v3
         w.append(0)
 
 
-def _d1024(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v4
+def _d1026(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v4
     m = _new(FindCoordinatorRequest)
     m.unknown_tags = None
     m.key = ''
@@ -27309,7 +27427,7 @@ def _d1024(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v4
     return m, o
 
 
-def _e1025(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v4
+def _e1027(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v4
     w += _S_b.pack(m.key_type)
     items1 = m.coordinator_keys
     _write_compact_count(w, items1)
@@ -27321,7 +27439,7 @@ def _e1025(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v4
         w.append(0)
 
 
-def _d1026(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v0
+def _d1028(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v0
     m = _new(FindCoordinatorResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -27335,13 +27453,13 @@ def _d1026(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v0
     return m, o
 
 
-def _e1027(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v0
+def _e1029(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v0
     w += _S_hi.pack(m.error_code, m.node_id)
     _write_string(w, m.host)
     w += _S_i.pack(m.port)
 
 
-def _d1028(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v1
+def _d1030(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v1
     m = _new(FindCoordinatorResponse)
     m.unknown_tags = None
     m.coordinators = list()
@@ -27356,7 +27474,7 @@ def _d1028(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v1
     return m, o
 
 
-def _e1029(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v1
+def _e1031(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v1
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_string(w, m.error_message)
     w += _S_i.pack(m.node_id)
@@ -27364,7 +27482,7 @@ def _e1029(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v1
     w += _S_i.pack(m.port)
 
 
-def _d1030(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v3
+def _d1032(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v3
     m = _new(FindCoordinatorResponse)
     m.unknown_tags = None
     m.coordinators = list()
@@ -27399,7 +27517,7 @@ def _d1030(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v3
     return m, o
 
 
-def _e1031(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v3
+def _e1033(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v3
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_i.pack(m.node_id)
@@ -27411,7 +27529,7 @@ def _e1031(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v3
         w.append(0)
 
 
-def _d1032(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse_Coordinator v4
+def _d1034(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse_Coordinator v4
     m = _new(FindCoordinatorResponse_Coordinator)
     m.unknown_tags = None
     length1 = b[o]
@@ -27449,7 +27567,7 @@ def _d1032(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse_Co
     return m, o
 
 
-def _d1033(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v4
+def _d1035(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v4
     m = _new(FindCoordinatorResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -27469,7 +27587,7 @@ def _d1033(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1032(b, o)
+            v3, o = _d1034(b, o)
             items2.append(v3)
         m.coordinators = items2
     if b[o] == 0:
@@ -27485,7 +27603,7 @@ def _d1033(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v4
     return m, o
 
 
-def _e1034(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse_Coordinator v4
+def _e1036(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse_Coordinator v4
     _write_compact_string(w, m.key)
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
@@ -27497,19 +27615,19 @@ def _e1034(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse_Coordinator
         w.append(0)
 
 
-def _e1035(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v4
+def _e1037(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v4
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.coordinators
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1034(item2, w)
+        _e1036(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1036(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v0: error codes
+def _c1038(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v0: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -27527,7 +27645,7 @@ def _c1036(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorRespo
     return o
 
 
-def _c1037(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v1: error codes
+def _c1039(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v1: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -27555,7 +27673,7 @@ def _c1037(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorRespo
     return o
 
 
-def _c1038(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v3: error codes
+def _c1040(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v3: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -27590,7 +27708,7 @@ def _c1038(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorRespo
     return o
 
 
-def _c1039(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v4: error codes
+def _c1041(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v4: error codes
     end = len(b)
     o += 4
     n1 = b[o]
@@ -27647,7 +27765,7 @@ def _c1039(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorRespo
     return o
 
 
-def _d1040(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsRequest v0
+def _d1042(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsRequest v0
     m = _new(GetTelemetrySubscriptionsRequest)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -27666,7 +27784,7 @@ def _d1040(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsR
     return m, o
 
 
-def _e1041(m: Any, w: bytearray) -> None:  # GetTelemetrySubscriptionsRequest v0
+def _e1043(m: Any, w: bytearray) -> None:  # GetTelemetrySubscriptionsRequest v0
     w += _S_u.pack(_uuid_bytes(m.client_instance_id))
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -27674,7 +27792,7 @@ def _e1041(m: Any, w: bytearray) -> None:  # GetTelemetrySubscriptionsRequest v0
         w.append(0)
 
 
-def _d1042(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsResponse v0
+def _d1044(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsResponse v0
     m = _new(GetTelemetrySubscriptionsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, _u2, m.subscription_id = _S_ihui.unpack_from(b, o)
@@ -27723,7 +27841,7 @@ def _d1042(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsR
     return m, o
 
 
-def _e1043(m: Any, w: bytearray) -> None:  # GetTelemetrySubscriptionsResponse v0
+def _e1045(m: Any, w: bytearray) -> None:  # GetTelemetrySubscriptionsResponse v0
     w += _S_ihui.pack(m.throttle_time_ms, m.error_code, _uuid_bytes(m.client_instance_id), m.subscription_id)
     items1 = m.accepted_compression_types
     _write_compact_count(w, items1)
@@ -27740,7 +27858,7 @@ def _e1043(m: Any, w: bytearray) -> None:  # GetTelemetrySubscriptionsResponse v
         w.append(0)
 
 
-def _c1044(b: _Buffer, o: int, found: list[int]) -> int:  # GetTelemetrySubscriptionsResponse v0: error codes
+def _c1046(b: _Buffer, o: int, found: list[int]) -> int:  # GetTelemetrySubscriptionsResponse v0: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -27784,7 +27902,7 @@ def _c1044(b: _Buffer, o: int, found: list[int]) -> int:  # GetTelemetrySubscrip
     return o
 
 
-def _d1045(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v0
+def _d1047(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v0
     m = _new(HeartbeatRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -27795,13 +27913,13 @@ def _d1045(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v0
     return m, o
 
 
-def _e1046(m: Any, w: bytearray) -> None:  # HeartbeatRequest v0
+def _e1048(m: Any, w: bytearray) -> None:  # HeartbeatRequest v0
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_string(w, m.member_id)
 
 
-def _d1047(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v3
+def _d1049(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v3
     m = _new(HeartbeatRequest)
     m.unknown_tags = None
     m.group_id, o = _string(b, o)
@@ -27812,14 +27930,14 @@ def _d1047(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v3
     return m, o
 
 
-def _e1048(m: Any, w: bytearray) -> None:  # HeartbeatRequest v3
+def _e1050(m: Any, w: bytearray) -> None:  # HeartbeatRequest v3
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_string(w, m.member_id)
     _write_string(w, m.group_instance_id)
 
 
-def _d1049(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v4
+def _d1051(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v4
     m = _new(HeartbeatRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -27855,7 +27973,7 @@ def _d1049(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v4
     return m, o
 
 
-def _e1050(m: Any, w: bytearray) -> None:  # HeartbeatRequest v4
+def _e1052(m: Any, w: bytearray) -> None:  # HeartbeatRequest v4
     _write_compact_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_compact_string(w, m.member_id)
@@ -27866,7 +27984,7 @@ def _e1050(m: Any, w: bytearray) -> None:  # HeartbeatRequest v4
         w.append(0)
 
 
-def _d1051(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v0
+def _d1053(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v0
     m = _new(HeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -27875,11 +27993,11 @@ def _d1051(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v0
     return m, o
 
 
-def _e1052(m: Any, w: bytearray) -> None:  # HeartbeatResponse v0
+def _e1054(m: Any, w: bytearray) -> None:  # HeartbeatResponse v0
     w += _S_h.pack(m.error_code)
 
 
-def _d1053(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v1
+def _d1055(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v1
     m = _new(HeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -27887,7 +28005,7 @@ def _d1053(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v1
     return m, o
 
 
-def _d1054(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v4
+def _d1056(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v4
     m = _new(HeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -27905,7 +28023,7 @@ def _d1054(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v4
     return m, o
 
 
-def _c1055(b: _Buffer, o: int, found: list[int]) -> int:  # HeartbeatResponse v0: error codes
+def _c1057(b: _Buffer, o: int, found: list[int]) -> int:  # HeartbeatResponse v0: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -27914,7 +28032,7 @@ def _c1055(b: _Buffer, o: int, found: list[int]) -> int:  # HeartbeatResponse v0
     return o
 
 
-def _d1056(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterableConfig v0
+def _d1058(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterableConfig v0
     m = _new(IncrementalAlterConfigsRequest_AlterableConfig)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -27924,7 +28042,7 @@ def _d1056(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
     return m, o
 
 
-def _d1057(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterConfigsResource v0
+def _d1059(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterConfigsResource v0
     m = _new(IncrementalAlterConfigsRequest_AlterConfigsResource)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -27936,13 +28054,13 @@ def _d1057(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1056(b, o)
+            v3, o = _d1058(b, o)
             items2.append(v3)
         m.configs = items2
     return m, o
 
 
-def _d1058(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest v0
+def _d1060(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest v0
     m = _new(IncrementalAlterConfigsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -27951,7 +28069,7 @@ def _d1058(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1057(b, o)
+            v3, o = _d1059(b, o)
             items2.append(v3)
         m.resources = items2
     m.validate_only, = _S_o.unpack_from(b, o)
@@ -27959,30 +28077,30 @@ def _d1058(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
     return m, o
 
 
-def _e1059(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterableConfig v0
+def _e1061(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterableConfig v0
     _write_string(w, m.name)
     w += _S_b.pack(m.config_operation)
     _write_string(w, m.value)
 
 
-def _e1060(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterConfigsResource v0
+def _e1062(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterConfigsResource v0
     w += _S_b.pack(m.resource_type)
     _write_string(w, m.resource_name)
     items1 = m.configs
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1059(item2, w)
+        _e1061(item2, w)
 
 
-def _e1061(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest v0
+def _e1063(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest v0
     items1 = m.resources
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1060(item2, w)
+        _e1062(item2, w)
     w += _S_o.pack(m.validate_only)
 
 
-def _d1062(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterableConfig v1
+def _d1064(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterableConfig v1
     m = _new(IncrementalAlterConfigsRequest_AlterableConfig)
     m.unknown_tags = None
     length1 = b[o]
@@ -28012,7 +28130,7 @@ def _d1062(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
     return m, o
 
 
-def _d1063(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterConfigsResource v1
+def _d1065(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterConfigsResource v1
     m = _new(IncrementalAlterConfigsRequest_AlterConfigsResource)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -28033,7 +28151,7 @@ def _d1063(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1062(b, o)
+            v4, o = _d1064(b, o)
             items3.append(v4)
         m.configs = items3
     if b[o] == 0:
@@ -28049,7 +28167,7 @@ def _d1063(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
     return m, o
 
 
-def _d1064(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest v1
+def _d1066(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest v1
     m = _new(IncrementalAlterConfigsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -28062,7 +28180,7 @@ def _d1064(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1063(b, o)
+            v3, o = _d1065(b, o)
             items2.append(v3)
         m.resources = items2
     m.validate_only, = _S_o.unpack_from(b, o)
@@ -28080,7 +28198,7 @@ def _d1064(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReq
     return m, o
 
 
-def _e1065(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterableConfig v1
+def _e1067(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterableConfig v1
     _write_compact_string(w, m.name)
     w += _S_b.pack(m.config_operation)
     _write_compact_string(w, m.value)
@@ -28090,24 +28208,24 @@ def _e1065(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_Alte
         w.append(0)
 
 
-def _e1066(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterConfigsResource v1
+def _e1068(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterConfigsResource v1
     w += _S_b.pack(m.resource_type)
     _write_compact_string(w, m.resource_name)
     items1 = m.configs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1065(item2, w)
+        _e1067(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1067(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest v1
+def _e1069(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest v1
     items1 = m.resources
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1066(item2, w)
+        _e1068(item2, w)
     w += _S_o.pack(m.validate_only)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -28115,7 +28233,7 @@ def _e1067(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest v1
         w.append(0)
 
 
-def _d1068(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse_AlterConfigsResourceResponse v0
+def _d1070(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse_AlterConfigsResourceResponse v0
     m = _new(IncrementalAlterConfigsResponse_AlterConfigsResourceResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -28127,7 +28245,7 @@ def _d1068(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRes
     return m, o
 
 
-def _d1069(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse v0
+def _d1071(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse v0
     m = _new(IncrementalAlterConfigsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -28138,13 +28256,13 @@ def _d1069(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1068(b, o)
+            v3, o = _d1070(b, o)
             items2.append(v3)
         m.responses = items2
     return m, o
 
 
-def _d1070(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse_AlterConfigsResourceResponse v1
+def _d1072(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse_AlterConfigsResourceResponse v1
     m = _new(IncrementalAlterConfigsResponse_AlterConfigsResourceResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -28176,7 +28294,7 @@ def _d1070(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRes
     return m, o
 
 
-def _d1071(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse v1
+def _d1073(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse v1
     m = _new(IncrementalAlterConfigsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -28191,7 +28309,7 @@ def _d1071(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1070(b, o)
+            v3, o = _d1072(b, o)
             items2.append(v3)
         m.responses = items2
     if b[o] == 0:
@@ -28207,7 +28325,7 @@ def _d1071(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRes
     return m, o
 
 
-def _d1072(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v0
+def _d1074(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v0
     m = _new(InitProducerIdRequest)
     m.unknown_tags = None
     m.producer_id = -1
@@ -28220,12 +28338,12 @@ def _d1072(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v0
     return m, o
 
 
-def _e1073(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v0
+def _e1075(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v0
     _write_string(w, m.transactional_id)
     w += _S_i.pack(m.transaction_timeout_ms)
 
 
-def _d1074(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v2
+def _d1076(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v2
     m = _new(InitProducerIdRequest)
     m.unknown_tags = None
     m.producer_id = -1
@@ -28253,7 +28371,7 @@ def _d1074(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v2
     return m, o
 
 
-def _e1075(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v2
+def _e1077(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v2
     _write_compact_string(w, m.transactional_id)
     w += _S_i.pack(m.transaction_timeout_ms)
     if m.unknown_tags:
@@ -28262,7 +28380,7 @@ def _e1075(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v2
         w.append(0)
 
 
-def _d1076(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v3
+def _d1078(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v3
     m = _new(InitProducerIdRequest)
     m.unknown_tags = None
     m.enable2_pc = False
@@ -28288,7 +28406,7 @@ def _d1076(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v3
     return m, o
 
 
-def _e1077(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v3
+def _e1079(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v3
     _write_compact_string(w, m.transactional_id)
     w += _S_iqh.pack(m.transaction_timeout_ms, m.producer_id, m.producer_epoch)
     if m.unknown_tags:
@@ -28297,7 +28415,7 @@ def _e1077(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v3
         w.append(0)
 
 
-def _d1078(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v6
+def _d1080(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v6
     m = _new(InitProducerIdRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -28321,7 +28439,7 @@ def _d1078(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v6
     return m, o
 
 
-def _e1079(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v6
+def _e1081(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v6
     _write_compact_string(w, m.transactional_id)
     w += _S_iqhoo.pack(m.transaction_timeout_ms, m.producer_id, m.producer_epoch, m.enable2_pc, m.keep_prepared_txn)
     if m.unknown_tags:
@@ -28330,7 +28448,7 @@ def _e1079(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v6
         w.append(0)
 
 
-def _d1080(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v0
+def _d1082(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v0
     m = _new(InitProducerIdResponse)
     m.unknown_tags = None
     m.ongoing_txn_producer_id = -1
@@ -28340,11 +28458,11 @@ def _d1080(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v0
     return m, o
 
 
-def _e1081(m: Any, w: bytearray) -> None:  # InitProducerIdResponse v0
+def _e1083(m: Any, w: bytearray) -> None:  # InitProducerIdResponse v0
     w += _S_ihqh.pack(m.throttle_time_ms, m.error_code, m.producer_id, m.producer_epoch)
 
 
-def _d1082(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v2
+def _d1084(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v2
     m = _new(InitProducerIdResponse)
     m.unknown_tags = None
     m.ongoing_txn_producer_id = -1
@@ -28364,7 +28482,7 @@ def _d1082(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v2
     return m, o
 
 
-def _d1083(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v6
+def _d1085(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v6
     m = _new(InitProducerIdResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, m.producer_id, m.producer_epoch, m.ongoing_txn_producer_id, m.ongoing_txn_producer_epoch = _S_ihqhqh.unpack_from(b, o)
@@ -28382,7 +28500,7 @@ def _d1083(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v6
     return m, o
 
 
-def _e1084(m: Any, w: bytearray) -> None:  # InitProducerIdResponse v6
+def _e1086(m: Any, w: bytearray) -> None:  # InitProducerIdResponse v6
     w += _S_ihqhqh.pack(m.throttle_time_ms, m.error_code, m.producer_id, m.producer_epoch, m.ongoing_txn_producer_id, m.ongoing_txn_producer_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -28390,7 +28508,7 @@ def _e1084(m: Any, w: bytearray) -> None:  # InitProducerIdResponse v6
         w.append(0)
 
 
-def _c1085(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdResponse v0: error codes
+def _c1087(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdResponse v0: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -28400,7 +28518,7 @@ def _c1085(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdRespon
     return o
 
 
-def _c1086(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdResponse v6: error codes
+def _c1088(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdResponse v6: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -28411,7 +28529,7 @@ def _c1086(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdRespon
     return o
 
 
-def _d1087(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequest_PartitionData v0
+def _d1089(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequest_PartitionData v0
     m = _new(InitializeShareGroupStateRequest_PartitionData)
     m.unknown_tags = None
     m.partition, m.state_epoch, m.start_offset = _S_iiq.unpack_from(b, o)
@@ -28429,7 +28547,7 @@ def _d1087(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     return m, o
 
 
-def _d1088(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequest_InitializeStateData v0
+def _d1090(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequest_InitializeStateData v0
     m = _new(InitializeShareGroupStateRequest_InitializeStateData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -28445,7 +28563,7 @@ def _d1088(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1087(b, o)
+            v3, o = _d1089(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -28461,7 +28579,7 @@ def _d1088(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     return m, o
 
 
-def _d1089(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequest v0
+def _d1091(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequest v0
     m = _new(InitializeShareGroupStateRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -28480,7 +28598,7 @@ def _d1089(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1088(b, o)
+            v4, o = _d1090(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -28496,7 +28614,7 @@ def _d1089(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     return m, o
 
 
-def _e1090(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest_PartitionData v0
+def _e1092(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest_PartitionData v0
     w += _S_iiq.pack(m.partition, m.state_epoch, m.start_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -28504,31 +28622,31 @@ def _e1090(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest_Pa
         w.append(0)
 
 
-def _e1091(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest_InitializeStateData v0
+def _e1093(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest_InitializeStateData v0
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1090(item2, w)
+        _e1092(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1092(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest v0
+def _e1094(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest v0
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1091(item2, w)
+        _e1093(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1093(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResponse_PartitionResult v0
+def _d1095(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResponse_PartitionResult v0
     m = _new(InitializeShareGroupStateResponse_PartitionResult)
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
@@ -28552,7 +28670,7 @@ def _d1093(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     return m, o
 
 
-def _d1094(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResponse_InitializeStateResult v0
+def _d1096(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResponse_InitializeStateResult v0
     m = _new(InitializeShareGroupStateResponse_InitializeStateResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -28568,7 +28686,7 @@ def _d1094(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1093(b, o)
+            v3, o = _d1095(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -28584,7 +28702,7 @@ def _d1094(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     return m, o
 
 
-def _d1095(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResponse v0
+def _d1097(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResponse v0
     m = _new(InitializeShareGroupStateResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -28597,7 +28715,7 @@ def _d1095(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1094(b, o)
+            v3, o = _d1096(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -28613,7 +28731,7 @@ def _d1095(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateR
     return m, o
 
 
-def _d1096(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroupRequestProtocol v0
+def _d1098(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroupRequestProtocol v0
     m = _new(JoinGroupRequest_JoinGroupRequestProtocol)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -28621,7 +28739,7 @@ def _d1096(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroup
     return m, o
 
 
-def _d1097(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v0
+def _d1099(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v0
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     m.rebalance_timeout_ms = -1
@@ -28638,18 +28756,18 @@ def _d1097(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1096(b, o)
+            v3, o = _d1098(b, o)
             items2.append(v3)
         m.protocols = items2
     return m, o
 
 
-def _e1098(m: Any, w: bytearray) -> None:  # JoinGroupRequest_JoinGroupRequestProtocol v0
+def _e1100(m: Any, w: bytearray) -> None:  # JoinGroupRequest_JoinGroupRequestProtocol v0
     _write_string(w, m.name)
     _write_blob(w, m.metadata)
 
 
-def _e1099(m: Any, w: bytearray) -> None:  # JoinGroupRequest v0
+def _e1101(m: Any, w: bytearray) -> None:  # JoinGroupRequest v0
     _write_string(w, m.group_id)
     w += _S_i.pack(m.session_timeout_ms)
     _write_string(w, m.member_id)
@@ -28657,10 +28775,10 @@ def _e1099(m: Any, w: bytearray) -> None:  # JoinGroupRequest v0
     items1 = m.protocols
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1098(item2, w)
+        _e1100(item2, w)
 
 
-def _d1100(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v1
+def _d1102(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v1
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -28676,13 +28794,13 @@ def _d1100(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1096(b, o)
+            v3, o = _d1098(b, o)
             items2.append(v3)
         m.protocols = items2
     return m, o
 
 
-def _e1101(m: Any, w: bytearray) -> None:  # JoinGroupRequest v1
+def _e1103(m: Any, w: bytearray) -> None:  # JoinGroupRequest v1
     _write_string(w, m.group_id)
     w += _S_ii.pack(m.session_timeout_ms, m.rebalance_timeout_ms)
     _write_string(w, m.member_id)
@@ -28690,10 +28808,10 @@ def _e1101(m: Any, w: bytearray) -> None:  # JoinGroupRequest v1
     items1 = m.protocols
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1098(item2, w)
+        _e1100(item2, w)
 
 
-def _d1102(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v5
+def _d1104(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v5
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     m.reason = None
@@ -28709,13 +28827,13 @@ def _d1102(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1096(b, o)
+            v3, o = _d1098(b, o)
             items2.append(v3)
         m.protocols = items2
     return m, o
 
 
-def _e1103(m: Any, w: bytearray) -> None:  # JoinGroupRequest v5
+def _e1105(m: Any, w: bytearray) -> None:  # JoinGroupRequest v5
     _write_string(w, m.group_id)
     w += _S_ii.pack(m.session_timeout_ms, m.rebalance_timeout_ms)
     _write_string(w, m.member_id)
@@ -28724,10 +28842,10 @@ def _e1103(m: Any, w: bytearray) -> None:  # JoinGroupRequest v5
     items1 = m.protocols
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1098(item2, w)
+        _e1100(item2, w)
 
 
-def _d1104(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroupRequestProtocol v6
+def _d1106(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroupRequestProtocol v6
     m = _new(JoinGroupRequest_JoinGroupRequestProtocol)
     m.unknown_tags = None
     length1 = b[o]
@@ -28750,7 +28868,7 @@ def _d1104(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroup
     return m, o
 
 
-def _d1105(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v6
+def _d1107(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v6
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     m.reason = None
@@ -28790,7 +28908,7 @@ def _d1105(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v6
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1104(b, o)
+            v7, o = _d1106(b, o)
             items6.append(v7)
         m.protocols = items6
     if b[o] == 0:
@@ -28806,7 +28924,7 @@ def _d1105(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v6
     return m, o
 
 
-def _e1106(m: Any, w: bytearray) -> None:  # JoinGroupRequest_JoinGroupRequestProtocol v6
+def _e1108(m: Any, w: bytearray) -> None:  # JoinGroupRequest_JoinGroupRequestProtocol v6
     _write_compact_string(w, m.name)
     _write_compact_blob(w, m.metadata)
     if m.unknown_tags:
@@ -28815,7 +28933,7 @@ def _e1106(m: Any, w: bytearray) -> None:  # JoinGroupRequest_JoinGroupRequestPr
         w.append(0)
 
 
-def _e1107(m: Any, w: bytearray) -> None:  # JoinGroupRequest v6
+def _e1109(m: Any, w: bytearray) -> None:  # JoinGroupRequest v6
     _write_compact_string(w, m.group_id)
     w += _S_ii.pack(m.session_timeout_ms, m.rebalance_timeout_ms)
     _write_compact_string(w, m.member_id)
@@ -28824,14 +28942,14 @@ def _e1107(m: Any, w: bytearray) -> None:  # JoinGroupRequest v6
     items1 = m.protocols
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1106(item2, w)
+        _e1108(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1108(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v8
+def _d1110(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v8
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -28870,7 +28988,7 @@ def _d1108(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v8
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1104(b, o)
+            v7, o = _d1106(b, o)
             items6.append(v7)
         m.protocols = items6
     length8 = b[o]
@@ -28892,7 +29010,7 @@ def _d1108(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v8
     return m, o
 
 
-def _e1109(m: Any, w: bytearray) -> None:  # JoinGroupRequest v8
+def _e1111(m: Any, w: bytearray) -> None:  # JoinGroupRequest v8
     _write_compact_string(w, m.group_id)
     w += _S_ii.pack(m.session_timeout_ms, m.rebalance_timeout_ms)
     _write_compact_string(w, m.member_id)
@@ -28901,7 +29019,7 @@ def _e1109(m: Any, w: bytearray) -> None:  # JoinGroupRequest v8
     items1 = m.protocols
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1106(item2, w)
+        _e1108(item2, w)
     _write_compact_string(w, m.reason)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -28909,7 +29027,7 @@ def _e1109(m: Any, w: bytearray) -> None:  # JoinGroupRequest v8
         w.append(0)
 
 
-def _d1110(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupResponseMember v0
+def _d1112(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupResponseMember v0
     m = _new(JoinGroupResponse_JoinGroupResponseMember)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -28918,7 +29036,7 @@ def _d1110(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGrou
     return m, o
 
 
-def _d1111(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v0
+def _d1113(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v0
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -28935,18 +29053,18 @@ def _d1111(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1110(b, o)
+            v3, o = _d1112(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _e1112(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponseMember v0
+def _e1114(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponseMember v0
     _write_string(w, m.member_id)
     _write_blob(w, m.metadata)
 
 
-def _e1113(m: Any, w: bytearray) -> None:  # JoinGroupResponse v0
+def _e1115(m: Any, w: bytearray) -> None:  # JoinGroupResponse v0
     w += _S_hi.pack(m.error_code, m.generation_id)
     _write_string(w, m.protocol_name)
     _write_string(w, m.leader)
@@ -28954,10 +29072,10 @@ def _e1113(m: Any, w: bytearray) -> None:  # JoinGroupResponse v0
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1112(item2, w)
+        _e1114(item2, w)
 
 
-def _d1114(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v2
+def _d1116(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v2
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.protocol_type = None
@@ -28973,13 +29091,13 @@ def _d1114(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1110(b, o)
+            v3, o = _d1112(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _e1115(m: Any, w: bytearray) -> None:  # JoinGroupResponse v2
+def _e1117(m: Any, w: bytearray) -> None:  # JoinGroupResponse v2
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.generation_id)
     _write_string(w, m.protocol_name)
     _write_string(w, m.leader)
@@ -28987,10 +29105,10 @@ def _e1115(m: Any, w: bytearray) -> None:  # JoinGroupResponse v2
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1112(item2, w)
+        _e1114(item2, w)
 
 
-def _d1116(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupResponseMember v5
+def _d1118(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupResponseMember v5
     m = _new(JoinGroupResponse_JoinGroupResponseMember)
     m.unknown_tags = None
     m.member_id, o = _string(b, o)
@@ -28999,7 +29117,7 @@ def _d1116(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGrou
     return m, o
 
 
-def _d1117(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v5
+def _d1119(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v5
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.protocol_type = None
@@ -29015,19 +29133,19 @@ def _d1117(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1116(b, o)
+            v3, o = _d1118(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _e1118(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponseMember v5
+def _e1120(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponseMember v5
     _write_string(w, m.member_id)
     _write_string(w, m.group_instance_id)
     _write_blob(w, m.metadata)
 
 
-def _e1119(m: Any, w: bytearray) -> None:  # JoinGroupResponse v5
+def _e1121(m: Any, w: bytearray) -> None:  # JoinGroupResponse v5
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.generation_id)
     _write_string(w, m.protocol_name)
     _write_string(w, m.leader)
@@ -29035,10 +29153,10 @@ def _e1119(m: Any, w: bytearray) -> None:  # JoinGroupResponse v5
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1118(item2, w)
+        _e1120(item2, w)
 
 
-def _d1120(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupResponseMember v6
+def _d1122(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupResponseMember v6
     m = _new(JoinGroupResponse_JoinGroupResponseMember)
     m.unknown_tags = None
     length1 = b[o]
@@ -29067,7 +29185,7 @@ def _d1120(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGrou
     return m, o
 
 
-def _d1121(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v6
+def _d1123(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v6
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.protocol_type = None
@@ -29102,7 +29220,7 @@ def _d1121(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v6
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1120(b, o)
+            v6, o = _d1122(b, o)
             items5.append(v6)
         m.members = items5
     if b[o] == 0:
@@ -29118,7 +29236,7 @@ def _d1121(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v6
     return m, o
 
 
-def _e1122(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponseMember v6
+def _e1124(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponseMember v6
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.group_instance_id)
     _write_compact_blob(w, m.metadata)
@@ -29128,7 +29246,7 @@ def _e1122(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponse
         w.append(0)
 
 
-def _e1123(m: Any, w: bytearray) -> None:  # JoinGroupResponse v6
+def _e1125(m: Any, w: bytearray) -> None:  # JoinGroupResponse v6
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.generation_id)
     _write_compact_string(w, m.protocol_name)
     _write_compact_string(w, m.leader)
@@ -29136,14 +29254,14 @@ def _e1123(m: Any, w: bytearray) -> None:  # JoinGroupResponse v6
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1122(item2, w)
+        _e1124(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1124(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v7
+def _d1126(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v7
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.skip_assignment = False
@@ -29183,7 +29301,7 @@ def _d1124(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v7
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1120(b, o)
+            v7, o = _d1122(b, o)
             items6.append(v7)
         m.members = items6
     if b[o] == 0:
@@ -29199,7 +29317,7 @@ def _d1124(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v7
     return m, o
 
 
-def _e1125(m: Any, w: bytearray) -> None:  # JoinGroupResponse v7
+def _e1127(m: Any, w: bytearray) -> None:  # JoinGroupResponse v7
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.generation_id)
     _write_compact_string(w, m.protocol_type)
     _write_compact_string(w, m.protocol_name)
@@ -29208,14 +29326,14 @@ def _e1125(m: Any, w: bytearray) -> None:  # JoinGroupResponse v7
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1122(item2, w)
+        _e1124(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1126(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v9
+def _d1128(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v9
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, m.generation_id = _S_ihi.unpack_from(b, o)
@@ -29256,7 +29374,7 @@ def _d1126(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v9
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1120(b, o)
+            v7, o = _d1122(b, o)
             items6.append(v7)
         m.members = items6
     if b[o] == 0:
@@ -29272,7 +29390,7 @@ def _d1126(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v9
     return m, o
 
 
-def _e1127(m: Any, w: bytearray) -> None:  # JoinGroupResponse v9
+def _e1129(m: Any, w: bytearray) -> None:  # JoinGroupResponse v9
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.generation_id)
     _write_compact_string(w, m.protocol_type)
     _write_compact_string(w, m.protocol_name)
@@ -29282,14 +29400,14 @@ def _e1127(m: Any, w: bytearray) -> None:  # JoinGroupResponse v9
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1122(item2, w)
+        _e1124(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1128(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v0: error codes
+def _c1130(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v0: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -29345,7 +29463,7 @@ def _c1128(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v0
     return o
 
 
-def _c1129(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v2: error codes
+def _c1131(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v2: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -29402,7 +29520,7 @@ def _c1129(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v2
     return o
 
 
-def _c1130(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v5: error codes
+def _c1132(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v5: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -29467,7 +29585,7 @@ def _c1130(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v5
     return o
 
 
-def _c1131(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v6: error codes
+def _c1133(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v6: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -29555,7 +29673,7 @@ def _c1131(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v6
     return o
 
 
-def _c1132(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v7: error codes
+def _c1134(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v7: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -29654,7 +29772,7 @@ def _c1132(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v7
     return o
 
 
-def _c1133(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v9: error codes
+def _c1135(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v9: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -29754,7 +29872,7 @@ def _c1133(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v9
     return o
 
 
-def _d1134(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v0
+def _d1136(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v0
     m = _new(LeaveGroupRequest)
     m.unknown_tags = None
     m.members = list()
@@ -29763,12 +29881,12 @@ def _d1134(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v0
     return m, o
 
 
-def _e1135(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v0
+def _e1137(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v0
     _write_string(w, m.group_id)
     _write_string(w, m.member_id)
 
 
-def _d1136(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdentity v3
+def _d1138(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdentity v3
     m = _new(LeaveGroupRequest_MemberIdentity)
     m.unknown_tags = None
     m.reason = None
@@ -29777,7 +29895,7 @@ def _d1136(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberId
     return m, o
 
 
-def _d1137(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v3
+def _d1139(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v3
     m = _new(LeaveGroupRequest)
     m.unknown_tags = None
     m.member_id = ''
@@ -29788,26 +29906,26 @@ def _d1137(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1136(b, o)
+            v3, o = _d1138(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _e1138(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v3
+def _e1140(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v3
     _write_string(w, m.member_id)
     _write_string(w, m.group_instance_id)
 
 
-def _e1139(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v3
+def _e1141(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v3
     _write_string(w, m.group_id)
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1138(item2, w)
+        _e1140(item2, w)
 
 
-def _d1140(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdentity v4
+def _d1142(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdentity v4
     m = _new(LeaveGroupRequest_MemberIdentity)
     m.unknown_tags = None
     m.reason = None
@@ -29836,7 +29954,7 @@ def _d1140(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberId
     return m, o
 
 
-def _d1141(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v4
+def _d1143(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v4
     m = _new(LeaveGroupRequest)
     m.unknown_tags = None
     m.member_id = ''
@@ -29856,7 +29974,7 @@ def _d1141(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v4
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1140(b, o)
+            v4, o = _d1142(b, o)
             items3.append(v4)
         m.members = items3
     if b[o] == 0:
@@ -29872,7 +29990,7 @@ def _d1141(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v4
     return m, o
 
 
-def _e1142(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v4
+def _e1144(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v4
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.group_instance_id)
     if m.unknown_tags:
@@ -29881,19 +29999,19 @@ def _e1142(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v4
         w.append(0)
 
 
-def _e1143(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v4
+def _e1145(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v4
     _write_compact_string(w, m.group_id)
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1142(item2, w)
+        _e1144(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1144(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdentity v5
+def _d1146(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdentity v5
     m = _new(LeaveGroupRequest_MemberIdentity)
     m.unknown_tags = None
     length1 = b[o]
@@ -29927,7 +30045,7 @@ def _d1144(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberId
     return m, o
 
 
-def _d1145(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v5
+def _d1147(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v5
     m = _new(LeaveGroupRequest)
     m.unknown_tags = None
     m.member_id = ''
@@ -29947,7 +30065,7 @@ def _d1145(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v5
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1144(b, o)
+            v4, o = _d1146(b, o)
             items3.append(v4)
         m.members = items3
     if b[o] == 0:
@@ -29963,7 +30081,7 @@ def _d1145(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v5
     return m, o
 
 
-def _e1146(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v5
+def _e1148(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v5
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.group_instance_id)
     _write_compact_string(w, m.reason)
@@ -29973,19 +30091,19 @@ def _e1146(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v5
         w.append(0)
 
 
-def _e1147(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v5
+def _e1149(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v5
     _write_compact_string(w, m.group_id)
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1146(item2, w)
+        _e1148(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1148(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v0
+def _d1150(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v0
     m = _new(LeaveGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -29995,7 +30113,7 @@ def _d1148(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v0
     return m, o
 
 
-def _d1149(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v1
+def _d1151(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v1
     m = _new(LeaveGroupResponse)
     m.unknown_tags = None
     m.members = list()
@@ -30004,7 +30122,7 @@ def _d1149(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v1
     return m, o
 
 
-def _d1150(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberResponse v3
+def _d1152(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberResponse v3
     m = _new(LeaveGroupResponse_MemberResponse)
     m.unknown_tags = None
     m.member_id, o = _string(b, o)
@@ -30014,7 +30132,7 @@ def _d1150(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberR
     return m, o
 
 
-def _d1151(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v3
+def _d1153(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v3
     m = _new(LeaveGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -30025,27 +30143,27 @@ def _d1151(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1150(b, o)
+            v3, o = _d1152(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _e1152(m: Any, w: bytearray) -> None:  # LeaveGroupResponse_MemberResponse v3
+def _e1154(m: Any, w: bytearray) -> None:  # LeaveGroupResponse_MemberResponse v3
     _write_string(w, m.member_id)
     _write_string(w, m.group_instance_id)
     w += _S_h.pack(m.error_code)
 
 
-def _e1153(m: Any, w: bytearray) -> None:  # LeaveGroupResponse v3
+def _e1155(m: Any, w: bytearray) -> None:  # LeaveGroupResponse v3
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1152(item2, w)
+        _e1154(item2, w)
 
 
-def _d1154(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberResponse v4
+def _d1156(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberResponse v4
     m = _new(LeaveGroupResponse_MemberResponse)
     m.unknown_tags = None
     length1 = b[o]
@@ -30075,7 +30193,7 @@ def _d1154(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberR
     return m, o
 
 
-def _d1155(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v4
+def _d1157(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v4
     m = _new(LeaveGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -30090,7 +30208,7 @@ def _d1155(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1154(b, o)
+            v3, o = _d1156(b, o)
             items2.append(v3)
         m.members = items2
     if b[o] == 0:
@@ -30106,7 +30224,7 @@ def _d1155(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v4
     return m, o
 
 
-def _e1156(m: Any, w: bytearray) -> None:  # LeaveGroupResponse_MemberResponse v4
+def _e1158(m: Any, w: bytearray) -> None:  # LeaveGroupResponse_MemberResponse v4
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.group_instance_id)
     w += _S_h.pack(m.error_code)
@@ -30116,19 +30234,19 @@ def _e1156(m: Any, w: bytearray) -> None:  # LeaveGroupResponse_MemberResponse v
         w.append(0)
 
 
-def _e1157(m: Any, w: bytearray) -> None:  # LeaveGroupResponse v4
+def _e1159(m: Any, w: bytearray) -> None:  # LeaveGroupResponse v4
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1156(item2, w)
+        _e1158(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1158(b: _Buffer, o: int, found: list[int]) -> int:  # LeaveGroupResponse v3: error codes
+def _c1160(b: _Buffer, o: int, found: list[int]) -> int:  # LeaveGroupResponse v3: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -30165,7 +30283,7 @@ def _c1158(b: _Buffer, o: int, found: list[int]) -> int:  # LeaveGroupResponse v
     return o
 
 
-def _c1159(b: _Buffer, o: int, found: list[int]) -> int:  # LeaveGroupResponse v4: error codes
+def _c1161(b: _Buffer, o: int, found: list[int]) -> int:  # LeaveGroupResponse v4: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -30213,7 +30331,7 @@ def _c1159(b: _Buffer, o: int, found: list[int]) -> int:  # LeaveGroupResponse v
     return o
 
 
-def _d1160(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest v0
+def _d1162(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest v0
     m = _new(ListConfigResourcesRequest)
     m.unknown_tags = None
     m.resource_types = list()
@@ -30230,14 +30348,14 @@ def _d1160(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest
     return m, o
 
 
-def _e1161(m: Any, w: bytearray) -> None:  # ListConfigResourcesRequest v0
+def _e1163(m: Any, w: bytearray) -> None:  # ListConfigResourcesRequest v0
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1162(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest v1
+def _d1164(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest v1
     m = _new(ListConfigResourcesRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -30263,7 +30381,7 @@ def _d1162(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest
     return m, o
 
 
-def _e1163(m: Any, w: bytearray) -> None:  # ListConfigResourcesRequest v1
+def _e1165(m: Any, w: bytearray) -> None:  # ListConfigResourcesRequest v1
     items1 = m.resource_types
     _write_compact_count(w, items1)
     if items1:
@@ -30274,7 +30392,7 @@ def _e1163(m: Any, w: bytearray) -> None:  # ListConfigResourcesRequest v1
         w.append(0)
 
 
-def _d1164(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse_ConfigResource v0
+def _d1166(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse_ConfigResource v0
     m = _new(ListConfigResourcesResponse_ConfigResource)
     m.unknown_tags = None
     m.resource_type = 16
@@ -30297,7 +30415,7 @@ def _d1164(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRespons
     return m, o
 
 
-def _d1165(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse v0
+def _d1167(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse v0
     m = _new(ListConfigResourcesResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -30312,7 +30430,7 @@ def _d1165(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRespons
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1164(b, o)
+            v3, o = _d1166(b, o)
             items2.append(v3)
         m.config_resources = items2
     if b[o] == 0:
@@ -30328,7 +30446,7 @@ def _d1165(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRespons
     return m, o
 
 
-def _e1166(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse_ConfigResource v0
+def _e1168(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse_ConfigResource v0
     _write_compact_string(w, m.resource_name)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -30336,19 +30454,19 @@ def _e1166(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse_ConfigR
         w.append(0)
 
 
-def _e1167(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse v0
+def _e1169(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse v0
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.config_resources
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1166(item2, w)
+        _e1168(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1168(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse_ConfigResource v1
+def _d1170(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse_ConfigResource v1
     m = _new(ListConfigResourcesResponse_ConfigResource)
     m.unknown_tags = None
     length1 = b[o]
@@ -30372,7 +30490,7 @@ def _d1168(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRespons
     return m, o
 
 
-def _d1169(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse v1
+def _d1171(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse v1
     m = _new(ListConfigResourcesResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -30387,7 +30505,7 @@ def _d1169(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRespons
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1168(b, o)
+            v3, o = _d1170(b, o)
             items2.append(v3)
         m.config_resources = items2
     if b[o] == 0:
@@ -30403,7 +30521,7 @@ def _d1169(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRespons
     return m, o
 
 
-def _e1170(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse_ConfigResource v1
+def _e1172(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse_ConfigResource v1
     _write_compact_string(w, m.resource_name)
     w += _S_b.pack(m.resource_type)
     if m.unknown_tags:
@@ -30412,19 +30530,19 @@ def _e1170(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse_ConfigR
         w.append(0)
 
 
-def _e1171(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse v1
+def _e1173(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse v1
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.config_resources
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1170(item2, w)
+        _e1172(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1172(b: _Buffer, o: int, found: list[int]) -> int:  # ListConfigResourcesResponse v0: error codes
+def _c1174(b: _Buffer, o: int, found: list[int]) -> int:  # ListConfigResourcesResponse v0: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -30457,7 +30575,7 @@ def _c1172(b: _Buffer, o: int, found: list[int]) -> int:  # ListConfigResourcesR
     return o
 
 
-def _c1173(b: _Buffer, o: int, found: list[int]) -> int:  # ListConfigResourcesResponse v1: error codes
+def _c1175(b: _Buffer, o: int, found: list[int]) -> int:  # ListConfigResourcesResponse v1: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -30491,7 +30609,7 @@ def _c1173(b: _Buffer, o: int, found: list[int]) -> int:  # ListConfigResourcesR
     return o
 
 
-def _d1174(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v0
+def _d1176(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v0
     m = _new(ListGroupsRequest)
     m.unknown_tags = None
     m.states_filter = list()
@@ -30499,7 +30617,7 @@ def _d1174(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v0
     return m, o
 
 
-def _d1175(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v3
+def _d1177(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v3
     m = _new(ListGroupsRequest)
     m.unknown_tags = None
     m.states_filter = list()
@@ -30517,7 +30635,7 @@ def _d1175(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v3
     return m, o
 
 
-def _d1176(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v4
+def _d1178(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v4
     m = _new(ListGroupsRequest)
     m.unknown_tags = None
     m.types_filter = list()
@@ -30552,7 +30670,7 @@ def _d1176(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v4
     return m, o
 
 
-def _e1177(m: Any, w: bytearray) -> None:  # ListGroupsRequest v4
+def _e1179(m: Any, w: bytearray) -> None:  # ListGroupsRequest v4
     items1 = m.states_filter
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -30563,7 +30681,7 @@ def _e1177(m: Any, w: bytearray) -> None:  # ListGroupsRequest v4
         w.append(0)
 
 
-def _d1178(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v5
+def _d1180(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v5
     m = _new(ListGroupsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -30615,7 +30733,7 @@ def _d1178(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v5
     return m, o
 
 
-def _e1179(m: Any, w: bytearray) -> None:  # ListGroupsRequest v5
+def _e1181(m: Any, w: bytearray) -> None:  # ListGroupsRequest v5
     items1 = m.states_filter
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -30630,7 +30748,7 @@ def _e1179(m: Any, w: bytearray) -> None:  # ListGroupsRequest v5
         w.append(0)
 
 
-def _d1180(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v0
+def _d1182(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v0
     m = _new(ListGroupsResponse_ListedGroup)
     m.unknown_tags = None
     m.group_state = ''
@@ -30640,7 +30758,7 @@ def _d1180(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedG
     return m, o
 
 
-def _d1181(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v0
+def _d1183(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v0
     m = _new(ListGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -30652,26 +30770,26 @@ def _d1181(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1180(b, o)
+            v3, o = _d1182(b, o)
             items2.append(v3)
         m.groups = items2
     return m, o
 
 
-def _e1182(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v0
+def _e1184(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v0
     _write_string(w, m.group_id)
     _write_string(w, m.protocol_type)
 
 
-def _e1183(m: Any, w: bytearray) -> None:  # ListGroupsResponse v0
+def _e1185(m: Any, w: bytearray) -> None:  # ListGroupsResponse v0
     w += _S_h.pack(m.error_code)
     items1 = m.groups
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1182(item2, w)
+        _e1184(item2, w)
 
 
-def _d1184(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v1
+def _d1186(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v1
     m = _new(ListGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -30682,21 +30800,21 @@ def _d1184(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1180(b, o)
+            v3, o = _d1182(b, o)
             items2.append(v3)
         m.groups = items2
     return m, o
 
 
-def _e1185(m: Any, w: bytearray) -> None:  # ListGroupsResponse v1
+def _e1187(m: Any, w: bytearray) -> None:  # ListGroupsResponse v1
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.groups
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1182(item2, w)
+        _e1184(item2, w)
 
 
-def _d1186(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v3
+def _d1188(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v3
     m = _new(ListGroupsResponse_ListedGroup)
     m.unknown_tags = None
     m.group_state = ''
@@ -30726,7 +30844,7 @@ def _d1186(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedG
     return m, o
 
 
-def _d1187(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v3
+def _d1189(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v3
     m = _new(ListGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -30741,7 +30859,7 @@ def _d1187(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1186(b, o)
+            v3, o = _d1188(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -30757,7 +30875,7 @@ def _d1187(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v3
     return m, o
 
 
-def _e1188(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v3
+def _e1190(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v3
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.protocol_type)
     if m.unknown_tags:
@@ -30766,19 +30884,19 @@ def _e1188(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v3
         w.append(0)
 
 
-def _e1189(m: Any, w: bytearray) -> None:  # ListGroupsResponse v3
+def _e1191(m: Any, w: bytearray) -> None:  # ListGroupsResponse v3
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1188(item2, w)
+        _e1190(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1190(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v4
+def _d1192(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v4
     m = _new(ListGroupsResponse_ListedGroup)
     m.unknown_tags = None
     m.group_type = ''
@@ -30813,7 +30931,7 @@ def _d1190(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedG
     return m, o
 
 
-def _d1191(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v4
+def _d1193(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v4
     m = _new(ListGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -30828,7 +30946,7 @@ def _d1191(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1190(b, o)
+            v3, o = _d1192(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -30844,7 +30962,7 @@ def _d1191(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v4
     return m, o
 
 
-def _e1192(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v4
+def _e1194(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v4
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.protocol_type)
     _write_compact_string(w, m.group_state)
@@ -30854,19 +30972,19 @@ def _e1192(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v4
         w.append(0)
 
 
-def _e1193(m: Any, w: bytearray) -> None:  # ListGroupsResponse v4
+def _e1195(m: Any, w: bytearray) -> None:  # ListGroupsResponse v4
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1192(item2, w)
+        _e1194(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1194(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v5
+def _d1196(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v5
     m = _new(ListGroupsResponse_ListedGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -30906,7 +31024,7 @@ def _d1194(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedG
     return m, o
 
 
-def _d1195(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v5
+def _d1197(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v5
     m = _new(ListGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -30921,7 +31039,7 @@ def _d1195(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1194(b, o)
+            v3, o = _d1196(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -30937,7 +31055,7 @@ def _d1195(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v5
     return m, o
 
 
-def _e1196(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v5
+def _e1198(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v5
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.protocol_type)
     _write_compact_string(w, m.group_state)
@@ -30948,19 +31066,19 @@ def _e1196(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v5
         w.append(0)
 
 
-def _e1197(m: Any, w: bytearray) -> None:  # ListGroupsResponse v5
+def _e1199(m: Any, w: bytearray) -> None:  # ListGroupsResponse v5
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1196(item2, w)
+        _e1198(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1198(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v0: error codes
+def _c1200(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v0: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -30992,7 +31110,7 @@ def _c1198(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v
     return o
 
 
-def _c1199(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v1: error codes
+def _c1201(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v1: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -31025,7 +31143,7 @@ def _c1199(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v
     return o
 
 
-def _c1200(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v3: error codes
+def _c1202(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v3: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -31069,7 +31187,7 @@ def _c1200(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v
     return o
 
 
-def _c1201(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v4: error codes
+def _c1203(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v4: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -31124,7 +31242,7 @@ def _c1201(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v
     return o
 
 
-def _c1202(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v5: error codes
+def _c1204(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v5: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -31190,7 +31308,7 @@ def _c1202(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v
     return o
 
 
-def _d1203(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsPartition v1
+def _d1205(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsPartition v1
     m = _new(ListOffsetsRequest_ListOffsetsPartition)
     m.unknown_tags = None
     m.current_leader_epoch = -1
@@ -31199,7 +31317,7 @@ def _d1203(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOff
     return m, o
 
 
-def _d1204(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsTopic v1
+def _d1206(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsTopic v1
     m = _new(ListOffsetsRequest_ListOffsetsTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -31209,13 +31327,13 @@ def _d1204(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOff
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1203(b, o)
+            v3, o = _d1205(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1205(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v1
+def _d1207(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v1
     m = _new(ListOffsetsRequest)
     m.unknown_tags = None
     m.isolation_level = 0
@@ -31228,33 +31346,33 @@ def _d1205(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1204(b, o)
+            v3, o = _d1206(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1206(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsPartition v1
+def _e1208(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsPartition v1
     w += _S_iq.pack(m.partition_index, m.timestamp)
 
 
-def _e1207(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsTopic v1
+def _e1209(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsTopic v1
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1206(item2, w)
+        _e1208(item2, w)
 
 
-def _e1208(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v1
+def _e1210(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v1
     w += _S_i.pack(m.replica_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1207(item2, w)
+        _e1209(item2, w)
 
 
-def _d1209(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v2
+def _d1211(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v2
     m = _new(ListOffsetsRequest)
     m.unknown_tags = None
     m.timeout_ms = 0
@@ -31266,21 +31384,21 @@ def _d1209(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1204(b, o)
+            v3, o = _d1206(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1210(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v2
+def _e1212(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v2
     w += _S_ib.pack(m.replica_id, m.isolation_level)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1207(item2, w)
+        _e1209(item2, w)
 
 
-def _d1211(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsPartition v4
+def _d1213(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsPartition v4
     m = _new(ListOffsetsRequest_ListOffsetsPartition)
     m.unknown_tags = None
     m.partition_index, m.current_leader_epoch, m.timestamp = _S_iiq.unpack_from(b, o)
@@ -31288,7 +31406,7 @@ def _d1211(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOff
     return m, o
 
 
-def _d1212(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsTopic v4
+def _d1214(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsTopic v4
     m = _new(ListOffsetsRequest_ListOffsetsTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -31298,13 +31416,13 @@ def _d1212(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOff
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1211(b, o)
+            v3, o = _d1213(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1213(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v4
+def _d1215(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v4
     m = _new(ListOffsetsRequest)
     m.unknown_tags = None
     m.timeout_ms = 0
@@ -31316,33 +31434,33 @@ def _d1213(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1212(b, o)
+            v3, o = _d1214(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1214(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsPartition v4
+def _e1216(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsPartition v4
     w += _S_iiq.pack(m.partition_index, m.current_leader_epoch, m.timestamp)
 
 
-def _e1215(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsTopic v4
+def _e1217(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsTopic v4
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1214(item2, w)
+        _e1216(item2, w)
 
 
-def _e1216(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v4
+def _e1218(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v4
     w += _S_ib.pack(m.replica_id, m.isolation_level)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1215(item2, w)
+        _e1217(item2, w)
 
 
-def _d1217(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsPartition v6
+def _d1219(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsPartition v6
     m = _new(ListOffsetsRequest_ListOffsetsPartition)
     m.unknown_tags = None
     m.partition_index, m.current_leader_epoch, m.timestamp = _S_iiq.unpack_from(b, o)
@@ -31360,7 +31478,7 @@ def _d1217(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOff
     return m, o
 
 
-def _d1218(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsTopic v6
+def _d1220(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsTopic v6
     m = _new(ListOffsetsRequest_ListOffsetsTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -31379,7 +31497,7 @@ def _d1218(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOff
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1217(b, o)
+            v4, o = _d1219(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -31395,7 +31513,7 @@ def _d1218(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOff
     return m, o
 
 
-def _d1219(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v6
+def _d1221(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v6
     m = _new(ListOffsetsRequest)
     m.unknown_tags = None
     m.timeout_ms = 0
@@ -31411,7 +31529,7 @@ def _d1219(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1218(b, o)
+            v3, o = _d1220(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -31427,7 +31545,7 @@ def _d1219(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v6
     return m, o
 
 
-def _e1220(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsPartition v6
+def _e1222(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsPartition v6
     w += _S_iiq.pack(m.partition_index, m.current_leader_epoch, m.timestamp)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -31435,31 +31553,31 @@ def _e1220(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsParti
         w.append(0)
 
 
-def _e1221(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsTopic v6
+def _e1223(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsTopic v6
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1220(item2, w)
+        _e1222(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1222(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v6
+def _e1224(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v6
     w += _S_ib.pack(m.replica_id, m.isolation_level)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1221(item2, w)
+        _e1223(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1223(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v10
+def _d1225(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v10
     m = _new(ListOffsetsRequest)
     m.unknown_tags = None
     m.replica_id, m.isolation_level = _S_ib.unpack_from(b, o)
@@ -31474,7 +31592,7 @@ def _d1223(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1218(b, o)
+            v3, o = _d1220(b, o)
             items2.append(v3)
         m.topics = items2
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -31492,12 +31610,12 @@ def _d1223(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v10
     return m, o
 
 
-def _e1224(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v10
+def _e1226(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v10
     w += _S_ib.pack(m.replica_id, m.isolation_level)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1221(item2, w)
+        _e1223(item2, w)
     w += _S_i.pack(m.timeout_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -31505,7 +31623,7 @@ def _e1224(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v10
         w.append(0)
 
 
-def _d1225(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsPartitionResponse v1
+def _d1227(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsPartitionResponse v1
     m = _new(ListOffsetsResponse_ListOffsetsPartitionResponse)
     m.unknown_tags = None
     m.leader_epoch = -1
@@ -31514,7 +31632,7 @@ def _d1225(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOf
     return m, o
 
 
-def _d1226(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsTopicResponse v1
+def _d1228(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsTopicResponse v1
     m = _new(ListOffsetsResponse_ListOffsetsTopicResponse)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -31524,13 +31642,13 @@ def _d1226(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOf
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1225(b, o)
+            v3, o = _d1227(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1227(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v1
+def _d1229(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v1
     m = _new(ListOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -31540,32 +31658,32 @@ def _d1227(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1226(b, o)
+            v3, o = _d1228(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1228(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPartitionResponse v1
+def _e1230(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPartitionResponse v1
     w += _S_ihqq.pack(m.partition_index, m.error_code, m.timestamp, m.offset)
 
 
-def _e1229(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsTopicResponse v1
+def _e1231(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsTopicResponse v1
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1228(item2, w)
+        _e1230(item2, w)
 
 
-def _e1230(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v1
+def _e1232(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v1
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1229(item2, w)
+        _e1231(item2, w)
 
 
-def _d1231(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v2
+def _d1233(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v2
     m = _new(ListOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -31576,21 +31694,21 @@ def _d1231(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1226(b, o)
+            v3, o = _d1228(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1232(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v2
+def _e1234(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v2
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1229(item2, w)
+        _e1231(item2, w)
 
 
-def _d1233(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsPartitionResponse v4
+def _d1235(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsPartitionResponse v4
     m = _new(ListOffsetsResponse_ListOffsetsPartitionResponse)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.timestamp, m.offset, m.leader_epoch = _S_ihqqi.unpack_from(b, o)
@@ -31598,7 +31716,7 @@ def _d1233(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOf
     return m, o
 
 
-def _d1234(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsTopicResponse v4
+def _d1236(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsTopicResponse v4
     m = _new(ListOffsetsResponse_ListOffsetsTopicResponse)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -31608,13 +31726,13 @@ def _d1234(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOf
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1233(b, o)
+            v3, o = _d1235(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1235(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v4
+def _d1237(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v4
     m = _new(ListOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -31625,33 +31743,33 @@ def _d1235(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1234(b, o)
+            v3, o = _d1236(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1236(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPartitionResponse v4
+def _e1238(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPartitionResponse v4
     w += _S_ihqqi.pack(m.partition_index, m.error_code, m.timestamp, m.offset, m.leader_epoch)
 
 
-def _e1237(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsTopicResponse v4
+def _e1239(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsTopicResponse v4
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1236(item2, w)
+        _e1238(item2, w)
 
 
-def _e1238(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v4
+def _e1240(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v4
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1237(item2, w)
+        _e1239(item2, w)
 
 
-def _d1239(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsPartitionResponse v6
+def _d1241(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsPartitionResponse v6
     m = _new(ListOffsetsResponse_ListOffsetsPartitionResponse)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.timestamp, m.offset, m.leader_epoch = _S_ihqqi.unpack_from(b, o)
@@ -31669,7 +31787,7 @@ def _d1239(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOf
     return m, o
 
 
-def _d1240(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsTopicResponse v6
+def _d1242(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsTopicResponse v6
     m = _new(ListOffsetsResponse_ListOffsetsTopicResponse)
     m.unknown_tags = None
     length1 = b[o]
@@ -31688,7 +31806,7 @@ def _d1240(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOf
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1239(b, o)
+            v4, o = _d1241(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -31704,7 +31822,7 @@ def _d1240(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOf
     return m, o
 
 
-def _d1241(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v6
+def _d1243(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v6
     m = _new(ListOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -31719,7 +31837,7 @@ def _d1241(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1240(b, o)
+            v3, o = _d1242(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -31735,7 +31853,7 @@ def _d1241(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v6
     return m, o
 
 
-def _e1242(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPartitionResponse v6
+def _e1244(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPartitionResponse v6
     w += _S_ihqqi.pack(m.partition_index, m.error_code, m.timestamp, m.offset, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -31743,31 +31861,31 @@ def _e1242(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPart
         w.append(0)
 
 
-def _e1243(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsTopicResponse v6
+def _e1245(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsTopicResponse v6
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1242(item2, w)
+        _e1244(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1244(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v6
+def _e1246(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v6
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1243(item2, w)
+        _e1245(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1245(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v1: error codes
+def _c1247(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v1: error codes
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -31799,7 +31917,7 @@ def _c1245(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse 
     return o
 
 
-def _c1246(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v2: error codes
+def _c1248(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v2: error codes
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -31832,7 +31950,7 @@ def _c1246(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse 
     return o
 
 
-def _c1247(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v4: error codes
+def _c1249(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v4: error codes
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -31865,7 +31983,7 @@ def _c1247(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse 
     return o
 
 
-def _c1248(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v6: error codes
+def _c1250(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v6: error codes
     end = len(b)
     o += 4
     n1 = b[o]
@@ -31910,7 +32028,7 @@ def _c1248(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse 
     return o
 
 
-def _d1249(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics v0
+def _d1251(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics v0
     m = _new(ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics)
     m.unknown_tags = None
     length1 = b[o]
@@ -31942,7 +32060,7 @@ def _d1249(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     return m, o
 
 
-def _d1250(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRequest v0
+def _d1252(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRequest v0
     m = _new(ListPartitionReassignmentsRequest)
     m.unknown_tags = None
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -31957,7 +32075,7 @@ def _d1250(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1249(b, o)
+            v3, o = _d1251(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -31973,7 +32091,7 @@ def _d1250(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     return m, o
 
 
-def _e1251(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsRequest v0
+def _e1253(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsRequest v0
     w += _S_i.pack(m.timeout_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
@@ -31985,7 +32103,7 @@ def _e1251(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsRequest v
         w.append(0)
 
 
-def _d1252(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsResponse_OngoingPartitionReassignment v0
+def _d1254(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsResponse_OngoingPartitionReassignment v0
     m = _new(ListPartitionReassignmentsResponse_OngoingPartitionReassignment)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -32033,7 +32151,7 @@ def _d1252(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     return m, o
 
 
-def _d1253(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsResponse_OngoingTopicReassignment v0
+def _d1255(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsResponse_OngoingTopicReassignment v0
     m = _new(ListPartitionReassignmentsResponse_OngoingTopicReassignment)
     m.unknown_tags = None
     length1 = b[o]
@@ -32052,7 +32170,7 @@ def _d1253(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1252(b, o)
+            v4, o = _d1254(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -32068,7 +32186,7 @@ def _d1253(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     return m, o
 
 
-def _d1254(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsResponse v0
+def _d1256(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsResponse v0
     m = _new(ListPartitionReassignmentsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -32089,7 +32207,7 @@ def _d1254(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1253(b, o)
+            v4, o = _d1255(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -32105,7 +32223,7 @@ def _d1254(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignments
     return m, o
 
 
-def _e1255(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse_OngoingPartitionReassignment v0
+def _e1257(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse_OngoingPartitionReassignment v0
     w += _S_i.pack(m.partition_index)
     items1 = m.replicas
     _write_compact_count(w, items1)
@@ -32125,32 +32243,32 @@ def _e1255(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse_
         w.append(0)
 
 
-def _e1256(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse_OngoingTopicReassignment v0
+def _e1258(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse_OngoingTopicReassignment v0
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1255(item2, w)
+        _e1257(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1257(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse v0
+def _e1259(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse v0
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1256(item2, w)
+        _e1258(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1258(b: _Buffer, o: int, found: list[int]) -> int:  # ListPartitionReassignmentsResponse v0: error codes
+def _c1260(b: _Buffer, o: int, found: list[int]) -> int:  # ListPartitionReassignmentsResponse v0: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -32239,7 +32357,7 @@ def _c1258(b: _Buffer, o: int, found: list[int]) -> int:  # ListPartitionReassig
     return o
 
 
-def _d1259(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v0
+def _d1261(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v0
     m = _new(ListTransactionsRequest)
     m.unknown_tags = None
     m.duration_filter = -1
@@ -32285,7 +32403,7 @@ def _d1259(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v0
     return m, o
 
 
-def _e1260(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v0
+def _e1262(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v0
     items1 = m.state_filters
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -32300,7 +32418,7 @@ def _e1260(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v0
         w.append(0)
 
 
-def _d1261(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v1
+def _d1263(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v1
     m = _new(ListTransactionsRequest)
     m.unknown_tags = None
     m.transactional_id_pattern = None
@@ -32347,7 +32465,7 @@ def _d1261(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v1
     return m, o
 
 
-def _e1262(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v1
+def _e1264(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v1
     items1 = m.state_filters
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -32363,7 +32481,7 @@ def _e1262(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v1
         w.append(0)
 
 
-def _d1263(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v2
+def _d1265(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v2
     m = _new(ListTransactionsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -32415,7 +32533,7 @@ def _d1263(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v2
     return m, o
 
 
-def _e1264(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v2
+def _e1266(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v2
     items1 = m.state_filters
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -32432,7 +32550,7 @@ def _e1264(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v2
         w.append(0)
 
 
-def _d1265(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse_TransactionState v0
+def _d1267(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse_TransactionState v0
     m = _new(ListTransactionsResponse_TransactionState)
     m.unknown_tags = None
     length1 = b[o]
@@ -32462,7 +32580,7 @@ def _d1265(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse_T
     return m, o
 
 
-def _d1266(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse v0
+def _d1268(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse v0
     m = _new(ListTransactionsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -32495,7 +32613,7 @@ def _d1266(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse v
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1265(b, o)
+            v7, o = _d1267(b, o)
             items6.append(v7)
         m.transaction_states = items6
     if b[o] == 0:
@@ -32511,7 +32629,7 @@ def _d1266(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse v
     return m, o
 
 
-def _e1267(m: Any, w: bytearray) -> None:  # ListTransactionsResponse_TransactionState v0
+def _e1269(m: Any, w: bytearray) -> None:  # ListTransactionsResponse_TransactionState v0
     _write_compact_string(w, m.transactional_id)
     w += _S_q.pack(m.producer_id)
     _write_compact_string(w, m.transaction_state)
@@ -32521,7 +32639,7 @@ def _e1267(m: Any, w: bytearray) -> None:  # ListTransactionsResponse_Transactio
         w.append(0)
 
 
-def _e1268(m: Any, w: bytearray) -> None:  # ListTransactionsResponse v0
+def _e1270(m: Any, w: bytearray) -> None:  # ListTransactionsResponse v0
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.unknown_state_filters
     _write_compact_count(w, items1)
@@ -32530,14 +32648,14 @@ def _e1268(m: Any, w: bytearray) -> None:  # ListTransactionsResponse v0
     items3 = m.transaction_states
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e1267(item4, w)
+        _e1269(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1269(b: _Buffer, o: int, found: list[int]) -> int:  # ListTransactionsResponse v0: error codes
+def _c1271(b: _Buffer, o: int, found: list[int]) -> int:  # ListTransactionsResponse v0: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -32603,7 +32721,7 @@ def _c1269(b: _Buffer, o: int, found: list[int]) -> int:  # ListTransactionsResp
     return o
 
 
-def _d1270(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRequestTopic v0
+def _d1272(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRequestTopic v0
     m = _new(MetadataRequest_MetadataRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -32611,7 +32729,7 @@ def _d1270(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRe
     return m, o
 
 
-def _d1271(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v0
+def _d1273(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v0
     m = _new(MetadataRequest)
     m.unknown_tags = None
     m.allow_auto_topic_creation = True
@@ -32623,24 +32741,24 @@ def _d1271(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1270(b, o)
+            v3, o = _d1272(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1272(m: Any, w: bytearray) -> None:  # MetadataRequest_MetadataRequestTopic v0
+def _e1274(m: Any, w: bytearray) -> None:  # MetadataRequest_MetadataRequestTopic v0
     _write_string(w, m.name)
 
 
-def _e1273(m: Any, w: bytearray) -> None:  # MetadataRequest v0
+def _e1275(m: Any, w: bytearray) -> None:  # MetadataRequest v0
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1272(item2, w)
+        _e1274(item2, w)
 
 
-def _d1274(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v4
+def _d1276(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v4
     m = _new(MetadataRequest)
     m.unknown_tags = None
     m.include_cluster_authorized_operations = False
@@ -32651,7 +32769,7 @@ def _d1274(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1270(b, o)
+            v3, o = _d1272(b, o)
             items2.append(v3)
         m.topics = items2
     m.allow_auto_topic_creation, = _S_o.unpack_from(b, o)
@@ -32659,15 +32777,15 @@ def _d1274(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v4
     return m, o
 
 
-def _e1275(m: Any, w: bytearray) -> None:  # MetadataRequest v4
+def _e1277(m: Any, w: bytearray) -> None:  # MetadataRequest v4
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1272(item2, w)
+        _e1274(item2, w)
     w += _S_o.pack(m.allow_auto_topic_creation)
 
 
-def _d1276(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v8
+def _d1278(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v8
     m = _new(MetadataRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -32676,7 +32794,7 @@ def _d1276(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1270(b, o)
+            v3, o = _d1272(b, o)
             items2.append(v3)
         m.topics = items2
     m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations = _S_ooo.unpack_from(b, o)
@@ -32684,15 +32802,15 @@ def _d1276(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v8
     return m, o
 
 
-def _e1277(m: Any, w: bytearray) -> None:  # MetadataRequest v8
+def _e1279(m: Any, w: bytearray) -> None:  # MetadataRequest v8
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1272(item2, w)
+        _e1274(item2, w)
     w += _S_ooo.pack(m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations)
 
 
-def _d1278(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRequestTopic v9
+def _d1280(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRequestTopic v9
     m = _new(MetadataRequest_MetadataRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -32715,7 +32833,7 @@ def _d1278(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRe
     return m, o
 
 
-def _d1279(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v9
+def _d1281(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v9
     m = _new(MetadataRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -32728,7 +32846,7 @@ def _d1279(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v9
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1278(b, o)
+            v3, o = _d1280(b, o)
             items2.append(v3)
         m.topics = items2
     m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations = _S_ooo.unpack_from(b, o)
@@ -32746,7 +32864,7 @@ def _d1279(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v9
     return m, o
 
 
-def _e1280(m: Any, w: bytearray) -> None:  # MetadataRequest v9
+def _e1282(m: Any, w: bytearray) -> None:  # MetadataRequest v9
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -32758,7 +32876,7 @@ def _e1280(m: Any, w: bytearray) -> None:  # MetadataRequest v9
         w.append(0)
 
 
-def _d1281(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRequestTopic v10
+def _d1283(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRequestTopic v10
     m = _new(MetadataRequest_MetadataRequestTopic)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -32783,7 +32901,7 @@ def _d1281(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRe
     return m, o
 
 
-def _d1282(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v10
+def _d1284(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v10
     m = _new(MetadataRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -32796,7 +32914,7 @@ def _d1282(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1281(b, o)
+            v3, o = _d1283(b, o)
             items2.append(v3)
         m.topics = items2
     m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations = _S_ooo.unpack_from(b, o)
@@ -32814,7 +32932,7 @@ def _d1282(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v10
     return m, o
 
 
-def _e1283(m: Any, w: bytearray) -> None:  # MetadataRequest_MetadataRequestTopic v10
+def _e1285(m: Any, w: bytearray) -> None:  # MetadataRequest_MetadataRequestTopic v10
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     _write_compact_string(w, m.name)
     if m.unknown_tags:
@@ -32823,11 +32941,11 @@ def _e1283(m: Any, w: bytearray) -> None:  # MetadataRequest_MetadataRequestTopi
         w.append(0)
 
 
-def _e1284(m: Any, w: bytearray) -> None:  # MetadataRequest v10
+def _e1286(m: Any, w: bytearray) -> None:  # MetadataRequest v10
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1283(item2, w)
+        _e1285(item2, w)
     w += _S_ooo.pack(m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -32835,7 +32953,7 @@ def _e1284(m: Any, w: bytearray) -> None:  # MetadataRequest v10
         w.append(0)
 
 
-def _d1285(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v11
+def _d1287(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v11
     m = _new(MetadataRequest)
     m.unknown_tags = None
     m.include_cluster_authorized_operations = False
@@ -32849,7 +32967,7 @@ def _d1285(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v11
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1281(b, o)
+            v3, o = _d1283(b, o)
             items2.append(v3)
         m.topics = items2
     m.allow_auto_topic_creation, m.include_topic_authorized_operations = _S_oo.unpack_from(b, o)
@@ -32867,11 +32985,11 @@ def _d1285(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v11
     return m, o
 
 
-def _e1286(m: Any, w: bytearray) -> None:  # MetadataRequest v11
+def _e1288(m: Any, w: bytearray) -> None:  # MetadataRequest v11
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1283(item2, w)
+        _e1285(item2, w)
     w += _S_oo.pack(m.allow_auto_topic_creation, m.include_topic_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -32879,7 +32997,7 @@ def _e1286(m: Any, w: bytearray) -> None:  # MetadataRequest v11
         w.append(0)
 
 
-def _d1287(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseBroker v0
+def _d1289(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseBroker v0
     m = _new(MetadataResponse_MetadataResponseBroker)
     m.unknown_tags = None
     m.rack = None
@@ -32891,7 +33009,7 @@ def _d1287(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     return m, o
 
 
-def _d1288(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v0
+def _d1290(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v0
     m = _new(MetadataResponse_MetadataResponsePartition)
     m.unknown_tags = None
     m.leader_epoch = -1
@@ -32913,7 +33031,7 @@ def _d1288(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     return m, o
 
 
-def _d1289(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v0
+def _d1291(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v0
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -32928,13 +33046,13 @@ def _d1289(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1288(b, o)
+            v3, o = _d1290(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1290(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v0
+def _d1292(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v0
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -32948,7 +33066,7 @@ def _d1290(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1287(b, o)
+            v3, o = _d1289(b, o)
             items2.append(v3)
         m.brokers = items2
     n4, o = _count(b, o)
@@ -32957,19 +33075,19 @@ def _d1290(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v0
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1289(b, o)
+            v6, o = _d1291(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e1291(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseBroker v0
+def _e1293(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseBroker v0
     w += _S_i.pack(m.node_id)
     _write_string(w, m.host)
     w += _S_i.pack(m.port)
 
 
-def _e1292(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v0
+def _e1294(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v0
     w += _S_hii.pack(m.error_code, m.partition_index, m.leader_id)
     items1 = m.replica_nodes
     _write_count(w, items1)
@@ -32981,27 +33099,27 @@ def _e1292(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePa
         w += _pack(f'>{len(items2)}i', *items2)
 
 
-def _e1293(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v0
+def _e1295(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v0
     w += _S_h.pack(m.error_code)
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1292(item2, w)
+        _e1294(item2, w)
 
 
-def _e1294(m: Any, w: bytearray) -> None:  # MetadataResponse v0
+def _e1296(m: Any, w: bytearray) -> None:  # MetadataResponse v0
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1291(item2, w)
+        _e1293(item2, w)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e1293(item4, w)
+        _e1295(item4, w)
 
 
-def _d1295(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseBroker v1
+def _d1297(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseBroker v1
     m = _new(MetadataResponse_MetadataResponseBroker)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -33013,7 +33131,7 @@ def _d1295(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     return m, o
 
 
-def _d1296(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v1
+def _d1298(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v1
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -33029,13 +33147,13 @@ def _d1296(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1288(b, o)
+            v3, o = _d1290(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1297(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v1
+def _d1299(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v1
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -33048,7 +33166,7 @@ def _d1297(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1295(b, o)
+            v3, o = _d1297(b, o)
             items2.append(v3)
         m.brokers = items2
     m.controller_id, = _S_i.unpack_from(b, o)
@@ -33059,42 +33177,42 @@ def _d1297(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v1
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1296(b, o)
+            v6, o = _d1298(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e1298(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseBroker v1
+def _e1300(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseBroker v1
     w += _S_i.pack(m.node_id)
     _write_string(w, m.host)
     w += _S_i.pack(m.port)
     _write_string(w, m.rack)
 
 
-def _e1299(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v1
+def _e1301(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v1
     w += _S_h.pack(m.error_code)
     _write_string(w, m.name)
     w += _S_o.pack(m.is_internal)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1292(item2, w)
+        _e1294(item2, w)
 
 
-def _e1300(m: Any, w: bytearray) -> None:  # MetadataResponse v1
+def _e1302(m: Any, w: bytearray) -> None:  # MetadataResponse v1
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1298(item2, w)
+        _e1300(item2, w)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e1299(item4, w)
+        _e1301(item4, w)
 
 
-def _d1301(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v2
+def _d1303(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v2
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -33106,7 +33224,7 @@ def _d1301(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1295(b, o)
+            v3, o = _d1297(b, o)
             items2.append(v3)
         m.brokers = items2
     m.cluster_id, o = _string(b, o)
@@ -33118,26 +33236,26 @@ def _d1301(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v2
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1296(b, o)
+            v6, o = _d1298(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e1302(m: Any, w: bytearray) -> None:  # MetadataResponse v2
+def _e1304(m: Any, w: bytearray) -> None:  # MetadataResponse v2
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1298(item2, w)
+        _e1300(item2, w)
     _write_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e1299(item4, w)
+        _e1301(item4, w)
 
 
-def _d1303(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v3
+def _d1305(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v3
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.cluster_authorized_operations = -2147483648
@@ -33150,7 +33268,7 @@ def _d1303(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1295(b, o)
+            v3, o = _d1297(b, o)
             items2.append(v3)
         m.brokers = items2
     m.cluster_id, o = _string(b, o)
@@ -33162,27 +33280,27 @@ def _d1303(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v3
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1296(b, o)
+            v6, o = _d1298(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e1304(m: Any, w: bytearray) -> None:  # MetadataResponse v3
+def _e1306(m: Any, w: bytearray) -> None:  # MetadataResponse v3
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1298(item2, w)
+        _e1300(item2, w)
     _write_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e1299(item4, w)
+        _e1301(item4, w)
 
 
-def _d1305(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v5
+def _d1307(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v5
     m = _new(MetadataResponse_MetadataResponsePartition)
     m.unknown_tags = None
     m.leader_epoch = -1
@@ -33209,7 +33327,7 @@ def _d1305(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     return m, o
 
 
-def _d1306(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v5
+def _d1308(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v5
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -33225,13 +33343,13 @@ def _d1306(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1305(b, o)
+            v3, o = _d1307(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1307(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v5
+def _d1309(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v5
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.cluster_authorized_operations = -2147483648
@@ -33244,7 +33362,7 @@ def _d1307(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1295(b, o)
+            v3, o = _d1297(b, o)
             items2.append(v3)
         m.brokers = items2
     m.cluster_id, o = _string(b, o)
@@ -33256,13 +33374,13 @@ def _d1307(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v5
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1306(b, o)
+            v6, o = _d1308(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e1308(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v5
+def _e1310(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v5
     w += _S_hii.pack(m.error_code, m.partition_index, m.leader_id)
     items1 = m.replica_nodes
     _write_count(w, items1)
@@ -33278,31 +33396,31 @@ def _e1308(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePa
         w += _pack(f'>{len(items3)}i', *items3)
 
 
-def _e1309(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v5
+def _e1311(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v5
     w += _S_h.pack(m.error_code)
     _write_string(w, m.name)
     w += _S_o.pack(m.is_internal)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1308(item2, w)
+        _e1310(item2, w)
 
 
-def _e1310(m: Any, w: bytearray) -> None:  # MetadataResponse v5
+def _e1312(m: Any, w: bytearray) -> None:  # MetadataResponse v5
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1298(item2, w)
+        _e1300(item2, w)
     _write_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e1309(item4, w)
+        _e1311(item4, w)
 
 
-def _d1311(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v7
+def _d1313(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v7
     m = _new(MetadataResponse_MetadataResponsePartition)
     m.unknown_tags = None
     m.error_code, m.partition_index, m.leader_id, m.leader_epoch = _S_hiii.unpack_from(b, o)
@@ -33328,7 +33446,7 @@ def _d1311(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     return m, o
 
 
-def _d1312(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v7
+def _d1314(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v7
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -33344,13 +33462,13 @@ def _d1312(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1311(b, o)
+            v3, o = _d1313(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1313(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v7
+def _d1315(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v7
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.cluster_authorized_operations = -2147483648
@@ -33363,7 +33481,7 @@ def _d1313(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v7
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1295(b, o)
+            v3, o = _d1297(b, o)
             items2.append(v3)
         m.brokers = items2
     m.cluster_id, o = _string(b, o)
@@ -33375,13 +33493,13 @@ def _d1313(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v7
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1312(b, o)
+            v6, o = _d1314(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e1314(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v7
+def _e1316(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v7
     w += _S_hiii.pack(m.error_code, m.partition_index, m.leader_id, m.leader_epoch)
     items1 = m.replica_nodes
     _write_count(w, items1)
@@ -33397,31 +33515,31 @@ def _e1314(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePa
         w += _pack(f'>{len(items3)}i', *items3)
 
 
-def _e1315(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v7
+def _e1317(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v7
     w += _S_h.pack(m.error_code)
     _write_string(w, m.name)
     w += _S_o.pack(m.is_internal)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1314(item2, w)
+        _e1316(item2, w)
 
 
-def _e1316(m: Any, w: bytearray) -> None:  # MetadataResponse v7
+def _e1318(m: Any, w: bytearray) -> None:  # MetadataResponse v7
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1298(item2, w)
+        _e1300(item2, w)
     _write_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e1315(item4, w)
+        _e1317(item4, w)
 
 
-def _d1317(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v8
+def _d1319(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v8
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -33436,7 +33554,7 @@ def _d1317(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1311(b, o)
+            v3, o = _d1313(b, o)
             items2.append(v3)
         m.partitions = items2
     m.topic_authorized_operations, = _S_i.unpack_from(b, o)
@@ -33444,7 +33562,7 @@ def _d1317(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     return m, o
 
 
-def _d1318(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v8
+def _d1320(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v8
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -33456,7 +33574,7 @@ def _d1318(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1295(b, o)
+            v3, o = _d1297(b, o)
             items2.append(v3)
         m.brokers = items2
     m.cluster_id, o = _string(b, o)
@@ -33468,7 +33586,7 @@ def _d1318(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v8
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1317(b, o)
+            v6, o = _d1319(b, o)
             items5.append(v6)
         m.topics = items5
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
@@ -33476,33 +33594,33 @@ def _d1318(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v8
     return m, o
 
 
-def _e1319(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v8
+def _e1321(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v8
     w += _S_h.pack(m.error_code)
     _write_string(w, m.name)
     w += _S_o.pack(m.is_internal)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1314(item2, w)
+        _e1316(item2, w)
     w += _S_i.pack(m.topic_authorized_operations)
 
 
-def _e1320(m: Any, w: bytearray) -> None:  # MetadataResponse v8
+def _e1322(m: Any, w: bytearray) -> None:  # MetadataResponse v8
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1298(item2, w)
+        _e1300(item2, w)
     _write_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e1319(item4, w)
+        _e1321(item4, w)
     w += _S_i.pack(m.cluster_authorized_operations)
 
 
-def _d1321(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseBroker v9
+def _d1323(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseBroker v9
     m = _new(MetadataResponse_MetadataResponseBroker)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -33534,7 +33652,7 @@ def _d1321(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     return m, o
 
 
-def _d1322(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v9
+def _d1324(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v9
     m = _new(MetadataResponse_MetadataResponsePartition)
     m.unknown_tags = None
     m.error_code, m.partition_index, m.leader_id, m.leader_epoch = _S_hiii.unpack_from(b, o)
@@ -33582,7 +33700,7 @@ def _d1322(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     return m, o
 
 
-def _d1323(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v9
+def _d1325(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v9
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -33606,7 +33724,7 @@ def _d1323(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1322(b, o)
+            v4, o = _d1324(b, o)
             items3.append(v4)
         m.partitions = items3
     m.topic_authorized_operations, = _S_i.unpack_from(b, o)
@@ -33624,7 +33742,7 @@ def _d1323(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     return m, o
 
 
-def _d1324(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
+def _d1326(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -33640,7 +33758,7 @@ def _d1324(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1321(b, o)
+            v3, o = _d1323(b, o)
             items2.append(v3)
         m.brokers = items2
     length4 = b[o]
@@ -33661,7 +33779,7 @@ def _d1324(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1323(b, o)
+            v7, o = _d1325(b, o)
             items6.append(v7)
         m.topics = items6
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
@@ -33679,7 +33797,7 @@ def _d1324(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
     return m, o
 
 
-def _e1325(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v9
+def _e1327(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v9
     w += _S_hiii.pack(m.error_code, m.partition_index, m.leader_id, m.leader_epoch)
     items1 = m.replica_nodes
     _write_compact_count(w, items1)
@@ -33699,14 +33817,14 @@ def _e1325(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePa
         w.append(0)
 
 
-def _e1326(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v9
+def _e1328(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v9
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.name)
     w += _S_o.pack(m.is_internal)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1325(item2, w)
+        _e1327(item2, w)
     w += _S_i.pack(m.topic_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -33714,7 +33832,7 @@ def _e1326(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTo
         w.append(0)
 
 
-def _e1327(m: Any, w: bytearray) -> None:  # MetadataResponse v9
+def _e1329(m: Any, w: bytearray) -> None:  # MetadataResponse v9
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_compact_count(w, items1)
@@ -33725,7 +33843,7 @@ def _e1327(m: Any, w: bytearray) -> None:  # MetadataResponse v9
     items3 = m.topics
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e1326(item4, w)
+        _e1328(item4, w)
     w += _S_i.pack(m.cluster_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -33733,7 +33851,7 @@ def _e1327(m: Any, w: bytearray) -> None:  # MetadataResponse v9
         w.append(0)
 
 
-def _d1328(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v10
+def _d1330(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v10
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -33757,7 +33875,7 @@ def _d1328(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1322(b, o)
+            v4, o = _d1324(b, o)
             items3.append(v4)
         m.partitions = items3
     m.topic_authorized_operations, = _S_i.unpack_from(b, o)
@@ -33775,7 +33893,7 @@ def _d1328(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataR
     return m, o
 
 
-def _d1329(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
+def _d1331(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -33791,7 +33909,7 @@ def _d1329(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1321(b, o)
+            v3, o = _d1323(b, o)
             items2.append(v3)
         m.brokers = items2
     length4 = b[o]
@@ -33812,7 +33930,7 @@ def _d1329(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1328(b, o)
+            v7, o = _d1330(b, o)
             items6.append(v7)
         m.topics = items6
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
@@ -33830,14 +33948,14 @@ def _d1329(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
     return m, o
 
 
-def _e1330(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v10
+def _e1332(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v10
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.name)
     w += _S_uo.pack(_uuid_bytes(m.topic_id), m.is_internal)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1325(item2, w)
+        _e1327(item2, w)
     w += _S_i.pack(m.topic_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -33845,7 +33963,7 @@ def _e1330(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTo
         w.append(0)
 
 
-def _e1331(m: Any, w: bytearray) -> None:  # MetadataResponse v10
+def _e1333(m: Any, w: bytearray) -> None:  # MetadataResponse v10
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_compact_count(w, items1)
@@ -33856,7 +33974,7 @@ def _e1331(m: Any, w: bytearray) -> None:  # MetadataResponse v10
     items3 = m.topics
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e1330(item4, w)
+        _e1332(item4, w)
     w += _S_i.pack(m.cluster_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -33864,7 +33982,7 @@ def _e1331(m: Any, w: bytearray) -> None:  # MetadataResponse v10
         w.append(0)
 
 
-def _d1332(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
+def _d1334(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.cluster_authorized_operations = -2147483648
@@ -33881,7 +33999,7 @@ def _d1332(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1321(b, o)
+            v3, o = _d1323(b, o)
             items2.append(v3)
         m.brokers = items2
     length4 = b[o]
@@ -33902,7 +34020,7 @@ def _d1332(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1328(b, o)
+            v7, o = _d1330(b, o)
             items6.append(v7)
         m.topics = items6
     if b[o] == 0:
@@ -33918,7 +34036,7 @@ def _d1332(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
     return m, o
 
 
-def _e1333(m: Any, w: bytearray) -> None:  # MetadataResponse v11
+def _e1335(m: Any, w: bytearray) -> None:  # MetadataResponse v11
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_compact_count(w, items1)
@@ -33929,14 +34047,14 @@ def _e1333(m: Any, w: bytearray) -> None:  # MetadataResponse v11
     items3 = m.topics
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e1330(item4, w)
+        _e1332(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1334(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
+def _d1336(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.cluster_authorized_operations = -2147483648
@@ -33952,7 +34070,7 @@ def _d1334(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1321(b, o)
+            v3, o = _d1323(b, o)
             items2.append(v3)
         m.brokers = items2
     length4 = b[o]
@@ -33973,7 +34091,7 @@ def _d1334(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1328(b, o)
+            v7, o = _d1330(b, o)
             items6.append(v7)
         m.topics = items6
     m.error_code, = _S_h.unpack_from(b, o)
@@ -33991,7 +34109,7 @@ def _d1334(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
     return m, o
 
 
-def _e1335(m: Any, w: bytearray) -> None:  # MetadataResponse v13
+def _e1337(m: Any, w: bytearray) -> None:  # MetadataResponse v13
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_compact_count(w, items1)
@@ -34002,7 +34120,7 @@ def _e1335(m: Any, w: bytearray) -> None:  # MetadataResponse v13
     items3 = m.topics
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e1330(item4, w)
+        _e1332(item4, w)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -34010,7 +34128,7 @@ def _e1335(m: Any, w: bytearray) -> None:  # MetadataResponse v13
         w.append(0)
 
 
-def _c1336(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v0: error codes
+def _c1338(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v0: error codes
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -34078,7 +34196,7 @@ def _c1336(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v0:
     return o
 
 
-def _c1337(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v1: error codes
+def _c1339(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v1: error codes
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -34156,7 +34274,7 @@ def _c1337(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v1:
     return o
 
 
-def _c1338(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v2: error codes
+def _c1340(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v2: error codes
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -34242,7 +34360,7 @@ def _c1338(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v2:
     return o
 
 
-def _c1339(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v3: error codes
+def _c1341(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v3: error codes
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -34329,7 +34447,7 @@ def _c1339(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v3:
     return o
 
 
-def _c1340(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v5: error codes
+def _c1342(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v5: error codes
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -34424,7 +34542,7 @@ def _c1340(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v5:
     return o
 
 
-def _c1341(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v7: error codes
+def _c1343(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v7: error codes
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -34519,7 +34637,7 @@ def _c1341(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v7:
     return o
 
 
-def _c1342(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v8: error codes
+def _c1344(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v8: error codes
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -34616,7 +34734,7 @@ def _c1342(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v8:
     return o
 
 
-def _c1343(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v9: error codes
+def _c1345(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v9: error codes
     end = len(b)
     o += 4
     n1 = b[o]
@@ -34747,138 +34865,7 @@ def _c1343(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v9:
     return o
 
 
-def _c1344(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v10: error codes
-    end = len(b)
-    o += 4
-    n1 = b[o]
-    if n1 < 0x80:
-        n1 -= 1
-        o += 1
-    else:
-        n1, o = _read_uvarint(b, o)
-        n1 -= 1
-    if n1 > end - o:
-        raise _ProtocolDecodeError(f'array of {n1} elements in {end - o} bytes')
-    for _ in range(n1):
-        o += 4
-        length2 = b[o]
-        if length2 < 0x80:
-            length2 -= 1
-            o += 1
-        else:
-            length2, o = _read_uvarint(b, o)
-            length2 -= 1
-        if length2 > 0:
-            o += length2
-            if o > end:
-                raise _ProtocolDecodeError('field runs past the end of the message')
-        o += 4
-        length3 = b[o]
-        if length3 < 0x80:
-            length3 -= 1
-            o += 1
-        else:
-            length3, o = _read_uvarint(b, o)
-            length3 -= 1
-        if length3 > 0:
-            o += length3
-            if o > end:
-                raise _ProtocolDecodeError('field runs past the end of the message')
-        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
-    length4 = b[o]
-    if length4 < 0x80:
-        length4 -= 1
-        o += 1
-    else:
-        length4, o = _read_uvarint(b, o)
-        length4 -= 1
-    if length4 > 0:
-        o += length4
-        if o > end:
-            raise _ProtocolDecodeError('field runs past the end of the message')
-    o += 4
-    n5 = b[o]
-    if n5 < 0x80:
-        n5 -= 1
-        o += 1
-    else:
-        n5, o = _read_uvarint(b, o)
-        n5 -= 1
-    if n5 > end - o:
-        raise _ProtocolDecodeError(f'array of {n5} elements in {end - o} bytes')
-    for _ in range(n5):
-        code6 = _INT16.unpack_from(b, o)[0]
-        if code6:
-            found.append(code6)
-        o += 2
-        length7 = b[o]
-        if length7 < 0x80:
-            length7 -= 1
-            o += 1
-        else:
-            length7, o = _read_uvarint(b, o)
-            length7 -= 1
-        if length7 > 0:
-            o += length7
-            if o > end:
-                raise _ProtocolDecodeError('field runs past the end of the message')
-        o += 17
-        n8 = b[o]
-        if n8 < 0x80:
-            n8 -= 1
-            o += 1
-        else:
-            n8, o = _read_uvarint(b, o)
-            n8 -= 1
-        if n8 > end - o:
-            raise _ProtocolDecodeError(f'array of {n8} elements in {end - o} bytes')
-        for _ in range(n8):
-            code9 = _INT16.unpack_from(b, o)[0]
-            if code9:
-                found.append(code9)
-            o += 14
-            n10 = b[o]
-            if n10 < 0x80:
-                n10 -= 1
-                o += 1
-            else:
-                n10, o = _read_uvarint(b, o)
-                n10 -= 1
-            if n10 > end - o:
-                raise _ProtocolDecodeError(f'array of {n10} elements in {end - o} bytes')
-            if n10 > 0:
-                o += n10 * 4
-            n11 = b[o]
-            if n11 < 0x80:
-                n11 -= 1
-                o += 1
-            else:
-                n11, o = _read_uvarint(b, o)
-                n11 -= 1
-            if n11 > end - o:
-                raise _ProtocolDecodeError(f'array of {n11} elements in {end - o} bytes')
-            if n11 > 0:
-                o += n11 * 4
-            n12 = b[o]
-            if n12 < 0x80:
-                n12 -= 1
-                o += 1
-            else:
-                n12, o = _read_uvarint(b, o)
-                n12 -= 1
-            if n12 > end - o:
-                raise _ProtocolDecodeError(f'array of {n12} elements in {end - o} bytes')
-            if n12 > 0:
-                o += n12 * 4
-            o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
-        o += 4
-        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
-    o += 4
-    o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
-    return o
-
-
-def _c1345(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v11: error codes
+def _c1346(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v10: error codes
     end = len(b)
     o += 4
     n1 = b[o]
@@ -35004,11 +34991,142 @@ def _c1345(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v11
             o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
         o += 4
         o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    o += 4
     o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
     return o
 
 
-def _c1346(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v13: error codes
+def _c1347(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v11: error codes
+    end = len(b)
+    o += 4
+    n1 = b[o]
+    if n1 < 0x80:
+        n1 -= 1
+        o += 1
+    else:
+        n1, o = _read_uvarint(b, o)
+        n1 -= 1
+    if n1 > end - o:
+        raise _ProtocolDecodeError(f'array of {n1} elements in {end - o} bytes')
+    for _ in range(n1):
+        o += 4
+        length2 = b[o]
+        if length2 < 0x80:
+            length2 -= 1
+            o += 1
+        else:
+            length2, o = _read_uvarint(b, o)
+            length2 -= 1
+        if length2 > 0:
+            o += length2
+            if o > end:
+                raise _ProtocolDecodeError('field runs past the end of the message')
+        o += 4
+        length3 = b[o]
+        if length3 < 0x80:
+            length3 -= 1
+            o += 1
+        else:
+            length3, o = _read_uvarint(b, o)
+            length3 -= 1
+        if length3 > 0:
+            o += length3
+            if o > end:
+                raise _ProtocolDecodeError('field runs past the end of the message')
+        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    length4 = b[o]
+    if length4 < 0x80:
+        length4 -= 1
+        o += 1
+    else:
+        length4, o = _read_uvarint(b, o)
+        length4 -= 1
+    if length4 > 0:
+        o += length4
+        if o > end:
+            raise _ProtocolDecodeError('field runs past the end of the message')
+    o += 4
+    n5 = b[o]
+    if n5 < 0x80:
+        n5 -= 1
+        o += 1
+    else:
+        n5, o = _read_uvarint(b, o)
+        n5 -= 1
+    if n5 > end - o:
+        raise _ProtocolDecodeError(f'array of {n5} elements in {end - o} bytes')
+    for _ in range(n5):
+        code6 = _INT16.unpack_from(b, o)[0]
+        if code6:
+            found.append(code6)
+        o += 2
+        length7 = b[o]
+        if length7 < 0x80:
+            length7 -= 1
+            o += 1
+        else:
+            length7, o = _read_uvarint(b, o)
+            length7 -= 1
+        if length7 > 0:
+            o += length7
+            if o > end:
+                raise _ProtocolDecodeError('field runs past the end of the message')
+        o += 17
+        n8 = b[o]
+        if n8 < 0x80:
+            n8 -= 1
+            o += 1
+        else:
+            n8, o = _read_uvarint(b, o)
+            n8 -= 1
+        if n8 > end - o:
+            raise _ProtocolDecodeError(f'array of {n8} elements in {end - o} bytes')
+        for _ in range(n8):
+            code9 = _INT16.unpack_from(b, o)[0]
+            if code9:
+                found.append(code9)
+            o += 14
+            n10 = b[o]
+            if n10 < 0x80:
+                n10 -= 1
+                o += 1
+            else:
+                n10, o = _read_uvarint(b, o)
+                n10 -= 1
+            if n10 > end - o:
+                raise _ProtocolDecodeError(f'array of {n10} elements in {end - o} bytes')
+            if n10 > 0:
+                o += n10 * 4
+            n11 = b[o]
+            if n11 < 0x80:
+                n11 -= 1
+                o += 1
+            else:
+                n11, o = _read_uvarint(b, o)
+                n11 -= 1
+            if n11 > end - o:
+                raise _ProtocolDecodeError(f'array of {n11} elements in {end - o} bytes')
+            if n11 > 0:
+                o += n11 * 4
+            n12 = b[o]
+            if n12 < 0x80:
+                n12 -= 1
+                o += 1
+            else:
+                n12, o = _read_uvarint(b, o)
+                n12 -= 1
+            if n12 > end - o:
+                raise _ProtocolDecodeError(f'array of {n12} elements in {end - o} bytes')
+            if n12 > 0:
+                o += n12 * 4
+            o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+        o += 4
+        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    return o
+
+
+def _c1348(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v13: error codes
     end = len(b)
     codes1: list[int] = []
     codes2: list[int] = []
@@ -35146,7 +35264,7 @@ def _c1346(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v13
     return o
 
 
-def _d1347(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestPartition v2
+def _d1349(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestPartition v2
     m = _new(OffsetCommitRequest_OffsetCommitRequestPartition)
     m.unknown_tags = None
     m.committed_leader_epoch = -1
@@ -35156,7 +35274,7 @@ def _d1347(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     return m, o
 
 
-def _d1348(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v2
+def _d1350(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v2
     m = _new(OffsetCommitRequest_OffsetCommitRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -35167,13 +35285,13 @@ def _d1348(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1347(b, o)
+            v3, o = _d1349(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1349(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v2
+def _d1351(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v2
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -35189,26 +35307,26 @@ def _d1349(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1348(b, o)
+            v3, o = _d1350(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1350(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestPartition v2
+def _e1352(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestPartition v2
     w += _S_iq.pack(m.partition_index, m.committed_offset)
     _write_string(w, m.committed_metadata)
 
 
-def _e1351(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v2
+def _e1353(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v2
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1350(item2, w)
+        _e1352(item2, w)
 
 
-def _e1352(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v2
+def _e1354(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v2
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_string(w, m.member_id)
@@ -35216,10 +35334,10 @@ def _e1352(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v2
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1351(item2, w)
+        _e1353(item2, w)
 
 
-def _d1353(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v5
+def _d1355(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v5
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -35234,23 +35352,23 @@ def _d1353(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1348(b, o)
+            v3, o = _d1350(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1354(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v5
+def _e1356(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v5
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_string(w, m.member_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1351(item2, w)
+        _e1353(item2, w)
 
 
-def _d1355(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestPartition v6
+def _d1357(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestPartition v6
     m = _new(OffsetCommitRequest_OffsetCommitRequestPartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -35259,7 +35377,7 @@ def _d1355(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     return m, o
 
 
-def _d1356(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v6
+def _d1358(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v6
     m = _new(OffsetCommitRequest_OffsetCommitRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -35270,13 +35388,13 @@ def _d1356(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1355(b, o)
+            v3, o = _d1357(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1357(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v6
+def _d1359(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v6
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -35291,36 +35409,36 @@ def _d1357(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1356(b, o)
+            v3, o = _d1358(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1358(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestPartition v6
+def _e1360(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestPartition v6
     w += _S_iqi.pack(m.partition_index, m.committed_offset, m.committed_leader_epoch)
     _write_string(w, m.committed_metadata)
 
 
-def _e1359(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v6
+def _e1361(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v6
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1358(item2, w)
+        _e1360(item2, w)
 
 
-def _e1360(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v6
+def _e1362(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v6
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_string(w, m.member_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1359(item2, w)
+        _e1361(item2, w)
 
 
-def _d1361(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v7
+def _d1363(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v7
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.retention_time_ms = -1
@@ -35335,13 +35453,13 @@ def _d1361(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v7
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1356(b, o)
+            v3, o = _d1358(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1362(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v7
+def _e1364(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v7
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_string(w, m.member_id)
@@ -35349,10 +35467,10 @@ def _e1362(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v7
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1359(item2, w)
+        _e1361(item2, w)
 
 
-def _d1363(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestPartition v8
+def _d1365(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestPartition v8
     m = _new(OffsetCommitRequest_OffsetCommitRequestPartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -35376,7 +35494,7 @@ def _d1363(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     return m, o
 
 
-def _d1364(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v8
+def _d1366(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v8
     m = _new(OffsetCommitRequest_OffsetCommitRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -35396,7 +35514,7 @@ def _d1364(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1363(b, o)
+            v4, o = _d1365(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -35412,7 +35530,7 @@ def _d1364(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     return m, o
 
 
-def _d1365(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v8
+def _d1367(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v8
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.retention_time_ms = -1
@@ -35446,7 +35564,7 @@ def _d1365(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v8
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1364(b, o)
+            v6, o = _d1366(b, o)
             items5.append(v6)
         m.topics = items5
     if b[o] == 0:
@@ -35462,7 +35580,7 @@ def _d1365(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v8
     return m, o
 
 
-def _e1366(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestPartition v8
+def _e1368(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestPartition v8
     w += _S_iqi.pack(m.partition_index, m.committed_offset, m.committed_leader_epoch)
     _write_compact_string(w, m.committed_metadata)
     if m.unknown_tags:
@@ -35471,19 +35589,19 @@ def _e1366(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitReq
         w.append(0)
 
 
-def _e1367(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v8
+def _e1369(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v8
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1366(item2, w)
+        _e1368(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1368(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v8
+def _e1370(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v8
     _write_compact_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_compact_string(w, m.member_id)
@@ -35491,14 +35609,14 @@ def _e1368(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v8
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1367(item2, w)
+        _e1369(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1369(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v10
+def _d1371(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v10
     m = _new(OffsetCommitRequest_OffsetCommitRequestTopic)
     m.unknown_tags = None
     m.name = ''
@@ -35515,7 +35633,7 @@ def _d1369(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1363(b, o)
+            v3, o = _d1365(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -35531,7 +35649,7 @@ def _d1369(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_Offset
     return m, o
 
 
-def _d1370(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v10
+def _d1372(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v10
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.retention_time_ms = -1
@@ -35565,7 +35683,7 @@ def _d1370(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v10
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1369(b, o)
+            v6, o = _d1371(b, o)
             items5.append(v6)
         m.topics = items5
     if b[o] == 0:
@@ -35581,19 +35699,19 @@ def _d1370(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v10
     return m, o
 
 
-def _e1371(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v10
+def _e1373(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v10
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1366(item2, w)
+        _e1368(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1372(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v10
+def _e1374(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v10
     _write_compact_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_compact_string(w, m.member_id)
@@ -35601,14 +35719,14 @@ def _e1372(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v10
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1371(item2, w)
+        _e1373(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1373(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponsePartition v2
+def _d1375(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponsePartition v2
     m = _new(OffsetCommitResponse_OffsetCommitResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -35616,7 +35734,7 @@ def _d1373(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_Offse
     return m, o
 
 
-def _d1374(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponseTopic v2
+def _d1376(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponseTopic v2
     m = _new(OffsetCommitResponse_OffsetCommitResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -35627,13 +35745,13 @@ def _d1374(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_Offse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1373(b, o)
+            v3, o = _d1375(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1375(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v2
+def _d1377(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v2
     m = _new(OffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -35643,13 +35761,13 @@ def _d1375(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1374(b, o)
+            v3, o = _d1376(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1376(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitResponseTopic v2
+def _e1378(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitResponseTopic v2
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
@@ -35657,14 +35775,14 @@ def _e1376(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitRe
         _e157(item2, w)
 
 
-def _e1377(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v2
+def _e1379(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v2
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1376(item2, w)
+        _e1378(item2, w)
 
 
-def _d1378(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v3
+def _d1380(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v3
     m = _new(OffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -35675,21 +35793,21 @@ def _d1378(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1374(b, o)
+            v3, o = _d1376(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1379(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v3
+def _e1381(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v3
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1376(item2, w)
+        _e1378(item2, w)
 
 
-def _d1380(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponsePartition v8
+def _d1382(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponsePartition v8
     m = _new(OffsetCommitResponse_OffsetCommitResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -35707,7 +35825,7 @@ def _d1380(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_Offse
     return m, o
 
 
-def _d1381(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponseTopic v8
+def _d1383(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponseTopic v8
     m = _new(OffsetCommitResponse_OffsetCommitResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -35727,7 +35845,7 @@ def _d1381(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_Offse
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1380(b, o)
+            v4, o = _d1382(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -35743,7 +35861,7 @@ def _d1381(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_Offse
     return m, o
 
 
-def _d1382(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v8
+def _d1384(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v8
     m = _new(OffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -35758,7 +35876,7 @@ def _d1382(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1381(b, o)
+            v3, o = _d1383(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -35774,7 +35892,7 @@ def _d1382(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v8
     return m, o
 
 
-def _e1383(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitResponseTopic v8
+def _e1385(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitResponseTopic v8
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -35786,19 +35904,19 @@ def _e1383(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitRe
         w.append(0)
 
 
-def _e1384(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v8
+def _e1386(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v8
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1383(item2, w)
+        _e1385(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1385(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponseTopic v10
+def _d1387(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponseTopic v10
     m = _new(OffsetCommitResponse_OffsetCommitResponseTopic)
     m.unknown_tags = None
     m.name = ''
@@ -35815,7 +35933,7 @@ def _d1385(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_Offse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1380(b, o)
+            v3, o = _d1382(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -35831,7 +35949,7 @@ def _d1385(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_Offse
     return m, o
 
 
-def _d1386(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v10
+def _d1388(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v10
     m = _new(OffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -35846,7 +35964,7 @@ def _d1386(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1385(b, o)
+            v3, o = _d1387(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -35862,7 +35980,7 @@ def _d1386(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v10
     return m, o
 
 
-def _e1387(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v10
+def _e1389(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v10
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
@@ -35874,7 +35992,7 @@ def _e1387(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v10
         w.append(0)
 
 
-def _c1388(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v2: error codes
+def _c1390(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v2: error codes
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -35906,7 +36024,7 @@ def _c1388(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse
     return o
 
 
-def _c1389(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v10: error codes
+def _c1391(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v10: error codes
     end = len(b)
     o += 4
     n1 = b[o]
@@ -35941,7 +36059,7 @@ def _c1389(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse
     return o
 
 
-def _d1390(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest_OffsetDeleteRequestPartition v0
+def _d1392(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest_OffsetDeleteRequestPartition v0
     m = _new(OffsetDeleteRequest_OffsetDeleteRequestPartition)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -35949,7 +36067,7 @@ def _d1390(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest_Offset
     return m, o
 
 
-def _d1391(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest_OffsetDeleteRequestTopic v0
+def _d1393(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest_OffsetDeleteRequestTopic v0
     m = _new(OffsetDeleteRequest_OffsetDeleteRequestTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -35959,13 +36077,13 @@ def _d1391(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest_Offset
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1390(b, o)
+            v3, o = _d1392(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1392(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest v0
+def _d1394(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest v0
     m = _new(OffsetDeleteRequest)
     m.unknown_tags = None
     m.group_id, o = _string(b, o)
@@ -35975,33 +36093,33 @@ def _d1392(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1391(b, o)
+            v3, o = _d1393(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1393(m: Any, w: bytearray) -> None:  # OffsetDeleteRequest_OffsetDeleteRequestPartition v0
+def _e1395(m: Any, w: bytearray) -> None:  # OffsetDeleteRequest_OffsetDeleteRequestPartition v0
     w += _S_i.pack(m.partition_index)
 
 
-def _e1394(m: Any, w: bytearray) -> None:  # OffsetDeleteRequest_OffsetDeleteRequestTopic v0
+def _e1396(m: Any, w: bytearray) -> None:  # OffsetDeleteRequest_OffsetDeleteRequestTopic v0
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1393(item2, w)
+        _e1395(item2, w)
 
 
-def _e1395(m: Any, w: bytearray) -> None:  # OffsetDeleteRequest v0
+def _e1397(m: Any, w: bytearray) -> None:  # OffsetDeleteRequest v0
     _write_string(w, m.group_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1394(item2, w)
+        _e1396(item2, w)
 
 
-def _d1396(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse_OffsetDeleteResponsePartition v0
+def _d1398(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse_OffsetDeleteResponsePartition v0
     m = _new(OffsetDeleteResponse_OffsetDeleteResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -36009,7 +36127,7 @@ def _d1396(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse_Offse
     return m, o
 
 
-def _d1397(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse_OffsetDeleteResponseTopic v0
+def _d1399(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse_OffsetDeleteResponseTopic v0
     m = _new(OffsetDeleteResponse_OffsetDeleteResponseTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -36019,13 +36137,13 @@ def _d1397(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse_Offse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1396(b, o)
+            v3, o = _d1398(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1398(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse v0
+def _d1400(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse v0
     m = _new(OffsetDeleteResponse)
     m.unknown_tags = None
     m.error_code, m.throttle_time_ms = _S_hi.unpack_from(b, o)
@@ -36036,21 +36154,21 @@ def _d1398(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1397(b, o)
+            v3, o = _d1399(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1399(m: Any, w: bytearray) -> None:  # OffsetDeleteResponse v0
+def _e1401(m: Any, w: bytearray) -> None:  # OffsetDeleteResponse v0
     w += _S_hi.pack(m.error_code, m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1376(item2, w)
+        _e1378(item2, w)
 
 
-def _c1400(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetDeleteResponse v0: error codes
+def _c1402(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetDeleteResponse v0: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -36086,7 +36204,7 @@ def _c1400(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetDeleteResponse
     return o
 
 
-def _d1401(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopic v1
+def _d1403(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopic v1
     m = _new(OffsetFetchRequest_OffsetFetchRequestTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -36099,7 +36217,7 @@ def _d1401(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     return m, o
 
 
-def _d1402(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v1
+def _d1404(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v1
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.groups = list()
@@ -36111,13 +36229,13 @@ def _d1402(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1401(b, o)
+            v3, o = _d1403(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1403(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestTopic v1
+def _e1405(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestTopic v1
     _write_string(w, m.name)
     items1 = m.partition_indexes
     _write_count(w, items1)
@@ -36125,15 +36243,15 @@ def _e1403(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchReque
         w += _pack(f'>{len(items1)}i', *items1)
 
 
-def _e1404(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v1
+def _e1406(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v1
     _write_string(w, m.group_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1403(item2, w)
+        _e1405(item2, w)
 
 
-def _d1405(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopic v6
+def _d1407(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopic v6
     m = _new(OffsetFetchRequest_OffsetFetchRequestTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -36165,7 +36283,7 @@ def _d1405(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     return m, o
 
 
-def _d1406(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v6
+def _d1408(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v6
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.groups = list()
@@ -36186,7 +36304,7 @@ def _d1406(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v6
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1405(b, o)
+            v4, o = _d1407(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -36202,7 +36320,7 @@ def _d1406(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v6
     return m, o
 
 
-def _e1407(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v6
+def _e1409(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v6
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
@@ -36214,7 +36332,7 @@ def _e1407(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v6
         w.append(0)
 
 
-def _d1408(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v7
+def _d1410(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v7
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.groups = list()
@@ -36234,7 +36352,7 @@ def _d1408(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v7
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1405(b, o)
+            v4, o = _d1407(b, o)
             items3.append(v4)
         m.topics = items3
     m.require_stable, = _S_o.unpack_from(b, o)
@@ -36252,7 +36370,7 @@ def _d1408(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v7
     return m, o
 
 
-def _e1409(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v7
+def _e1411(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v7
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
@@ -36265,7 +36383,7 @@ def _e1409(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v7
         w.append(0)
 
 
-def _d1410(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopics v8
+def _d1412(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopics v8
     m = _new(OffsetFetchRequest_OffsetFetchRequestTopics)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -36298,7 +36416,7 @@ def _d1410(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     return m, o
 
 
-def _d1411(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v8
+def _d1413(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v8
     m = _new(OffsetFetchRequest_OffsetFetchRequestGroup)
     m.unknown_tags = None
     m.member_id = None
@@ -36319,7 +36437,7 @@ def _d1411(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1410(b, o)
+            v4, o = _d1412(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -36335,7 +36453,7 @@ def _d1411(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     return m, o
 
 
-def _d1412(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v8
+def _d1414(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v8
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.group_id = ''
@@ -36350,7 +36468,7 @@ def _d1412(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1411(b, o)
+            v3, o = _d1413(b, o)
             items2.append(v3)
         m.groups = items2
     m.require_stable, = _S_o.unpack_from(b, o)
@@ -36368,11 +36486,11 @@ def _d1412(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v8
     return m, o
 
 
-def _e1413(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v8
+def _e1415(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v8
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1407(item2, w)
+        _e1409(item2, w)
     w += _S_o.pack(m.require_stable)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -36380,7 +36498,7 @@ def _e1413(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v8
         w.append(0)
 
 
-def _d1414(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v9
+def _d1416(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v9
     m = _new(OffsetFetchRequest_OffsetFetchRequestGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -36407,7 +36525,7 @@ def _d1414(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d1410(b, o)
+            v5, o = _d1412(b, o)
             items4.append(v5)
         m.topics = items4
     if b[o] == 0:
@@ -36423,7 +36541,7 @@ def _d1414(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     return m, o
 
 
-def _d1415(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v9
+def _d1417(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v9
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.group_id = ''
@@ -36438,7 +36556,7 @@ def _d1415(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v9
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1414(b, o)
+            v3, o = _d1416(b, o)
             items2.append(v3)
         m.groups = items2
     m.require_stable, = _S_o.unpack_from(b, o)
@@ -36456,7 +36574,7 @@ def _d1415(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v9
     return m, o
 
 
-def _e1416(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestGroup v9
+def _e1418(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestGroup v9
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.member_epoch)
@@ -36470,11 +36588,11 @@ def _e1416(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchReque
         w.append(0)
 
 
-def _e1417(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v9
+def _e1419(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v9
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1416(item2, w)
+        _e1418(item2, w)
     w += _S_o.pack(m.require_stable)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -36482,7 +36600,7 @@ def _e1417(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v9
         w.append(0)
 
 
-def _d1418(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopics v10
+def _d1420(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopics v10
     m = _new(OffsetFetchRequest_OffsetFetchRequestTopics)
     m.unknown_tags = None
     m.name = ''
@@ -36512,7 +36630,7 @@ def _d1418(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     return m, o
 
 
-def _d1419(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v10
+def _d1421(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v10
     m = _new(OffsetFetchRequest_OffsetFetchRequestGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -36539,7 +36657,7 @@ def _d1419(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d1418(b, o)
+            v5, o = _d1420(b, o)
             items4.append(v5)
         m.topics = items4
     if b[o] == 0:
@@ -36555,7 +36673,7 @@ def _d1419(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetF
     return m, o
 
 
-def _d1420(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v10
+def _d1422(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v10
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.group_id = ''
@@ -36570,7 +36688,7 @@ def _d1420(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1419(b, o)
+            v3, o = _d1421(b, o)
             items2.append(v3)
         m.groups = items2
     m.require_stable, = _S_o.unpack_from(b, o)
@@ -36588,7 +36706,7 @@ def _d1420(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v10
     return m, o
 
 
-def _e1421(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestTopics v10
+def _e1423(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestTopics v10
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partition_indexes
     _write_compact_count(w, items1)
@@ -36600,25 +36718,25 @@ def _e1421(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchReque
         w.append(0)
 
 
-def _e1422(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestGroup v10
+def _e1424(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestGroup v10
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.member_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1421(item2, w)
+        _e1423(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1423(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v10
+def _e1425(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v10
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1422(item2, w)
+        _e1424(item2, w)
     w += _S_o.pack(m.require_stable)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -36626,7 +36744,7 @@ def _e1423(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v10
         w.append(0)
 
 
-def _d1424(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartition v1
+def _d1426(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartition v1
     m = _new(OffsetFetchResponse_OffsetFetchResponsePartition)
     m.unknown_tags = None
     m.committed_leader_epoch = -1
@@ -36638,7 +36756,7 @@ def _d1424(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     return m, o
 
 
-def _d1425(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopic v1
+def _d1427(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopic v1
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -36648,13 +36766,13 @@ def _d1425(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1424(b, o)
+            v3, o = _d1426(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1426(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v1
+def _d1428(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v1
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -36666,34 +36784,34 @@ def _d1426(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1425(b, o)
+            v3, o = _d1427(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1427(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponsePartition v1
+def _e1429(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponsePartition v1
     w += _S_iq.pack(m.partition_index, m.committed_offset)
     _write_string(w, m.metadata)
     w += _S_h.pack(m.error_code)
 
 
-def _e1428(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopic v1
+def _e1430(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopic v1
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1427(item2, w)
+        _e1429(item2, w)
 
 
-def _e1429(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v1
+def _e1431(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v1
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1428(item2, w)
+        _e1430(item2, w)
 
 
-def _d1430(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v2
+def _d1432(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v2
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -36704,7 +36822,7 @@ def _d1430(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1425(b, o)
+            v3, o = _d1427(b, o)
             items2.append(v3)
         m.topics = items2
     m.error_code, = _S_h.unpack_from(b, o)
@@ -36712,15 +36830,15 @@ def _d1430(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v2
     return m, o
 
 
-def _e1431(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v2
+def _e1433(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v2
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1428(item2, w)
+        _e1430(item2, w)
     w += _S_h.pack(m.error_code)
 
 
-def _d1432(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v3
+def _d1434(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v3
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.groups = list()
@@ -36732,7 +36850,7 @@ def _d1432(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1425(b, o)
+            v3, o = _d1427(b, o)
             items2.append(v3)
         m.topics = items2
     m.error_code, = _S_h.unpack_from(b, o)
@@ -36740,16 +36858,16 @@ def _d1432(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v3
     return m, o
 
 
-def _e1433(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v3
+def _e1435(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v3
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1428(item2, w)
+        _e1430(item2, w)
     w += _S_h.pack(m.error_code)
 
 
-def _d1434(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartition v5
+def _d1436(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartition v5
     m = _new(OffsetFetchResponse_OffsetFetchResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -36760,7 +36878,7 @@ def _d1434(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     return m, o
 
 
-def _d1435(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopic v5
+def _d1437(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopic v5
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -36770,13 +36888,13 @@ def _d1435(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1434(b, o)
+            v3, o = _d1436(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1436(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v5
+def _d1438(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v5
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.groups = list()
@@ -36788,7 +36906,7 @@ def _d1436(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1435(b, o)
+            v3, o = _d1437(b, o)
             items2.append(v3)
         m.topics = items2
     m.error_code, = _S_h.unpack_from(b, o)
@@ -36796,30 +36914,30 @@ def _d1436(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v5
     return m, o
 
 
-def _e1437(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponsePartition v5
+def _e1439(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponsePartition v5
     w += _S_iqi.pack(m.partition_index, m.committed_offset, m.committed_leader_epoch)
     _write_string(w, m.metadata)
     w += _S_h.pack(m.error_code)
 
 
-def _e1438(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopic v5
+def _e1440(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopic v5
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1437(item2, w)
+        _e1439(item2, w)
 
 
-def _e1439(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v5
+def _e1441(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v5
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1438(item2, w)
+        _e1440(item2, w)
     w += _S_h.pack(m.error_code)
 
 
-def _d1440(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartition v6
+def _d1442(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartition v6
     m = _new(OffsetFetchResponse_OffsetFetchResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -36845,7 +36963,7 @@ def _d1440(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     return m, o
 
 
-def _d1441(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopic v6
+def _d1443(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopic v6
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -36864,7 +36982,7 @@ def _d1441(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1440(b, o)
+            v4, o = _d1442(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -36880,7 +36998,7 @@ def _d1441(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     return m, o
 
 
-def _d1442(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v6
+def _d1444(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v6
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.groups = list()
@@ -36896,7 +37014,7 @@ def _d1442(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1441(b, o)
+            v3, o = _d1443(b, o)
             items2.append(v3)
         m.topics = items2
     m.error_code, = _S_h.unpack_from(b, o)
@@ -36914,7 +37032,7 @@ def _d1442(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v6
     return m, o
 
 
-def _e1443(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponsePartition v6
+def _e1445(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponsePartition v6
     w += _S_iqi.pack(m.partition_index, m.committed_offset, m.committed_leader_epoch)
     _write_compact_string(w, m.metadata)
     w += _S_h.pack(m.error_code)
@@ -36924,24 +37042,24 @@ def _e1443(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResp
         w.append(0)
 
 
-def _e1444(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopic v6
+def _e1446(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopic v6
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1443(item2, w)
+        _e1445(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1445(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v6
+def _e1447(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v6
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1444(item2, w)
+        _e1446(item2, w)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -36949,7 +37067,7 @@ def _e1445(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v6
         w.append(0)
 
 
-def _d1446(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartitions v8
+def _d1448(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartitions v8
     m = _new(OffsetFetchResponse_OffsetFetchResponsePartitions)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -36975,7 +37093,7 @@ def _d1446(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     return m, o
 
 
-def _d1447(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopics v8
+def _d1449(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopics v8
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopics)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -36995,7 +37113,7 @@ def _d1447(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1446(b, o)
+            v4, o = _d1448(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -37011,7 +37129,7 @@ def _d1447(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     return m, o
 
 
-def _d1448(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseGroup v8
+def _d1450(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseGroup v8
     m = _new(OffsetFetchResponse_OffsetFetchResponseGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -37030,7 +37148,7 @@ def _d1448(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1447(b, o)
+            v4, o = _d1449(b, o)
             items3.append(v4)
         m.topics = items3
     m.error_code, = _S_h.unpack_from(b, o)
@@ -37048,7 +37166,7 @@ def _d1448(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     return m, o
 
 
-def _d1449(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v8
+def _d1451(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v8
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.topics = list()
@@ -37065,7 +37183,7 @@ def _d1449(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1448(b, o)
+            v3, o = _d1450(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -37081,12 +37199,12 @@ def _d1449(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v8
     return m, o
 
 
-def _e1450(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseGroup v8
+def _e1452(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseGroup v8
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1444(item2, w)
+        _e1446(item2, w)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -37094,19 +37212,19 @@ def _e1450(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResp
         w.append(0)
 
 
-def _e1451(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v8
+def _e1453(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v8
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1450(item2, w)
+        _e1452(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1452(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopics v10
+def _d1454(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopics v10
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopics)
     m.unknown_tags = None
     m.name = ''
@@ -37123,7 +37241,7 @@ def _d1452(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1446(b, o)
+            v3, o = _d1448(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -37139,7 +37257,7 @@ def _d1452(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     return m, o
 
 
-def _d1453(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseGroup v10
+def _d1455(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseGroup v10
     m = _new(OffsetFetchResponse_OffsetFetchResponseGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -37158,7 +37276,7 @@ def _d1453(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1452(b, o)
+            v4, o = _d1454(b, o)
             items3.append(v4)
         m.topics = items3
     m.error_code, = _S_h.unpack_from(b, o)
@@ -37176,7 +37294,7 @@ def _d1453(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_Offset
     return m, o
 
 
-def _d1454(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v10
+def _d1456(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v10
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.topics = list()
@@ -37193,7 +37311,7 @@ def _d1454(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1453(b, o)
+            v3, o = _d1455(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -37209,24 +37327,24 @@ def _d1454(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v10
     return m, o
 
 
-def _e1455(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopics v10
+def _e1457(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopics v10
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1443(item2, w)
+        _e1445(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1456(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseGroup v10
+def _e1458(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseGroup v10
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1455(item2, w)
+        _e1457(item2, w)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -37234,19 +37352,19 @@ def _e1456(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResp
         w.append(0)
 
 
-def _e1457(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v10
+def _e1459(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v10
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1456(item2, w)
+        _e1458(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1458(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v1: error codes
+def _c1460(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v1: error codes
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -37286,7 +37404,7 @@ def _c1458(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse 
     return o
 
 
-def _c1459(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v2: error codes
+def _c1461(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v2: error codes
     end = len(b)
     codes1: list[int] = []
     codes2: list[int] = []
@@ -37334,7 +37452,7 @@ def _c1459(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse 
     return o
 
 
-def _c1460(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v3: error codes
+def _c1462(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v3: error codes
     end = len(b)
     codes1: list[int] = []
     codes2: list[int] = []
@@ -37383,7 +37501,7 @@ def _c1460(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse 
     return o
 
 
-def _c1461(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v5: error codes
+def _c1463(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v5: error codes
     end = len(b)
     codes1: list[int] = []
     codes2: list[int] = []
@@ -37432,7 +37550,7 @@ def _c1461(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse 
     return o
 
 
-def _c1462(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v6: error codes
+def _c1464(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v6: error codes
     end = len(b)
     codes1: list[int] = []
     codes2: list[int] = []
@@ -37496,7 +37614,7 @@ def _c1462(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse 
     return o
 
 
-def _c1463(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v8: error codes
+def _c1465(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v8: error codes
     end = len(b)
     o += 4
     n1 = b[o]
@@ -37582,7 +37700,7 @@ def _c1463(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse 
     return o
 
 
-def _c1464(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v10: error codes
+def _c1466(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v10: error codes
     end = len(b)
     o += 4
     n1 = b[o]
@@ -37658,7 +37776,7 @@ def _c1464(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse 
     return o
 
 
-def _d1465(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v2
+def _d1467(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v2
     m = _new(OffsetForLeaderEpochRequest_OffsetForLeaderPartition)
     m.unknown_tags = None
     m.partition, m.current_leader_epoch, m.leader_epoch = _S_iii.unpack_from(b, o)
@@ -37666,7 +37784,7 @@ def _d1465(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
     return m, o
 
 
-def _d1466(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v2
+def _d1468(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v2
     m = _new(OffsetForLeaderEpochRequest_OffsetForLeaderTopic)
     m.unknown_tags = None
     m.topic, o = _string(b, o)
@@ -37676,13 +37794,13 @@ def _d1466(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1465(b, o)
+            v3, o = _d1467(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1467(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v2
+def _d1469(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v2
     m = _new(OffsetForLeaderEpochRequest)
     m.unknown_tags = None
     m.replica_id = -2
@@ -37692,32 +37810,32 @@ def _d1467(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1466(b, o)
+            v3, o = _d1468(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1468(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v2
+def _e1470(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v2
     w += _S_iii.pack(m.partition, m.current_leader_epoch, m.leader_epoch)
 
 
-def _e1469(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v2
+def _e1471(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v2
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1468(item2, w)
+        _e1470(item2, w)
 
 
-def _e1470(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest v2
+def _e1472(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest v2
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1469(item2, w)
+        _e1471(item2, w)
 
 
-def _d1471(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v3
+def _d1473(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v3
     m = _new(OffsetForLeaderEpochRequest)
     m.unknown_tags = None
     m.replica_id, = _S_i.unpack_from(b, o)
@@ -37728,21 +37846,21 @@ def _d1471(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1466(b, o)
+            v3, o = _d1468(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1472(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest v3
+def _e1474(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest v3
     w += _S_i.pack(m.replica_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1469(item2, w)
+        _e1471(item2, w)
 
 
-def _d1473(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v4
+def _d1475(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v4
     m = _new(OffsetForLeaderEpochRequest_OffsetForLeaderPartition)
     m.unknown_tags = None
     m.partition, m.current_leader_epoch, m.leader_epoch = _S_iii.unpack_from(b, o)
@@ -37760,7 +37878,7 @@ def _d1473(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
     return m, o
 
 
-def _d1474(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v4
+def _d1476(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v4
     m = _new(OffsetForLeaderEpochRequest_OffsetForLeaderTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -37779,7 +37897,7 @@ def _d1474(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1473(b, o)
+            v4, o = _d1475(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -37795,7 +37913,7 @@ def _d1474(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
     return m, o
 
 
-def _d1475(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v4
+def _d1477(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v4
     m = _new(OffsetForLeaderEpochRequest)
     m.unknown_tags = None
     m.replica_id, = _S_i.unpack_from(b, o)
@@ -37810,7 +37928,7 @@ def _d1475(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1474(b, o)
+            v3, o = _d1476(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -37826,7 +37944,7 @@ def _d1475(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochReques
     return m, o
 
 
-def _e1476(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v4
+def _e1478(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v4
     w += _S_iii.pack(m.partition, m.current_leader_epoch, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -37834,31 +37952,31 @@ def _e1476(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetF
         w.append(0)
 
 
-def _e1477(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v4
+def _e1479(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v4
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1476(item2, w)
+        _e1478(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1478(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest v4
+def _e1480(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest v4
     w += _S_i.pack(m.replica_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1477(item2, w)
+        _e1479(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1479(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_EpochEndOffset v2
+def _d1481(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_EpochEndOffset v2
     m = _new(OffsetForLeaderEpochResponse_EpochEndOffset)
     m.unknown_tags = None
     m.error_code, m.partition, m.leader_epoch, m.end_offset = _S_hiiq.unpack_from(b, o)
@@ -37866,7 +37984,7 @@ def _d1479(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRespon
     return m, o
 
 
-def _d1480(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v2
+def _d1482(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v2
     m = _new(OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult)
     m.unknown_tags = None
     m.topic, o = _string(b, o)
@@ -37876,13 +37994,13 @@ def _d1480(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRespon
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1479(b, o)
+            v3, o = _d1481(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1481(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse v2
+def _d1483(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse v2
     m = _new(OffsetForLeaderEpochResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -37893,33 +38011,33 @@ def _d1481(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRespon
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1480(b, o)
+            v3, o = _d1482(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e1482(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_EpochEndOffset v2
+def _e1484(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_EpochEndOffset v2
     w += _S_hiiq.pack(m.error_code, m.partition, m.leader_epoch, m.end_offset)
 
 
-def _e1483(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v2
+def _e1485(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v2
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1482(item2, w)
+        _e1484(item2, w)
 
 
-def _e1484(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse v2
+def _e1486(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse v2
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1483(item2, w)
+        _e1485(item2, w)
 
 
-def _d1485(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_EpochEndOffset v4
+def _d1487(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_EpochEndOffset v4
     m = _new(OffsetForLeaderEpochResponse_EpochEndOffset)
     m.unknown_tags = None
     m.error_code, m.partition, m.leader_epoch, m.end_offset = _S_hiiq.unpack_from(b, o)
@@ -37937,7 +38055,7 @@ def _d1485(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRespon
     return m, o
 
 
-def _d1486(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v4
+def _d1488(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v4
     m = _new(OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -37956,7 +38074,7 @@ def _d1486(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRespon
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1485(b, o)
+            v4, o = _d1487(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -37972,7 +38090,7 @@ def _d1486(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRespon
     return m, o
 
 
-def _d1487(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse v4
+def _d1489(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse v4
     m = _new(OffsetForLeaderEpochResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -37987,7 +38105,7 @@ def _d1487(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRespon
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1486(b, o)
+            v3, o = _d1488(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -38003,7 +38121,7 @@ def _d1487(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRespon
     return m, o
 
 
-def _e1488(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_EpochEndOffset v4
+def _e1490(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_EpochEndOffset v4
     w += _S_hiiq.pack(m.error_code, m.partition, m.leader_epoch, m.end_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -38011,31 +38129,31 @@ def _e1488(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_EpochE
         w.append(0)
 
 
-def _e1489(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v4
+def _e1491(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v4
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1488(item2, w)
+        _e1490(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1490(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse v4
+def _e1492(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse v4
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1489(item2, w)
+        _e1491(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1491(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetForLeaderEpochResponse v2: error codes
+def _c1493(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetForLeaderEpochResponse v2: error codes
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -38067,7 +38185,7 @@ def _c1491(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetForLeaderEpoch
     return o
 
 
-def _c1492(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetForLeaderEpochResponse v4: error codes
+def _c1494(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetForLeaderEpochResponse v4: error codes
     end = len(b)
     o += 4
     n1 = b[o]
@@ -38111,7 +38229,7 @@ def _c1492(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetForLeaderEpoch
     return o
 
 
-def _d1493(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_PartitionProduceData v3
+def _d1495(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_PartitionProduceData v3
     m = _new(ProduceRequest_PartitionProduceData)
     m.unknown_tags = None
     m.index, = _S_i.unpack_from(b, o)
@@ -38120,7 +38238,7 @@ def _d1493(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_PartitionPr
     return m, o
 
 
-def _d1494(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceData v3
+def _d1496(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceData v3
     m = _new(ProduceRequest_TopicProduceData)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -38131,13 +38249,13 @@ def _d1494(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduc
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1493(b, o)
+            v3, o = _d1495(b, o)
             items2.append(v3)
         m.partition_data = items2
     return m, o
 
 
-def _d1495(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v3
+def _d1497(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v3
     m = _new(ProduceRequest)
     m.unknown_tags = None
     m.transactional_id, o = _string(b, o)
@@ -38149,35 +38267,35 @@ def _d1495(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1494(b, o)
+            v3, o = _d1496(b, o)
             items2.append(v3)
         m.topic_data = items2
     return m, o
 
 
-def _e1496(m: Any, w: bytearray) -> None:  # ProduceRequest_PartitionProduceData v3
+def _e1498(m: Any, w: bytearray) -> None:  # ProduceRequest_PartitionProduceData v3
     w += _S_i.pack(m.index)
     _write_blob(w, m.records)
 
 
-def _e1497(m: Any, w: bytearray) -> None:  # ProduceRequest_TopicProduceData v3
+def _e1499(m: Any, w: bytearray) -> None:  # ProduceRequest_TopicProduceData v3
     _write_string(w, m.name)
     items1 = m.partition_data
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1496(item2, w)
+        _e1498(item2, w)
 
 
-def _e1498(m: Any, w: bytearray) -> None:  # ProduceRequest v3
+def _e1500(m: Any, w: bytearray) -> None:  # ProduceRequest v3
     _write_string(w, m.transactional_id)
     w += _S_hi.pack(m.acks, m.timeout_ms)
     items1 = m.topic_data
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1497(item2, w)
+        _e1499(item2, w)
 
 
-def _d1499(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_PartitionProduceData v9
+def _d1501(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_PartitionProduceData v9
     m = _new(ProduceRequest_PartitionProduceData)
     m.unknown_tags = None
     m.index, = _S_i.unpack_from(b, o)
@@ -38196,7 +38314,7 @@ def _d1499(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_PartitionPr
     return m, o
 
 
-def _d1500(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceData v9
+def _d1502(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceData v9
     m = _new(ProduceRequest_TopicProduceData)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -38216,7 +38334,7 @@ def _d1500(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduc
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1499(b, o)
+            v4, o = _d1501(b, o)
             items3.append(v4)
         m.partition_data = items3
     if b[o] == 0:
@@ -38232,7 +38350,7 @@ def _d1500(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduc
     return m, o
 
 
-def _d1501(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v9
+def _d1503(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v9
     m = _new(ProduceRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -38253,7 +38371,7 @@ def _d1501(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v9
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1500(b, o)
+            v4, o = _d1502(b, o)
             items3.append(v4)
         m.topic_data = items3
     if b[o] == 0:
@@ -38269,7 +38387,7 @@ def _d1501(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v9
     return m, o
 
 
-def _e1502(m: Any, w: bytearray) -> None:  # ProduceRequest_PartitionProduceData v9
+def _e1504(m: Any, w: bytearray) -> None:  # ProduceRequest_PartitionProduceData v9
     w += _S_i.pack(m.index)
     _write_compact_blob(w, m.records)
     if m.unknown_tags:
@@ -38278,32 +38396,32 @@ def _e1502(m: Any, w: bytearray) -> None:  # ProduceRequest_PartitionProduceData
         w.append(0)
 
 
-def _e1503(m: Any, w: bytearray) -> None:  # ProduceRequest_TopicProduceData v9
+def _e1505(m: Any, w: bytearray) -> None:  # ProduceRequest_TopicProduceData v9
     _write_compact_string(w, m.name)
     items1 = m.partition_data
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1502(item2, w)
+        _e1504(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1504(m: Any, w: bytearray) -> None:  # ProduceRequest v9
+def _e1506(m: Any, w: bytearray) -> None:  # ProduceRequest v9
     _write_compact_string(w, m.transactional_id)
     w += _S_hi.pack(m.acks, m.timeout_ms)
     items1 = m.topic_data
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1503(item2, w)
+        _e1505(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1505(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceData v13
+def _d1507(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceData v13
     m = _new(ProduceRequest_TopicProduceData)
     m.unknown_tags = None
     m.name = ''
@@ -38320,7 +38438,7 @@ def _d1505(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduc
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1499(b, o)
+            v3, o = _d1501(b, o)
             items2.append(v3)
         m.partition_data = items2
     if b[o] == 0:
@@ -38336,7 +38454,7 @@ def _d1505(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduc
     return m, o
 
 
-def _d1506(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v13
+def _d1508(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v13
     m = _new(ProduceRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -38357,7 +38475,7 @@ def _d1506(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v13
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1505(b, o)
+            v4, o = _d1507(b, o)
             items3.append(v4)
         m.topic_data = items3
     if b[o] == 0:
@@ -38373,32 +38491,32 @@ def _d1506(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v13
     return m, o
 
 
-def _e1507(m: Any, w: bytearray) -> None:  # ProduceRequest_TopicProduceData v13
+def _e1509(m: Any, w: bytearray) -> None:  # ProduceRequest_TopicProduceData v13
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partition_data
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1502(item2, w)
+        _e1504(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1508(m: Any, w: bytearray) -> None:  # ProduceRequest v13
+def _e1510(m: Any, w: bytearray) -> None:  # ProduceRequest v13
     _write_compact_string(w, m.transactional_id)
     w += _S_hi.pack(m.acks, m.timeout_ms)
     items1 = m.topic_data
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1507(item2, w)
+        _e1509(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1509(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v3
+def _d1511(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v3
     m = _new(ProduceResponse_PartitionProduceResponse)
     m.unknown_tags = None
     m.log_start_offset = -1
@@ -38410,7 +38528,7 @@ def _d1509(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
     return m, o
 
 
-def _d1510(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v3
+def _d1512(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v3
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -38421,13 +38539,13 @@ def _d1510(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1509(b, o)
+            v3, o = _d1511(b, o)
             items2.append(v3)
         m.partition_responses = items2
     return m, o
 
 
-def _d1511(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v3
+def _d1513(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v3
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -38437,7 +38555,7 @@ def _d1511(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1510(b, o)
+            v3, o = _d1512(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -38445,27 +38563,27 @@ def _d1511(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v3
     return m, o
 
 
-def _e1512(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v3
+def _e1514(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v3
     w += _S_ihqq.pack(m.index, m.error_code, m.base_offset, m.log_append_time_ms)
 
 
-def _e1513(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v3
+def _e1515(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v3
     _write_string(w, m.name)
     items1 = m.partition_responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1512(item2, w)
+        _e1514(item2, w)
 
 
-def _e1514(m: Any, w: bytearray) -> None:  # ProduceResponse v3
+def _e1516(m: Any, w: bytearray) -> None:  # ProduceResponse v3
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1513(item2, w)
+        _e1515(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
 
 
-def _d1515(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v5
+def _d1517(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v5
     m = _new(ProduceResponse_PartitionProduceResponse)
     m.unknown_tags = None
     m.record_errors = list()
@@ -38476,7 +38594,7 @@ def _d1515(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
     return m, o
 
 
-def _d1516(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v5
+def _d1518(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v5
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -38487,13 +38605,13 @@ def _d1516(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1515(b, o)
+            v3, o = _d1517(b, o)
             items2.append(v3)
         m.partition_responses = items2
     return m, o
 
 
-def _d1517(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v5
+def _d1519(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v5
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -38503,7 +38621,7 @@ def _d1517(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1516(b, o)
+            v3, o = _d1518(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -38511,27 +38629,27 @@ def _d1517(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v5
     return m, o
 
 
-def _e1518(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v5
+def _e1520(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v5
     w += _S_ihqqq.pack(m.index, m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset)
 
 
-def _e1519(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v5
+def _e1521(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v5
     _write_string(w, m.name)
     items1 = m.partition_responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1518(item2, w)
+        _e1520(item2, w)
 
 
-def _e1520(m: Any, w: bytearray) -> None:  # ProduceResponse v5
+def _e1522(m: Any, w: bytearray) -> None:  # ProduceResponse v5
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1519(item2, w)
+        _e1521(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
 
 
-def _d1521(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndexAndErrorMessage v8
+def _d1523(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndexAndErrorMessage v8
     m = _new(ProduceResponse_BatchIndexAndErrorMessage)
     m.unknown_tags = None
     m.batch_index, = _S_i.unpack_from(b, o)
@@ -38540,7 +38658,7 @@ def _d1521(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndex
     return m, o
 
 
-def _d1522(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v8
+def _d1524(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v8
     m = _new(ProduceResponse_PartitionProduceResponse)
     m.unknown_tags = None
     m.current_leader = None
@@ -38552,14 +38670,14 @@ def _d1522(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1521(b, o)
+            v3, o = _d1523(b, o)
             items2.append(v3)
         m.record_errors = items2
     m.error_message, o = _string(b, o)
     return m, o
 
 
-def _d1523(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v8
+def _d1525(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v8
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -38570,13 +38688,13 @@ def _d1523(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1522(b, o)
+            v3, o = _d1524(b, o)
             items2.append(v3)
         m.partition_responses = items2
     return m, o
 
 
-def _d1524(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v8
+def _d1526(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v8
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -38586,7 +38704,7 @@ def _d1524(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1523(b, o)
+            v3, o = _d1525(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -38594,37 +38712,37 @@ def _d1524(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v8
     return m, o
 
 
-def _e1525(m: Any, w: bytearray) -> None:  # ProduceResponse_BatchIndexAndErrorMessage v8
+def _e1527(m: Any, w: bytearray) -> None:  # ProduceResponse_BatchIndexAndErrorMessage v8
     w += _S_i.pack(m.batch_index)
     _write_string(w, m.batch_index_error_message)
 
 
-def _e1526(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v8
+def _e1528(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v8
     w += _S_ihqqq.pack(m.index, m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset)
     items1 = m.record_errors
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1525(item2, w)
+        _e1527(item2, w)
     _write_string(w, m.error_message)
 
 
-def _e1527(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v8
+def _e1529(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v8
     _write_string(w, m.name)
     items1 = m.partition_responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1526(item2, w)
+        _e1528(item2, w)
 
 
-def _e1528(m: Any, w: bytearray) -> None:  # ProduceResponse v8
+def _e1530(m: Any, w: bytearray) -> None:  # ProduceResponse v8
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1527(item2, w)
+        _e1529(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
 
 
-def _d1529(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndexAndErrorMessage v9
+def _d1531(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndexAndErrorMessage v9
     m = _new(ProduceResponse_BatchIndexAndErrorMessage)
     m.unknown_tags = None
     m.batch_index, = _S_i.unpack_from(b, o)
@@ -38648,7 +38766,7 @@ def _d1529(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndex
     return m, o
 
 
-def _d1530(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v9
+def _d1532(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v9
     m = _new(ProduceResponse_PartitionProduceResponse)
     m.unknown_tags = None
     m.current_leader = None
@@ -38664,7 +38782,7 @@ def _d1530(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1529(b, o)
+            v3, o = _d1531(b, o)
             items2.append(v3)
         m.record_errors = items2
     length4 = b[o]
@@ -38686,7 +38804,7 @@ def _d1530(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
     return m, o
 
 
-def _d1531(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v9
+def _d1533(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v9
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -38706,7 +38824,7 @@ def _d1531(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1530(b, o)
+            v4, o = _d1532(b, o)
             items3.append(v4)
         m.partition_responses = items3
     if b[o] == 0:
@@ -38722,7 +38840,7 @@ def _d1531(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     return m, o
 
 
-def _d1532(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v9
+def _d1534(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v9
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -38736,7 +38854,7 @@ def _d1532(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v9
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1531(b, o)
+            v3, o = _d1533(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -38754,7 +38872,7 @@ def _d1532(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v9
     return m, o
 
 
-def _e1533(m: Any, w: bytearray) -> None:  # ProduceResponse_BatchIndexAndErrorMessage v9
+def _e1535(m: Any, w: bytearray) -> None:  # ProduceResponse_BatchIndexAndErrorMessage v9
     w += _S_i.pack(m.batch_index)
     _write_compact_string(w, m.batch_index_error_message)
     if m.unknown_tags:
@@ -38763,12 +38881,12 @@ def _e1533(m: Any, w: bytearray) -> None:  # ProduceResponse_BatchIndexAndErrorM
         w.append(0)
 
 
-def _e1534(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v9
+def _e1536(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v9
     w += _S_ihqqq.pack(m.index, m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset)
     items1 = m.record_errors
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1533(item2, w)
+        _e1535(item2, w)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -38776,23 +38894,23 @@ def _e1534(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceRes
         w.append(0)
 
 
-def _e1535(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v9
+def _e1537(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v9
     _write_compact_string(w, m.name)
     items1 = m.partition_responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1534(item2, w)
+        _e1536(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1536(m: Any, w: bytearray) -> None:  # ProduceResponse v9
+def _e1538(m: Any, w: bytearray) -> None:  # ProduceResponse v9
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1535(item2, w)
+        _e1537(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -38800,7 +38918,7 @@ def _e1536(m: Any, w: bytearray) -> None:  # ProduceResponse v9
         w.append(0)
 
 
-def _d1537(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_LeaderIdAndEpoch v10
+def _d1539(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_LeaderIdAndEpoch v10
     m = _new(ProduceResponse_LeaderIdAndEpoch)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -38818,7 +38936,7 @@ def _d1537(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_LeaderIdAn
     return m, o
 
 
-def _d1538(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v10
+def _d1540(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v10
     m = _new(ProduceResponse_PartitionProduceResponse)
     m.unknown_tags = None
     m.current_leader = None
@@ -38834,7 +38952,7 @@ def _d1538(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1529(b, o)
+            v3, o = _d1531(b, o)
             items2.append(v3)
         m.record_errors = items2
     length4 = b[o]
@@ -38850,7 +38968,7 @@ def _d1538(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.current_leader, o = _d1537(b, o)
+                m.current_leader, o = _d1539(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -38860,7 +38978,7 @@ def _d1538(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionP
     return m, o
 
 
-def _d1539(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v10
+def _d1541(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v10
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -38880,7 +38998,7 @@ def _d1539(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1538(b, o)
+            v4, o = _d1540(b, o)
             items3.append(v4)
         m.partition_responses = items3
     if b[o] == 0:
@@ -38896,7 +39014,7 @@ def _d1539(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     return m, o
 
 
-def _d1540(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_NodeEndpoint v10
+def _d1542(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_NodeEndpoint v10
     m = _new(ProduceResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -38928,7 +39046,7 @@ def _d1540(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_NodeEndpoi
     return m, o
 
 
-def _d1541(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
+def _d1543(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -38942,7 +39060,7 @@ def _d1541(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1539(b, o)
+            v3, o = _d1541(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -38964,7 +39082,7 @@ def _d1541(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d1540(b, o)
+                        v6, o = _d1542(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -38976,12 +39094,12 @@ def _d1541(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
     return m, o
 
 
-def _e1542(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v10
+def _e1544(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v10
     w += _S_ihqqq.pack(m.index, m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset)
     items1 = m.record_errors
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1533(item2, w)
+        _e1535(item2, w)
     _write_compact_string(w, m.error_message)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.current_leader is not None:
@@ -38991,23 +39109,23 @@ def _e1542(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceRes
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e1543(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v10
+def _e1545(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v10
     _write_compact_string(w, m.name)
     items1 = m.partition_responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1542(item2, w)
+        _e1544(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1544(m: Any, w: bytearray) -> None:  # ProduceResponse v10
+def _e1546(m: Any, w: bytearray) -> None:  # ProduceResponse v10
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1543(item2, w)
+        _e1545(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
@@ -39020,7 +39138,7 @@ def _e1544(m: Any, w: bytearray) -> None:  # ProduceResponse v10
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d1545(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v13
+def _d1547(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v13
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.name = ''
@@ -39037,7 +39155,7 @@ def _d1545(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1538(b, o)
+            v3, o = _d1540(b, o)
             items2.append(v3)
         m.partition_responses = items2
     if b[o] == 0:
@@ -39053,7 +39171,7 @@ def _d1545(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProdu
     return m, o
 
 
-def _d1546(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
+def _d1548(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -39067,7 +39185,7 @@ def _d1546(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1545(b, o)
+            v3, o = _d1547(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -39089,7 +39207,7 @@ def _d1546(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d1540(b, o)
+                        v6, o = _d1542(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -39101,23 +39219,23 @@ def _d1546(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
     return m, o
 
 
-def _e1547(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v13
+def _e1549(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v13
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partition_responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1542(item2, w)
+        _e1544(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1548(m: Any, w: bytearray) -> None:  # ProduceResponse v13
+def _e1550(m: Any, w: bytearray) -> None:  # ProduceResponse v13
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1547(item2, w)
+        _e1549(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
@@ -39130,7 +39248,7 @@ def _e1548(m: Any, w: bytearray) -> None:  # ProduceResponse v13
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _s1549(b: _Buffer, o: int) -> int:  # ProduceResponse v3: ThrottleTimeMs
+def _s1551(b: _Buffer, o: int) -> int:  # ProduceResponse v3: ThrottleTimeMs
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -39158,7 +39276,7 @@ def _s1549(b: _Buffer, o: int) -> int:  # ProduceResponse v3: ThrottleTimeMs
     return o
 
 
-def _s1550(b: _Buffer, o: int) -> int:  # ProduceResponse v5: ThrottleTimeMs
+def _s1552(b: _Buffer, o: int) -> int:  # ProduceResponse v5: ThrottleTimeMs
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -39186,7 +39304,7 @@ def _s1550(b: _Buffer, o: int) -> int:  # ProduceResponse v5: ThrottleTimeMs
     return o
 
 
-def _s1551(b: _Buffer, o: int) -> int:  # ProduceResponse v8: ThrottleTimeMs
+def _s1553(b: _Buffer, o: int) -> int:  # ProduceResponse v8: ThrottleTimeMs
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -39238,7 +39356,7 @@ def _s1551(b: _Buffer, o: int) -> int:  # ProduceResponse v8: ThrottleTimeMs
     return o
 
 
-def _s1552(b: _Buffer, o: int) -> int:  # ProduceResponse v9: ThrottleTimeMs
+def _s1554(b: _Buffer, o: int) -> int:  # ProduceResponse v9: ThrottleTimeMs
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -39311,7 +39429,7 @@ def _s1552(b: _Buffer, o: int) -> int:  # ProduceResponse v9: ThrottleTimeMs
     return o
 
 
-def _s1553(b: _Buffer, o: int) -> int:  # ProduceResponse v13: ThrottleTimeMs
+def _s1555(b: _Buffer, o: int) -> int:  # ProduceResponse v13: ThrottleTimeMs
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -39374,7 +39492,7 @@ def _s1553(b: _Buffer, o: int) -> int:  # ProduceResponse v13: ThrottleTimeMs
     return o
 
 
-def _c1554(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v3: error codes
+def _c1556(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v3: error codes
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -39407,7 +39525,7 @@ def _c1554(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v3: 
     return o
 
 
-def _c1555(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v5: error codes
+def _c1557(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v5: error codes
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -39440,7 +39558,7 @@ def _c1555(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v5: 
     return o
 
 
-def _c1556(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v8: error codes
+def _c1558(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v8: error codes
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -39497,7 +39615,7 @@ def _c1556(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v8: 
     return o
 
 
-def _c1557(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v9: error codes
+def _c1559(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v9: error codes
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -39576,7 +39694,7 @@ def _c1557(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v9: 
     return o
 
 
-def _c1558(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v13: error codes
+def _c1560(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v13: error codes
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -39645,7 +39763,143 @@ def _c1558(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v13:
     return o
 
 
-def _d1559(b: _Buffer, o: int) -> tuple[Any, int]:  # PushTelemetryRequest v0
+def _s1561(b: _Buffer, o: int) -> int:  # ProduceResponse v9: TaggedFields
+    end = len(b)
+    n1 = b[o]
+    if n1 < 0x80:
+        n1 -= 1
+        o += 1
+    else:
+        n1, o = _read_uvarint(b, o)
+        n1 -= 1
+    if n1 > end - o:
+        raise _ProtocolDecodeError(f'array of {n1} elements in {end - o} bytes')
+    for _ in range(n1):
+        length2 = b[o]
+        if length2 < 0x80:
+            length2 -= 1
+            o += 1
+        else:
+            length2, o = _read_uvarint(b, o)
+            length2 -= 1
+        if length2 > 0:
+            o += length2
+            if o > end:
+                raise _ProtocolDecodeError('field runs past the end of the message')
+        n3 = b[o]
+        if n3 < 0x80:
+            n3 -= 1
+            o += 1
+        else:
+            n3, o = _read_uvarint(b, o)
+            n3 -= 1
+        if n3 > end - o:
+            raise _ProtocolDecodeError(f'array of {n3} elements in {end - o} bytes')
+        for _ in range(n3):
+            o += 30
+            n4 = b[o]
+            if n4 < 0x80:
+                n4 -= 1
+                o += 1
+            else:
+                n4, o = _read_uvarint(b, o)
+                n4 -= 1
+            if n4 > end - o:
+                raise _ProtocolDecodeError(f'array of {n4} elements in {end - o} bytes')
+            for _ in range(n4):
+                o += 4
+                length5 = b[o]
+                if length5 < 0x80:
+                    length5 -= 1
+                    o += 1
+                else:
+                    length5, o = _read_uvarint(b, o)
+                    length5 -= 1
+                if length5 > 0:
+                    o += length5
+                    if o > end:
+                        raise _ProtocolDecodeError('field runs past the end of the message')
+                o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+            length6 = b[o]
+            if length6 < 0x80:
+                length6 -= 1
+                o += 1
+            else:
+                length6, o = _read_uvarint(b, o)
+                length6 -= 1
+            if length6 > 0:
+                o += length6
+                if o > end:
+                    raise _ProtocolDecodeError('field runs past the end of the message')
+            o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    return o + 4
+
+
+def _s1562(b: _Buffer, o: int) -> int:  # ProduceResponse v13: TaggedFields
+    end = len(b)
+    n1 = b[o]
+    if n1 < 0x80:
+        n1 -= 1
+        o += 1
+    else:
+        n1, o = _read_uvarint(b, o)
+        n1 -= 1
+    if n1 > end - o:
+        raise _ProtocolDecodeError(f'array of {n1} elements in {end - o} bytes')
+    for _ in range(n1):
+        o += 16
+        n2 = b[o]
+        if n2 < 0x80:
+            n2 -= 1
+            o += 1
+        else:
+            n2, o = _read_uvarint(b, o)
+            n2 -= 1
+        if n2 > end - o:
+            raise _ProtocolDecodeError(f'array of {n2} elements in {end - o} bytes')
+        for _ in range(n2):
+            o += 30
+            n3 = b[o]
+            if n3 < 0x80:
+                n3 -= 1
+                o += 1
+            else:
+                n3, o = _read_uvarint(b, o)
+                n3 -= 1
+            if n3 > end - o:
+                raise _ProtocolDecodeError(f'array of {n3} elements in {end - o} bytes')
+            for _ in range(n3):
+                o += 4
+                length4 = b[o]
+                if length4 < 0x80:
+                    length4 -= 1
+                    o += 1
+                else:
+                    length4, o = _read_uvarint(b, o)
+                    length4 -= 1
+                if length4 > 0:
+                    o += length4
+                    if o > end:
+                        raise _ProtocolDecodeError('field runs past the end of the message')
+                o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+            length5 = b[o]
+            if length5 < 0x80:
+                length5 -= 1
+                o += 1
+            else:
+                length5, o = _read_uvarint(b, o)
+                length5 -= 1
+            if length5 > 0:
+                o += length5
+                if o > end:
+                    raise _ProtocolDecodeError('field runs past the end of the message')
+            o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    return o + 4
+
+
+def _d1563(b: _Buffer, o: int) -> tuple[Any, int]:  # PushTelemetryRequest v0
     m = _new(PushTelemetryRequest)
     m.unknown_tags = None
     _u0, m.subscription_id, m.terminating, m.compression_type = _S_uiob.unpack_from(b, o)
@@ -39665,7 +39919,7 @@ def _d1559(b: _Buffer, o: int) -> tuple[Any, int]:  # PushTelemetryRequest v0
     return m, o
 
 
-def _e1560(m: Any, w: bytearray) -> None:  # PushTelemetryRequest v0
+def _e1564(m: Any, w: bytearray) -> None:  # PushTelemetryRequest v0
     w += _S_uiob.pack(_uuid_bytes(m.client_instance_id), m.subscription_id, m.terminating, m.compression_type)
     _write_compact_blob(w, m.metrics)
     if m.unknown_tags:
@@ -39674,7 +39928,7 @@ def _e1560(m: Any, w: bytearray) -> None:  # PushTelemetryRequest v0
         w.append(0)
 
 
-def _d1561(b: _Buffer, o: int) -> tuple[Any, int]:  # PushTelemetryResponse v0
+def _d1565(b: _Buffer, o: int) -> tuple[Any, int]:  # PushTelemetryResponse v0
     m = _new(PushTelemetryResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -39692,7 +39946,7 @@ def _d1561(b: _Buffer, o: int) -> tuple[Any, int]:  # PushTelemetryResponse v0
     return m, o
 
 
-def _d1562(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest_PartitionData v0
+def _d1566(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest_PartitionData v0
     m = _new(ReadShareGroupStateRequest_PartitionData)
     m.unknown_tags = None
     m.partition, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -39710,7 +39964,7 @@ def _d1562(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest
     return m, o
 
 
-def _d1563(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest_ReadStateData v0
+def _d1567(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest_ReadStateData v0
     m = _new(ReadShareGroupStateRequest_ReadStateData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -39726,7 +39980,7 @@ def _d1563(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1562(b, o)
+            v3, o = _d1566(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -39742,7 +39996,7 @@ def _d1563(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest
     return m, o
 
 
-def _d1564(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest v0
+def _d1568(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest v0
     m = _new(ReadShareGroupStateRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -39761,7 +40015,7 @@ def _d1564(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1563(b, o)
+            v4, o = _d1567(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -39777,7 +40031,7 @@ def _d1564(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest
     return m, o
 
 
-def _e1565(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest_PartitionData v0
+def _e1569(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest_PartitionData v0
     w += _S_ii.pack(m.partition, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -39785,31 +40039,31 @@ def _e1565(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest_Partitio
         w.append(0)
 
 
-def _e1566(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest_ReadStateData v0
+def _e1570(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest_ReadStateData v0
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1565(item2, w)
+        _e1569(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1567(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest v0
+def _e1571(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest v0
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1566(item2, w)
+        _e1570(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1568(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_StateBatch v0
+def _d1572(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_StateBatch v0
     m = _new(ReadShareGroupStateResponse_StateBatch)
     m.unknown_tags = None
     m.first_offset, m.last_offset, m.delivery_state, m.delivery_count = _S_qqbh.unpack_from(b, o)
@@ -39827,7 +40081,7 @@ def _d1568(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRespons
     return m, o
 
 
-def _d1569(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_PartitionResult v0
+def _d1573(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_PartitionResult v0
     m = _new(ReadShareGroupStateResponse_PartitionResult)
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
@@ -39850,7 +40104,7 @@ def _d1569(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRespons
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1568(b, o)
+            v4, o = _d1572(b, o)
             items3.append(v4)
         m.state_batches = items3
     if b[o] == 0:
@@ -39866,7 +40120,7 @@ def _d1569(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRespons
     return m, o
 
 
-def _d1570(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_ReadStateResult v0
+def _d1574(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_ReadStateResult v0
     m = _new(ReadShareGroupStateResponse_ReadStateResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -39882,7 +40136,7 @@ def _d1570(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRespons
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1569(b, o)
+            v3, o = _d1573(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -39898,7 +40152,7 @@ def _d1570(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRespons
     return m, o
 
 
-def _d1571(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse v0
+def _d1575(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse v0
     m = _new(ReadShareGroupStateResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -39911,7 +40165,7 @@ def _d1571(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRespons
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1570(b, o)
+            v3, o = _d1574(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -39927,7 +40181,7 @@ def _d1571(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRespons
     return m, o
 
 
-def _e1572(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_StateBatch v0
+def _e1576(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_StateBatch v0
     w += _S_qqbh.pack(m.first_offset, m.last_offset, m.delivery_state, m.delivery_count)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -39935,44 +40189,44 @@ def _e1572(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_StateBa
         w.append(0)
 
 
-def _e1573(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_PartitionResult v0
+def _e1577(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_PartitionResult v0
     w += _S_ih.pack(m.partition, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_iq.pack(m.state_epoch, m.start_offset)
     items1 = m.state_batches
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1572(item2, w)
+        _e1576(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1574(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_ReadStateResult v0
+def _e1578(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_ReadStateResult v0
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1573(item2, w)
+        _e1577(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1575(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse v0
+def _e1579(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse v0
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1574(item2, w)
+        _e1578(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1576(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateResponse v0: error codes
+def _c1580(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateResponse v0: error codes
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -40030,7 +40284,7 @@ def _c1576(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateR
     return o
 
 
-def _d1577(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRequest_PartitionData v0
+def _d1581(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRequest_PartitionData v0
     m = _new(ReadShareGroupStateSummaryRequest_PartitionData)
     m.unknown_tags = None
     m.partition, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -40048,7 +40302,7 @@ def _d1577(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     return m, o
 
 
-def _d1578(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRequest_ReadStateSummaryData v0
+def _d1582(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRequest_ReadStateSummaryData v0
     m = _new(ReadShareGroupStateSummaryRequest_ReadStateSummaryData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -40064,7 +40318,7 @@ def _d1578(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1577(b, o)
+            v3, o = _d1581(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -40080,7 +40334,7 @@ def _d1578(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     return m, o
 
 
-def _d1579(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRequest v0
+def _d1583(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRequest v0
     m = _new(ReadShareGroupStateSummaryRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -40099,7 +40353,7 @@ def _d1579(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1578(b, o)
+            v4, o = _d1582(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -40115,7 +40369,7 @@ def _d1579(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     return m, o
 
 
-def _d1580(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_PartitionResult v0
+def _d1584(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_PartitionResult v0
     m = _new(ReadShareGroupStateSummaryResponse_PartitionResult)
     m.unknown_tags = None
     m.delivery_complete_count = -1
@@ -40142,7 +40396,7 @@ def _d1580(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     return m, o
 
 
-def _d1581(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v0
+def _d1585(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v0
     m = _new(ReadShareGroupStateSummaryResponse_ReadStateSummaryResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -40158,7 +40412,7 @@ def _d1581(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1580(b, o)
+            v3, o = _d1584(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -40174,7 +40428,7 @@ def _d1581(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     return m, o
 
 
-def _d1582(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse v0
+def _d1586(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse v0
     m = _new(ReadShareGroupStateSummaryResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -40187,7 +40441,7 @@ def _d1582(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1581(b, o)
+            v3, o = _d1585(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -40203,7 +40457,7 @@ def _d1582(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     return m, o
 
 
-def _e1583(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_PartitionResult v0
+def _e1587(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_PartitionResult v0
     w += _S_ih.pack(m.partition, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_iiq.pack(m.state_epoch, m.leader_epoch, m.start_offset)
@@ -40213,30 +40467,30 @@ def _e1583(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_
         w.append(0)
 
 
-def _e1584(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v0
+def _e1588(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v0
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1583(item2, w)
+        _e1587(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1585(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse v0
+def _e1589(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse v0
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1584(item2, w)
+        _e1588(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1586(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_PartitionResult v1
+def _d1590(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_PartitionResult v1
     m = _new(ReadShareGroupStateSummaryResponse_PartitionResult)
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
@@ -40262,7 +40516,7 @@ def _d1586(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     return m, o
 
 
-def _d1587(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v1
+def _d1591(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v1
     m = _new(ReadShareGroupStateSummaryResponse_ReadStateSummaryResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -40278,7 +40532,7 @@ def _d1587(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1586(b, o)
+            v3, o = _d1590(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -40294,7 +40548,7 @@ def _d1587(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     return m, o
 
 
-def _d1588(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse v1
+def _d1592(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse v1
     m = _new(ReadShareGroupStateSummaryResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -40307,7 +40561,7 @@ def _d1588(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1587(b, o)
+            v3, o = _d1591(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -40323,7 +40577,7 @@ def _d1588(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummary
     return m, o
 
 
-def _e1589(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_PartitionResult v1
+def _e1593(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_PartitionResult v1
     w += _S_ih.pack(m.partition, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_iiqi.pack(m.state_epoch, m.leader_epoch, m.start_offset, m.delivery_complete_count)
@@ -40333,30 +40587,30 @@ def _e1589(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_
         w.append(0)
 
 
-def _e1590(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v1
+def _e1594(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v1
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1589(item2, w)
+        _e1593(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1591(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse v1
+def _e1595(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse v1
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1590(item2, w)
+        _e1594(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1592(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateSummaryResponse v0: error codes
+def _c1596(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateSummaryResponse v0: error codes
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -40402,7 +40656,7 @@ def _c1592(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateS
     return o
 
 
-def _c1593(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateSummaryResponse v1: error codes
+def _c1597(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateSummaryResponse v1: error codes
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -40448,7 +40702,7 @@ def _c1593(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateS
     return o
 
 
-def _d1594(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterRequest v0
+def _d1598(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterRequest v0
     m = _new(RemoveRaftVoterRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -40473,7 +40727,7 @@ def _d1594(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterRequest v0
     return m, o
 
 
-def _e1595(m: Any, w: bytearray) -> None:  # RemoveRaftVoterRequest v0
+def _e1599(m: Any, w: bytearray) -> None:  # RemoveRaftVoterRequest v0
     _write_compact_string(w, m.cluster_id)
     w += _S_iu.pack(m.voter_id, _uuid_bytes(m.voter_directory_id))
     if m.unknown_tags:
@@ -40482,7 +40736,7 @@ def _e1595(m: Any, w: bytearray) -> None:  # RemoveRaftVoterRequest v0
         w.append(0)
 
 
-def _d1596(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterResponse v0
+def _d1600(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterResponse v0
     m = _new(RemoveRaftVoterResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -40506,7 +40760,7 @@ def _d1596(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterResponse v0
     return m, o
 
 
-def _d1597(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenRequest v1
+def _d1601(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenRequest v1
     m = _new(RenewDelegationTokenRequest)
     m.unknown_tags = None
     m.hmac, o = _blob(b, o)
@@ -40515,12 +40769,12 @@ def _d1597(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenReques
     return m, o
 
 
-def _e1598(m: Any, w: bytearray) -> None:  # RenewDelegationTokenRequest v1
+def _e1602(m: Any, w: bytearray) -> None:  # RenewDelegationTokenRequest v1
     _write_blob(w, m.hmac)
     w += _S_q.pack(m.renew_period_ms)
 
 
-def _d1599(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenRequest v2
+def _d1603(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenRequest v2
     m = _new(RenewDelegationTokenRequest)
     m.unknown_tags = None
     m.hmac, o = _compact_blob(b, o)
@@ -40539,7 +40793,7 @@ def _d1599(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenReques
     return m, o
 
 
-def _e1600(m: Any, w: bytearray) -> None:  # RenewDelegationTokenRequest v2
+def _e1604(m: Any, w: bytearray) -> None:  # RenewDelegationTokenRequest v2
     _write_compact_blob(w, m.hmac)
     w += _S_q.pack(m.renew_period_ms)
     if m.unknown_tags:
@@ -40548,7 +40802,7 @@ def _e1600(m: Any, w: bytearray) -> None:  # RenewDelegationTokenRequest v2
         w.append(0)
 
 
-def _d1601(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenResponse v1
+def _d1605(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenResponse v1
     m = _new(RenewDelegationTokenResponse)
     m.unknown_tags = None
     m.error_code, m.expiry_timestamp_ms, m.throttle_time_ms = _S_hqi.unpack_from(b, o)
@@ -40556,7 +40810,7 @@ def _d1601(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenRespon
     return m, o
 
 
-def _d1602(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenResponse v2
+def _d1606(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenResponse v2
     m = _new(RenewDelegationTokenResponse)
     m.unknown_tags = None
     m.error_code, m.expiry_timestamp_ms, m.throttle_time_ms = _S_hqi.unpack_from(b, o)
@@ -40574,7 +40828,7 @@ def _d1602(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenRespon
     return m, o
 
 
-def _d1603(b: _Buffer, o: int) -> tuple[Any, int]:  # RequestHeader v1
+def _d1607(b: _Buffer, o: int) -> tuple[Any, int]:  # RequestHeader v1
     m = _new(RequestHeader)
     m.unknown_tags = None
     m.request_api_key, m.request_api_version, m.correlation_id = _S_hhi.unpack_from(b, o)
@@ -40583,12 +40837,12 @@ def _d1603(b: _Buffer, o: int) -> tuple[Any, int]:  # RequestHeader v1
     return m, o
 
 
-def _e1604(m: Any, w: bytearray) -> None:  # RequestHeader v1
+def _e1608(m: Any, w: bytearray) -> None:  # RequestHeader v1
     w += _S_hhi.pack(m.request_api_key, m.request_api_version, m.correlation_id)
     _write_string(w, m.client_id)
 
 
-def _d1605(b: _Buffer, o: int) -> tuple[Any, int]:  # RequestHeader v2
+def _d1609(b: _Buffer, o: int) -> tuple[Any, int]:  # RequestHeader v2
     m = _new(RequestHeader)
     m.unknown_tags = None
     m.request_api_key, m.request_api_version, m.correlation_id = _S_hhi.unpack_from(b, o)
@@ -40607,7 +40861,7 @@ def _d1605(b: _Buffer, o: int) -> tuple[Any, int]:  # RequestHeader v2
     return m, o
 
 
-def _e1606(m: Any, w: bytearray) -> None:  # RequestHeader v2
+def _e1610(m: Any, w: bytearray) -> None:  # RequestHeader v2
     w += _S_hhi.pack(m.request_api_key, m.request_api_version, m.correlation_id)
     _write_string(w, m.client_id)
     if m.unknown_tags:
@@ -40616,7 +40870,7 @@ def _e1606(m: Any, w: bytearray) -> None:  # RequestHeader v2
         w.append(0)
 
 
-def _d1607(b: _Buffer, o: int) -> tuple[Any, int]:  # ResponseHeader v0
+def _d1611(b: _Buffer, o: int) -> tuple[Any, int]:  # ResponseHeader v0
     m = _new(ResponseHeader)
     m.unknown_tags = None
     m.correlation_id, = _S_i.unpack_from(b, o)
@@ -40624,11 +40878,11 @@ def _d1607(b: _Buffer, o: int) -> tuple[Any, int]:  # ResponseHeader v0
     return m, o
 
 
-def _e1608(m: Any, w: bytearray) -> None:  # ResponseHeader v0
+def _e1612(m: Any, w: bytearray) -> None:  # ResponseHeader v0
     w += _S_i.pack(m.correlation_id)
 
 
-def _d1609(b: _Buffer, o: int) -> tuple[Any, int]:  # ResponseHeader v1
+def _d1613(b: _Buffer, o: int) -> tuple[Any, int]:  # ResponseHeader v1
     m = _new(ResponseHeader)
     m.unknown_tags = None
     m.correlation_id, = _S_i.unpack_from(b, o)
@@ -40646,7 +40900,7 @@ def _d1609(b: _Buffer, o: int) -> tuple[Any, int]:  # ResponseHeader v1
     return m, o
 
 
-def _e1610(m: Any, w: bytearray) -> None:  # ResponseHeader v1
+def _e1614(m: Any, w: bytearray) -> None:  # ResponseHeader v1
     w += _S_i.pack(m.correlation_id)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -40654,18 +40908,18 @@ def _e1610(m: Any, w: bytearray) -> None:  # ResponseHeader v1
         w.append(0)
 
 
-def _d1611(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateRequest v0
+def _d1615(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateRequest v0
     m = _new(SaslAuthenticateRequest)
     m.unknown_tags = None
     m.auth_bytes, o = _blob(b, o)
     return m, o
 
 
-def _e1612(m: Any, w: bytearray) -> None:  # SaslAuthenticateRequest v0
+def _e1616(m: Any, w: bytearray) -> None:  # SaslAuthenticateRequest v0
     _write_blob(w, m.auth_bytes)
 
 
-def _d1613(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateRequest v2
+def _d1617(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateRequest v2
     m = _new(SaslAuthenticateRequest)
     m.unknown_tags = None
     m.auth_bytes, o = _compact_blob(b, o)
@@ -40682,7 +40936,7 @@ def _d1613(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateRequest v2
     return m, o
 
 
-def _e1614(m: Any, w: bytearray) -> None:  # SaslAuthenticateRequest v2
+def _e1618(m: Any, w: bytearray) -> None:  # SaslAuthenticateRequest v2
     _write_compact_blob(w, m.auth_bytes)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -40690,7 +40944,7 @@ def _e1614(m: Any, w: bytearray) -> None:  # SaslAuthenticateRequest v2
         w.append(0)
 
 
-def _d1615(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v0
+def _d1619(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v0
     m = _new(SaslAuthenticateResponse)
     m.unknown_tags = None
     m.session_lifetime_ms = 0
@@ -40701,13 +40955,13 @@ def _d1615(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v
     return m, o
 
 
-def _e1616(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v0
+def _e1620(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v0
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     _write_blob(w, m.auth_bytes)
 
 
-def _d1617(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v1
+def _d1621(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v1
     m = _new(SaslAuthenticateResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -40719,14 +40973,14 @@ def _d1617(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v
     return m, o
 
 
-def _e1618(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v1
+def _e1622(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v1
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     _write_blob(w, m.auth_bytes)
     w += _S_q.pack(m.session_lifetime_ms)
 
 
-def _d1619(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v2
+def _d1623(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v2
     m = _new(SaslAuthenticateResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -40753,7 +41007,7 @@ def _d1619(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v
     return m, o
 
 
-def _e1620(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v2
+def _e1624(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v2
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_blob(w, m.auth_bytes)
@@ -40764,7 +41018,7 @@ def _e1620(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v2
         w.append(0)
 
 
-def _c1621(b: _Buffer, o: int, found: list[int]) -> int:  # SaslAuthenticateResponse v0: error codes
+def _c1625(b: _Buffer, o: int, found: list[int]) -> int:  # SaslAuthenticateResponse v0: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -40789,7 +41043,7 @@ def _c1621(b: _Buffer, o: int, found: list[int]) -> int:  # SaslAuthenticateResp
     return o
 
 
-def _c1622(b: _Buffer, o: int, found: list[int]) -> int:  # SaslAuthenticateResponse v1: error codes
+def _c1626(b: _Buffer, o: int, found: list[int]) -> int:  # SaslAuthenticateResponse v1: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -40815,7 +41069,7 @@ def _c1622(b: _Buffer, o: int, found: list[int]) -> int:  # SaslAuthenticateResp
     return o
 
 
-def _c1623(b: _Buffer, o: int, found: list[int]) -> int:  # SaslAuthenticateResponse v2: error codes
+def _c1627(b: _Buffer, o: int, found: list[int]) -> int:  # SaslAuthenticateResponse v2: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -40848,18 +41102,18 @@ def _c1623(b: _Buffer, o: int, found: list[int]) -> int:  # SaslAuthenticateResp
     return o
 
 
-def _d1624(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslHandshakeRequest v0
+def _d1628(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslHandshakeRequest v0
     m = _new(SaslHandshakeRequest)
     m.unknown_tags = None
     m.mechanism, o = _string(b, o)
     return m, o
 
 
-def _e1625(m: Any, w: bytearray) -> None:  # SaslHandshakeRequest v0
+def _e1629(m: Any, w: bytearray) -> None:  # SaslHandshakeRequest v0
     _write_string(w, m.mechanism)
 
 
-def _d1626(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslHandshakeResponse v0
+def _d1630(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslHandshakeResponse v0
     m = _new(SaslHandshakeResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -40876,7 +41130,7 @@ def _d1626(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslHandshakeResponse v0
     return m, o
 
 
-def _e1627(m: Any, w: bytearray) -> None:  # SaslHandshakeResponse v0
+def _e1631(m: Any, w: bytearray) -> None:  # SaslHandshakeResponse v0
     w += _S_h.pack(m.error_code)
     items1 = m.mechanisms
     _write_count(w, items1)
@@ -40884,7 +41138,7 @@ def _e1627(m: Any, w: bytearray) -> None:  # SaslHandshakeResponse v0
         _write_string(w, item2)
 
 
-def _c1628(b: _Buffer, o: int, found: list[int]) -> int:  # SaslHandshakeResponse v0: error codes
+def _c1632(b: _Buffer, o: int, found: list[int]) -> int:  # SaslHandshakeResponse v0: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -40908,7 +41162,7 @@ def _c1628(b: _Buffer, o: int, found: list[int]) -> int:  # SaslHandshakeRespons
     return o
 
 
-def _d1629(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_AcknowledgementBatch v1
+def _d1633(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_AcknowledgementBatch v1
     m = _new(ShareAcknowledgeRequest_AcknowledgementBatch)
     m.unknown_tags = None
     m.first_offset, m.last_offset = _S_qq.unpack_from(b, o)
@@ -40936,7 +41190,7 @@ def _d1629(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ac
     return m, o
 
 
-def _d1630(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_AcknowledgePartition v1
+def _d1634(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_AcknowledgePartition v1
     m = _new(ShareAcknowledgeRequest_AcknowledgePartition)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -40951,7 +41205,7 @@ def _d1630(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ac
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1629(b, o)
+            v3, o = _d1633(b, o)
             items2.append(v3)
         m.acknowledgement_batches = items2
     if b[o] == 0:
@@ -40967,7 +41221,7 @@ def _d1630(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ac
     return m, o
 
 
-def _d1631(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_AcknowledgeTopic v1
+def _d1635(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_AcknowledgeTopic v1
     m = _new(ShareAcknowledgeRequest_AcknowledgeTopic)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -40983,7 +41237,7 @@ def _d1631(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ac
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1630(b, o)
+            v3, o = _d1634(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -40999,7 +41253,7 @@ def _d1631(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ac
     return m, o
 
 
-def _d1632(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v1
+def _d1636(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v1
     m = _new(ShareAcknowledgeRequest)
     m.unknown_tags = None
     m.is_renew_ack = False
@@ -41027,7 +41281,7 @@ def _d1632(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v1
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d1631(b, o)
+            v5, o = _d1635(b, o)
             items4.append(v5)
         m.topics = items4
     if b[o] == 0:
@@ -41043,7 +41297,7 @@ def _d1632(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v1
     return m, o
 
 
-def _e1633(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_AcknowledgementBatch v1
+def _e1637(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_AcknowledgementBatch v1
     w += _S_qq.pack(m.first_offset, m.last_offset)
     items1 = m.acknowledge_types
     _write_compact_count(w, items1)
@@ -41055,45 +41309,45 @@ def _e1633(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_Acknowledge
         w.append(0)
 
 
-def _e1634(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_AcknowledgePartition v1
+def _e1638(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_AcknowledgePartition v1
     w += _S_i.pack(m.partition_index)
     items1 = m.acknowledgement_batches
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1633(item2, w)
+        _e1637(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1635(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_AcknowledgeTopic v1
+def _e1639(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_AcknowledgeTopic v1
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1634(item2, w)
+        _e1638(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1636(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest v1
+def _e1640(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest v1
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.share_session_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1635(item2, w)
+        _e1639(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1637(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v2
+def _d1641(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v2
     m = _new(ShareAcknowledgeRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -41120,7 +41374,7 @@ def _d1637(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v2
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d1631(b, o)
+            v5, o = _d1635(b, o)
             items4.append(v5)
         m.topics = items4
     if b[o] == 0:
@@ -41136,21 +41390,21 @@ def _d1637(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v2
     return m, o
 
 
-def _e1638(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest v2
+def _e1642(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest v2
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_io.pack(m.share_session_epoch, m.is_renew_ack)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1635(item2, w)
+        _e1639(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1639(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_LeaderIdAndEpoch v1
+def _d1643(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_LeaderIdAndEpoch v1
     m = _new(ShareAcknowledgeResponse_LeaderIdAndEpoch)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -41168,7 +41422,7 @@ def _d1639(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_L
     return m, o
 
 
-def _d1640(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_PartitionData v1
+def _d1644(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_PartitionData v1
     m = _new(ShareAcknowledgeResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -41179,7 +41433,7 @@ def _d1640(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_P
         o += length1
     else:
         m.error_message, o = _compact_string(b, o)
-    m.current_leader, o = _d1639(b, o)
+    m.current_leader, o = _d1643(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -41193,7 +41447,7 @@ def _d1640(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_P
     return m, o
 
 
-def _d1641(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse v1
+def _d1645(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse v1
     m = _new(ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -41209,7 +41463,7 @@ def _d1641(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_S
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1640(b, o)
+            v3, o = _d1644(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -41225,7 +41479,7 @@ def _d1641(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_S
     return m, o
 
 
-def _d1642(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_NodeEndpoint v1
+def _d1646(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_NodeEndpoint v1
     m = _new(ShareAcknowledgeResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -41257,7 +41511,7 @@ def _d1642(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_N
     return m, o
 
 
-def _d1643(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v1
+def _d1647(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v1
     m = _new(ShareAcknowledgeResponse)
     m.unknown_tags = None
     m.acquisition_lock_timeout_ms = 0
@@ -41279,7 +41533,7 @@ def _d1643(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1641(b, o)
+            v4, o = _d1645(b, o)
             items3.append(v4)
         m.responses = items3
     n5 = b[o] - 1
@@ -41292,7 +41546,7 @@ def _d1643(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1642(b, o)
+            v7, o = _d1646(b, o)
             items6.append(v7)
         m.node_endpoints = items6
     if b[o] == 0:
@@ -41308,7 +41562,7 @@ def _d1643(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v
     return m, o
 
 
-def _e1644(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_PartitionData v1
+def _e1648(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_PartitionData v1
     w += _S_ih.pack(m.partition_index, m.error_code)
     _write_compact_string(w, m.error_message)
     _e974(m.current_leader, w)
@@ -41318,25 +41572,25 @@ def _e1644(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_PartitionD
         w.append(0)
 
 
-def _e1645(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse v1
+def _e1649(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse v1
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1644(item2, w)
+        _e1648(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1646(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse v1
+def _e1650(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse v1
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1645(item2, w)
+        _e1649(item2, w)
     items3 = m.node_endpoints
     _write_compact_count(w, items3)
     for item4 in items3 or ():
@@ -41347,7 +41601,7 @@ def _e1646(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse v1
         w.append(0)
 
 
-def _d1647(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v2
+def _d1651(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v2
     m = _new(ShareAcknowledgeResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -41370,7 +41624,7 @@ def _d1647(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1641(b, o)
+            v4, o = _d1645(b, o)
             items3.append(v4)
         m.responses = items3
     n5 = b[o] - 1
@@ -41383,7 +41637,7 @@ def _d1647(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1642(b, o)
+            v7, o = _d1646(b, o)
             items6.append(v7)
         m.node_endpoints = items6
     if b[o] == 0:
@@ -41399,14 +41653,14 @@ def _d1647(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v
     return m, o
 
 
-def _e1648(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse v2
+def _e1652(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse v2
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_i.pack(m.acquisition_lock_timeout_ms)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1645(item2, w)
+        _e1649(item2, w)
     items3 = m.node_endpoints
     _write_compact_count(w, items3)
     for item4 in items3 or ():
@@ -41417,7 +41671,7 @@ def _e1648(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse v2
         w.append(0)
 
 
-def _c1649(b: _Buffer, o: int, found: list[int]) -> int:  # ShareAcknowledgeResponse v1: error codes
+def _c1653(b: _Buffer, o: int, found: list[int]) -> int:  # ShareAcknowledgeResponse v1: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -41515,7 +41769,7 @@ def _c1649(b: _Buffer, o: int, found: list[int]) -> int:  # ShareAcknowledgeResp
     return o
 
 
-def _c1650(b: _Buffer, o: int, found: list[int]) -> int:  # ShareAcknowledgeResponse v2: error codes
+def _c1654(b: _Buffer, o: int, found: list[int]) -> int:  # ShareAcknowledgeResponse v2: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -41614,7 +41868,7 @@ def _c1650(b: _Buffer, o: int, found: list[int]) -> int:  # ShareAcknowledgeResp
     return o
 
 
-def _s1651(b: _Buffer, o: int) -> int:  # ShareAcknowledgeResponse v1: NodeEndpoints
+def _s1655(b: _Buffer, o: int) -> int:  # ShareAcknowledgeResponse v1: NodeEndpoints
     end = len(b)
     o += 6
     length1 = b[o]
@@ -41668,7 +41922,7 @@ def _s1651(b: _Buffer, o: int) -> int:  # ShareAcknowledgeResponse v1: NodeEndpo
     return o
 
 
-def _s1652(b: _Buffer, o: int) -> int:  # ShareAcknowledgeResponse v2: NodeEndpoints
+def _s1656(b: _Buffer, o: int) -> int:  # ShareAcknowledgeResponse v2: NodeEndpoints
     end = len(b)
     o += 6
     length1 = b[o]
@@ -41723,7 +41977,7 @@ def _s1652(b: _Buffer, o: int) -> int:  # ShareAcknowledgeResponse v2: NodeEndpo
     return o
 
 
-def _d1653(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_AcknowledgementBatch v1
+def _d1657(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_AcknowledgementBatch v1
     m = _new(ShareFetchRequest_AcknowledgementBatch)
     m.unknown_tags = None
     m.first_offset, m.last_offset = _S_qq.unpack_from(b, o)
@@ -41751,7 +42005,7 @@ def _d1653(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_Acknowle
     return m, o
 
 
-def _d1654(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchPartition v1
+def _d1658(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchPartition v1
     m = _new(ShareFetchRequest_FetchPartition)
     m.unknown_tags = None
     m.partition_max_bytes = 0
@@ -41767,7 +42021,7 @@ def _d1654(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchPar
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1653(b, o)
+            v3, o = _d1657(b, o)
             items2.append(v3)
         m.acknowledgement_batches = items2
     if b[o] == 0:
@@ -41783,7 +42037,7 @@ def _d1654(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchPar
     return m, o
 
 
-def _d1655(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchTopic v1
+def _d1659(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchTopic v1
     m = _new(ShareFetchRequest_FetchTopic)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -41799,7 +42053,7 @@ def _d1655(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchTop
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1654(b, o)
+            v3, o = _d1658(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -41815,7 +42069,7 @@ def _d1655(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchTop
     return m, o
 
 
-def _d1656(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_ForgottenTopic v1
+def _d1660(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_ForgottenTopic v1
     m = _new(ShareFetchRequest_ForgottenTopic)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -41844,7 +42098,7 @@ def _d1656(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_Forgotte
     return m, o
 
 
-def _d1657(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v1
+def _d1661(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v1
     m = _new(ShareFetchRequest)
     m.unknown_tags = None
     m.share_acquire_mode = 0
@@ -41873,7 +42127,7 @@ def _d1657(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v1
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d1655(b, o)
+            v5, o = _d1659(b, o)
             items4.append(v5)
         m.topics = items4
     n6 = b[o] - 1
@@ -41886,7 +42140,7 @@ def _d1657(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v1
     else:
         items7 = []
         for _ in range(n6):
-            v8, o = _d1656(b, o)
+            v8, o = _d1660(b, o)
             items7.append(v8)
         m.forgotten_topics_data = items7
     if b[o] == 0:
@@ -41902,14 +42156,14 @@ def _d1657(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v1
     return m, o
 
 
-def _e1658(m: Any, w: bytearray) -> None:  # ShareFetchRequest v1
+def _e1662(m: Any, w: bytearray) -> None:  # ShareFetchRequest v1
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_iiiiii.pack(m.share_session_epoch, m.max_wait_ms, m.min_bytes, m.max_bytes, m.max_records, m.batch_size)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1635(item2, w)
+        _e1639(item2, w)
     items3 = m.forgotten_topics_data
     _write_compact_count(w, items3)
     for item4 in items3 or ():
@@ -41920,7 +42174,7 @@ def _e1658(m: Any, w: bytearray) -> None:  # ShareFetchRequest v1
         w.append(0)
 
 
-def _d1659(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v2
+def _d1663(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v2
     m = _new(ShareFetchRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -41947,7 +42201,7 @@ def _d1659(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v2
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d1655(b, o)
+            v5, o = _d1659(b, o)
             items4.append(v5)
         m.topics = items4
     n6 = b[o] - 1
@@ -41960,7 +42214,7 @@ def _d1659(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v2
     else:
         items7 = []
         for _ in range(n6):
-            v8, o = _d1656(b, o)
+            v8, o = _d1660(b, o)
             items7.append(v8)
         m.forgotten_topics_data = items7
     if b[o] == 0:
@@ -41976,14 +42230,14 @@ def _d1659(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v2
     return m, o
 
 
-def _e1660(m: Any, w: bytearray) -> None:  # ShareFetchRequest v2
+def _e1664(m: Any, w: bytearray) -> None:  # ShareFetchRequest v2
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_iiiiiibo.pack(m.share_session_epoch, m.max_wait_ms, m.min_bytes, m.max_bytes, m.max_records, m.batch_size, m.share_acquire_mode, m.is_renew_ack)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1635(item2, w)
+        _e1639(item2, w)
     items3 = m.forgotten_topics_data
     _write_compact_count(w, items3)
     for item4 in items3 or ():
@@ -41994,7 +42248,7 @@ def _e1660(m: Any, w: bytearray) -> None:  # ShareFetchRequest v2
         w.append(0)
 
 
-def _d1661(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_LeaderIdAndEpoch v1
+def _d1665(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_LeaderIdAndEpoch v1
     m = _new(ShareFetchResponse_LeaderIdAndEpoch)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -42012,7 +42266,7 @@ def _d1661(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_LeaderI
     return m, o
 
 
-def _d1662(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_AcquiredRecords v1
+def _d1666(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_AcquiredRecords v1
     m = _new(ShareFetchResponse_AcquiredRecords)
     m.unknown_tags = None
     m.first_offset, m.last_offset, m.delivery_count = _S_qqh.unpack_from(b, o)
@@ -42030,7 +42284,7 @@ def _d1662(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_Acquire
     return m, o
 
 
-def _d1663(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_PartitionData v1
+def _d1667(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_PartitionData v1
     m = _new(ShareFetchResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -42049,7 +42303,7 @@ def _d1663(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_Partiti
         o += length2
     else:
         m.acknowledge_error_message, o = _compact_string(b, o)
-    m.current_leader, o = _d1661(b, o)
+    m.current_leader, o = _d1665(b, o)
     m.records, o = _compact_blob(b, o)
     n3 = b[o] - 1
     if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
@@ -42061,7 +42315,7 @@ def _d1663(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_Partiti
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d1662(b, o)
+            v5, o = _d1666(b, o)
             items4.append(v5)
         m.acquired_records = items4
     if b[o] == 0:
@@ -42077,7 +42331,7 @@ def _d1663(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_Partiti
     return m, o
 
 
-def _d1664(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_ShareFetchableTopicResponse v1
+def _d1668(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_ShareFetchableTopicResponse v1
     m = _new(ShareFetchResponse_ShareFetchableTopicResponse)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -42093,7 +42347,7 @@ def _d1664(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_ShareFe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1663(b, o)
+            v3, o = _d1667(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -42109,7 +42363,7 @@ def _d1664(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_ShareFe
     return m, o
 
 
-def _d1665(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_NodeEndpoint v1
+def _d1669(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_NodeEndpoint v1
     m = _new(ShareFetchResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -42141,7 +42395,7 @@ def _d1665(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_NodeEnd
     return m, o
 
 
-def _d1666(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse v1
+def _d1670(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse v1
     m = _new(ShareFetchResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -42164,7 +42418,7 @@ def _d1666(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1664(b, o)
+            v4, o = _d1668(b, o)
             items3.append(v4)
         m.responses = items3
     n5 = b[o] - 1
@@ -42177,7 +42431,7 @@ def _d1666(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse v1
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1665(b, o)
+            v7, o = _d1669(b, o)
             items6.append(v7)
         m.node_endpoints = items6
     if b[o] == 0:
@@ -42193,7 +42447,7 @@ def _d1666(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse v1
     return m, o
 
 
-def _e1667(m: Any, w: bytearray) -> None:  # ShareFetchResponse_AcquiredRecords v1
+def _e1671(m: Any, w: bytearray) -> None:  # ShareFetchResponse_AcquiredRecords v1
     w += _S_qqh.pack(m.first_offset, m.last_offset, m.delivery_count)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -42201,7 +42455,7 @@ def _e1667(m: Any, w: bytearray) -> None:  # ShareFetchResponse_AcquiredRecords 
         w.append(0)
 
 
-def _e1668(m: Any, w: bytearray) -> None:  # ShareFetchResponse_PartitionData v1
+def _e1672(m: Any, w: bytearray) -> None:  # ShareFetchResponse_PartitionData v1
     w += _S_ih.pack(m.partition_index, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_h.pack(m.acknowledge_error_code)
@@ -42211,33 +42465,33 @@ def _e1668(m: Any, w: bytearray) -> None:  # ShareFetchResponse_PartitionData v1
     items1 = m.acquired_records
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1667(item2, w)
+        _e1671(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1669(m: Any, w: bytearray) -> None:  # ShareFetchResponse_ShareFetchableTopicResponse v1
+def _e1673(m: Any, w: bytearray) -> None:  # ShareFetchResponse_ShareFetchableTopicResponse v1
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1668(item2, w)
+        _e1672(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1670(m: Any, w: bytearray) -> None:  # ShareFetchResponse v1
+def _e1674(m: Any, w: bytearray) -> None:  # ShareFetchResponse v1
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_i.pack(m.acquisition_lock_timeout_ms)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1669(item2, w)
+        _e1673(item2, w)
     items3 = m.node_endpoints
     _write_compact_count(w, items3)
     for item4 in items3 or ():
@@ -42248,7 +42502,7 @@ def _e1670(m: Any, w: bytearray) -> None:  # ShareFetchResponse v1
         w.append(0)
 
 
-def _c1671(b: _Buffer, o: int, found: list[int]) -> int:  # ShareFetchResponse v1: error codes
+def _c1675(b: _Buffer, o: int, found: list[int]) -> int:  # ShareFetchResponse v1: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -42382,7 +42636,7 @@ def _c1671(b: _Buffer, o: int, found: list[int]) -> int:  # ShareFetchResponse v
     return o
 
 
-def _s1672(b: _Buffer, o: int) -> int:  # ShareFetchResponse v1: NodeEndpoints
+def _s1676(b: _Buffer, o: int) -> int:  # ShareFetchResponse v1: NodeEndpoints
     end = len(b)
     o += 6
     length1 = b[o]
@@ -42472,7 +42726,7 @@ def _s1672(b: _Buffer, o: int) -> int:  # ShareFetchResponse v1: NodeEndpoints
     return o
 
 
-def _d1673(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeRequest v1
+def _d1677(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeRequest v1
     m = _new(ShareGroupDescribeRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -42508,7 +42762,7 @@ def _d1673(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeRequest 
     return m, o
 
 
-def _d1674(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_TopicPartitions v1
+def _d1678(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_TopicPartitions v1
     m = _new(ShareGroupDescribeResponse_TopicPartitions)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -42543,7 +42797,7 @@ def _d1674(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     return m, o
 
 
-def _d1675(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_Assignment v1
+def _d1679(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_Assignment v1
     m = _new(ShareGroupDescribeResponse_Assignment)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -42556,7 +42810,7 @@ def _d1675(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1674(b, o)
+            v3, o = _d1678(b, o)
             items2.append(v3)
         m.topic_partitions = items2
     if b[o] == 0:
@@ -42572,7 +42826,7 @@ def _d1675(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     return m, o
 
 
-def _d1676(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_Member v1
+def _d1680(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_Member v1
     m = _new(ShareGroupDescribeResponse_Member)
     m.unknown_tags = None
     length1 = b[o]
@@ -42619,7 +42873,7 @@ def _d1676(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
                 v7, o = _compact_string(b, o)
             items6.append(v7)
         m.subscribed_topic_names = items6
-    m.assignment, o = _d1675(b, o)
+    m.assignment, o = _d1679(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -42633,7 +42887,7 @@ def _d1676(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     return m, o
 
 
-def _d1677(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_DescribedGroup v1
+def _d1681(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_DescribedGroup v1
     m = _new(ShareGroupDescribeResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -42674,7 +42928,7 @@ def _d1677(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1676(b, o)
+            v7, o = _d1680(b, o)
             items6.append(v7)
         m.members = items6
     m.authorized_operations, = _S_i.unpack_from(b, o)
@@ -42692,7 +42946,7 @@ def _d1677(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     return m, o
 
 
-def _d1678(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse v1
+def _d1682(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse v1
     m = _new(ShareGroupDescribeResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -42707,7 +42961,7 @@ def _d1678(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1677(b, o)
+            v3, o = _d1681(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -42723,7 +42977,7 @@ def _d1678(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse
     return m, o
 
 
-def _e1679(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_Member v1
+def _e1683(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_Member v1
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.rack_id)
     w += _S_i.pack(m.member_epoch)
@@ -42740,7 +42994,7 @@ def _e1679(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_Member v
         w.append(0)
 
 
-def _e1680(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_DescribedGroup v1
+def _e1684(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_DescribedGroup v1
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.group_id)
@@ -42750,7 +43004,7 @@ def _e1680(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_Describe
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1679(item2, w)
+        _e1683(item2, w)
     w += _S_i.pack(m.authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -42758,19 +43012,19 @@ def _e1680(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_Describe
         w.append(0)
 
 
-def _e1681(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse v1
+def _e1685(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse v1
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1680(item2, w)
+        _e1684(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1682(b: _Buffer, o: int, found: list[int]) -> int:  # ShareGroupDescribeResponse v1: error codes
+def _c1686(b: _Buffer, o: int, found: list[int]) -> int:  # ShareGroupDescribeResponse v1: error codes
     end = len(b)
     o += 4
     n1 = b[o]
@@ -42950,7 +43204,7 @@ def _c1682(b: _Buffer, o: int, found: list[int]) -> int:  # ShareGroupDescribeRe
     return o
 
 
-def _d1683(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRequest v1
+def _d1687(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRequest v1
     m = _new(ShareGroupHeartbeatRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -43004,7 +43258,7 @@ def _d1683(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRequest
     return m, o
 
 
-def _e1684(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatRequest v1
+def _e1688(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatRequest v1
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.member_epoch)
@@ -43019,7 +43273,7 @@ def _e1684(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatRequest v1
         w.append(0)
 
 
-def _d1685(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse_TopicPartitions v1
+def _d1689(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse_TopicPartitions v1
     m = _new(ShareGroupHeartbeatResponse_TopicPartitions)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -43048,7 +43302,7 @@ def _d1685(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRespons
     return m, o
 
 
-def _d1686(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse_Assignment v1
+def _d1690(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse_Assignment v1
     m = _new(ShareGroupHeartbeatResponse_Assignment)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -43061,7 +43315,7 @@ def _d1686(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRespons
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1685(b, o)
+            v3, o = _d1689(b, o)
             items2.append(v3)
         m.topic_partitions = items2
     if b[o] == 0:
@@ -43077,7 +43331,7 @@ def _d1686(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRespons
     return m, o
 
 
-def _d1687(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse v1
+def _d1691(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse v1
     m = _new(ShareGroupHeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -43102,7 +43356,7 @@ def _d1687(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRespons
         m.assignment = None
         o += 1
     else:
-        m.assignment, o = _d1686(b, o + 1)
+        m.assignment, o = _d1690(b, o + 1)
     if b[o] == 0:
         o += 1
     else:
@@ -43116,7 +43370,7 @@ def _d1687(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRespons
     return m, o
 
 
-def _d1688(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRequest v0
+def _d1692(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRequest v0
     m = _new(StreamsGroupDescribeRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -43152,7 +43406,7 @@ def _d1688(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeReques
     return m, o
 
 
-def _d1689(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_KeyValue v0
+def _d1693(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_KeyValue v0
     m = _new(StreamsGroupDescribeResponse_KeyValue)
     m.unknown_tags = None
     length1 = b[o]
@@ -43180,7 +43434,7 @@ def _d1689(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _d1690(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TopicInfo v0
+def _d1694(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TopicInfo v0
     m = _new(StreamsGroupDescribeResponse_TopicInfo)
     m.unknown_tags = None
     length1 = b[o]
@@ -43201,7 +43455,7 @@ def _d1690(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1689(b, o)
+            v4, o = _d1693(b, o)
             items3.append(v4)
         m.topic_configs = items3
     if b[o] == 0:
@@ -43217,7 +43471,7 @@ def _d1690(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _d1691(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Subtopology v0
+def _d1695(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Subtopology v0
     m = _new(StreamsGroupDescribeResponse_Subtopology)
     m.unknown_tags = None
     length1 = b[o]
@@ -43272,7 +43526,7 @@ def _d1691(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items11 = []
         for _ in range(n10):
-            v12, o = _d1690(b, o)
+            v12, o = _d1694(b, o)
             items11.append(v12)
         m.state_changelog_topics = items11
     n13 = b[o] - 1
@@ -43285,7 +43539,7 @@ def _d1691(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items14 = []
         for _ in range(n13):
-            v15, o = _d1690(b, o)
+            v15, o = _d1694(b, o)
             items14.append(v15)
         m.repartition_source_topics = items14
     if b[o] == 0:
@@ -43301,7 +43555,7 @@ def _d1691(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _d1692(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Topology v0
+def _d1696(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Topology v0
     m = _new(StreamsGroupDescribeResponse_Topology)
     m.unknown_tags = None
     m.epoch, = _S_i.unpack_from(b, o)
@@ -43316,7 +43570,7 @@ def _d1692(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1691(b, o)
+            v3, o = _d1695(b, o)
             items2.append(v3)
         m.subtopologies = items2
     if b[o] == 0:
@@ -43332,7 +43586,7 @@ def _d1692(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _d1693(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Endpoint v0
+def _d1697(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Endpoint v0
     m = _new(StreamsGroupDescribeResponse_Endpoint)
     m.unknown_tags = None
     length1 = b[o]
@@ -43356,7 +43610,7 @@ def _d1693(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _d1694(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TaskOffset v0
+def _d1698(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TaskOffset v0
     m = _new(StreamsGroupDescribeResponse_TaskOffset)
     m.unknown_tags = None
     length1 = b[o]
@@ -43380,7 +43634,7 @@ def _d1694(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _d1695(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TaskIds v0
+def _d1699(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TaskIds v0
     m = _new(StreamsGroupDescribeResponse_TaskIds)
     m.unknown_tags = None
     length1 = b[o]
@@ -43412,7 +43666,7 @@ def _d1695(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _d1696(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Assignment v0
+def _d1700(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Assignment v0
     m = _new(StreamsGroupDescribeResponse_Assignment)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -43425,7 +43679,7 @@ def _d1696(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1695(b, o)
+            v3, o = _d1699(b, o)
             items2.append(v3)
         m.active_tasks = items2
     n4 = b[o] - 1
@@ -43438,7 +43692,7 @@ def _d1696(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1695(b, o)
+            v6, o = _d1699(b, o)
             items5.append(v6)
         m.standby_tasks = items5
     n7 = b[o] - 1
@@ -43451,7 +43705,7 @@ def _d1696(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items8 = []
         for _ in range(n7):
-            v9, o = _d1695(b, o)
+            v9, o = _d1699(b, o)
             items8.append(v9)
         m.warmup_tasks = items8
     if b[o] == 0:
@@ -43467,7 +43721,7 @@ def _d1696(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _d1697(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Member v0
+def _d1701(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Member v0
     m = _new(StreamsGroupDescribeResponse_Member)
     m.unknown_tags = None
     length1 = b[o]
@@ -43516,7 +43770,7 @@ def _d1697(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
         m.user_endpoint = None
         o += 1
     else:
-        m.user_endpoint, o = _d1693(b, o + 1)
+        m.user_endpoint, o = _d1697(b, o + 1)
     n7 = b[o] - 1
     if 0 <= n7 < 0x7F and n7 <= len(b) - o - 1:
         o += 1
@@ -43527,7 +43781,7 @@ def _d1697(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items8 = []
         for _ in range(n7):
-            v9, o = _d1689(b, o)
+            v9, o = _d1693(b, o)
             items8.append(v9)
         m.client_tags = items8
     n10 = b[o] - 1
@@ -43540,7 +43794,7 @@ def _d1697(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items11 = []
         for _ in range(n10):
-            v12, o = _d1694(b, o)
+            v12, o = _d1698(b, o)
             items11.append(v12)
         m.task_offsets = items11
     n13 = b[o] - 1
@@ -43553,11 +43807,11 @@ def _d1697(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items14 = []
         for _ in range(n13):
-            v15, o = _d1694(b, o)
+            v15, o = _d1698(b, o)
             items14.append(v15)
         m.task_end_offsets = items14
-    m.assignment, o = _d1696(b, o)
-    m.target_assignment, o = _d1696(b, o)
+    m.assignment, o = _d1700(b, o)
+    m.target_assignment, o = _d1700(b, o)
     m.is_classic, = _S_o.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -43573,7 +43827,7 @@ def _d1697(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _d1698(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_DescribedGroup v0
+def _d1702(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_DescribedGroup v0
     m = _new(StreamsGroupDescribeResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -43604,7 +43858,7 @@ def _d1698(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
         m.topology = None
         o += 1
     else:
-        m.topology, o = _d1692(b, o + 1)
+        m.topology, o = _d1696(b, o + 1)
     n4 = b[o] - 1
     if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
         o += 1
@@ -43615,7 +43869,7 @@ def _d1698(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1697(b, o)
+            v6, o = _d1701(b, o)
             items5.append(v6)
         m.members = items5
     m.authorized_operations, = _S_i.unpack_from(b, o)
@@ -43633,7 +43887,7 @@ def _d1698(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _d1699(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse v0
+def _d1703(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse v0
     m = _new(StreamsGroupDescribeResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -43648,7 +43902,7 @@ def _d1699(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1698(b, o)
+            v3, o = _d1702(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -43664,7 +43918,7 @@ def _d1699(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRespon
     return m, o
 
 
-def _e1700(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_KeyValue v0
+def _e1704(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_KeyValue v0
     _write_compact_string(w, m.key)
     _write_compact_string(w, m.value)
     if m.unknown_tags:
@@ -43673,20 +43927,20 @@ def _e1700(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_KeyVal
         w.append(0)
 
 
-def _e1701(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TopicInfo v0
+def _e1705(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TopicInfo v0
     _write_compact_string(w, m.name)
     w += _S_ih.pack(m.partitions, m.replication_factor)
     items1 = m.topic_configs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1700(item2, w)
+        _e1704(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1702(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Subtopology v0
+def _e1706(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Subtopology v0
     _write_compact_string(w, m.subtopology_id)
     items1 = m.source_topics
     _write_compact_count(w, items1)
@@ -43699,30 +43953,30 @@ def _e1702(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Subtop
     items5 = m.state_changelog_topics
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e1701(item6, w)
+        _e1705(item6, w)
     items7 = m.repartition_source_topics
     _write_compact_count(w, items7)
     for item8 in items7 or ():
-        _e1701(item8, w)
+        _e1705(item8, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1703(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Topology v0
+def _e1707(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Topology v0
     w += _S_i.pack(m.epoch)
     items1 = m.subtopologies
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1702(item2, w)
+        _e1706(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1704(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Endpoint v0
+def _e1708(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Endpoint v0
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
     if m.unknown_tags:
@@ -43731,7 +43985,7 @@ def _e1704(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Endpoi
         w.append(0)
 
 
-def _e1705(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TaskOffset v0
+def _e1709(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TaskOffset v0
     _write_compact_string(w, m.subtopology_id)
     w += _S_iq.pack(m.partition, m.offset)
     if m.unknown_tags:
@@ -43740,7 +43994,7 @@ def _e1705(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TaskOf
         w.append(0)
 
 
-def _e1706(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TaskIds v0
+def _e1710(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TaskIds v0
     _write_compact_string(w, m.subtopology_id)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -43752,26 +44006,26 @@ def _e1706(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TaskId
         w.append(0)
 
 
-def _e1707(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Assignment v0
+def _e1711(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Assignment v0
     items1 = m.active_tasks
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1706(item2, w)
+        _e1710(item2, w)
     items3 = m.standby_tasks
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e1706(item4, w)
+        _e1710(item4, w)
     items5 = m.warmup_tasks
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e1706(item6, w)
+        _e1710(item6, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1708(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Member v0
+def _e1712(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Member v0
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.member_epoch)
     _write_compact_string(w, m.instance_id)
@@ -43784,21 +44038,21 @@ def _e1708(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Member
         w.append(0xFF)
     else:
         w.append(1)
-        _e1704(m.user_endpoint, w)
+        _e1708(m.user_endpoint, w)
     items1 = m.client_tags
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1700(item2, w)
+        _e1704(item2, w)
     items3 = m.task_offsets
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e1705(item4, w)
+        _e1709(item4, w)
     items5 = m.task_end_offsets
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e1705(item6, w)
-    _e1707(m.assignment, w)
-    _e1707(m.target_assignment, w)
+        _e1709(item6, w)
+    _e1711(m.assignment, w)
+    _e1711(m.target_assignment, w)
     w += _S_o.pack(m.is_classic)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -43806,7 +44060,7 @@ def _e1708(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Member
         w.append(0)
 
 
-def _e1709(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_DescribedGroup v0
+def _e1713(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_DescribedGroup v0
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.group_id)
@@ -43816,11 +44070,11 @@ def _e1709(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Descri
         w.append(0xFF)
     else:
         w.append(1)
-        _e1703(m.topology, w)
+        _e1707(m.topology, w)
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1708(item2, w)
+        _e1712(item2, w)
     w += _S_i.pack(m.authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -43828,19 +44082,19 @@ def _e1709(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Descri
         w.append(0)
 
 
-def _e1710(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse v0
+def _e1714(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse v0
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1709(item2, w)
+        _e1713(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1711(b: _Buffer, o: int, found: list[int]) -> int:  # StreamsGroupDescribeResponse v0: error codes
+def _c1715(b: _Buffer, o: int, found: list[int]) -> int:  # StreamsGroupDescribeResponse v0: error codes
     end = len(b)
     o += 4
     n1 = b[o]
@@ -44455,7 +44709,7 @@ def _c1711(b: _Buffer, o: int, found: list[int]) -> int:  # StreamsGroupDescribe
     return o
 
 
-def _d1712(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_KeyValue v0
+def _d1716(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_KeyValue v0
     m = _new(StreamsGroupHeartbeatRequest_KeyValue)
     m.unknown_tags = None
     length1 = b[o]
@@ -44483,7 +44737,7 @@ def _d1712(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     return m, o
 
 
-def _d1713(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TopicInfo v0
+def _d1717(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TopicInfo v0
     m = _new(StreamsGroupHeartbeatRequest_TopicInfo)
     m.unknown_tags = None
     length1 = b[o]
@@ -44504,7 +44758,7 @@ def _d1713(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1712(b, o)
+            v4, o = _d1716(b, o)
             items3.append(v4)
         m.topic_configs = items3
     if b[o] == 0:
@@ -44520,7 +44774,7 @@ def _d1713(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     return m, o
 
 
-def _d1714(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_CopartitionGroup v0
+def _d1718(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_CopartitionGroup v0
     m = _new(StreamsGroupHeartbeatRequest_CopartitionGroup)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -44566,7 +44820,7 @@ def _d1714(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     return m, o
 
 
-def _d1715(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Subtopology v0
+def _d1719(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Subtopology v0
     m = _new(StreamsGroupHeartbeatRequest_Subtopology)
     m.unknown_tags = None
     length1 = b[o]
@@ -44621,7 +44875,7 @@ def _d1715(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items11 = []
         for _ in range(n10):
-            v12, o = _d1713(b, o)
+            v12, o = _d1717(b, o)
             items11.append(v12)
         m.state_changelog_topics = items11
     n13 = b[o] - 1
@@ -44652,7 +44906,7 @@ def _d1715(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items18 = []
         for _ in range(n17):
-            v19, o = _d1713(b, o)
+            v19, o = _d1717(b, o)
             items18.append(v19)
         m.repartition_source_topics = items18
     n20 = b[o] - 1
@@ -44665,7 +44919,7 @@ def _d1715(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items21 = []
         for _ in range(n20):
-            v22, o = _d1714(b, o)
+            v22, o = _d1718(b, o)
             items21.append(v22)
         m.copartition_groups = items21
     if b[o] == 0:
@@ -44681,7 +44935,7 @@ def _d1715(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     return m, o
 
 
-def _d1716(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Topology v0
+def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Topology v0
     m = _new(StreamsGroupHeartbeatRequest_Topology)
     m.unknown_tags = None
     m.epoch, = _S_i.unpack_from(b, o)
@@ -44696,7 +44950,7 @@ def _d1716(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1715(b, o)
+            v3, o = _d1719(b, o)
             items2.append(v3)
         m.subtopologies = items2
     if b[o] == 0:
@@ -44712,7 +44966,7 @@ def _d1716(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     return m, o
 
 
-def _d1717(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TaskIds v0
+def _d1721(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TaskIds v0
     m = _new(StreamsGroupHeartbeatRequest_TaskIds)
     m.unknown_tags = None
     length1 = b[o]
@@ -44744,7 +44998,7 @@ def _d1717(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     return m, o
 
 
-def _d1718(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Endpoint v0
+def _d1722(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Endpoint v0
     m = _new(StreamsGroupHeartbeatRequest_Endpoint)
     m.unknown_tags = None
     length1 = b[o]
@@ -44768,7 +45022,7 @@ def _d1718(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     return m, o
 
 
-def _d1719(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TaskOffset v0
+def _d1723(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TaskOffset v0
     m = _new(StreamsGroupHeartbeatRequest_TaskOffset)
     m.unknown_tags = None
     length1 = b[o]
@@ -44792,7 +45046,7 @@ def _d1719(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     return m, o
 
 
-def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest v0
+def _d1724(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest v0
     m = _new(StreamsGroupHeartbeatRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -44829,7 +45083,7 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
         m.topology = None
         o += 1
     else:
-        m.topology, o = _d1716(b, o + 1)
+        m.topology, o = _d1720(b, o + 1)
     n5 = b[o] - 1
     if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
         o += 1
@@ -44840,7 +45094,7 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1717(b, o)
+            v7, o = _d1721(b, o)
             items6.append(v7)
         m.active_tasks = items6
     n8 = b[o] - 1
@@ -44853,7 +45107,7 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items9 = []
         for _ in range(n8):
-            v10, o = _d1717(b, o)
+            v10, o = _d1721(b, o)
             items9.append(v10)
         m.standby_tasks = items9
     n11 = b[o] - 1
@@ -44866,7 +45120,7 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items12 = []
         for _ in range(n11):
-            v13, o = _d1717(b, o)
+            v13, o = _d1721(b, o)
             items12.append(v13)
         m.warmup_tasks = items12
     length14 = b[o]
@@ -44881,7 +45135,7 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
         m.user_endpoint = None
         o += 1
     else:
-        m.user_endpoint, o = _d1718(b, o + 1)
+        m.user_endpoint, o = _d1722(b, o + 1)
     n15 = b[o] - 1
     if 0 <= n15 < 0x7F and n15 <= len(b) - o - 1:
         o += 1
@@ -44892,7 +45146,7 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items16 = []
         for _ in range(n15):
-            v17, o = _d1712(b, o)
+            v17, o = _d1716(b, o)
             items16.append(v17)
         m.client_tags = items16
     n18 = b[o] - 1
@@ -44905,7 +45159,7 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items19 = []
         for _ in range(n18):
-            v20, o = _d1719(b, o)
+            v20, o = _d1723(b, o)
             items19.append(v20)
         m.task_offsets = items19
     n21 = b[o] - 1
@@ -44918,7 +45172,7 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     else:
         items22 = []
         for _ in range(n21):
-            v23, o = _d1719(b, o)
+            v23, o = _d1723(b, o)
             items22.append(v23)
         m.task_end_offsets = items22
     m.shutdown_application, = _S_o.unpack_from(b, o)
@@ -44936,7 +45190,7 @@ def _d1720(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatReque
     return m, o
 
 
-def _e1721(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_CopartitionGroup v0
+def _e1725(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_CopartitionGroup v0
     items1 = m.source_topics
     _write_compact_count(w, items1)
     if items1:
@@ -44955,7 +45209,7 @@ def _e1721(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Copart
         w.append(0)
 
 
-def _e1722(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Subtopology v0
+def _e1726(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Subtopology v0
     _write_compact_string(w, m.subtopology_id)
     items1 = m.source_topics
     _write_compact_count(w, items1)
@@ -44968,7 +45222,7 @@ def _e1722(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Subtop
     items5 = m.state_changelog_topics
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e1701(item6, w)
+        _e1705(item6, w)
     items7 = m.repartition_sink_topics
     _write_compact_count(w, items7)
     for item8 in items7 or ():
@@ -44976,30 +45230,30 @@ def _e1722(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Subtop
     items9 = m.repartition_source_topics
     _write_compact_count(w, items9)
     for item10 in items9 or ():
-        _e1701(item10, w)
+        _e1705(item10, w)
     items11 = m.copartition_groups
     _write_compact_count(w, items11)
     for item12 in items11 or ():
-        _e1721(item12, w)
+        _e1725(item12, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1723(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Topology v0
+def _e1727(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Topology v0
     w += _S_i.pack(m.epoch)
     items1 = m.subtopologies
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1722(item2, w)
+        _e1726(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1724(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest v0
+def _e1728(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest v0
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_ii.pack(m.member_epoch, m.endpoint_information_epoch)
@@ -45010,37 +45264,37 @@ def _e1724(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest v0
         w.append(0xFF)
     else:
         w.append(1)
-        _e1723(m.topology, w)
+        _e1727(m.topology, w)
     items1 = m.active_tasks
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1706(item2, w)
+        _e1710(item2, w)
     items3 = m.standby_tasks
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e1706(item4, w)
+        _e1710(item4, w)
     items5 = m.warmup_tasks
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e1706(item6, w)
+        _e1710(item6, w)
     _write_compact_string(w, m.process_id)
     if m.user_endpoint is None:
         w.append(0xFF)
     else:
         w.append(1)
-        _e1704(m.user_endpoint, w)
+        _e1708(m.user_endpoint, w)
     items7 = m.client_tags
     _write_compact_count(w, items7)
     for item8 in items7 or ():
-        _e1700(item8, w)
+        _e1704(item8, w)
     items9 = m.task_offsets
     _write_compact_count(w, items9)
     for item10 in items9 or ():
-        _e1705(item10, w)
+        _e1709(item10, w)
     items11 = m.task_end_offsets
     _write_compact_count(w, items11)
     for item12 in items11 or ():
-        _e1705(item12, w)
+        _e1709(item12, w)
     w += _S_o.pack(m.shutdown_application)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -45048,7 +45302,7 @@ def _e1724(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest v0
         w.append(0)
 
 
-def _d1725(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_Status v0
+def _d1729(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_Status v0
     m = _new(StreamsGroupHeartbeatResponse_Status)
     m.unknown_tags = None
     m.status_code, = _S_b.unpack_from(b, o)
@@ -45072,7 +45326,7 @@ def _d1725(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     return m, o
 
 
-def _d1726(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_TaskIds v0
+def _d1730(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_TaskIds v0
     m = _new(StreamsGroupHeartbeatResponse_TaskIds)
     m.unknown_tags = None
     length1 = b[o]
@@ -45104,7 +45358,7 @@ def _d1726(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     return m, o
 
 
-def _d1727(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_Endpoint v0
+def _d1731(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_Endpoint v0
     m = _new(StreamsGroupHeartbeatResponse_Endpoint)
     m.unknown_tags = None
     length1 = b[o]
@@ -45128,7 +45382,7 @@ def _d1727(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     return m, o
 
 
-def _d1728(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_TopicPartition v0
+def _d1732(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_TopicPartition v0
     m = _new(StreamsGroupHeartbeatResponse_TopicPartition)
     m.unknown_tags = None
     length1 = b[o]
@@ -45160,10 +45414,10 @@ def _d1728(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     return m, o
 
 
-def _d1729(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_EndpointToPartitions v0
+def _d1733(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_EndpointToPartitions v0
     m = _new(StreamsGroupHeartbeatResponse_EndpointToPartitions)
     m.unknown_tags = None
-    m.user_endpoint, o = _d1727(b, o)
+    m.user_endpoint, o = _d1731(b, o)
     n1 = b[o] - 1
     if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
         o += 1
@@ -45174,7 +45428,7 @@ def _d1729(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1728(b, o)
+            v3, o = _d1732(b, o)
             items2.append(v3)
         m.active_partitions = items2
     n4 = b[o] - 1
@@ -45187,7 +45441,7 @@ def _d1729(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1728(b, o)
+            v6, o = _d1732(b, o)
             items5.append(v6)
         m.standby_partitions = items5
     if b[o] == 0:
@@ -45203,7 +45457,7 @@ def _d1729(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     return m, o
 
 
-def _d1730(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse v0
+def _d1734(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse v0
     m = _new(StreamsGroupHeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -45232,7 +45486,7 @@ def _d1730(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d1725(b, o)
+            v5, o = _d1729(b, o)
             items4.append(v5)
         m.status = items4
     n6 = b[o] - 1
@@ -45245,7 +45499,7 @@ def _d1730(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     else:
         items7 = []
         for _ in range(n6):
-            v8, o = _d1726(b, o)
+            v8, o = _d1730(b, o)
             items7.append(v8)
         m.active_tasks = items7
     n9 = b[o] - 1
@@ -45258,7 +45512,7 @@ def _d1730(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     else:
         items10 = []
         for _ in range(n9):
-            v11, o = _d1726(b, o)
+            v11, o = _d1730(b, o)
             items10.append(v11)
         m.standby_tasks = items10
     n12 = b[o] - 1
@@ -45271,7 +45525,7 @@ def _d1730(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     else:
         items13 = []
         for _ in range(n12):
-            v14, o = _d1726(b, o)
+            v14, o = _d1730(b, o)
             items13.append(v14)
         m.warmup_tasks = items13
     m.endpoint_information_epoch, = _S_i.unpack_from(b, o)
@@ -45286,7 +45540,7 @@ def _d1730(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     else:
         items16 = []
         for _ in range(n15):
-            v17, o = _d1729(b, o)
+            v17, o = _d1733(b, o)
             items16.append(v17)
         m.partitions_by_user_endpoint = items16
     if b[o] == 0:
@@ -45302,7 +45556,7 @@ def _d1730(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespo
     return m, o
 
 
-def _e1731(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_Status v0
+def _e1735(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_Status v0
     w += _S_b.pack(m.status_code)
     _write_compact_string(w, m.status_detail)
     if m.unknown_tags:
@@ -45311,8 +45565,8 @@ def _e1731(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_Statu
         w.append(0)
 
 
-def _e1732(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_EndpointToPartitions v0
-    _e1704(m.user_endpoint, w)
+def _e1736(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_EndpointToPartitions v0
+    _e1708(m.user_endpoint, w)
     items1 = m.active_partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -45327,7 +45581,7 @@ def _e1732(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_Endpo
         w.append(0)
 
 
-def _e1733(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse v0
+def _e1737(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse v0
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.member_id)
@@ -45335,31 +45589,31 @@ def _e1733(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse v0
     items1 = m.status
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1731(item2, w)
+        _e1735(item2, w)
     items3 = m.active_tasks
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e1706(item4, w)
+        _e1710(item4, w)
     items5 = m.standby_tasks
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e1706(item6, w)
+        _e1710(item6, w)
     items7 = m.warmup_tasks
     _write_compact_count(w, items7)
     for item8 in items7 or ():
-        _e1706(item8, w)
+        _e1710(item8, w)
     w += _S_i.pack(m.endpoint_information_epoch)
     items9 = m.partitions_by_user_endpoint
     _write_compact_count(w, items9)
     for item10 in items9 or ():
-        _e1732(item10, w)
+        _e1736(item10, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1734(b: _Buffer, o: int, found: list[int]) -> int:  # StreamsGroupHeartbeatResponse v0: error codes
+def _c1738(b: _Buffer, o: int, found: list[int]) -> int:  # StreamsGroupHeartbeatResponse v0: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -45606,7 +45860,7 @@ def _c1734(b: _Buffer, o: int, found: list[int]) -> int:  # StreamsGroupHeartbea
     return o
 
 
-def _d1735(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroupRequestAssignment v0
+def _d1739(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroupRequestAssignment v0
     m = _new(SyncGroupRequest_SyncGroupRequestAssignment)
     m.unknown_tags = None
     m.member_id, o = _string(b, o)
@@ -45614,7 +45868,7 @@ def _d1735(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroup
     return m, o
 
 
-def _d1736(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v0
+def _d1740(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v0
     m = _new(SyncGroupRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -45630,28 +45884,28 @@ def _d1736(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1735(b, o)
+            v3, o = _d1739(b, o)
             items2.append(v3)
         m.assignments = items2
     return m, o
 
 
-def _e1737(m: Any, w: bytearray) -> None:  # SyncGroupRequest_SyncGroupRequestAssignment v0
+def _e1741(m: Any, w: bytearray) -> None:  # SyncGroupRequest_SyncGroupRequestAssignment v0
     _write_string(w, m.member_id)
     _write_blob(w, m.assignment)
 
 
-def _e1738(m: Any, w: bytearray) -> None:  # SyncGroupRequest v0
+def _e1742(m: Any, w: bytearray) -> None:  # SyncGroupRequest v0
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_string(w, m.member_id)
     items1 = m.assignments
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1737(item2, w)
+        _e1741(item2, w)
 
 
-def _d1739(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v3
+def _d1743(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v3
     m = _new(SyncGroupRequest)
     m.unknown_tags = None
     m.protocol_type = None
@@ -45667,13 +45921,13 @@ def _d1739(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1735(b, o)
+            v3, o = _d1739(b, o)
             items2.append(v3)
         m.assignments = items2
     return m, o
 
 
-def _e1740(m: Any, w: bytearray) -> None:  # SyncGroupRequest v3
+def _e1744(m: Any, w: bytearray) -> None:  # SyncGroupRequest v3
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_string(w, m.member_id)
@@ -45681,10 +45935,10 @@ def _e1740(m: Any, w: bytearray) -> None:  # SyncGroupRequest v3
     items1 = m.assignments
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1737(item2, w)
+        _e1741(item2, w)
 
 
-def _d1741(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroupRequestAssignment v4
+def _d1745(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroupRequestAssignment v4
     m = _new(SyncGroupRequest_SyncGroupRequestAssignment)
     m.unknown_tags = None
     length1 = b[o]
@@ -45707,7 +45961,7 @@ def _d1741(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroup
     return m, o
 
 
-def _d1742(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v4
+def _d1746(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v4
     m = _new(SyncGroupRequest)
     m.unknown_tags = None
     m.protocol_type = None
@@ -45742,7 +45996,7 @@ def _d1742(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v4
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d1741(b, o)
+            v6, o = _d1745(b, o)
             items5.append(v6)
         m.assignments = items5
     if b[o] == 0:
@@ -45758,7 +46012,7 @@ def _d1742(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v4
     return m, o
 
 
-def _e1743(m: Any, w: bytearray) -> None:  # SyncGroupRequest_SyncGroupRequestAssignment v4
+def _e1747(m: Any, w: bytearray) -> None:  # SyncGroupRequest_SyncGroupRequestAssignment v4
     _write_compact_string(w, m.member_id)
     _write_compact_blob(w, m.assignment)
     if m.unknown_tags:
@@ -45767,7 +46021,7 @@ def _e1743(m: Any, w: bytearray) -> None:  # SyncGroupRequest_SyncGroupRequestAs
         w.append(0)
 
 
-def _e1744(m: Any, w: bytearray) -> None:  # SyncGroupRequest v4
+def _e1748(m: Any, w: bytearray) -> None:  # SyncGroupRequest v4
     _write_compact_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_compact_string(w, m.member_id)
@@ -45775,14 +46029,14 @@ def _e1744(m: Any, w: bytearray) -> None:  # SyncGroupRequest v4
     items1 = m.assignments
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1743(item2, w)
+        _e1747(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1745(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v5
+def _d1749(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v5
     m = _new(SyncGroupRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -45827,7 +46081,7 @@ def _d1745(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v5
     else:
         items7 = []
         for _ in range(n6):
-            v8, o = _d1741(b, o)
+            v8, o = _d1745(b, o)
             items7.append(v8)
         m.assignments = items7
     if b[o] == 0:
@@ -45843,7 +46097,7 @@ def _d1745(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v5
     return m, o
 
 
-def _e1746(m: Any, w: bytearray) -> None:  # SyncGroupRequest v5
+def _e1750(m: Any, w: bytearray) -> None:  # SyncGroupRequest v5
     _write_compact_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_compact_string(w, m.member_id)
@@ -45853,14 +46107,14 @@ def _e1746(m: Any, w: bytearray) -> None:  # SyncGroupRequest v5
     items1 = m.assignments
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1743(item2, w)
+        _e1747(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1747(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v0
+def _d1751(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v0
     m = _new(SyncGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -45872,12 +46126,12 @@ def _d1747(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v0
     return m, o
 
 
-def _e1748(m: Any, w: bytearray) -> None:  # SyncGroupResponse v0
+def _e1752(m: Any, w: bytearray) -> None:  # SyncGroupResponse v0
     w += _S_h.pack(m.error_code)
     _write_blob(w, m.assignment)
 
 
-def _d1749(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v1
+def _d1753(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v1
     m = _new(SyncGroupResponse)
     m.unknown_tags = None
     m.protocol_type = None
@@ -45888,12 +46142,12 @@ def _d1749(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v1
     return m, o
 
 
-def _e1750(m: Any, w: bytearray) -> None:  # SyncGroupResponse v1
+def _e1754(m: Any, w: bytearray) -> None:  # SyncGroupResponse v1
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_blob(w, m.assignment)
 
 
-def _d1751(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v4
+def _d1755(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v4
     m = _new(SyncGroupResponse)
     m.unknown_tags = None
     m.protocol_type = None
@@ -45914,7 +46168,7 @@ def _d1751(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v4
     return m, o
 
 
-def _e1752(m: Any, w: bytearray) -> None:  # SyncGroupResponse v4
+def _e1756(m: Any, w: bytearray) -> None:  # SyncGroupResponse v4
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_blob(w, m.assignment)
     if m.unknown_tags:
@@ -45923,7 +46177,7 @@ def _e1752(m: Any, w: bytearray) -> None:  # SyncGroupResponse v4
         w.append(0)
 
 
-def _d1753(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v5
+def _d1757(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v5
     m = _new(SyncGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -45954,7 +46208,7 @@ def _d1753(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v5
     return m, o
 
 
-def _e1754(m: Any, w: bytearray) -> None:  # SyncGroupResponse v5
+def _e1758(m: Any, w: bytearray) -> None:  # SyncGroupResponse v5
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.protocol_type)
     _write_compact_string(w, m.protocol_name)
@@ -45965,7 +46219,7 @@ def _e1754(m: Any, w: bytearray) -> None:  # SyncGroupResponse v5
         w.append(0)
 
 
-def _c1755(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v0: error codes
+def _c1759(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v0: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -45982,7 +46236,7 @@ def _c1755(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v0
     return o
 
 
-def _c1756(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v1: error codes
+def _c1760(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v1: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -46000,7 +46254,7 @@ def _c1756(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v1
     return o
 
 
-def _c1757(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v5: error codes
+def _c1761(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v5: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -46044,7 +46298,7 @@ def _c1757(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v5
     return o
 
 
-def _d1758(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v0
+def _d1762(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v0
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition)
     m.unknown_tags = None
     m.committed_leader_epoch = -1
@@ -46054,64 +46308,7 @@ def _d1758(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_Txn
     return m, o
 
 
-def _d1759(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v0
-    m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic)
-    m.unknown_tags = None
-    m.name, o = _string(b, o)
-    n1, o = _count(b, o)
-    if n1 < 0:
-        m.partitions = None
-    else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1758(b, o)
-            items2.append(v3)
-        m.partitions = items2
-    return m, o
-
-
-def _d1760(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v0
-    m = _new(TxnOffsetCommitRequest)
-    m.unknown_tags = None
-    m.generation_id = -1
-    m.member_id = ''
-    m.group_instance_id = None
-    m.transactional_id, o = _string(b, o)
-    m.group_id, o = _string(b, o)
-    m.producer_id, m.producer_epoch = _S_qh.unpack_from(b, o)
-    o += 10
-    n1, o = _count(b, o)
-    if n1 < 0:
-        m.topics = None
-    else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1759(b, o)
-            items2.append(v3)
-        m.topics = items2
-    return m, o
-
-
-def _e1761(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v0
-    _write_string(w, m.transactional_id)
-    _write_string(w, m.group_id)
-    w += _S_qh.pack(m.producer_id, m.producer_epoch)
-    items1 = m.topics
-    _write_count(w, items1)
-    for item2 in items1 or ():
-        _e1351(item2, w)
-
-
-def _d1762(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v2
-    m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition)
-    m.unknown_tags = None
-    m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
-    o += 16
-    m.committed_metadata, o = _string(b, o)
-    return m, o
-
-
-def _d1763(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v2
+def _d1763(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v0
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -46127,7 +46324,7 @@ def _d1763(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_Txn
     return m, o
 
 
-def _d1764(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v2
+def _d1764(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v0
     m = _new(TxnOffsetCommitRequest)
     m.unknown_tags = None
     m.generation_id = -1
@@ -46149,17 +46346,74 @@ def _d1764(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v2
     return m, o
 
 
-def _e1765(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v2
+def _e1765(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v0
     _write_string(w, m.transactional_id)
     _write_string(w, m.group_id)
     w += _S_qh.pack(m.producer_id, m.producer_epoch)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e1359(item2, w)
+        _e1353(item2, w)
 
 
-def _d1766(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v3
+def _d1766(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v2
+    m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition)
+    m.unknown_tags = None
+    m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
+    o += 16
+    m.committed_metadata, o = _string(b, o)
+    return m, o
+
+
+def _d1767(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v2
+    m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic)
+    m.unknown_tags = None
+    m.name, o = _string(b, o)
+    n1, o = _count(b, o)
+    if n1 < 0:
+        m.partitions = None
+    else:
+        items2 = []
+        for _ in range(n1):
+            v3, o = _d1766(b, o)
+            items2.append(v3)
+        m.partitions = items2
+    return m, o
+
+
+def _d1768(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v2
+    m = _new(TxnOffsetCommitRequest)
+    m.unknown_tags = None
+    m.generation_id = -1
+    m.member_id = ''
+    m.group_instance_id = None
+    m.transactional_id, o = _string(b, o)
+    m.group_id, o = _string(b, o)
+    m.producer_id, m.producer_epoch = _S_qh.unpack_from(b, o)
+    o += 10
+    n1, o = _count(b, o)
+    if n1 < 0:
+        m.topics = None
+    else:
+        items2 = []
+        for _ in range(n1):
+            v3, o = _d1767(b, o)
+            items2.append(v3)
+        m.topics = items2
+    return m, o
+
+
+def _e1769(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v2
+    _write_string(w, m.transactional_id)
+    _write_string(w, m.group_id)
+    w += _S_qh.pack(m.producer_id, m.producer_epoch)
+    items1 = m.topics
+    _write_count(w, items1)
+    for item2 in items1 or ():
+        _e1361(item2, w)
+
+
+def _d1770(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v3
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -46183,7 +46437,7 @@ def _d1766(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_Txn
     return m, o
 
 
-def _d1767(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v3
+def _d1771(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v3
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -46202,7 +46456,7 @@ def _d1767(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_Txn
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1766(b, o)
+            v4, o = _d1770(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -46218,7 +46472,7 @@ def _d1767(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_Txn
     return m, o
 
 
-def _d1768(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v3
+def _d1772(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v3
     m = _new(TxnOffsetCommitRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -46257,7 +46511,7 @@ def _d1768(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v3
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d1767(b, o)
+            v7, o = _d1771(b, o)
             items6.append(v7)
         m.topics = items6
     if b[o] == 0:
@@ -46273,7 +46527,7 @@ def _d1768(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v3
     return m, o
 
 
-def _e1769(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v3
+def _e1773(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v3
     _write_compact_string(w, m.transactional_id)
     _write_compact_string(w, m.group_id)
     w += _S_qhi.pack(m.producer_id, m.producer_epoch, m.generation_id)
@@ -46282,14 +46536,14 @@ def _e1769(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v3
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1367(item2, w)
+        _e1369(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1770(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition v0
+def _d1774(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition v0
     m = _new(TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -46297,7 +46551,7 @@ def _d1770(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_Tx
     return m, o
 
 
-def _d1771(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic v0
+def _d1775(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic v0
     m = _new(TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -46307,13 +46561,13 @@ def _d1771(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_Tx
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1770(b, o)
+            v3, o = _d1774(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d1772(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v0
+def _d1776(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v0
     m = _new(TxnOffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -46324,13 +46578,13 @@ def _d1772(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1771(b, o)
+            v3, o = _d1775(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _d1773(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition v3
+def _d1777(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition v3
     m = _new(TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -46348,7 +46602,7 @@ def _d1773(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_Tx
     return m, o
 
 
-def _d1774(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic v3
+def _d1778(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic v3
     m = _new(TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -46367,7 +46621,7 @@ def _d1774(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_Tx
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1773(b, o)
+            v4, o = _d1777(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -46383,7 +46637,7 @@ def _d1774(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_Tx
     return m, o
 
 
-def _d1775(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v3
+def _d1779(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v3
     m = _new(TxnOffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -46398,7 +46652,7 @@ def _d1775(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1774(b, o)
+            v3, o = _d1778(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -46414,7 +46668,7 @@ def _d1775(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v3
     return m, o
 
 
-def _d1776(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerRequest v0
+def _d1780(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerRequest v0
     m = _new(UnregisterBrokerRequest)
     m.unknown_tags = None
     m.broker_id, = _S_i.unpack_from(b, o)
@@ -46432,7 +46686,7 @@ def _d1776(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerRequest v0
     return m, o
 
 
-def _e1777(m: Any, w: bytearray) -> None:  # UnregisterBrokerRequest v0
+def _e1781(m: Any, w: bytearray) -> None:  # UnregisterBrokerRequest v0
     w += _S_i.pack(m.broker_id)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -46440,7 +46694,7 @@ def _e1777(m: Any, w: bytearray) -> None:  # UnregisterBrokerRequest v0
         w.append(0)
 
 
-def _d1778(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerResponse v0
+def _d1782(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerResponse v0
     m = _new(UnregisterBrokerResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -46464,7 +46718,7 @@ def _d1778(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerResponse v
     return m, o
 
 
-def _d1779(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_FeatureUpdateKey v0
+def _d1783(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_FeatureUpdateKey v0
     m = _new(UpdateFeaturesRequest_FeatureUpdateKey)
     m.unknown_tags = None
     m.upgrade_type = 1
@@ -46489,7 +46743,7 @@ def _d1779(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_Feat
     return m, o
 
 
-def _d1780(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v0
+def _d1784(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v0
     m = _new(UpdateFeaturesRequest)
     m.unknown_tags = None
     m.validate_only = False
@@ -46505,7 +46759,7 @@ def _d1780(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1779(b, o)
+            v3, o = _d1783(b, o)
             items2.append(v3)
         m.feature_updates = items2
     if b[o] == 0:
@@ -46521,7 +46775,7 @@ def _d1780(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v0
     return m, o
 
 
-def _e1781(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest_FeatureUpdateKey v0
+def _e1785(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest_FeatureUpdateKey v0
     _write_compact_string(w, m.feature)
     w += _S_ho.pack(m.max_version_level, m.allow_downgrade)
     if m.unknown_tags:
@@ -46530,19 +46784,19 @@ def _e1781(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest_FeatureUpdate
         w.append(0)
 
 
-def _e1782(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest v0
+def _e1786(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest v0
     w += _S_i.pack(m.timeout_ms)
     items1 = m.feature_updates
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1781(item2, w)
+        _e1785(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1783(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_FeatureUpdateKey v1
+def _d1787(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_FeatureUpdateKey v1
     m = _new(UpdateFeaturesRequest_FeatureUpdateKey)
     m.unknown_tags = None
     m.allow_downgrade = False
@@ -46567,7 +46821,7 @@ def _d1783(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_Feat
     return m, o
 
 
-def _d1784(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v1
+def _d1788(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v1
     m = _new(UpdateFeaturesRequest)
     m.unknown_tags = None
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -46582,7 +46836,7 @@ def _d1784(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1783(b, o)
+            v3, o = _d1787(b, o)
             items2.append(v3)
         m.feature_updates = items2
     m.validate_only, = _S_o.unpack_from(b, o)
@@ -46600,7 +46854,7 @@ def _d1784(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v1
     return m, o
 
 
-def _e1785(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest_FeatureUpdateKey v1
+def _e1789(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest_FeatureUpdateKey v1
     _write_compact_string(w, m.feature)
     w += _S_hb.pack(m.max_version_level, m.upgrade_type)
     if m.unknown_tags:
@@ -46609,12 +46863,12 @@ def _e1785(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest_FeatureUpdate
         w.append(0)
 
 
-def _e1786(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest v1
+def _e1790(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest v1
     w += _S_i.pack(m.timeout_ms)
     items1 = m.feature_updates
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1785(item2, w)
+        _e1789(item2, w)
     w += _S_o.pack(m.validate_only)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -46622,7 +46876,7 @@ def _e1786(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest v1
         w.append(0)
 
 
-def _d1787(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse_UpdatableFeatureResult v0
+def _d1791(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse_UpdatableFeatureResult v0
     m = _new(UpdateFeaturesResponse_UpdatableFeatureResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -46652,7 +46906,7 @@ def _d1787(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse_Upd
     return m, o
 
 
-def _d1788(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v0
+def _d1792(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v0
     m = _new(UpdateFeaturesResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -46673,7 +46927,7 @@ def _d1788(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1787(b, o)
+            v4, o = _d1791(b, o)
             items3.append(v4)
         m.results = items3
     if b[o] == 0:
@@ -46689,7 +46943,7 @@ def _d1788(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v0
     return m, o
 
 
-def _e1789(m: Any, w: bytearray) -> None:  # UpdateFeaturesResponse_UpdatableFeatureResult v0
+def _e1793(m: Any, w: bytearray) -> None:  # UpdateFeaturesResponse_UpdatableFeatureResult v0
     _write_compact_string(w, m.feature)
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
@@ -46699,20 +46953,20 @@ def _e1789(m: Any, w: bytearray) -> None:  # UpdateFeaturesResponse_UpdatableFea
         w.append(0)
 
 
-def _e1790(m: Any, w: bytearray) -> None:  # UpdateFeaturesResponse v0
+def _e1794(m: Any, w: bytearray) -> None:  # UpdateFeaturesResponse v0
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1789(item2, w)
+        _e1793(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1791(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v2
+def _d1795(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v2
     m = _new(UpdateFeaturesResponse)
     m.unknown_tags = None
     m.results = list()
@@ -46737,7 +46991,7 @@ def _d1791(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v2
     return m, o
 
 
-def _c1792(b: _Buffer, o: int, found: list[int]) -> int:  # UpdateFeaturesResponse v0: error codes
+def _c1796(b: _Buffer, o: int, found: list[int]) -> int:  # UpdateFeaturesResponse v0: error codes
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -46796,7 +47050,7 @@ def _c1792(b: _Buffer, o: int, found: list[int]) -> int:  # UpdateFeaturesRespon
     return o
 
 
-def _d1793(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_Listener v0
+def _d1797(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_Listener v0
     m = _new(UpdateRaftVoterRequest_Listener)
     m.unknown_tags = None
     length1 = b[o]
@@ -46826,7 +47080,7 @@ def _d1793(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_Lis
     return m, o
 
 
-def _d1794(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_KRaftVersionFeature v0
+def _d1798(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_KRaftVersionFeature v0
     m = _new(UpdateRaftVoterRequest_KRaftVersionFeature)
     m.unknown_tags = None
     m.min_supported_version, m.max_supported_version = _S_hh.unpack_from(b, o)
@@ -46844,7 +47098,7 @@ def _d1794(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_KRa
     return m, o
 
 
-def _d1795(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest v0
+def _d1799(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest v0
     m = _new(UpdateRaftVoterRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -46866,10 +47120,10 @@ def _d1795(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1793(b, o)
+            v4, o = _d1797(b, o)
             items3.append(v4)
         m.listeners = items3
-    m.k_raft_version_feature, o = _d1794(b, o)
+    m.k_raft_version_feature, o = _d1798(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -46883,7 +47137,7 @@ def _d1795(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest v0
     return m, o
 
 
-def _e1796(m: Any, w: bytearray) -> None:  # UpdateRaftVoterRequest_KRaftVersionFeature v0
+def _e1800(m: Any, w: bytearray) -> None:  # UpdateRaftVoterRequest_KRaftVersionFeature v0
     w += _S_hh.pack(m.min_supported_version, m.max_supported_version)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -46891,21 +47145,21 @@ def _e1796(m: Any, w: bytearray) -> None:  # UpdateRaftVoterRequest_KRaftVersion
         w.append(0)
 
 
-def _e1797(m: Any, w: bytearray) -> None:  # UpdateRaftVoterRequest v0
+def _e1801(m: Any, w: bytearray) -> None:  # UpdateRaftVoterRequest v0
     _write_compact_string(w, m.cluster_id)
     w += _S_iiu.pack(m.current_leader_epoch, m.voter_id, _uuid_bytes(m.voter_directory_id))
     items1 = m.listeners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
         _e44(item2, w)
-    _e1796(m.k_raft_version_feature, w)
+    _e1800(m.k_raft_version_feature, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1798(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse_CurrentLeader v0
+def _d1802(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse_CurrentLeader v0
     m = _new(UpdateRaftVoterResponse_CurrentLeader)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -46931,7 +47185,7 @@ def _d1798(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse_Cu
     return m, o
 
 
-def _d1799(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse v0
+def _d1803(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse v0
     m = _new(UpdateRaftVoterResponse)
     m.unknown_tags = None
     m.current_leader = None
@@ -46944,7 +47198,7 @@ def _d1799(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse v0
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.current_leader, o = _d1798(b, o)
+                m.current_leader, o = _d1802(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -46954,7 +47208,7 @@ def _d1799(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse v0
     return m, o
 
 
-def _e1800(m: Any, w: bytearray) -> None:  # UpdateRaftVoterResponse_CurrentLeader v0
+def _e1804(m: Any, w: bytearray) -> None:  # UpdateRaftVoterResponse_CurrentLeader v0
     w += _S_ii.pack(m.leader_id, m.leader_epoch)
     _write_compact_string(w, m.host)
     w += _S_i.pack(m.port)
@@ -46964,17 +47218,17 @@ def _e1800(m: Any, w: bytearray) -> None:  # UpdateRaftVoterResponse_CurrentLead
         w.append(0)
 
 
-def _e1801(m: Any, w: bytearray) -> None:  # UpdateRaftVoterResponse v0
+def _e1805(m: Any, w: bytearray) -> None:  # UpdateRaftVoterResponse v0
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.current_leader is not None:
         t = bytearray()
-        _e1800(m.current_leader, t)
+        _e1804(m.current_leader, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d1802(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v0
+def _d1806(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v0
     m = _new(VoteRequest_PartitionData)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
@@ -46995,7 +47249,7 @@ def _d1802(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData 
     return m, o
 
 
-def _d1803(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v0
+def _d1807(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v0
     m = _new(VoteRequest_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -47014,7 +47268,7 @@ def _d1803(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1802(b, o)
+            v4, o = _d1806(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -47030,7 +47284,7 @@ def _d1803(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v0
     return m, o
 
 
-def _d1804(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v0
+def _d1808(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v0
     m = _new(VoteRequest)
     m.unknown_tags = None
     m.voter_id = -1
@@ -47050,7 +47304,7 @@ def _d1804(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1803(b, o)
+            v4, o = _d1807(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -47066,7 +47320,7 @@ def _d1804(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v0
     return m, o
 
 
-def _e1805(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v0
+def _e1809(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v0
     w += _S_iiiiq.pack(m.partition_index, m.replica_epoch, m.replica_id, m.last_offset_epoch, m.last_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -47074,31 +47328,31 @@ def _e1805(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v0
         w.append(0)
 
 
-def _e1806(m: Any, w: bytearray) -> None:  # VoteRequest_TopicData v0
+def _e1810(m: Any, w: bytearray) -> None:  # VoteRequest_TopicData v0
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1805(item2, w)
+        _e1809(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1807(m: Any, w: bytearray) -> None:  # VoteRequest v0
+def _e1811(m: Any, w: bytearray) -> None:  # VoteRequest v0
     _write_compact_string(w, m.cluster_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1806(item2, w)
+        _e1810(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1808(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v1
+def _d1812(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v1
     m = _new(VoteRequest_PartitionData)
     m.unknown_tags = None
     m.pre_vote = False
@@ -47119,7 +47373,7 @@ def _d1808(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData 
     return m, o
 
 
-def _d1809(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v1
+def _d1813(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v1
     m = _new(VoteRequest_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -47138,7 +47392,7 @@ def _d1809(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1808(b, o)
+            v4, o = _d1812(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -47154,7 +47408,7 @@ def _d1809(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v1
     return m, o
 
 
-def _d1810(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v1
+def _d1814(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v1
     m = _new(VoteRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -47175,7 +47429,7 @@ def _d1810(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1809(b, o)
+            v4, o = _d1813(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -47191,7 +47445,7 @@ def _d1810(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v1
     return m, o
 
 
-def _e1811(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v1
+def _e1815(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v1
     w += _S_iiiuuiq.pack(m.partition_index, m.replica_epoch, m.replica_id, _uuid_bytes(m.replica_directory_id), _uuid_bytes(m.voter_directory_id), m.last_offset_epoch, m.last_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -47199,32 +47453,32 @@ def _e1811(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v1
         w.append(0)
 
 
-def _e1812(m: Any, w: bytearray) -> None:  # VoteRequest_TopicData v1
+def _e1816(m: Any, w: bytearray) -> None:  # VoteRequest_TopicData v1
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1811(item2, w)
+        _e1815(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1813(m: Any, w: bytearray) -> None:  # VoteRequest v1
+def _e1817(m: Any, w: bytearray) -> None:  # VoteRequest v1
     _write_compact_string(w, m.cluster_id)
     w += _S_i.pack(m.voter_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1812(item2, w)
+        _e1816(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1814(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v2
+def _d1818(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v2
     m = _new(VoteRequest_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.replica_epoch, m.replica_id, _u3, _u4, m.last_offset_epoch, m.last_offset, m.pre_vote = _S_iiiuuiqo.unpack_from(b, o)
@@ -47244,7 +47498,7 @@ def _d1814(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData 
     return m, o
 
 
-def _d1815(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v2
+def _d1819(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v2
     m = _new(VoteRequest_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -47263,7 +47517,7 @@ def _d1815(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v2
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1814(b, o)
+            v4, o = _d1818(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -47279,7 +47533,7 @@ def _d1815(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v2
     return m, o
 
 
-def _d1816(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v2
+def _d1820(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v2
     m = _new(VoteRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -47300,7 +47554,7 @@ def _d1816(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v2
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1815(b, o)
+            v4, o = _d1819(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -47316,7 +47570,7 @@ def _d1816(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v2
     return m, o
 
 
-def _e1817(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v2
+def _e1821(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v2
     w += _S_iiiuuiqo.pack(m.partition_index, m.replica_epoch, m.replica_id, _uuid_bytes(m.replica_directory_id), _uuid_bytes(m.voter_directory_id), m.last_offset_epoch, m.last_offset, m.pre_vote)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -47324,32 +47578,32 @@ def _e1817(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v2
         w.append(0)
 
 
-def _e1818(m: Any, w: bytearray) -> None:  # VoteRequest_TopicData v2
+def _e1822(m: Any, w: bytearray) -> None:  # VoteRequest_TopicData v2
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1817(item2, w)
+        _e1821(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1819(m: Any, w: bytearray) -> None:  # VoteRequest v2
+def _e1823(m: Any, w: bytearray) -> None:  # VoteRequest v2
     _write_compact_string(w, m.cluster_id)
     w += _S_i.pack(m.voter_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1818(item2, w)
+        _e1822(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1820(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_PartitionData v0
+def _d1824(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_PartitionData v0
     m = _new(VoteResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.leader_id, m.leader_epoch, m.vote_granted = _S_ihiio.unpack_from(b, o)
@@ -47367,7 +47621,7 @@ def _d1820(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_PartitionData
     return m, o
 
 
-def _d1821(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_TopicData v0
+def _d1825(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_TopicData v0
     m = _new(VoteResponse_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -47386,7 +47640,7 @@ def _d1821(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_TopicData v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1820(b, o)
+            v4, o = _d1824(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -47402,7 +47656,7 @@ def _d1821(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_TopicData v0
     return m, o
 
 
-def _d1822(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v0
+def _d1826(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v0
     m = _new(VoteResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -47418,7 +47672,7 @@ def _d1822(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1821(b, o)
+            v3, o = _d1825(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -47434,7 +47688,7 @@ def _d1822(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v0
     return m, o
 
 
-def _e1823(m: Any, w: bytearray) -> None:  # VoteResponse_PartitionData v0
+def _e1827(m: Any, w: bytearray) -> None:  # VoteResponse_PartitionData v0
     w += _S_ihiio.pack(m.partition_index, m.error_code, m.leader_id, m.leader_epoch, m.vote_granted)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -47442,31 +47696,31 @@ def _e1823(m: Any, w: bytearray) -> None:  # VoteResponse_PartitionData v0
         w.append(0)
 
 
-def _e1824(m: Any, w: bytearray) -> None:  # VoteResponse_TopicData v0
+def _e1828(m: Any, w: bytearray) -> None:  # VoteResponse_TopicData v0
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1823(item2, w)
+        _e1827(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1825(m: Any, w: bytearray) -> None:  # VoteResponse v0
+def _e1829(m: Any, w: bytearray) -> None:  # VoteResponse v0
     w += _S_h.pack(m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1824(item2, w)
+        _e1828(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1826(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_NodeEndpoint v1
+def _d1830(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_NodeEndpoint v1
     m = _new(VoteResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -47492,7 +47746,7 @@ def _d1826(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_NodeEndpoint 
     return m, o
 
 
-def _d1827(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
+def _d1831(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
     m = _new(VoteResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -47508,7 +47762,7 @@ def _d1827(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1821(b, o)
+            v3, o = _d1825(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -47528,7 +47782,7 @@ def _d1827(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d1826(b, o)
+                        v6, o = _d1830(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -47540,12 +47794,12 @@ def _d1827(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
     return m, o
 
 
-def _e1828(m: Any, w: bytearray) -> None:  # VoteResponse v1
+def _e1832(m: Any, w: bytearray) -> None:  # VoteResponse v1
     w += _S_h.pack(m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1824(item2, w)
+        _e1828(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
         t = bytearray()
@@ -47557,7 +47811,7 @@ def _e1828(m: Any, w: bytearray) -> None:  # VoteResponse v1
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _c1829(b: _Buffer, o: int, found: list[int]) -> int:  # VoteResponse v0: error codes
+def _c1833(b: _Buffer, o: int, found: list[int]) -> int:  # VoteResponse v0: error codes
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -47605,7 +47859,7 @@ def _c1829(b: _Buffer, o: int, found: list[int]) -> int:  # VoteResponse v0: err
     return o
 
 
-def _d1830(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_StateBatch v0
+def _d1834(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_StateBatch v0
     m = _new(WriteShareGroupStateRequest_StateBatch)
     m.unknown_tags = None
     m.first_offset, m.last_offset, m.delivery_state, m.delivery_count = _S_qqbh.unpack_from(b, o)
@@ -47623,7 +47877,7 @@ def _d1830(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     return m, o
 
 
-def _d1831(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_PartitionData v0
+def _d1835(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_PartitionData v0
     m = _new(WriteShareGroupStateRequest_PartitionData)
     m.unknown_tags = None
     m.delivery_complete_count = -1
@@ -47639,7 +47893,7 @@ def _d1831(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1830(b, o)
+            v3, o = _d1834(b, o)
             items2.append(v3)
         m.state_batches = items2
     if b[o] == 0:
@@ -47655,7 +47909,7 @@ def _d1831(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     return m, o
 
 
-def _d1832(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_WriteStateData v0
+def _d1836(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_WriteStateData v0
     m = _new(WriteShareGroupStateRequest_WriteStateData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -47671,7 +47925,7 @@ def _d1832(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1831(b, o)
+            v3, o = _d1835(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -47687,7 +47941,7 @@ def _d1832(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     return m, o
 
 
-def _d1833(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest v0
+def _d1837(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest v0
     m = _new(WriteShareGroupStateRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -47706,7 +47960,7 @@ def _d1833(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1832(b, o)
+            v4, o = _d1836(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -47722,43 +47976,43 @@ def _d1833(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     return m, o
 
 
-def _e1834(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_PartitionData v0
+def _e1838(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_PartitionData v0
     w += _S_iiiq.pack(m.partition, m.state_epoch, m.leader_epoch, m.start_offset)
     items1 = m.state_batches
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1572(item2, w)
+        _e1576(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1835(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_WriteStateData v0
+def _e1839(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_WriteStateData v0
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1834(item2, w)
+        _e1838(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1836(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest v0
+def _e1840(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest v0
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1835(item2, w)
+        _e1839(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1837(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_PartitionData v1
+def _d1841(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_PartitionData v1
     m = _new(WriteShareGroupStateRequest_PartitionData)
     m.unknown_tags = None
     m.partition, m.state_epoch, m.leader_epoch, m.start_offset, m.delivery_complete_count = _S_iiiqi.unpack_from(b, o)
@@ -47773,7 +48027,7 @@ def _d1837(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1830(b, o)
+            v3, o = _d1834(b, o)
             items2.append(v3)
         m.state_batches = items2
     if b[o] == 0:
@@ -47789,7 +48043,7 @@ def _d1837(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     return m, o
 
 
-def _d1838(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_WriteStateData v1
+def _d1842(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_WriteStateData v1
     m = _new(WriteShareGroupStateRequest_WriteStateData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -47805,7 +48059,7 @@ def _d1838(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1837(b, o)
+            v3, o = _d1841(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -47821,7 +48075,7 @@ def _d1838(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     return m, o
 
 
-def _d1839(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest v1
+def _d1843(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest v1
     m = _new(WriteShareGroupStateRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -47840,7 +48094,7 @@ def _d1839(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1838(b, o)
+            v4, o = _d1842(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -47856,43 +48110,43 @@ def _d1839(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateReques
     return m, o
 
 
-def _e1840(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_PartitionData v1
+def _e1844(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_PartitionData v1
     w += _S_iiiqi.pack(m.partition, m.state_epoch, m.leader_epoch, m.start_offset, m.delivery_complete_count)
     items1 = m.state_batches
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1572(item2, w)
+        _e1576(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1841(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_WriteStateData v1
+def _e1845(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_WriteStateData v1
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1840(item2, w)
+        _e1844(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1842(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest v1
+def _e1846(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest v1
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1841(item2, w)
+        _e1845(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1843(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse_PartitionResult v0
+def _d1847(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse_PartitionResult v0
     m = _new(WriteShareGroupStateResponse_PartitionResult)
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
@@ -47916,7 +48170,7 @@ def _d1843(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRespon
     return m, o
 
 
-def _d1844(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse_WriteStateResult v0
+def _d1848(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse_WriteStateResult v0
     m = _new(WriteShareGroupStateResponse_WriteStateResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -47932,7 +48186,7 @@ def _d1844(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRespon
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1843(b, o)
+            v3, o = _d1847(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -47948,7 +48202,7 @@ def _d1844(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRespon
     return m, o
 
 
-def _d1845(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse v0
+def _d1849(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse v0
     m = _new(WriteShareGroupStateResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -47961,7 +48215,7 @@ def _d1845(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRespon
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1844(b, o)
+            v3, o = _d1848(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -47977,7 +48231,7 @@ def _d1845(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRespon
     return m, o
 
 
-def _d1846(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_WritableTxnMarkerTopic v1
+def _d1850(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_WritableTxnMarkerTopic v1
     m = _new(WriteTxnMarkersRequest_WritableTxnMarkerTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -48009,7 +48263,7 @@ def _d1846(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Wri
     return m, o
 
 
-def _d1847(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_WritableTxnMarker v1
+def _d1851(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_WritableTxnMarker v1
     m = _new(WriteTxnMarkersRequest_WritableTxnMarker)
     m.unknown_tags = None
     m.transaction_version = 0
@@ -48025,7 +48279,7 @@ def _d1847(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Wri
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1846(b, o)
+            v3, o = _d1850(b, o)
             items2.append(v3)
         m.topics = items2
     m.coordinator_epoch, = _S_i.unpack_from(b, o)
@@ -48043,93 +48297,7 @@ def _d1847(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Wri
     return m, o
 
 
-def _d1848(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v1
-    m = _new(WriteTxnMarkersRequest)
-    m.unknown_tags = None
-    n1 = b[o] - 1
-    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
-        o += 1
-    else:
-        n1, o = _compact_count(b, o)
-    if n1 < 0:
-        m.markers = None
-    else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1847(b, o)
-            items2.append(v3)
-        m.markers = items2
-    if b[o] == 0:
-        o += 1
-    else:
-        n, o = _read_uvarint(b, o)
-        for _ in range(n):
-            t, o, e = _tagged_field_end(b, o)
-            if m.unknown_tags is None:
-                m.unknown_tags = {}
-            m.unknown_tags[t] = bytes(b[o:e])
-            o = e
-    return m, o
-
-
-def _e1849(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnMarker v1
-    w += _S_qho.pack(m.producer_id, m.producer_epoch, m.transaction_result)
-    items1 = m.topics
-    _write_compact_count(w, items1)
-    for item2 in items1 or ():
-        _e719(item2, w)
-    w += _S_i.pack(m.coordinator_epoch)
-    if m.unknown_tags:
-        _write_tags(w, [], m.unknown_tags)
-    else:
-        w.append(0)
-
-
-def _e1850(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest v1
-    items1 = m.markers
-    _write_compact_count(w, items1)
-    for item2 in items1 or ():
-        _e1849(item2, w)
-    if m.unknown_tags:
-        _write_tags(w, [], m.unknown_tags)
-    else:
-        w.append(0)
-
-
-def _d1851(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_WritableTxnMarker v2
-    m = _new(WriteTxnMarkersRequest_WritableTxnMarker)
-    m.unknown_tags = None
-    m.producer_id, m.producer_epoch, m.transaction_result = _S_qho.unpack_from(b, o)
-    o += 11
-    n1 = b[o] - 1
-    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
-        o += 1
-    else:
-        n1, o = _compact_count(b, o)
-    if n1 < 0:
-        m.topics = None
-    else:
-        items2 = []
-        for _ in range(n1):
-            v3, o = _d1846(b, o)
-            items2.append(v3)
-        m.topics = items2
-    m.coordinator_epoch, m.transaction_version = _S_ib.unpack_from(b, o)
-    o += 5
-    if b[o] == 0:
-        o += 1
-    else:
-        n, o = _read_uvarint(b, o)
-        for _ in range(n):
-            t, o, e = _tagged_field_end(b, o)
-            if m.unknown_tags is None:
-                m.unknown_tags = {}
-            m.unknown_tags[t] = bytes(b[o:e])
-            o = e
-    return m, o
-
-
-def _d1852(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v2
+def _d1852(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v1
     m = _new(WriteTxnMarkersRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -48158,7 +48326,93 @@ def _d1852(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v2
     return m, o
 
 
-def _e1853(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnMarker v2
+def _e1853(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnMarker v1
+    w += _S_qho.pack(m.producer_id, m.producer_epoch, m.transaction_result)
+    items1 = m.topics
+    _write_compact_count(w, items1)
+    for item2 in items1 or ():
+        _e719(item2, w)
+    w += _S_i.pack(m.coordinator_epoch)
+    if m.unknown_tags:
+        _write_tags(w, [], m.unknown_tags)
+    else:
+        w.append(0)
+
+
+def _e1854(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest v1
+    items1 = m.markers
+    _write_compact_count(w, items1)
+    for item2 in items1 or ():
+        _e1853(item2, w)
+    if m.unknown_tags:
+        _write_tags(w, [], m.unknown_tags)
+    else:
+        w.append(0)
+
+
+def _d1855(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_WritableTxnMarker v2
+    m = _new(WriteTxnMarkersRequest_WritableTxnMarker)
+    m.unknown_tags = None
+    m.producer_id, m.producer_epoch, m.transaction_result = _S_qho.unpack_from(b, o)
+    o += 11
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
+    if n1 < 0:
+        m.topics = None
+    else:
+        items2 = []
+        for _ in range(n1):
+            v3, o = _d1850(b, o)
+            items2.append(v3)
+        m.topics = items2
+    m.coordinator_epoch, m.transaction_version = _S_ib.unpack_from(b, o)
+    o += 5
+    if b[o] == 0:
+        o += 1
+    else:
+        n, o = _read_uvarint(b, o)
+        for _ in range(n):
+            t, o, e = _tagged_field_end(b, o)
+            if m.unknown_tags is None:
+                m.unknown_tags = {}
+            m.unknown_tags[t] = bytes(b[o:e])
+            o = e
+    return m, o
+
+
+def _d1856(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v2
+    m = _new(WriteTxnMarkersRequest)
+    m.unknown_tags = None
+    n1 = b[o] - 1
+    if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
+        o += 1
+    else:
+        n1, o = _compact_count(b, o)
+    if n1 < 0:
+        m.markers = None
+    else:
+        items2 = []
+        for _ in range(n1):
+            v3, o = _d1855(b, o)
+            items2.append(v3)
+        m.markers = items2
+    if b[o] == 0:
+        o += 1
+    else:
+        n, o = _read_uvarint(b, o)
+        for _ in range(n):
+            t, o, e = _tagged_field_end(b, o)
+            if m.unknown_tags is None:
+                m.unknown_tags = {}
+            m.unknown_tags[t] = bytes(b[o:e])
+            o = e
+    return m, o
+
+
+def _e1857(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnMarker v2
     w += _S_qho.pack(m.producer_id, m.producer_epoch, m.transaction_result)
     items1 = m.topics
     _write_compact_count(w, items1)
@@ -48171,18 +48425,18 @@ def _e1853(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnM
         w.append(0)
 
 
-def _e1854(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest v2
+def _e1858(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest v2
     items1 = m.markers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1853(item2, w)
+        _e1857(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d1855(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult v1
+def _d1859(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult v1
     m = _new(WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -48200,7 +48454,7 @@ def _d1855(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Wr
     return m, o
 
 
-def _d1856(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_WritableTxnMarkerTopicResult v1
+def _d1860(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_WritableTxnMarkerTopicResult v1
     m = _new(WriteTxnMarkersResponse_WritableTxnMarkerTopicResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -48219,7 +48473,7 @@ def _d1856(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Wr
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1855(b, o)
+            v4, o = _d1859(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -48235,7 +48489,7 @@ def _d1856(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Wr
     return m, o
 
 
-def _d1857(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_WritableTxnMarkerResult v1
+def _d1861(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_WritableTxnMarkerResult v1
     m = _new(WriteTxnMarkersResponse_WritableTxnMarkerResult)
     m.unknown_tags = None
     m.producer_id, = _S_q.unpack_from(b, o)
@@ -48250,7 +48504,7 @@ def _d1857(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Wr
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1856(b, o)
+            v3, o = _d1860(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -48266,7 +48520,7 @@ def _d1857(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Wr
     return m, o
 
 
-def _d1858(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse v1
+def _d1862(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse v1
     m = _new(WriteTxnMarkersResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -48279,7 +48533,7 @@ def _d1858(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1857(b, o)
+            v3, o = _d1861(b, o)
             items2.append(v3)
         m.markers = items2
     if b[o] == 0:
@@ -48295,30 +48549,30 @@ def _d1858(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse v1
     return m, o
 
 
-def _e1859(m: Any, w: bytearray) -> None:  # WriteTxnMarkersResponse_WritableTxnMarkerResult v1
+def _e1863(m: Any, w: bytearray) -> None:  # WriteTxnMarkersResponse_WritableTxnMarkerResult v1
     w += _S_q.pack(m.producer_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1383(item2, w)
+        _e1385(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e1860(m: Any, w: bytearray) -> None:  # WriteTxnMarkersResponse v1
+def _e1864(m: Any, w: bytearray) -> None:  # WriteTxnMarkersResponse v1
     items1 = m.markers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e1859(item2, w)
+        _e1863(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _c1861(b: _Buffer, o: int, found: list[int]) -> int:  # WriteTxnMarkersResponse v1: error codes
+def _c1865(b: _Buffer, o: int, found: list[int]) -> int:  # WriteTxnMarkersResponse v1: error codes
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -49136,8 +49390,8 @@ FetchSnapshotRequest.DEFAULTS = (None, -1, 2147483647, list, )
 FetchSnapshotRequest.TopicSnapshot = FetchSnapshotRequest_TopicSnapshot
 FetchSnapshotRequest.PartitionSnapshot = FetchSnapshotRequest_PartitionSnapshot
 FetchSnapshotRequest.SnapshotId = FetchSnapshotRequest_SnapshotId
-FetchSnapshotRequest.DECODERS = {0: _d996, 1: _d1002}
-FetchSnapshotRequest.ENCODERS = {0: _e999, 1: _e1005}
+FetchSnapshotRequest.DECODERS = {0: _d998, 1: _d1004}
+FetchSnapshotRequest.ENCODERS = {0: _e1001, 1: _e1007}
 
 FetchSnapshotResponse_TopicSnapshot.DEFAULTS = ('', list, )
 FetchSnapshotResponse_TopicSnapshot.PartitionSnapshot = FetchSnapshotResponse_PartitionSnapshot
@@ -49153,34 +49407,34 @@ FetchSnapshotResponse.NodeEndpoint = FetchSnapshotResponse_NodeEndpoint
 FetchSnapshotResponse.PartitionSnapshot = FetchSnapshotResponse_PartitionSnapshot
 FetchSnapshotResponse.SnapshotId = FetchSnapshotResponse_SnapshotId
 FetchSnapshotResponse.LeaderIdAndEpoch = FetchSnapshotResponse_LeaderIdAndEpoch
-FetchSnapshotResponse.DECODERS = {0: _d1010, 1: _d1015}
-FetchSnapshotResponse.ENCODERS = {0: _e1013, 1: _e1016}
+FetchSnapshotResponse.DECODERS = {0: _d1012, 1: _d1017}
+FetchSnapshotResponse.ENCODERS = {0: _e1015, 1: _e1018}
 
 FindCoordinatorRequest.DEFAULTS = ('', 0, list, )
-FindCoordinatorRequest.DECODERS = {0: _d1018, 1: _d1020, 2: _d1020, 3: _d1022, 4: _d1024, 5: _d1024, 6: _d1024}
-FindCoordinatorRequest.ENCODERS = {0: _e1019, 1: _e1021, 2: _e1021, 3: _e1023, 4: _e1025, 5: _e1025, 6: _e1025}
+FindCoordinatorRequest.DECODERS = {0: _d1020, 1: _d1022, 2: _d1022, 3: _d1024, 4: _d1026, 5: _d1026, 6: _d1026}
+FindCoordinatorRequest.ENCODERS = {0: _e1021, 1: _e1023, 2: _e1023, 3: _e1025, 4: _e1027, 5: _e1027, 6: _e1027}
 
 FindCoordinatorResponse_Coordinator.DEFAULTS = ('', 0, '', 0, 0, '', )
 FindCoordinatorResponse.DEFAULTS = (0, 0, '', 0, '', 0, list, )
 FindCoordinatorResponse.Coordinator = FindCoordinatorResponse_Coordinator
-FindCoordinatorResponse.DECODERS = {0: _d1026, 1: _d1028, 2: _d1028, 3: _d1030, 4: _d1033, 5: _d1033, 6: _d1033}
-FindCoordinatorResponse.ENCODERS = {0: _e1027, 1: _e1029, 2: _e1029, 3: _e1031, 4: _e1035, 5: _e1035, 6: _e1035}
+FindCoordinatorResponse.DECODERS = {0: _d1028, 1: _d1030, 2: _d1030, 3: _d1032, 4: _d1035, 5: _d1035, 6: _d1035}
+FindCoordinatorResponse.ENCODERS = {0: _e1029, 1: _e1031, 2: _e1031, 3: _e1033, 4: _e1037, 5: _e1037, 6: _e1037}
 
 GetTelemetrySubscriptionsRequest.DEFAULTS = (_ZERO_UUID, )
-GetTelemetrySubscriptionsRequest.DECODERS = {0: _d1040}
-GetTelemetrySubscriptionsRequest.ENCODERS = {0: _e1041}
+GetTelemetrySubscriptionsRequest.DECODERS = {0: _d1042}
+GetTelemetrySubscriptionsRequest.ENCODERS = {0: _e1043}
 
 GetTelemetrySubscriptionsResponse.DEFAULTS = (0, 0, _ZERO_UUID, 0, list, 0, 0, False, list, )
-GetTelemetrySubscriptionsResponse.DECODERS = {0: _d1042}
-GetTelemetrySubscriptionsResponse.ENCODERS = {0: _e1043}
+GetTelemetrySubscriptionsResponse.DECODERS = {0: _d1044}
+GetTelemetrySubscriptionsResponse.ENCODERS = {0: _e1045}
 
 HeartbeatRequest.DEFAULTS = ('', 0, '', None, )
-HeartbeatRequest.DECODERS = {0: _d1045, 1: _d1045, 2: _d1045, 3: _d1047, 4: _d1049}
-HeartbeatRequest.ENCODERS = {0: _e1046, 1: _e1046, 2: _e1046, 3: _e1048, 4: _e1050}
+HeartbeatRequest.DECODERS = {0: _d1047, 1: _d1047, 2: _d1047, 3: _d1049, 4: _d1051}
+HeartbeatRequest.ENCODERS = {0: _e1048, 1: _e1048, 2: _e1048, 3: _e1050, 4: _e1052}
 
 HeartbeatResponse.DEFAULTS = (0, 0, )
-HeartbeatResponse.DECODERS = {0: _d1051, 1: _d1053, 2: _d1053, 3: _d1053, 4: _d1054}
-HeartbeatResponse.ENCODERS = {0: _e1052, 1: _e6, 2: _e6, 3: _e6, 4: _e8}
+HeartbeatResponse.DECODERS = {0: _d1053, 1: _d1055, 2: _d1055, 3: _d1055, 4: _d1056}
+HeartbeatResponse.ENCODERS = {0: _e1054, 1: _e6, 2: _e6, 3: _e6, 4: _e8}
 
 IncrementalAlterConfigsRequest_AlterConfigsResource.DEFAULTS = (0, '', list, )
 IncrementalAlterConfigsRequest_AlterConfigsResource.AlterableConfig = IncrementalAlterConfigsRequest_AlterableConfig
@@ -49188,22 +49442,22 @@ IncrementalAlterConfigsRequest_AlterableConfig.DEFAULTS = ('', 0, '', )
 IncrementalAlterConfigsRequest.DEFAULTS = (list, False, )
 IncrementalAlterConfigsRequest.AlterConfigsResource = IncrementalAlterConfigsRequest_AlterConfigsResource
 IncrementalAlterConfigsRequest.AlterableConfig = IncrementalAlterConfigsRequest_AlterableConfig
-IncrementalAlterConfigsRequest.DECODERS = {0: _d1058, 1: _d1064}
-IncrementalAlterConfigsRequest.ENCODERS = {0: _e1061, 1: _e1067}
+IncrementalAlterConfigsRequest.DECODERS = {0: _d1060, 1: _d1066}
+IncrementalAlterConfigsRequest.ENCODERS = {0: _e1063, 1: _e1069}
 
 IncrementalAlterConfigsResponse_AlterConfigsResourceResponse.DEFAULTS = (0, '', 0, '', )
 IncrementalAlterConfigsResponse.DEFAULTS = (0, list, )
 IncrementalAlterConfigsResponse.AlterConfigsResourceResponse = IncrementalAlterConfigsResponse_AlterConfigsResourceResponse
-IncrementalAlterConfigsResponse.DECODERS = {0: _d1069, 1: _d1071}
+IncrementalAlterConfigsResponse.DECODERS = {0: _d1071, 1: _d1073}
 IncrementalAlterConfigsResponse.ENCODERS = {0: _e99, 1: _e103}
 
 InitProducerIdRequest.DEFAULTS = ('', 0, -1, -1, False, False, )
-InitProducerIdRequest.DECODERS = {0: _d1072, 1: _d1072, 2: _d1074, 3: _d1076, 4: _d1076, 5: _d1076, 6: _d1078}
-InitProducerIdRequest.ENCODERS = {0: _e1073, 1: _e1073, 2: _e1075, 3: _e1077, 4: _e1077, 5: _e1077, 6: _e1079}
+InitProducerIdRequest.DECODERS = {0: _d1074, 1: _d1074, 2: _d1076, 3: _d1078, 4: _d1078, 5: _d1078, 6: _d1080}
+InitProducerIdRequest.ENCODERS = {0: _e1075, 1: _e1075, 2: _e1077, 3: _e1079, 4: _e1079, 5: _e1079, 6: _e1081}
 
 InitProducerIdResponse.DEFAULTS = (0, 0, -1, 0, -1, -1, )
-InitProducerIdResponse.DECODERS = {0: _d1080, 1: _d1080, 2: _d1082, 3: _d1082, 4: _d1082, 5: _d1082, 6: _d1083}
-InitProducerIdResponse.ENCODERS = {0: _e1081, 1: _e1081, 2: _e875, 3: _e875, 4: _e875, 5: _e875, 6: _e1084}
+InitProducerIdResponse.DECODERS = {0: _d1082, 1: _d1082, 2: _d1084, 3: _d1084, 4: _d1084, 5: _d1084, 6: _d1085}
+InitProducerIdResponse.ENCODERS = {0: _e1083, 1: _e1083, 2: _e875, 3: _e875, 4: _e875, 5: _e875, 6: _e1086}
 
 InitializeShareGroupStateRequest_InitializeStateData.DEFAULTS = (_ZERO_UUID, list, )
 InitializeShareGroupStateRequest_InitializeStateData.PartitionData = InitializeShareGroupStateRequest_PartitionData
@@ -49211,8 +49465,8 @@ InitializeShareGroupStateRequest_PartitionData.DEFAULTS = (0, 0, 0, )
 InitializeShareGroupStateRequest.DEFAULTS = ('', list, )
 InitializeShareGroupStateRequest.InitializeStateData = InitializeShareGroupStateRequest_InitializeStateData
 InitializeShareGroupStateRequest.PartitionData = InitializeShareGroupStateRequest_PartitionData
-InitializeShareGroupStateRequest.DECODERS = {0: _d1089}
-InitializeShareGroupStateRequest.ENCODERS = {0: _e1092}
+InitializeShareGroupStateRequest.DECODERS = {0: _d1091}
+InitializeShareGroupStateRequest.ENCODERS = {0: _e1094}
 
 InitializeShareGroupStateResponse_InitializeStateResult.DEFAULTS = (_ZERO_UUID, list, )
 InitializeShareGroupStateResponse_InitializeStateResult.PartitionResult = InitializeShareGroupStateResponse_PartitionResult
@@ -49220,54 +49474,54 @@ InitializeShareGroupStateResponse_PartitionResult.DEFAULTS = (0, 0, None, )
 InitializeShareGroupStateResponse.DEFAULTS = (list, )
 InitializeShareGroupStateResponse.InitializeStateResult = InitializeShareGroupStateResponse_InitializeStateResult
 InitializeShareGroupStateResponse.PartitionResult = InitializeShareGroupStateResponse_PartitionResult
-InitializeShareGroupStateResponse.DECODERS = {0: _d1095}
+InitializeShareGroupStateResponse.DECODERS = {0: _d1097}
 InitializeShareGroupStateResponse.ENCODERS = {0: _e492}
 
 JoinGroupRequest_JoinGroupRequestProtocol.DEFAULTS = ('', b'', )
 JoinGroupRequest.DEFAULTS = ('', 0, -1, '', None, '', list, None, )
 JoinGroupRequest.JoinGroupRequestProtocol = JoinGroupRequest_JoinGroupRequestProtocol
-JoinGroupRequest.DECODERS = {0: _d1097, 1: _d1100, 2: _d1100, 3: _d1100, 4: _d1100, 5: _d1102, 6: _d1105, 7: _d1105, 8: _d1108, 9: _d1108}
-JoinGroupRequest.ENCODERS = {0: _e1099, 1: _e1101, 2: _e1101, 3: _e1101, 4: _e1101, 5: _e1103, 6: _e1107, 7: _e1107, 8: _e1109, 9: _e1109}
+JoinGroupRequest.DECODERS = {0: _d1099, 1: _d1102, 2: _d1102, 3: _d1102, 4: _d1102, 5: _d1104, 6: _d1107, 7: _d1107, 8: _d1110, 9: _d1110}
+JoinGroupRequest.ENCODERS = {0: _e1101, 1: _e1103, 2: _e1103, 3: _e1103, 4: _e1103, 5: _e1105, 6: _e1109, 7: _e1109, 8: _e1111, 9: _e1111}
 
 JoinGroupResponse_JoinGroupResponseMember.DEFAULTS = ('', None, b'', )
 JoinGroupResponse.DEFAULTS = (0, 0, -1, None, '', '', False, '', list, )
 JoinGroupResponse.JoinGroupResponseMember = JoinGroupResponse_JoinGroupResponseMember
-JoinGroupResponse.DECODERS = {0: _d1111, 1: _d1111, 2: _d1114, 3: _d1114, 4: _d1114, 5: _d1117, 6: _d1121, 7: _d1124, 8: _d1124, 9: _d1126}
-JoinGroupResponse.ENCODERS = {0: _e1113, 1: _e1113, 2: _e1115, 3: _e1115, 4: _e1115, 5: _e1119, 6: _e1123, 7: _e1125, 8: _e1125, 9: _e1127}
+JoinGroupResponse.DECODERS = {0: _d1113, 1: _d1113, 2: _d1116, 3: _d1116, 4: _d1116, 5: _d1119, 6: _d1123, 7: _d1126, 8: _d1126, 9: _d1128}
+JoinGroupResponse.ENCODERS = {0: _e1115, 1: _e1115, 2: _e1117, 3: _e1117, 4: _e1117, 5: _e1121, 6: _e1125, 7: _e1127, 8: _e1127, 9: _e1129}
 
 LeaderAndIsrRequest.DEFAULTS = ()
 LeaderAndIsrResponse.DEFAULTS = ()
 LeaveGroupRequest_MemberIdentity.DEFAULTS = ('', None, None, )
 LeaveGroupRequest.DEFAULTS = ('', '', list, )
 LeaveGroupRequest.MemberIdentity = LeaveGroupRequest_MemberIdentity
-LeaveGroupRequest.DECODERS = {0: _d1134, 1: _d1134, 2: _d1134, 3: _d1137, 4: _d1141, 5: _d1145}
-LeaveGroupRequest.ENCODERS = {0: _e1135, 1: _e1135, 2: _e1135, 3: _e1139, 4: _e1143, 5: _e1147}
+LeaveGroupRequest.DECODERS = {0: _d1136, 1: _d1136, 2: _d1136, 3: _d1139, 4: _d1143, 5: _d1147}
+LeaveGroupRequest.ENCODERS = {0: _e1137, 1: _e1137, 2: _e1137, 3: _e1141, 4: _e1145, 5: _e1149}
 
 LeaveGroupResponse_MemberResponse.DEFAULTS = ('', '', 0, )
 LeaveGroupResponse.DEFAULTS = (0, 0, list, )
 LeaveGroupResponse.MemberResponse = LeaveGroupResponse_MemberResponse
-LeaveGroupResponse.DECODERS = {0: _d1148, 1: _d1149, 2: _d1149, 3: _d1151, 4: _d1155, 5: _d1155}
-LeaveGroupResponse.ENCODERS = {0: _e1052, 1: _e6, 2: _e6, 3: _e1153, 4: _e1157, 5: _e1157}
+LeaveGroupResponse.DECODERS = {0: _d1150, 1: _d1151, 2: _d1151, 3: _d1153, 4: _d1157, 5: _d1157}
+LeaveGroupResponse.ENCODERS = {0: _e1054, 1: _e6, 2: _e6, 3: _e1155, 4: _e1159, 5: _e1159}
 
 ListConfigResourcesRequest.DEFAULTS = (list, )
-ListConfigResourcesRequest.DECODERS = {0: _d1160, 1: _d1162}
-ListConfigResourcesRequest.ENCODERS = {0: _e1161, 1: _e1163}
+ListConfigResourcesRequest.DECODERS = {0: _d1162, 1: _d1164}
+ListConfigResourcesRequest.ENCODERS = {0: _e1163, 1: _e1165}
 
 ListConfigResourcesResponse_ConfigResource.DEFAULTS = ('', 16, )
 ListConfigResourcesResponse.DEFAULTS = (0, 0, list, )
 ListConfigResourcesResponse.ConfigResource = ListConfigResourcesResponse_ConfigResource
-ListConfigResourcesResponse.DECODERS = {0: _d1165, 1: _d1169}
-ListConfigResourcesResponse.ENCODERS = {0: _e1167, 1: _e1171}
+ListConfigResourcesResponse.DECODERS = {0: _d1167, 1: _d1171}
+ListConfigResourcesResponse.ENCODERS = {0: _e1169, 1: _e1173}
 
 ListGroupsRequest.DEFAULTS = (list, list, )
-ListGroupsRequest.DECODERS = {0: _d1174, 1: _d1174, 2: _d1174, 3: _d1175, 4: _d1176, 5: _d1178}
-ListGroupsRequest.ENCODERS = {0: _e192, 1: _e192, 2: _e192, 3: _e1161, 4: _e1177, 5: _e1179}
+ListGroupsRequest.DECODERS = {0: _d1176, 1: _d1176, 2: _d1176, 3: _d1177, 4: _d1178, 5: _d1180}
+ListGroupsRequest.ENCODERS = {0: _e192, 1: _e192, 2: _e192, 3: _e1163, 4: _e1179, 5: _e1181}
 
 ListGroupsResponse_ListedGroup.DEFAULTS = ('', '', '', '', )
 ListGroupsResponse.DEFAULTS = (0, 0, list, )
 ListGroupsResponse.ListedGroup = ListGroupsResponse_ListedGroup
-ListGroupsResponse.DECODERS = {0: _d1181, 1: _d1184, 2: _d1184, 3: _d1187, 4: _d1191, 5: _d1195}
-ListGroupsResponse.ENCODERS = {0: _e1183, 1: _e1185, 2: _e1185, 3: _e1189, 4: _e1193, 5: _e1197}
+ListGroupsResponse.DECODERS = {0: _d1183, 1: _d1186, 2: _d1186, 3: _d1189, 4: _d1193, 5: _d1197}
+ListGroupsResponse.ENCODERS = {0: _e1185, 1: _e1187, 2: _e1187, 3: _e1191, 4: _e1195, 5: _e1199}
 
 ListOffsetsRequest_ListOffsetsTopic.DEFAULTS = ('', list, )
 ListOffsetsRequest_ListOffsetsTopic.ListOffsetsPartition = ListOffsetsRequest_ListOffsetsPartition
@@ -49275,8 +49529,8 @@ ListOffsetsRequest_ListOffsetsPartition.DEFAULTS = (0, -1, 0, )
 ListOffsetsRequest.DEFAULTS = (0, 0, list, 0, )
 ListOffsetsRequest.ListOffsetsTopic = ListOffsetsRequest_ListOffsetsTopic
 ListOffsetsRequest.ListOffsetsPartition = ListOffsetsRequest_ListOffsetsPartition
-ListOffsetsRequest.DECODERS = {1: _d1205, 2: _d1209, 3: _d1209, 4: _d1213, 5: _d1213, 6: _d1219, 7: _d1219, 8: _d1219, 9: _d1219, 10: _d1223, 11: _d1223}
-ListOffsetsRequest.ENCODERS = {1: _e1208, 2: _e1210, 3: _e1210, 4: _e1216, 5: _e1216, 6: _e1222, 7: _e1222, 8: _e1222, 9: _e1222, 10: _e1224, 11: _e1224}
+ListOffsetsRequest.DECODERS = {1: _d1207, 2: _d1211, 3: _d1211, 4: _d1215, 5: _d1215, 6: _d1221, 7: _d1221, 8: _d1221, 9: _d1221, 10: _d1225, 11: _d1225}
+ListOffsetsRequest.ENCODERS = {1: _e1210, 2: _e1212, 3: _e1212, 4: _e1218, 5: _e1218, 6: _e1224, 7: _e1224, 8: _e1224, 9: _e1224, 10: _e1226, 11: _e1226}
 
 ListOffsetsResponse_ListOffsetsTopicResponse.DEFAULTS = ('', list, )
 ListOffsetsResponse_ListOffsetsTopicResponse.ListOffsetsPartitionResponse = ListOffsetsResponse_ListOffsetsPartitionResponse
@@ -49284,14 +49538,14 @@ ListOffsetsResponse_ListOffsetsPartitionResponse.DEFAULTS = (0, 0, -1, -1, -1, )
 ListOffsetsResponse.DEFAULTS = (0, list, )
 ListOffsetsResponse.ListOffsetsTopicResponse = ListOffsetsResponse_ListOffsetsTopicResponse
 ListOffsetsResponse.ListOffsetsPartitionResponse = ListOffsetsResponse_ListOffsetsPartitionResponse
-ListOffsetsResponse.DECODERS = {1: _d1227, 2: _d1231, 3: _d1231, 4: _d1235, 5: _d1235, 6: _d1241, 7: _d1241, 8: _d1241, 9: _d1241, 10: _d1241, 11: _d1241}
-ListOffsetsResponse.ENCODERS = {1: _e1230, 2: _e1232, 3: _e1232, 4: _e1238, 5: _e1238, 6: _e1244, 7: _e1244, 8: _e1244, 9: _e1244, 10: _e1244, 11: _e1244}
+ListOffsetsResponse.DECODERS = {1: _d1229, 2: _d1233, 3: _d1233, 4: _d1237, 5: _d1237, 6: _d1243, 7: _d1243, 8: _d1243, 9: _d1243, 10: _d1243, 11: _d1243}
+ListOffsetsResponse.ENCODERS = {1: _e1232, 2: _e1234, 3: _e1234, 4: _e1240, 5: _e1240, 6: _e1246, 7: _e1246, 8: _e1246, 9: _e1246, 10: _e1246, 11: _e1246}
 
 ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics.DEFAULTS = ('', list, )
 ListPartitionReassignmentsRequest.DEFAULTS = (60000, None, )
 ListPartitionReassignmentsRequest.ListPartitionReassignmentsTopics = ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics
-ListPartitionReassignmentsRequest.DECODERS = {0: _d1250}
-ListPartitionReassignmentsRequest.ENCODERS = {0: _e1251}
+ListPartitionReassignmentsRequest.DECODERS = {0: _d1252}
+ListPartitionReassignmentsRequest.ENCODERS = {0: _e1253}
 
 ListPartitionReassignmentsResponse_OngoingTopicReassignment.DEFAULTS = ('', list, )
 ListPartitionReassignmentsResponse_OngoingTopicReassignment.OngoingPartitionReassignment = ListPartitionReassignmentsResponse_OngoingPartitionReassignment
@@ -49299,24 +49553,24 @@ ListPartitionReassignmentsResponse_OngoingPartitionReassignment.DEFAULTS = (0, l
 ListPartitionReassignmentsResponse.DEFAULTS = (0, 0, '', list, )
 ListPartitionReassignmentsResponse.OngoingTopicReassignment = ListPartitionReassignmentsResponse_OngoingTopicReassignment
 ListPartitionReassignmentsResponse.OngoingPartitionReassignment = ListPartitionReassignmentsResponse_OngoingPartitionReassignment
-ListPartitionReassignmentsResponse.DECODERS = {0: _d1254}
-ListPartitionReassignmentsResponse.ENCODERS = {0: _e1257}
+ListPartitionReassignmentsResponse.DECODERS = {0: _d1256}
+ListPartitionReassignmentsResponse.ENCODERS = {0: _e1259}
 
 ListTransactionsRequest.DEFAULTS = (list, list, -1, None, )
-ListTransactionsRequest.DECODERS = {0: _d1259, 1: _d1261, 2: _d1263}
-ListTransactionsRequest.ENCODERS = {0: _e1260, 1: _e1262, 2: _e1264}
+ListTransactionsRequest.DECODERS = {0: _d1261, 1: _d1263, 2: _d1265}
+ListTransactionsRequest.ENCODERS = {0: _e1262, 1: _e1264, 2: _e1266}
 
 ListTransactionsResponse_TransactionState.DEFAULTS = ('', 0, '', )
 ListTransactionsResponse.DEFAULTS = (0, 0, list, list, )
 ListTransactionsResponse.TransactionState = ListTransactionsResponse_TransactionState
-ListTransactionsResponse.DECODERS = {0: _d1266, 1: _d1266, 2: _d1266}
-ListTransactionsResponse.ENCODERS = {0: _e1268, 1: _e1268, 2: _e1268}
+ListTransactionsResponse.DECODERS = {0: _d1268, 1: _d1268, 2: _d1268}
+ListTransactionsResponse.ENCODERS = {0: _e1270, 1: _e1270, 2: _e1270}
 
 MetadataRequest_MetadataRequestTopic.DEFAULTS = (_ZERO_UUID, '', )
 MetadataRequest.DEFAULTS = (list, True, False, False, )
 MetadataRequest.MetadataRequestTopic = MetadataRequest_MetadataRequestTopic
-MetadataRequest.DECODERS = {0: _d1271, 1: _d1271, 2: _d1271, 3: _d1271, 4: _d1274, 5: _d1274, 6: _d1274, 7: _d1274, 8: _d1276, 9: _d1279, 10: _d1282, 11: _d1285, 12: _d1285, 13: _d1285}
-MetadataRequest.ENCODERS = {0: _e1273, 1: _e1273, 2: _e1273, 3: _e1273, 4: _e1275, 5: _e1275, 6: _e1275, 7: _e1275, 8: _e1277, 9: _e1280, 10: _e1284, 11: _e1286, 12: _e1286, 13: _e1286}
+MetadataRequest.DECODERS = {0: _d1273, 1: _d1273, 2: _d1273, 3: _d1273, 4: _d1276, 5: _d1276, 6: _d1276, 7: _d1276, 8: _d1278, 9: _d1281, 10: _d1284, 11: _d1287, 12: _d1287, 13: _d1287}
+MetadataRequest.ENCODERS = {0: _e1275, 1: _e1275, 2: _e1275, 3: _e1275, 4: _e1277, 5: _e1277, 6: _e1277, 7: _e1277, 8: _e1279, 9: _e1282, 10: _e1286, 11: _e1288, 12: _e1288, 13: _e1288}
 
 MetadataResponse_MetadataResponseBroker.DEFAULTS = (0, '', 0, None, )
 MetadataResponse_MetadataResponseTopic.DEFAULTS = (0, '', _ZERO_UUID, False, list, -2147483648, )
@@ -49326,8 +49580,8 @@ MetadataResponse.DEFAULTS = (0, list, None, -1, list, -2147483648, 0, )
 MetadataResponse.MetadataResponseBroker = MetadataResponse_MetadataResponseBroker
 MetadataResponse.MetadataResponseTopic = MetadataResponse_MetadataResponseTopic
 MetadataResponse.MetadataResponsePartition = MetadataResponse_MetadataResponsePartition
-MetadataResponse.DECODERS = {0: _d1290, 1: _d1297, 2: _d1301, 3: _d1303, 4: _d1303, 5: _d1307, 6: _d1307, 7: _d1313, 8: _d1318, 9: _d1324, 10: _d1329, 11: _d1332, 12: _d1332, 13: _d1334}
-MetadataResponse.ENCODERS = {0: _e1294, 1: _e1300, 2: _e1302, 3: _e1304, 4: _e1304, 5: _e1310, 6: _e1310, 7: _e1316, 8: _e1320, 9: _e1327, 10: _e1331, 11: _e1333, 12: _e1333, 13: _e1335}
+MetadataResponse.DECODERS = {0: _d1292, 1: _d1299, 2: _d1303, 3: _d1305, 4: _d1305, 5: _d1309, 6: _d1309, 7: _d1315, 8: _d1320, 9: _d1326, 10: _d1331, 11: _d1334, 12: _d1334, 13: _d1336}
+MetadataResponse.ENCODERS = {0: _e1296, 1: _e1302, 2: _e1304, 3: _e1306, 4: _e1306, 5: _e1312, 6: _e1312, 7: _e1318, 8: _e1322, 9: _e1329, 10: _e1333, 11: _e1335, 12: _e1335, 13: _e1337}
 
 OffsetCommitRequest_OffsetCommitRequestTopic.DEFAULTS = ('', _ZERO_UUID, list, )
 OffsetCommitRequest_OffsetCommitRequestTopic.OffsetCommitRequestPartition = OffsetCommitRequest_OffsetCommitRequestPartition
@@ -49335,8 +49589,8 @@ OffsetCommitRequest_OffsetCommitRequestPartition.DEFAULTS = (0, 0, -1, '', )
 OffsetCommitRequest.DEFAULTS = ('', -1, '', None, -1, list, )
 OffsetCommitRequest.OffsetCommitRequestTopic = OffsetCommitRequest_OffsetCommitRequestTopic
 OffsetCommitRequest.OffsetCommitRequestPartition = OffsetCommitRequest_OffsetCommitRequestPartition
-OffsetCommitRequest.DECODERS = {2: _d1349, 3: _d1349, 4: _d1349, 5: _d1353, 6: _d1357, 7: _d1361, 8: _d1365, 9: _d1365, 10: _d1370}
-OffsetCommitRequest.ENCODERS = {2: _e1352, 3: _e1352, 4: _e1352, 5: _e1354, 6: _e1360, 7: _e1362, 8: _e1368, 9: _e1368, 10: _e1372}
+OffsetCommitRequest.DECODERS = {2: _d1351, 3: _d1351, 4: _d1351, 5: _d1355, 6: _d1359, 7: _d1363, 8: _d1367, 9: _d1367, 10: _d1372}
+OffsetCommitRequest.ENCODERS = {2: _e1354, 3: _e1354, 4: _e1354, 5: _e1356, 6: _e1362, 7: _e1364, 8: _e1370, 9: _e1370, 10: _e1374}
 
 OffsetCommitResponse_OffsetCommitResponseTopic.DEFAULTS = ('', _ZERO_UUID, list, )
 OffsetCommitResponse_OffsetCommitResponseTopic.OffsetCommitResponsePartition = OffsetCommitResponse_OffsetCommitResponsePartition
@@ -49344,8 +49598,8 @@ OffsetCommitResponse_OffsetCommitResponsePartition.DEFAULTS = (0, 0, )
 OffsetCommitResponse.DEFAULTS = (0, list, )
 OffsetCommitResponse.OffsetCommitResponseTopic = OffsetCommitResponse_OffsetCommitResponseTopic
 OffsetCommitResponse.OffsetCommitResponsePartition = OffsetCommitResponse_OffsetCommitResponsePartition
-OffsetCommitResponse.DECODERS = {2: _d1375, 3: _d1378, 4: _d1378, 5: _d1378, 6: _d1378, 7: _d1378, 8: _d1382, 9: _d1382, 10: _d1386}
-OffsetCommitResponse.ENCODERS = {2: _e1377, 3: _e1379, 4: _e1379, 5: _e1379, 6: _e1379, 7: _e1379, 8: _e1384, 9: _e1384, 10: _e1387}
+OffsetCommitResponse.DECODERS = {2: _d1377, 3: _d1380, 4: _d1380, 5: _d1380, 6: _d1380, 7: _d1380, 8: _d1384, 9: _d1384, 10: _d1388}
+OffsetCommitResponse.ENCODERS = {2: _e1379, 3: _e1381, 4: _e1381, 5: _e1381, 6: _e1381, 7: _e1381, 8: _e1386, 9: _e1386, 10: _e1389}
 
 OffsetDeleteRequest_OffsetDeleteRequestTopic.DEFAULTS = ('', list, )
 OffsetDeleteRequest_OffsetDeleteRequestTopic.OffsetDeleteRequestPartition = OffsetDeleteRequest_OffsetDeleteRequestPartition
@@ -49353,8 +49607,8 @@ OffsetDeleteRequest_OffsetDeleteRequestPartition.DEFAULTS = (0, )
 OffsetDeleteRequest.DEFAULTS = ('', list, )
 OffsetDeleteRequest.OffsetDeleteRequestTopic = OffsetDeleteRequest_OffsetDeleteRequestTopic
 OffsetDeleteRequest.OffsetDeleteRequestPartition = OffsetDeleteRequest_OffsetDeleteRequestPartition
-OffsetDeleteRequest.DECODERS = {0: _d1392}
-OffsetDeleteRequest.ENCODERS = {0: _e1395}
+OffsetDeleteRequest.DECODERS = {0: _d1394}
+OffsetDeleteRequest.ENCODERS = {0: _e1397}
 
 OffsetDeleteResponse_OffsetDeleteResponseTopic.DEFAULTS = ('', list, )
 OffsetDeleteResponse_OffsetDeleteResponseTopic.OffsetDeleteResponsePartition = OffsetDeleteResponse_OffsetDeleteResponsePartition
@@ -49362,8 +49616,8 @@ OffsetDeleteResponse_OffsetDeleteResponsePartition.DEFAULTS = (0, 0, )
 OffsetDeleteResponse.DEFAULTS = (0, 0, list, )
 OffsetDeleteResponse.OffsetDeleteResponseTopic = OffsetDeleteResponse_OffsetDeleteResponseTopic
 OffsetDeleteResponse.OffsetDeleteResponsePartition = OffsetDeleteResponse_OffsetDeleteResponsePartition
-OffsetDeleteResponse.DECODERS = {0: _d1398}
-OffsetDeleteResponse.ENCODERS = {0: _e1399}
+OffsetDeleteResponse.DECODERS = {0: _d1400}
+OffsetDeleteResponse.ENCODERS = {0: _e1401}
 
 OffsetFetchRequest_OffsetFetchRequestTopic.DEFAULTS = ('', list, )
 OffsetFetchRequest_OffsetFetchRequestGroup.DEFAULTS = ('', None, -1, list, )
@@ -49373,8 +49627,8 @@ OffsetFetchRequest.DEFAULTS = ('', list, list, False, )
 OffsetFetchRequest.OffsetFetchRequestTopic = OffsetFetchRequest_OffsetFetchRequestTopic
 OffsetFetchRequest.OffsetFetchRequestGroup = OffsetFetchRequest_OffsetFetchRequestGroup
 OffsetFetchRequest.OffsetFetchRequestTopics = OffsetFetchRequest_OffsetFetchRequestTopics
-OffsetFetchRequest.DECODERS = {1: _d1402, 2: _d1402, 3: _d1402, 4: _d1402, 5: _d1402, 6: _d1406, 7: _d1408, 8: _d1412, 9: _d1415, 10: _d1420}
-OffsetFetchRequest.ENCODERS = {1: _e1404, 2: _e1404, 3: _e1404, 4: _e1404, 5: _e1404, 6: _e1407, 7: _e1409, 8: _e1413, 9: _e1417, 10: _e1423}
+OffsetFetchRequest.DECODERS = {1: _d1404, 2: _d1404, 3: _d1404, 4: _d1404, 5: _d1404, 6: _d1408, 7: _d1410, 8: _d1414, 9: _d1417, 10: _d1422}
+OffsetFetchRequest.ENCODERS = {1: _e1406, 2: _e1406, 3: _e1406, 4: _e1406, 5: _e1406, 6: _e1409, 7: _e1411, 8: _e1415, 9: _e1419, 10: _e1425}
 
 OffsetFetchResponse_OffsetFetchResponseTopic.DEFAULTS = ('', list, )
 OffsetFetchResponse_OffsetFetchResponseTopic.OffsetFetchResponsePartition = OffsetFetchResponse_OffsetFetchResponsePartition
@@ -49390,8 +49644,8 @@ OffsetFetchResponse.OffsetFetchResponseGroup = OffsetFetchResponse_OffsetFetchRe
 OffsetFetchResponse.OffsetFetchResponsePartition = OffsetFetchResponse_OffsetFetchResponsePartition
 OffsetFetchResponse.OffsetFetchResponseTopics = OffsetFetchResponse_OffsetFetchResponseTopics
 OffsetFetchResponse.OffsetFetchResponsePartitions = OffsetFetchResponse_OffsetFetchResponsePartitions
-OffsetFetchResponse.DECODERS = {1: _d1426, 2: _d1430, 3: _d1432, 4: _d1432, 5: _d1436, 6: _d1442, 7: _d1442, 8: _d1449, 9: _d1449, 10: _d1454}
-OffsetFetchResponse.ENCODERS = {1: _e1429, 2: _e1431, 3: _e1433, 4: _e1433, 5: _e1439, 6: _e1445, 7: _e1445, 8: _e1451, 9: _e1451, 10: _e1457}
+OffsetFetchResponse.DECODERS = {1: _d1428, 2: _d1432, 3: _d1434, 4: _d1434, 5: _d1438, 6: _d1444, 7: _d1444, 8: _d1451, 9: _d1451, 10: _d1456}
+OffsetFetchResponse.ENCODERS = {1: _e1431, 2: _e1433, 3: _e1435, 4: _e1435, 5: _e1441, 6: _e1447, 7: _e1447, 8: _e1453, 9: _e1453, 10: _e1459}
 
 OffsetForLeaderEpochRequest_OffsetForLeaderTopic.DEFAULTS = ('', list, )
 OffsetForLeaderEpochRequest_OffsetForLeaderTopic.OffsetForLeaderPartition = OffsetForLeaderEpochRequest_OffsetForLeaderPartition
@@ -49399,8 +49653,8 @@ OffsetForLeaderEpochRequest_OffsetForLeaderPartition.DEFAULTS = (0, -1, 0, )
 OffsetForLeaderEpochRequest.DEFAULTS = (-2, list, )
 OffsetForLeaderEpochRequest.OffsetForLeaderTopic = OffsetForLeaderEpochRequest_OffsetForLeaderTopic
 OffsetForLeaderEpochRequest.OffsetForLeaderPartition = OffsetForLeaderEpochRequest_OffsetForLeaderPartition
-OffsetForLeaderEpochRequest.DECODERS = {2: _d1467, 3: _d1471, 4: _d1475}
-OffsetForLeaderEpochRequest.ENCODERS = {2: _e1470, 3: _e1472, 4: _e1478}
+OffsetForLeaderEpochRequest.DECODERS = {2: _d1469, 3: _d1473, 4: _d1477}
+OffsetForLeaderEpochRequest.ENCODERS = {2: _e1472, 3: _e1474, 4: _e1480}
 
 OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult.DEFAULTS = ('', list, )
 OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult.EpochEndOffset = OffsetForLeaderEpochResponse_EpochEndOffset
@@ -49408,8 +49662,8 @@ OffsetForLeaderEpochResponse_EpochEndOffset.DEFAULTS = (0, 0, -1, -1, )
 OffsetForLeaderEpochResponse.DEFAULTS = (0, list, )
 OffsetForLeaderEpochResponse.OffsetForLeaderTopicResult = OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult
 OffsetForLeaderEpochResponse.EpochEndOffset = OffsetForLeaderEpochResponse_EpochEndOffset
-OffsetForLeaderEpochResponse.DECODERS = {2: _d1481, 3: _d1481, 4: _d1487}
-OffsetForLeaderEpochResponse.ENCODERS = {2: _e1484, 3: _e1484, 4: _e1490}
+OffsetForLeaderEpochResponse.DECODERS = {2: _d1483, 3: _d1483, 4: _d1489}
+OffsetForLeaderEpochResponse.ENCODERS = {2: _e1486, 3: _e1486, 4: _e1492}
 
 ProduceRequest_TopicProduceData.DEFAULTS = ('', _ZERO_UUID, list, )
 ProduceRequest_TopicProduceData.PartitionProduceData = ProduceRequest_PartitionProduceData
@@ -49417,8 +49671,8 @@ ProduceRequest_PartitionProduceData.DEFAULTS = (0, None, )
 ProduceRequest.DEFAULTS = (None, 0, 0, list, )
 ProduceRequest.TopicProduceData = ProduceRequest_TopicProduceData
 ProduceRequest.PartitionProduceData = ProduceRequest_PartitionProduceData
-ProduceRequest.DECODERS = {3: _d1495, 4: _d1495, 5: _d1495, 6: _d1495, 7: _d1495, 8: _d1495, 9: _d1501, 10: _d1501, 11: _d1501, 12: _d1501, 13: _d1506}
-ProduceRequest.ENCODERS = {3: _e1498, 4: _e1498, 5: _e1498, 6: _e1498, 7: _e1498, 8: _e1498, 9: _e1504, 10: _e1504, 11: _e1504, 12: _e1504, 13: _e1508}
+ProduceRequest.DECODERS = {3: _d1497, 4: _d1497, 5: _d1497, 6: _d1497, 7: _d1497, 8: _d1497, 9: _d1503, 10: _d1503, 11: _d1503, 12: _d1503, 13: _d1508}
+ProduceRequest.ENCODERS = {3: _e1500, 4: _e1500, 5: _e1500, 6: _e1500, 7: _e1500, 8: _e1500, 9: _e1506, 10: _e1506, 11: _e1506, 12: _e1506, 13: _e1510}
 
 ProduceResponse_TopicProduceResponse.DEFAULTS = ('', _ZERO_UUID, list, )
 ProduceResponse_TopicProduceResponse.PartitionProduceResponse = ProduceResponse_PartitionProduceResponse
@@ -49434,15 +49688,15 @@ ProduceResponse.NodeEndpoint = ProduceResponse_NodeEndpoint
 ProduceResponse.PartitionProduceResponse = ProduceResponse_PartitionProduceResponse
 ProduceResponse.BatchIndexAndErrorMessage = ProduceResponse_BatchIndexAndErrorMessage
 ProduceResponse.LeaderIdAndEpoch = ProduceResponse_LeaderIdAndEpoch
-ProduceResponse.DECODERS = {3: _d1511, 4: _d1511, 5: _d1517, 6: _d1517, 7: _d1517, 8: _d1524, 9: _d1532, 10: _d1541, 11: _d1541, 12: _d1541, 13: _d1546}
-ProduceResponse.ENCODERS = {3: _e1514, 4: _e1514, 5: _e1520, 6: _e1520, 7: _e1520, 8: _e1528, 9: _e1536, 10: _e1544, 11: _e1544, 12: _e1544, 13: _e1548}
+ProduceResponse.DECODERS = {3: _d1513, 4: _d1513, 5: _d1519, 6: _d1519, 7: _d1519, 8: _d1526, 9: _d1534, 10: _d1543, 11: _d1543, 12: _d1543, 13: _d1548}
+ProduceResponse.ENCODERS = {3: _e1516, 4: _e1516, 5: _e1522, 6: _e1522, 7: _e1522, 8: _e1530, 9: _e1538, 10: _e1546, 11: _e1546, 12: _e1546, 13: _e1550}
 
 PushTelemetryRequest.DEFAULTS = (_ZERO_UUID, 0, False, 0, b'', )
-PushTelemetryRequest.DECODERS = {0: _d1559}
-PushTelemetryRequest.ENCODERS = {0: _e1560}
+PushTelemetryRequest.DECODERS = {0: _d1563}
+PushTelemetryRequest.ENCODERS = {0: _e1564}
 
 PushTelemetryResponse.DEFAULTS = (0, 0, )
-PushTelemetryResponse.DECODERS = {0: _d1561}
+PushTelemetryResponse.DECODERS = {0: _d1565}
 PushTelemetryResponse.ENCODERS = {0: _e8}
 
 ReadShareGroupStateRequest_ReadStateData.DEFAULTS = (_ZERO_UUID, list, )
@@ -49451,8 +49705,8 @@ ReadShareGroupStateRequest_PartitionData.DEFAULTS = (0, 0, )
 ReadShareGroupStateRequest.DEFAULTS = ('', list, )
 ReadShareGroupStateRequest.ReadStateData = ReadShareGroupStateRequest_ReadStateData
 ReadShareGroupStateRequest.PartitionData = ReadShareGroupStateRequest_PartitionData
-ReadShareGroupStateRequest.DECODERS = {0: _d1564}
-ReadShareGroupStateRequest.ENCODERS = {0: _e1567}
+ReadShareGroupStateRequest.DECODERS = {0: _d1568}
+ReadShareGroupStateRequest.ENCODERS = {0: _e1571}
 
 ReadShareGroupStateResponse_ReadStateResult.DEFAULTS = (_ZERO_UUID, list, )
 ReadShareGroupStateResponse_ReadStateResult.PartitionResult = ReadShareGroupStateResponse_PartitionResult
@@ -49463,8 +49717,8 @@ ReadShareGroupStateResponse.DEFAULTS = (list, )
 ReadShareGroupStateResponse.ReadStateResult = ReadShareGroupStateResponse_ReadStateResult
 ReadShareGroupStateResponse.PartitionResult = ReadShareGroupStateResponse_PartitionResult
 ReadShareGroupStateResponse.StateBatch = ReadShareGroupStateResponse_StateBatch
-ReadShareGroupStateResponse.DECODERS = {0: _d1571}
-ReadShareGroupStateResponse.ENCODERS = {0: _e1575}
+ReadShareGroupStateResponse.DECODERS = {0: _d1575}
+ReadShareGroupStateResponse.ENCODERS = {0: _e1579}
 
 ReadShareGroupStateSummaryRequest_ReadStateSummaryData.DEFAULTS = (_ZERO_UUID, list, )
 ReadShareGroupStateSummaryRequest_ReadStateSummaryData.PartitionData = ReadShareGroupStateSummaryRequest_PartitionData
@@ -49472,8 +49726,8 @@ ReadShareGroupStateSummaryRequest_PartitionData.DEFAULTS = (0, 0, )
 ReadShareGroupStateSummaryRequest.DEFAULTS = ('', list, )
 ReadShareGroupStateSummaryRequest.ReadStateSummaryData = ReadShareGroupStateSummaryRequest_ReadStateSummaryData
 ReadShareGroupStateSummaryRequest.PartitionData = ReadShareGroupStateSummaryRequest_PartitionData
-ReadShareGroupStateSummaryRequest.DECODERS = {0: _d1579, 1: _d1579}
-ReadShareGroupStateSummaryRequest.ENCODERS = {0: _e1567, 1: _e1567}
+ReadShareGroupStateSummaryRequest.DECODERS = {0: _d1583, 1: _d1583}
+ReadShareGroupStateSummaryRequest.ENCODERS = {0: _e1571, 1: _e1571}
 
 ReadShareGroupStateSummaryResponse_ReadStateSummaryResult.DEFAULTS = (_ZERO_UUID, list, )
 ReadShareGroupStateSummaryResponse_ReadStateSummaryResult.PartitionResult = ReadShareGroupStateSummaryResponse_PartitionResult
@@ -49481,48 +49735,48 @@ ReadShareGroupStateSummaryResponse_PartitionResult.DEFAULTS = (0, 0, None, 0, 0,
 ReadShareGroupStateSummaryResponse.DEFAULTS = (list, )
 ReadShareGroupStateSummaryResponse.ReadStateSummaryResult = ReadShareGroupStateSummaryResponse_ReadStateSummaryResult
 ReadShareGroupStateSummaryResponse.PartitionResult = ReadShareGroupStateSummaryResponse_PartitionResult
-ReadShareGroupStateSummaryResponse.DECODERS = {0: _d1582, 1: _d1588}
-ReadShareGroupStateSummaryResponse.ENCODERS = {0: _e1585, 1: _e1591}
+ReadShareGroupStateSummaryResponse.DECODERS = {0: _d1586, 1: _d1592}
+ReadShareGroupStateSummaryResponse.ENCODERS = {0: _e1589, 1: _e1595}
 
 RemoveRaftVoterRequest.DEFAULTS = ('', 0, _ZERO_UUID, )
-RemoveRaftVoterRequest.DECODERS = {0: _d1594}
-RemoveRaftVoterRequest.ENCODERS = {0: _e1595}
+RemoveRaftVoterRequest.DECODERS = {0: _d1598}
+RemoveRaftVoterRequest.ENCODERS = {0: _e1599}
 
 RemoveRaftVoterResponse.DEFAULTS = (0, 0, '', )
-RemoveRaftVoterResponse.DECODERS = {0: _d1596}
+RemoveRaftVoterResponse.DECODERS = {0: _d1600}
 RemoveRaftVoterResponse.ENCODERS = {0: _e49}
 
 RenewDelegationTokenRequest.DEFAULTS = (b'', 0, )
-RenewDelegationTokenRequest.DECODERS = {1: _d1597, 2: _d1599}
-RenewDelegationTokenRequest.ENCODERS = {1: _e1598, 2: _e1600}
+RenewDelegationTokenRequest.DECODERS = {1: _d1601, 2: _d1603}
+RenewDelegationTokenRequest.ENCODERS = {1: _e1602, 2: _e1604}
 
 RenewDelegationTokenResponse.DEFAULTS = (0, 0, 0, )
-RenewDelegationTokenResponse.DECODERS = {1: _d1601, 2: _d1602}
+RenewDelegationTokenResponse.DECODERS = {1: _d1605, 2: _d1606}
 RenewDelegationTokenResponse.ENCODERS = {1: _e887, 2: _e889}
 
 RequestHeader.DEFAULTS = (0, 0, 0, '', )
-RequestHeader.DECODERS = {1: _d1603, 2: _d1605}
-RequestHeader.ENCODERS = {1: _e1604, 2: _e1606}
+RequestHeader.DECODERS = {1: _d1607, 2: _d1609}
+RequestHeader.ENCODERS = {1: _e1608, 2: _e1610}
 
 ResponseHeader.DEFAULTS = (0, )
-ResponseHeader.DECODERS = {0: _d1607, 1: _d1609}
-ResponseHeader.ENCODERS = {0: _e1608, 1: _e1610}
+ResponseHeader.DECODERS = {0: _d1611, 1: _d1613}
+ResponseHeader.ENCODERS = {0: _e1612, 1: _e1614}
 
 SaslAuthenticateRequest.DEFAULTS = (b'', )
-SaslAuthenticateRequest.DECODERS = {0: _d1611, 1: _d1611, 2: _d1613}
-SaslAuthenticateRequest.ENCODERS = {0: _e1612, 1: _e1612, 2: _e1614}
+SaslAuthenticateRequest.DECODERS = {0: _d1615, 1: _d1615, 2: _d1617}
+SaslAuthenticateRequest.ENCODERS = {0: _e1616, 1: _e1616, 2: _e1618}
 
 SaslAuthenticateResponse.DEFAULTS = (0, '', b'', 0, )
-SaslAuthenticateResponse.DECODERS = {0: _d1615, 1: _d1617, 2: _d1619}
-SaslAuthenticateResponse.ENCODERS = {0: _e1616, 1: _e1618, 2: _e1620}
+SaslAuthenticateResponse.DECODERS = {0: _d1619, 1: _d1621, 2: _d1623}
+SaslAuthenticateResponse.ENCODERS = {0: _e1620, 1: _e1622, 2: _e1624}
 
 SaslHandshakeRequest.DEFAULTS = ('', )
-SaslHandshakeRequest.DECODERS = {0: _d1624, 1: _d1624}
-SaslHandshakeRequest.ENCODERS = {0: _e1625, 1: _e1625}
+SaslHandshakeRequest.DECODERS = {0: _d1628, 1: _d1628}
+SaslHandshakeRequest.ENCODERS = {0: _e1629, 1: _e1629}
 
 SaslHandshakeResponse.DEFAULTS = (0, list, )
-SaslHandshakeResponse.DECODERS = {0: _d1626, 1: _d1626}
-SaslHandshakeResponse.ENCODERS = {0: _e1627, 1: _e1627}
+SaslHandshakeResponse.DECODERS = {0: _d1630, 1: _d1630}
+SaslHandshakeResponse.ENCODERS = {0: _e1631, 1: _e1631}
 
 ShareAcknowledgeRequest_AcknowledgeTopic.DEFAULTS = (_ZERO_UUID, list, )
 ShareAcknowledgeRequest_AcknowledgeTopic.AcknowledgePartition = ShareAcknowledgeRequest_AcknowledgePartition
@@ -49533,8 +49787,8 @@ ShareAcknowledgeRequest.DEFAULTS = (None, '', 0, False, list, )
 ShareAcknowledgeRequest.AcknowledgeTopic = ShareAcknowledgeRequest_AcknowledgeTopic
 ShareAcknowledgeRequest.AcknowledgePartition = ShareAcknowledgeRequest_AcknowledgePartition
 ShareAcknowledgeRequest.AcknowledgementBatch = ShareAcknowledgeRequest_AcknowledgementBatch
-ShareAcknowledgeRequest.DECODERS = {1: _d1632, 2: _d1637}
-ShareAcknowledgeRequest.ENCODERS = {1: _e1636, 2: _e1638}
+ShareAcknowledgeRequest.DECODERS = {1: _d1636, 2: _d1641}
+ShareAcknowledgeRequest.ENCODERS = {1: _e1640, 2: _e1642}
 
 ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse.DEFAULTS = (_ZERO_UUID, list, )
 ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse.PartitionData = ShareAcknowledgeResponse_PartitionData
@@ -49547,8 +49801,8 @@ ShareAcknowledgeResponse.ShareAcknowledgeTopicResponse = ShareAcknowledgeRespons
 ShareAcknowledgeResponse.NodeEndpoint = ShareAcknowledgeResponse_NodeEndpoint
 ShareAcknowledgeResponse.PartitionData = ShareAcknowledgeResponse_PartitionData
 ShareAcknowledgeResponse.LeaderIdAndEpoch = ShareAcknowledgeResponse_LeaderIdAndEpoch
-ShareAcknowledgeResponse.DECODERS = {1: _d1643, 2: _d1647}
-ShareAcknowledgeResponse.ENCODERS = {1: _e1646, 2: _e1648}
+ShareAcknowledgeResponse.DECODERS = {1: _d1647, 2: _d1651}
+ShareAcknowledgeResponse.ENCODERS = {1: _e1650, 2: _e1652}
 
 ShareFetchRequest_FetchTopic.DEFAULTS = (_ZERO_UUID, list, )
 ShareFetchRequest_FetchTopic.FetchPartition = ShareFetchRequest_FetchPartition
@@ -49561,8 +49815,8 @@ ShareFetchRequest.FetchTopic = ShareFetchRequest_FetchTopic
 ShareFetchRequest.ForgottenTopic = ShareFetchRequest_ForgottenTopic
 ShareFetchRequest.FetchPartition = ShareFetchRequest_FetchPartition
 ShareFetchRequest.AcknowledgementBatch = ShareFetchRequest_AcknowledgementBatch
-ShareFetchRequest.DECODERS = {1: _d1657, 2: _d1659}
-ShareFetchRequest.ENCODERS = {1: _e1658, 2: _e1660}
+ShareFetchRequest.DECODERS = {1: _d1661, 2: _d1663}
+ShareFetchRequest.ENCODERS = {1: _e1662, 2: _e1664}
 
 ShareFetchResponse_ShareFetchableTopicResponse.DEFAULTS = (_ZERO_UUID, list, )
 ShareFetchResponse_ShareFetchableTopicResponse.PartitionData = ShareFetchResponse_PartitionData
@@ -49578,11 +49832,11 @@ ShareFetchResponse.NodeEndpoint = ShareFetchResponse_NodeEndpoint
 ShareFetchResponse.PartitionData = ShareFetchResponse_PartitionData
 ShareFetchResponse.LeaderIdAndEpoch = ShareFetchResponse_LeaderIdAndEpoch
 ShareFetchResponse.AcquiredRecords = ShareFetchResponse_AcquiredRecords
-ShareFetchResponse.DECODERS = {1: _d1666, 2: _d1666}
-ShareFetchResponse.ENCODERS = {1: _e1670, 2: _e1670}
+ShareFetchResponse.DECODERS = {1: _d1670, 2: _d1670}
+ShareFetchResponse.ENCODERS = {1: _e1674, 2: _e1674}
 
 ShareGroupDescribeRequest.DEFAULTS = (list, False, )
-ShareGroupDescribeRequest.DECODERS = {1: _d1673}
+ShareGroupDescribeRequest.DECODERS = {1: _d1677}
 ShareGroupDescribeRequest.ENCODERS = {1: _e284}
 
 ShareGroupDescribeResponse_TopicPartitions.DEFAULTS = (_ZERO_UUID, '', list, )
@@ -49595,25 +49849,25 @@ ShareGroupDescribeResponse.DescribedGroup = ShareGroupDescribeResponse_Described
 ShareGroupDescribeResponse.TopicPartitions = ShareGroupDescribeResponse_TopicPartitions
 ShareGroupDescribeResponse.Assignment = ShareGroupDescribeResponse_Assignment
 ShareGroupDescribeResponse.Member = ShareGroupDescribeResponse_Member
-ShareGroupDescribeResponse.DECODERS = {1: _d1678}
-ShareGroupDescribeResponse.ENCODERS = {1: _e1681}
+ShareGroupDescribeResponse.DECODERS = {1: _d1682}
+ShareGroupDescribeResponse.ENCODERS = {1: _e1685}
 
 ShareGroupHeartbeatRequest.DEFAULTS = ('', '', 0, None, None, )
-ShareGroupHeartbeatRequest.DECODERS = {1: _d1683}
-ShareGroupHeartbeatRequest.ENCODERS = {1: _e1684}
+ShareGroupHeartbeatRequest.DECODERS = {1: _d1687}
+ShareGroupHeartbeatRequest.ENCODERS = {1: _e1688}
 
 ShareGroupHeartbeatResponse_TopicPartitions.DEFAULTS = (_ZERO_UUID, list, )
 ShareGroupHeartbeatResponse_Assignment.DEFAULTS = (list, )
 ShareGroupHeartbeatResponse.DEFAULTS = (0, 0, None, None, 0, 0, None, )
 ShareGroupHeartbeatResponse.Assignment = ShareGroupHeartbeatResponse_Assignment
 ShareGroupHeartbeatResponse.TopicPartitions = ShareGroupHeartbeatResponse_TopicPartitions
-ShareGroupHeartbeatResponse.DECODERS = {1: _d1687}
+ShareGroupHeartbeatResponse.DECODERS = {1: _d1691}
 ShareGroupHeartbeatResponse.ENCODERS = {1: _e313}
 
 StopReplicaRequest.DEFAULTS = ()
 StopReplicaResponse.DEFAULTS = ()
 StreamsGroupDescribeRequest.DEFAULTS = (list, False, )
-StreamsGroupDescribeRequest.DECODERS = {0: _d1688}
+StreamsGroupDescribeRequest.DECODERS = {0: _d1692}
 StreamsGroupDescribeRequest.ENCODERS = {0: _e284}
 
 StreamsGroupDescribeResponse_Endpoint.DEFAULTS = ('', 0, )
@@ -49640,8 +49894,8 @@ StreamsGroupDescribeResponse.TopicInfo = StreamsGroupDescribeResponse_TopicInfo
 StreamsGroupDescribeResponse.Topology = StreamsGroupDescribeResponse_Topology
 StreamsGroupDescribeResponse.Subtopology = StreamsGroupDescribeResponse_Subtopology
 StreamsGroupDescribeResponse.Member = StreamsGroupDescribeResponse_Member
-StreamsGroupDescribeResponse.DECODERS = {0: _d1699}
-StreamsGroupDescribeResponse.ENCODERS = {0: _e1710}
+StreamsGroupDescribeResponse.DECODERS = {0: _d1703}
+StreamsGroupDescribeResponse.ENCODERS = {0: _e1714}
 
 StreamsGroupHeartbeatRequest_KeyValue.DEFAULTS = ('', '', )
 StreamsGroupHeartbeatRequest_TopicInfo.DEFAULTS = ('', 0, 0, list, )
@@ -49662,8 +49916,8 @@ StreamsGroupHeartbeatRequest.TaskOffset = StreamsGroupHeartbeatRequest_TaskOffse
 StreamsGroupHeartbeatRequest.TaskIds = StreamsGroupHeartbeatRequest_TaskIds
 StreamsGroupHeartbeatRequest.Subtopology = StreamsGroupHeartbeatRequest_Subtopology
 StreamsGroupHeartbeatRequest.CopartitionGroup = StreamsGroupHeartbeatRequest_CopartitionGroup
-StreamsGroupHeartbeatRequest.DECODERS = {0: _d1720}
-StreamsGroupHeartbeatRequest.ENCODERS = {0: _e1724}
+StreamsGroupHeartbeatRequest.DECODERS = {0: _d1724}
+StreamsGroupHeartbeatRequest.ENCODERS = {0: _e1728}
 
 StreamsGroupHeartbeatResponse_Status.DEFAULTS = (0, '', )
 StreamsGroupHeartbeatResponse_TopicPartition.DEFAULTS = ('', list, )
@@ -49676,18 +49930,18 @@ StreamsGroupHeartbeatResponse.Status = StreamsGroupHeartbeatResponse_Status
 StreamsGroupHeartbeatResponse.TopicPartition = StreamsGroupHeartbeatResponse_TopicPartition
 StreamsGroupHeartbeatResponse.TaskIds = StreamsGroupHeartbeatResponse_TaskIds
 StreamsGroupHeartbeatResponse.Endpoint = StreamsGroupHeartbeatResponse_Endpoint
-StreamsGroupHeartbeatResponse.DECODERS = {0: _d1730}
-StreamsGroupHeartbeatResponse.ENCODERS = {0: _e1733}
+StreamsGroupHeartbeatResponse.DECODERS = {0: _d1734}
+StreamsGroupHeartbeatResponse.ENCODERS = {0: _e1737}
 
 SyncGroupRequest_SyncGroupRequestAssignment.DEFAULTS = ('', b'', )
 SyncGroupRequest.DEFAULTS = ('', 0, '', None, None, None, list, )
 SyncGroupRequest.SyncGroupRequestAssignment = SyncGroupRequest_SyncGroupRequestAssignment
-SyncGroupRequest.DECODERS = {0: _d1736, 1: _d1736, 2: _d1736, 3: _d1739, 4: _d1742, 5: _d1745}
-SyncGroupRequest.ENCODERS = {0: _e1738, 1: _e1738, 2: _e1738, 3: _e1740, 4: _e1744, 5: _e1746}
+SyncGroupRequest.DECODERS = {0: _d1740, 1: _d1740, 2: _d1740, 3: _d1743, 4: _d1746, 5: _d1749}
+SyncGroupRequest.ENCODERS = {0: _e1742, 1: _e1742, 2: _e1742, 3: _e1744, 4: _e1748, 5: _e1750}
 
 SyncGroupResponse.DEFAULTS = (0, 0, None, None, b'', )
-SyncGroupResponse.DECODERS = {0: _d1747, 1: _d1749, 2: _d1749, 3: _d1749, 4: _d1751, 5: _d1753}
-SyncGroupResponse.ENCODERS = {0: _e1748, 1: _e1750, 2: _e1750, 3: _e1750, 4: _e1752, 5: _e1754}
+SyncGroupResponse.DECODERS = {0: _d1751, 1: _d1753, 2: _d1753, 3: _d1753, 4: _d1755, 5: _d1757}
+SyncGroupResponse.ENCODERS = {0: _e1752, 1: _e1754, 2: _e1754, 3: _e1754, 4: _e1756, 5: _e1758}
 
 TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic.DEFAULTS = ('', list, )
 TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition = TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition
@@ -49695,8 +49949,8 @@ TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition.DEFAULTS = (0, 0, -1, '',
 TxnOffsetCommitRequest.DEFAULTS = ('', '', 0, 0, -1, '', None, list, )
 TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic = TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic
 TxnOffsetCommitRequest.TxnOffsetCommitRequestPartition = TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition
-TxnOffsetCommitRequest.DECODERS = {0: _d1760, 1: _d1760, 2: _d1764, 3: _d1768, 4: _d1768, 5: _d1768}
-TxnOffsetCommitRequest.ENCODERS = {0: _e1761, 1: _e1761, 2: _e1765, 3: _e1769, 4: _e1769, 5: _e1769}
+TxnOffsetCommitRequest.DECODERS = {0: _d1764, 1: _d1764, 2: _d1768, 3: _d1772, 4: _d1772, 5: _d1772}
+TxnOffsetCommitRequest.ENCODERS = {0: _e1765, 1: _e1765, 2: _e1769, 3: _e1773, 4: _e1773, 5: _e1773}
 
 TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic.DEFAULTS = ('', list, )
 TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic.TxnOffsetCommitResponsePartition = TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition
@@ -49704,28 +49958,28 @@ TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition.DEFAULTS = (0, 0, )
 TxnOffsetCommitResponse.DEFAULTS = (0, list, )
 TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic = TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic
 TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition = TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition
-TxnOffsetCommitResponse.DECODERS = {0: _d1772, 1: _d1772, 2: _d1772, 3: _d1775, 4: _d1775, 5: _d1775}
-TxnOffsetCommitResponse.ENCODERS = {0: _e1379, 1: _e1379, 2: _e1379, 3: _e1384, 4: _e1384, 5: _e1384}
+TxnOffsetCommitResponse.DECODERS = {0: _d1776, 1: _d1776, 2: _d1776, 3: _d1779, 4: _d1779, 5: _d1779}
+TxnOffsetCommitResponse.ENCODERS = {0: _e1381, 1: _e1381, 2: _e1381, 3: _e1386, 4: _e1386, 5: _e1386}
 
 UnregisterBrokerRequest.DEFAULTS = (0, )
-UnregisterBrokerRequest.DECODERS = {0: _d1776}
-UnregisterBrokerRequest.ENCODERS = {0: _e1777}
+UnregisterBrokerRequest.DECODERS = {0: _d1780}
+UnregisterBrokerRequest.ENCODERS = {0: _e1781}
 
 UnregisterBrokerResponse.DEFAULTS = (0, 0, '', )
-UnregisterBrokerResponse.DECODERS = {0: _d1778}
+UnregisterBrokerResponse.DECODERS = {0: _d1782}
 UnregisterBrokerResponse.ENCODERS = {0: _e49}
 
 UpdateFeaturesRequest_FeatureUpdateKey.DEFAULTS = ('', 0, False, 1, )
 UpdateFeaturesRequest.DEFAULTS = (60000, list, False, )
 UpdateFeaturesRequest.FeatureUpdateKey = UpdateFeaturesRequest_FeatureUpdateKey
-UpdateFeaturesRequest.DECODERS = {0: _d1780, 1: _d1784, 2: _d1784}
-UpdateFeaturesRequest.ENCODERS = {0: _e1782, 1: _e1786, 2: _e1786}
+UpdateFeaturesRequest.DECODERS = {0: _d1784, 1: _d1788, 2: _d1788}
+UpdateFeaturesRequest.ENCODERS = {0: _e1786, 1: _e1790, 2: _e1790}
 
 UpdateFeaturesResponse_UpdatableFeatureResult.DEFAULTS = ('', 0, '', )
 UpdateFeaturesResponse.DEFAULTS = (0, 0, '', list, )
 UpdateFeaturesResponse.UpdatableFeatureResult = UpdateFeaturesResponse_UpdatableFeatureResult
-UpdateFeaturesResponse.DECODERS = {0: _d1788, 1: _d1788, 2: _d1791}
-UpdateFeaturesResponse.ENCODERS = {0: _e1790, 1: _e1790, 2: _e49}
+UpdateFeaturesResponse.DECODERS = {0: _d1792, 1: _d1792, 2: _d1795}
+UpdateFeaturesResponse.ENCODERS = {0: _e1794, 1: _e1794, 2: _e49}
 
 UpdateMetadataRequest.DEFAULTS = ()
 UpdateMetadataResponse.DEFAULTS = ()
@@ -49734,14 +49988,14 @@ UpdateRaftVoterRequest_KRaftVersionFeature.DEFAULTS = (0, 0, )
 UpdateRaftVoterRequest.DEFAULTS = ('', 0, 0, _ZERO_UUID, list, UpdateRaftVoterRequest_KRaftVersionFeature, )
 UpdateRaftVoterRequest.Listener = UpdateRaftVoterRequest_Listener
 UpdateRaftVoterRequest.KRaftVersionFeature = UpdateRaftVoterRequest_KRaftVersionFeature
-UpdateRaftVoterRequest.DECODERS = {0: _d1795}
-UpdateRaftVoterRequest.ENCODERS = {0: _e1797}
+UpdateRaftVoterRequest.DECODERS = {0: _d1799}
+UpdateRaftVoterRequest.ENCODERS = {0: _e1801}
 
 UpdateRaftVoterResponse_CurrentLeader.DEFAULTS = (-1, -1, '', 0, )
 UpdateRaftVoterResponse.DEFAULTS = (0, 0, None, )
 UpdateRaftVoterResponse.CurrentLeader = UpdateRaftVoterResponse_CurrentLeader
-UpdateRaftVoterResponse.DECODERS = {0: _d1799}
-UpdateRaftVoterResponse.ENCODERS = {0: _e1801}
+UpdateRaftVoterResponse.DECODERS = {0: _d1803}
+UpdateRaftVoterResponse.ENCODERS = {0: _e1805}
 
 VoteRequest_TopicData.DEFAULTS = ('', list, )
 VoteRequest_TopicData.PartitionData = VoteRequest_PartitionData
@@ -49749,8 +50003,8 @@ VoteRequest_PartitionData.DEFAULTS = (0, 0, 0, _ZERO_UUID, _ZERO_UUID, 0, 0, Fal
 VoteRequest.DEFAULTS = (None, -1, list, )
 VoteRequest.TopicData = VoteRequest_TopicData
 VoteRequest.PartitionData = VoteRequest_PartitionData
-VoteRequest.DECODERS = {0: _d1804, 1: _d1810, 2: _d1816}
-VoteRequest.ENCODERS = {0: _e1807, 1: _e1813, 2: _e1819}
+VoteRequest.DECODERS = {0: _d1808, 1: _d1814, 2: _d1820}
+VoteRequest.ENCODERS = {0: _e1811, 1: _e1817, 2: _e1823}
 
 VoteResponse_TopicData.DEFAULTS = ('', list, )
 VoteResponse_TopicData.PartitionData = VoteResponse_PartitionData
@@ -49760,8 +50014,8 @@ VoteResponse.DEFAULTS = (0, list, list, )
 VoteResponse.TopicData = VoteResponse_TopicData
 VoteResponse.NodeEndpoint = VoteResponse_NodeEndpoint
 VoteResponse.PartitionData = VoteResponse_PartitionData
-VoteResponse.DECODERS = {0: _d1822, 1: _d1827, 2: _d1827}
-VoteResponse.ENCODERS = {0: _e1825, 1: _e1828, 2: _e1828}
+VoteResponse.DECODERS = {0: _d1826, 1: _d1831, 2: _d1831}
+VoteResponse.ENCODERS = {0: _e1829, 1: _e1832, 2: _e1832}
 
 WriteShareGroupStateRequest_WriteStateData.DEFAULTS = (_ZERO_UUID, list, )
 WriteShareGroupStateRequest_WriteStateData.PartitionData = WriteShareGroupStateRequest_PartitionData
@@ -49772,8 +50026,8 @@ WriteShareGroupStateRequest.DEFAULTS = ('', list, )
 WriteShareGroupStateRequest.WriteStateData = WriteShareGroupStateRequest_WriteStateData
 WriteShareGroupStateRequest.PartitionData = WriteShareGroupStateRequest_PartitionData
 WriteShareGroupStateRequest.StateBatch = WriteShareGroupStateRequest_StateBatch
-WriteShareGroupStateRequest.DECODERS = {0: _d1833, 1: _d1839}
-WriteShareGroupStateRequest.ENCODERS = {0: _e1836, 1: _e1842}
+WriteShareGroupStateRequest.DECODERS = {0: _d1837, 1: _d1843}
+WriteShareGroupStateRequest.ENCODERS = {0: _e1840, 1: _e1846}
 
 WriteShareGroupStateResponse_WriteStateResult.DEFAULTS = (_ZERO_UUID, list, )
 WriteShareGroupStateResponse_WriteStateResult.PartitionResult = WriteShareGroupStateResponse_PartitionResult
@@ -49781,7 +50035,7 @@ WriteShareGroupStateResponse_PartitionResult.DEFAULTS = (0, 0, None, )
 WriteShareGroupStateResponse.DEFAULTS = (list, )
 WriteShareGroupStateResponse.WriteStateResult = WriteShareGroupStateResponse_WriteStateResult
 WriteShareGroupStateResponse.PartitionResult = WriteShareGroupStateResponse_PartitionResult
-WriteShareGroupStateResponse.DECODERS = {0: _d1845, 1: _d1845}
+WriteShareGroupStateResponse.DECODERS = {0: _d1849, 1: _d1849}
 WriteShareGroupStateResponse.ENCODERS = {0: _e492, 1: _e492}
 
 WriteTxnMarkersRequest_WritableTxnMarker.DEFAULTS = (0, 0, False, list, 0, 0, )
@@ -49790,8 +50044,8 @@ WriteTxnMarkersRequest_WritableTxnMarkerTopic.DEFAULTS = ('', list, )
 WriteTxnMarkersRequest.DEFAULTS = (list, )
 WriteTxnMarkersRequest.WritableTxnMarker = WriteTxnMarkersRequest_WritableTxnMarker
 WriteTxnMarkersRequest.WritableTxnMarkerTopic = WriteTxnMarkersRequest_WritableTxnMarkerTopic
-WriteTxnMarkersRequest.DECODERS = {1: _d1848, 2: _d1852}
-WriteTxnMarkersRequest.ENCODERS = {1: _e1850, 2: _e1854}
+WriteTxnMarkersRequest.DECODERS = {1: _d1852, 2: _d1856}
+WriteTxnMarkersRequest.ENCODERS = {1: _e1854, 2: _e1858}
 
 WriteTxnMarkersResponse_WritableTxnMarkerResult.DEFAULTS = (0, list, )
 WriteTxnMarkersResponse_WritableTxnMarkerResult.WritableTxnMarkerTopicResult = WriteTxnMarkersResponse_WritableTxnMarkerTopicResult
@@ -49802,8 +50056,8 @@ WriteTxnMarkersResponse.DEFAULTS = (list, )
 WriteTxnMarkersResponse.WritableTxnMarkerResult = WriteTxnMarkersResponse_WritableTxnMarkerResult
 WriteTxnMarkersResponse.WritableTxnMarkerTopicResult = WriteTxnMarkersResponse_WritableTxnMarkerTopicResult
 WriteTxnMarkersResponse.WritableTxnMarkerPartitionResult = WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult
-WriteTxnMarkersResponse.DECODERS = {1: _d1858, 2: _d1858}
-WriteTxnMarkersResponse.ENCODERS = {1: _e1860, 2: _e1860}
+WriteTxnMarkersResponse.DECODERS = {1: _d1862, 2: _d1862}
+WriteTxnMarkersResponse.ENCODERS = {1: _e1864, 2: _e1864}
 
 
 
@@ -49992,7 +50246,7 @@ MESSAGES: dict[tuple[int, bool], type[_Message]] = {
 # API key -> response version -> offset of ThrottleTimeMs from the start of the body: an int,
 # a skipper (buffer, body offset) -> offset, or None when the version has no such field.
 THROTTLE_TIME_MS: dict[int, dict[int, Any]] = {
-    0: {3: _s1549, 4: _s1549, 5: _s1550, 6: _s1550, 7: _s1550, 8: _s1551, 9: _s1552, 10: _s1552, 11: _s1552, 12: _s1552, 13: _s1553},
+    0: {3: _s1551, 4: _s1551, 5: _s1552, 6: _s1552, 7: _s1552, 8: _s1553, 9: _s1554, 10: _s1554, 11: _s1554, 12: _s1554, 13: _s1555},
     1: {4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0, 16: 0, 17: 0, 18: 0},
     2: {1: None, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0, 11: 0},
     3: {0: None, 1: None, 2: None, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0, 11: 0, 12: 0, 13: 0},
@@ -50085,37 +50339,39 @@ THROTTLE_TIME_MS: dict[int, dict[int, Any]] = {
 
 # Other top-level fields the proxy finds in place, by 'Message.Field', as above.
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
-    'ShareAcknowledgeResponse.NodeEndpoints': {1: _s1651, 2: _s1652},
-    'ShareFetchResponse.NodeEndpoints': {1: _s1672, 2: _s1672},
+    'FetchResponse.TaggedFields': {4: None, 5: None, 6: None, 7: None, 8: None, 9: None, 10: None, 11: None, 12: _s993, 13: _s994, 14: _s994, 15: _s994, 16: _s994, 17: _s994, 18: _s994},
+    'ProduceResponse.TaggedFields': {3: None, 4: None, 5: None, 6: None, 7: None, 8: None, 9: _s1561, 10: _s1561, 11: _s1561, 12: _s1561, 13: _s1562},
+    'ShareAcknowledgeResponse.NodeEndpoints': {1: _s1655, 2: _s1656},
+    'ShareFetchResponse.NodeEndpoints': {1: _s1676, 2: _s1676},
 }
 
 # API key -> response version -> collector of every non-zero ErrorCode: a function
 # (buffer, offset, found) -> offset after the body, or the body's size when it has no codes.
 ERROR_CODES: dict[int, dict[int, Any]] = {
-    0: {3: _c1554, 4: _c1554, 5: _c1555, 6: _c1555, 7: _c1555, 8: _c1556, 9: _c1557, 10: _c1557, 11: _c1557, 12: _c1557, 13: _c1558},
+    0: {3: _c1556, 4: _c1556, 5: _c1557, 6: _c1557, 7: _c1557, 8: _c1558, 9: _c1559, 10: _c1559, 11: _c1559, 12: _c1559, 13: _c1560},
     1: {4: _c987, 5: _c988, 6: _c988, 7: _c989, 8: _c989, 9: _c989, 10: _c989, 11: _c990, 12: _c991, 13: _c992, 14: _c992, 15: _c992, 16: _c992, 17: _c992, 18: _c992},
-    2: {1: _c1245, 2: _c1246, 3: _c1246, 4: _c1247, 5: _c1247, 6: _c1248, 7: _c1248, 8: _c1248, 9: _c1248, 10: _c1248, 11: _c1248},
-    3: {0: _c1336, 1: _c1337, 2: _c1338, 3: _c1339, 4: _c1339, 5: _c1340, 6: _c1340, 7: _c1341, 8: _c1342, 9: _c1343, 10: _c1344, 11: _c1345, 12: _c1345, 13: _c1346},
-    8: {2: _c1388, 3: _c166, 4: _c166, 5: _c166, 6: _c166, 7: _c166, 8: _c167, 9: _c167, 10: _c1389},
-    9: {1: _c1458, 2: _c1459, 3: _c1460, 4: _c1460, 5: _c1461, 6: _c1462, 7: _c1462, 8: _c1463, 9: _c1463, 10: _c1464},
-    10: {0: _c1036, 1: _c1037, 2: _c1037, 3: _c1038, 4: _c1039, 5: _c1039, 6: _c1039},
-    11: {0: _c1128, 1: _c1128, 2: _c1129, 3: _c1129, 4: _c1129, 5: _c1130, 6: _c1131, 7: _c1132, 8: _c1132, 9: _c1133},
-    12: {0: _c1055, 1: _c9, 2: _c9, 3: _c9, 4: _c10},
-    13: {0: _c1055, 1: _c9, 2: _c9, 3: _c1158, 4: _c1159, 5: _c1159},
-    14: {0: _c1755, 1: _c1756, 2: _c1756, 3: _c1756, 4: _c50, 5: _c1757},
+    2: {1: _c1247, 2: _c1248, 3: _c1248, 4: _c1249, 5: _c1249, 6: _c1250, 7: _c1250, 8: _c1250, 9: _c1250, 10: _c1250, 11: _c1250},
+    3: {0: _c1338, 1: _c1339, 2: _c1340, 3: _c1341, 4: _c1341, 5: _c1342, 6: _c1342, 7: _c1343, 8: _c1344, 9: _c1345, 10: _c1346, 11: _c1347, 12: _c1347, 13: _c1348},
+    8: {2: _c1390, 3: _c166, 4: _c166, 5: _c166, 6: _c166, 7: _c166, 8: _c167, 9: _c167, 10: _c1391},
+    9: {1: _c1460, 2: _c1461, 3: _c1462, 4: _c1462, 5: _c1463, 6: _c1464, 7: _c1464, 8: _c1465, 9: _c1465, 10: _c1466},
+    10: {0: _c1038, 1: _c1039, 2: _c1039, 3: _c1040, 4: _c1041, 5: _c1041, 6: _c1041},
+    11: {0: _c1130, 1: _c1130, 2: _c1131, 3: _c1131, 4: _c1131, 5: _c1132, 6: _c1133, 7: _c1134, 8: _c1134, 9: _c1135},
+    12: {0: _c1057, 1: _c9, 2: _c9, 3: _c9, 4: _c10},
+    13: {0: _c1057, 1: _c9, 2: _c9, 3: _c1160, 4: _c1161, 5: _c1161},
+    14: {0: _c1759, 1: _c1760, 2: _c1760, 3: _c1760, 4: _c50, 5: _c1761},
     15: {0: _c672, 1: _c673, 2: _c673, 3: _c674, 4: _c675, 5: _c676, 6: _c677},
-    16: {0: _c1198, 1: _c1199, 2: _c1199, 3: _c1200, 4: _c1201, 5: _c1202},
-    17: {0: _c1628, 1: _c1628},
+    16: {0: _c1200, 1: _c1201, 2: _c1201, 3: _c1202, 4: _c1203, 5: _c1204},
+    17: {0: _c1632, 1: _c1632},
     18: {0: _c211, 1: _c212, 2: _c212, 3: _c213, 4: _c213},
     19: {2: _c380, 3: _c380, 4: _c380, 5: _c408, 6: _c408, 7: _c409},
     20: {1: _c444, 2: _c444, 3: _c444, 4: _c445, 5: _c190, 6: _c517},
     21: {0: _c470, 1: _c470, 2: _c471},
-    22: {0: _c1085, 1: _c1085, 2: _c876, 3: _c876, 4: _c876, 5: _c876, 6: _c1086},
-    23: {2: _c1491, 3: _c1491, 4: _c1492},
+    22: {0: _c1087, 1: _c1087, 2: _c876, 3: _c876, 4: _c876, 5: _c876, 6: _c1088},
+    23: {2: _c1493, 3: _c1493, 4: _c1494},
     24: {0: _c39, 1: _c39, 2: _c39, 3: _c40, 4: _c41, 5: _c41},
     25: {0: _c9, 1: _c9, 2: _c9, 3: _c10, 4: _c10},
     26: {0: _c9, 1: _c9, 2: _c9, 3: _c10, 4: _c10, 5: _c876},
-    27: {1: _c1861, 2: _c1861},
+    27: {1: _c1865, 2: _c1865},
     28: {0: _c166, 1: _c166, 2: _c166, 3: _c167, 4: _c167, 5: _c167},
     29: {1: _c532, 2: _c533, 3: _c533},
     30: {1: _c336, 2: _c337, 3: _c337},
@@ -50124,7 +50380,7 @@ ERROR_CODES: dict[int, dict[int, Any]] = {
     33: {0: _c104, 1: _c104, 2: _c105},
     34: {1: _c166, 2: _c167},
     35: {1: _c712, 2: _c713, 3: _c714, 4: _c715, 5: _c716},
-    36: {0: _c1621, 1: _c1622, 2: _c1623},
+    36: {0: _c1625, 1: _c1626, 2: _c1627},
     37: {0: _c380, 1: _c380, 2: _c190, 3: _c190},
     38: {1: _c357, 2: _c358, 3: _c359},
     39: {1: _c890, 2: _c891},
@@ -50134,50 +50390,50 @@ ERROR_CODES: dict[int, dict[int, Any]] = {
     43: {0: _c843, 1: _c844, 2: _c845},
     44: {0: _c104, 1: _c105},
     45: {0: _c122, 1: _c123},
-    46: {0: _c1258},
-    47: {0: _c1400},
+    46: {0: _c1260},
+    47: {0: _c1402},
     48: {0: _c556, 1: _c557},
     49: {0: _c82, 1: _c83},
     50: {0: _c820},
     51: {0: _c190},
-    52: {0: _c1829, 1: _c1829, 2: _c1829},
+    52: {0: _c1833, 1: _c1833, 2: _c1833},
     53: {0: _c257, 1: _c258},
     54: {0: _c257, 1: _c258},
     55: {0: _c762, 1: _c763, 2: _c764},
     56: {2: _c143, 3: _c143},
-    57: {0: _c1792, 1: _c1792, 2: _c50},
+    57: {0: _c1796, 1: _c1796, 2: _c50},
     58: {0: _c881},
-    59: {0: _c1017, 1: _c1017},
+    59: {0: _c1019, 1: _c1019},
     60: {0: _c574, 1: _c575, 2: _c576},
     61: {0: _c729},
     62: {0: _c282, 1: _c282, 2: _c282, 3: _c282, 4: _c282},
     63: {0: _c267, 1: _c267, 2: _c267},
     64: {0: _c50},
     65: {0: _c810},
-    66: {0: _c1269, 1: _c1269, 2: _c1269},
+    66: {0: _c1271, 1: _c1271, 2: _c1271},
     67: {0: _c55},
     68: {0: _c314, 1: _c314},
     69: {0: _c301, 1: _c302},
     70: {0: _c50},
-    71: {0: _c1044},
+    71: {0: _c1046},
     72: {0: _c10},
     73: {0: _c229},
-    74: {0: _c1172, 1: _c1173},
+    74: {0: _c1174, 1: _c1175},
     75: {0: _c802},
     76: {1: _c314},
-    77: {1: _c1682},
-    78: {1: _c1671, 2: _c1671},
-    79: {1: _c1649, 2: _c1650},
+    77: {1: _c1686},
+    78: {1: _c1675, 2: _c1675},
+    79: {1: _c1653, 2: _c1654},
     80: {0: _c50, 1: _c50},
     81: {0: _c50},
     82: {0: _c10},
     83: {0: _c493},
-    84: {0: _c1576},
+    84: {0: _c1580},
     85: {0: _c493, 1: _c493},
     86: {0: _c493},
-    87: {0: _c1592, 1: _c1593},
-    88: {0: _c1734},
-    89: {0: _c1711},
+    87: {0: _c1596, 1: _c1597},
+    88: {0: _c1738},
+    89: {0: _c1715},
     90: {0: _c787, 1: _c788},
     91: {0: _c179},
     92: {0: _c480},
