@@ -31,6 +31,7 @@ from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.fast_path import read_array_length
 from kqp.protocol.headers import read_uvarint, skip_tagged_fields
 from kqp.protocol.wire import SHORT_READ as SHORT_READ
+from kqp.protocol.wire import tagged_field_end
 
 Buffer = bytes | bytearray | memoryview
 
@@ -225,11 +226,7 @@ def _walk_tagged_section(
     """Walk the listed tags of a tagged-field section (each bounded by its size), skip the rest."""
     count, offset = read_uvarint(buf, offset)
     for _ in range(count):
-        tag, offset = read_uvarint(buf, offset)
-        size, offset = read_uvarint(buf, offset)
-        end = offset + size
-        if end > len(buf):
-            raise ProtocolDecodeError("truncated tagged field")
+        tag, offset, end = tagged_field_end(buf, offset)
         entry = tagged.get(tag)
         if entry is not None:
             step, slot = entry
