@@ -14,7 +14,15 @@ interpreted at run time):
 - for every response version, where ThrottleTimeMs sits: a constant offset from the start of
   the body when every field before it has a fixed size, else a skipper that walks the fields
   before it without decoding them (one-byte varints read inline: Produce's comes once per
-  produce request); and likewise the NodeEndpoints of ShareFetch and ShareAcknowledge.
+  produce request); and likewise the NodeEndpoints of ShareFetch and ShareAcknowledge and the
+  top-level tagged fields of Produce and Fetch (LOCATED_FIELDS);
+- for every response version, a collector of every non-zero ErrorCode (the metrics), in the
+  order of the decoded message's dict form.
+
+Every skipper and collector makes the checks of the interpreted walk it replaced
+(kqp.protocol.schema_walk), so that on any bytes both give the same result or both fail: an
+array's count against the bytes left, a string's end against the buffer's; fixed-size fields
+are skipped unread (callers check the final offset).
 """
 
 from __future__ import annotations
@@ -456,12 +464,9 @@ class Generator:
         return self.function("s", "(b: _Buffer, o: int) -> int", w.lines, f"{message} v{version}: {target}")
 
     def fixed_size(self, spec: Mapping[str, Any], structs: dict[str, Struct], version: int) -> int | None:
+        """The size of a field of a fixed-size type; None for the rest, structs included (walked)."""
         type_name = str(spec["type"])
-        if type_name in FIXED:
-            return FIXED[type_name][1]
-        if type_name in structs and not in_versions(spec.get("nullableVersions"), version):
-            return None  # structs are walked (a flexible one ends in a tag section anyway)
-        return None
+        return FIXED[type_name][1] if type_name in FIXED else None
 
     def struct_fixed(self, struct: Struct, structs: dict[str, Struct], version: int, flexible: bool) -> int | None:
         if flexible:
@@ -715,7 +720,6 @@ class Generator:
         all_structs = [*structs.values(), root] if root.name not in structs else list(structs.values())
         for struct in all_structs:
             names = [snake(f["name"]) for f in struct.fields]
-            defaults = [_default(f, structs) for f in struct.fields]
             yield f"class {struct.class_name}(_Message):"
             yield f"    __slots__ = ({''.join(repr(n) + ', ' for n in names)})"
             yield f"    FIELDS = ({''.join(repr(n) + ', ' for n in names)})"
@@ -877,12 +881,9 @@ def main() -> int:
         return 0
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT.relative_to(ROOT)} ({len(text.splitlines())} lines, {generator_note(text)})")
+    functions = text.count("\ndef ")
+    print(f"wrote {OUTPUT.relative_to(ROOT)} ({len(text.splitlines())} lines, {functions} functions)")
     return 0
-
-
-def generator_note(text: str) -> str:
-    return f"{text.count(chr(10) + 'def ')} functions"
 
 
 if __name__ == "__main__":
