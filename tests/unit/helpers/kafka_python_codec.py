@@ -10,13 +10,16 @@ tags back as the same bytes (kafka-python decodes them, then drops them when it 
 
 from __future__ import annotations
 
+from functools import cache
 from types import MethodType
 from typing import Any
 
-from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.api_message import ApiMessage, ApiMessageData
 from kafka.protocol.schemas import BaseField
 from kafka.protocol.schemas.fields.codecs.tagged_fields import TaggedFields
 from kafka.protocol.schemas.fields.codecs.types import UnsignedVarInt32
+
+from kqp.protocol.apis import DEFINITIONS_PACKAGE
 
 
 class KafkaMessage(ApiMessage, init=False):  # type: ignore[misc,call-arg]
@@ -85,3 +88,21 @@ def keep_unknown_tags(struct: Any) -> None:
             keep_unknown_tags(field)
         elif field.is_struct_array():
             keep_unknown_tags(field.array_of)
+
+
+@cache
+def message_class(name: str) -> Any:
+    """kafka-python's codec class for one bundled definition (e.g. "MetadataResponse")."""
+    cls = ApiMessageData(name, (KafkaMessage,), {"__module__": __name__}, load_json=DEFINITIONS_PACKAGE)
+    keep_unknown_tags(cls._struct)
+    return cls
+
+
+def decode(name: str, version: int, flexible: bool, body: bytes) -> tuple[dict[str, Any], int]:
+    """A body decoded by kafka-python: its raw dict form (fields of this version only) and the
+    bytes it used."""
+    cls = message_class(name)
+    decoder = cls._struct.compiled_decode_from(version, compact=flexible, tagged=flexible, data_class=cls)
+    message, used = decoder(memoryview(body), 0)
+    message._version = version
+    return message.to_dict(json=False), int(used)

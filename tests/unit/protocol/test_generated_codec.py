@@ -1,7 +1,8 @@
 """The codec generated from Kafka's JSON definitions (kqp/protocol/generated): the committed module
 is what the definitions give; every message of every version Kafka 4.3.1 defines decodes bodies
 written by an independent encoder (tests/unit/helpers/schema_messages.py, which writes bytes
-field by field from the same JSON) to the end, and encodes them back to the same bytes; and the
+field by field from the same JSON) to the end, to the values a second decoder (kafka-python's)
+reads, and encodes them back to the same bytes; and the
 generated skippers find ThrottleTimeMs (and ShareFetch's NodeEndpoints), and the generated
 collectors read the error codes, where and as the interpreted schema walk (kqp.protocol.schema_walk)
 does, and fail where it fails, on those bodies and on mutants of them."""
@@ -25,6 +26,8 @@ from kqp.protocol.errors import ProtocolError
 from kqp.protocol.generated.kafka_messages import MESSAGES
 from kqp.protocol.schema_walk import SHORT_READ, Step, field_step, sequence, struct_step, wire_fields
 from kqp.protocol.throttle_field import field_location
+from kqp.protocol.wire import ZERO_UUID
+from tests.unit.helpers import kafka_python_codec
 from tests.unit.helpers.schema_messages import body_strategy, struct_body
 from tests.unit.protocol.test_error_codes import _SYNTHETIC
 from tests.unit.protocol.test_fuzz import mutate
@@ -63,6 +66,28 @@ def test_decode_reads_to_the_end_and_encode_gives_the_same_bytes(
     message, used = MESSAGES[(key, is_request)].DECODERS[version](body, 0)
     assert used == len(body)
     assert message.encode(version) == body
+    # The values are those a second, independent decoder reads (kafka-python's).
+    name = f"{API_SPECS[key].name}{'Request' if is_request else 'Response'}"
+    theirs, their_used = kafka_python_codec.decode(name, version, API_SPECS[key].is_flexible(version), body)
+    assert their_used == used
+    _assert_same_values(theirs, message.to_dict())
+
+
+def _assert_same_values(theirs: Any, ours: Any, path: str = "") -> None:
+    """Every field kafka-python reads (those of this version) has the same value in ours.
+    kafka-python reads an all-zero uuid as None; we read Kafka's Uuid.ZERO_UUID, as Kafka does."""
+    if isinstance(theirs, dict):
+        for name, value in theirs.items():
+            assert name in ours, f"{path}.{name}"
+            _assert_same_values(value, ours[name], f"{path}.{name}")
+    elif isinstance(theirs, list):
+        assert isinstance(ours, list) and len(ours) == len(theirs), path
+        for index, (their_item, our_item) in enumerate(zip(theirs, ours, strict=True)):
+            _assert_same_values(their_item, our_item, f"{path}[{index}]")
+    elif theirs is None and ours == ZERO_UUID:
+        pass
+    else:
+        assert theirs == ours, (path, theirs, ours)
 
 
 ERROR = "error"
