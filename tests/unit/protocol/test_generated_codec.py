@@ -1,11 +1,14 @@
-"""The codec generated from Kafka's JSON definitions (kqp/protocol/generated): the committed module
-is what the definitions give; every message of every version Kafka 4.3.1 defines decodes bodies
-written by an independent encoder (tests/unit/helpers/schema_messages.py, which writes bytes
-field by field from the same JSON) to the end, to the values a second decoder (kafka-python's)
-reads, and encodes them back to the same bytes; and the
-generated skippers find ThrottleTimeMs (and ShareFetch's NodeEndpoints), and the generated
-collectors read the error codes, where and as the interpreted schema walk (kqp.protocol.schema_walk)
-does, and fail where it fails, on those bodies and on mutants of them."""
+"""The codec generated from Kafka's JSON definitions (kqp/protocol/generated).
+
+- The committed module is what the definitions give (the CI check).
+- Every message of every version Kafka 4.3.1 defines decodes bodies written by an independent
+  encoder (tests/unit/helpers/schema_messages.py, which writes bytes field by field from the
+  same JSON) to the end, to the values a second decoder (kafka-python's) reads, and encodes
+  them back to the same bytes.
+- The generated skippers find ThrottleTimeMs (and ShareFetch's NodeEndpoints), and the
+  generated collectors read the error codes, where and as the interpreted schema walk
+  (kqp.protocol.schema_walk) does, and fail where it fails, on those bodies and on mutants.
+"""
 
 from __future__ import annotations
 
