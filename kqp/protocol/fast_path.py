@@ -170,15 +170,21 @@ def _string(buf: Buffer, offset: int, flexible: bool) -> tuple[str | None, int]:
     return compact_string(buf, offset) if flexible else string(buf, offset)
 
 
-def _topic(buf: Buffer, offset: int, flexible: bool, by_id: bool) -> tuple[str | None, uuid.UUID | None, int]:
-    """A topic's name (before the topic-id versions) or its 16-byte id (after)."""
+def _topic(
+    buf: Buffer, offset: int, flexible: bool, by_id: bool
+) -> tuple[str | None, uuid.UUID | None, int, int]:
+    """A topic's name (before the topic-id versions) or its 16-byte id (after), and the count of
+    its partitions that follows in Produce and Fetch alike; returns the offset of the first."""
     if by_id:
         end = offset + _UUID_SIZE
         if end > len(buf):
             raise ProtocolDecodeError("topic id runs past the end of the message")
-        return None, uuid.UUID(bytes=bytes(buf[offset:end])), end
+        topic_id = uuid.UUID(bytes=bytes(buf[offset:end]))
+        partitions, offset = read_array_length(buf, end, flexible)
+        return None, topic_id, partitions, offset
     name, offset = _string(buf, offset, flexible)
-    return name, None, offset
+    partitions, offset = read_array_length(buf, offset, flexible)
+    return name, None, partitions, offset
 
 
 def _records(buf: Buffer, offset: int, flexible: bool) -> tuple[int, RecordCounts, int]:
@@ -233,8 +239,7 @@ def _parse_produce_request(body: Buffer, version: int) -> ProduceSummary:
     partitions: list[PartitionSummary] = []
     topic_count, offset = read_array_length(body, offset, flexible)
     for _ in range(topic_count):
-        topic, topic_id, offset = _topic(body, offset, flexible, by_id)
-        partition_count, offset = read_array_length(body, offset, flexible)
+        topic, topic_id, partition_count, offset = _topic(body, offset, flexible, by_id)
         for _ in range(partition_count):
             (partition,) = _INT32.unpack_from(body, offset)
             size, (records, batches, compression, magic, _), offset = _records(body, offset + 4, flexible)
@@ -278,8 +283,7 @@ def _parse_fetch_response(body: Buffer, version: int) -> FetchSummary:
     partitions: list[PartitionSummary] = []
     topic_count, offset = read_array_length(body, offset, flexible)
     for _ in range(topic_count):
-        topic, topic_id, offset = _topic(body, offset, flexible, by_id)
-        partition_count, offset = read_array_length(body, offset, flexible)
+        topic, topic_id, partition_count, offset = _topic(body, offset, flexible, by_id)
         for _ in range(partition_count):
             partition, partition_error, high_watermark = _PARTITION_HEAD.unpack_from(body, offset)
             offset += _PARTITION_HEAD.size + offsets_after_watermark
@@ -358,8 +362,7 @@ def _parse_fetch_request(body: Buffer, version: int) -> FetchRequestSummary:
     partitions: list[FetchPartitionRequest] = []
     topic_count, offset = read_array_length(body, offset, flexible)
     for _ in range(topic_count):
-        topic, topic_id, offset = _topic(body, offset, flexible, by_id)
-        partition_count, offset = read_array_length(body, offset, flexible)
+        topic, topic_id, partition_count, offset = _topic(body, offset, flexible, by_id)
         for _ in range(partition_count):
             (partition,) = _INT32.unpack_from(body, offset)
             offset += 4
