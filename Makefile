@@ -25,9 +25,11 @@ $(KAFKA_DIR)/libs/.complete: harness/pom.xml
 	mvn -B -q -f harness/pom.xml dependency:copy-dependencies
 	touch $@
 
-# Refresh the committed copy of Kafka's JSON message definitions (the codec's schemas) from the jar.
+# Refresh the committed copy of Kafka's JSON message definitions from the jar, then regenerate the
+# codec from them (kqp/protocol/generated; a unit test fails when the committed module is stale).
 kafka-messages: kafka
 	./harness/extract_kafka_messages.sh $(KAFKA_VERSION)
+	$(PY) -m harness.kafka_codegen
 
 # From Debian, installed when missing: kcat (librdkafka's CLI), prometheus (its package ships
 # promtool too) for the Prometheus integration test, and haproxy for the fleet behind a balancer;

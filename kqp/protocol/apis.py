@@ -1,8 +1,9 @@
 """The catalogue of Kafka APIs, read from Kafka's own JSON message definitions.
 
 The definitions are Kafka 4.3.1's (kqp/protocol/kafka_message_definitions, copied from the
-kafka-clients jar), compiled on first use into kafka-python's JSON-driven codec, so version
-ranges, flexible versions and field layouts are the brokers', not hand-copied. A key or
+kafka-clients jar); the codec is generated from them (kqp/protocol/generated, by
+harness/kafka_codegen.py), so version ranges, flexible versions and field layouts are the
+brokers', not hand-copied. A key or
 version missing here is not an error: the proxy forwards what it does not need to read as
 opaque bytes. Only the APIs in `DECODED_APIS` must be readable, and only they are capped in
 the ApiVersions answer.
@@ -13,16 +14,15 @@ from __future__ import annotations
 import importlib.resources
 import json
 import re
+import struct
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from kafka.protocol.api_message import ApiMessage, ApiMessageData
-from kafka.protocol.schemas import BaseField
-
 from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.errors import UnsupportedApiError
-from kqp.protocol.tagged_fields import keep_unknown_tags
+from kqp.protocol.generated import kafka_messages
+from kqp.protocol.wire import Message
 
 # The names the protocol code uses; the values are kqp.protocol.api_keys.ApiKey's.
 API_VERSIONS_KEY = ApiKey.API_VERSIONS
@@ -77,32 +77,28 @@ def _read_definition(name: str) -> dict[str, Any]:
     return definition
 
 
-class KafkaMessage(ApiMessage, init=False):  # type: ignore[misc,call-arg]
-    """Base of the codec classes compiled from the bundled definitions.
-
-    kafka-python's own message classes register themselves as the response class of their
-    API key (its client decodes with them); ours must not replace them, so this repeats
-    ApiMessage's set-up without the registration.
-    """
-
-    # Placeholder that lets ApiMessage's own subclass hook accept this abstract base.
-    _json = {"name": "KafkaMessage", "type": "request", "validVersions": "none", "flexibleVersions": "none"}
-
-    def __init_subclass__(cls, **kw: Any) -> None:
-        if "_json" not in cls.__dict__:  # versioned views (cls[3]) inherit everything
-            super(ApiMessage, cls).__init_subclass__(**kw)
-            return
-        super(ApiMessage, cls).__init_subclass__(**kw)
-        cls._flexible_versions = BaseField.parse_versions(cls._json["flexibleVersions"])
-        cls._valid_versions = BaseField.parse_versions(cls._json["validVersions"])
-
-
 @cache
-def message_class(name: str) -> Any:
-    """kafka-python codec class for one bundled definition (e.g. "MetadataResponse")."""
-    cls = ApiMessageData(name, (KafkaMessage,), {"__module__": __name__}, load_json=DEFINITIONS_PACKAGE)
-    keep_unknown_tags(cls._struct)
+def message_class(name: str) -> type[Message]:
+    """The generated codec class of one bundled definition (e.g. "MetadataResponse"), with its
+    definition as `json` (what the tests' schema-driven encoder reads)."""
+    cls: type[Message] = getattr(kafka_messages, name)
+    cls.json = _with_common_structs(_read_definition(name))
     return cls
+
+
+def _with_common_structs(definition: dict[str, Any]) -> dict[str, Any]:
+    """The definition with every use of a common struct given that struct's fields, so that a
+    reader of `fields` finds every layout in place (as kafka-python's loader gives it)."""
+    common = {str(struct["name"]): struct["fields"] for struct in definition.get("commonStructs", ())}
+
+    def resolved(fields: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for field in fields:
+            struct_fields = field.get("fields") or common.get(str(field["type"]).removeprefix("[]"))
+            out.append(field if struct_fields is None else {**field, "fields": resolved(struct_fields)})
+        return out
+
+    return {**definition, "fields": resolved(definition.get("fields", []))}
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,3 +179,21 @@ def can_decode(api_key: int, api_version: int) -> bool:
 def api_name(api_key: int) -> str:
     spec = API_SPECS.get(api_key)
     return spec.name if spec is not None else f"Unknown{api_key}"
+
+
+# Kafka's Errors.UNSUPPORTED_VERSION.
+UNSUPPORTED_VERSION = 35
+_INT16 = struct.Struct(">h")
+
+
+def response_layout_version(api_key: int, api_version: int, buf: bytes | bytearray | memoryview,
+                            body_offset: int) -> int:
+    """The version whose layout a response body has: a broker that does not support the
+    requested ApiVersions version answers UNSUPPORTED_VERSION with a v0 body."""
+    if (
+        api_key == API_VERSIONS_KEY
+        and len(buf) >= body_offset + 2
+        and _INT16.unpack_from(buf, body_offset)[0] == UNSUPPORTED_VERSION
+    ):
+        return 0
+    return api_version

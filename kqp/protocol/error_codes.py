@@ -1,10 +1,11 @@
 """Every error code in a response, for the metrics (Kafka's ErrorsPerSec counts each one).
 
-The body is not decoded: for each (API, version) a walker compiled once from Kafka's JSON
-definitions (kqp.protocol.schema_walk) skips every field by its wire layout and reads only
-the int16 fields named ErrorCode, at any depth. The codes come out in the order the full
-decode's dict form gives them (`decoded_error_codes`, kept as the reference the tests hold
-the scan to): a struct's own code first, then those nested in it, depth first.
+The body is not decoded: for each (API, version) a collector generated from Kafka's JSON
+definitions (kqp.protocol.generated, by harness/kafka_codegen.py) skips every field by its
+wire layout and reads only the int16 fields named ErrorCode, at any depth, in straight-line
+code. The codes come out in the order the full decode's dict form gives them
+(`decoded_error_codes`, kept as a reference the tests hold the scan to): a struct's own code
+first, then those nested in it, depth first.
 
 Most small responses repeat byte for byte (a Heartbeat's "no error", a cluster's
 ApiVersions answer, an OffsetCommit of the same partitions): bodies up to
@@ -14,24 +15,28 @@ less than walking it. Produce/Fetch never come here.
 
 from __future__ import annotations
 
-from functools import cache, lru_cache
+from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
-from kqp.protocol.apis import API_SPECS, supported_spec
+from kqp.protocol.apis import API_SPECS, response_layout_version, supported_spec
 from kqp.protocol.codec import decode_body
 from kqp.protocol.errors import ProtocolDecodeError
-from kqp.protocol.schema_walk import SHORT_READ, Step, response_layout_version, struct_step
+from kqp.protocol.generated.kafka_messages import ERROR_CODES
+from kqp.protocol.wire import SHORT_READ
+
+# (buffer, offset, found) -> offset after the body; or the size of a body without codes.
+Collector = Callable[[bytes | memoryview, int, list[int]], int] | int
 
 MEMO_MAX_BODY_BYTES = 2048
 _MEMO_ENTRIES = 1024
 
 
-@cache
-def error_code_walker(api_key: int, api_version: int) -> Step:
-    """The compiled walk of a response body of this version (raises UnsupportedApiError)."""
-    spec = supported_spec(api_key, api_version)
-    fields = spec.response_class.json["fields"]
-    return struct_step(fields, api_version, spec.is_flexible(api_version), collect=True)
+def error_code_walker(api_key: int, api_version: int) -> Collector:
+    """The generated walk of a response body of this version (raises UnsupportedApiError)."""
+    supported_spec(api_key, api_version)
+    collector: Collector = ERROR_CODES[api_key][api_version]
+    return collector
 
 
 def scan_error_codes(api_key: int, api_version: int, body: bytes | memoryview) -> tuple[int, ...]:

@@ -19,8 +19,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from kqp.protocol.errors import ProtocolDecodeError
+from kqp.protocol.generated.kafka_messages import FIELD_LOCATIONS
 from kqp.protocol.headers import read_uvarint, skip_tagged_fields
 from kqp.protocol.records import EMPTY_RECORDS, RecordCounts, summarise_records
+from kqp.protocol.wire import compact_count, compact_string, string
+from kqp.protocol.wire import count as array_count
 
 Buffer = bytes | bytearray | memoryview
 S = TypeVar("S")
@@ -41,6 +44,8 @@ _PARTITION_HEAD = struct.Struct(">ihq")  # partition, error code, high watermark
 _UUID_SIZE = 16
 # The exceptions struct and memoryview raise on bytes that end too early.
 _SHORT_READ = (struct.error, IndexError, ValueError)
+# Fetch response version -> skipper to its top-level tagged fields (generated from the definitions).
+_FETCH_TAG_SECTION = FIELD_LOCATIONS["FetchResponse.TaggedFields"]
 
 
 @dataclass(slots=True)
@@ -155,51 +160,31 @@ def _parse_share_fetch_request(body: Buffer, version: int) -> FetchRequestSummar
 
 def read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, int]:
     """Element count of an array (0 for null), checked against the bytes left."""
-    if flexible:
-        count_plus_one, offset = read_uvarint(buf, offset)
-        count = count_plus_one - 1
-    else:
-        (count,) = _INT32.unpack_from(buf, offset)
-        offset += 4
-        if count < -1:
-            raise ProtocolDecodeError(f"invalid array length {count}")
-    # Every element takes at least one byte; this stops absurd counts before any loop.
-    if count > len(buf) - offset:
-        raise ProtocolDecodeError(f"array of {count} elements in {len(buf) - offset} bytes")
+    count, offset = compact_count(buf, offset) if flexible else array_count(buf, offset)
     return max(count, 0), offset
 
 
 def _string(buf: Buffer, offset: int, flexible: bool) -> tuple[str | None, int]:
     """A nullable string: int16 length, or unsigned varint length + 1 (0 = null) in flexible
     versions. Topic names are decoded (they become labels); nothing else is."""
-    if flexible:
-        length_plus_one, offset = read_uvarint(buf, offset)
-        length = length_plus_one - 1
-    else:
-        (length,) = _INT16.unpack_from(buf, offset)
-        offset += 2
-        if length < -1:
-            raise ProtocolDecodeError(f"invalid string length {length}")
-    if length < 0:
-        return None, offset
-    end = offset + length
-    if end > len(buf):
-        raise ProtocolDecodeError("string runs past the end of the message")
-    try:
-        return str(buf[offset:end], "utf-8"), end
-    except UnicodeDecodeError as exc:
-        raise ProtocolDecodeError("string is not valid UTF-8") from exc
+    return compact_string(buf, offset) if flexible else string(buf, offset)
 
 
-def _topic(buf: Buffer, offset: int, flexible: bool, by_id: bool) -> tuple[str | None, uuid.UUID | None, int]:
-    """A topic's name (before the topic-id versions) or its 16-byte id (after)."""
+def _topic(
+    buf: Buffer, offset: int, flexible: bool, by_id: bool
+) -> tuple[str | None, uuid.UUID | None, int, int]:
+    """A topic's name (before the topic-id versions) or its 16-byte id (after), and the count of
+    its partitions that follows in Produce and Fetch alike; returns the offset of the first."""
     if by_id:
         end = offset + _UUID_SIZE
         if end > len(buf):
             raise ProtocolDecodeError("topic id runs past the end of the message")
-        return None, uuid.UUID(bytes=bytes(buf[offset:end])), end
+        topic_id = uuid.UUID(bytes=bytes(buf[offset:end]))
+        partitions, offset = read_array_length(buf, end, flexible)
+        return None, topic_id, partitions, offset
     name, offset = _string(buf, offset, flexible)
-    return name, None, offset
+    partitions, offset = read_array_length(buf, offset, flexible)
+    return name, None, partitions, offset
 
 
 def _records(buf: Buffer, offset: int, flexible: bool) -> tuple[int, RecordCounts, int]:
@@ -254,8 +239,7 @@ def _parse_produce_request(body: Buffer, version: int) -> ProduceSummary:
     partitions: list[PartitionSummary] = []
     topic_count, offset = read_array_length(body, offset, flexible)
     for _ in range(topic_count):
-        topic, topic_id, offset = _topic(body, offset, flexible, by_id)
-        partition_count, offset = read_array_length(body, offset, flexible)
+        topic, topic_id, partition_count, offset = _topic(body, offset, flexible, by_id)
         for _ in range(partition_count):
             (partition,) = _INT32.unpack_from(body, offset)
             size, (records, batches, compression, magic, _), offset = _records(body, offset + 4, flexible)
@@ -299,8 +283,7 @@ def _parse_fetch_response(body: Buffer, version: int) -> FetchSummary:
     partitions: list[PartitionSummary] = []
     topic_count, offset = read_array_length(body, offset, flexible)
     for _ in range(topic_count):
-        topic, topic_id, offset = _topic(body, offset, flexible, by_id)
-        partition_count, offset = read_array_length(body, offset, flexible)
+        topic, topic_id, partition_count, offset = _topic(body, offset, flexible, by_id)
         for _ in range(partition_count):
             partition, partition_error, high_watermark = _PARTITION_HEAD.unpack_from(body, offset)
             offset += _PARTITION_HEAD.size + offsets_after_watermark
@@ -343,29 +326,9 @@ def fetch_response_tag_count(body: Buffer, api_version: int) -> int:
 
 
 def _fetch_response_tag_count(body: Buffer, version: int) -> int:
-    # Flexible, topics by id: ThrottleTimeMs, ErrorCode, SessionId, then the topics.
-    end = len(body)
-    offset = 10
-    # A partition's fixed head: PartitionIndex, ErrorCode, HighWatermark, LastStableOffset,
-    # LogStartOffset. Not read: a cut inside it fails at the count after it, as in the full parse.
-    partition_head = 4 + 2 + 8 + 8 + 8
-    topic_count, offset = read_array_length(body, offset, True)
-    for _ in range(topic_count):
-        if offset + _UUID_SIZE > end:
-            raise ProtocolDecodeError("topic id runs past the end of the message")
-        partition_count, offset = read_array_length(body, offset + _UUID_SIZE, True)
-        for _ in range(partition_count):
-            aborted, offset = read_array_length(body, offset + partition_head, True)
-            for _ in range(aborted):
-                offset = skip_tagged_fields(body, offset + 16)
-            offset += 4  # PreferredReadReplica
-            size_plus_one, offset = read_uvarint(body, offset)
-            if size_plus_one > 1:
-                offset += size_plus_one - 1
-                if offset > end:
-                    raise ProtocolDecodeError("records run past the end of the message")
-            offset = skip_tagged_fields(body, offset)
-        offset = skip_tagged_fields(body, offset)
+    # The generated skipper over every field before the top-level tag section: records are
+    # skipped by their length, nothing is decoded.
+    offset = _FETCH_TAG_SECTION[version](body, 0)
     tagged_fields = read_uvarint(body, offset)[0]
     _expect_end(body, skip_tagged_fields(body, offset), f"Fetch v{version} response")
     return tagged_fields
@@ -399,8 +362,7 @@ def _parse_fetch_request(body: Buffer, version: int) -> FetchRequestSummary:
     partitions: list[FetchPartitionRequest] = []
     topic_count, offset = read_array_length(body, offset, flexible)
     for _ in range(topic_count):
-        topic, topic_id, offset = _topic(body, offset, flexible, by_id)
-        partition_count, offset = read_array_length(body, offset, flexible)
+        topic, topic_id, partition_count, offset = _topic(body, offset, flexible, by_id)
         for _ in range(partition_count):
             (partition,) = _INT32.unpack_from(body, offset)
             offset += 4

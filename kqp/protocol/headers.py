@@ -16,51 +16,13 @@ from typing import NamedTuple
 from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY
 from kqp.protocol.errors import ProtocolDecodeError
 
+# Re-exported: the varint and tagged-field rules are kqp.protocol.wire's, shared with the codec.
+from kqp.protocol.wire import encode_uvarint as encode_uvarint
+from kqp.protocol.wire import read_uvarint as read_uvarint
+from kqp.protocol.wire import skip_tagged_fields as skip_tagged_fields
+
 _HEADER_FIXED = struct.Struct(">hhih")
 _INT32 = struct.Struct(">i")
-
-
-def read_uvarint(data: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
-    """Unsigned LEB128 varint; returns (value, next offset)."""
-    if offset < len(data) and data[offset] < 0x80:
-        # One byte: nearly every length, count and tag section on the wire.
-        return data[offset], offset + 1
-    value = 0
-    shift = 0
-    while True:
-        if offset >= len(data):
-            raise ProtocolDecodeError("truncated varint")
-        byte = data[offset]
-        offset += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, offset
-        shift += 7
-        if shift > 28:
-            raise ProtocolDecodeError("varint longer than 5 bytes")
-
-
-def encode_uvarint(value: int) -> bytes:
-    """Unsigned LEB128 varint, as read by `read_uvarint`."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def skip_tagged_fields(data: bytes | bytearray | memoryview, offset: int) -> int:
-    if offset < len(data) and data[offset] == 0:
-        return offset + 1  # the usual empty section
-    count, offset = read_uvarint(data, offset)
-    for _ in range(count):
-        _tag, offset = read_uvarint(data, offset)
-        size, offset = read_uvarint(data, offset)
-        offset += size
-        if offset > len(data):
-            raise ProtocolDecodeError("truncated tagged field")
-    return offset
 
 
 class RequestHeader(NamedTuple):

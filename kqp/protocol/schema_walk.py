@@ -1,11 +1,15 @@
-"""Walking a message body by the layout in Kafka's JSON definitions, without decoding it.
+"""Walking a message body by the layout in Kafka's JSON definitions, interpreted at run time.
+
+The proxy no longer runs this: the code it runs is generated from the same definitions
+(kqp.protocol.generated, harness/kafka_codegen.py). This interpreted walk stays as the
+independent reference the tests hold the generated skippers and error-code collectors to
+(tests/unit/protocol/test_generated_codec.py, test_error_codes.py, test_produce_response.py).
 
 One set of wire rules (fixed-size types, length-prefixed strings and bytes, arrays, nullable
 structs, flexible versions' compact lengths and tagged-field sections) compiled once per
 (API, version) into walkers. A walker takes the buffer and an offset and returns the offset
 just after what it stands for; what it reads on the way goes into its optional `found` list.
-kqp.protocol.throttle_field compiles plain skippers to reach ThrottleTimeMs;
-kqp.protocol.error_codes compiles walkers that also read every ErrorCode (`collect=True`).
+Plain skippers reach a field; walkers with `collect=True` also read every ErrorCode.
 
 Error codes come out in the order of the codec's dict form (kafka-python's `to_dict`,
 walked depth first), which is not always wire order: a struct's own ErrorCode comes before
@@ -20,10 +24,14 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from kqp.protocol.apis import API_VERSIONS_KEY, parse_versions
+from kqp.protocol.apis import UNSUPPORTED_VERSION as UNSUPPORTED_VERSION
+from kqp.protocol.apis import parse_versions
+from kqp.protocol.apis import response_layout_version as response_layout_version
 from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.fast_path import read_array_length
 from kqp.protocol.headers import read_uvarint, skip_tagged_fields
+from kqp.protocol.wire import SHORT_READ as SHORT_READ
+from kqp.protocol.wire import tagged_field_end
 
 Buffer = bytes | bytearray | memoryview
 
@@ -36,14 +44,11 @@ class Walker(Protocol):
 Step = Walker | int
 
 ERROR_CODE_FIELD = "ErrorCode"
-UNSUPPORTED_VERSION = 35
 FIXED_SIZES = {
     "bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
     "int64": 8, "float64": 8, "uuid": 16,
     "bitfield": 4,  # kafka-python renames some int32 authorized-operations fields so
 }
-# What a walk raises when the bytes end early; callers turn these into ProtocolDecodeError.
-SHORT_READ = (struct.error, IndexError, ValueError)
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 
@@ -62,18 +67,6 @@ def wire_fields(fields: Iterable[Mapping[str, Any]], version: int) -> list[Mappi
         f for f in fields
         if field_in_versions(f, "versions", version) and not field_in_versions(f, "taggedVersions", version)
     ]
-
-
-def response_layout_version(api_key: int, api_version: int, buf: Buffer, body_offset: int) -> int:
-    """The version whose layout a response body has: a broker that does not support the
-    requested ApiVersions version answers UNSUPPORTED_VERSION with a v0 body."""
-    if (
-        api_key == API_VERSIONS_KEY
-        and len(buf) >= body_offset + 2
-        and _INT16.unpack_from(buf, body_offset)[0] == UNSUPPORTED_VERSION
-    ):
-        return 0
-    return api_version
 
 
 def advance(step: Step, buf: Buffer, offset: int, found: list[int] | None = None) -> int:
@@ -233,11 +226,7 @@ def _walk_tagged_section(
     """Walk the listed tags of a tagged-field section (each bounded by its size), skip the rest."""
     count, offset = read_uvarint(buf, offset)
     for _ in range(count):
-        tag, offset = read_uvarint(buf, offset)
-        size, offset = read_uvarint(buf, offset)
-        end = offset + size
-        if end > len(buf):
-            raise ProtocolDecodeError("truncated tagged field")
+        tag, offset, end = tagged_field_end(buf, offset)
         entry = tagged.get(tag)
         if entry is not None:
             step, slot = entry
