@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,12 @@ from kqp.protocol.apis import API_SPECS
 from kqp.protocol.error_codes import collect_error_codes, error_code_walker
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.generated.kafka_messages import MESSAGES
-from kqp.protocol.schema_walk import SHORT_READ, Step, field_step, sequence, struct_step, wire_fields
+from kqp.protocol.schema_walk import SHORT_READ, Step, struct_step
 from kqp.protocol.throttle_field import field_location
 from kqp.protocol.wire import ZERO_UUID
 from tests.unit.helpers import kafka_python_codec
 from tests.unit.helpers.schema_messages import body_strategy, struct_body
+from tests.unit.helpers.schema_reference import walked_location
 from tests.unit.protocol.test_error_codes import _SYNTHETIC
 from tests.unit.protocol.test_fuzz import mutate
 
@@ -103,18 +104,6 @@ LOCATED = [
 ]
 
 
-def _walked_location(api_key: int, version: int, name: str) -> Step | None:
-    """The reference: the schema walk over the fields before `name`, interpreted from the JSON."""
-    spec = API_SPECS[api_key]
-    fields: list[Mapping[str, Any]] = spec.response_class.json["fields"]
-    before: list[Step] = []
-    for field in wire_fields(fields, version):
-        if field["name"] == name:
-            return sequence(before)
-        before.append(field_step(field, version, spec.is_flexible(version)))
-    return None
-
-
 def _outcome(location: Step | Callable[[bytes, int], int], frame: bytes, offset: int, width: int) -> int | str:
     """Where the field is, or ERROR when it cannot be read (what throttle_field_offset reports);
     `width` is the least the field takes (4 for ThrottleTimeMs, 1 for an array's count)."""
@@ -132,7 +121,7 @@ def test_the_generated_skipper_finds_the_field_where_the_schema_walk_does(
     case: tuple[int, int, str], data: st.DataObject, seed: int
 ) -> None:
     api_key, version, name = case
-    generated, walked = field_location(api_key, version, name), _walked_location(api_key, version, name)
+    generated, walked = field_location(api_key, version, name), walked_location(api_key, version, name)
     assert (generated is None) == (walked is None)
     if generated is None or walked is None:
         return

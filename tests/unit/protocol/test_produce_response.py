@@ -1,7 +1,8 @@
-"""The walk written for Produce responses against the generic schema walk it replaces on the data
-path: the same offset of ThrottleTimeMs on every response the schemas allow (record errors,
-CurrentLeader and NodeEndpoints tagged fields, null strings, multi-byte varints), and a failure
-on the same malformed bytes."""
+"""The Produce response's generated ThrottleTimeMs skipper (kqp.protocol.produce_response) against
+the interpreted schema walk of ProduceResponse.json (the reference in
+tests/unit/helpers/schema_reference): the same offset of ThrottleTimeMs on every response the
+schemas allow (record errors, CurrentLeader and NodeEndpoints tagged fields, null strings,
+multi-byte varints), and a failure on the same malformed bytes."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from kqp.protocol.apis import API_SPECS, PRODUCE_KEY
 from kqp.protocol.errors import ProtocolDecodeError, ProtocolError
 from kqp.protocol.headers import encode_response_header, response_body_offset
 from kqp.protocol.schema_walk import SHORT_READ
-from kqp.protocol.throttle_field import read_throttle_time, throttle_field_offset, throttle_location
+from kqp.protocol.throttle_field import read_throttle_time, throttle_field_offset
 from tests.unit.helpers.schema_messages import body_strategy
+from tests.unit.helpers.schema_reference import walked_location
 from tests.unit.protocol.test_fuzz import mutate
 
 VERSIONS = list(range(API_SPECS[PRODUCE_KEY].min_version, API_SPECS[PRODUCE_KEY].max_version + 1))
@@ -31,8 +33,8 @@ Walk = Callable[[bytes, int], int]
 
 
 def _generic(version: int) -> Walk:
-    location = throttle_location(PRODUCE_KEY, version)
-    assert callable(location), "ThrottleTimeMs follows the Responses array in every version"
+    location = walked_location(PRODUCE_KEY, version, "ThrottleTimeMs")
+    assert location is not None and callable(location), "ThrottleTimeMs follows the Responses array in every version"
     return lambda frame, offset: location(frame, offset)
 
 
