@@ -256,29 +256,27 @@ class QuotaManagers:
         adds what they may admit meanwhile to the total the throttle is computed from, as for
         a fetch (see kqp.quotas.fleet). With the cluster guard on, the guard's sensor records
         too, and the larger throttle is the answer (the lower of the two limits binds)."""
-        throttle = self._record_configured_produce(broker, user, client_id, nbytes, now_ms)
+        manager = self._produce
+        throttle = 0
+        if manager.enabled:
+            t = int(now_ms)
+            sensor = manager.client_sensor(broker, user, client_id, t)
+            throttle = self._record_bytes(manager, sensor, nbytes, t)
+            if self.sharing.records_usage:
+                self.sharing.recorded("producer_byte_rate", sensor, nbytes)
+            throttle = self._throttled("producer_byte_rate", sensor, throttle) if throttle > 0 else 0
+        # Without the guard (the default) that is the answer: no call more on the hot path.
         guard = self.guard
         if guard is None:
             return throttle
+        # The guard's sensor as the configured one; fetch differs (an unrecord that needs the
+        # guard's throttle before dry run zeroes it), so the two are not one helper.
         t = int(now_ms)
-        sensor = guard.sensor("producer_byte_rate", broker, user, client_id, t)
-        guarded = guard.managers["producer_byte_rate"].record(sensor, nbytes, t)
+        guard_sensor = guard.sensor("producer_byte_rate", broker, user, client_id, t)
+        guarded = guard.managers["producer_byte_rate"].record(guard_sensor, nbytes, t)
         if guarded > 0:
-            guarded = self._throttled("producer_byte_rate", sensor, guarded)
+            guarded = self._throttled("producer_byte_rate", guard_sensor, guarded)
         return guarded if guarded > throttle else throttle
-
-    def _record_configured_produce(self, broker: str, user: str, client_id: str, nbytes: int, now_ms: float) -> int:
-        manager = self._produce
-        if not manager.enabled:
-            return 0
-        t = int(now_ms)
-        sensor = manager.client_sensor(broker, user, client_id, t)
-        throttle = self._record_bytes(manager, sensor, nbytes, t)
-        if self.sharing.records_usage:
-            self.sharing.recorded("producer_byte_rate", sensor, nbytes)
-        if throttle <= 0:
-            return 0
-        return self._throttled("producer_byte_rate", sensor, throttle)
 
     def _record_bytes(
         self, manager: ClientQuotaManager[RateSensor], sensor: RateSensor, nbytes: int, t: int
