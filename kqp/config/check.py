@@ -15,8 +15,8 @@ from pathlib import Path
 from kqp.config.errors import ConfigError
 from kqp.config.loader import line_of, load_config, read_config_file
 from kqp.config.models import GuardSection, KqpConfig, ListenerSaslSection, ProxySection, entity_text
+from kqp.quotas.capacity import DEFAULT_BROKER_ID, load_capacity
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaType
-from kqp.spark_jobs.capacity import DEFAULT_BROKER_ID, load_capacity
 
 # Each quota type's unit, as Kafka defines it: byte rates in bytes per second (per broker),
 # request_percentage in percent of one network/IO thread's time (KIP-124: 200 = two threads'

@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError
 from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from kqp.protocol.sasl import DEFAULT_OAUTHBEARER_SUB_CLAIM, READABLE_MECHANISMS
 from kqp.protocol.sni_routing import SniNameError, SniRoutes, check_broker_pattern, check_host_name
-from kqp.quotas.fair_share import NW_IN, NW_OUT
+from kqp.quotas.capacity import DEFAULT_NETWORK_THRESHOLD, NW_IN, NW_OUT, CapacityFileError, load_capacity
 from kqp.quotas.guard import GuardSettings
 from kqp.quotas.settings import (
     DEFAULT_ENTITY,
@@ -35,7 +35,6 @@ from kqp.quotas.settings import (
 
 # Kept importable from here (check.py, advise.py), where it lived before the cluster guard needed it in kqp.quotas.
 from kqp.quotas.settings import entity_text as entity_text
-from kqp.spark_jobs.capacity import DEFAULT_NETWORK_THRESHOLD, CapacityFileError, load_capacity
 
 # Java's Long.MAX_VALUE and Integer.MAX_VALUE: the largest LONG and INT quota values Kafka stores.
 LONG_MAX = 2**63 - 1

@@ -41,16 +41,15 @@ from typing import Literal
 
 import numpy as np
 
+from kqp.quotas.capacity import NETWORK_RESOURCES as NETWORK_RESOURCES
+from kqp.quotas.capacity import NW_IN as NW_IN
+from kqp.quotas.capacity import NW_OUT as NW_OUT
 from kqp.quotas.settings import QuotaEntity, Scope, entity_text
 
 PRODUCE: Literal["producer_byte_rate"] = "producer_byte_rate"
 FETCH: Literal["consumer_byte_rate"] = "consumer_byte_rate"
 ByteRateType = Literal["producer_byte_rate", "consumer_byte_rate"]
 BYTE_RATE_TYPES: tuple[ByteRateType, ...] = (PRODUCE, FETCH)
-# The network resources of a broker, named as in Cruise Control's capacity file.
-NW_IN = "NW_IN"
-NW_OUT = "NW_OUT"
-NETWORK_RESOURCES = (NW_IN, NW_OUT)
 Resource = tuple[int, str]  # (broker, NW_IN | NW_OUT)
 
 # Statistics of a series, as analyze names them (exact, linear interpolation like Spark's `percentile`).

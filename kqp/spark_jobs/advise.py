@@ -46,8 +46,8 @@ from pyspark.sql import functions as F
 
 from kqp.config.models import entity_text as entity_label
 from kqp.protocol.api_keys import ApiKey
+from kqp.quotas import capacity as cap
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaSettings, Scope
-from kqp.spark_jobs import capacity as cap
 from kqp.spark_jobs.advice_math import (
     BYTE_RATE_TYPES,
     FETCH,

@@ -44,7 +44,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from kqp.spark_jobs import capacity as cap
+from kqp.quotas import capacity as cap
 from kqp.spark_jobs.analyze_transform import (
     BATCH_BUCKET_LAST,
     BATCH_BUCKETS,

@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kqp.protocol.api_keys import ApiKey
-from kqp.spark_jobs import capacity as cap
+from kqp.quotas import capacity as cap
 from kqp.spark_jobs.capture_source import US_PER_SECOND
 from kqp.spark_jobs.common import ANONYMOUS
 from kqp.spark_jobs.session import to_pandas

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kqp.spark_jobs import capacity as cap
+from kqp.quotas import capacity as cap
 from kqp.spark_jobs.analyze import AnalyzeOptions, run_analyze
 from kqp.spark_jobs.common import Progress
 from kqp.spark_jobs.report import write_analyze_outputs

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
+from kqp.quotas.capacity import NW_IN, NW_OUT
 from kqp.spark_jobs.advice_math import (
     FETCH,
     PRODUCE,
@@ -25,7 +26,6 @@ from kqp.spark_jobs.advice_math import (
     choose_entries,
     water_fill,
 )
-from kqp.spark_jobs.capacity import NW_IN, NW_OUT
 
 
 def client(name: str) -> QuotaEntity:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kqp.spark_jobs import capacity as cap
+from kqp.quotas import capacity as cap
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_example_capacity_file_parses_in_cruise_control_units() -> None:

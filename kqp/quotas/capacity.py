@@ -1,7 +1,11 @@
 """Capacity arithmetic: Cruise Control capacity files, headroom, broker loss and growth runway.
 
-Pure Python, no Spark: the jobs aggregate traffic into per-second figures, and this module
-turns those figures into verdicts. Kept apart so the arithmetic is tested without a JVM.
+Pure Python, no Spark, no numpy: two callers share this one copy. The Spark jobs (analyze,
+advise) aggregate traffic into per-second figures and this module turns them into verdicts;
+the proxy's cluster guard (kqp.config's guard section, kqp.proxy.guard) reads the same capacity
+file for its limits. It lives in kqp.quotas, below both, so that the configuration never
+imports Spark-side code. Its one IO is `load_capacity`, a local file read when a
+configuration is loaded or a job starts; never on a hot path.
 
 Capacity file: Cruise Control's `capacity.json` format, so operators reuse theirs:
 ``{"brokerCapacities": [{"brokerId": "-1", "capacity": {"DISK": "100000", "CPU": "100",
@@ -21,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# One copy of the resource names, in the pure fair-share module the live guard shares with advise.
-from kqp.quotas.fair_share import NETWORK_RESOURCES as NETWORK_RESOURCES
-from kqp.quotas.fair_share import NW_IN as NW_IN
-from kqp.quotas.fair_share import NW_OUT as NW_OUT
+# The network resources of a broker, named as in Cruise Control's capacity file: the one copy
+# of these names, which the fair-share model (and so the guard and advise) takes from here.
+NW_IN = "NW_IN"
+NW_OUT = "NW_OUT"
+NETWORK_RESOURCES = (NW_IN, NW_OUT)
 
 # Cruise Control turns the broker's byte-rate metrics into KB/s by dividing by 1024.
 CC_KB_BYTES = 1024
