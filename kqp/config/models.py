@@ -22,7 +22,7 @@ from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from kqp.protocol.sasl import DEFAULT_OAUTHBEARER_SUB_CLAIM, READABLE_MECHANISMS
 from kqp.protocol.sni_routing import SniNameError, SniRoutes, check_broker_pattern, check_host_name
 from kqp.quotas.capacity import DEFAULT_NETWORK_THRESHOLD, NW_IN, NW_OUT, CapacityFileError, load_capacity
-from kqp.quotas.guard import GuardSettings
+from kqp.quotas.guard_inputs import GuardSettings
 from kqp.quotas.settings import (
     DEFAULT_ENTITY,
     QUOTA_TYPES,

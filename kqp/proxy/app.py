@@ -13,14 +13,13 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kqp.capture.writer import CaptureWriter
 from kqp.config import ConfigError, ConfigFiles, KqpConfig, find_quota_file, load_config, write_quota_entries
 from kqp.config.check import unreadable_login_warnings
 from kqp.config.models import CaptureSection, CommandLine, EnforcementSection, MetricsSection
 from kqp.config.writeback import decode_quota_snapshot, encode_quota_snapshot
 from kqp.proxy.fleet import FleetExchange, FleetOptions, default_instance_id
-from kqp.proxy.guard import GuardLoop
 from kqp.proxy.hooks import HookChain, TrafficHooks
 from kqp.proxy.host_exchange import HostExchange, HostLink
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
@@ -33,6 +32,10 @@ from kqp.proxy.server import ProxyServer
 from kqp.proxy.tls import parse_principal_mapping_rules, upstream_context
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import IpQuotaEntry, QuotaEngine, QuotaEntry, QuotaSettings
+
+if TYPE_CHECKING:
+    from kqp.capture.writer import CaptureWriter
+    from kqp.proxy.guard import GuardLoop
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,10 @@ class ProxyApp:
         if settings.metrics.enabled:
             self.metrics = ProxyMetrics(top_n_client_ids=settings.metrics.top_n_client_ids)
         if settings.capture.enabled:
+            # Imported here: the writer loads pyarrow (and with it numpy), which a proxy that
+            # captures nothing never needs.
+            from kqp.capture.writer import CaptureWriter
+
             metrics = self.metrics
             self.capture = CaptureWriter(
                 settings.capture,
@@ -182,6 +189,10 @@ class ProxyApp:
         if self.guard is not None:
             self.guard.update(section)
             return
+        # Imported here, not at the top: the guard's step runs numpy, which a proxy without the
+        # (opt-in) guard never loads.
+        from kqp.proxy.guard import GuardLoop
+
         server = self.server
         self.guard = GuardLoop(
             self.engine, section, lambda: server.directory.known_nodes() if server is not None else [],

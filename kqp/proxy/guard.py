@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from kqp.config.models import GuardSection
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.quotas.engine import QuotaManagers
-from kqp.quotas.guard import GuardDecision, GuardSettings, GuardState, step
+from kqp.quotas.guard import GuardDecision, GuardState, step
+from kqp.quotas.guard_inputs import GuardSettings
 from kqp.quotas.settings import entity_text
 
 log = logging.getLogger("kqp.guard")

@@ -20,9 +20,8 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kqp.capture.writer import CaptureWriter
 from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.apis import (
     FETCH_KEY,
@@ -50,6 +49,10 @@ from kqp.proxy.hooks import (
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas.recording import QuotaTrace, broker_label
+
+if TYPE_CHECKING:
+    # Named only: the app builds the writer (and loads pyarrow) when capture is on.
+    from kqp.capture.writer import CaptureWriter
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from kqp.quotas.callbacks import (
     load_callback,
 )
 from kqp.quotas.engine import MutationOutcome, QuotaManagers, ThrottleObserver, UsageSharing
-from kqp.quotas.fleet import QuotaEngine
 from kqp.quotas.managers import EXEMPT_REQUEST_API_KEYS, STRICT_MUTATION_SINCE
+from kqp.quotas.quota_engine import QuotaEngine
 from kqp.quotas.sensors import SensorSnapshot
 from kqp.quotas.settings import (
     DEFAULT_ENTITY,

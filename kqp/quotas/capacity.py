@@ -30,6 +30,7 @@ from typing import Any
 NW_IN = "NW_IN"
 NW_OUT = "NW_OUT"
 NETWORK_RESOURCES = (NW_IN, NW_OUT)
+Resource = tuple[int, str]  # (broker, NW_IN | NW_OUT)
 
 # Cruise Control turns the broker's byte-rate metrics into KB/s by dividing by 1024.
 CC_KB_BYTES = 1024

@@ -37,20 +37,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
+# The names this model speaks of, defined below it (numpy-free, so the engine and the
+# configuration can name them without loading numpy) and re-exported for its callers.
 from kqp.quotas.capacity import NETWORK_RESOURCES as NETWORK_RESOURCES
 from kqp.quotas.capacity import NW_IN as NW_IN
 from kqp.quotas.capacity import NW_OUT as NW_OUT
+from kqp.quotas.capacity import Resource as Resource
+from kqp.quotas.settings import BYTE_RATE_TYPES as BYTE_RATE_TYPES
+from kqp.quotas.settings import FETCH as FETCH
+from kqp.quotas.settings import PRODUCE as PRODUCE
+from kqp.quotas.settings import ByteRateType as ByteRateType
 from kqp.quotas.settings import QuotaEntity, Scope, entity_text
-
-PRODUCE: Literal["producer_byte_rate"] = "producer_byte_rate"
-FETCH: Literal["consumer_byte_rate"] = "consumer_byte_rate"
-ByteRateType = Literal["producer_byte_rate", "consumer_byte_rate"]
-BYTE_RATE_TYPES: tuple[ByteRateType, ...] = (PRODUCE, FETCH)
-Resource = tuple[int, str]  # (broker, NW_IN | NW_OUT)
 
 # Statistics of a series, as analyze names them (exact, linear interpolation like Spark's `percentile`).
 STAT_PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p99_9": 99.9}

@@ -51,76 +51,12 @@ from kqp.quotas.fair_share import (
     unquoted_loads,
     water_fill,
 )
+from kqp.quotas.guard_inputs import FlowKey, GuardSettings, MeasuredFlow
 from kqp.quotas.settings import QuotaEntity
 
-FlowKey = tuple[QuotaEntity, ByteRateType]
-
-# Defaults, each a documented setting of the `guard` section (docs/configuration.md).
-DEFAULT_RELEASE_MARGIN = 0.1
-DEFAULT_RAISE_PER_S = 0.05
-# A flow whose measured rate is at least this share of its guard limit is held back by it.
-# Under 1 because the windowed rate of a throttled client sits just under its quota.
-DEFAULT_SATURATION = 0.95
 # The longest time one raise step accounts for: a step after a long pause (the proxy was busy,
 # the interval was reloaded) must not lift every limit at once.
 _MAX_RAISE_SPAN_S = 60.0
-
-
-@dataclass(frozen=True)
-class GuardSettings:
-    """What the control step needs from the `guard` section (kqp.config builds it).
-
-    Attributes:
-        limits: capacity x threshold per (broker, NW_IN | NW_OUT), bytes/s. A broker not
-            listed is not guarded.
-        replication_factor: models follower traffic, as analyze (capped at the broker count).
-        weights: an entity's share of a binding resource relative to the others (default 1).
-        protected: entities never limited.
-        floor: no guard limit below this many bytes/s.
-        release_margin: a resource releases at load <= limit x (1 - release_margin).
-        raise_per_s: a guard limit rises by at most this share of itself per second.
-        saturation: a flow at >= this share of its guard limit is held back by it.
-    """
-
-    limits: Mapping[Resource, float]
-    replication_factor: int = 1
-    weights: Mapping[QuotaEntity, float] = field(default_factory=dict)
-    protected: frozenset[QuotaEntity] = frozenset()
-    floor: float = 0.0
-    release_margin: float = DEFAULT_RELEASE_MARGIN
-    raise_per_s: float = DEFAULT_RAISE_PER_S
-    saturation: float = DEFAULT_SATURATION
-
-    @property
-    def brokers(self) -> tuple[int, ...]:
-        return tuple(sorted({broker for broker, _ in self.limits}))
-
-
-@dataclass(frozen=True)
-class MeasuredFlow:
-    """One entity's produce or fetch rate, as Kafka measures it (the windowed rate), per broker.
-
-    `configured_quota` is the quota the entity already has from the quota entries (per broker,
-    bytes/s), None without one: the guard never gives a limit at or above it. `throttled`: its
-    guard limit throttled it within the last quota window (dry run: would have), the sign that
-    it wants more than its limit.
-    """
-
-    entity: QuotaEntity
-    quota_type: ByteRateType
-    rates: Mapping[int, float]
-    configured_quota: float | None = None
-    throttled: bool = False
-
-    @property
-    def key(self) -> FlowKey:
-        return (self.entity, self.quota_type)
-
-    @property
-    def peak(self) -> float:
-        return max(self.rates.values(), default=0.0)
-
-
 @dataclass(frozen=True)
 class GuardState:
     """What the guard carries from one step to the next: the engaged resources (with the time

@@ -16,21 +16,25 @@ the guard's `dry_run`, whatever the quota entries say; the fleet's sharing does 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 from kqp.quotas.callbacks import CLIENT_ID_TAG, USER_TAG, ClusterMetadata, sanitize_user
-from kqp.quotas.fair_share import BYTE_RATE_TYPES, ByteRateType
-from kqp.quotas.guard import MeasuredFlow
-from kqp.quotas.managers import ClientQuotaManager
+from kqp.quotas.guard_inputs import MeasuredFlow
+from kqp.quotas.managers import ClientQuotaManager, QuotaHost
 from kqp.quotas.sensors import RateSensor
-from kqp.quotas.settings import QuotaEntity, QuotaType, Scope
+from kqp.quotas.settings import BYTE_RATE_TYPES, ByteRateType, QuotaEntity, QuotaType, Scope
 from kqp.quotas.stats import INT_MAX, NO_QUOTA_BOUND
 
-if TYPE_CHECKING:
-    from kqp.quotas.engine import QuotaManagers
-
 GRANULARITIES = ("client-id", "user", "user,client-id")
+
+
+class GuardHost(QuotaHost, Protocol):
+    """What the guard's sensors read of the engine that holds them (kqp.quotas.engine's
+    QuotaManagers): its settings and its configured managers. Named here as a Protocol so
+    that this module, which the engine imports, does not import the engine back."""
+
+    def manager(self, quota_type: QuotaType) -> ClientQuotaManager[Any]: ...
 
 
 class GuardLimitsCallback:
@@ -82,7 +86,7 @@ class GuardQuotaManager(ClientQuotaManager[RateSensor]):
 
     __slots__ = ("dry_run",)
 
-    def __init__(self, engine: QuotaManagers, quota_type: QuotaType, callback: GuardLimitsCallback,
+    def __init__(self, engine: GuardHost, quota_type: QuotaType, callback: GuardLimitsCallback,
                  dry_run: bool) -> None:
         super().__init__(engine, quota_type, callback, RateSensor)
         self.dry_run = dry_run
@@ -98,7 +102,7 @@ class GuardQuotaManager(ClientQuotaManager[RateSensor]):
 class GuardQuotas:
     """The guard's produce and fetch managers, its callback, and what it measures."""
 
-    def __init__(self, engine: QuotaManagers, granularity: str, dry_run: bool) -> None:
+    def __init__(self, engine: GuardHost, granularity: str, dry_run: bool) -> None:
         self.engine = engine
         self.callback = GuardLimitsCallback(granularity)
         self.managers: dict[ByteRateType, GuardQuotaManager] = {

@@ -16,7 +16,7 @@ sensor turns records into a throttle is in kqp.quotas.sensors.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from kqp.protocol.api_keys import ApiKey
 from kqp.quotas.callbacks import (
@@ -27,11 +27,8 @@ from kqp.quotas.callbacks import (
     EntityResolvingCallback,
 )
 from kqp.quotas.sensors import MutationSensor, RateSensor, SensorIdentity
-from kqp.quotas.settings import DEFAULT_ENTITY, QuotaSettings, QuotaType, Scope
+from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaEntry, QuotaSettings, QuotaType, Scope
 from kqp.quotas.stats import INT_MAX, NO_QUOTA_BOUND, java_int, token_bucket_throttle_time
-
-if TYPE_CHECKING:
-    from kqp.quotas.engine import QuotaManagers
 
 # ClientRequestQuotaManager.NanosToPercentagePerSecond: 1 ms of thread time per second = 0.1 %.
 NANOS_TO_PERCENT = 100.0 / 1_000_000_000
@@ -58,6 +55,28 @@ STRICT_MUTATION_SINCE: Mapping[int, int] = {
 S = TypeVar("S", RateSensor, MutationSensor)
 
 
+class LimitScale(Protocol):
+    @property
+    def limit_scale(self) -> float:
+        """The fraction of each configured quota this engine enforces (1 = all of it)."""
+        ...
+
+
+class QuotaHost(Protocol):
+    """What a manager reads of the engine that holds it (kqp.quotas.engine's QuotaManagers):
+    the settings, the configured entries and the sharing seam's limit scale. A Protocol rather
+    than the class, so that this module, which the engine imports, does not import it back."""
+
+    @property
+    def settings(self) -> QuotaSettings: ...
+
+    @property
+    def entries(self) -> Mapping[QuotaEntity, QuotaEntry]: ...
+
+    @property
+    def sharing(self) -> LimitScale: ...
+
+
 class ClientQuotaManager(Generic[S]):
     """Kafka's ClientQuotaManager for one quota type: sensors by metric tags, limits from the
     ClientQuotaCallback, and (for produce and fetch) recording.
@@ -76,7 +95,7 @@ class ClientQuotaManager(Generic[S]):
 
     def __init__(
         self,
-        engine: QuotaManagers,
+        engine: QuotaHost,
         quota_type: QuotaType,
         callback: ClientQuotaCallback,
         factory: Callable[[int, int, float, int, SensorIdentity], S],

@@ -26,6 +26,11 @@ QUOTA_TYPES: tuple[QuotaType, ...] = (
     "controller_mutation_rate",
 )
 Scope = Literal["broker", "cluster"]
+# The byte-rate quota types (KIP-13), the ones the fair-share model and the cluster guard shape.
+PRODUCE: Literal["producer_byte_rate"] = "producer_byte_rate"
+FETCH: Literal["consumer_byte_rate"] = "consumer_byte_rate"
+ByteRateType = Literal["producer_byte_rate", "consumer_byte_rate"]
+BYTE_RATE_TYPES: tuple[ByteRateType, ...] = (PRODUCE, FETCH)
 
 
 @dataclass(frozen=True, slots=True)

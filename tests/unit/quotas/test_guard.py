@@ -11,7 +11,8 @@ from collections.abc import Mapping
 import pytest
 
 from kqp.quotas.fair_share import FETCH, NW_IN, NW_OUT, PRODUCE, ByteRateType
-from kqp.quotas.guard import GuardDecision, GuardSettings, GuardState, MeasuredFlow, step
+from kqp.quotas.guard import GuardDecision, GuardState, step
+from kqp.quotas.guard_inputs import GuardSettings, MeasuredFlow
 from kqp.quotas.settings import QuotaEntity
 
 BIG = 1e9  # a limit nothing reaches
