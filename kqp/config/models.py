@@ -15,13 +15,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from kqp.protocol.sasl import DEFAULT_OAUTHBEARER_SUB_CLAIM, READABLE_MECHANISMS
 from kqp.protocol.sni_routing import SniNameError, SniRoutes, check_broker_pattern, check_host_name
-from kqp.quotas.capacity import DEFAULT_NETWORK_THRESHOLD, NW_IN, NW_OUT, CapacityFileError, load_capacity
+from kqp.quotas.capacity import DEFAULT_NETWORK_THRESHOLD, NW_IN, NW_OUT, CapacityFile, CapacityFileError, load_capacity
 from kqp.quotas.guard_inputs import GuardSettings
 from kqp.quotas.settings import (
     DEFAULT_ENTITY,
@@ -578,7 +587,8 @@ class GuardSection(Section):
 
     enabled: bool = False
     # Cruise Control's capacity.json, as `kqp replay analyze --capacity` reads it; relative to the
-    # proxy's working directory. Read again at every reload.
+    # proxy's working directory. Read when the configuration is loaded (at start and at every
+    # reload), never by the running guard: see `_capacity`.
     capacity_file: NonEmptyText | None = None
     # The share of a broker's declared capacity it may carry: Cruise Control's
     # network.{inbound,outbound}.capacity.threshold, with analyze's names and defaults.
@@ -598,6 +608,9 @@ class GuardSection(Section):
     raise_per_second: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 0.05
     # Compute, log and report the guard limits; throttle nothing for them.
     dry_run: bool = False
+    # The capacity file as read when this section was validated: the guard's loop computes its
+    # limits from it, so the event loop never reads a file at a control step.
+    _capacity: CapacityFile | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _capacity_and_entities(self) -> GuardSection:
@@ -606,7 +619,7 @@ class GuardSection(Section):
                 raise nested_error("missing_capacity_file", "the guard needs capacity_file (Cruise Control's "
                                    "capacity.json) when enabled", ("capacity_file",))
             try:
-                load_capacity(self.capacity_file)
+                self._capacity = load_capacity(self.capacity_file)
             except OSError as error:
                 raise nested_error("capacity_file", "cannot read {path}: {reason}", ("capacity_file",),
                                    path=self.capacity_file, reason=error.strerror or str(error)) from error
@@ -637,10 +650,11 @@ class GuardSection(Section):
 
     def limits(self, brokers: Sequence[int]) -> dict[tuple[int, str], float]:
         """capacity x threshold per (broker, NW_IN | NW_OUT), bytes/s, for the brokers the proxy
-        knows; a broker the capacity file has no entry (nor -1 default) for is left unguarded."""
-        if self.capacity_file is None:
+        knows; a broker the capacity file has no entry (nor -1 default) for is left unguarded.
+        From the file as read at validation: a section that is off read none and guards nothing."""
+        capacity = self._capacity
+        if capacity is None:
             return {}
-        capacity = load_capacity(self.capacity_file)
         thresholds = {NW_IN: self.nw_in_threshold, NW_OUT: self.nw_out_threshold}
         limits = {}
         for broker in brokers:
@@ -653,7 +667,7 @@ class GuardSection(Section):
         return limits
 
     def settings(self, brokers: Sequence[int]) -> GuardSettings:
-        """The pure control step's settings for these brokers (reads the capacity file)."""
+        """The pure control step's settings for these brokers (from the capacity file as loaded)."""
         return GuardSettings(
             limits=self.limits(brokers),
             replication_factor=self.replication_factor,

@@ -11,8 +11,9 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kqp.config import ConfigError, ConfigFiles, KqpConfig, find_quota_file, load_config, write_quota_entries
@@ -96,6 +97,10 @@ class ProxyApp:
         self.guard: GuardLoop | None = None
         # The last quota configuration known to be the fleet's (read from or sent to its topic).
         self._fleet_quotas: tuple[tuple[QuotaEntry, ...], tuple[IpQuotaEntry, ...]] | None = None
+        # Quota write-backs (AlterClientQuotas, the fleet's quotas) take this in turn: one at a time,
+        # in the order they came, each writing on what the previous one left.
+        self._writeback_turn = asyncio.Lock()
+        self._fleet_writebacks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
         self._maintenance: asyncio.Task[None] | None = None
 
@@ -258,13 +263,26 @@ class ProxyApp:
         if self.files is None:
             log.info("reload (%s): no config files to reload", why)
             return False
+        config = self._read_config(why)
+        if config is None:
+            return False
+        self._apply_config(config, why)
+        return True
+
+    def _read_config(self, why: str) -> KqpConfig | None:
+        """The config files read and validated (None, reason logged and counted, if they do not
+        validate). Touches nothing of the running proxy, so a write-back runs it in its thread."""
+        assert self.files is not None
         try:
-            config = load_config(self.files.paths).with_command_line(self.command_line)
+            return load_config(self.files.paths).with_command_line(self.command_line)
         except (ConfigError, ValueError) as exc:
             log.error("config reload (%s) rejected, running config unchanged:\n%s", why, exc)
             if self.metrics is not None:
                 self.metrics.config_reload(False)
-            return False
+            return None
+
+    def _apply_config(self, config: KqpConfig, why: str) -> None:
+        """Put a read configuration in force: quotas and enforcement live, the rest at a restart."""
         previous = self.config
         if previous is not None:
             for section in _RESTART_SECTIONS:
@@ -281,7 +299,6 @@ class ProxyApp:
             self.metrics.config_reload(True)
         log.info("config reloaded (%s): %d quota entries", why, len(config.quotas.entries))
         self._share_quotas()
-        return True
 
     def _share_quotas(self) -> None:
         """Send this instance's quota entries to the fleet, unless they are the fleet's already."""
@@ -302,26 +319,48 @@ class ProxyApp:
         except ConfigError as exc:
             log.error("a quota snapshot on the fleet's topic is not usable, quotas unchanged:\n%s", exc)
             return
-        # Remembered before applying: the reload this causes must not send the same quotas back to the
-        # fleet (_share_quotas compares with this), or instances would echo each other's changes forever.
-        self._fleet_quotas = (entries, ip_entries)
-        engine = self.engine
-        if engine is None or (tuple(engine.settings.entries), tuple(engine.settings.ip_entries)) == self._fleet_quotas:
-            return
-        if self.files is None:
-            engine.update(dataclasses.replace(engine.settings, entries=entries, ip_entries=ip_entries))
-            log.info("quotas from instance %s through the fleet: %d entries", instance, len(entries))
-            return
-        path = find_quota_file(self.files.paths)
-        try:
+        # In turn with the other write-backs, off the event loop; kept until it ends.
+        task = asyncio.get_running_loop().create_task(self._take_fleet_quotas(instance, entries, ip_entries))
+        self._fleet_writebacks.add(task)
+        task.add_done_callback(self._fleet_writebacks.discard)
+
+    async def _take_fleet_quotas(
+        self, instance: str, entries: tuple[QuotaEntry, ...], ip_entries: tuple[IpQuotaEntry, ...]
+    ) -> None:
+        async with self._writeback_turn:
+            # Remembered before applying: the reload this causes must not send the same quotas back to the
+            # fleet (_share_quotas compares with this), or instances would echo each other's changes forever.
+            self._fleet_quotas = (entries, ip_entries)
+            engine = self.engine
+            if engine is None or (tuple(engine.settings.entries), tuple(engine.settings.ip_entries)) == (
+                    entries, ip_entries):
+                return
+            if self.files is None:
+                engine.update(dataclasses.replace(engine.settings, entries=entries, ip_entries=ip_entries))
+                log.info("quotas from instance %s through the fleet: %d entries", instance, len(entries))
+                return
             # Through the file, not straight into the engine: the file stays what is in effect, and a
             # restart or a reload reads the fleet's quotas back from it.
             origin = self._origin(f"the fleet's quota topic, from instance {instance}")
-            write_quota_entries(path, entries, ip_entries, origin)
-        except ConfigError as exc:
-            log.error("quotas from instance %s could not be written to %s, quotas unchanged:\n%s", instance, path, exc)
-            return
-        self.reload(f"quotas from instance {instance} through the fleet, written to {path}")
+            why = f"quotas from instance {instance} through the fleet"
+            try:
+                path, config = await asyncio.to_thread(self._write_and_read, entries, ip_entries, origin, why)
+            except ConfigError as exc:
+                log.error("quotas from instance %s could not be written, quotas unchanged:\n%s", instance, exc)
+                return
+            if config is not None:
+                self._apply_config(config, f"{why}, written to {path}")
+
+    def _write_and_read(
+        self, entries: Sequence[QuotaEntry], ip_entries: Sequence[IpQuotaEntry], origin: str | None, why: str
+    ) -> tuple[Path, KqpConfig | None]:
+        """A write-back's blocking part, in a worker thread: find the quota file, write the entries
+        to it (fsynced, atomically replaced) and read the configuration back. Raises ConfigError,
+        file unchanged, when the entries do not validate."""
+        assert self.files is not None
+        path = find_quota_file(self.files.paths)
+        write_quota_entries(path, entries, ip_entries, origin)
+        return path, self._read_config(f"{why}, written to {path}")
 
     def _origin(self, what: str) -> str | None:
         """An entry's origin stamp (kqp check-config shows it): what wrote it, where and when;
@@ -331,20 +370,31 @@ class ProxyApp:
         here = f" through instance {self.fleet.options.instance_id}" if self.fleet is not None else ""
         return f"{what}{here} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
 
-    def _store_quotas(self, settings: QuotaSettings, who: str) -> None:
-        """AlterClientQuotas: write the entries back to the quota file, then reload from it."""
-        if self.files is None:
-            # Command-line only: nothing to write to, so the change lives until a restart.
-            if self.engine is not None:
-                self.engine.update(settings)
+    async def _store_quotas(self, change: Callable[[QuotaSettings], QuotaSettings], who: str) -> None:
+        """AlterClientQuotas (kqp.proxy.quota_admin.QuotaStore): the change applied to the quotas in
+        force, written back to the quota file, then reloaded from it.
+
+        One write-back at a time, in the order asked, each on the quotas the previous one left (as
+        when they ran inline). The file IO (two fsyncs) and the reload's reading and validation run
+        in a worker thread, so the event loop goes on serving every connection meanwhile; the new
+        configuration is put in force back on the loop.
+        """
+        async with self._writeback_turn:
+            engine = self.engine
+            assert engine is not None  # quota administration runs only with an engine
+            settings = change(engine.settings)
+            if self.files is None:
+                # Command-line only: nothing to write to, so the change lives until a restart.
+                engine.update(settings)
                 self._share_quotas()
-            return
-        path = find_quota_file(self.files.paths)
-        # Write first, then reload from the file: the engine only ever runs what a file holds, and a
-        # write that fails validation leaves both the file and the engine as they were.
-        write_quota_entries(path, settings.entries, settings.ip_entries, self._origin(who))
-        if not self.reload(f"AlterClientQuotas wrote {path}"):
-            raise RuntimeError(f"{path} was written but does not reload; see the log")
+                return
+            # Write first, then reload from the file: the engine only ever runs what a file holds, and a
+            # write that fails validation leaves both the file and the engine as they were.
+            path, config = await asyncio.to_thread(
+                self._write_and_read, settings.entries, settings.ip_entries, self._origin(who), "AlterClientQuotas")
+            if config is None:
+                raise RuntimeError(f"{path} was written but does not reload; see the log")
+            self._apply_config(config, f"AlterClientQuotas wrote {path}")
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -375,6 +425,9 @@ class ProxyApp:
             await self.host.stop()
         if self.server is not None:
             await self.server.stop()
+        if self._fleet_writebacks:
+            # Quotas taken from the fleet before it stopped are written (the file is what a restart runs).
+            await asyncio.gather(*self._fleet_writebacks, return_exceptions=True)
         if self.endpoint is not None:
             await self.endpoint.stop()
         if self.capture is not None:

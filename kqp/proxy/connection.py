@@ -44,7 +44,8 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -54,6 +55,7 @@ from kqp.protocol.errors import ProtocolError
 from kqp.protocol.gate import FORWARD, NOTHING, Actions, ClientGate
 from kqp.protocol.sasl import ANONYMOUS, SaslObserver
 from kqp.protocol.session import (
+    BrokerEvent,
     KafkaSession,
     Request,
     Response,
@@ -127,6 +129,9 @@ class ProxiedConnection:
         self._upstream_blockers: set[str] = set()
         self._unmute_handle: asyncio.TimerHandle | None = None
         self._hold_handle: asyncio.TimerHandle | None = None
+        # A response a hook holds (`hold_response`) and every broker event behind it, in order;
+        # None while nothing is held.
+        self._held_events: deque[BrokerEvent[Exchange]] | None = None
         # Set when a graceful shutdown may end; made by `drain()`, the only one to wait on it.
         self._drained: asyncio.Event | None = None
         # What hooks see of this connection's client: replaced where the peer or principal changes.
@@ -292,17 +297,18 @@ class ProxiedConnection:
         if actions.drained and self._drained is not None:
             self._drained.set()
 
-    def block_upstream_reads(self) -> None:
-        """The client's write buffer is full (it does not read its responses): stop reading
-        the broker until it drains, so responses back up into the broker, not into memory."""
+    def block_upstream_reads(self, reason: str = "client-backlog") -> None:
+        """Stop reading the broker until every reason is gone. "client-backlog": the client's
+        write buffer is full (it does not read its responses), so responses back up into the
+        broker, not into memory; "response-held": a hook holds a response (`hold_response`)."""
         if not self._upstream_blockers and self.upstream is not None and not self.closed:
             self.upstream.pause_reading()
-        self._upstream_blockers.add("client-backlog")
+        self._upstream_blockers.add(reason)
 
-    def unblock_upstream_reads(self) -> None:
+    def unblock_upstream_reads(self, reason: str = "client-backlog") -> None:
         # The client is reading again: that is activity, whatever the idle clock said.
         self.last_activity = self._loop.time()
-        self._upstream_blockers.discard("client-backlog")
+        self._upstream_blockers.discard(reason)
         if not self._upstream_blockers and self.upstream is not None and not self.closed:
             self.upstream.resume_reading()
 
@@ -463,20 +469,51 @@ class ProxiedConnection:
     def upstream_data(self, data: bytes) -> None:
         self.last_activity = self._loop.time()
         try:
-            for event in self.session.broker_bytes(data):
-                if isinstance(event, StreamData):
-                    self._write_client(event.data)
-                elif isinstance(event, Response):
-                    self._after_response(self._send_response(event))
-                elif isinstance(event, StreamStarted):
-                    self._stream_started(event)
-                else:
-                    self._stream_ended(event)
-                if self.closed:
-                    return
+            events = self.session.broker_bytes(data)
+            if self._held_events is not None:
+                self._held_events.extend(events)  # behind the held response, in order
+            else:
+                self._deliver(events)
         except ProtocolError as exc:
             self.services.frame_rejected(self, "broker", exc)
             self.close(CloseReason.BAD_RESPONSE_FROM_BROKER, str(exc), problem=True)
+
+    def _deliver(self, events: Iterable[BrokerEvent[Exchange]]) -> None:
+        """The broker's events to the client, in order, until a hook holds a response."""
+        pending = iter(events)
+        for event in pending:
+            if isinstance(event, StreamData):
+                self._write_client(event.data)
+            elif isinstance(event, Response):
+                wait = self._hooks.hold_response(self.view, event.context, event.frame, event.body_offset)
+                if wait is not None:
+                    # The hook's work runs off the loop: this connection sends nothing behind the
+                    # response meanwhile (responses keep their requests' order) and reads no more
+                    # from the broker; every other connection goes on being served.
+                    self._held_events = deque((event,))
+                    self._held_events.extend(pending)
+                    self.block_upstream_reads("response-held")
+                    wait.add_done_callback(lambda _done: self._release_responses())
+                    return
+                self._after_response(self._send_response(event))
+            elif isinstance(event, StreamStarted):
+                self._stream_started(event)
+            else:
+                self._stream_ended(event)
+            if self.closed:
+                return
+
+    def _release_responses(self) -> None:
+        """A held response's wait ended: send it, then what queued behind it (done callback)."""
+        held, self._held_events = self._held_events, None
+        if self.closed or held is None:
+            return
+        self.unblock_upstream_reads("response-held")
+        response = held.popleft()
+        assert isinstance(response, Response)
+        self._after_response(self._send_response(response))
+        if not self.closed:
+            self._deliver(held)
 
     def _write_client(self, data: memoryview | bytes) -> None:
         if self.client is not None:

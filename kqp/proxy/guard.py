@@ -47,7 +47,7 @@ class GuardLoop:
         self.update(section)
 
     def update(self, section: GuardSection) -> None:
-        """A reloaded `guard` section: new limits (the capacity file is read again) and entities."""
+        """A reloaded `guard` section: new limits (from the capacity file as the reload read it) and entities."""
         if section.granularity != self.section.granularity:
             self.state = GuardState()  # other entities: the limits held so far name none of them
         self.section = section

@@ -7,8 +7,13 @@ the event loop, inline with the data path, so they must not block.
 The order of a connection's calls, for one request:
 
   hold -> (wait, if a future was returned) -> request -> forward or answer locally
-       -> response (whole frame)  |  response_started ... response_streamed (cut-through)
+       -> hold_response -> (wait, if a future was returned) -> response (whole frame)
+       |  response_started ... response_streamed (cut-through)
        |  unanswered (acks=0: no response will come)
+
+A hook that must do blocking work before it can answer (a file write-back) starts it off the
+loop and gives the connection a future to wait for (`hold`, `hold_response`), instead of
+doing it inline.
 
 Every exchange ends in exactly one of `response`, `response_streamed` or `unanswered`
 (or the connection closes first, then `connection_closed`). What a hook read from a request
@@ -284,6 +289,16 @@ class TrafficHooks:
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         return None
 
+    def hold_response(
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> asyncio.Future[Any] | None:
+        """Something a whole response must wait for before the hooks decide it (None: nothing):
+        work its answer depends on that must not run on the event loop (a file write-back).
+
+        The connection sends nothing behind it meanwhile (responses keep their requests' order)
+        and reads no more from the broker; every other connection is served as usual."""
+        return None
+
     def response(
         self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
@@ -318,7 +333,8 @@ class TrafficHooks:
 
 
 _PER_API_CALLS = (
-    "hold", "request", "response", "unanswered", "needs_whole_response", "response_started", "response_streamed",
+    "hold", "request", "hold_response", "response", "unanswered", "needs_whole_response", "response_started",
+    "response_streamed",
 )
 
 
@@ -377,6 +393,15 @@ class HookChain(TrafficHooks):
             if combined.answer is not None:
                 break  # answered here: nothing is forwarded, so later hooks have no say
         return combined
+
+    def hold_response(
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> asyncio.Future[Any] | None:
+        for hold in self.calls_for("hold_response", exchange.header.api_key):
+            wait: asyncio.Future[Any] | None = hold(client, exchange, frame, body_offset)
+            if wait is not None:
+                return wait
+        return None
 
     def response(
         self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int

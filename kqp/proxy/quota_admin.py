@@ -15,12 +15,20 @@ the proxy's own. On a SASL listener a broker closes a connection that sends such
 before authenticating (SaslServerAuthenticator: "Unexpected Kafka request of type ... during
 SASL handshake"), and the proxy closes the client's with it. Brokers without an authorizer
 let everyone in; `enforcement.admin_principals` narrows that further.
+
+An authorized AlterClientQuotas is answered only once its write-back is done (as KRaft's
+controller answers once the change is committed), but the write-back (two fsyncs and a reload)
+runs off the event loop: the hook starts it when the brokers' answer arrives and holds that
+one response until it ends (`hold_response`); the app runs the write-backs one at a time, in
+the order asked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kqp.protocol.api_keys import ApiKey
@@ -57,6 +65,29 @@ _VALIDATION_ERRORS = frozenset({NONE, INVALID_REQUEST, UNSUPPORTED_VERSION})
 
 # refused(api name, reason): counted in kqp_quota_admin_refused_total.
 RefusalCounter = Callable[[str, str], None]
+# store(change, who): apply `change` to the quota settings in force when the write-back's turn
+# comes (each on what the previous one left), persist the result and put it in force; done
+# when the new quotas are in force, or with the error that stopped them.
+QuotaStore = Callable[[Callable[[QuotaSettings], QuotaSettings], str], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Judgement:
+    """What the brokers' answer to a quota-admin request decided, taken once per exchange."""
+
+    forward: bool  # the brokers' answer goes to the client unchanged
+    throttle: int = 0  # the brokers' ThrottleTimeMs, which the proxy's answer keeps
+    refused: bool = False  # refused by admin_principals: answered as a broker's authorizer would
+
+
+@dataclass(slots=True)
+class _AdminExchange:
+    """What this hook keeps on its exchanges (`Exchange.quota_admin_request`): the request as
+    the client sent it, the judgement of the brokers' answer, and an alteration's write-back."""
+
+    request: Any
+    judgement: _Judgement | None = None
+    write: asyncio.Future[None] | None = None
 
 
 class QuotaAdminHooks(TrafficHooks):
@@ -67,11 +98,11 @@ class QuotaAdminHooks(TrafficHooks):
     def __init__(
         self,
         current: Callable[[], QuotaSettings],
-        store: Callable[[QuotaSettings, str], None],
+        store: QuotaStore,
         admin_principals: Callable[[], frozenset[str] | None] = lambda: None,
         refused: RefusalCounter | None = None,
     ) -> None:
-        # current(): the quota settings in force; store(settings, who): persist and apply them.
+        # current(): the quota settings in force; store: see QuotaStore.
         self._current = current
         self._store = store
         self._admin_principals = admin_principals
@@ -83,7 +114,7 @@ class QuotaAdminHooks(TrafficHooks):
             return None  # called outside a HookChain, which gives it only the APIs it declared
         request = decode_body(header.api_key, header.api_version, memoryview(frame)[header.body_offset:],
                               is_request=True)
-        exchange.quota_admin_request = request
+        exchange.quota_admin_request = _AdminExchange(request)
         if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
             return None  # the brokers' describe is harmless: forward it as it is
         # Re-encoded rather than patched: validate_only follows the entries, whose size varies.
@@ -95,12 +126,55 @@ class QuotaAdminHooks(TrafficHooks):
         request.validate_only = asked
         return RequestVerdict(frame=frame[: header.body_offset] + body)
 
+    def hold_response(
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> asyncio.Future[None] | None:
+        """An authorized AlterClientQuotas that changes something: start its write-back now, and
+        hold the response until it is done (the answer says whether it was)."""
+        admin = exchange.quota_admin_request
+        if (not isinstance(admin, _AdminExchange) or exchange.local_response is not None
+                or exchange.header.api_key != ALTER_CLIENT_QUOTAS_KEY):
+            return None
+        judgement = self._judged(client, exchange, admin, frame, body_offset)
+        request = admin.request
+        if judgement.forward or judgement.refused or request.validate_only:
+            return None
+        alterations = _alterations(request)
+        if not any(r.error_code == NONE for r in validate_alterations(alterations)):
+            return None
+        # As KRaft's controller: each entity is validated on its own, and the valid ones are applied
+        # together (one write of the quota file); apply_alterations leaves the invalid ones out.
+        admin.write = asyncio.ensure_future(self._store(
+            lambda current: apply_alterations(current, alterations),
+            f"AlterClientQuotas from {client.principal} ({client.peer})",
+        ))
+        return admin.write
+
     def response(
         self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
-        request = exchange.quota_admin_request
-        if request is None or exchange.local_response is not None:
+        admin = exchange.quota_admin_request
+        if not isinstance(admin, _AdminExchange) or exchange.local_response is not None:
             return None
+        judgement = self._judged(client, exchange, admin, frame, body_offset)
+        if judgement.forward:
+            return None
+        header = exchange.header
+        if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
+            body = self._describe(header.api_version, admin.request, judgement.throttle, judgement.refused)
+        else:
+            body = self._alter(header.api_version, admin, judgement.throttle, judgement.refused, client)
+        return ResponseVerdict(frame=frame[:body_offset] + body)
+
+    def _judged(
+        self, client: ClientView, exchange: Exchange, admin: _AdminExchange, frame: bytes, body_offset: int
+    ) -> _Judgement:
+        """The brokers' answer judged (once per exchange: a refusal is logged and counted once)."""
+        if admin.judgement is None:
+            admin.judgement = self._judge(client, exchange, frame, body_offset)
+        return admin.judgement
+
+    def _judge(self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int) -> _Judgement:
         header = exchange.header
         api = API_SPECS[header.api_key].name
         try:
@@ -108,21 +182,21 @@ class QuotaAdminHooks(TrafficHooks):
                                    is_request=False)
         except ProtocolError as exc:
             log.warning("%s from %s: undecodable broker answer, forwarded as it is: %s", api, client.peer, exc)
-            return None
+            return _Judgement(forward=True)
         if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
             codes = [upstream.error_code]
         else:
             codes = [entry.error_code for entry in upstream.entries]
         if CLUSTER_AUTHORIZATION_FAILED in codes:
             self._refuse(client, api, "broker authorizer")
-            return None  # Kafka's own answer, unchanged
+            return _Judgement(forward=True)  # Kafka's own answer, unchanged
         if ILLEGAL_SASL_STATE in codes:
             self._refuse(client, api, "before authentication")
-            return None  # the broker closes the connection right after it
+            return _Judgement(forward=True)  # the broker closes the connection right after it
         if any(code not in _VALIDATION_ERRORS for code in codes):
             # Not an answer about the request (controller unavailable, timeout...): the client retries.
             log.info("%s from %s: brokers answered %s, forwarded as it is", api, client.peer, codes)
-            return None
+            return _Judgement(forward=True)
         allowed = self._admin_principals()
         # Kafka names principals "User:<name>"; the quota entity (and client.principal) is the name.
         refused = allowed is not None and f"User:{client.principal}" not in allowed
@@ -130,12 +204,7 @@ class QuotaAdminHooks(TrafficHooks):
             self._refuse(client, api, "admin_principals")
         # The brokers' ThrottleTimeMs is kept: the request counted against the client's
         # request quota there, and the client must back off as the broker told it.
-        throttle = int(upstream.throttle_time_ms)
-        if header.api_key == DESCRIBE_CLIENT_QUOTAS_KEY:
-            body = self._describe(header.api_version, request, throttle, refused)
-        else:
-            body = self._alter(header.api_version, request, throttle, refused, client)
-        return ResponseVerdict(frame=frame[:body_offset] + body)
+        return _Judgement(forward=False, throttle=int(upstream.throttle_time_ms), refused=refused)
 
     def _refuse(self, client: ClientView, api: str, reason: str) -> None:
         log.warning("%s from %s (principal %s) refused (%s)", api, client.peer, client.principal, reason)
@@ -169,15 +238,9 @@ class QuotaAdminHooks(TrafficHooks):
                                   error_message=None, entries=entries)
         return encode_body(response, version)
 
-    def _alter(self, version: int, request: Any, throttle: int, refused: bool,
+    def _alter(self, version: int, admin: _AdminExchange, throttle: int, refused: bool,
                client: ClientView) -> bytes:
-        alterations = [
-            QuotaAlteration(
-                entity=[(e.entity_type, e.entity_name) for e in entry.entity],
-                ops=[QuotaOp(op.key, op.value, bool(op.remove)) for op in entry.ops],
-            )
-            for entry in request.entries
-        ]
+        alterations = _alterations(admin.request)
         response_class = API_SPECS[ALTER_CLIENT_QUOTAS_KEY].response_class[version]
         entry_class = response_class.EntryData
         if refused:
@@ -189,17 +252,20 @@ class QuotaAdminHooks(TrafficHooks):
             ]
             response = build_response(ALTER_CLIENT_QUOTAS_KEY, version, throttle_time_ms=throttle, entries=entries)
             return encode_body(response, version)
-        # As KRaft's controller: each entity is validated on its own; the valid ones are applied
-        # together (one write of the quota file) and the invalid ones answered with their error.
+        # The valid entities were applied by the write-back `hold_response` started (and waited
+        # for); the invalid ones are answered with their error.
         results = validate_alterations(alterations)
         failure: str | None = None
-        if not request.validate_only and any(r.error_code == NONE for r in results):
-            try:
-                self._store(apply_alterations(self._current(), alterations),
-                            f"AlterClientQuotas from {client.principal} ({client.peer})")
-            except Exception as exc:  # a write-back failure answers every entity, it doesn't kill the proxy
-                log.error("AlterClientQuotas from %s: could not apply: %s", client.peer, exc)
-                failure = f"the proxy could not store the quotas: {exc}"
+        write = admin.write
+        if write is None and not admin.request.validate_only and any(r.error_code == NONE for r in results):
+            # hold_response starts every write-back; a connection that never asked it stored nothing.
+            log.error("AlterClientQuotas from %s: no write-back was started; nothing applied", client.peer)
+            failure = "the proxy could not store the quotas: the write-back did not start"
+        elif write is not None:
+            error = write.exception() if not write.cancelled() else asyncio.CancelledError()
+            if error is not None:  # a write-back failure answers every entity, it doesn't kill the proxy
+                log.error("AlterClientQuotas from %s: could not apply: %s", client.peer, error)
+                failure = f"the proxy could not store the quotas: {error}"
             else:
                 log.info("AlterClientQuotas from %s (user %s): %d entities changed", client.peer,
                          client.principal, sum(r.error_code == NONE for r in results))
@@ -213,3 +279,13 @@ class QuotaAdminHooks(TrafficHooks):
         ]
         response = build_response(ALTER_CLIENT_QUOTAS_KEY, version, throttle_time_ms=throttle, entries=entries)
         return encode_body(response, version)
+
+
+def _alterations(request: Any) -> list[QuotaAlteration]:
+    return [
+        QuotaAlteration(
+            entity=[(e.entity_type, e.entity_name) for e in entry.entity],
+            ops=[QuotaOp(op.key, op.value, bool(op.remove)) for op in entry.ops],
+        )
+        for entry in request.entries
+    ]

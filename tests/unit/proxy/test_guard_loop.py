@@ -102,3 +102,19 @@ def test_releases_when_the_noisy_stop_and_closing_drops_the_guard(tmp_path: Path
     assert "guard released broker 1 NW_IN" in caplog.text
     loop.close()
     assert engine.guard is None
+
+
+def test_the_loop_reads_no_file_at_its_steps_the_capacity_is_read_at_load(tmp_path: Path) -> None:
+    # The section read the capacity file when it was validated (at start or reload); the steps,
+    # on the event loop, use that. With the file gone, a step that meets a broker it had not
+    # seen (which recomputes the limits) still finds that broker's limit.
+    clock, engine = Clock(), QuotaEngine(QuotaSettings())
+    brokers = [1]
+    loop = GuardLoop(engine, section(tmp_path), lambda: brokers, clock)
+    (tmp_path / "capacity.json").unlink()
+    offer(engine, clock, 11, rates())
+    loop.tick()
+    brokers.append(2)
+    decision = loop.tick()
+    assert {(r.broker, r.resource) for r in decision.resources} >= {(1, "NW_IN"), (2, "NW_IN")}
+    assert decision.limits[(QuotaEntity(client_id="n1"), PRODUCE)] == pytest.approx(FAIR, rel=0.01)

@@ -113,7 +113,9 @@ def test_the_quota_admin_hook_is_given_only_its_two_apis() -> None:
     for api_key in (PRODUCE_KEY, FETCH_KEY, 12, 33):
         assert chain.calls_for("request", api_key) == ()
         assert chain.calls_for("response", api_key) == ()
+        assert chain.calls_for("hold_response", api_key) == ()
     assert len(chain.calls_for("request", ApiKey.ALTER_CLIENT_QUOTAS)) == 1
+    assert len(chain.calls_for("hold_response", ApiKey.ALTER_CLIENT_QUOTAS)) == 1
     # 12 is Heartbeat, 33 AlterConfigs. A heartbeat given to the hook directly (outside a chain) is left alone.
     frame = heartbeat_request(1)
     assert admin.request(client_view(), exchange_for(frame), frame) is None

@@ -6,7 +6,7 @@ authorizer is exercised in tests/integration/test_quota_admin_authorization.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +61,8 @@ class QuotaFile:
     who: list[str] = field(default_factory=list)
     refusals: list[tuple[str, str]] = field(default_factory=list)
 
-    def store(self, settings: QuotaSettings, who: str) -> None:
+    async def store(self, change: Callable[[QuotaSettings], QuotaSettings], who: str) -> None:
+        settings = change(self.settings)
         self.stored.append(settings)
         self.who.append(who)
         self.settings = settings
