@@ -61,12 +61,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError, field_validator
 
 from kqp.protocol.api_keys import MUTATION_API_KEYS
 from kqp.quotas.engine import QuotaManagers
 from kqp.quotas.sensors import QuotaSensor, RateSensor
-from kqp.quotas.settings import QUOTA_TYPES, QuotaType
+from kqp.quotas.settings import QuotaType
 from kqp.quotas.stats import NO_QUOTA_BOUND
 
 REPORT_FORMAT = 1
@@ -114,30 +116,44 @@ def encode_report(report: UsageReport) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+# The records as they travel (JSON), checked by pydantic in strict mode: a field of the wrong
+# type is refused, never coerced. Extra keys are ignored, so a later kqp may add some.
+_WIRE = ConfigDict(strict=True, frozen=True)
+
+
+class _ReportWire(BaseModel):
+    model_config = _WIRE
+
+    format: Literal[1]  # REPORT_FORMAT
+    instance: str
+    seq: int
+    # Each delta as [quota type, broker or null, [[tag, value], ...], amount].
+    usage: list[tuple[QuotaType, str | None, tuple[tuple[str, str], ...], float]]
+
+    def report(self) -> UsageReport:
+        return UsageReport(self.instance, self.seq, tuple(UsageDelta(*delta) for delta in self.usage))
+
+
+def _report_error(error: ValidationError, within: int = 0) -> ReportError:
+    """What is wrong with a usage report, in words an operator can act on (`within`: how many
+    leading parts of the error's location name where the report sits, not its fields)."""
+    first = error.errors()[0]
+    where = first["loc"][within:]
+    if first["type"] == "json_invalid":
+        return ReportError(f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}")
+    if not where or where[0] == "format":
+        return ReportError(f"not a format {REPORT_FORMAT} usage report")
+    if where[0] == "usage" and len(where) > 1:
+        return ReportError(f"malformed usage entry {where[1]}: {first['msg']}")
+    return ReportError(f"instance, seq or usage missing or of the wrong type ({where[0]}: {first['msg']})")
+
+
 def decode_report(data: bytes) -> UsageReport:
     """The report in `data`; ReportError names what is wrong with it."""
     try:
-        body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReportError(f"not JSON: {exc}") from None
-    if not isinstance(body, dict) or body.get("format") != REPORT_FORMAT:
-        raise ReportError(f"not a format {REPORT_FORMAT} usage report")
-    instance, seq, usage = body.get("instance"), body.get("seq"), body.get("usage")
-    if not isinstance(instance, str) or not isinstance(seq, int) or not isinstance(usage, list):
-        raise ReportError("instance, seq or usage missing or of the wrong type")
-    deltas = []
-    for item in usage:
-        try:
-            quota_type, broker, tags, amount = item
-            pairs = tuple((str(k), str(v)) for k, v in tags)
-        except (TypeError, ValueError):
-            raise ReportError(f"malformed usage entry {item!r}") from None
-        if quota_type not in QUOTA_TYPES or not (broker is None or isinstance(broker, str)):
-            raise ReportError(f"malformed usage entry {item!r}")
-        if not isinstance(amount, int | float):
-            raise ReportError(f"malformed usage entry {item!r}")
-        deltas.append(UsageDelta(cast(QuotaType, quota_type), broker, pairs, float(amount)))
-    return UsageReport(instance, seq, tuple(deltas))
+        return _ReportWire.model_validate_json(data).report()
+    except ValidationError as error:
+        raise _report_error(error) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,33 +186,59 @@ def encode_claim(claim: MutationClaim) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+class _ClaimWire(BaseModel):
+    model_config = _WIRE
+
+    format: Literal[1]  # REPORT_FORMAT
+    claim: int
+    instance: str
+    wall_ms: float
+    broker: str
+    user: str
+    client_id: str
+    api_key: int
+    api_version: int
+    topics: list[tuple[str, int]]  # [[label, partitions], ...] in request order
+
+    @field_validator("api_key")
+    @classmethod
+    def _partition_mutation(cls, api_key: int) -> int:
+        if api_key not in MUTATION_API_KEYS:
+            raise ValueError(f"API key {api_key}, not a partition mutation")
+        return api_key
+
+    def mutation_claim(self) -> MutationClaim:
+        return MutationClaim(self.instance, self.claim, self.wall_ms, self.broker, self.user, self.client_id,
+                             self.api_key, self.api_version, tuple(self.topics))
+
+
+def _record_kind(body: Any) -> str:
+    # A claim is the record with a `claim` key; anything else is read as a usage report.
+    return "claim" if isinstance(body, dict) and "claim" in body else "report"
+
+
+_RECORD = TypeAdapter[_ClaimWire | _ReportWire](Annotated[
+    Annotated[_ClaimWire, Tag("claim")] | Annotated[_ReportWire, Tag("report")], Discriminator(_record_kind)
+])
+
+
 def decode_record(data: bytes) -> UsageReport | MutationClaim:
     """A record of the usage topic: a usage report or a mutation claim; ReportError otherwise."""
     try:
-        body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReportError(f"not JSON: {exc}") from None
-    if isinstance(body, dict) and "claim" in body and body.get("format") == REPORT_FORMAT:
-        return _claim(body)
-    return decode_report(data)
-
-
-def _claim(body: dict[str, object]) -> MutationClaim:
-    claim_id, instance, wall_ms = body.get("claim"), body.get("instance"), body.get("wall_ms")
-    broker, user, client_id = body.get("broker"), body.get("user"), body.get("client_id")
-    api_key, api_version, topics = body.get("api_key"), body.get("api_version"), body.get("topics")
-    if not (isinstance(claim_id, int) and isinstance(instance, str) and isinstance(wall_ms, int | float)
-            and isinstance(broker, str) and isinstance(user, str) and isinstance(client_id, str)
-            and isinstance(api_version, int) and isinstance(topics, list)):
-        raise ReportError("a mutation claim with fields missing or of the wrong type")
-    if api_key not in MUTATION_API_KEYS:
-        raise ReportError(f"a mutation claim for API key {api_key!r}, not a partition mutation")
-    try:
-        pairs = tuple((str(label), int(partitions)) for label, partitions in topics)
-    except (TypeError, ValueError):
-        raise ReportError(f"a mutation claim with malformed topics {topics!r}") from None
-    return MutationClaim(instance, claim_id, float(wall_ms), broker, user, client_id, int(api_key),
-                         api_version, pairs)
+        record = _RECORD.validate_json(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = first["loc"]
+        if not where or where[0] == "report":
+            raise _report_error(error, within=1) from None
+        field = where[1] if len(where) > 1 else None
+        if field == "api_key":
+            raise ReportError(f"a mutation claim for {first['msg'].removeprefix('Value error, ')}") from None
+        if field == "topics":
+            raise ReportError(f"a mutation claim with malformed topics ({first['msg']})") from None
+        raise ReportError(f"a mutation claim with fields missing or of the wrong type ({field}: {first['msg']})"
+                          ) from None
+    return record.mutation_claim() if isinstance(record, _ClaimWire) else record.report()
 
 
 @dataclass(slots=True)
