@@ -1,27 +1,29 @@
-"""The catalogue of Kafka APIs, read from Kafka's own JSON message definitions.
+"""The catalogue of Kafka APIs, generated from Kafka's own JSON message definitions.
 
 The definitions are Kafka 4.3.1's (kqp/protocol/kafka_message_definitions, copied from the
-kafka-clients jar); the codec is generated from them (kqp/protocol/generated, by
-harness/kafka_codegen.py), so version ranges, flexible versions and field layouts are the
-brokers', not hand-copied. A key or
-version missing here is not an error: the proxy forwards what it does not need to read as
-opaque bytes. Only the APIs in `DECODED_APIS` must be readable, and only they are capped in
-the ApiVersions answer.
+kafka-clients jar); harness/kafka_codegen.py generates from them the table of APIs
+(kqp.protocol.generated), each API's codec (kqp.protocol.generated.messages.<api>) and its
+response walks (kqp.protocol.generated.walks.<api>), so version ranges, flexible versions and
+field layouts are the brokers', not hand-copied, and nothing is parsed at run time. An API's
+modules are imported the first time it is met (`PerApi`): a proxy holds only the APIs its
+traffic uses. A key or version missing here is not an error: the proxy forwards what it does
+not need to read as opaque bytes. Only the APIs in `DECODED_APIS` must be readable, and only
+they are capped in the ApiVersions answer.
 """
 
 from __future__ import annotations
 
-import importlib.resources
-import json
-import re
+import importlib
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeVar
 
 from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.errors import UnsupportedApiError
-from kqp.protocol.generated import kafka_messages
+from kqp.protocol.generated import APIS
 from kqp.protocol.wire import Message
 
 # The names the protocol code uses; the values are kqp.protocol.api_keys.ApiKey's.
@@ -52,53 +54,49 @@ DECODED_APIS = frozenset({
     SASL_AUTHENTICATE_KEY,
 })
 
-DEFINITIONS_PACKAGE = "kqp.protocol.kafka_message_definitions"
-# Kafka's definitions are JSON with // comments (the license header, notes on fields), which
-# the json module does not accept: whole-line comments are removed before parsing.
-_COMMENT = re.compile(r"(?m)^\s*//.*\n?")
 
-
-def parse_versions(text: str) -> tuple[int, int] | None:
-    """Kafka's version-range syntax: "none", "N", "N+" or "N-M"."""
-    text = text.strip()
-    if text == "none":
-        return None
-    if text.endswith("+"):
-        return int(text[:-1]), 32767
-    if "-" in text:
-        low, high = text.split("-")
-        return int(low), int(high)
-    return int(text), int(text)
-
-
-def _read_definition(name: str) -> dict[str, Any]:
-    text = importlib.resources.files(DEFINITIONS_PACKAGE).joinpath(f"{name}.json").read_text()
-    definition: dict[str, Any] = json.loads(_COMMENT.sub("", text))
-    return definition
+def _generated(package: str, api_key: int) -> ModuleType:
+    return importlib.import_module(f"kqp.protocol.generated.{package}.{APIS[api_key][1]}")
 
 
 @cache
-def message_class(name: str) -> type[Message]:
-    """The generated codec class of one bundled definition (e.g. "MetadataResponse"), with its
-    definition as `json` (what the tests' schema-driven encoder reads)."""
-    cls: type[Message] = getattr(kafka_messages, name)
-    cls.json = _with_common_structs(_read_definition(name))
+def message_class(api_key: int, is_request: bool) -> type[Message]:
+    """The generated codec class of an API's request or response (imports its module)."""
+    module = _generated("messages", api_key)
+    cls: type[Message] = module.REQUEST if is_request else module.RESPONSE
     return cls
 
 
-def _with_common_structs(definition: dict[str, Any]) -> dict[str, Any]:
-    """The definition with every use of a common struct given that struct's fields, so that a
-    reader of `fields` finds every layout in place (as kafka-python's loader gives it)."""
-    common = {str(struct["name"]): struct["fields"] for struct in definition.get("commonStructs", ())}
+V = TypeVar("V")
 
-    def resolved(fields: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
-        for field in fields:
-            struct_fields = field.get("fields") or common.get(str(field["type"]).removeprefix("[]"))
-            out.append(field if struct_fields is None else {**field, "fields": resolved(struct_fields)})
-        return out
 
-    return {**definition, "fields": resolved(definition.get("fields", []))}
+class PerApi(dict[int, V]):
+    """API key -> one table of that API's generated walks module, imported the first time the
+    key is looked up with `[]` (`get` does not load). A key the definitions do not know gives
+    an empty table, not kept: clients may send any key."""
+
+    __slots__ = ("_read", "_unknown")
+
+    def __init__(self, read: Callable[[ModuleType], V], unknown: V) -> None:
+        super().__init__()
+        self._read = read
+        self._unknown = unknown
+
+    def __missing__(self, api_key: int) -> V:
+        if api_key not in APIS:
+            return self._unknown
+        table = self[api_key] = self._read(_generated("walks", api_key))
+        return table
+
+
+# API key -> response version -> where ThrottleTimeMs is: an offset from the start of the body,
+# a skipper (buffer, body offset) -> offset, or None when the version has none.
+THROTTLE_TIME_MS: PerApi[dict[int, Any]] = PerApi(lambda walks: walks.THROTTLE_TIME_MS, {})
+# API key -> field (harness/kafka_codegen.py's LOCATED_FIELDS) -> response version -> as above.
+FIELD_LOCATIONS: PerApi[dict[str, dict[int, Any]]] = PerApi(lambda walks: walks.FIELD_LOCATIONS, {})
+# API key -> response version -> collector (buffer, offset, found) -> offset after the body of
+# every non-zero ErrorCode, or the body's size when it has no codes.
+ERROR_CODES: PerApi[dict[int, Any]] = PerApi(lambda walks: walks.ERROR_CODES, {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,35 +127,18 @@ class ApiSpec:
 
     @property
     def request_class(self) -> Any:
-        return message_class(f"{self.name}Request")
+        return message_class(self.key, True)
 
     @property
     def response_class(self) -> Any:
-        return message_class(f"{self.name}Response")
+        return message_class(self.key, False)
 
 
-def _build_catalogue() -> dict[int, ApiSpec]:
-    catalogue: dict[int, ApiSpec] = {}
-    for entry in importlib.resources.files(DEFINITIONS_PACKAGE).iterdir():
-        if not entry.name.endswith("Request.json"):
-            continue
-        request = _read_definition(entry.name.removesuffix(".json"))
-        valid = parse_versions(str(request["validVersions"]))
-        if valid is None:  # removed APIs (LeaderAndIsr, ...) keep a stub definition
-            continue
-        flexible = parse_versions(str(request["flexibleVersions"]))
-        key = int(request["apiKey"])
-        catalogue[key] = ApiSpec(
-            key=key,
-            name=str(request["name"]).removesuffix("Request"),
-            min_version=valid[0],
-            max_version=valid[1],
-            first_flexible=None if flexible is None else flexible[0],
-        )
-    return dict(sorted(catalogue.items()))
-
-
-API_SPECS: dict[int, ApiSpec] = _build_catalogue()
+# Removed APIs (LeaderAndIsr, ...) keep a stub definition without versions; the generator leaves them out.
+API_SPECS: dict[int, ApiSpec] = {
+    key: ApiSpec(key=key, name=name, min_version=low, max_version=high, first_flexible=flexible)
+    for key, (name, _module, low, high, flexible) in APIS.items()
+}
 
 
 def supported_spec(api_key: int, api_version: int) -> ApiSpec:

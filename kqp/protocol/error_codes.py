@@ -1,7 +1,7 @@
 """Every error code in a response, for the metrics (Kafka's ErrorsPerSec counts each one).
 
 The body is not decoded: for each (API, version) a collector generated from Kafka's JSON
-definitions (kqp.protocol.generated, by harness/kafka_codegen.py) skips every field by its
+definitions (kqp.protocol.generated.walks, by harness/kafka_codegen.py) skips every field by its
 wire layout and reads only the int16 fields named ErrorCode, at any depth, in straight-line
 code. The codes come out in the order the full decode's dict form gives them
 (`decoded_error_codes`, kept as a reference the tests hold the scan to): a struct's own code
@@ -19,10 +19,9 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from kqp.protocol.apis import API_SPECS, response_layout_version, supported_spec
+from kqp.protocol.apis import API_SPECS, ERROR_CODES, response_layout_version, supported_spec
 from kqp.protocol.codec import decode_body
 from kqp.protocol.errors import ProtocolDecodeError
-from kqp.protocol.generated.kafka_messages import ERROR_CODES
 from kqp.protocol.wire import SHORT_READ
 
 # (buffer, offset, found) -> offset after the body; or the size of a body without codes.

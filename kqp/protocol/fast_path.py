@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kqp.protocol.apis import FETCH_KEY, FIELD_LOCATIONS
 from kqp.protocol.errors import ProtocolDecodeError
-from kqp.protocol.generated.kafka_messages import FIELD_LOCATIONS
 from kqp.protocol.headers import read_uvarint, skip_tagged_fields
 from kqp.protocol.records import EMPTY_RECORDS, RecordCounts, summarise_records
 from kqp.protocol.wire import compact_count, compact_string, string
@@ -45,7 +45,7 @@ _UUID_SIZE = 16
 # The exceptions struct and memoryview raise on bytes that end too early.
 _SHORT_READ = (struct.error, IndexError, ValueError)
 # Fetch response version -> skipper to its top-level tagged fields (generated from the definitions).
-_FETCH_TAG_SECTION = FIELD_LOCATIONS["FetchResponse.TaggedFields"]
+_FETCH_TAG_SECTION = FIELD_LOCATIONS[FETCH_KEY]["TaggedFields"]
 
 
 @dataclass(slots=True)

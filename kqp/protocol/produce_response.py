@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kqp.protocol.apis import PRODUCE_KEY
-from kqp.protocol.generated.kafka_messages import THROTTLE_TIME_MS
+from kqp.protocol.apis import PRODUCE_KEY, THROTTLE_TIME_MS
 
 Buffer = bytes | bytearray | memoryview
 

@@ -25,7 +25,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from kqp.protocol.apis import UNSUPPORTED_VERSION as UNSUPPORTED_VERSION
-from kqp.protocol.apis import parse_versions
 from kqp.protocol.apis import response_layout_version as response_layout_version
 from kqp.protocol.errors import ProtocolDecodeError
 from kqp.protocol.fast_path import read_array_length
@@ -51,6 +50,19 @@ FIXED_SIZES = {
 }
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
+
+
+def parse_versions(text: str) -> tuple[int, int] | None:
+    """Kafka's version-range syntax: "none", "N", "N+" or "N-M"."""
+    text = text.strip()
+    if text == "none":
+        return None
+    if text.endswith("+"):
+        return int(text[:-1]), 32767
+    if "-" in text:
+        low, high = text.split("-")
+        return int(low), int(high)
+    return int(text), int(text)
 
 
 def field_in_versions(field: Mapping[str, Any], key: str, version: int) -> bool:

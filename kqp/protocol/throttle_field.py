@@ -1,7 +1,7 @@
 """Reading and patching ThrottleTimeMs in a response frame, in place, for any API and version.
 
 Where the field sits is generated from Kafka's own JSON response schemas
-(kqp.protocol.generated, by harness/kafka_codegen.py), not written by hand: most responses have
+(kqp.protocol.generated.walks, by harness/kafka_codegen.py), not written by hand: most responses have
 it first in the body, ApiVersions has it after ErrorCode and ApiKeys, Produce after its
 Responses array, and some versions have none. For each (API, version) the generator emits a
 constant offset when every field before it has a fixed size, else a straight-line skipper
@@ -16,13 +16,11 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY, response_layout_version
+from kqp.protocol.apis import API_VERSIONS_KEY, FIELD_LOCATIONS, THROTTLE_TIME_MS, response_layout_version
 
 # Re-exported: they lived here once.
 from kqp.protocol.apis import UNSUPPORTED_VERSION as UNSUPPORTED_VERSION
 from kqp.protocol.errors import ProtocolDecodeError
-from kqp.protocol.generated.kafka_messages import FIELD_LOCATIONS, THROTTLE_TIME_MS
-from kqp.protocol.schema_walk import field_in_versions as field_in_versions
 
 Buffer = bytes | bytearray | memoryview
 # Reads nothing but lengths and counts; returns the offset of the field from the body's offset.
@@ -44,15 +42,12 @@ def field_location(api_key: int, api_version: int, name: str) -> Skipper | int |
     ThrottleTimeMs and those harness/kafka_codegen.py's LOCATED_FIELDS lists."""
     if name == THROTTLE_FIELD:
         return throttle_location(api_key, api_version)
-    spec = API_SPECS.get(api_key)
-    if spec is None:
-        return None
-    location: Skipper | int | None = FIELD_LOCATIONS.get(f"{spec.name}Response.{name}", _NONE).get(api_version)
+    location: Skipper | int | None = FIELD_LOCATIONS[api_key].get(name, _NONE).get(api_version)
     return location
 
 
 def throttle_location(api_key: int, api_version: int) -> Skipper | int | None:
-    location: Skipper | int | None = THROTTLE_TIME_MS.get(api_key, _NONE).get(api_version)
+    location: Skipper | int | None = THROTTLE_TIME_MS[api_key].get(api_version)
     return location
 
 
@@ -60,7 +55,7 @@ def throttle_field_offset(frame: Buffer, body_offset: int, api_key: int, api_ver
     if api_key == API_VERSIONS_KEY:
         # A broker that does not support the requested ApiVersions version answers with a v0 body.
         api_version = response_layout_version(api_key, api_version, frame, body_offset)
-    location = THROTTLE_TIME_MS.get(api_key, _NONE).get(api_version)
+    location = THROTTLE_TIME_MS[api_key].get(api_version)
     if location is None:
         return None
     if location.__class__ is int:

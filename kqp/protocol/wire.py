@@ -243,7 +243,6 @@ class Message:
     DEFAULTS: ClassVar[tuple[Any, ...]] = ()
     DECODERS: ClassVar[dict[int, Callable[[Buffer, int], tuple[Any, int]]]] = {}
     ENCODERS: ClassVar[dict[int, Callable[[Any, bytearray], None]]] = {}
-    json: ClassVar[dict[str, Any]] = {}
     # The version `encode` writes by default: set on the views `Cls[version]` makes.
     VERSION: ClassVar[int | None] = None
 

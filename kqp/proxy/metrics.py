@@ -27,12 +27,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-import kafka.errors
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kqp.protocol.apis import api_name
+from kqp.protocol.generated import ERROR_NAMES
 
 OTHER = "__other__"
 
@@ -149,11 +149,10 @@ class _ClientStats:
 
 def _error_name(code: int) -> str:
     """Kafka's name for an error code (e.g. NOT_LEADER_OR_FOLLOWER), as the broker's
-    ErrorsPerSec `error` tag spells it; a code newer than kafka-python keeps its number."""
-    error = kafka.errors.kafka_errors.get(code)
-    if error is None:
-        return f"UNRECOGNIZED_{code}"
-    return str(getattr(error, "message", error.__name__))
+    ErrorsPerSec `error` tag spells it (generated from Kafka's Errors by harness/kafka_codegen.py);
+    a code newer than the bundled definitions keeps its number."""
+    name = ERROR_NAMES.get(code)
+    return f"UNRECOGNIZED_{code}" if name is None else name
 
 
 class ProxyMetrics:

@@ -19,7 +19,7 @@ from kafka.protocol.schemas import BaseField
 from kafka.protocol.schemas.fields.codecs.tagged_fields import TaggedFields
 from kafka.protocol.schemas.fields.codecs.types import UnsignedVarInt32
 
-from kqp.protocol.apis import DEFINITIONS_PACKAGE
+from tests.unit.helpers.definitions import DEFINITIONS_PACKAGE
 
 
 class KafkaMessage(ApiMessage, init=False):  # type: ignore[misc,call-arg]

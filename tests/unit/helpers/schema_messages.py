@@ -17,7 +17,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY
-from kqp.protocol.throttle_field import field_in_versions
+from kqp.protocol.schema_walk import field_in_versions
+from tests.unit.helpers.definitions import message_definition
 
 _INTEGERS = {
     "int8": (">b", -(2**7), 2**7 - 1),
@@ -154,11 +155,11 @@ def struct_body(fields: list[Mapping[str, Any]], version: int, flexible: bool, m
 def body_strategy(api_key: int, version: int, *, is_request: bool, max_items: int = 2,
                   overrides: Mapping[str, st.SearchStrategy[bytes]] | None = None) -> st.SearchStrategy[bytes]:
     spec = API_SPECS[api_key]
-    cls = spec.request_class if is_request else spec.response_class
     if not is_request and api_key == API_VERSIONS_KEY and version > 0:
         # Any error turns the body into v0 (kafka-python decodes it so); keep the version's own form.
         overrides = {"ErrorCode": st.just(b"\x00\x00"), **(overrides or {})}
-    return struct_body(cls.json["fields"], version, spec.is_flexible(version), max_items, overrides)
+    fields = message_definition(api_key, is_request)["fields"]
+    return struct_body(fields, version, spec.is_flexible(version), max_items, overrides)
 
 
 def every_version(api_key: int) -> list[tuple[int, int]]:

@@ -8,13 +8,14 @@ from typing import Any
 
 from kqp.protocol.apis import API_SPECS
 from kqp.protocol.schema_walk import Step, field_step, sequence, wire_fields
+from tests.unit.helpers.definitions import message_definition
 
 
 def walked_location(api_key: int, version: int, name: str) -> Step | None:
     """The schema walk over the response fields before `name`, interpreted from the JSON
     (None: the version has no such field)."""
     spec = API_SPECS[api_key]
-    fields: list[Mapping[str, Any]] = spec.response_class.json["fields"]
+    fields: list[Mapping[str, Any]] = message_definition(api_key, False)["fields"]
     before: list[Step] = []
     for field in wire_fields(fields, version):
         if field["name"] == name:

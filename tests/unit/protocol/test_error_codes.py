@@ -16,7 +16,7 @@ from kafka.protocol.metadata import ApiVersionsResponse
 from kqp.protocol import error_codes
 from kqp.protocol.address_rewrite import _capped_api_versions, proxy_api_versions_body
 from kqp.protocol.api_keys import ApiKey
-from kqp.protocol.apis import API_SPECS, DEFINITIONS_PACKAGE
+from kqp.protocol.apis import API_SPECS
 from kqp.protocol.codec import build_response, encode_body
 from kqp.protocol.error_codes import (
     MEMO_MAX_BODY_BYTES,
@@ -28,6 +28,7 @@ from kqp.protocol.error_codes import (
 )
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.schema_walk import struct_step
+from tests.unit.helpers.definitions import DEFINITIONS_PACKAGE
 from tests.unit.helpers.kafka_python_codec import KafkaMessage, keep_unknown_tags
 from tests.unit.helpers.schema_messages import body_strategy, struct_body
 

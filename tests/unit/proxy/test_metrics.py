@@ -43,6 +43,15 @@ def test_request_figures_per_api_and_version() -> None:
     assert sample(metrics, "kqp_request_errors_total", api="Fetch", error="NONE") is None
 
 
+def test_error_names_are_kafka_s_own_and_a_newer_code_keeps_its_number() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    # 6 and 10 are Kafka's names since 2.x (kafka-python still says NOT_LEADER_FOR_PARTITION and
+    # MESSAGE_SIZE_TOO_LARGE); 133 is newer than kafka-python; 30000 is no code Kafka defines.
+    metrics.request_completed(0, 9, 100, 60, 0.001, 0.00001, [6, 10, 133, 30000])
+    for name in ("NOT_LEADER_OR_FOLLOWER", "MESSAGE_TOO_LARGE", "SHARE_SESSION_LIMIT_REACHED", "UNRECOGNIZED_30000"):
+        assert sample(metrics, "kqp_request_errors_total", api="Produce", error=name) == 1, name
+
+
 def test_latency_histograms_split_broker_time_from_proxy_time() -> None:
     metrics = ProxyMetrics(CollectorRegistry())
     metrics.request_completed(0, 9, 1000, 60, 0.003, 0.00004, [])
