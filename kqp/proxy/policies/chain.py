@@ -192,15 +192,16 @@ class EnforcementPolicies(TrafficHooks):
                 throttled(client, exchange, throttle, now_ms)
         if exchange.local_response is not None:
             return folded  # answered by the proxy: the throttle is already in the answer
+        delivered = True
         if folded is not None and folded.empty:
             empty = self._empty_answer(exchange, frame, body_offset, throttle)
             if empty is not None:
                 folded.frame = empty
-                body_size = len(empty) - body_offset  # what the client gets is what its turn counts
+                delivered = False
             else:
                 folded.empty = False
         for turn in calls.turn:
-            mute_ms: int | None = turn(client, exchange, body_size, throttle, now_ms)
+            mute_ms: int | None = turn(client, exchange, body_size, throttle, now_ms, delivered)
             if mute_ms is not None and (folded is not None or mute_ms):
                 folded = folded or ResponseVerdict()
                 folded.mute_ms = mute_ms
