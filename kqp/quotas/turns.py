@@ -24,6 +24,12 @@ the limit): Kafka's throttle holds the rate over its sliding window, so when a w
 burst (ten 1 MB requests) leaves the window the next burst went through at once, 1.13-1.22x
 of the quota in total; pacing the turns closes that.
 
+Fetches differ in one way: a throttled fetch is answered empty (Kafka's answer, its bytes
+unrecorded), so consumers released together race and all but the first get nothing. A fetch
+answered empty therefore sizes its connection's turn but does not pace it (`charged` with
+`delivered=False`), and the proxy holds a connection that got its bytes for a round of the
+budget's connections (`taking_part`, kqp.proxy.policies.fair_turns), so the others go first.
+
 Measured (10 librdkafka producers x 1 MiB/s, one client-id, 90 s, docs/quotas.md): 0.98x of
 the quota in total, every producer within 0.84x-1.3x of an equal share, no request
 time-out; Kafka's broker, same clients: 1.22x, 0.09x-4.9x, 388 time-outs.

@@ -51,7 +51,7 @@ def consume_through(cluster: KafkaCluster, bootstrap: str, topic: str) -> list[s
         "org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", bootstrap, "--topic", topic,
         "--group", f"{topic}-readers", "--from-beginning", "--max-messages", str(RECORDS),
         "--timeout-ms", "60000", "--isolation-level", "read_committed",
-        "--consumer-property", f"client.id={CLIENT_ID}", timeout=180.0)
+        "--command-property", f"client.id={CLIENT_ID}", timeout=180.0)
     return result.stdout.splitlines()
 
 
