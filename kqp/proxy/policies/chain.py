@@ -241,6 +241,8 @@ class EnforcementPolicies(TrafficHooks):
         """Kafka's answer to a throttled Fetch, with the larger of the broker's and the proxy's
         throttle (None: the broker's response is too short to read, and goes on as it is)."""
         header = exchange.header
+        if not header.known:
+            return None  # a version the definitions do not describe (never advertised: ApiVersions is capped)
         broker_throttle = _broker_throttle(exchange, frame, body_offset)
         try:
             return throttled_fetch_response(frame, body_offset, header.api_version,

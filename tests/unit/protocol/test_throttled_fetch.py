@@ -3,39 +3,16 @@ proxy forwards (v4-v18), read back with an independent codec (kafka-python's).""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from kafka.protocol.consumer import FetchResponse
 
 from kqp.protocol.apis import API_SPECS, FETCH_KEY
 from kqp.protocol.errors import ProtocolDecodeError
-from kqp.protocol.headers import encode_response_header, response_body_offset
+from kqp.protocol.headers import response_body_offset
 from kqp.protocol.throttled_fetch import throttled_fetch_response
+from tests.unit.helpers.fetch import fetch_response_frame as broker_response
 
 VERSIONS = range(API_SPECS[FETCH_KEY].min_version, API_SPECS[FETCH_KEY].max_version + 1)
-RECORDS = b"\x07" * 5_000  # not a real batch: the empty answer never reads them
-
-
-def broker_response(version: int, correlation_id: int, session_id: int, error_code: int = 0) -> bytes:
-    """A Fetch response frame (no size prefix) with one partition of data, as a broker sends it."""
-    data_cls = FetchResponse[version].FetchableTopicResponse.PartitionData
-    fields = {
-        "partition_index": 0, "error_code": 0, "high_watermark": 100, "last_stable_offset": 100,
-        "log_start_offset": 0, "aborted_transactions": [], "preferred_read_replica": -1, "records": RECORDS,
-        "diverging_epoch": None, "current_leader": data_cls.LeaderIdAndEpoch(leader_id=1, leader_epoch=3),
-        "snapshot_id": None,
-    }
-    partition = data_cls(**{name: value for name, value in fields.items() if name in data_cls.fields})
-    topic_cls = FetchResponse[version].FetchableTopicResponse
-    topic = topic_cls(**{name: value for name, value in
-                         {"topic": "t", "topic_id": uuid.uuid4(), "partitions": [partition]}.items()
-                         if name in topic_cls.fields})
-    body_fields = {"throttle_time_ms": 0, "error_code": error_code, "session_id": session_id,
-                   "responses": [topic], "node_endpoints": []}
-    response_cls = FetchResponse[version]
-    body = response_cls(**{name: value for name, value in body_fields.items() if name in response_cls.fields})
-    return encode_response_header(FETCH_KEY, version, correlation_id) + bytes(body.encode())
 
 
 def decode(frame: bytes, version: int) -> FetchResponse:
