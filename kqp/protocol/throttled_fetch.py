@@ -11,8 +11,9 @@ SessionId (v7+), so the session id is the one the broker's session has.
 
 Layouts (FetchResponse.json, v4-v18): ThrottleTimeMs int32; ErrorCode int16 and SessionId
 int32 from v7; Responses, an int32-counted array before v12, a compact array (length + 1 as
-an unsigned varint) from v12 on, where the body ends with its tagged fields (none here: no
-NodeEndpoints, which Kafka sends only beside partitions that name a new leader).
+an unsigned varint) from v12 on, where the body ends with its tagged fields. None here: Kafka
+4.3.1 also passes the NodeEndpoints of leaders it found for partitions in error (v16+), but
+without those partitions a client has no use for them (docs/quotas.md).
 """
 
 from __future__ import annotations
