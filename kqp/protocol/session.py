@@ -61,8 +61,9 @@ which the caller may patch), it is matched to its request and handed on in piece
 its trailing tagged fields are held back (`StreamEnded`), because KIP-951 NodeEndpoints
 live there and must be rewritten; the rewrite keeps the length, since the size prefix has
 long been sent. The caller can veto streaming per request (`may_stream`) when a hook must
-see the response whole. A consumer thus never waits for a large response twice, and the
-proxy never holds a whole one.
+see the response whole, and can answer a stream that has just started otherwise
+(`drop_stream`: a throttled Fetch answered empty), its bytes then read and dropped. A
+consumer thus never waits for a large response twice, and the proxy never holds a whole one.
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ class _Stream(Generic[C]):
     remaining: int  # bytes of the frame the broker has still to send
     parser: FetchResponseStream  # says how far the bytes seen so far may be passed on
     tail: bytearray  # bytes held back: the trailing tagged fields, rewritten at the end
+    dropped: bool = False  # the client got another answer: the rest goes nowhere (`drop_stream`)
 
 
 class KafkaSession(Generic[C]):
@@ -410,8 +412,22 @@ class KafkaSession(Generic[C]):
         self._stream = _Stream(entry, size, body_offset, size - len(head), parser, head[passed:])
         return StreamStarted(entry.context, header, size, body_offset, head, passed)
 
+    def drop_stream(self) -> None:
+        """The response that just started streaming went to the client as another answer (a
+        throttled Fetch answered empty): the rest of the broker's frame is read and dropped,
+        and its end still comes as a `StreamEnded` (with no tail), the response's turn over."""
+        assert self._stream is not None
+        self._stream.dropped = True
+        self._stream.tail.clear()
+
     def _stream_bytes(self, stream: _Stream[C], part: memoryview) -> Iterator[StreamData | StreamEnded[C]]:
         stream.remaining -= len(part)
+        if stream.dropped:
+            if not stream.remaining:
+                self._stream = None
+                entry = stream.entry
+                yield StreamEnded(entry.context, entry.header, stream.frame_size, stream.body_offset, b"", False)
+            return
         # The parser passes bytes up to the start of the trailing tagged fields; from there
         # on everything is held, since NodeEndpoints may have to be rewritten.
         passed = 0 if stream.parser.in_tail else stream.parser.feed(part)

@@ -63,6 +63,7 @@ from kqp.protocol.session import (
     StreamEnded,
     StreamStarted,
     TruncatedFrameError,
+    framed,
 )
 from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
 from kqp.proxy.hooks import ClientView, Exchange, TrafficHooks
@@ -132,6 +133,9 @@ class ProxiedConnection:
         # A response a hook holds (`hold_response`) and every broker event behind it, in order;
         # None while nothing is held.
         self._held_events: deque[BrokerEvent[Exchange]] | None = None
+        # The size of the answer that replaced the response streaming in (a throttled Fetch
+        # answered empty), while the rest of the broker's frame is dropped; None otherwise.
+        self._stream_answered_size: int | None = None
         # Set when a graceful shutdown may end; made by `drain()`, the only one to wait on it.
         self._drained: asyncio.Event | None = None
         # What hooks see of this connection's client: replaced where the peer or principal changes.
@@ -548,9 +552,19 @@ class ProxiedConnection:
         exchange = event.context
         exchange.response_received_at = self._loop.time()
         verdict = self._hooks.response_started(self.view, exchange, event.head, event.body_offset, event.frame_size)
+        client = self.client
+        if verdict is not None and verdict.frame is not None:
+            # Throttled: the client gets the empty answer now, as from a broker, and its mute
+            # starts once it is sent (KIP-219); the broker's frame is read on and dropped.
+            self.session.drop_stream()
+            self._stream_answered_size = len(verdict.frame)
+            self._gate.stream_started(0)
+            if client is not None:
+                client.writelines(framed(verdict.frame))
+            self.mute(verdict.mute_ms)
+            return
         # KIP-219 mutes after the throttled response is sent: the gate keeps it until the end.
         self._gate.stream_started(verdict.mute_ms if verdict is not None else 0)
-        client = self.client
         if client is not None:
             client.writelines(self.session.send_stream_head(event))
 
@@ -559,7 +573,10 @@ class ProxiedConnection:
             self._write_client(event.tail)
         if event.endpoints_rewritten:
             self.services.node_endpoints_rewritten(event.header.api_key)
-        self._hooks.response_streamed(self.view, event.context, event.frame_size, event.body_offset)
+        # The hooks hear the size of what the client got: the empty answer, when it replaced the stream.
+        frame_size = event.frame_size if self._stream_answered_size is None else self._stream_answered_size
+        self._stream_answered_size = None
+        self._hooks.response_streamed(self.view, event.context, frame_size, event.body_offset)
         self._after_response(streamed=True)
 
     def _after_response(self, mute_ms: int = 0, *, streamed: bool = False) -> None:

@@ -255,13 +255,19 @@ class ResponseVerdict:
     frame: bytes | bytearray | None = None
     mute_ms: int = 0
     throttle_ms: int = 0
+    # Answer the client with Kafka's empty throttled response instead of the broker's data (a
+    # throttled Fetch, kqp.protocol.throttled_fetch). The enforcement chain turns it into
+    # `frame`; for a streamed response, that frame replaces the whole stream.
+    empty: bool = False
 
     def fold(self, later: ResponseVerdict) -> None:
-        """As `RequestVerdict.fold`: throttle and mute the largest, the later frame wins."""
+        """As `RequestVerdict.fold`: throttle and mute the largest, the later frame wins, and
+        the response is answered empty if any hook says so."""
         if later.frame is not None:
             self.frame = later.frame
         self.mute_ms = max(self.mute_ms, later.mute_ms)
         self.throttle_ms = max(self.throttle_ms, later.throttle_ms)
+        self.empty = self.empty or later.empty
 
 
 class TrafficHooks:
@@ -319,7 +325,10 @@ class TrafficHooks:
     def response_started(
         self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
     ) -> ResponseVerdict | None:
-        """A streamed response began; `frame_size` is its whole size (without the size prefix)."""
+        """A streamed response began; `frame_size` is its whole size (without the size prefix).
+        A verdict that is `empty` (with its `frame`) replaces the whole stream: the client gets
+        that frame now, and the rest of the broker's is dropped as it arrives; the hooks then
+        hear `response_streamed` with the replacement's size."""
         return None
 
     def response_streamed(
@@ -436,7 +445,8 @@ class HookChain(TrafficHooks):
             if verdict is not None:
                 combined = combined or ResponseVerdict()
                 combined.fold(verdict)
-                combined.frame = None  # a streamed head is patched in place, never replaced
+                if not combined.empty:
+                    combined.frame = None  # a streamed head is patched in place, never replaced
         return combined
 
     def response_streamed(

@@ -306,8 +306,9 @@ class QuotaManagers:
         (KafkaApis.handleFetchRequest: maybeRecordAndGetThrottleTimeMs, then
         unrecordQuotaSensor when max(fetch, request throttle) > 0).
 
-        `delivered`: the data reaches the client anyway (a proxy that already has the
-        broker's response), so the bytes stay recorded, as they were really consumed.
+        `delivered`: the data reaches the client anyway (a ShareFetch, whose records the
+        broker has acquired for the member), so the bytes stay recorded, as they were really
+        consumed. A Fetch is not: the proxy answers it empty, as Kafka does.
 
         With the cluster guard on, the guard's sensor records first and its throttle counts as
         one more reason to answer empty; the larger throttle is the answer.

@@ -10,7 +10,8 @@ proxy recorded takes the proxy's decisions exactly. Each exchange has up to two 
 * when the response comes back: Produce records its request size, Fetch and ShareFetch their
   response size (4 + body, as Kafka counts it) to the consumer byte rate, every API its
   request time (the broker round trip, less a long-poll Fetch's wait in purgatory, which
-  Kafka does not count).
+  Kafka does not count). A Fetch that either throttles is answered empty and its bytes are
+  unrecorded again (`answered_empty`), as KafkaApis does.
 
 The exchange's throttle is the largest of the two moments' throttles (`exchange_throttle`),
 never their sum.
@@ -32,6 +33,10 @@ SIZE_PREFIX_BYTES = 4
 # Responses whose size Kafka 4.3 charges to the consumer byte rate (quotas.fetch): Fetch, and
 # ShareFetch (KIP-932; KafkaApis.processShareFetchResponse records 4 + body the same way).
 FETCH_QUOTA_API_KEYS: frozenset[int] = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
+# Responses that, when throttled by any quota, go to the client empty (no partitions) and whose
+# bytes are then unrecorded, as KafkaApis.handleFetchRequest answers with
+# FetchContext.getThrottledResponse and calls quotas.fetch.unrecordQuotaSensor.
+THROTTLED_EMPTY_API_KEYS: frozenset[int] = frozenset({ApiKey.FETCH})
 
 
 def broker_label(node_id: int | None) -> str:
@@ -210,27 +215,37 @@ def response_charges(
 
 
 def charge_response(engine: QuotaManagers, client: QuotaClient, charges: ResponseCharges, now_ms: float) -> int:
-    """Apply a response's charges; the largest throttle they give (0 when none)."""
+    """Apply a response's charges; the largest throttle they give (0 when none).
+
+    A Fetch throttled by either quota is answered empty (`answered_empty`), so, as in
+    KafkaApis.handleFetchRequest, its request time is recorded first and its bytes are
+    unrecorded from the consumer byte rate when either throttle is > 0."""
     broker, principal, client_id = client.broker, client.principal, client.client_id
     # The largest of the throttles, kept as it goes (no list and max() per response).
     throttle = 0
     if charges.produce_bytes is not None:
-        produce = engine.record_produce(broker, principal, client_id, charges.produce_bytes, now_ms)
-        if produce > throttle:
-            throttle = produce
-    if charges.fetch_bytes is not None:
-        # A broker that throttles a fetch answers it empty and unrecords the bytes; the proxy
-        # already holds the data, so it delivers it and keeps it recorded (the long-run rate is
-        # the quota either way).
-        fetch = engine.record_fetch(broker, principal, client_id, charges.fetch_bytes, now_ms, delivered=True)
-        if fetch > throttle:
-            throttle = fetch
+        throttle = engine.record_produce(broker, principal, client_id, charges.produce_bytes, now_ms)
     if charges.request_time_ms is not None:
         request = engine.record_request_time(
             broker, principal, client_id, charges.api_key, charges.request_time_ms, now_ms)
         if request > throttle:
             throttle = request
+    if charges.fetch_bytes is not None:
+        # A ShareFetch's records were acquired for the member by the broker that answered: the
+        # proxy delivers them, so they stay recorded (answering empty would leave them locked
+        # until their acquisition lock times out).
+        empty = charges.api_key in THROTTLED_EMPTY_API_KEYS
+        fetch = engine.record_fetch(broker, principal, client_id, charges.fetch_bytes, now_ms,
+                                    throttle if empty else 0, delivered=not empty)
+        if fetch > throttle:
+            throttle = fetch
     return throttle
+
+
+def answered_empty(api_key: int, throttle_ms: int) -> bool:
+    """Whether a response with this throttle goes to the client as Kafka's empty throttled
+    Fetch response (kqp.protocol.throttled_fetch) instead of the broker's data."""
+    return throttle_ms > 0 and api_key in THROTTLED_EMPTY_API_KEYS
 
 
 @dataclass(slots=True)

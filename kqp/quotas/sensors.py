@@ -25,8 +25,8 @@ Kafka narrows it to an int (l2i) for the response, so an absurd throttle wraps n
 counts as none (`stats.java_int`). Request time and connection creation take
 QuotaUtils.boundedThrottleTime, capped at one window (ClientRequestQuotaManager.throttleTime;
 the engine applies the cap). A fetch over quota is answered empty, so KafkaApis unrecords its
-bytes (ClientQuotaManager.unrecordQuotaSensor); the engine does the same unless the proxy
-has already delivered the data.
+bytes (ClientQuotaManager.unrecordQuotaSensor); the engine does the same unless the caller
+delivers the data anyway (a ShareFetch through the proxy, kqp.quotas.recording).
 
 The controller mutation quota (KIP-599) is a `TokenBucket` instead (`stats.TokenBucket`,
 Kafka's TokenBucket stat): it refills at the quota up to a burst of num x size x quota

@@ -24,6 +24,12 @@ the limit): Kafka's throttle holds the rate over its sliding window, so when a w
 burst (ten 1 MB requests) leaves the window the next burst went through at once, 1.13-1.22x
 of the quota in total; pacing the turns closes that.
 
+Fetches differ in one way: a throttled fetch is answered empty (Kafka's answer, its bytes
+unrecorded), so consumers released together race and all but the first get nothing. A fetch
+answered empty therefore sizes its connection's turn but does not pace it (`charged` with
+`delivered=False`), and the proxy holds a connection that got its bytes for a round of the
+budget's connections (`taking_part`, kqp.proxy.policies.fair_turns), so the others go first.
+
 Measured (10 librdkafka producers x 1 MiB/s, one client-id, 90 s, docs/quotas.md): 0.98x of
 the quota in total, every producer within 0.84x-1.3x of an equal share, no request
 time-out; Kafka's broker, same clients: 1.22x, 0.09x-4.9x, 388 time-outs.
@@ -87,10 +93,14 @@ class ConnectionTurns:
         self._budgets_of: dict[int, set[Hashable]] = {}
 
     def charged(self, budget: Hashable, connection_id: int, amount: float, now_ms: float,
-                limit: float | None = None) -> None:
-        """`connection_id` recorded `amount` (bytes) into `budget`, whose quota is `limit`/s."""
+                limit: float | None = None, *, delivered: bool = True) -> None:
+        """`connection_id` recorded `amount` (bytes) into `budget`, whose quota is `limit`/s.
+
+        `delivered=False`: a throttled fetch answered empty (and unrecorded). The amount is still
+        what the connection's requests are worth (it asks for the same again), so it sizes the
+        connection's share of a turn, but no byte passed, so it does not pace the turn."""
         state = self._budgets.setdefault(budget, _Budget())
-        if limit:
+        if limit and delivered:
             state.paced_until_ms = max(state.paced_until_ms, now_ms) + amount * 1000.0 / limit
         state.charged_at[connection_id] = now_ms
         own = state.largest_of.get(connection_id)
@@ -123,6 +133,14 @@ class ConnectionTurns:
                       for other, charged_at in state.charged_at.items()
                       if other != connection_id and charged_at >= stale_before]
         return mutes
+
+    def taking_part(self, budget: Hashable, now_ms: float) -> int:
+        """How many connections charged `budget` within the last quota span."""
+        state = self._budgets.get(budget)
+        if state is None:
+            return 0
+        stale_before = now_ms - self._span_ms
+        return sum(1 for charged_at in state.charged_at.values() if charged_at >= stale_before)
 
     def closed(self, connection_id: int) -> None:
         for budget in self._budgets_of.pop(connection_id, ()):

@@ -17,6 +17,11 @@ enabled under the live settings (kqp.proxy.policies.tables), in phases
   3. pace (responses): a policy's `turn` replaces the folded mute with its budget's turn
      (fair_turns); without one the connection is muted for the folded throttle (KIP-219).
 
+A throttled Fetch (a verdict that is `empty`: kafka_charging's, which has unrecorded its
+bytes) goes to the client as Kafka's empty throttled response instead of the broker's data,
+built here from the broker's response head (kqp.protocol.throttled_fetch); a streamed one is
+replaced whole (kqp.proxy.connection drops the rest of the broker's frame).
+
 Then Kafka's rule for the client's view of it: the response's ThrottleTimeMs carries the
 larger of the broker's and the folded throttle (the client waits once, for the longer), and
 `Exchange.proxy_throttle_ms` records the folded throttle, the largest of the exchange's
@@ -42,6 +47,7 @@ from kqp.protocol.throttle_field import (
     read_throttle_time_at,
     write_throttle_time,
 )
+from kqp.protocol.throttled_fetch import throttled_fetch_response
 from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
 from kqp.proxy.policies.cluster_hold import ClusterHold
 from kqp.proxy.policies.fair_turns import FairTurns
@@ -186,11 +192,21 @@ class EnforcementPolicies(TrafficHooks):
                 throttled(client, exchange, throttle, now_ms)
         if exchange.local_response is not None:
             return folded  # answered by the proxy: the throttle is already in the answer
+        delivered = True
+        if folded is not None and folded.empty:
+            empty = self._empty_answer(exchange, frame, body_offset, throttle)
+            if empty is not None:
+                folded.frame = empty
+                delivered = False
+            else:
+                folded.empty = False
         for turn in calls.turn:
-            mute_ms: int | None = turn(client, exchange, body_size, throttle, now_ms)
+            mute_ms: int | None = turn(client, exchange, body_size, throttle, now_ms, delivered)
             if mute_ms is not None and (folded is not None or mute_ms):
                 folded = folded or ResponseVerdict()
                 folded.mute_ms = mute_ms
+        if folded is not None and folded.empty:
+            return folded  # its ThrottleTimeMs is already the larger of the two
         out = frame if folded is None or folded.frame is None else folded.frame
         # The session may have found ThrottleTimeMs already (Produce); that holds for `frame` only.
         known_offset = exchange.response_throttle_offset if out is frame and frame_size is None else None
@@ -216,8 +232,23 @@ class EnforcementPolicies(TrafficHooks):
         self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
     ) -> ResponseVerdict | None:
         """A streamed (cut-through) response: charged by the size its frame header gives, its
-        ThrottleTimeMs (in the head) patched in place, as `response` does for a whole frame."""
+        ThrottleTimeMs (in the head) patched in place, as `response` does for a whole frame;
+        or, throttled, replaced whole by the empty answer (`ResponseVerdict.empty`)."""
         return self.response(client, exchange, head, body_offset, frame_size)
+
+    @staticmethod
+    def _empty_answer(exchange: Exchange, frame: bytes | bytearray, body_offset: int, throttle: int) -> bytes | None:
+        """Kafka's answer to a throttled Fetch, with the larger of the broker's and the proxy's
+        throttle (None: the broker's response is too short to read, and goes on as it is)."""
+        header = exchange.header
+        if not header.known:
+            return None  # a version the definitions do not describe (never advertised: ApiVersions is capped)
+        broker_throttle = _broker_throttle(exchange, frame, body_offset)
+        try:
+            return throttled_fetch_response(frame, body_offset, header.api_version,
+                                            max(throttle, broker_throttle or 0))
+        except ProtocolError:
+            return None
 
 
 def _broker_throttle(

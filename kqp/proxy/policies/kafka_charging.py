@@ -14,7 +14,9 @@ Where each quota is charged, following Kafka's KafkaApis:
 * fetch_byte_rate (KIP-13): the response's size, when it comes back; a Fetch's MaxBytes is
   first capped at what the quota window allows (`_cap_fetch`), as the broker caps it with
   ClientQuotaManager.getMaxValueInQuotaWindow, so one fetch cannot take a window's worth
-  many times over.
+  many times over. A Fetch throttled by this quota or the request quota is answered empty
+  and its bytes unrecorded, as KafkaApis.handleFetchRequest does (the verdict is `empty`;
+  the chain writes the answer): the consumer fetches the same offsets again after the mute.
 * request_percentage (KIP-124): the request's time on the broker, which the proxy cannot see;
   it charges the round trip it measured (less a Fetch's MaxWaitMs, time the broker spent
   waiting, not working), see kqp.quotas.recording.
@@ -35,6 +37,7 @@ from kqp.proxy.policies.policy import Policy
 from kqp.proxy.policies.registry import PolicyRegistry
 from kqp.quotas.recording import (
     QuotaClient,
+    answered_empty,
     broker_label,
     charge_response,
     request_charged_at_arrival,
@@ -137,4 +140,5 @@ class KafkaCharging(Policy):
         throttle = charge_response(registry.engine, self._client(client, exchange), charges, now_ms)
         if throttle <= 0:
             return None
-        return ResponseVerdict(mute_ms=throttle, throttle_ms=throttle)
+        # A throttled Fetch's bytes were unrecorded: the client must get Kafka's empty answer.
+        return ResponseVerdict(mute_ms=throttle, throttle_ms=throttle, empty=answered_empty(header.api_key, throttle))

@@ -58,8 +58,9 @@ class Policy:
         return None
 
     def turn(self, client: ClientView, exchange: Exchange, body_size: int, throttle_ms: int,
-             now_ms: float) -> int | None:
-        """The connection's mute instead of the folded one (None: no say)."""
+             now_ms: float, delivered: bool = True) -> int | None:
+        """The connection's mute instead of the folded one (None: no say). `body_size` is the
+        broker's; `delivered` is False when the client got the empty throttled answer instead."""
         return None
 
     def closed(self, client: ClientView) -> None:

@@ -8,7 +8,7 @@ from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.record import MemoryRecordsBuilder
 
 from kqp.protocol.apis import FETCH_KEY
-from kqp.protocol.headers import encode_request_header, response_body_offset
+from kqp.protocol.headers import encode_request_header, encode_response_header, response_body_offset
 
 FETCH_VERSION = 17
 TOPIC_ID = uuid.uuid4()
@@ -53,3 +53,25 @@ def answer_fetch(header: object, body: bytes) -> bytes:
 def decode(response: bytes) -> FetchResponse:
     return FetchResponse.decode(response[response_body_offset(response, FETCH_KEY, FETCH_VERSION):],
                                 version=FETCH_VERSION)
+
+
+def fetch_response_frame(version: int, correlation_id: int, session_id: int, error_code: int = 0) -> bytes:
+    """A Fetch response frame (no size prefix) of any version, with one partition of 5 kB (not
+    a real batch: what reads it never looks inside), as a broker sends it."""
+    data_cls = FetchResponse[version].FetchableTopicResponse.PartitionData
+    fields = {
+        "partition_index": 0, "error_code": 0, "high_watermark": 100, "last_stable_offset": 100,
+        "log_start_offset": 0, "aborted_transactions": [], "preferred_read_replica": -1, "records": b"\x07" * 5_000,
+        "diverging_epoch": None, "current_leader": data_cls.LeaderIdAndEpoch(leader_id=1, leader_epoch=3),
+        "snapshot_id": None,
+    }
+    partition = data_cls(**{name: value for name, value in fields.items() if name in data_cls.fields})
+    topic_cls = FetchResponse[version].FetchableTopicResponse
+    topic = topic_cls(**{name: value for name, value in
+                         {"topic": "t", "topic_id": uuid.uuid4(), "partitions": [partition]}.items()
+                         if name in topic_cls.fields})
+    body_fields = {"throttle_time_ms": 0, "error_code": error_code, "session_id": session_id,
+                   "responses": [topic], "node_endpoints": []}
+    response_cls = FetchResponse[version]
+    body = response_cls(**{name: value for name, value in body_fields.items() if name in response_cls.fields})
+    return encode_response_header(FETCH_KEY, version, correlation_id) + bytes(body.encode())

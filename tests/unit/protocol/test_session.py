@@ -235,6 +235,26 @@ def test_a_large_fetch_response_streams_and_arrives_byte_for_byte() -> None:
     assert message.responses[0].partitions[0].records == original.responses[0].partitions[0].records
 
 
+def test_a_dropped_stream_is_read_to_its_end_and_the_next_response_follows_whole() -> None:
+    # A throttled Fetch answered empty: the broker's frame, already on its way, goes nowhere,
+    # and the response pipelined behind it (in the same chunks) is matched as usual.
+    session = new_session()
+    session.client_bytes(frame(fetch_request(9)) + frame(heartbeat(10)))
+    take_all(session, "fetch", "heartbeat")
+    wire = frame(struct.pack(">i", 9) + b"\x00" + answer_fetch(None, b"")) + frame(heartbeat_answer(10))
+    events: list[BrokerEvent[str]] = []
+    for start in range(0, len(wire), 16_384):
+        for event in session.broker_bytes(wire[start : start + 16_384]):
+            events.append(event)
+            if isinstance(event, StreamStarted):
+                session.drop_stream()
+    kinds = [type(event).__name__ for event in events]
+    assert kinds == ["StreamStarted", "StreamEnded", "Response"]
+    ended = events[1]
+    assert isinstance(ended, StreamEnded) and ended.context == "fetch" and ended.tail == b""
+    assert responses(events) == [("heartbeat", heartbeat_answer(10))] and session.in_flight == 0
+
+
 def test_a_fetch_response_something_must_see_whole_is_not_streamed() -> None:
     session = new_session(may_stream=lambda context: context != "captured")
     session.client_bytes(frame(fetch_request(9)))

@@ -1,4 +1,5 @@
-"""A proxy delivers a throttled fetch's data (it already holds it), so the bytes stay recorded."""
+"""The engine's `delivered`: a ShareFetch's data reaches the client even when throttled (its records
+were acquired for the member), so its bytes stay recorded; a Fetch's are unrecorded, as Kafka's."""
 
 from __future__ import annotations
 

@@ -71,3 +71,24 @@ def test_a_turn_lasts_at_least_as_long_as_its_bytes_take_at_the_quota() -> None:
     mutes = turns.throttled(BUDGET, 9, 0, 0.0)  # Kafka does not throttle this one
     assert mutes[0] == Mute(9, 10_000)
     assert {m.mute_ms for m in mutes[1:]} == {10_000} and len(mutes) == 10
+
+
+def test_a_fetch_answered_empty_sizes_its_turn_but_does_not_pace_it() -> None:
+    # A throttled fetch is answered empty (Kafka's answer): no byte passed, so the turn is not
+    # paced by it, but the connection will ask for as much again, so it waits a whole turn.
+    turns = ConnectionTurns(SPAN_MS)
+    turns.charged(BUDGET, 1, 1_000_000, 0.0, limit=1_000_000)
+    turns.charged(BUDGET, 2, 1_000_000, 0.0, limit=1_000_000, delivered=False)
+    assert turns.throttled(BUDGET, 2, 3_000, 0.0) == [Mute(2, 3_000), Mute(1, 3_000)]  # paced 1 s, not 2 s
+    turns.charged(BUDGET, 1, 1_000_000, 100.0, limit=1_000_000)
+    # Paced by the two delivered megabytes only (2 s); the 3 s end of the throttle still holds.
+    assert turns.throttled(BUDGET, 1, 500, 100.0) == [Mute(1, 2_900)]
+
+
+def test_the_connections_taking_part_are_those_of_the_last_span() -> None:
+    turns = ConnectionTurns(SPAN_MS)
+    turns.charged(BUDGET, 1, 1_000, 0.0)
+    turns.charged(BUDGET, 2, 1_000, 5_000.0, delivered=False)
+    assert turns.taking_part(BUDGET, 5_000.0) == 2
+    assert turns.taking_part(BUDGET, SPAN_MS + 1_000.0) == 1  # connection 1 charged over a span ago
+    assert turns.taking_part(("other",), 0.0) == 0

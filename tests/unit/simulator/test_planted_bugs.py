@@ -54,8 +54,8 @@ class TurnsForgetOneConnection(FairTurns):
     (its turn is cut to its own throttle; its own throttle still applies)."""
 
     def turn(self, client: ClientView, exchange: Exchange, body_size: int, throttle_ms: int,
-             now_ms: float) -> int | None:
-        mute_ms = super().turn(client, exchange, body_size, throttle_ms, now_ms)
+             now_ms: float, delivered: bool = True) -> int | None:
+        mute_ms = super().turn(client, exchange, body_size, throttle_ms, now_ms, delivered)
         if client.connection_id == 1 and mute_ms is not None:
             return min(mute_ms, throttle_ms)
         return mute_ms

@@ -59,7 +59,7 @@ class Turn(Policy):
         pass
 
     def turn(self, client: ClientView, exchange: Exchange, body_size: int, throttle_ms: int,
-             now_ms: float) -> int | None:
+             now_ms: float, delivered: bool = True) -> int | None:
         TOLD.append(("turn", throttle_ms))
         return 120
 

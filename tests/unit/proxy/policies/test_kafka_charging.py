@@ -6,10 +6,11 @@ test_mutation_throttle_adjusted."""
 
 from __future__ import annotations
 
+import pytest
 from kafka.protocol.producer import ProduceResponse
 
 from kqp.config.models import EnforcementSection
-from kqp.protocol.apis import API_SPECS, PRODUCE_KEY
+from kqp.protocol.apis import API_SPECS, FETCH_KEY, PRODUCE_KEY
 from kqp.protocol.fast_path import parse_share_fetch_request
 from kqp.protocol.headers import (
     encode_request_header,
@@ -18,12 +19,14 @@ from kqp.protocol.headers import (
     response_body_offset,
 )
 from kqp.protocol.throttle_field import throttle_field_offset
+from kqp.protocol.throttled_fetch import throttled_fetch_response
 from kqp.proxy.hooks import ClientView, Exchange, HookChain, ResponseVerdict, TrafficHooks
 from kqp.proxy.policies.chain import EnforcementPolicies
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 from tests.unit.helpers.client_views import client_view
 from tests.unit.helpers.exchanges import CLIENT, exchange_for, produce_pair, request_frame
+from tests.unit.helpers.fetch import fetch_response_frame
 
 # ---- Fetch and ShareFetch limits capped at the quota window ------------------------------
 # A ShareFetch's MaxBytes (and MinBytes) are capped at the consumer quota's window, as Kafka's
@@ -125,3 +128,35 @@ def test_an_offset_that_described_a_replaced_frame_is_not_used() -> None:
     # Written where the replaced frame has it: the frame still decodes, with the throttle in it.
     assert throttle_of(out) == exchange.proxy_throttle_ms > 0
     assert len(out) == len(produce_response(4))
+
+
+# ---- a throttled Fetch is answered empty, in every version ---------------------------------
+
+
+@pytest.mark.parametrize("version", [4, 6, 7, 11, 12, 16, 18])
+def test_a_throttled_fetch_response_is_replaced_by_kafkas_empty_answer(version: int) -> None:
+    # 100 B/s: the ~5 kB response over a fresh 10 s window is 5x over (throttle 40 s).
+    engine = QuotaEngine(QuotaSettings(entries=(
+        QuotaEntry(QuotaEntity(client_id="consumer"), {"consumer_byte_rate": 100.0}),)))
+    enforcement = EnforcementPolicies(engine, EnforcementSection(), lambda: 0.0, TopicDirectory())
+    header = parse_request_header(encode_request_header(FETCH_KEY, version, 7, "consumer"))
+    exchange = Exchange(header=header, request_bytes=100, received_at=0.0)
+    frame = fetch_response_frame(version, correlation_id=7, session_id=555)
+    offset = response_body_offset(frame, FETCH_KEY, version)
+    verdict = enforcement.response(client_view(), exchange, frame, offset)
+    assert verdict is not None and verdict.empty and verdict.throttle_ms > 0
+    assert verdict.frame == throttled_fetch_response(frame, offset, version, verdict.throttle_ms)
+    assert verdict.mute_ms == verdict.throttle_ms == exchange.proxy_throttle_ms
+    fetched = [s.value for s in engine.snapshot(0) if s.quota_type == "consumer_byte_rate"]
+    assert fetched == [0]  # recorded, then unrecorded: the consumer got none of it
+
+
+def test_a_fetch_within_the_quota_is_left_as_the_broker_sent_it() -> None:
+    engine = QuotaEngine(QuotaSettings(entries=(
+        QuotaEntry(QuotaEntity(client_id="consumer"), {"consumer_byte_rate": 1_000_000.0}),)))
+    enforcement = EnforcementPolicies(engine, EnforcementSection(), lambda: 0.0, TopicDirectory())
+    header = parse_request_header(encode_request_header(FETCH_KEY, 12, 7, "consumer"))
+    frame = fetch_response_frame(12, correlation_id=7, session_id=555)
+    verdict = enforcement.response(client_view(), Exchange(header=header, request_bytes=100, received_at=0.0),
+                                   frame, response_body_offset(frame, FETCH_KEY, 12))
+    assert verdict is None

@@ -1,0 +1,54 @@
+"""The empty Fetch response a throttled consumer gets, as Kafka's broker writes it.
+
+When a consumer's fetch is throttled (its byte rate or its request quota), KafkaApis does not
+send the data it read: it sends `FetchContext.getThrottledResponse(throttleTimeMs)`, a
+response with ThrottleTimeMs, error NONE, the fetch session's id and no partitions, so the
+consumer asks for the same offsets again once the throttle has passed. The proxy learns of
+the throttle only when the broker's response (data and all) is in its hands; it then sends
+this answer in the data's place, built from the head of the broker's response: the response
+header (correlation id, tagged fields) as the broker wrote it, and the broker's ErrorCode and
+SessionId (v7+), so the session id is the one the broker's session has.
+
+Layouts (FetchResponse.json, v4-v18): ThrottleTimeMs int32; ErrorCode int16 and SessionId
+int32 from v7; Responses, an int32-counted array before v12, a compact array (length + 1 as
+an unsigned varint) from v12 on, where the body ends with its tagged fields. None here: Kafka
+4.3.1 also passes the NodeEndpoints of leaders it found for partitions in error (v16+), but
+without those partitions a client has no use for them (docs/quotas.md).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from kqp.protocol.errors import ProtocolDecodeError
+
+Buffer = bytes | bytearray | memoryview
+
+# First Fetch versions with ErrorCode and SessionId (KIP-227) and with flexible encoding (KIP-482).
+FETCH_SESSION_SINCE = 7
+FETCH_FLEXIBLE_SINCE = 12
+
+_INT32 = struct.Struct(">i")
+_ERROR_AND_SESSION = struct.Struct(">hi")
+# An empty Responses array: int32 0, or a compact array's length + 1 (= 1), then no tagged fields.
+_EMPTY_RESPONSES = _INT32.pack(0)
+_EMPTY_RESPONSES_FLEXIBLE = b"\x01\x00"
+
+
+def throttled_fetch_response(head: Buffer, body_offset: int, api_version: int, throttle_ms: int) -> bytes:
+    """A Fetch response frame (no size prefix) with no partitions and `throttle_ms` in
+    ThrottleTimeMs, carrying the response header and the ErrorCode and SessionId of `head`,
+    the broker's response (whole, or at least its header and first 10 body bytes).
+
+    Raises ProtocolDecodeError when `head` is too short to hold them.
+    """
+    needed = body_offset + (4 + _ERROR_AND_SESSION.size if api_version >= FETCH_SESSION_SINCE else 4)
+    if len(head) < needed:
+        raise ProtocolDecodeError(f"Fetch response of {len(head)} bytes ends before its session id")
+    out = bytearray(head[:body_offset])
+    out += _INT32.pack(throttle_ms)
+    if api_version >= FETCH_SESSION_SINCE:
+        out += head[body_offset + 4 : needed]  # the broker's ErrorCode and SessionId, as they are
+    out += _EMPTY_RESPONSES_FLEXIBLE if api_version >= FETCH_FLEXIBLE_SINCE else _EMPTY_RESPONSES
+    return bytes(out)
+
