@@ -22,6 +22,7 @@ phase alone (1.22x failed a fresh clone's `make test` at 67dcf8d).
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from confluent_kafka import KafkaError, Producer
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
+from tests.integration.helpers.kafka_rate import KafkaRateSensor
 from tests.integration.helpers.quota_proxy import _WINDOW, RECORD_SIZE, TOLERANCE, steady_rate, throttle_avg
 
 pytestmark = pytest.mark.integration
@@ -230,6 +232,7 @@ def test_oauthbearer_users_get_their_own_quotas_and_no_token_is_kept(
     principals = {row["principal"] for row in rows}
     assert {"alice", "bob"} <= principals, principals
     assert_muted_for_each_throttle(rows)
+    assert_kafka_throttles(rows)
 
 
 PRODUCE = 0
@@ -277,3 +280,25 @@ def assert_muted_for_each_throttle(rows: list[dict[str, Any]]) -> None:
                 f"requests forwarded at {forwarded}"
             checked += 1
     assert checked >= 3, f"only {checked} throttled responses of alice's librdkafka producer were captured"
+
+
+def assert_kafka_throttles(rows: list[dict[str, Any]]) -> None:
+    """Each of alice's Produce responses carried the ThrottleTimeMs Kafka's arithmetic gives for
+    that request: her charges, as the capture says the proxy made them (`quota_produce_bytes`
+    when the response came back, at the engine's clock, in the order of its calls), replayed
+    through Kafka's byte-rate sensor written apart from kqp.quotas (helpers/kafka_rate.py) with
+    her quota and WINDOW_NUM windows of 1 s. Kafka's clock is whole milliseconds
+    (time.milliseconds()), so the replay is too. Neither phase nor load moves this: the replay
+    takes the times the proxy saw, whatever they were."""
+    charged = sorted((row for row in rows if row["principal"] == "alice" and row["api_key"] == PRODUCE),
+                     key=lambda row: int(row["quota_response_seq"]))
+    assert charged and all(row["quota_produce_bytes"] is not None for row in charged), \
+        "an acknowledged Produce of alice's was not charged to her quota"
+    sensor = KafkaRateSensor(bound=QUOTA, samples=WINDOW_NUM)
+    differences = []
+    for row in charged:
+        kafka_ms = sensor.record(int(row["quota_produce_bytes"]), math.floor(row["quota_response_now_ms"]))
+        if kafka_ms != row["proxy_throttle_ms"]:
+            differences.append((row["client_id"], row["correlation_id"], row["proxy_throttle_ms"], kafka_ms))
+    print(f"alice's {len(charged)} Produce responses against Kafka's arithmetic: {len(differences)} differ")
+    assert not differences, f"throttles (client, correlation id, kqp ms, Kafka's ms) that differ: {differences[:20]}"
