@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 KAFKA_VERSION := 4.3.1
 KAFKA_DIR := .cache/kafka-$(KAFKA_VERSION)
 
-.PHONY: demo test lint typecheck unit integration bench bench-simulator setup kafka kafka-messages system-deps clean
+.PHONY: demo test lint typecheck unit integration bench bench-simulator system-test setup kafka kafka-messages system-deps clean
 
 setup: $(VENV)/.installed kafka system-deps
 
@@ -75,6 +75,15 @@ bench: setup
 SIM_SEEDS ?= 100
 bench-simulator: $(VENV)/.installed
 	$(PY) bench/simulator.py --seeds $(SIM_SEEDS)
+
+# Wire accuracy beside Kafka's broker (issue 39), NOT part of `make test`: each shape through kqp
+# and straight to one Kafka broker in the same run, ROUNDS times, medians and spreads, acceptance
+# bounds as PASS/FAIL lines (docs/testing.md). About 25 minutes a round; SHAPES=fleet,ten-fair,...
+# selects shapes (bench/system_test.py --help). Run it through ../shared/tools/heavy on a shared host.
+ROUNDS ?= 3
+SHAPES ?=
+system-test: setup
+	$(PY) bench/system_test.py --rounds $(ROUNDS) $(if $(SHAPES),--shapes $(SHAPES))
 
 clean:
 	rm -rf $(VENV) .cache

@@ -70,6 +70,9 @@ def test_librdkafka_admin_creates_partitions_at_the_mutation_rate(
     versions = [line for line in proxy.metrics_text().splitlines()
                 if line.startswith("kqp_requests_total") and 'api="CreateTopics"' in line]
     print("CreateTopics versions librdkafka sent:", versions)
+    # Phase cannot move this past its bound (issue 39's audit): each request is one partition,
+    # a fifth of a second of the rate, against 5 x DURATION_S + 55 expected; the controller
+    # creates a partition in milliseconds, far under the 200 ms the rate allows each one.
     assert abs(created - expected) <= 0.10 * expected
 
 

@@ -9,22 +9,34 @@ token's `sub`, throttle alice to her quota and leave bob alone, and keep no toke
 The quota windows are 5 x 1 s (Kafka's quota.window.num, which the proxy mirrors) instead of
 11 x 1 s: librdkafka ignores ThrottleTimeMs and is held by the mute alone, in bursts of about
 a window's worth per window; shorter windows give whole cycles enough in 30 s of measurement.
+
+What the librdkafka half asserts is what the phase of alice's large requests and the host's
+load cannot move (issue 39): that her responses carry a throttle and bob's none, that her
+connection is muted for each throttle, that no record is lost, and a ceiling on her rate that
+no phase reaches. Her rate against the quota (the suite held it to
+20%) moved to the system test (`make system-test`, shape `oauthbearer`), beside Kafka's broker:
+her 1 MB requests are 4 s of her quota each and are acknowledged every 3 or 4 s as the quota
+windows expire in whole seconds, so 25 s of whole cycles read 0.99x, 1.13x or 1.22x by the
+phase alone (1.22x failed a fresh clone's `make test` at 67dcf8d).
 """
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
 
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
+from tests.integration.helpers.kafka_rate import KafkaRateSensor
 from tests.integration.helpers.quota_proxy import _WINDOW, RECORD_SIZE, TOLERANCE, steady_rate, throttle_avg
 
 pytestmark = pytest.mark.integration
@@ -32,9 +44,10 @@ pytestmark = pytest.mark.integration
 QUOTA = 256 * 1024  # alice's producer_byte_rate, bytes/s
 WINDOW_NUM = 5
 MEASURED_S = 20  # Java: ProducerPerformance's 5 s reports after its 10 s warm-up
-LIBRDKAFKA_TOLERANCE = 0.20  # see the check: a few 1 MB requests per measured span
-LIBRDKAFKA_S = 40  # librdkafka: whole throttle cycles within this run ...
+LIBRDKAFKA_S = 40  # librdkafka: several throttle cycles within this run ...
 WARMUP_S = 10.0  # ... after the burst a fresh client may send
+# What alice's muted librdkafka producer may be acknowledged at most, x her quota (see the test).
+HELD_CEILING = 2.0
 BOB_RATE = 4 * QUOTA  # what bob offers: well above alice's quota, little CPU on a shared machine
 
 # Every part of a JWT (compact JWS) is base64url of JSON, so it starts with "eyJ" ('{"').
@@ -90,24 +103,6 @@ def _finished(producer: subprocess.Popen[str]) -> str:
     return stdout
 
 
-def whole_cycles_rate(deliveries: list[tuple[float, int]], warmup_s: float, end_s: float,
-                      pause_s: float = 0.5) -> tuple[float, tuple[float, float]]:
-    """Bytes/s acknowledged between the first mute lifted after the warm-up and the last one.
-
-    A client that ignores ThrottleTimeMs (librdkafka) is held by the mute alone: nothing is
-    acknowledged while its connection is muted, then a burst. Measuring from one burst's start
-    to a later one's covers whole throttle cycles, whatever the phase of the run's ends (see
-    `cycle_rate` in test_quota_enforcement, which does this by the second).
-    """
-    starts = [at for (at, _), (before, _) in zip(deliveries[1:], deliveries, strict=False)
-              if at - before >= pause_s and warmup_s <= at < end_s]
-    assert len(starts) >= 3, f"expected at least three throttle cycles after {warmup_s} s, burst starts {starts}"
-    first, last = starts[0], starts[-1]
-    assert last - first >= (end_s - warmup_s) / 2, f"whole cycles cover too little of the run: {starts}"
-    acked = sum(size for at, size in deliveries if first <= at < last)
-    return acked / (last - first), (first, last)
-
-
 def _per_second(deliveries: list[tuple[float, int]], seconds: int) -> list[int]:
     """Bytes acknowledged in each second of the run (for a failure's message)."""
     totals = [0] * (seconds + 1)
@@ -139,13 +134,25 @@ def test_oauthbearer_users_get_their_own_quotas_and_no_token_is_kept(
     alice_rate, bob_rate = steady_rate(alice_out), steady_rate(bob_out)
     print(f"Java through the proxy: alice {alice_rate / QUOTA:.3f} x her quota, bob {bob_rate / QUOTA:.3f} x; "
           f"alice's 5 s reports: {[round(float(m[2]) * RECORD_SIZE / QUOTA, 2) for m in _WINDOW.finditer(alice_out)]}")
+    # Phase and load cannot move this past its bound. Kafka's Java producer honours ThrottleTimeMs,
+    # and after a throttle the proxy reads its connection one request at a time (as a broker's
+    # channel), so it is acknowledged one 64 KB batch (a quarter second of the quota) and then
+    # waits out the throttle that pays for it: each edge of the 20 s measured cuts at most one
+    # batch, 2 x 0.25 s / 20 s = 2.5%, and Kafka's arithmetic holds a client that waits out
+    # each throttle at the quota or a little under it (test_quota_enforcement compares the same
+    # producer with Kafka's broker). A busy host delays when the JVM sends, never makes it send
+    # more; it could only pull the figure under the bound, which no run has shown.
     assert abs(alice_rate - QUOTA) <= TOLERANCE * QUOTA, f"alice's Java producer: {alice_rate:.0f} B/s\n{alice_out}"
     assert throttle_avg(alice_out, "java-alice") > 0
     assert bob_rate >= 0.9 * BOB_RATE, f"bob's Java producer was held to {bob_rate:.0f} B/s"
     assert throttle_avg(bob_out, "java-bob") == 0
 
-    # librdkafka: the same two users, each acknowledgement noted with its time.
+    # librdkafka: the same two users, each acknowledgement noted with its time, and every record
+    # produced accounted for: acknowledged, or purged from the client's queue at the end.
     deliveries: dict[str, list[tuple[float, int]]] = {"alice": [], "bob": []}
+    produced = {"alice": 0, "bob": 0}
+    purged = {"alice": 0, "bob": 0}
+    failed: dict[str, list[str]] = {"alice": [], "bob": []}
     # A client queue of 4 s of alice's quota, as test_quota_enforcement gives its librdkafka
     # producer (4 MB at 1 MiB/s): the application waits (BufferError) when it is full.
     producers = {user: Producer({"bootstrap.servers": proxy.bootstrap, "client.id": f"rdkafka-{user}",
@@ -155,22 +162,26 @@ def test_oauthbearer_users_get_their_own_quotas_and_no_token_is_kept(
     payload = b"x" * RECORD_SIZE
     start = time.monotonic()
 
-    def on_delivery(user: str) -> Callable[[object, object], None]:
-        def delivered(error: object, _message: object) -> None:
+    def on_delivery(user: str) -> Callable[[KafkaError | None, object], None]:
+        def delivered(error: KafkaError | None, _message: object) -> None:
             if error is None:
                 deliveries[user].append((time.monotonic() - start, RECORD_SIZE))
+            elif error.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+                purged[user] += 1
+            else:
+                failed[user].append(error.name())
         return delivered
 
     try:
-        bob_offered = 0
         while (now := time.monotonic()) < start + LIBRDKAFKA_S:
             try:
                 producers["alice"].produce("oauth-librdkafka", payload, on_delivery=on_delivery("alice"))
+                produced["alice"] += 1
             except BufferError:
                 producers["alice"].poll(0.02)
-            while bob_offered < (now - start) * BOB_RATE:
+            while produced["bob"] * RECORD_SIZE < (now - start) * BOB_RATE:
                 producers["bob"].produce("oauth-librdkafka", payload, on_delivery=on_delivery("bob"))
-                bob_offered += RECORD_SIZE
+                produced["bob"] += 1
             for producer in producers.values():
                 producer.poll(0)
     finally:
@@ -178,21 +189,27 @@ def test_oauthbearer_users_get_their_own_quotas_and_no_token_is_kept(
             producer.purge()  # what is still queued after the run is not measured
             producer.flush(10)
             producer.close()
-    alice_rate, span = whole_cycles_rate(deliveries["alice"], WARMUP_S, LIBRDKAFKA_S)
-    bob_acked = sum(size for at, size in deliveries["bob"] if WARMUP_S <= at < LIBRDKAFKA_S)
-    bob_rate = bob_acked / (LIBRDKAFKA_S - WARMUP_S)
-    print(f"librdkafka through the proxy: alice {alice_rate / QUOTA:.3f} x her quota over "
-          f"{span[0]:.1f}-{span[1]:.1f} s, bob {bob_rate / QUOTA:.3f} x")
-    # This test is about who alice is (her OAUTHBEARER principal gets her quota, bob's gets
-    # none), not about accuracy, which test_quota_enforcement measures beside Kafka's broker.
-    # librdkafka sends alice's backlog as 1 MB requests, four seconds of her quota each, one
-    # per throttle cycle; the cycles last 3 or 4 s as the quota windows expire in whole
-    # seconds (Kafka's arithmetic), so 25 s of whole cycles read 0.99x or 1.13-1.14x by phase
-    # (both seen on a quiet machine). Unheld, she would send several times her quota.
-    assert abs(alice_rate - QUOTA) <= LIBRDKAFKA_TOLERANCE * QUOTA, \
-        f"alice's librdkafka producer: {alice_rate:.0f} B/s over {span}; acknowledged per second: " \
-        f"{_per_second(deliveries['alice'], LIBRDKAFKA_S)}"
+    span = LIBRDKAFKA_S - WARMUP_S
+    alice_rate = sum(size for at, size in deliveries["alice"] if WARMUP_S <= at < LIBRDKAFKA_S) / span
+    bob_rate = sum(size for at, size in deliveries["bob"] if WARMUP_S <= at < LIBRDKAFKA_S) / span
+    print(f"librdkafka through the proxy: alice {alice_rate / QUOTA:.3f} x her quota, bob {bob_rate / QUOTA:.3f} x, "
+          f"seconds {WARMUP_S:.0f}-{LIBRDKAFKA_S}; produced {produced}, purged at the end {purged}")
+    # Nothing lost: every record is acknowledged or was still queued when the run ended.
+    for user in deliveries:
+        assert not failed[user], f"{user}'s librdkafka producer lost records: {failed[user][:10]}"
+        assert len(deliveries[user]) + purged[user] == produced[user], (user, produced, purged)
+    # Bob is not held (he offers BOB_RATE in records of 1 KB, little CPU, paced: acknowledged as offered).
     assert bob_rate >= 0.9 * BOB_RATE, f"bob's librdkafka producer was held to {bob_rate:.0f} B/s"
+    # Alice is held, whatever the phase of her requests. Her 1 MB requests (4 s of her quota) are
+    # acknowledged every 3 or 4 s as the quota windows expire in whole seconds: 0.99x to 1.27x
+    # (one request every 3 s) by the phase; the plain average over these 30 s adds at most one
+    # request cut by each edge, 2 x 4 s / 30 s: 1.27 + 0.27 = 1.54x. A busy host only delays
+    # her. Unheld she would be acknowledged her whole 1 MB queue every round trip, far more than
+    # bob's 4x. So the ceiling, clear of every phase and far under unheld: HELD_CEILING x.
+    ceiling = HELD_CEILING * QUOTA
+    assert alice_rate <= ceiling, \
+        f"alice's librdkafka producer: {alice_rate / QUOTA:.3f} x her quota, above the held ceiling " \
+        f"{ceiling / QUOTA:.3f} x; acknowledged per second: {_per_second(deliveries['alice'], LIBRDKAFKA_S)}"
 
     # The proxy's quota sensor for user alice is bound to her quota. (Not the throttle counters:
     # the (user, "") series of a user-level sensor are dropped at the first top-N re-rank, 60 s.)
@@ -211,5 +228,77 @@ def test_oauthbearer_users_get_their_own_quotas_and_no_token_is_kept(
     assert files, "the capture wrote nothing"
     values = [str(value) for path in files for row in pq.read_table(path).to_pylist() for value in row.values()]
     assert not [v for v in values if any(mark in v for mark in _JWT_MARKS)], "a token reached the capture"
-    principals = {row["principal"] for path in files for row in pq.read_table(path).to_pylist()}
+    rows = [row for path in files for row in pq.read_table(path).to_pylist()]
+    principals = {row["principal"] for row in rows}
     assert {"alice", "bob"} <= principals, principals
+    assert_muted_for_each_throttle(rows)
+    assert_kafka_throttles(rows)
+
+
+PRODUCE = 0
+
+
+def assert_muted_for_each_throttle(rows: list[dict[str, Any]]) -> None:
+    """The quota engages for alice and not for bob, and alice's librdkafka connections are
+    muted for each throttle the proxy gave her (KIP-219: a client that ignores ThrottleTimeMs
+    gets none of its requests handled before the throttle has passed).
+
+    The capture's times are the proxy's own: the mute starts when the throttled response is
+    written, after it came back from the broker (`ts_response_received_us`), so the next
+    request the connection forwards to the broker comes at least the throttle after that.
+    Neither the phase of the requests nor a busy host can move that: a late loop only makes
+    the gap longer. (A response to a request that was already with the broker when the
+    throttle was given may still come during the mute: the proxy forwards pipelined requests
+    until a throttle starts its one-at-a-time span, kqp.protocol.gate.)"""
+    produce = [row for row in rows if row["api_key"] == PRODUCE]
+    by_client: dict[str, list[dict[str, Any]]] = {}
+    for row in produce:
+        by_client.setdefault(str(row["client_id"]), []).append(row)
+    for client_id in ("java-bob", "rdkafka-bob"):
+        assert by_client.get(client_id), f"no Produce of {client_id} captured"
+        assert all(row["proxy_throttle_ms"] == 0 and row["broker_throttle_ms"] == 0 for row in by_client[client_id])
+    for client_id in ("java-alice", "rdkafka-alice"):
+        throttled = [row for row in by_client.get(client_id, []) if int(row["proxy_throttle_ms"] or 0) > 0]
+        assert throttled, f"{client_id} got no throttled response"
+        assert all(row["broker_throttle_ms"] == 0 and row["error_code"] == 0 for row in by_client[client_id])
+    connections: dict[int, list[dict[str, Any]]] = {}
+    for row in by_client["rdkafka-alice"]:
+        connections.setdefault(row["connection_id"], []).append(row)
+    checked = 0
+    for on_connection in connections.values():
+        for row in on_connection:
+            throttle_ms = int(row["proxy_throttle_ms"] or 0)
+            if throttle_ms <= 0 or row["ts_response_received_us"] is None:
+                continue
+            muted_from = int(row["ts_response_received_us"])
+            muted_until = muted_from + 1000 * throttle_ms
+            forwarded = [int(r["ts_request_sent_us"]) for r in on_connection
+                         if r["ts_request_sent_us"] is not None and muted_from < int(r["ts_request_sent_us"])
+                         < muted_until]
+            assert not forwarded, \
+                f"alice's connection was served during her {throttle_ms} ms throttle from {muted_from} us: " \
+                f"requests forwarded at {forwarded}"
+            checked += 1
+    assert checked >= 3, f"only {checked} throttled responses of alice's librdkafka producer were captured"
+
+
+def assert_kafka_throttles(rows: list[dict[str, Any]]) -> None:
+    """Each of alice's Produce responses carried the ThrottleTimeMs Kafka's arithmetic gives for
+    that request: her charges, as the capture says the proxy made them (`quota_produce_bytes`
+    when the response came back, at the engine's clock, in the order of its calls), replayed
+    through Kafka's byte-rate sensor written apart from kqp.quotas (helpers/kafka_rate.py) with
+    her quota and WINDOW_NUM windows of 1 s. Kafka's clock is whole milliseconds
+    (time.milliseconds()), so the replay is too. Neither phase nor load moves this: the replay
+    takes the times the proxy saw, whatever they were."""
+    charged = sorted((row for row in rows if row["principal"] == "alice" and row["api_key"] == PRODUCE),
+                     key=lambda row: int(row["quota_response_seq"]))
+    assert charged and all(row["quota_produce_bytes"] is not None for row in charged), \
+        "an acknowledged Produce of alice's was not charged to her quota"
+    sensor = KafkaRateSensor(bound=QUOTA, samples=WINDOW_NUM)
+    differences = []
+    for row in charged:
+        kafka_ms = sensor.record(int(row["quota_produce_bytes"]), math.floor(row["quota_response_now_ms"]))
+        if kafka_ms != row["proxy_throttle_ms"]:
+            differences.append((row["client_id"], row["correlation_id"], row["proxy_throttle_ms"], kafka_ms))
+    print(f"alice's {len(charged)} Produce responses against Kafka's arithmetic: {len(differences)} differ")
+    assert not differences, f"throttles (client, correlation id, kqp ms, Kafka's ms) that differ: {differences[:20]}"

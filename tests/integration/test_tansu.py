@@ -123,4 +123,7 @@ def test_java_producer_held_to_the_proxy_quota(tansu: TansuBroker, proxy: TansuP
     assert result.returncode == 0, f"ProducerPerformance failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
     rate = steady_rate(result.stdout)
     print(f"steady producer rate through the proxy to tansu: {rate / QUOTA:.3f} x quota")
+    # Phase cannot move this past its bound (issue 39's audit): Kafka's Java producer honours
+    # ThrottleTimeMs, its 64 KB batches are 1/16 s of the quota, so each edge of the 20 s of 5 s
+    # reports cuts at most 0.3 % of it; a busy host delays its sends, never adds to them.
     assert abs(rate - QUOTA) <= TOLERANCE * QUOTA, f"rate {rate:.0f} B/s against a quota of {QUOTA} B/s"
