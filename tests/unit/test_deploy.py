@@ -6,6 +6,7 @@ other and with the config: ports, probes, labels, mounts, the fleet."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -160,3 +161,12 @@ def test_the_quota_configmap_updates_in_place(rendered: dict[tuple[str, str], di
     assert ("ConfigMap", "kqp-quotas") in rendered
     container = one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert all("subPath" not in mount for mount in container["volumeMounts"])
+
+
+def test_a_new_user_finds_the_deploy_page() -> None:
+    page = REPO / "docs/deploy.md"
+    assert page.is_file()
+    assert "docs/deploy.md" in (REPO / "README.md").read_text()
+    # Every overlay the page names exists, and every overlay is named.
+    named = set(re.findall(r"overlays/([a-z-]+)", page.read_text()))
+    assert named == set(OVERLAYS)
