@@ -95,7 +95,7 @@ def wait_until(condition: object, timeout_s: float, what: str) -> None:
 @pytest.fixture
 def ports() -> tuple[int, int]:
     """(bootstrap port, node port base), free on the balancer's and kqp's addresses."""
-    base = free_port_block(4, hosts=[BALANCER, INSTANCE])
+    base = free_port_block(4, hosts=[BALANCER, INSTANCE, "127.0.0.12", "127.0.0.13"])
     return base + 3, base
 
 
@@ -148,7 +148,8 @@ def v2_behind_haproxy(kafka_1node: KafkaCluster, tmp_path: Path,
                                            V2_CONFIG.format(capture=tmp_path / "capture"),
                                            f"send-proxy-v2 source {BALANCER_SOURCE}")
     yield proxy, balancer
-    balancer.stop()  # the test stops the proxy itself, to read its capture
+    balancer.stop()
+    proxy.stop()  # the test stops it first, to read its capture; this is for a test that failed before
 
 
 def test_v2_each_client_is_its_own_ip(v2_behind_haproxy: tuple[ProxyProcess, LoadBalancer], tmp_path: Path,
@@ -265,6 +266,7 @@ proxy:
 def test_tls_with_sni_behind_haproxy_with_v2(kafka_1node: KafkaCluster, tmp_path: Path, topic_name: str) -> None:
     """HAProxy passes TLS through (TCP mode) after its v2 header; kqp terminates TLS and routes
     by SNI; librdkafka produces and consumes through the one port."""
+    kafka_1node.create_topic(topic_name, partitions=1)
     names = [f"bootstrap.{DOMAIN}", *(f"broker-{node}.{DOMAIN}" for node in kafka_1node.nodes)]
     ca = CertificateAuthority.create(tmp_path / "ca")
     certificate = ca.issue("kqp-sni", "/CN=kqp", san=",".join(f"DNS:{name}" for name in names))
@@ -325,7 +327,7 @@ capture:
                          proxy.log_path.read_text())
     finally:
         balancer.stop()
-    code = proxy.stop()
+        code = proxy.stop()
     assert code == 0, proxy.log_tail()
     # librdkafka connected from 127.0.0.1; the balancer's 127.0.0.20 is nowhere in the capture.
     ips = {a.rsplit(":", 1)[0] for a in read_capture(tmp_path / "capture").column("client_address").to_pylist()}
