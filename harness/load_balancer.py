@@ -20,7 +20,10 @@ from harness.local_kafka import KafkaHarnessError, terminate
 CHECK_INTERVAL_MS = 200
 
 
-def haproxy_config(listen_host: str, ports: Sequence[int], instance_hosts: Sequence[str]) -> str:
+def haproxy_config(listen_host: str, ports: Sequence[int], instance_hosts: Sequence[str],
+                   server_options: str = "") -> str:
+    """`server_options` go on every server line, e.g. `send-proxy-v2 source 127.0.0.20` (the PROXY
+    protocol, from a source address of the balancer's own)."""
     lines = [
         "global",
         "    maxconn 4096",
@@ -36,7 +39,8 @@ def haproxy_config(listen_host: str, ports: Sequence[int], instance_hosts: Seque
     for port in ports:
         lines += [f"listen port-{port}", f"    bind {listen_host}:{port}", "    balance roundrobin"]
         lines += [f"    server instance-{index} {host}:{port} check inter {CHECK_INTERVAL_MS}ms fall 2 rise 2"
-                  " on-marked-down shutdown-sessions" for index, host in enumerate(instance_hosts)]
+                  f" on-marked-down shutdown-sessions {server_options}".rstrip()
+                  for index, host in enumerate(instance_hosts)]
     return "\n".join(lines) + "\n"
 
 
@@ -51,12 +55,13 @@ def _accepts(host: str, port: int) -> bool:
 class LoadBalancer:
     """`haproxy` as a child process, listening on `listen_host` at each of `ports`."""
 
-    def __init__(self, listen_host: str, ports: Sequence[int], instance_hosts: Sequence[str], workdir: Path) -> None:
+    def __init__(self, listen_host: str, ports: Sequence[int], instance_hosts: Sequence[str], workdir: Path,
+                 server_options: str = "") -> None:
         self.listen_host = listen_host
         self.ports = list(ports)
         self.config_path = workdir / "haproxy.cfg"
         self.log_path = workdir / "haproxy.log"
-        self.config_path.write_text(haproxy_config(listen_host, ports, instance_hosts))
+        self.config_path.write_text(haproxy_config(listen_host, ports, instance_hosts, server_options))
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 15.0) -> LoadBalancer:

@@ -158,6 +158,9 @@ def render_summary(config: KqpConfig, files: Sequence[str | Path], origins: Sequ
          else "not configured (give it in a file or with kqp serve --upstream)"],
         ["connections", f"max {proxy.max_connections or 'unlimited'}, "
          f"per IP {proxy.max_connections_per_ip or 'unlimited'}, idle timeout {proxy.idle_timeout_seconds:g} s"],
+        ["client IPs", "the connections' own" if proxy.proxy_protocol is None or not proxy.proxy_protocol.enabled
+         else f"from PROXY protocol {proxy.proxy_protocol.mode} headers of "
+              f"{', '.join(proxy.proxy_protocol.trusted_networks)}"],
         ["metrics", f"http://{config.metrics.host}:{config.metrics.port}/metrics" if config.metrics.enabled
          else "off"],
         ["capture", f"to {config.capture.directory}, 1 in {config.capture.sample_one_in} connections"

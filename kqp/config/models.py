@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from kqp.protocol.proxy_header import Mode as ProxyProtocolMode
 from kqp.protocol.sasl import DEFAULT_OAUTHBEARER_SUB_CLAIM, READABLE_MECHANISMS
 from kqp.protocol.sni_routing import SniNameError, SniRoutes, check_broker_pattern, check_host_name
 from kqp.quotas.capacity import DEFAULT_NETWORK_THRESHOLD, NW_IN, NW_OUT, CapacityFile, CapacityFileError, load_capacity
@@ -243,6 +244,45 @@ class ListenerSaslSection(Section):
         return tuple(m for m in self.mechanisms if m.upper() not in READABLE_MECHANISMS)
 
 
+def _cidr(value: str) -> str:
+    try:
+        ipaddress.ip_network(value)
+    except ValueError as exc:
+        raise ValueError(f"expected a network such as 10.0.0.0/8 or fd00::/8 (host bits zero), or one address: "
+                         f"{exc}") from None
+    return value
+
+
+Cidr = Annotated[str, AfterValidator(_cidr)]
+
+
+class ProxyProtocolSection(Section):
+    """The PROXY protocol (HAProxy's, v1 text or v2 binary) on the client listeners: behind a load
+    balancer, the client's own address comes in a header before its first bytes, and every
+    per-IP rule, the capture, the logs and the metrics use it (docs/deploy.md)."""
+
+    # off: no header is read. v1 / v2: connections from trusted_networks must begin with a
+    # header of that version. auto: either version, or none (the socket's address stands).
+    # Connections from elsewhere must not send one, whatever the mode.
+    mode: ProxyProtocolMode = "off"
+    # The balancers' addresses: only their headers are believed.
+    trusted_networks: tuple[Cidr, ...] = ()
+    # How long a new connection may take to send its header (or, when it need not, its first byte).
+    header_timeout_seconds: PositiveSeconds = 10.0
+
+    @model_validator(mode="after")
+    def _trusted_when_on(self) -> ProxyProtocolSection:
+        if self.mode != "off" and not self.trusted_networks:
+            raise nested_error("no_trusted_networks", 'mode "{mode}" needs trusted_networks, the balancers\' '
+                               "networks (CIDR): a header from any other source is refused",
+                               ("trusted_networks",), mode=self.mode)
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
 class ProxySection(Section):
     # Clients reach broker N on node_port_base + N (or node_ports[N]): the proxy rewrites the
     # addresses in the answers that carry them (Metadata, FindCoordinator, ...) to advertised_host and these.
@@ -273,6 +313,7 @@ class ProxySection(Section):
     tls: ListenerTlsSection | None = None
     sasl: ListenerSaslSection | None = None  # none: as ListenerSaslSection's defaults
     sni_routing: SniRoutingSection | None = None
+    proxy_protocol: ProxyProtocolSection | None = None  # none: as mode "off"
 
     @model_validator(mode="after")
     def _sni_routing_alone(self) -> ProxySection:

@@ -161,6 +161,7 @@ class ProxyApp:
                 proxy_metrics.node_endpoints_rewritten if proxy_metrics is not None else None
             ),
             on_unreadable_login=proxy_metrics.unreadable_login if proxy_metrics is not None else None,
+            on_proxy_header_refused=proxy_metrics.proxy_header_refused if proxy_metrics is not None else None,
         )
         await self.server.start()
         if settings.fleet is not None and self.engine is not None:

@@ -167,10 +167,13 @@ class ProxiedConnection:
     def in_flight(self) -> int:
         return self.session.in_flight
 
-    def client_connected(self, transport: asyncio.Transport) -> None:
-        """The client's connection is accepted (after its TLS handshake, if any); nothing is read until `start()`."""
+    def client_connected(self, transport: asyncio.Transport, client_address: tuple[str, int] | None = None) -> None:
+        """The client's connection is accepted (after its TLS handshake, if any); nothing is read until `start()`.
+
+        `client_address` is the client's own, from a balancer's PROXY header; without one the
+        socket's peer is the client."""
         self.client = transport
-        peer = transport.get_extra_info("peername")
+        peer = client_address or transport.get_extra_info("peername")
         if peer:
             self.peer_ip = str(peer[0])
             self.peer = f"{peer[0]}:{peer[1]}"

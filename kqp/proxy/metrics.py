@@ -250,6 +250,14 @@ class ProxyMetrics:
             ["reason"],
             registry=registry,
         )
+        self._proxy_headers_refused = Counter(
+            "kqp_proxy_protocol_refused_total",
+            "Client connections refused for their PROXY protocol header before they became connections: a header "
+            "from a source outside proxy_protocol.trusted_networks, none from a trusted one where the mode requires "
+            "it, the wrong version, a malformed or truncated header, or none in time. By reason.",
+            ["reason"],
+            registry=registry,
+        )
         self._node_endpoints_rewritten = Counter(
             "kqp_node_endpoints_rewritten_total",
             "Produce, Fetch, ShareFetch and ShareAcknowledge responses whose NodeEndpoints (a new leader's "
@@ -517,6 +525,9 @@ class ProxyMetrics:
 
     def frame_rejected(self, reason: str) -> None:
         self._frames_rejected.labels(reason).inc()
+
+    def proxy_header_refused(self, reason: str) -> None:
+        self._proxy_headers_refused.labels(reason).inc()
 
     def node_endpoints_rewritten(self, api: str) -> None:
         self._node_endpoints_rewritten.labels(api).inc()

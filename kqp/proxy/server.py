@@ -17,6 +17,15 @@ from kqp.protocol.codec import decode_body
 from kqp.protocol.errors import CorrelationError, FrameTooLargeError, ProtocolError, UnsupportedApiError
 from kqp.protocol.framing import FrameDecoder, frame
 from kqp.protocol.headers import encode_request_header, response_body_offset, response_correlation_id
+from kqp.protocol.proxy_header import (
+    ProxyHeader,
+    ProxyHeaderError,
+    Refusal,
+    TrustedNetworks,
+    begins_header,
+    read_header,
+    refusal,
+)
 from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener
 from kqp.proxy.connection import ClientSide, ConnectionServices, ProxiedConnection, TruncatedFrameError
 from kqp.proxy.hooks import TrafficHooks
@@ -43,6 +52,21 @@ _DISCOVERY_MAX_FRAME_BYTES = 8 * 1024 * 1024
 
 # An IP address -> milliseconds to hold a new connection from it before closing it (0: accept).
 AcceptThrottle = Callable[[str], int]
+# A client's own address from a balancer's PROXY header; None: the socket's peer is the client.
+ClientAddress = tuple[str, int] | None
+# Bytes looked at (without taking them) per read of a PROXY header: a v1 header and a v2 one
+# with IPv6 addresses and a few TLVs fit; longer v2 headers take more reads.
+_HEADER_PEEK_BYTES = 512
+
+
+class _HeaderRefused(Exception):
+    def __init__(self, reason: Refusal, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class _ClosedBeforeSending(Exception):
+    """The peer closed without sending a byte: a balancer's TCP health check, not a fault."""
 
 
 def rejection_kind(side: str, error: ProtocolError) -> str:
@@ -83,6 +107,7 @@ class ProxyServer:
         on_frame_rejected: Callable[[str], None] | None = None,
         on_node_endpoints_rewritten: Callable[[str], None] | None = None,
         on_unreadable_login: Callable[[str], None] | None = None,
+        on_proxy_header_refused: Callable[[str], None] | None = None,
     ) -> None:
         self.options = options
         self.hooks = hooks or TrafficHooks()
@@ -94,6 +119,11 @@ class ProxyServer:
         self.on_node_endpoints_rewritten = on_node_endpoints_rewritten
         # Told the mechanism of each connection whose SASL login the proxy cannot read.
         self.unreadable_logins = UnreadableLogins(on_unreadable_login)
+        # Told the reason label of each connection refused for its PROXY header (or its lack).
+        self.on_proxy_header_refused = on_proxy_header_refused
+        proxy_protocol = options.proxy_protocol
+        self.trusted_balancers = (TrustedNetworks(proxy_protocol.trusted_networks)
+                                  if proxy_protocol is not None and proxy_protocol.enabled else None)
         self.directory = ClusterDirectory(options, self._serve_listener)
         routes = options.sni_routes
         sni = SniSelector(routes, self.directory.is_known) if routes is not None else None
@@ -152,12 +182,13 @@ class ProxyServer:
             await asyncio.sleep(self.options.certificate_check_interval_seconds)
             self.check_certificates()
 
-    def _client_side(self, listener: Listener) -> ClientSide:
+    def _client_side(self, listener: Listener, client_address: ClientAddress = None) -> ClientSide:
         if self.listener_tls is not None and self.listener_tls.sni is not None:
-            return ClientSide(self._routed_connection_accepted)
-        return ClientSide(functools.partial(self.connection_accepted, listener))
+            return ClientSide(functools.partial(self._routed_connection_accepted, client_address=client_address))
+        return ClientSide(functools.partial(self.connection_accepted, listener, client_address=client_address))
 
-    def _routed_connection_accepted(self, transport: asyncio.Transport) -> ProxiedConnection:
+    def _routed_connection_accepted(self, transport: asyncio.Transport,
+                                    client_address: ClientAddress = None) -> ProxiedConnection:
         """SNI routing: the connection belongs to the node its TLS server name chose."""
         assert self.listener_tls is not None and self.listener_tls.sni is not None
         node = self.listener_tls.sni.node_of(transport.get_extra_info("ssl_object"))
@@ -166,17 +197,18 @@ class ProxyServer:
             # The SNI callback refuses every handshake it routes nowhere; this is a safety net.
             connection = ProxiedConnection(self._services, bootstrap, next(self._ids))
             self.connections.add(connection)
-            connection.client_connected(transport)
+            connection.client_connected(transport, client_address)
             connection.close(CloseReason.SNI_NO_NODE, problem=True)
             return connection
         listener = self._routed.get(node)
         if listener is None:
             listener = self._routed[node] = bootstrap if node == BOOTSTRAP else Listener(node, bootstrap.port)
-        return self.connection_accepted(listener, transport)
+        return self.connection_accepted(listener, transport, client_address)
 
     def _serve_listener(self, listener: Listener, sock: socket.socket) -> None:
-        if self.listener_tls is not None:
-            self._accept_tasks.add(self.loop.create_task(self._accept_tls(listener, sock)))
+        if self.listener_tls is not None or self.trusted_balancers is not None:
+            # Each connection's TLS handshake, or PROXY header, comes before the connection.
+            self._accept_tasks.add(self.loop.create_task(self._accept_one_by_one(listener, sock)))
             return
 
         async def serve() -> None:
@@ -187,27 +219,127 @@ class ProxyServer:
         self._server_tasks.add(task)
         task.add_done_callback(self._server_tasks.discard)
 
-    async def _accept_tls(self, listener: Listener, sock: socket.socket) -> None:
+    async def _accept_one_by_one(self, listener: Listener, sock: socket.socket) -> None:
         try:
             while True:
                 client_sock, _address = await self.loop.sock_accept(sock)
-                task = self.loop.create_task(self._tls_handshake(listener, client_sock))
+                task = self.loop.create_task(self._admit(listener, client_sock))
                 self._handshakes.add(task)
                 task.add_done_callback(self._handshakes.discard)
         finally:
             sock.close()
 
-    async def _tls_handshake(self, listener: Listener, client_sock: socket.socket) -> None:
+    async def _admit(self, listener: Listener, client_sock: socket.socket) -> None:
+        """Read the PROXY header if the listener takes them, then the TLS handshake if it has TLS."""
+        try:
+            socket_peer: tuple[str, int] = client_sock.getpeername()[:2]
+        except OSError:
+            client_sock.close()  # gone already
+            return
+        client_sock.setblocking(False)
+        client_address: ClientAddress = None
+        if self.trusted_balancers is not None:
+            try:
+                client_address = await self._read_proxy_header(client_sock, socket_peer[0])
+            except (_HeaderRefused, _ClosedBeforeSending, OSError) as exc:
+                self._proxy_header_refused(listener, socket_peer, exc)
+                client_sock.close()
+                return
+            except asyncio.CancelledError:  # the proxy is stopping
+                client_sock.close()
+                raise
+        if self.listener_tls is not None:
+            await self._tls_handshake(listener, client_sock, client_address or socket_peer, client_address)
+            return
+        try:
+            await self.loop.connect_accepted_socket(lambda: self._client_side(listener, client_address), client_sock)
+        except OSError as exc:
+            log.debug("connection from %s:%d via %s lost before it was accepted: %s", *socket_peer, listener.name,
+                      exc)
+            client_sock.close()
+
+    async def _read_proxy_header(self, client_sock: socket.socket, socket_ip: str) -> ClientAddress:
+        """The client's address from the PROXY header a trusted balancer sends first; None when
+        the connection's own address stands (no header where none is needed, LOCAL, UNKNOWN).
+
+        The header's bytes are taken and nothing after them: they are looked at with MSG_PEEK
+        and only the header's share is read, so the first Kafka frame or TLS ClientHello stays
+        in the socket for the connection."""
+        settings = self.options.proxy_protocol
+        assert self.trusted_balancers is not None and settings is not None
+        trusted = self.trusted_balancers.trusts(socket_ip)
+        try:
+            async with asyncio.timeout(settings.header_timeout_seconds):
+                header = await self._take_header(client_sock)
+        except TimeoutError:
+            raise _HeaderRefused(Refusal.TIMEOUT, f"no whole PROXY header or first byte within "
+                                 f"{settings.header_timeout_seconds:g} s") from None
+        except ProxyHeaderError as exc:
+            raise _HeaderRefused(Refusal.MALFORMED, str(exc)) from None
+        refused = refusal(settings.mode, trusted, header)
+        if refused is not None:
+            raise _HeaderRefused(*refused)
+        return header.source if header is not None else None
+
+    async def _take_header(self, client_sock: socket.socket) -> ProxyHeader | None:
+        taken = b""
+        while True:
+            await self._readable(client_sock)
+            try:
+                seen = client_sock.recv(_HEADER_PEEK_BYTES, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                continue
+            if not seen:
+                if taken:
+                    raise _HeaderRefused(Refusal.TRUNCATED, f"it closed {len(taken)} bytes into its PROXY header")
+                raise _ClosedBeforeSending
+            if not taken and not begins_header(seen):
+                return None
+            header = read_header(taken + seen)
+            if header is None:
+                # All of it is header: the header does not end within these bytes.
+                taken += client_sock.recv(len(seen))
+                continue
+            client_sock.recv(header.length - len(taken))  # there already: seen above
+            return header
+
+    async def _readable(self, client_sock: socket.socket) -> None:
+        ready = self.loop.create_future()
+        descriptor = client_sock.fileno()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self.loop.add_reader(descriptor, wake)
+        try:
+            await ready
+        finally:
+            self.loop.remove_reader(descriptor)
+
+    def _proxy_header_refused(self, listener: Listener, socket_peer: tuple[str, int], exc: Exception) -> None:
+        if isinstance(exc, _ClosedBeforeSending):
+            log.debug("connection from %s:%d via %s closed before sending anything", *socket_peer, listener.name)
+            return
+        if isinstance(exc, OSError):
+            log.debug("connection from %s:%d via %s lost while reading its PROXY header: %s", *socket_peer,
+                      listener.name, exc)
+            return
+        assert isinstance(exc, _HeaderRefused)
+        log.warning("connection from %s:%d via %s refused: %s: %s", *socket_peer, listener.name, exc.reason.value,
+                    exc)
+        if self.on_proxy_header_refused is not None:
+            self.on_proxy_header_refused(exc.reason.value)
+
+    async def _tls_handshake(self, listener: Listener, client_sock: socket.socket, peer_address: tuple[str, int],
+                             client_address: ClientAddress) -> None:
         tls = self.listener_tls
         assert tls is not None
-        try:
-            peer = "{}:{}".format(*client_sock.getpeername()[:2])
-        except OSError:
-            peer = "?"
+        peer = "{}:{}".format(*peer_address)
         handshake = handshake_started(peer)
         try:
             await self.loop.connect_accepted_socket(
-                lambda: self._client_side(listener), client_sock, ssl=tls.reloading.context,
+                lambda: self._client_side(listener, client_address), client_sock, ssl=tls.reloading.context,
                 ssl_handshake_timeout=tls.options.handshake_timeout_seconds,
             )
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
@@ -256,10 +388,11 @@ class ProxyServer:
             return True
         return False
 
-    def connection_accepted(self, listener: Listener, transport: asyncio.Transport) -> ProxiedConnection:
+    def connection_accepted(self, listener: Listener, transport: asyncio.Transport,
+                            client_address: ClientAddress = None) -> ProxiedConnection:
         connection = ProxiedConnection(self._services, listener, next(self._ids))
         self.connections.add(connection)
-        connection.client_connected(transport)
+        connection.client_connected(transport, client_address)
         ip = connection.peer_ip
         options = self.options
         # The broker's order (ConnectionQuotas.inc): overall limit, connection rate, then per IP;

@@ -21,11 +21,12 @@ with atheris.instrument_imports():
     from kqp.protocol.fast_path import parse_fetch_request, parse_fetch_response, parse_produce_request
     from kqp.protocol.framing import FrameDecoder
     from kqp.protocol.headers import parse_request_header, response_body_offset
+    from kqp.protocol.proxy_header import read_header
     from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time
 
 ALL_VERSIONS = [(key, version) for key, spec in sorted(API_SPECS.items())
                 for version in range(spec.min_version, spec.max_version + 1)]
-TARGETS = 8
+TARGETS = 9
 
 
 def run_target(target: int, api_key: int, version: int, is_request: bool, data: bytes) -> None:
@@ -45,6 +46,10 @@ def run_target(target: int, api_key: int, version: int, is_request: bool, data: 
         buf = bytearray(data)
         if read_throttle_time(buf, 0, api_key, version) is not None:
             patch_throttle_time(buf, 0, api_key, version, 1)
+    elif target == 7:
+        # A PROXY protocol header (v1 text or v2 binary) before a connection's first bytes.
+        header = read_header(data)
+        assert header is None or header.length <= len(data)
     else:
         decode_body(api_key, version, data, is_request=is_request)
 

@@ -17,8 +17,10 @@ ProxyFactory = Callable[..., ProxyProcess]
 class TlsProxyProcess(ProxyProcess):
     """`kqp serve` with a config file; ready once /readyz says it discovered the broker over TLS."""
 
-    def __init__(self, upstream: str, log_path: Path, config: Path, per_broker_ports: bool = True) -> None:
-        super().__init__(upstream, log_path, config=config, per_broker_ports=per_broker_ports)
+    def __init__(self, upstream: str, log_path: Path, config: Path, per_broker_ports: bool = True,
+                 bind_host: str = "127.0.0.1", ports: tuple[int, int] | None = None) -> None:
+        super().__init__(upstream, log_path, config=config, per_broker_ports=per_broker_ports, bind_host=bind_host,
+                         ports=ports)
 
     def start(self, timeout_s: float = 30.0) -> TlsProxyProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,15 @@ def test_summary_shows_sni_routing(capsys: pytest.CaptureFixture[str]) -> None:
     assert not any("node_port" in line or "port 9200" in line for line in lines)
 
 
+def test_summary_says_where_client_addresses_come_from(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "pp.yaml"
+    path.write_text("proxy:\n  proxy_protocol: {mode: v2, trusted_networks: [10.0.0.0/16, 10.9.0.7]}\n")
+    assert main(["check-config", str(path)]) == 0
+    assert "  client IPs  from PROXY protocol v2 headers of 10.0.0.0/16, 10.9.0.7" in capsys.readouterr().out
+    assert main(["check-config", str(REPO / "config/minimal.yaml")]) == 0
+    assert "  client IPs  the connections' own" in capsys.readouterr().out
+
+
 def test_entries_are_listed_most_specific_first_with_effective_flags(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,6 +20,7 @@ from kqp.config.models import (
     KqpConfig,
     ListenerSaslSection,
     MetricsSection,
+    ProxyProtocolSection,
     ProxySection,
     QuotaEntrySection,
     QuotasSection,
@@ -33,6 +34,7 @@ DOC = Path(__file__).resolve().parents[3] / "docs/configuration.md"
 SECTIONS: dict[str, type[BaseModel]] = {
     "proxy": ProxySection,
     "proxy.sni_routing": SniRoutingSection,
+    "proxy.proxy_protocol": ProxyProtocolSection,
     "upstream": UpstreamSection,
     "metrics": MetricsSection,
     "capture": CaptureSection,

@@ -100,6 +100,16 @@ CASES = [
          "enforcement.default_partitions", "greater than or equal to 1", 2),
     Case("fleet fallback policy", "fleet:\n  enabled: true\n  on_unreachable: ignore\n",
          "fleet.on_unreachable", "'local' or 'share'", 3),
+    Case("proxy protocol without trusted networks", "proxy:\n  proxy_protocol:\n    mode: v2\n",
+         "proxy.proxy_protocol.trusted_networks", 'mode "v2" needs trusted_networks', 2),
+    Case("proxy protocol unknown mode", "proxy:\n  proxy_protocol: {mode: v3, trusted_networks: [10.0.0.0/8]}\n",
+         "proxy.proxy_protocol.mode", "'off', 'v1', 'v2' or 'auto'", 2),
+    Case("proxy protocol network with host bits", "proxy:\n  proxy_protocol:\n    mode: auto\n"
+         "    trusted_networks: [10.0.0.0/8, 10.1.2.3/8]\n",
+         "proxy.proxy_protocol.trusted_networks[1]", "has host bits set", 4),
+    Case("proxy protocol network not an address", "proxy:\n  proxy_protocol:\n    mode: auto\n"
+         "    trusted_networks: [balancer.internal]\n",
+         "proxy.proxy_protocol.trusted_networks[0]", "expected a network such as 10.0.0.0/8", 4),
     Case("sni routing without tls",
          "proxy:\n  sni_routing:\n    bootstrap_host: b.kafka.example\n"
          "    broker_host_pattern: broker-$(nodeId).kafka.example\n",

@@ -26,7 +26,9 @@ from kqp.protocol.errors import ProtocolError
 from kqp.protocol.fast_path import parse_fetch_request, parse_fetch_response, parse_produce_request
 from kqp.protocol.framing import FrameDecoder, frame
 from kqp.protocol.headers import encode_request_header, parse_request_header, response_body_offset
+from kqp.protocol.proxy_header import read_header
 from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time
+from tests.unit.helpers import proxy_header
 from tests.unit.helpers.fast_path_strategies import fetch_requests, fetch_responses, produce_requests
 from tests.unit.helpers.schema_messages import body_strategy
 
@@ -160,6 +162,42 @@ def test_codec_on_requests(data: st.DataObject, seed: int) -> None:
         only_protocol_errors(lambda raw: decode_body(*pair, raw, is_request=True), body)
 
 
+IPS = st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)).map(str)
+PORTS = st.integers(0, 65535)
+
+
+@st.composite
+def proxy_headers(draw: st.DrawFn) -> bytes:
+    """A PROXY header of either version, any family and command, with TLVs, then a connection's first bytes."""
+    source, destination = draw(IPS), draw(IPS)
+    if draw(st.booleans()):
+        if ":" in source:
+            destination = draw(st.ip_addresses(v=6).map(str))
+        elif ":" in destination:
+            destination = draw(st.ip_addresses(v=4).map(str))
+        header = proxy_header.v1(source, destination, draw(PORTS), draw(PORTS))
+    else:
+        tlvs = b"".join(proxy_header.tlv(kind, value) for kind, value in
+                        draw(st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=24)), max_size=3)))
+        family = draw(st.sampled_from((None, proxy_header.UNSPEC, proxy_header.UNIX)))
+        header = proxy_header.v2((source, draw(PORTS)), command=draw(st.sampled_from((proxy_header.LOCAL,
+                                 proxy_header.PROXY))), family=family, tlvs=tlvs)
+    return header + draw(st.binary(max_size=16))
+
+
+@FUZZ_SETTINGS
+@given(base=proxy_headers(), seed=SEEDS)
+def test_proxy_protocol_headers(base: bytes, seed: int) -> None:
+    def read(raw: bytes) -> None:
+        header = read_header(raw)
+        if header is not None:
+            # Never more than it was given: what follows the header is the connection's.
+            assert header.length <= len(raw)
+
+    for data in inputs(base, seed):
+        only_protocol_errors(read, data)
+
+
 @FUZZ_SETTINGS
 @given(raw=st.binary(max_size=200), pair=st.sampled_from(ALL_VERSIONS))
 def test_random_bytes_everywhere(raw: bytes, pair: tuple[int, int]) -> None:
@@ -169,3 +207,4 @@ def test_random_bytes_everywhere(raw: bytes, pair: tuple[int, int]) -> None:
     only_protocol_errors(_throttle_round(pair), raw)
     only_protocol_errors(lambda data: scan_error_codes(*pair, data), raw)
     only_protocol_errors(lambda data: decode_body(*pair, data, is_request=False), raw)
+    only_protocol_errors(read_header, raw)
