@@ -13,15 +13,19 @@ Run on a cluster (ship the package as a zip; the entry point is this module)::
         --capacity capacity.json --replication-factor 3
 
 Structure: `extract` (capture_source.read_capture) -> the steps of `run_analyze`, each made
-of pure transforms (analyze_transform: DataFrames in and out, plus driver-side pandas shaping
-of small results) -> `load` (report.write_analyze_outputs). Figures:
+of pure transforms (analyze_transform: a few Spark aggregations, then driver-side pandas shaping
+of their small results) -> `load` (report.write_analyze_outputs). The Spark work is one pass
+building the per-second traffic sums (cached: six small aggregations read them), and one pass
+each for the partitions, the Produce batches and the latencies, reading only their columns;
+every series, percentile and share is computed on the driver from rows per (broker, second),
+per entity or per partition. Figures:
 
   * throughput series per broker (`upstream_node_id`) and cluster-wide at 1 s and 1 min:
     Produce request bytes in, Fetch response bytes out, all request/response bytes,
     requests (also per API key) and distinct connections; 1 min values are per-second
     averages over the captured seconds of the minute. Gaps are filled with zeros so percentiles count idle seconds.
-  * p50/p95/p99/p99.9/max (exact, `percentile`) with the time of the max, and seconds above
-    the capacity limit;
+  * p50/p95/p99/p99.9/max (exact: Spark's `percentile`, as analyze_transform.exact_percentiles
+    reproduces it) with the time of the max, and seconds above the capacity limit;
   * replication-aware network load from the replication factor (analyze_transform.with_replication);
   * shares (top-N, Pareto) of principals, client-ids, (principal, client-id) and topics;
   * partition hot spots and skew; Produce batch-size mix; latency percentiles by API
@@ -52,30 +56,33 @@ from kqp.spark_jobs.analyze_transform import (
     RESOURCE_OF_METRIC,
     STATS,
     aggregate_traffic,
+    api_error_totals,
+    api_mix,
     api_names,
-    api_request_series,
     api_stats,
-    batch_mix,
-    batch_mix_by_client,
+    batch_tables,
+    broker_second_totals,
+    bucket_connections,
+    bucket_series,
     client_broker_totals,
     client_burstiness,
+    client_totals,
     cluster_series,
     entity_totals,
     error_counts,
-    explode_partitions,
     headroom_loads,
     latency_by_api,
-    limits_frame,
+    network_limits,
+    network_stats,
     ordered_stats,
     pareto_summary,
-    partition_load,
+    partition_totals,
     prepare_requests,
+    produce_batches_by_client,
     rank_shares,
     resolve_lost_broker,
     skew,
-    stats_for,
     throttle_counts,
-    throughput_series,
     topic_skew,
     topic_totals,
     with_replication,
@@ -119,17 +126,18 @@ class AnalyzeOptions:
 
 @dataclass
 class AnalyzeResult:
-    """Everything `load` writes: small tables as pandas, large series as Spark DataFrames."""
+    """Everything `load` writes: tables as pandas (the series too: one row per broker and bucket)."""
 
     summary: dict[str, Any]
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    spark_tables: dict[str, DataFrame] = field(default_factory=dict)
+    # The throughput series, written as Parquet directories (tables/<name>/) like Spark's output.
+    series_tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     budget_violations: list[str] = field(default_factory=list)
-    # Cached inputs of spark_tables: kept until the tables are written, then released.
+    # Cached inputs still held by the session: released once the outputs are written.
     cached: list[DataFrame] = field(default_factory=list)
 
     def release(self) -> None:
-        """Unpersist the cached inputs (after `load`: the Spark tables are lazy and read them)."""
+        """Unpersist the cached inputs (the per-second traffic), once nothing reads them any more."""
         for frame in self.cached:
             frame.unpersist()
         self.cached = []
@@ -137,22 +145,21 @@ class AnalyzeResult:
 
 @dataclass
 class Extracted:
-    """The capture as the transforms use it, cached: requests, their partitions, per-second sums."""
+    """The capture as the steps read it: its requests (lazy: each step's pass reads only the
+    columns it needs) and their per-second sums (cached: most tables are sums of these)."""
 
     requests: DataFrame
-    parts: DataFrame
     traffic: DataFrame
 
 
 def extract(spark: SparkSession, options: AnalyzeOptions) -> Extracted:
-    """Read the capture once and cache the three shapes every step reads again: without
-    the cache every table below would re-read and re-decode the Parquet files."""
-    prepared = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us))
-    # The nested partition lists are only needed once exploded: caching them twice (nested
-    # and flat) would double the memory and the time spent building the cache.
-    parts = explode_partitions(prepared).drop("principal").persist()
-    requests = prepared.drop("partitions").persist()
-    return Extracted(requests, parts, aggregate_traffic(requests).persist())
+    """The capture's requests, and their per-second traffic sums, cached: the sums are far
+    smaller than the capture (a connection sends many requests of one API per second) and six
+    aggregations read them. The requests themselves are not cached: the three passes that need
+    single requests (partitions, Produce batches, latency) each read different columns of the
+    Parquet files, which is cheaper than building and reading back a copy of the capture."""
+    requests = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us))
+    return Extracted(requests, aggregate_traffic(requests.drop("partitions")).persist())
 
 
 @dataclass
@@ -164,7 +171,7 @@ class Coverage:
     api_keys: list[int]
     names: dict[int, str]
     bucket_range: tuple[int, int]
-    topics: int
+    api_errors: pd.DataFrame
     api_mix: pd.DataFrame
     footer: FooterCoverage | None
 
@@ -193,43 +200,50 @@ def coverage_of(data: Extracted, options: AnalyzeOptions) -> Coverage:
         raise ValueError(f"capture {options.capture} holds no requests")
     api_keys = sorted(int(k) for k in row["api_keys"])
     names = api_names(api_keys)
-    topics = data.parts.select(F.countDistinct("topic")).first()
-    api_mix = to_pandas(data.traffic.groupBy("api_key", "api_version").agg(F.sum("requests").alias("requests")))
-    api_mix.insert(1, "api", api_mix["api_key"].map(names))
+    api_errors = to_pandas(api_error_totals(data.traffic))
+    mix = api_mix(api_errors)
+    mix.insert(1, "api", mix["api_key"].map(names))
     return Coverage(
         row=row,
         brokers=sorted(int(b) for b in row["brokers"]),
         api_keys=api_keys,
         names=names,
         bucket_range=(int(row["first_second"]), int(row["last_second"])),
-        topics=int(topics[0]) if topics else 0,
-        api_mix=api_mix.sort_values(["api_key", "api_version"]).reset_index(drop=True),
+        api_errors=api_errors,
+        api_mix=mix.sort_values(["api_key", "api_version"]).reset_index(drop=True),
         footer=read_footer_coverage(options.capture),
     )
 
 
 def _throughput(
-    spark: SparkSession,
     data: Extracted,
     coverage: Coverage,
     options: AnalyzeOptions,
-    limits: DataFrame | None,
+    limits: dict[tuple[str, int | None, str], float] | None,
     result: AnalyzeResult,
     progress: Progress,
-) -> tuple[pd.DataFrame, int | None, list[DataFrame]]:
-    """Series and percentiles per resolution, and the broker-loss scenario; (stats, lost broker, cached)."""
+) -> tuple[pd.DataFrame, int | None]:
+    """Series and percentiles per resolution, and the broker-loss scenario; (stats, lost broker).
+
+    One Spark aggregation gives every (broker, second); the coarser series are their sums (and
+    one count of distinct connections per resolution); the statistics are computed on the driver
+    from these few rows per second (Spark's exact percentile, reproduced: exact_percentiles).
+    """
     brokers = coverage.brokers
+    per_second = to_pandas(broker_second_totals(data.traffic, coverage.api_keys))
     stats_frames = []
-    base_series: dict[str, DataFrame] = {}
+    base_series: dict[str, pd.DataFrame] = {}
     for resolution, unit in RESOLUTIONS.items():
-        series = throughput_series(spark, data.traffic, unit, coverage.bucket_range, brokers).persist()
+        connections = None if unit == 1 else to_pandas(bucket_connections(data.traffic, unit))
+        series, api_series = bucket_series(
+            per_second, unit, coverage.bucket_range, brokers, coverage.api_keys, connections
+        )
         base_series[resolution] = series
         networked = with_replication(series, options.replication_factor, len(brokers))
-        result.spark_tables[f"broker_series_{resolution}"] = networked
-        result.spark_tables[f"cluster_series_{resolution}"] = cluster_series(networked)
-        stats_frames.append(stats_for(networked, unit, limits, resolution, "observed"))
-        api_series = api_request_series(spark, data.traffic, unit, coverage.bucket_range, brokers, coverage.api_keys)
-        result.spark_tables[f"api_requests_{resolution}"] = api_series
+        result.series_tables[f"broker_series_{resolution}"] = networked
+        result.series_tables[f"cluster_series_{resolution}"] = cluster_series(networked)
+        stats_frames.append(network_stats(networked, unit, limits, resolution, "observed"))
+        result.series_tables[f"api_requests_{resolution}"] = api_series
         stats_frames.append(api_stats(api_series, unit, resolution, coverage.names))
         progress.step(f"throughput series and percentiles at {resolution}")
     stats = ordered_stats(pd.concat(stats_frames, ignore_index=True))
@@ -242,47 +256,46 @@ def _throughput(
         degraded = without_broker(
             base_series[options.headroom_resolution], lost_broker, options.replication_factor, len(brokers)
         )
+        scenario = f"without_broker_{lost_broker}"
         stats = pd.concat(
-            [stats, stats_for(degraded, unit, limits, options.headroom_resolution, f"without_broker_{lost_broker}")],
-            ignore_index=True,
+            [stats, network_stats(degraded, unit, limits, options.headroom_resolution, scenario)], ignore_index=True
         )
         progress.step(f"broker-loss scenario: without broker {lost_broker}")
     else:
         progress.step("broker-loss scenario skipped: a single broker")
     stats = ordered_stats(stats)
     result.tables["throughput_stats"] = stats
-    return stats, lost_broker, list(base_series.values())
+    return stats, lost_broker
 
 
-def _shares(data: Extracted, options: AnalyzeOptions, result: AnalyzeResult) -> dict[str, Any]:
-    """Shares of principals, client-ids and topics; their Pareto summaries."""
+def _shares(
+    data: Extracted, partitions: pd.DataFrame, options: AnalyzeOptions, result: AnalyzeResult
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Shares of principals, client-ids and topics; their Pareto summaries; (summaries, client totals)."""
+    clients = to_pandas(client_totals(data.traffic))
     shares = []
     pareto: dict[str, Any] = {}
     for dimension in ("principal", "client_id", "principal_client"):
-        ranked = rank_shares(to_pandas(entity_totals(data.traffic, dimension)), dimension)
+        ranked = rank_shares(entity_totals(clients, dimension), dimension)
         shares.append(ranked)
         pareto[dimension] = pareto_summary(ranked, options.top_n)
-    ranked_topics = rank_shares(to_pandas(topic_totals(data.parts)), "topic")
+    ranked_topics = rank_shares(topic_totals(partitions), "topic")
     shares.append(ranked_topics)
     pareto["topic"] = pareto_summary(ranked_topics, options.top_n)
     result.tables["shares"] = pd.concat(shares, ignore_index=True)
     result.tables["client_burstiness"] = to_pandas(client_burstiness(data.traffic)).sort_values("entity")
     # Which clients make each broker busy: the quota candidates when one broker runs hot.
-    per_broker_clients = to_pandas(client_broker_totals(data.traffic))
+    per_broker_clients = client_broker_totals(clients)
     per_broker_clients["share_of_broker_bytes"] = per_broker_clients["bytes"] / per_broker_clients.groupby("broker")[
         "bytes"
     ].transform("sum")
     result.tables["client_broker_shares"] = per_broker_clients.sort_values(["broker", "bytes"], ascending=[True, False])
-    return pareto
+    return pareto, clients
 
 
-def _partitions(data: Extracted, coverage: Coverage, stats: pd.DataFrame, result: AnalyzeResult) -> pd.Series:
+def _partitions(partitions: pd.DataFrame, stats: pd.DataFrame, result: AnalyzeResult) -> pd.Series:
     """Partition hot spots and topic skew; returns mean bytes in + out per broker (for skew)."""
-    partitions = (
-        to_pandas(partition_load(data.parts, coverage.duration_s))
-        .sort_values("bytes", ascending=False)
-        .reset_index(drop=True)
-    )
+    partitions = partitions.sort_values("bytes", ascending=False).reset_index(drop=True)
     partitions.insert(0, "rank", range(1, len(partitions) + 1))
     result.tables["partitions"] = partitions
     result.tables["topic_skew"] = topic_skew(partitions) if len(partitions) else pd.DataFrame()
@@ -304,20 +317,21 @@ def _partitions(data: Extracted, coverage: Coverage, stats: pd.DataFrame, result
 def _batch_mix(data: Extracted, result: AnalyzeResult) -> None:
     """Produce batch sizes by bucket, overall and per client: small batches cost a broker
     far more per byte (a request and a log append each), so they point at linger.ms and
-    batch.size settings worth changing."""
-    mix = to_pandas(batch_mix(data.parts))
+    batch.size settings worth changing. One pass over the Produce requests gives both."""
+    mix, by_client = batch_tables(to_pandas(produce_batches_by_client(data.requests)))
     order = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
     mix["order"] = mix["bucket"].map(order.index)
     mix = mix.sort_values("order").drop(columns="order").reset_index(drop=True)
     total_batches = mix["batches"].sum()
     mix["share_batches"] = mix["batches"] / total_batches if total_batches else 0.0
     result.tables["batch_mix"] = mix
-    result.tables["batch_mix_by_client"] = to_pandas(batch_mix_by_client(data.requests, data.parts)).sort_values(
-        "client_id"
-    )
+    result.tables["batch_mix_by_client"] = by_client.sort_values("client_id")
 
 
-def _latency_errors_throttles(data: Extracted, names: dict[int, str], result: AnalyzeResult) -> None:
+def _latency_errors_throttles(
+    data: Extracted, coverage: Coverage, clients: pd.DataFrame, result: AnalyzeResult
+) -> None:
+    names = coverage.names
     # latency_by_api computes both groupings in one pass (a rollup); rows with no broker
     # are the all-brokers totals.
     latencies = to_pandas(latency_by_api(data.requests))
@@ -329,12 +343,10 @@ def _latency_errors_throttles(data: Extracted, names: dict[int, str], result: An
     latency_broker = latency_broker.sort_values(["broker", "api_key"])
     latency_broker.insert(2, "api", latency_broker["api_key"].map(names))
     result.tables["latency_by_broker_api"] = latency_broker.reset_index(drop=True)
-    errors = to_pandas(error_counts(data.traffic)).sort_values(["api_key", "error_code"]).reset_index(drop=True)
+    errors = error_counts(coverage.api_errors).sort_values(["api_key", "error_code"]).reset_index(drop=True)
     errors.insert(1, "api", errors["api_key"].map(names))
     result.tables["errors"] = errors
-    result.tables["throttles"] = (
-        to_pandas(throttle_counts(data.traffic)).sort_values(["principal", "client_id"]).reset_index(drop=True)
-    )
+    result.tables["throttles"] = throttle_counts(clients).sort_values(["principal", "client_id"]).reset_index(drop=True)
 
 
 @dataclass
@@ -410,20 +422,23 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     data = extract(spark, options)
     coverage = coverage_of(data, options)
     progress.step(f"read capture: {coverage.row['rows']} requests")
-    result = AnalyzeResult(summary={})
-    limits = limits_frame(spark, capacity_file, coverage.brokers, thresholds)
-    stats, lost_broker, cached_series = _throughput(spark, data, coverage, options, limits, result, progress)
-    pareto = _shares(data, options, result)
+    result = AnalyzeResult(summary={}, cached=[data.traffic])
+    limits = network_limits(capacity_file, coverage.brokers, thresholds)
+    stats, lost_broker = _throughput(data, coverage, options, limits, result, progress)
+    partitions = to_pandas(partition_totals(data.requests, coverage.duration_s))
+    pareto, clients = _shares(data, partitions, options, result)
     progress.step("shares of principals, client-ids and topics")
-    broker_bytes = _partitions(data, coverage, stats, result)
+    broker_bytes = _partitions(partitions, stats, result)
     progress.step("partition hot spots and skew")
     _batch_mix(data, result)
     progress.step("batch-size mix")
-    _latency_errors_throttles(data, coverage.names, result)
+    _latency_errors_throttles(data, coverage, clients, result)
     progress.step("latency, errors and throttles")
     headroom = _headroom(stats, capacity_file, thresholds, lost_broker, coverage.brokers, options, result)
-    result.summary = _summary(options, thresholds, coverage, stats, lost_broker, headroom, pareto, broker_bytes, result)
-    result.cached = [data.requests, data.traffic, data.parts, *cached_series]
+    topics = int(partitions["topic"].nunique())
+    result.summary = _summary(
+        options, thresholds, coverage, topics, stats, lost_broker, headroom, pareto, broker_bytes, result
+    )
     return result
 
 
@@ -462,6 +477,7 @@ def _summary(
     options: AnalyzeOptions,
     thresholds: dict[str, float],
     coverage: Coverage,
+    topics: int,
     stats: pd.DataFrame,
     lost_broker: int | None,
     headroom: Headroom,
@@ -517,7 +533,7 @@ def _summary(
             "client_ids": int(row["client_ids"]),
             "principals": int(row["principals"]),
             "connections": int(row["connections"]),
-            "topics": coverage.topics,
+            "topics": topics,
             "brokers": brokers,
             "sampling_one_in": sorted(int(s) for s in row["sampling_one_in"]),
             "files": footer.files if footer else None,

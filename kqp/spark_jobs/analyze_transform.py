@@ -1,7 +1,8 @@
-"""`analyze`'s transforms: DataFrames in, DataFrames out, plus driver-side shaping of small results.
+"""`analyze`'s transforms: the Spark aggregations over a capture, and the driver-side shaping of
+their (small) results into series, statistics and tables.
 
 Pure: no reading, no writing (that is `analyze.extract` and `report.write_analyze_outputs`);
-each function is tested on a local session against figures recomputed with pandas.
+the job's figures are tested on a local session against figures recomputed with pandas.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -18,7 +20,6 @@ from kqp.protocol.api_keys import ApiKey
 from kqp.quotas import capacity as cap
 from kqp.spark_jobs.capture_source import US_PER_SECOND
 from kqp.spark_jobs.common import ANONYMOUS
-from kqp.spark_jobs.session import to_pandas
 
 # Exact percentiles for the throughput series (one value per second or minute: few enough
 # rows for Spark's exact `percentile`), approximate ones for per-request latency below.
@@ -193,92 +194,6 @@ def throughput_series(
     )
 
 
-def api_request_series(
-    spark: SparkSession,
-    traffic: DataFrame,
-    unit_seconds: int,
-    bucket_range: tuple[int, int],
-    brokers: Sequence[int],
-    api_keys: Sequence[int],
-) -> DataFrame:
-    """Per broker, bucket and API key: requests per second (zeros filled)."""
-    aggregated = (
-        _bucketed(traffic, unit_seconds).groupBy("broker", "bucket", "api_key").agg(F.sum("requests").alias("n"))
-    )
-    keys = spark.createDataFrame([(k,) for k in api_keys], "api_key int")
-    grid = _grid(spark, bucket_range, unit_seconds, brokers).crossJoin(keys)
-    filled = grid.join(aggregated, ["broker", "bucket", "api_key"], "left").fillna(0.0)
-    return filled.select(
-        "broker",
-        "bucket",
-        "api_key",
-        F.timestamp_seconds(F.col("bucket") * unit_seconds).alias("window_start"),
-        (F.col("n") / F.col("covered_s")).alias("requests"),
-    )
-
-
-def with_replication(series: DataFrame, replication_factor: int, broker_count: int) -> DataFrame:
-    """Add modelled follower traffic and total network in/out per broker and bucket.
-
-    The proxy never sees replication, so it is modelled: every byte a leader takes in is
-    fetched by RF-1 followers (the leader's extra outbound), and followers are spread evenly
-    over the other brokers, so a broker takes in (RF-1)/(N-1) of every other leader's bytes.
-    RF is capped at the broker count. replication_out = (RF-1) x produce, replication_in =
-    (RF-1)/(N-1) x (cluster produce - own produce); nw_in = all client request bytes +
-    replication_in, nw_out = all client response bytes + replication_out.
-    """
-    followers = min(replication_factor, broker_count) - 1
-    totals = series.groupBy("bucket").agg(F.sum("produce_bytes").alias("cluster_produce"))
-    joined = series.join(totals, "bucket")
-    if followers <= 0 or broker_count <= 1:
-        replication_in = F.lit(0.0)
-        replication_out = F.lit(0.0)
-    else:
-        replication_in = (F.col("cluster_produce") - F.col("produce_bytes")) * (followers / (broker_count - 1))
-        replication_out = F.col("produce_bytes") * float(followers)
-    return (
-        joined.withColumn("replication_in", replication_in)
-        .withColumn("replication_out", replication_out)
-        .withColumn("nw_in", F.col("bytes_in") + F.col("replication_in"))
-        .withColumn("nw_out", F.col("bytes_out") + F.col("replication_out"))
-        .drop("cluster_produce")
-    )
-
-
-def without_broker(series: DataFrame, lost: int, replication_factor: int, broker_count: int) -> DataFrame:
-    """Series as if broker `lost` failed: its client traffic spread evenly over the survivors.
-
-    Leaders move to the survivors (even re-homing), then replication is recomputed for
-    N-1 brokers. Input is a series before with_replication.
-    """
-    survivors = broker_count - 1
-    lost_traffic = series.where(F.col("broker") == lost).select(
-        "bucket", *[F.col(m).alias(f"lost_{m}") for m in (*ADDITIVE_METRICS, "connections")]
-    )
-    moved = series.where(F.col("broker") != lost).join(lost_traffic, "bucket")
-    for metric in (*ADDITIVE_METRICS, "connections"):
-        moved = moved.withColumn(metric, F.col(metric) + F.col(f"lost_{metric}") / survivors)
-    moved = moved.drop(*[f"lost_{m}" for m in (*ADDITIVE_METRICS, "connections")])
-    return with_replication(moved, replication_factor, survivors)
-
-
-def cluster_series(series: DataFrame) -> DataFrame:
-    """Cluster-wide series: the sum over brokers per bucket (connections are per broker, so they add)."""
-    metrics = [m for m in SERIES_METRICS if m in series.columns]
-    return series.groupBy("bucket", "window_start").agg(*[F.sum(m).alias(m) for m in metrics])
-
-
-def _long(series: DataFrame, metrics: Sequence[str], scope: str) -> DataFrame:
-    stack = ", ".join(f"'{m}', cast({m} as double)" for m in metrics)
-    broker = F.col("broker").cast("int") if scope == "broker" else F.lit(None).cast("int")
-    return series.select(
-        F.lit(scope).alias("scope"),
-        broker.alias("broker"),
-        "window_start",
-        F.expr(f"stack({len(metrics)}, {stack}) as (metric, value)"),
-    )
-
-
 def earliest_max_by(when: str, value: str) -> Column:
     """`when` of the row with the largest `value`, the earliest one among ties.
 
@@ -287,80 +202,6 @@ def earliest_max_by(when: str, value: str) -> Column:
     """
     key = F.when(F.col(value).isNotNull(), F.struct(-F.col(value), F.col(when)))
     return F.min_by(when, key)
-
-
-def series_stats(long_series: DataFrame, unit_seconds: int, limits: DataFrame | None) -> DataFrame:
-    """Mean, exact percentiles, max and time of max per (scope, broker, metric).
-
-    With `limits` (scope, broker, metric, limit), also the seconds spent above the limit.
-    """
-    frame = long_series
-    if limits is not None:
-        renamed = limits.select(
-            F.col("scope").alias("l_scope"),
-            F.col("broker").alias("l_broker"),
-            F.col("metric").alias("l_metric"),
-            "limit",
-        )
-        condition = [
-            frame["scope"] == renamed["l_scope"],
-            frame["metric"] == renamed["l_metric"],
-            frame["broker"].eqNullSafe(renamed["l_broker"]),
-        ]
-        frame = frame.join(F.broadcast(renamed), condition, "left").drop("l_scope", "l_broker", "l_metric")
-    else:
-        frame = frame.withColumn("limit", F.lit(None).cast("double"))
-    quantiles = F.percentile("value", list(PERCENTILES))
-    return (
-        frame.groupBy("scope", "broker", "metric")
-        .agg(
-            F.mean("value").alias("mean"),
-            quantiles.alias("q"),
-            F.max("value").alias("max"),
-            earliest_max_by("window_start", "value").alias("max_at"),
-            F.first("limit", ignorenulls=True).alias("limit"),
-            (F.sum(F.when(F.col("value") > F.col("limit"), 1).otherwise(0)) * unit_seconds).alias(
-                "seconds_above_limit"
-            ),
-        )
-        .select(
-            "scope",
-            "broker",
-            "metric",
-            "mean",
-            *[F.col("q")[i].alias(name) for i, name in enumerate(PERCENTILE_NAMES)],
-            "max",
-            "max_at",
-            "limit",
-            F.when(F.col("limit").isNotNull(), F.col("seconds_above_limit")).alias("seconds_above_limit"),
-        )
-    )
-
-
-def entity_totals(traffic: DataFrame, dimension: str) -> DataFrame:
-    """Requests and bytes per principal, client-id or (principal, client-id)."""
-    key = (F.concat_ws(" / ", "principal", "client_id") if dimension == "principal_client" else F.col(dimension)).alias(
-        "entity"
-    )
-    return (
-        traffic.groupBy(key)
-        .agg(*[F.sum(m).alias(m) for m in ("requests", "bytes_in", "bytes_out", "produce_bytes", "fetch_bytes")])
-        .withColumn("bytes", F.col("bytes_in") + F.col("bytes_out"))
-    )
-
-
-def topic_totals(parts: DataFrame) -> DataFrame:
-    """Requests and record bytes per topic (Produce in, Fetch out)."""
-    weighted = F.col("bytes") * F.col("weight")
-    return (
-        parts.groupBy(F.col("topic").alias("entity"))
-        .agg(
-            F.sum("weight").alias("requests"),
-            F.sum(F.when(F.col("api_key") == ApiKey.PRODUCE, weighted).otherwise(0.0)).alias("produce_bytes"),
-            F.sum(F.when(F.col("api_key") == ApiKey.FETCH, weighted).otherwise(0.0)).alias("fetch_bytes"),
-        )
-        .withColumn("bytes", F.col("produce_bytes") + F.col("fetch_bytes"))
-    )
 
 
 def client_burstiness(traffic: DataFrame) -> DataFrame:
@@ -379,86 +220,12 @@ def client_burstiness(traffic: DataFrame) -> DataFrame:
     )
 
 
-def client_broker_totals(traffic: DataFrame) -> DataFrame:
-    """Bytes per (broker, client-id), for per-broker shares."""
-    return traffic.groupBy("broker", "client_id").agg(
-        F.sum("requests").alias("requests"),
-        F.sum(F.col("bytes_in") + F.col("bytes_out")).alias("bytes"),
-    )
-
-
-def partition_load(parts: DataFrame, duration_s: float) -> DataFrame:
-    """Per topic-partition: bytes in/out, requests, records, mean and peak bytes/s."""
-    weighted = F.col("bytes") * F.col("weight")
-    per_second = parts.groupBy("topic", "partition", "second").agg(F.sum(weighted).alias("bps"))
-    peaks = per_second.groupBy("topic", "partition").agg(
-        F.max("bps").alias("peak_bytes_per_s"), earliest_max_by("second", "bps").alias("peak_second")
-    )
-    totals = parts.groupBy("topic", "partition").agg(
-        F.max("broker").alias("leader"),
-        F.sum("weight").alias("requests"),
-        F.sum(F.when(F.col("api_key") == ApiKey.PRODUCE, weighted).otherwise(0.0)).alias("produce_bytes"),
-        F.sum(F.when(F.col("api_key") == ApiKey.FETCH, weighted).otherwise(0.0)).alias("fetch_bytes"),
-        F.sum(F.when(F.col("api_key") == ApiKey.PRODUCE, F.col("records") * F.col("weight")).otherwise(0.0)).alias(
-            "produced_records"
-        ),
-    )
-    return (
-        totals.join(peaks, ["topic", "partition"])
-        .withColumn("bytes", F.col("produce_bytes") + F.col("fetch_bytes"))
-        .withColumn("mean_bytes_per_s", F.col("bytes") / F.lit(max(duration_s, 1.0)))
-    )
-
-
 def _batch_bucket(batch_bytes: Any) -> Any:
     """A Spark expression labelling a batch size with its BATCH_BUCKETS class (first upper bound above it)."""
     expression = F.lit(BATCH_BUCKET_LAST)
     for upper, label in reversed(BATCH_BUCKETS):
         expression = F.when(batch_bytes < upper, label).otherwise(expression)
     return expression
-
-
-def batch_mix(parts: DataFrame) -> DataFrame:
-    """Produce batches by size bucket: batch count and bytes (a partition entry's mean batch size)."""
-    produce = parts.where((F.col("api_key") == ApiKey.PRODUCE) & (F.col("batches") > 0))
-    return (
-        produce.withColumn("bucket", _batch_bucket(F.col("bytes") / F.col("batches")))
-        .groupBy("bucket")
-        .agg(
-            F.sum(F.col("batches") * F.col("weight")).alias("batches"),
-            F.sum(F.col("bytes") * F.col("weight")).alias("bytes"),
-        )
-    )
-
-
-def batch_mix_by_client(requests: DataFrame, parts: DataFrame) -> DataFrame:
-    """Per client-id: Produce requests, mean/median batch size, share of small batches, records per request."""
-    produce_parts = parts.where((F.col("api_key") == ApiKey.PRODUCE) & (F.col("batches") > 0)).withColumn(
-        "batch_bytes", F.col("bytes") / F.col("batches")
-    )
-    per_batch = produce_parts.groupBy("client_id").agg(
-        (F.sum("bytes") / F.sum("batches")).alias("mean_batch_bytes"),
-        F.percentile_approx("batch_bytes", 0.5, LATENCY_ACCURACY).alias("median_batch_bytes"),
-        (
-            F.sum(F.when(F.col("batch_bytes") < SMALL_BATCH_BYTES, F.col("batches")).otherwise(0)) / F.sum("batches")
-        ).alias("small_batch_share"),
-    )
-    records_per_request = (
-        requests.where(F.col("api_key") == ApiKey.PRODUCE)
-        .select("client_id", "records")
-        .groupBy("client_id")
-        .agg(
-            F.count("*").alias("produce_requests"),
-            F.percentile_approx("records", [0.5, 0.95], LATENCY_ACCURACY).alias("q"),
-        )
-        .select(
-            "client_id",
-            "produce_requests",
-            F.col("q")[0].alias("p50_records_per_request"),
-            F.col("q")[1].alias("p95_records_per_request"),
-        )
-    )
-    return records_per_request.join(per_batch, "client_id", "left")
 
 
 def latency_by_api(requests: DataFrame) -> DataFrame:
@@ -489,35 +256,471 @@ def latency_by_api(requests: DataFrame) -> DataFrame:
     )
 
 
-def error_counts(traffic: DataFrame) -> DataFrame:
-    """Per API key and error code: responses with that error and the share of the API's responses."""
-    per_api = traffic.groupBy("api_key").agg(F.sum("requests").alias("api_requests"))
-    errors = (
-        traffic.where(F.col("error_code") != 0)
-        .groupBy("api_key", "error_code")
-        .agg(F.sum("requests").alias("requests"))
+# ---------------------------------------------------------------- the aggregates analyze collects
+#
+# analyze passes over the capture a few times, each pass reading only the columns it needs, and
+# brings small aggregates to the driver: one row per (broker, second), per entity, per partition,
+# per client. Every series, percentile and share is computed from those on the driver
+# (driver-side shaping below), so the Spark work is a handful of aggregations, not one job per
+# series statistic.
+
+
+def broker_second_totals(traffic: DataFrame, api_keys: Sequence[int]) -> DataFrame:
+    """Per (broker, second): the additive metrics, distinct connections and requests per API key.
+
+    The 1 s series are these rows; the coarser ones are their sums (connections excepted:
+    distinct counts do not add, see bucket_connections). Sums of whole bytes and requests are
+    exact in doubles, so summing seconds gives the figures summing requests would.
+    """
+    # Sampled connections stand for N connections each.
+    connections = F.countDistinct("connection_id") * F.max("weight")
+    return traffic.groupBy("broker", "second").agg(
+        *[F.sum(m).alias(m) for m in ADDITIVE_METRICS],
+        connections.alias("connections"),
+        *[
+            F.sum(F.when(F.col("api_key") == key, F.col("requests")).otherwise(0.0)).alias(_api_column(key))
+            for key in api_keys
+        ],
     )
-    return errors.join(per_api, "api_key").withColumn("share", F.col("requests") / F.col("api_requests"))
 
 
-def throttle_counts(traffic: DataFrame) -> DataFrame:
-    """Per (principal, client-id): throttles the broker returned vs throttles the proxy applied."""
+def _api_column(api_key: int) -> str:
+    return f"requests_api_{api_key}"
+
+
+def bucket_connections(traffic: DataFrame, unit_seconds: int) -> DataFrame:
+    """Per (broker, bucket of `unit_seconds`): distinct connections (x the sampling factor)."""
+    connections = F.countDistinct("connection_id") * F.max("weight")
+    return _bucketed(traffic, unit_seconds).groupBy("broker", "bucket").agg(connections.alias("connections"))
+
+
+# The per-entity sums every share and throttle table is made of.
+ENTITY_SUMS = ("requests", "bytes_in", "bytes_out", "produce_bytes", "fetch_bytes")
+THROTTLE_SUMS = ("broker_throttled", "broker_throttle_ms_total", "proxy_throttled", "proxy_throttle_ms_total")
+THROTTLE_MAXIMA = ("broker_throttle_ms_max", "proxy_throttle_ms_max")
+
+
+def client_totals(traffic: DataFrame) -> DataFrame:
+    """Per (broker, principal, client-id): requests, bytes and throttles.
+
+    The shares of principals, client-ids and (principal, client-id), each broker's clients and
+    the throttle table are all sums of these rows (driver-side: entity_totals and friends).
+    """
+    return traffic.groupBy("broker", "principal", "client_id").agg(
+        *[F.sum(m).alias(m) for m in (*ENTITY_SUMS, *THROTTLE_SUMS)],
+        *[F.max(m).alias(m) for m in THROTTLE_MAXIMA],
+    )
+
+
+def api_error_totals(traffic: DataFrame) -> DataFrame:
+    """Requests per (API key, API version, error code): the API mix and the error table."""
+    return traffic.groupBy("api_key", "api_version", "error_code").agg(F.sum("requests").alias("requests"))
+
+
+def partition_totals(requests: DataFrame, duration_s: float) -> DataFrame:
+    """Per topic-partition: leader, requests, bytes in/out, records produced, mean and peak bytes/s.
+
+    One pass over the exploded Produce and Fetch partitions: per (partition, second) sums, then
+    per partition their sums and the peak second. Topic totals are sums of these rows.
+    """
+    parts = explode_partitions(requests)
+    weighted = F.col("bytes") * F.col("weight")
+    produce = F.col("api_key") == ApiKey.PRODUCE
+    per_second = parts.groupBy("topic", "partition", "second").agg(
+        F.max("broker").alias("leader"),
+        F.sum("weight").alias("requests"),
+        F.sum(F.when(produce, weighted).otherwise(0.0)).alias("produce_bytes"),
+        F.sum(F.when(F.col("api_key") == ApiKey.FETCH, weighted).otherwise(0.0)).alias("fetch_bytes"),
+        F.sum(F.when(produce, F.col("records") * F.col("weight")).otherwise(0.0)).alias("produced_records"),
+        F.sum(weighted).alias("bps"),
+    )
     return (
-        traffic.groupBy("principal", "client_id")
+        per_second.groupBy("topic", "partition")
         .agg(
-            F.sum("requests").alias("requests"),
-            *[
-                aggregate(f"{side}_{column}").alias(f"{side}_{column}")
-                for side in ("broker", "proxy")
-                for aggregate, column in (
-                    (F.sum, "throttled"),
-                    (F.sum, "throttle_ms_total"),
-                    (F.max, "throttle_ms_max"),
-                )
-            ],
+            F.max("leader").alias("leader"),
+            *[F.sum(m).alias(m) for m in ("requests", "produce_bytes", "fetch_bytes", "produced_records")],
+            F.max("bps").alias("peak_bytes_per_s"),
+            earliest_max_by("second", "bps").alias("peak_second"),
         )
-        .where((F.col("broker_throttled") > 0) | (F.col("proxy_throttled") > 0))
+        .withColumn("bytes", F.col("produce_bytes") + F.col("fetch_bytes"))
+        .withColumn("mean_bytes_per_s", F.col("bytes") / F.lit(max(duration_s, 1.0)))
     )
+
+
+def _bucket_column(label: str, what: str) -> str:
+    return f"{what}:{label}"
+
+
+def produce_batches_by_client(requests: DataFrame) -> DataFrame:
+    """Per client-id, from its Produce requests in one pass: requests, records per request
+    (p50/p95), mean/median batch size, share of small batches, and its batches and bytes in
+    each BATCH_BUCKETS class (weighted; the overall batch mix is their sum).
+
+    Each request becomes one row per partition entry (`posexplode_outer`: a request without
+    partitions stays as one row); the request-level figures read the first row of each request
+    only, the batch figures the entries with batches.
+    """
+    produce = requests.where(F.col("api_key") == ApiKey.PRODUCE).select(
+        "client_id", "weight", "records", F.posexplode_outer("partitions").alias("position", "p")
+    )
+    first_of_request = F.col("position").isNull() | (F.col("position") == 0)
+    batches = F.coalesce(F.col("p.batches"), F.lit(0))
+    batch_bytes_total = F.col("p.bytes").cast("double")
+    with_batches = batches > 0
+    batch_bytes = batch_bytes_total / batches
+    bucket = _batch_bucket(batch_bytes)
+    labels = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
+    per_bucket = [
+        aggregate
+        for label in labels
+        for aggregate in (
+            F.sum(F.when(with_batches & (bucket == label), batches * F.col("weight"))).alias(
+                _bucket_column(label, "batches")
+            ),
+            F.sum(F.when(with_batches & (bucket == label), batch_bytes_total * F.col("weight"))).alias(
+                _bucket_column(label, "bytes")
+            ),
+        )
+    ]
+    return (
+        produce.groupBy("client_id")
+        .agg(
+            F.count(F.when(first_of_request, 1)).alias("produce_requests"),
+            F.percentile_approx(F.when(first_of_request, F.col("records")), [0.5, 0.95], LATENCY_ACCURACY).alias("q"),
+            (F.sum(F.when(with_batches, batch_bytes_total)) / F.sum(F.when(with_batches, batches))).alias(
+                "mean_batch_bytes"
+            ),
+            F.percentile_approx(F.when(with_batches, batch_bytes), 0.5, LATENCY_ACCURACY).alias("median_batch_bytes"),
+            (
+                F.sum(F.when(with_batches, F.when(batch_bytes < SMALL_BATCH_BYTES, batches).otherwise(0)))
+                / F.sum(F.when(with_batches, batches))
+            ).alias("small_batch_share"),
+            *per_bucket,
+        )
+        .select(
+            "client_id",
+            "produce_requests",
+            F.col("q")[0].alias("p50_records_per_request"),
+            F.col("q")[1].alias("p95_records_per_request"),
+            "mean_batch_bytes",
+            "median_batch_bytes",
+            "small_batch_share",
+            *[_bucket_column(label, what) for label in labels for what in ("batches", "bytes")],
+        )
+    )
+
+
+# ---------------------------------------------------------------- series and their statistics (pandas)
+
+
+def bucket_series(
+    per_second: pd.DataFrame,
+    unit_seconds: int,
+    bucket_range: tuple[int, int],
+    brokers: Sequence[int],
+    api_keys: Sequence[int],
+    connections: pd.DataFrame | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The throughput series per broker and bucket, and the requests per API key, from
+    broker_second_totals' rows.
+
+    Rates are per-second averages over the captured seconds of the bucket (the first and last
+    buckets are usually partial, and an edge of the capture must not look like a dip); every
+    bucket of the capture window is present, zeros where a broker was idle, so percentiles count
+    idle seconds. `connections` (bucket_connections' rows) is needed for buckets longer than 1 s.
+    Returns (broker series, API series), column for column what analyze writes.
+    """
+    first_second, last_second = bucket_range
+    buckets = np.arange(first_second // unit_seconds, last_second // unit_seconds + 1, dtype=np.int64)
+    start = buckets * unit_seconds
+    covered = (np.minimum(start + unit_seconds - 1, last_second) - np.maximum(start, first_second) + 1).astype(float)
+    grid = pd.MultiIndex.from_product([list(brokers), buckets], names=["broker", "bucket"])
+    covered_s = np.tile(covered, len(brokers))
+    window_start = pd.to_datetime(np.tile(start, len(brokers)), unit="s")
+
+    api_columns = [_api_column(key) for key in api_keys]
+    keyed = per_second.assign(bucket=per_second["second"] // unit_seconds)
+    summed = keyed.groupby(["broker", "bucket"])[[*ADDITIVE_METRICS, *api_columns]].sum().reindex(grid, fill_value=0.0)
+    if unit_seconds == 1:
+        distinct = keyed.set_index(["broker", "bucket"])["connections"]
+    else:
+        if connections is None:
+            raise ValueError("buckets longer than 1 s need their own distinct connection counts")
+        distinct = connections.set_index(["broker", "bucket"])["connections"]
+    distinct = distinct.reindex(grid, fill_value=0.0).astype(float)
+
+    series = pd.DataFrame(
+        {
+            "broker": grid.get_level_values("broker").astype(np.int32),
+            "bucket": grid.get_level_values("bucket").astype(np.int64),
+            "window_start": window_start,
+            **{m: summed[m].to_numpy(dtype=float) / covered_s for m in ADDITIVE_METRICS},
+            "connections": distinct.to_numpy(),
+        }
+    )
+    api_series = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "broker": series["broker"],
+                    "bucket": series["bucket"],
+                    "api_key": np.int32(key),
+                    "window_start": series["window_start"],
+                    "requests": summed[_api_column(key)].to_numpy(dtype=float) / covered_s,
+                }
+            )
+            for key in api_keys
+        ],
+        ignore_index=True,
+    )
+    return series, api_series
+
+
+def with_replication(series: pd.DataFrame, replication_factor: int, broker_count: int) -> pd.DataFrame:
+    """Add modelled follower traffic and total network in/out per broker and bucket.
+
+    The proxy never sees replication, so it is modelled: every byte a leader takes in is
+    fetched by RF-1 followers (the leader's extra outbound), and followers are spread evenly
+    over the other brokers, so a broker takes in (RF-1)/(N-1) of every other leader's bytes.
+    RF is capped at the broker count. replication_out = (RF-1) x produce, replication_in =
+    (RF-1)/(N-1) x (cluster produce - own produce); nw_in = all client request bytes +
+    replication_in, nw_out = all client response bytes + replication_out.
+    """
+    followers = min(replication_factor, broker_count) - 1
+    frame = series.copy()
+    if followers <= 0 or broker_count <= 1:
+        frame["replication_in"] = 0.0
+        frame["replication_out"] = 0.0
+    else:
+        cluster_produce = frame.groupby("bucket")["produce_bytes"].transform("sum")
+        frame["replication_in"] = (cluster_produce - frame["produce_bytes"]) * (followers / (broker_count - 1))
+        frame["replication_out"] = frame["produce_bytes"] * float(followers)
+    frame["nw_in"] = frame["bytes_in"] + frame["replication_in"]
+    frame["nw_out"] = frame["bytes_out"] + frame["replication_out"]
+    # The bucket first, as the tables have always been written (a join on it put it there).
+    return frame[["bucket", *[c for c in frame.columns if c != "bucket"]]]
+
+
+def without_broker(series: pd.DataFrame, lost: int, replication_factor: int, broker_count: int) -> pd.DataFrame:
+    """Series as if broker `lost` failed: its client traffic spread evenly over the survivors.
+
+    Leaders move to the survivors (even re-homing), then replication is recomputed for
+    N-1 brokers. Input is a series before with_replication.
+    """
+    survivors = broker_count - 1
+    moved_metrics = [*ADDITIVE_METRICS, "connections"]
+    lost_traffic = series[series["broker"] == lost].set_index("bucket")[moved_metrics]
+    moved = series[series["broker"] != lost].reset_index(drop=True)
+    for metric in moved_metrics:
+        moved[metric] = moved[metric] + moved["bucket"].map(lost_traffic[metric]).to_numpy() / survivors
+    return with_replication(moved, replication_factor, survivors)
+
+
+def cluster_series(series: pd.DataFrame) -> pd.DataFrame:
+    """Cluster-wide series: the sum over brokers per bucket (connections are per broker, so they add)."""
+    metrics = [m for m in SERIES_METRICS if m in series.columns]
+    return series.groupby(["bucket", "window_start"], as_index=False)[metrics].sum()
+
+
+def exact_percentiles(values: np.ndarray, percentages: Sequence[float]) -> list[float]:
+    """Spark's exact `percentile`, value for value: linear interpolation between the order
+    statistics at floor and ceil of (n - 1) x p, computed as Spark computes it, so the figures
+    are those the Spark SQL aggregate gave, to the last bit."""
+    ordered = np.sort(values)
+    max_position = len(ordered) - 1
+    result = []
+    for percentage in percentages:
+        position = max_position * percentage
+        lower, higher = math.floor(position), math.ceil(position)
+        low = float(ordered[lower])
+        high = float(ordered[higher])
+        if higher == lower or high == low:
+            result.append(low)
+        else:
+            result.append((higher - position) * low + (position - lower) * high)
+    return result
+
+
+STATS_COLUMNS = (
+    "scope",
+    "broker",
+    "metric",
+    "mean",
+    *PERCENTILE_NAMES,
+    "max",
+    "max_at",
+    "limit",
+    "seconds_above_limit",
+)
+
+
+def series_stats(
+    series: pd.DataFrame,
+    scope: str,
+    metrics: Sequence[str],
+    unit_seconds: int,
+    limits: dict[tuple[str, int | None, str], float] | None,
+) -> list[dict[str, Any]]:
+    """Mean, exact percentiles, max and the (earliest) time of the max of every metric of each
+    broker's series (scope "broker") or of the cluster's (scope "cluster"), and the seconds spent
+    above the limit where `limits` gives one for (scope, broker, metric)."""
+    rows = []
+    groups = series.groupby("broker", sort=False) if scope == "broker" else [(None, series)]
+    for broker, frame in groups:
+        ordered = frame.sort_values("window_start")
+        times = ordered["window_start"].to_numpy()
+        key_broker = None if broker is None else int(broker)
+        for metric in metrics:
+            values = ordered[metric].to_numpy(dtype=float)
+            peak = float(values.max())
+            limit = (limits or {}).get((scope, key_broker, metric))
+            rows.append(
+                {
+                    "scope": scope,
+                    "broker": key_broker,
+                    "metric": metric,
+                    "mean": float(values.sum()) / len(values),
+                    **dict(zip(PERCENTILE_NAMES, exact_percentiles(values, PERCENTILES), strict=True)),
+                    "max": peak,
+                    "max_at": times[int(np.argmax(values == peak))],
+                    "limit": limit,
+                    "seconds_above_limit": None if limit is None else int((values > limit).sum()) * unit_seconds,
+                }
+            )
+    return rows
+
+
+def stats_frame(rows: list[dict[str, Any]], resolution: str, scenario: str) -> pd.DataFrame:
+    """series_stats' rows as the throughput_stats table, labelled with resolution and scenario."""
+    frame = pd.DataFrame(rows, columns=list(STATS_COLUMNS))
+    frame = frame.astype({"broker": float, "limit": float, "seconds_above_limit": float})
+    frame.insert(0, "resolution", resolution)
+    frame.insert(1, "scenario", scenario)
+    return frame
+
+
+def network_stats(
+    series: pd.DataFrame,
+    unit_seconds: int,
+    limits: dict[tuple[str, int | None, str], float] | None,
+    resolution: str,
+    scenario: str,
+) -> pd.DataFrame:
+    """The statistics of every broker's and the cluster's series (with_replication's) at one resolution."""
+    rows = series_stats(series, "broker", SERIES_METRICS, unit_seconds, limits)
+    rows += series_stats(cluster_series(series), "cluster", SERIES_METRICS, unit_seconds, limits)
+    return stats_frame(rows, resolution, scenario)
+
+
+def api_stats(api_series: pd.DataFrame, unit_seconds: int, resolution: str, names: dict[int, str]) -> pd.DataFrame:
+    """Request-count statistics per API, per broker and for the cluster; no limit applies to them."""
+    wide = api_series.assign(metric="requests:" + api_series["api_key"].map(names)).pivot_table(
+        index=["broker", "bucket", "window_start"], columns="metric", values="requests", aggfunc="sum"
+    )
+    wide.columns = list(wide.columns)
+    wide = wide.reset_index()
+    metrics = [f"requests:{names[key]}" for key in sorted(names)]
+    rows = series_stats(wide, "broker", metrics, unit_seconds, None)
+    cluster = wide.groupby(["bucket", "window_start"], as_index=False)[metrics].sum()
+    rows += series_stats(cluster, "cluster", metrics, unit_seconds, None)
+    return stats_frame(rows, resolution, "observed")
+
+
+def network_limits(
+    capacity_file: cap.CapacityFile | None, brokers: Sequence[int], thresholds: dict[str, float]
+) -> dict[tuple[str, int | None, str], float] | None:
+    """Each broker's NW_IN / NW_OUT limit (capacity x threshold, bytes/s) and the cluster's, their sum;
+    None without a capacity file: there is then no limit to compare a load with.
+    """
+    if capacity_file is None:
+        return None
+    limits: dict[tuple[str, int | None, str], float] = {}
+    totals = dict.fromkeys(RESOURCE_OF_METRIC, 0.0)
+    for broker in brokers:
+        broker_capacity = capacity_file.for_broker(broker)
+        for metric, resource in RESOURCE_OF_METRIC.items():
+            limit = broker_capacity.network_bytes_per_s(resource) * thresholds[resource]
+            limits[("broker", broker, metric)] = limit
+            totals[metric] += limit
+    limits.update({("cluster", None, metric): limit for metric, limit in totals.items()})
+    return limits
+
+
+# ---------------------------------------------------------------- entity and partition tables (pandas)
+
+
+def entity_totals(clients: pd.DataFrame, dimension: str) -> pd.DataFrame:
+    """Requests and bytes per principal, client-id or (principal, client-id), from client_totals' rows."""
+    key = clients["principal"] + " / " + clients["client_id"] if dimension == "principal_client" else clients[dimension]
+    totals = clients.groupby(key.rename("entity"), dropna=False)[list(ENTITY_SUMS)].sum().reset_index()
+    totals["bytes"] = totals["bytes_in"] + totals["bytes_out"]
+    return totals
+
+
+def client_broker_totals(clients: pd.DataFrame) -> pd.DataFrame:
+    """Requests and bytes per (broker, client-id), for per-broker shares."""
+    totals = clients.groupby(["broker", "client_id"], as_index=False)[["requests", "bytes_in", "bytes_out"]].sum()
+    totals["bytes"] = totals["bytes_in"] + totals["bytes_out"]
+    return totals.drop(columns=["bytes_in", "bytes_out"])
+
+
+def throttle_counts(clients: pd.DataFrame) -> pd.DataFrame:
+    """Per (principal, client-id): throttles the broker returned vs throttles the proxy applied."""
+    grouped = clients.groupby(["principal", "client_id"], as_index=False).agg(
+        requests=("requests", "sum"),
+        **{
+            f"{side}_{column}": (f"{side}_{column}", how)
+            for side in ("broker", "proxy")
+            for how, column in (("sum", "throttled"), ("sum", "throttle_ms_total"), ("max", "throttle_ms_max"))
+        },
+    )
+    return grouped[(grouped["broker_throttled"] > 0) | (grouped["proxy_throttled"] > 0)]
+
+
+def error_counts(api_errors: pd.DataFrame) -> pd.DataFrame:
+    """Per API key and error code: responses with that error and the share of the API's responses."""
+    per_api = api_errors.groupby("api_key")["requests"].sum().rename("api_requests")
+    errors = (
+        api_errors[api_errors["error_code"] != 0].groupby(["api_key", "error_code"], as_index=False)["requests"].sum()
+    )
+    errors = errors.join(per_api, on="api_key")
+    errors["share"] = errors["requests"] / errors["api_requests"]
+    return errors
+
+
+def api_mix(api_errors: pd.DataFrame) -> pd.DataFrame:
+    """Requests per (API key, API version)."""
+    return api_errors.groupby(["api_key", "api_version"], as_index=False)["requests"].sum()
+
+
+def topic_totals(partitions: pd.DataFrame) -> pd.DataFrame:
+    """Requests and record bytes per topic (Produce in, Fetch out), from partition_totals' rows."""
+    totals = (
+        partitions.groupby(partitions["topic"].rename("entity"), dropna=False)[
+            ["requests", "produce_bytes", "fetch_bytes"]
+        ]
+        .sum()
+        .reset_index()
+    )
+    totals["bytes"] = totals["produce_bytes"] + totals["fetch_bytes"]
+    return totals
+
+
+def batch_tables(by_client: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(batch mix by size class, per-client batch figures) from produce_batches_by_client's rows."""
+    labels = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
+    mix = pd.DataFrame(
+        {
+            "bucket": labels,
+            "batches": [by_client[_bucket_column(label, "batches")].sum(min_count=1) for label in labels],
+            "bytes": [by_client[_bucket_column(label, "bytes")].sum(min_count=1) for label in labels],
+        }
+    )
+    # A class no batch fell in has no row, as in a group-by.
+    mix = mix[mix["batches"].notna()].reset_index(drop=True)
+    bucket_columns = [_bucket_column(label, what) for label in labels for what in ("batches", "bytes")]
+    per_client = by_client.drop(columns=bucket_columns)
+    return mix, per_client
 
 
 # ---------------------------------------------------------------- driver-side shaping (pandas)
@@ -584,66 +787,6 @@ def resolve_lost_broker(stats: pd.DataFrame) -> int | None:
         return None
     totals = rows.groupby("broker")["mean"].sum().sort_values(ascending=False)
     return int(totals.index[0])
-
-
-# ---------------------------------------------------------------- the job
-
-
-def limits_frame(
-    spark: SparkSession, capacity_file: cap.CapacityFile | None, brokers: Sequence[int], thresholds: dict[str, float]
-) -> DataFrame | None:
-    """Each broker's NW_IN / NW_OUT limit (capacity x threshold, bytes/s) and the cluster's, their sum;
-    None without a capacity file: there is then no limit to compare a load with.
-    """
-    if capacity_file is None:
-        return None
-    rows: list[tuple[str, int | None, str, float]] = []
-    totals = {metric: 0.0 for metric in RESOURCE_OF_METRIC}
-    for broker in brokers:
-        broker_capacity = capacity_file.for_broker(broker)
-        for metric, resource in RESOURCE_OF_METRIC.items():
-            limit = broker_capacity.network_bytes_per_s(resource) * thresholds[resource]
-            rows.append(("broker", broker, metric, limit))
-            totals[metric] += limit
-    rows.extend(("cluster", None, metric, limit) for metric, limit in totals.items())
-    return spark.createDataFrame(rows, "scope string, broker int, metric string, limit double")
-
-
-def stats_for(series: DataFrame, unit: int, limits: DataFrame | None, resolution: str, scenario: str) -> pd.DataFrame:
-    """The statistics (series_stats: mean, percentiles, max, seconds over a limit) of every broker's
-    and the cluster's series at one resolution, labelled with it and the scenario.
-    """
-    long = _long(series, SERIES_METRICS, "broker").unionByName(_long(cluster_series(series), SERIES_METRICS, "cluster"))
-    frame = to_pandas(series_stats(long, unit, limits))
-    frame.insert(0, "resolution", resolution)
-    frame.insert(1, "scenario", scenario)
-    return frame
-
-
-def api_stats(api_series: DataFrame, unit: int, resolution: str, names: dict[int, str]) -> pd.DataFrame:
-    """Request-count statistics per API, per broker and for the cluster; no limit applies to them."""
-    named = api_series.withColumn(
-        "metric",
-        F.concat(F.lit("requests:"), F.create_map(*[F.lit(x) for kv in names.items() for x in kv])[F.col("api_key")]),
-    )
-    per_broker = named.select(
-        F.lit("broker").alias("scope"),
-        F.col("broker").cast("int").alias("broker"),
-        "window_start",
-        "metric",
-        F.col("requests").alias("value"),
-    )
-    cluster = (
-        named.groupBy("window_start", "metric")
-        .agg(F.sum("requests").alias("value"))
-        .select(
-            F.lit("cluster").alias("scope"), F.lit(None).cast("int").alias("broker"), "window_start", "metric", "value"
-        )
-    )
-    frame = to_pandas(series_stats(per_broker.unionByName(cluster), unit, None))
-    frame.insert(0, "resolution", resolution)
-    frame.insert(1, "scenario", "observed")
-    return frame
 
 
 def ordered_stats(stats: pd.DataFrame) -> pd.DataFrame:

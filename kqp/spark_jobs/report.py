@@ -33,8 +33,6 @@ matplotlib.use("Agg")  # no display on executors or CI
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from kqp.spark_jobs.session import to_pandas
-
 # Series longer than this are plotted at 1 min: a day at 1 s is 86,400 points per line.
 MAX_PLOT_POINTS = 3_600
 
@@ -94,6 +92,15 @@ def _fmt(value: Any) -> str:
     if isinstance(value, pd.Timestamp):
         return str(value.strftime("%Y-%m-%d %H:%M:%S"))
     return str(value)
+
+
+def write_series_table(directory: Path, frame: pd.DataFrame) -> None:
+    """A series table as a Parquet directory holding one part file: the layout Spark writes, so
+    `spark.read.parquet(directory)` and `pandas.read_parquet(directory)` read it as before."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("part-*"):
+        stale.unlink()
+    frame.reset_index(drop=True).to_parquet(directory / "part-00000.parquet", index=False)
 
 
 def markdown_table(frame: pd.DataFrame, columns: Sequence[str] | None = None, limit: int | None = None) -> str:
@@ -434,14 +441,12 @@ def write_analyze_outputs(result: Any, output: str | Path) -> None:
     """Write every analyze output under `output` (a driver-local directory)."""
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    for name, frame in result.spark_tables.items():
-        frame.write.mode("overwrite").parquet(str(out / "tables" / name))
+    for name, frame in result.series_tables.items():
+        write_series_table(out / "tables" / name, frame)
     write_tables(out, result.tables)
 
     # A day at 1 s is 86,400 points per line: long captures are plotted at 1 min.
     resolution = "1min" if result.summary["coverage"]["duration_s"] > MAX_PLOT_POINTS else "1s"
-    series = to_pandas(
-        result.spark_tables[f"broker_series_{resolution}"].select("broker", "window_start", "nw_in", "nw_out")
-    )
+    series = result.series_tables[f"broker_series_{resolution}"][["broker", "window_start", "nw_in", "nw_out"]]
     report = build_analyze_report(result, out, series, resolution)
-    write_summary_and_report(out, result.summary, report, [*result.tables, *result.spark_tables])
+    write_summary_and_report(out, result.summary, report, [*result.tables, *result.series_tables])

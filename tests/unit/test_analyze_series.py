@@ -1,0 +1,95 @@
+"""analyze's driver-side series and statistics (kqp/spark_jobs/analyze_transform.py) on cases
+worked out by hand; the Spark test (tests/spark/test_analyze.py) checks them on a capture."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kqp.spark_jobs.analyze_transform import (
+    bucket_series,
+    exact_percentiles,
+    series_stats,
+    with_replication,
+    without_broker,
+)
+
+
+def test_exact_percentiles_interpolate_between_order_statistics_as_spark_does() -> None:
+    # Spark's documented examples: percentile(col, 0.3) over (0), (10) is 3.0; 0.25 / 0.75 give 2.5 / 7.5.
+    assert exact_percentiles(np.array([10.0, 0.0]), [0.3, 0.25, 0.75]) == [3.0, 2.5, 7.5]
+    # Position (n - 1) x p: 4 values at p = 0.5 sit halfway between the 2nd and 3rd smallest.
+    assert exact_percentiles(np.array([4.0, 1.0, 3.0, 2.0]), [0.5, 0.0, 1.0]) == [2.5, 1.0, 4.0]
+    # Equal neighbours need no interpolation; one value is every percentile.
+    assert exact_percentiles(np.array([5.0, 5.0, 9.0]), [0.25]) == [5.0]
+    assert exact_percentiles(np.array([7.0]), [0.5, 0.99]) == [7.0, 7.0]
+
+
+def _per_second(rows: list[tuple[int, int, float, int, float]]) -> pd.DataFrame:
+    """broker_second_totals' rows: (broker, second, produce bytes, connections, Produce requests)."""
+    frame = pd.DataFrame(rows, columns=["broker", "second", "produce_bytes", "connections", "requests_api_0"])
+    for metric in ("fetch_bytes", "bytes_in", "bytes_out", "requests"):
+        frame[metric] = 0.0
+    frame["bytes_in"] = frame["produce_bytes"]
+    frame["requests"] = frame["requests_api_0"]
+    return frame
+
+
+def test_bucket_series_fills_idle_seconds_and_averages_partial_minutes() -> None:
+    # Seconds 58..121: the first minute holds 2 captured seconds, the second 60, the third 2.
+    per_second = _per_second(
+        [(1, 58, 100.0, 2, 4.0), (1, 59, 300.0, 1, 2.0), (2, 60, 600.0, 1, 6.0), (1, 121, 50.0, 1, 1.0)]
+    )
+    seconds, api = bucket_series(per_second, 1, (58, 121), [1, 2], [0])
+    assert len(seconds) == 2 * 64
+    broker_1 = seconds[seconds["broker"] == 1].set_index("bucket")
+    assert broker_1.loc[59, "produce_bytes"] == 300.0
+    assert broker_1.loc[60, "produce_bytes"] == 0.0  # idle, counted as zero
+    assert broker_1.loc[58, "connections"] == 2.0
+    assert str(broker_1.loc[58, "window_start"]) == "1970-01-01 00:00:58"
+    assert api[(api["broker"] == 2) & (api["bucket"] == 60)]["requests"].tolist() == [6.0]
+
+    connections = pd.DataFrame({"broker": [1, 2, 1], "bucket": [0, 1, 2], "connections": [2.0, 1.0, 1.0]})
+    minutes, _ = bucket_series(per_second, 60, (58, 121), [1, 2], [0], connections)
+    broker_1 = minutes[minutes["broker"] == 1].set_index("bucket")
+    assert broker_1.loc[0, "produce_bytes"] == 200.0  # 400 bytes over its 2 captured seconds
+    assert broker_1.loc[2, "produce_bytes"] == 25.0  # 50 bytes over seconds 120 and 121
+    assert minutes[minutes["broker"] == 2].set_index("bucket").loc[1, "produce_bytes"] == 10.0  # 600 / 60
+    assert broker_1.loc[0, "connections"] == 2.0  # distinct in the minute, not a sum of seconds
+    with pytest.raises(ValueError, match="distinct connection"):
+        bucket_series(per_second, 60, (58, 121), [1, 2], [0])
+
+
+def test_replication_and_the_loss_of_a_broker() -> None:
+    per_second = _per_second([(0, 10, 300.0, 1, 1.0), (1, 10, 100.0, 1, 1.0), (2, 10, 0.0, 0, 0.0)])
+    series, _ = bucket_series(per_second, 1, (10, 10), [0, 1, 2], [0])
+    networked = with_replication(series, 3, 3).set_index("broker")
+    # RF 3 on 3 brokers: 2 followers; a broker takes in 2/2 of the other leaders' produce.
+    assert networked.loc[0, "replication_out"] == 600.0
+    assert networked.loc[2, "replication_in"] == 400.0
+    assert networked.loc[0, "nw_in"] == 300.0 + 100.0
+    assert list(with_replication(series, 3, 3).columns[:3]) == ["bucket", "broker", "window_start"]
+    # Broker 0 lost: its 300 bytes split over 1 and 2; RF capped at the 2 survivors.
+    degraded = without_broker(series, 0, 3, 3).set_index("broker")
+    assert degraded.loc[1, "produce_bytes"] == 250.0
+    assert degraded.loc[2, "replication_in"] == 250.0
+    assert degraded.loc[1, "nw_out"] == 250.0
+
+
+def test_series_stats_take_the_earliest_peak_and_count_seconds_above_the_limit() -> None:
+    frame = pd.DataFrame(
+        {
+            "broker": [0] * 4,
+            "window_start": pd.to_datetime([3, 1, 2, 0], unit="s"),
+            "nw_in": [9.0, 9.0, 1.0, 5.0],
+        }
+    )
+    (row,) = series_stats(frame, "broker", ["nw_in"], 1, {("broker", 0, "nw_in"): 4.0})
+    assert row["max"] == 9.0
+    assert str(row["max_at"]) == "1970-01-01T00:00:01.000000000"
+    assert row["mean"] == 6.0
+    assert row["p50"] == 7.0
+    assert row["seconds_above_limit"] == 3
+    (cluster,) = series_stats(frame, "cluster", ["nw_in"], 60, None)
+    assert cluster["broker"] is None and cluster["limit"] is None and cluster["seconds_above_limit"] is None
