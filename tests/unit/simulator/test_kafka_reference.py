@@ -496,7 +496,7 @@ def test_the_spec_vector_gives_the_specs_numbers_on_both_sides(vector: str, side
     VECTORS[vector](side())
 
 
-REFERENCE_FILES = ("kafka_reference.py",)
+REFERENCE_FILES = ("kafka_reference.py", "broker.py")
 
 
 @pytest.mark.parametrize("name", REFERENCE_FILES)
