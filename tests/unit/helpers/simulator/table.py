@@ -211,7 +211,7 @@ def _rows() -> list[Row]:
         bands=(
             Band("fairness", kqp=(0.58, 0.59), kafka=(0.86, 0.87)),
         ))))
-    add(Row(Scenario("java-producer", 1, client_ids=4, quota=512 * KIB, request_bytes=64 * KIB), 4))
+    add(Row(Scenario("java-producer", 1, client_ids=4, quota=512 * KIB, request_bytes=64 * KIB), 8))
     # Quotas from 64 KiB/s to 100 MiB/s, requests from 1 KB to several seconds of the quota.
     add(Row(Scenario("librdkafka", 1, quota=64 * KIB, request_bytes=1 * KIB), 2))
     add(Row(Scenario("librdkafka", 2, quota=64 * KIB, request_bytes=8 * KIB), 12))
@@ -250,9 +250,9 @@ def _rows() -> list[Row]:
     # KIP-124 request_percentage binding (the byte quota far away), a broker that takes 10-20 ms
     # per request: the proxy charges the round trip it measures, Kafka the handling time.
     add(Row(Scenario("librdkafka", 2, quota=100 * MIB, request_bytes=64 * KIB, request_percentage=2,
-                     broker_latency_s=0.01), 4))
+                     broker_latency_s=0.01), 8))
     add(Row(Scenario("java-producer", 2, quota=100 * MIB, request_bytes=64 * KIB, request_percentage=5,
-                     broker_latency_s=0.02), 4))
+                     broker_latency_s=0.02), 8))
     add(Row(Scenario("consumer", 2, quota=100 * MIB, request_bytes=256 * KIB, request_percentage=2,
                      broker_latency_s=0.01), 2, finding=Finding(
         "a consumer bound by request_percentage 2 (10 ms a fetch): Kafka's model answers nearly every fetch "
@@ -264,9 +264,9 @@ def _rows() -> list[Row]:
         ))))
     # KIP-599 controller_mutation_rate (partitions/s): Java Admin clients creating topics
     # (CreateTopics v7, strict), `request_bytes` being each topic's partitions.
-    add(Row(Scenario("admin", 1, quota=5, request_bytes=10), 8))
-    add(Row(Scenario("admin", 3, quota=5, request_bytes=10), 8))
-    add(Row(Scenario("admin", 2, client_ids=2, quota=50, request_bytes=80), 4))
+    add(Row(Scenario("admin", 1, quota=5, request_bytes=10), 12))
+    add(Row(Scenario("admin", 3, quota=5, request_bytes=10), 12))
+    add(Row(Scenario("admin", 2, client_ids=2, quota=50, request_bytes=80), 8))
     # Fleets of 2-5 instances and --workers (instances a few ms apart) sharing one budget through
     # the usage exchange, a client's connections spread over them; Kafka's figure is one broker's.
     add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=2), 3, finding=Finding(
@@ -330,7 +330,7 @@ def _rows() -> list[Row]:
     # An instance that dies 40 s in (its connections drop, its reports stop; clients reconnect to
     # the others).
     add(Row(Scenario("librdkafka", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2, count_other_instances=True,
-                     instance_dies_at_s=40), 3))
+                     instance_dies_at_s=40), 6))
     add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=3,
                      count_other_instances=True, instance_dies_at_s=40), 3, finding=Finding(
         "a fleet of 3 with count_other_instances, one instance dying 40 s in, 4 Java producer connections: "
@@ -343,9 +343,9 @@ def _rows() -> list[Row]:
     # starves its own connections for a third of the span, which the fairness check would
     # (rightly) count against the fault, not the product: not a row.
     add(Row(Scenario("librdkafka", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2, count_other_instances=True,
-                     instance_stalls_at_s=40, stall_s=2), 3))
+                     instance_stalls_at_s=40, stall_s=2), 6))
     add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2,
-                     count_other_instances=True, instance_stalls_at_s=40, stall_s=5), 3))
+                     count_other_instances=True, instance_stalls_at_s=40, stall_s=5), 6))
     assert all(row.scenario.client in CLIENT_SHAPES for row in rows)
     return rows
 
