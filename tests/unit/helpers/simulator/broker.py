@@ -1,11 +1,13 @@
 """The modelled broker: answers Produce and Fetch after a latency, one request at a time per
 connection as Kafka's SocketServer does (the channel is muted while a request is handled).
 
-With a `QuotaEngine` it is also Kafka's reference: it records and throttles with kqp.quotas
-as KafkaApis does (a Produce's request size when it is handled, a Fetch's response size, and
-an empty Fetch response when throttled, the bytes unrecorded), sends ThrottleTimeMs in the
-response, and then keeps the channel muted for the throttle (KIP-219), so "Kafka's figure" of
-a scenario is the same clients in front of this broker instead of the proxy.
+With `kafka` (kafka_reference.KafkaQuotas, written from Kafka's source and sharing no code
+with kqp.quotas) it is also Kafka's figure: it records and throttles as KafkaApis does (a
+Produce's request size when it is handled, a Fetch's MaxBytes capped by the quota window and
+its response size recorded, then unrecorded and answered empty when throttled), sends
+ThrottleTimeMs in the response, and keeps the channel muted for the throttle after sending it
+(SocketServer's KIP-219 mute), so "Kafka's figure" of a scenario is the same clients in front
+of this broker instead of the proxy.
 """
 
 from __future__ import annotations
@@ -18,22 +20,22 @@ from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, METADATA_KEY, PRODUC
 from kqp.protocol.framing import FrameDecoder, frame
 from kqp.protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from kqp.protocol.mutations import THROTTLING_QUOTA_EXCEEDED
-from kqp.quotas import QuotaEngine
 from tests.unit.helpers.simulator import wire
+from tests.unit.helpers.simulator.kafka_reference import KafkaQuotas
 
 BROKER_HOST = "broker-1.sim"
 BROKER_PORT = 9092
 NODE_ID = 1
-USER = "User:ANONYMOUS"
+USER = "ANONYMOUS"  # the principal's name, the user tag of an unauthenticated client
 
 
 @dataclass
 class BrokerModel:
-    """One broker (node 1). `engine`: enforce the quotas itself (Kafka's reference)."""
+    """One broker (node 1). `kafka`: enforce the quotas itself (Kafka's reference)."""
 
     latency_s: float = 0.002  # time to handle a request (log append, fetch read)
     fetch_available_bytes: int = 1 << 20  # what a fetch finds per partition (a consumer that keeps up)
-    engine: QuotaEngine | None = None
+    kafka: KafkaQuotas | None = None
     produced_bytes: int = 0
     fetched_bytes: int = 0
     throttles: list[int] = field(default_factory=list)
@@ -42,8 +44,9 @@ class BrokerModel:
         network = loop.network  # type: ignore[attr-defined]
         network.listen((BROKER_HOST, BROKER_PORT), lambda: _BrokerConnection(self, loop))
 
-    def now_ms(self, loop: asyncio.AbstractEventLoop) -> float:
-        return loop.time() * 1000.0
+    def now_ms(self, loop: asyncio.AbstractEventLoop) -> int:
+        """Kafka's time.milliseconds(): whole milliseconds."""
+        return int(loop.time() * 1000.0)
 
 
 class _BrokerConnection(asyncio.Protocol):
@@ -100,50 +103,41 @@ class _BrokerConnection(asyncio.Protocol):
 
     def _respond(self, header: RequestHeader, request: bytes) -> tuple[bytearray | bytes | None, int]:
         broker = self.broker
-        engine = broker.engine
+        kafka = broker.kafka
         now_ms = broker.now_ms(self.loop)
         client_id = header.client_id or ""
-        # KIP-124: the request's time on the broker's threads, here its handling latency.
-        request_ms = broker.latency_s * 1000.0
+        # KIP-124: the request's time on a handler thread (requestThreadTimeNanos), here its
+        # handling latency.
+        thread_nanos = round(broker.latency_s * 1e9)
         if header.api_key == PRODUCE_KEY:
-            size = len(request)  # the frame without its size prefix, as kqp.quotas.recording charges it
+            size = len(request)  # request.sizeInBytes: header and body, no size prefix
             broker.produced_bytes += size
             throttle = 0
-            if engine is not None:
-                # KafkaApis.handleProduceRequest: the larger of the produce and request throttles.
-                throttle = engine.record_produce("1", USER, client_id, size, now_ms)
-                throttle = max(throttle, engine.record_request_time("1", USER, client_id, PRODUCE_KEY, request_ms,
-                                                                    now_ms))
+            if kafka is not None:
+                throttle = kafka.handle_produce(USER, client_id, size, thread_nanos, now_ms)
             return wire.response_with(wire.produce_response_template(), PRODUCE_KEY, header.api_version,
                                       header.correlation_id, throttle), throttle
         if header.api_key == FETCH_KEY:
             max_bytes = wire.fetch_max_bytes(request, header.body_offset)
-            if engine is not None:
-                cap = engine.fetch_max_bytes_cap("1", USER, client_id, now_ms)
-                if cap is not None:
-                    max_bytes = min(max_bytes, cap)
-            data = min(max_bytes, broker.fetch_available_bytes)
-            template = wire.fetch_response_template(data)
+            if kafka is not None:
+                max_bytes = kafka.fetch_max_bytes(USER, client_id, max_bytes)
+            template = wire.fetch_response_template(min(max_bytes, broker.fetch_available_bytes))
             throttle = 0
-            if engine is not None:
-                # KafkaApis.handleFetchRequest: request time first; either throttle empties the
-                # response and unrecords its bytes.
-                request_throttle = engine.record_request_time("1", USER, client_id, FETCH_KEY, request_ms, now_ms)
-                throttle = engine.record_fetch("1", USER, client_id, wire.fetch_charge(template), now_ms,
-                                               request_throttle)
-                throttle = max(throttle, request_throttle)
-                if throttle > 0:
-                    template = wire.fetch_response_template(0)
+            if kafka is not None:
+                # FetchContext.getResponseSize: the response's size prefix and body.
+                answer = kafka.handle_fetch(USER, client_id, wire.fetch_charge(template), thread_nanos, now_ms)
+                throttle = answer.throttle_ms
+                if answer.empty:
+                    template = wire.fetch_response_template(0)  # getThrottledResponse
             broker.fetched_bytes += wire.fetch_charge(template)
             return wire.response_with(template, FETCH_KEY, header.api_version, header.correlation_id,
                                       throttle), throttle
         if header.api_key == CREATE_TOPICS_KEY:
             asked = wire.create_topics_asked(header, request)
             accepted, throttle = [True] * len(asked), 0
-            if engine is not None:
-                # KIP-599: the controller charges topic by topic and refuses those over the quota.
-                outcome = engine.mutations("1", USER, client_id, header.api_key, header.api_version, asked, now_ms)
-                accepted, throttle = outcome.accepted, outcome.throttle_ms
+            if kafka is not None:
+                accepted, throttle = kafka.handle_mutation(USER, client_id, header.api_key, header.api_version,
+                                                           asked, thread_nanos, now_ms)
             errors = [0 if ok else THROTTLING_QUOTA_EXCEEDED for ok in accepted]
             return wire.create_topics_response(header, asked, errors, throttle), throttle
         if header.api_key == METADATA_KEY:

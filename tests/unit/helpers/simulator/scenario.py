@@ -26,6 +26,7 @@ from kqp.quotas import QuotaEngine
 from kqp.quotas.fleet import UsageDelta
 from tests.unit.helpers.simulator.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
 from tests.unit.helpers.simulator.clients import CLIENT_SHAPES, ClientConnection, ConnectionRecord
+from tests.unit.helpers.simulator.kafka_reference import DEFAULT, Entity, KafkaQuotas
 from tests.unit.helpers.simulator.virtual_loop import Faults, MemoryTransport, run
 
 KIB = 1024
@@ -133,6 +134,16 @@ class Scenario:
             "quotas": {"entries": (entry,)},
             "enforcement": {"fair_connection_turns": self.fair_connection_turns},
         })
+
+    def kafka_quotas(self) -> KafkaQuotas:
+        """The same quotas as `config`, for Kafka's reference: on the <default> client-id, as
+        `kafka-configs --entity-type clients --entity-default` sets them."""
+        quota_key = {"produce": "producer_byte_rate", "fetch": "consumer_byte_rate",
+                     "create_topics": "controller_mutation_rate"}[CLIENT_SHAPES[self.client].api]
+        quotas: dict[str, dict[Entity, float]] = {quota_key: {(None, DEFAULT): float(self.quota)}}
+        if self.request_percentage:
+            quotas["request_percentage"] = {(None, DEFAULT): float(self.request_percentage)}
+        return KafkaQuotas(quotas)
 
     def replay_command(self, seed: int) -> str:
         # Strings bare (no quotes to fight the shell's), everything else as a Python literal.
@@ -366,7 +377,7 @@ async def _exchange(scenario: Scenario, apps: list[ProxyApp], stalled: set[Proxy
 
 async def _straight_to_kafka(scenario: Scenario) -> Figures:
     loop = asyncio.get_running_loop()
-    broker = BrokerModel(latency_s=scenario.broker_latency_s, engine=default_engine(scenario.config()))
+    broker = BrokerModel(latency_s=scenario.broker_latency_s, kafka=scenario.kafka_quotas())
     broker.listen(loop)
     records = await _drive(scenario, [(BROKER_HOST, BROKER_PORT)])
     return _figures(scenario, records, len(broker.throttles))
