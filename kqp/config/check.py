@@ -14,7 +14,8 @@ from pathlib import Path
 
 from kqp.config.errors import ConfigError
 from kqp.config.loader import line_of, load_config, read_config_file
-from kqp.config.models import GuardSection, KqpConfig, ListenerSaslSection, ProxySection, entity_text
+from kqp.config.models import KqpConfig, ListenerSaslSection, ProxySection, entity_text
+from kqp.config.quota_sections import GuardSection
 from kqp.quotas.capacity import DEFAULT_BROKER_ID, load_capacity
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaType
 

@@ -1,4 +1,7 @@
-"""The YAML configuration as frozen pydantic models, one class per section.
+"""The YAML configuration as frozen pydantic models, one class per section: here the proxy's
+own sections (listeners, upstream, metrics, capture, enforcement, fleet, workers) and the whole
+`KqpConfig`; the quota sections (`quotas`, `guard`) in kqp.config.quota_sections; the base they
+all build on in kqp.config.section.
 
 Every model forbids unknown keys and validates in strict mode (no "9192" for 9192), and
 every field name carries its unit (`_bytes`, `_seconds`, `_rate` in bytes/s as Kafka names
@@ -8,141 +11,37 @@ Kafka's AlterClientQuotas accepts (kafka-quota-spec.md section 8.3).
 
 from __future__ import annotations
 
-import ipaddress
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
-    PrivateAttr,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
+from kqp.config.quota_sections import GuardSection, QuotasSection
+from kqp.config.section import (
+    HostPort,
+    NodeId,
+    NonEmptyText,
+    Port,
+    PositiveSeconds,
+    Section,
+    SocketBufferBytes,
+    nested_error,
+    parse_host_port,
+)
 from kqp.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from kqp.protocol.proxy_header import Mode as ProxyProtocolMode
 from kqp.protocol.sasl import DEFAULT_OAUTHBEARER_SUB_CLAIM, READABLE_MECHANISMS
 from kqp.protocol.sni_routing import SniNameError, SniRoutes, check_broker_pattern, check_host_name
-from kqp.quotas.capacity import DEFAULT_NETWORK_THRESHOLD, NW_IN, NW_OUT, CapacityFile, CapacityFileError, load_capacity
-from kqp.quotas.guard_inputs import GuardSettings
-from kqp.quotas.settings import (
-    DEFAULT_ENTITY,
-    QUOTA_TYPES,
-    IpQuotaEntry,
-    QuotaEntity,
-    QuotaEntry,
-    QuotaSettings,
-    QuotaType,
-)
+from kqp.quotas.settings import QuotaSettings
 
 # Kept importable from here (check.py, advise.py), where it lived before the cluster guard needed it in kqp.quotas.
 from kqp.quotas.settings import entity_text as entity_text
-
-# Java's Long.MAX_VALUE and Integer.MAX_VALUE: the largest LONG and INT quota values Kafka stores.
-LONG_MAX = 2**63 - 1
-INT_MAX = 2**31 - 1
-# Kafka accepts a LONG/INT quota whose fractional part is at most this (ClientQuotaControlManager).
-_FRACTION_TOLERANCE = 1e-6
-
-Scope = Literal["broker", "cluster"]
-
-
-# strict: YAML already types its scalars, so a quoted "9192" is an operator's mistake to report,
-# not to coerce. frozen: the running config is shared by the loop, the reload and the fleet
-# exchange, and a reload swaps a whole new config in rather than editing the old one.
-class Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    def given(self) -> dict[str, Any]:
-        """The values the file (or the caller) gave, by field name; defaults are left to the
-        model, so that a section built from these knows, as this one does, what was set."""
-        return {name: getattr(self, name) for name in self.model_fields_set}
-
-    def updated(self, **changes: Any) -> Self:
-        """A copy with `changes`, validated as a file's values are (model_copy alone checks
-        nothing). For sections without aliased keys (the quota entries have some)."""
-        return type(self).model_validate({**self.given(), **changes})
-
-
-def nested_error(kind: str, message: str, sub_path: tuple[str | int, ...], **context: object) -> PydanticCustomError:
-    """An error raised by a section-wide check that belongs to one field inside the section.
-
-    Pydantic places such errors at the section; the loader appends `sub_path` so the
-    reported path names the field itself.
-    """
-    return PydanticCustomError(kind, message, {"sub_path": sub_path, **context})
-
-
-def _whole_number(value: object) -> object:
-    # Kafka stores producer/consumer byte rates as LONG and connection rates as INT, but the
-    # wire carries doubles; it accepts 1048576.0 and rejects 1048576.5.
-    if isinstance(value, float) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise ValueError("expected a finite number")
-        if abs(value - round(value)) > _FRACTION_TOLERANCE:
-            raise ValueError(f"cannot be a fractional value (Kafka stores it as a whole number), got {value}")
-        return round(value)
-    return value
-
-
-def _non_empty_name(value: str) -> str:
-    """Kafka rejects an empty entity name in AlterClientQuotas; the default entity has its own name."""
-    if value == "":
-        raise ValueError(f'an empty name is not supported; write "{DEFAULT_ENTITY}" for the default entity')
-    return value
-
-
-def _host_port(value: str) -> str:
-    parse_host_port(value)
-    return value
-
-
-def parse_host_port(text: str) -> tuple[str, int]:
-    """"host:port" or "[v6-address]:port" -> (host, port)."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f'expected "host:port", got {text!r}')
-    if host.startswith("["):
-        if not host.endswith("]"):
-            raise ValueError(f'expected "[ipv6-address]:port", got {text!r}')
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f'write an IPv6 address in brackets, "[{host}]:{port_text}"')
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise ValueError(f"expected a port between 1 and 65535 after the colon, got {port_text!r}")
-    return host, int(port_text)
-
-
-# Annotated types carry the rule with the field, so every section that takes a port or a
-# duration checks it the same way and the error names the field.
-Port = Annotated[int, Field(ge=1, le=65535)]
-NodeId = Annotated[int, Field(ge=0)]
-PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-
-
-def _buffer_size(size: int) -> int:
-    # Kafka's socket.*.buffer.bytes: -1 leaves the OS default; 0 is no size (a broker fails on it).
-    if size == 0 or size < -1:
-        raise ValueError(f"expected a size in bytes >= 1, or -1 for the OS default, got {size}")
-    return size
-
-
-SocketBufferBytes = Annotated[int, AfterValidator(_buffer_size)]
-NonEmptyText = Annotated[str, Field(min_length=1)]
-HostPort = Annotated[str, AfterValidator(_host_port)]
-EntityName = Annotated[str, AfterValidator(_non_empty_name)]
-# Quota values as AlterClientQuotas accepts them: > 0, whole numbers for LONG/INT keys.
-LongQuota = Annotated[int, BeforeValidator(_whole_number), Field(gt=0, le=LONG_MAX)]
-IntQuota = Annotated[int, BeforeValidator(_whole_number), Field(gt=0, le=INT_MAX)]
-DoubleQuota = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class ListenerTlsSection(Section):
@@ -455,269 +354,6 @@ class WorkersSection(Section):
             raise nested_error("backoff_order", "restart_backoff_max_seconds must be at least "
                                "restart_backoff_seconds", ("restart_backoff_max_seconds",))
         return self
-
-
-class EntitySection(Section):
-    """Kafka's (user, client-id) entity; a missing key is an absent part, "<default>" the default."""
-
-    user: EntityName | None = None
-    client_id: EntityName | None = Field(default=None, alias="client-id")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_nulls(cls, data: Any) -> Any:
-        # Kafka's wire format spells the default entity as null; here it must be explicit.
-        if isinstance(data, dict):
-            for key, value in data.items():
-                if value is None:
-                    raise nested_error(
-                        "null_entity_name",
-                        'null is ambiguous here: write "<default>" for the default entity, or leave the key out',
-                        (key,),
-                    )
-        return data
-
-    @model_validator(mode="after")
-    def _not_empty(self) -> EntitySection:
-        if self.user is None and self.client_id is None:
-            raise ValueError("an entity needs at least one of the keys user, client-id")
-        return self
-
-    def to_entity(self) -> QuotaEntity:
-        return QuotaEntity(user=self.user, client_id=self.client_id)
-
-    def describe(self) -> str:
-        return entity_text(self.to_entity())
-
-
-class QuotaEntrySection(Section):
-    entity: EntitySection
-    producer_byte_rate: LongQuota | None = None  # bytes/s
-    consumer_byte_rate: LongQuota | None = None  # bytes/s
-    request_percentage: DoubleQuota | None = None  # percent of one broker thread's time
-    controller_mutation_rate: DoubleQuota | None = None  # partitions/s
-    dry_run: bool = False
-    scope: Scope | None = None
-    # Who last wrote the entry, when the proxy did (AlterClientQuotas, the fleet's quota
-    # topic): `kqp check-config` shows it. Not part of the quota.
-    origin: NonEmptyText | None = None
-
-    @model_validator(mode="after")
-    def _sets_a_quota(self) -> QuotaEntrySection:
-        if not self.limits():
-            raise ValueError(f"the entry sets no quota: expected at least one of {', '.join(QUOTA_TYPES)}")
-        return self
-
-    def limits(self) -> dict[QuotaType, float]:
-        values: dict[QuotaType, float] = {}
-        for quota_type in QUOTA_TYPES:
-            value = getattr(self, quota_type)
-            if value is not None:
-                values[quota_type] = float(value)
-        return values
-
-    def to_entry(self) -> QuotaEntry:
-        return QuotaEntry(self.entity.to_entity(), self.limits(), dry_run=self.dry_run, scope=self.scope)
-
-
-class IpQuotaEntrySection(Section):
-    # An IP address, or "<default>" for every address without its own entry (KIP-612).
-    ip: str
-    connection_creation_rate: IntQuota  # connections/s
-
-    @field_validator("ip")
-    @classmethod
-    def _ip_address(cls, value: str) -> str:
-        if value == DEFAULT_ENTITY:
-            return value
-        try:
-            # Normalised so that "::1" and "0::1" are the same entity.
-            return str(ipaddress.ip_address(value))
-        except ValueError:
-            raise ValueError(f'expected an IP address or "{DEFAULT_ENTITY}", got {value!r}') from None
-
-    def to_entry(self) -> IpQuotaEntry:
-        return IpQuotaEntry(self.ip, float(self.connection_creation_rate))
-
-
-_CALLBACK_CLASS = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
-
-
-class CallbackSection(Section):
-    """KIP-257: a ClientQuotaCallback class and the options it is configured with."""
-
-    class_: str = Field(alias="class")
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("class_")
-    @classmethod
-    def _class_path(cls, value: str) -> str:
-        if not _CALLBACK_CLASS.match(value):
-            raise ValueError(f'expected "package.module:ClassName", got {value!r}')
-        return value
-
-
-class QuotasSection(Section):
-    scope: Scope = "broker"
-    dry_run: bool = False
-    window_num: Annotated[int, Field(ge=1)] = 11  # quota.window.num
-    window_size_seconds: Annotated[int, Field(ge=1)] = 1  # quota.window.size.seconds
-    controller_window_num: Annotated[int, Field(ge=1)] = 11
-    controller_window_size_seconds: Annotated[int, Field(ge=1)] = 1
-    sensor_expiry_seconds: PositiveSeconds = 3600.0
-    # Whether a write-back (AlterClientQuotas, the fleet's quota topic) stamps the entries it
-    # changes with an `origin` (who, from where, when; kqp check-config shows it). False: the
-    # file changes in the altered values alone.
-    stamp_origin: bool = True
-    callback: CallbackSection | None = None
-    entries: tuple[QuotaEntrySection, ...] = ()
-    ip_entries: tuple[IpQuotaEntrySection, ...] = ()
-
-    @field_validator("entries")
-    @classmethod
-    def _unique_entities(cls, entries: tuple[QuotaEntrySection, ...]) -> tuple[QuotaEntrySection, ...]:
-        first_at: dict[tuple[str | None, str | None], int] = {}
-        for index, entry in enumerate(entries):
-            key = (entry.entity.user, entry.entity.client_id)
-            if key in first_at:
-                raise nested_error(
-                    "duplicate_entity",
-                    "duplicate entity ({entity}): already defined at quotas.entries[{first}]",
-                    (index, "entity"), entity=entry.entity.describe(), first=first_at[key],
-                )
-            first_at[key] = index
-        return entries
-
-    @field_validator("ip_entries")
-    @classmethod
-    def _unique_ips(cls, entries: tuple[IpQuotaEntrySection, ...]) -> tuple[IpQuotaEntrySection, ...]:
-        first_at: dict[str, int] = {}
-        for index, entry in enumerate(entries):
-            if entry.ip in first_at:
-                raise nested_error(
-                    "duplicate_entity",
-                    "duplicate ip {ip}: already defined at quotas.ip_entries[{first}]",
-                    (index, "ip"), ip=entry.ip, first=first_at[entry.ip],
-                )
-            first_at[entry.ip] = index
-        return entries
-
-
-Granularity = Literal["client-id", "user", "user,client-id"]
-# The entity keys each granularity of the guard names, as the quota entries spell them.
-_GRANULARITY_KEYS: dict[str, tuple[str, ...]] = {
-    "client-id": ("client-id",),
-    "user": ("user",),
-    "user,client-id": ("user", "client-id"),
-}
-Threshold = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
-
-
-class GuardWeightSection(Section):
-    entity: EntitySection
-    weight: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-
-
-class GuardSection(Section):
-    """Opt-in, beyond Kafka: the cluster guard (docs/quotas.md, "The cluster guard").
-
-    While a broker's modelled NW_IN or NW_OUT is over capacity x threshold, every entity (at
-    `granularity`) gets its max-min fair share of the limit as a guard limit, and its effective
-    quota is the lower of its configured quota and its guard limit.
-    """
-
-    enabled: bool = False
-    # Cruise Control's capacity.json, as `kqp replay analyze --capacity` reads it; relative to the
-    # proxy's working directory. Read when the configuration is loaded (at start and at every
-    # reload), never by the running guard: see `_capacity`.
-    capacity_file: NonEmptyText | None = None
-    # The share of a broker's declared capacity it may carry: Cruise Control's
-    # network.{inbound,outbound}.capacity.threshold, with analyze's names and defaults.
-    nw_in_threshold: Threshold = DEFAULT_NETWORK_THRESHOLD
-    nw_out_threshold: Threshold = DEFAULT_NETWORK_THRESHOLD
-    granularity: Granularity = "client-id"
-    weights: tuple[GuardWeightSection, ...] = ()
-    protected: tuple[EntitySection, ...] = ()
-    # No guard limit below this many bytes/s; an entity whose rate is under it is never limited.
-    floor: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
-    # Models follower traffic as analyze does (capped at the broker count).
-    replication_factor: Annotated[int, Field(ge=1)] = 3
-    interval_seconds: Annotated[float, Field(ge=0.1, le=60.0, allow_inf_nan=False)] = 1.0
-    # A resource releases once its load is at or under limit x (1 - release_margin).
-    release_margin: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.1
-    # A guard limit rises by at most this share of itself per second.
-    raise_per_second: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 0.05
-    # Compute, log and report the guard limits; throttle nothing for them.
-    dry_run: bool = False
-    # The capacity file as read when this section was validated: the guard's loop computes its
-    # limits from it, so the event loop never reads a file at a control step.
-    _capacity: CapacityFile | None = PrivateAttr(default=None)
-
-    @model_validator(mode="after")
-    def _capacity_and_entities(self) -> GuardSection:
-        if self.enabled:
-            if self.capacity_file is None:
-                raise nested_error("missing_capacity_file", "the guard needs capacity_file (Cruise Control's "
-                                   "capacity.json) when enabled", ("capacity_file",))
-            try:
-                self._capacity = load_capacity(self.capacity_file)
-            except OSError as error:
-                raise nested_error("capacity_file", "cannot read {path}: {reason}", ("capacity_file",),
-                                   path=self.capacity_file, reason=error.strerror or str(error)) from error
-            except (CapacityFileError, ValueError) as error:
-                raise nested_error("capacity_file", "{path} is not a Cruise Control capacity file: {reason}",
-                                   ("capacity_file",), path=self.capacity_file, reason=str(error)) from error
-        keys = _GRANULARITY_KEYS[self.granularity]
-        named: list[tuple[tuple[str | int, ...], EntitySection]] = [
-            (("weights", index, "entity"), w.entity) for index, w in enumerate(self.weights)
-        ]
-        named += [(("protected", index), entity) for index, entity in enumerate(self.protected)]
-        for path, entity in named:
-            given = tuple(key for key, value in (("user", entity.user), ("client-id", entity.client_id))
-                          if value is not None)
-            if given != keys:
-                raise nested_error(
-                    "guard_entity", "the guard's entities are {granularity} (its granularity): expected the "
-                    "key(s) {keys}, got {given}", path, granularity=self.granularity, keys=", ".join(keys),
-                    given=", ".join(given),
-                )
-        return self
-
-    def weight_of(self) -> dict[QuotaEntity, float]:
-        return {w.entity.to_entity(): w.weight for w in self.weights}
-
-    def protected_entities(self) -> frozenset[QuotaEntity]:
-        return frozenset(entity.to_entity() for entity in self.protected)
-
-    def limits(self, brokers: Sequence[int]) -> dict[tuple[int, str], float]:
-        """capacity x threshold per (broker, NW_IN | NW_OUT), bytes/s, for the brokers the proxy
-        knows; a broker the capacity file has no entry (nor -1 default) for is left unguarded.
-        From the file as read at validation: a section that is off read none and guards nothing."""
-        capacity = self._capacity
-        if capacity is None:
-            return {}
-        thresholds = {NW_IN: self.nw_in_threshold, NW_OUT: self.nw_out_threshold}
-        limits = {}
-        for broker in brokers:
-            try:
-                declared = capacity.for_broker(broker)
-            except CapacityFileError:
-                continue
-            for resource, threshold in thresholds.items():
-                limits[(broker, resource)] = declared.network_bytes_per_s(resource) * threshold
-        return limits
-
-    def settings(self, brokers: Sequence[int]) -> GuardSettings:
-        """The pure control step's settings for these brokers (from the capacity file as loaded)."""
-        return GuardSettings(
-            limits=self.limits(brokers),
-            replication_factor=self.replication_factor,
-            weights=self.weight_of(),
-            protected=self.protected_entities(),
-            floor=self.floor,
-            release_margin=self.release_margin,
-            raise_per_s=self.raise_per_second,
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pydantic import ConfigDict
 
-from kqp.config.models import FleetSection, HostPort, NonEmptyText
+from kqp.config.models import FleetSection
+from kqp.config.section import HostPort, NonEmptyText
 from kqp.proxy.backoff import Backoff
 from kqp.proxy.claims import ClaimBook
 from kqp.proxy.hooks import FleetCharge

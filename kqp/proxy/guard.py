@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from kqp.config.models import GuardSection
+from kqp.config.quota_sections import GuardSection
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.quotas.engine import QuotaManagers
 from kqp.quotas.guard import GuardDecision, GuardState, step

@@ -11,7 +11,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from kqp.config.models import ListenerSaslSection, NodeId, ProxySection, UpstreamTlsSection
+from kqp.config.models import ListenerSaslSection, ProxySection, UpstreamTlsSection
+from kqp.config.section import NodeId
 from kqp.protocol.sni_routing import SniRoutes
 
 # Port 0 is a free port the OS picks: the IO layer takes it (tests, embedding), a file cannot.

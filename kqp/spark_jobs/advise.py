@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
+import io
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -43,6 +43,9 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from kqp.config.models import entity_text as entity_label
 from kqp.protocol.api_keys import ApiKey
@@ -330,14 +333,37 @@ def _why(flow: FlowAdvice, throttled: Mapping[QuotaEntity, float], stat: str) ->
     return text
 
 
-def _yaml_entity(entity: QuotaEntity) -> str:
-    # JSON strings are YAML double-quoted scalars: any client-id survives, quotes included.
-    parts = []
+def _yaml_entity(entity: QuotaEntity) -> CommentedMap:
+    # Double-quoted, in flow style ({user: "...", client-id: "..."}): any name survives, quotes included.
+    names = CommentedMap()
     if entity.user is not None:
-        parts.append(f"user: {json.dumps(entity.user)}")
+        names["user"] = DoubleQuotedScalarString(entity.user)
     if entity.client_id is not None:
-        parts.append(f"client-id: {json.dumps(entity.client_id)}")
-    return "{" + ", ".join(parts) + "}"
+        names["client-id"] = DoubleQuotedScalarString(entity.client_id)
+    names.fa.set_flow_style()
+    return names
+
+
+def _entry_comments(
+    entry: Entry, flows: Sequence[FlowAdvice], by_entity: Mapping[QuotaEntity, list[FlowAdvice]],
+    explicit: set[QuotaEntity], throttled: Mapping[QuotaEntity, float], stat: str,
+) -> list[str]:
+    """The comment lines above an entry: why each of its quotas is what it is."""
+    if DEFAULT_ENTITY not in (entry.entity.user, entry.entity.client_id):
+        return [f"{entity_label(flow.entity)}: {_why(flow, throttled, stat)}"
+                for flow in by_entity.get(entry.entity, [])]
+    # A <default> entry covers every entity without an entry of its own (KIP-55), so its comment
+    # names those entities rather than one flow.
+    lines = []
+    for quota_type, value in entry.limits.items():
+        covered = [f for f in flows if f.quota_type == quota_type and f.entity not in explicit and f.quota is not None]
+        below = [f for f in flows if f.quota_type == quota_type and f.entity not in explicit and f.quota is None]
+        names = ", ".join(entity_label(f.entity) for f in covered[:10]) + (" ..." if len(covered) > 10 else "")
+        lines.append(f"{quota_type} {value}: the fair share of {len(covered)} entities without an entry "
+                     f"of their own ({names}); {len(below)} others never went above it")
+    lines += [f"  {entity_label(flow.entity)}: {_why(flow, throttled, stat)}"
+              for flow in [f for f in flows if f.entity not in explicit and f.quota is not None][:10]]
+    return lines
 
 
 def render_quotas_yaml(
@@ -350,42 +376,33 @@ def render_quotas_yaml(
     stat: str = "p99",
 ) -> str:
     """quotas.yaml in kqp's own format (`kqp check-config` / `kqp serve --config`), with a
-    comment per entry saying why."""
+    comment per entry saying why; written by ruamel.yaml, as the proxy writes its quota file back."""
     by_entity: dict[QuotaEntity, list[FlowAdvice]] = {}
     for flow in flows:
         by_entity.setdefault(flow.entity, []).append(flow)
     explicit = {entry.entity for entry in entries}
-    lines = [f"# {line}" for line in header]
-    lines += ["quotas:", f"  scope: {scope}"]
-    lines += [f"  {key}: {value}" for key, value in windows.items()]
-    lines.append("  entries:" if entries else "  entries: []")
-    for entry in entries:
-        lines.append("")
-        # A <default> entry covers every entity without an entry of its own (KIP-55), so its comment
-        # names those entities rather than one flow.
-        if DEFAULT_ENTITY in (entry.entity.user, entry.entity.client_id):
-            for quota_type, value in entry.limits.items():
-                covered = [
-                    f for f in flows if f.quota_type == quota_type and f.entity not in explicit and f.quota is not None
-                ]
-                below = [
-                    f for f in flows if f.quota_type == quota_type and f.entity not in explicit and f.quota is None
-                ]
-                names = ", ".join(entity_label(f.entity) for f in covered[:10]) + (" ..." if len(covered) > 10 else "")
-                lines.append(
-                    f"    # {quota_type} {value}: the fair share of {len(covered)} entities without an entry "
-                    f"of their own ({names}); {len(below)} others never went above it"
-                )
-            for flow in [f for f in flows if f.entity not in explicit and f.quota is not None][:10]:
-                lines.append(f"    #   {entity_label(flow.entity)}: {_why(flow, throttled, stat)}")
-        else:
-            for flow in by_entity.get(entry.entity, []):
-                lines.append(f"    # {entity_label(flow.entity)}: {_why(flow, throttled, stat)}")
-        lines.append(f"    - entity: {_yaml_entity(entry.entity)}")
+    listed = CommentedSeq()
+    for index, entry in enumerate(entries):
+        item = CommentedMap(entity=_yaml_entity(entry.entity))
         for quota_type, value in entry.limits.items():
-            note = "  # Long.MAX_VALUE: no quota (exempt from the <default> entry)" if value == UNLIMITED_QUOTA else ""
-            lines.append(f"      {quota_type}: {value}{note}")
-    return "\n".join(lines) + "\n"
+            item[quota_type] = value
+            if value == UNLIMITED_QUOTA:
+                item.yaml_add_eol_comment("Long.MAX_VALUE: no quota (exempt from the <default> entry)", quota_type)
+        listed.append(item)
+        # A blank line, then the reasons, above each entry.
+        comments = _entry_comments(entry, flows, by_entity, explicit, throttled, stat)
+        listed.yaml_set_comment_before_after_key(index, before="\n".join(["", *comments]), indent=4)
+    quotas = CommentedMap(scope=scope)
+    quotas.update(windows)
+    quotas["entries"] = listed
+    document = CommentedMap(quotas=quotas)
+    document.yaml_set_start_comment("\n".join(header))
+    writer = YAML()
+    writer.indent(mapping=2, sequence=4, offset=2)
+    writer.width = 1 << 16  # one line per value, however long a name
+    text = io.StringIO()
+    writer.dump(document, text)
+    return text.getvalue()
 
 
 # ---------------------------------------------------------------- verification

@@ -13,11 +13,13 @@ ANONYMOUS = "ANONYMOUS"
 BUDGET_EXIT_CODE = 3
 
 
-class HelpFormatter(argparse.HelpFormatter):
-    """`--help` with every option's default: appended as "(default: X)" when the help text does not
-    already say it, "(default: off)" for a flag. An option whose default is None (computed, or
-    "not set") must say in its own help what happens without it; tests/unit/test_replay_cli_help.py
-    checks that every option of every `kqp replay` command does.
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` with every option's default, as argparse's ArgumentDefaultsHelpFormatter appends
+    it, except where that would read wrong: a help text that already says its default is left
+    alone, a flag reads "(default: off)" rather than "False", and an option without a value by
+    default (None, an empty list: computed, or "not set"), a required one or a positional gets
+    nothing appended; such an option must say in its own help what happens without it
+    (tests/unit/test_replay_cli_help.py checks every option of every `kqp replay` command).
     """
 
     def _get_help_string(self, action: argparse.Action) -> str:
@@ -26,9 +28,9 @@ class HelpFormatter(argparse.HelpFormatter):
             return text
         if isinstance(action, argparse._StoreTrueAction):
             return f"{text} (default: off)"
-        if action.default is None or action.default is argparse.SUPPRESS or action.default == []:
+        if action.default is None or action.default == []:
             return text
-        return f"{text} (default: %(default)s)"
+        return super()._get_help_string(action) or text
 
 
 class Progress:

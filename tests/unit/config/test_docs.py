@@ -10,23 +10,25 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from kqp.config.models import (
-    CallbackSection,
     CaptureSection,
     EnforcementSection,
     FleetSection,
-    GuardSection,
-    GuardWeightSection,
-    IpQuotaEntrySection,
     KqpConfig,
     ListenerSaslSection,
     MetricsSection,
     ProxyProtocolSection,
     ProxySection,
-    QuotaEntrySection,
-    QuotasSection,
     SniRoutingSection,
     UpstreamSection,
     WorkersSection,
+)
+from kqp.config.quota_sections import (
+    CallbackSection,
+    GuardSection,
+    GuardWeightSection,
+    IpQuotaEntrySection,
+    QuotaEntrySection,
+    QuotasSection,
 )
 
 DOC = Path(__file__).resolve().parents[3] / "docs/configuration.md"

@@ -1,5 +1,6 @@
-"""Each setting's default is written once, in kqp.config.models: the IO layer's options are
-the sections themselves or subclasses of them, and no dataclass in the IO layer repeats one."""
+"""Each setting's default is written once, in the sections (kqp.config.models and
+kqp.config.quota_sections): the IO layer's options are the sections themselves or subclasses
+of them, and no dataclass in the IO layer repeats one."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from pydantic import BaseModel
 
 import kqp.capture
 import kqp.config.models
+import kqp.config.quota_sections
 import kqp.proxy
-from kqp.config.models import FleetSection, KqpConfig, ProxySection, Section
+from kqp.config.models import FleetSection, KqpConfig, ProxySection
+from kqp.config.section import Section
 from kqp.proxy.fleet import FleetOptions
 from kqp.proxy.options import ProxyOptions
 
 
 def sections() -> list[type[Section]]:
-    return [value for value in vars(kqp.config.models).values()
-            if isinstance(value, type) and issubclass(value, Section) and value is not Section]
+    return [value for module in (kqp.config.models, kqp.config.quota_sections) for value in vars(module).values()
+            if isinstance(value, type) and issubclass(value, Section) and value is not Section
+            and value.__module__ == module.__name__]
 
 
 def setting_names() -> set[str]:
@@ -52,7 +56,7 @@ def test_no_dataclass_of_the_io_layer_repeats_a_setting_with_a_default() -> None
         if _spellings(field.name) & settings
         and (field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING)
     ]
-    assert repeated == [], "settings with a default of their own outside kqp.config.models"
+    assert repeated == [], "settings with a default of their own outside the sections"
 
 
 @pytest.mark.parametrize(("options", "section"), [(ProxyOptions, ProxySection), (FleetOptions, FleetSection)])

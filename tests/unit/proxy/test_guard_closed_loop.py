@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kqp.config.models import GuardSection
+from kqp.config.quota_sections import GuardSection
 from kqp.proxy.guard import GuardLoop
 from kqp.quotas import QuotaEngine, QuotaSettings
 

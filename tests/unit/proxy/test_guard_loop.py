@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kqp.config.models import GuardSection
+from kqp.config.quota_sections import GuardSection
 from kqp.proxy.guard import GuardLoop
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaSettings
