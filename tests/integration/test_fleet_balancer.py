@@ -34,9 +34,10 @@ KILL_AT_S = WARMUP_S + 8  # every instance has throttled the client by then
 # Kafka's default quota window (11 x 1 s): from one window after the kill, the killed
 # instance's usage has left every window, and only the survivors' usage counts.
 WINDOW_S = 11
-# Long enough to see every producer acknowledged after the killed instance's window; the rate
-# over it is printed for the log (its accuracy is the system test's, see the end of the test).
-AFTER_WINDOW_S = 10
+# Long enough to see every producer acknowledged after the killed instance's window: the three
+# share 256 KiB/s in requests of up to 1 MB, so one of them may go 10 s or more without one.
+# The rate over it is printed for the log (its accuracy is the system test's, see the test's end).
+AFTER_WINDOW_S = 40
 
 
 def open_connections(proxy: ProxyProcess) -> float:
