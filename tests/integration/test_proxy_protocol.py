@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness.certificates import CertificateAuthority
 from harness.load_balancer import LoadBalancer
@@ -78,10 +79,10 @@ def one_round_trip(source: str, host: str, port: int) -> bool:
 
 
 def metric(proxy: ProxyProcess, name: str, **labels: str) -> float:
-    wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
-    for line in proxy.metrics_text().splitlines():
-        if line.startswith(f"{name}{{{wanted}}} ") or (not labels and line.startswith(f"{name} ")):
-            return float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(proxy.metrics_text()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
     return 0.0
 
 
