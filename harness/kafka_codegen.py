@@ -144,12 +144,16 @@ class Writer:
         return f"{stem}{self.counter}"
 
 
+_KIND_WORDS = {"d": "decode", "e": "encode", "s": "skip", "c": "collect"}
+
+
 class Generator:
     def __init__(self) -> None:
         self.out: list[str] = []
         self.structs_fmt: dict[str, str] = {}
         self.functions: dict[str, str] = {}  # body -> name, so identical layouts share one function
         self.function_count = 0
+        self.names: set[str] = set()
 
     # ---- shared constants -------------------------------------------------------------------
     def struct_const(self, fmt: str) -> str:
@@ -161,10 +165,15 @@ class Generator:
         key = kind + signature + "\n".join(body)
         if key in self.functions:
             return self.functions[key]
-        self.function_count += 1
-        name = f"_{kind}{self.function_count}"
+        # Named after what it does and the first message and version it serves (versions with
+        # the same layout share it), e.g. _decode_ProduceRequest_v3, _skip_ProduceResponse_v3_ThrottleTimeMs.
+        name = f"_{_KIND_WORDS[kind]}_{re.sub(r'[^0-9A-Za-z]+', '_', doc).strip('_')}"
+        if name in self.names:
+            self.function_count += 1
+            name = f"{name}_{self.function_count}"
+        self.names.add(name)
         self.functions[key] = name
-        self.out.append(f"def {name}{signature}:  # {doc}")
+        self.out.append(f"def {name}{signature}:")
         self.out.extend(body)
         self.out.append("")
         self.out.append("")

@@ -62,7 +62,7 @@ class AddOffsetsToTxnResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AddOffsetsToTxnRequest v0
+def _decode_AddOffsetsToTxnRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddOffsetsToTxnRequest)
     m.unknown_tags = None
     m.transactional_id, o = _string(b, o)
@@ -72,13 +72,13 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AddOffsetsToTxnRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # AddOffsetsToTxnRequest v0
+def _encode_AddOffsetsToTxnRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.transactional_id)
     w += _S_qh.pack(m.producer_id, m.producer_epoch)
     _write_string(w, m.group_id)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AddOffsetsToTxnRequest v3
+def _decode_AddOffsetsToTxnRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddOffsetsToTxnRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -108,7 +108,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AddOffsetsToTxnRequest v3
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # AddOffsetsToTxnRequest v3
+def _encode_AddOffsetsToTxnRequest_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     w += _S_qh.pack(m.producer_id, m.producer_epoch)
     _write_compact_string(w, m.group_id)
@@ -118,7 +118,7 @@ def _e4(m: Any, w: bytearray) -> None:  # AddOffsetsToTxnRequest v3
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # AddOffsetsToTxnResponse v0
+def _decode_AddOffsetsToTxnResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddOffsetsToTxnResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -126,11 +126,11 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # AddOffsetsToTxnResponse v0
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # AddOffsetsToTxnResponse v0
+def _encode_AddOffsetsToTxnResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AddOffsetsToTxnResponse v3
+def _decode_AddOffsetsToTxnResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddOffsetsToTxnResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -148,7 +148,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AddOffsetsToTxnResponse v3
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # AddOffsetsToTxnResponse v3
+def _encode_AddOffsetsToTxnResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -157,12 +157,12 @@ def _e8(m: Any, w: bytearray) -> None:  # AddOffsetsToTxnResponse v3
 
 
 AddOffsetsToTxnRequest.DEFAULTS = ('', 0, 0, '', )
-AddOffsetsToTxnRequest.DECODERS = {0: _d1, 1: _d1, 2: _d1, 3: _d3, 4: _d3}
-AddOffsetsToTxnRequest.ENCODERS = {0: _e2, 1: _e2, 2: _e2, 3: _e4, 4: _e4}
+AddOffsetsToTxnRequest.DECODERS = {0: _decode_AddOffsetsToTxnRequest_v0, 1: _decode_AddOffsetsToTxnRequest_v0, 2: _decode_AddOffsetsToTxnRequest_v0, 3: _decode_AddOffsetsToTxnRequest_v3, 4: _decode_AddOffsetsToTxnRequest_v3}
+AddOffsetsToTxnRequest.ENCODERS = {0: _encode_AddOffsetsToTxnRequest_v0, 1: _encode_AddOffsetsToTxnRequest_v0, 2: _encode_AddOffsetsToTxnRequest_v0, 3: _encode_AddOffsetsToTxnRequest_v3, 4: _encode_AddOffsetsToTxnRequest_v3}
 
 AddOffsetsToTxnResponse.DEFAULTS = (0, 0, )
-AddOffsetsToTxnResponse.DECODERS = {0: _d5, 1: _d5, 2: _d5, 3: _d7, 4: _d7}
-AddOffsetsToTxnResponse.ENCODERS = {0: _e6, 1: _e6, 2: _e6, 3: _e8, 4: _e8}
+AddOffsetsToTxnResponse.DECODERS = {0: _decode_AddOffsetsToTxnResponse_v0, 1: _decode_AddOffsetsToTxnResponse_v0, 2: _decode_AddOffsetsToTxnResponse_v0, 3: _decode_AddOffsetsToTxnResponse_v3, 4: _decode_AddOffsetsToTxnResponse_v3}
+AddOffsetsToTxnResponse.ENCODERS = {0: _encode_AddOffsetsToTxnResponse_v0, 1: _encode_AddOffsetsToTxnResponse_v0, 2: _encode_AddOffsetsToTxnResponse_v0, 3: _encode_AddOffsetsToTxnResponse_v3, 4: _encode_AddOffsetsToTxnResponse_v3}
 
 
 REQUEST = AddOffsetsToTxnRequest

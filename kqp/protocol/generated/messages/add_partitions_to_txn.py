@@ -89,7 +89,7 @@ class AddPartitionsToTxnResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest_AddPartitionsToTxnTopic v0
+def _decode_AddPartitionsToTxnRequest_AddPartitionsToTxnTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnRequest_AddPartitionsToTxnTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -102,7 +102,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest_Add
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest v0
+def _decode_AddPartitionsToTxnRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnRequest)
     m.unknown_tags = None
     m.transactions = list()
@@ -115,13 +115,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_AddPartitionsToTxnRequest_AddPartitionsToTxnTopic_v0(b, o)
             items2.append(v3)
         m.v3_and_below_topics = items2
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnRequest_AddPartitionsToTxnTopic v0
+def _encode_AddPartitionsToTxnRequest_AddPartitionsToTxnTopic_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
@@ -129,16 +129,16 @@ def _e3(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnRequest_AddPartition
         w += _pack(f'>{len(items1)}i', *items1)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnRequest v0
+def _encode_AddPartitionsToTxnRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.v3_and_below_transactional_id)
     w += _S_qh.pack(m.v3_and_below_producer_id, m.v3_and_below_producer_epoch)
     items1 = m.v3_and_below_topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_AddPartitionsToTxnRequest_AddPartitionsToTxnTopic_v0(item2, w)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest_AddPartitionsToTxnTopic v3
+def _decode_AddPartitionsToTxnRequest_AddPartitionsToTxnTopic_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnRequest_AddPartitionsToTxnTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -170,7 +170,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest_Add
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest v3
+def _decode_AddPartitionsToTxnRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnRequest)
     m.unknown_tags = None
     m.transactions = list()
@@ -192,7 +192,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest v3
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d5(b, o)
+            v4, o = _decode_AddPartitionsToTxnRequest_AddPartitionsToTxnTopic_v3(b, o)
             items3.append(v4)
         m.v3_and_below_topics = items3
     if b[o] == 0:
@@ -208,7 +208,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest v3
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnRequest_AddPartitionsToTxnTopic v3
+def _encode_AddPartitionsToTxnRequest_AddPartitionsToTxnTopic_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -220,20 +220,20 @@ def _e7(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnRequest_AddPartition
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnRequest v3
+def _encode_AddPartitionsToTxnRequest_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.v3_and_below_transactional_id)
     w += _S_qh.pack(m.v3_and_below_producer_id, m.v3_and_below_producer_epoch)
     items1 = m.v3_and_below_topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_AddPartitionsToTxnRequest_AddPartitionsToTxnTopic_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction v4
+def _decode_AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction)
     m.unknown_tags = None
     length1 = b[o]
@@ -254,7 +254,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest_Add
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d5(b, o)
+            v4, o = _decode_AddPartitionsToTxnRequest_AddPartitionsToTxnTopic_v3(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -270,7 +270,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest_Add
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest v4
+def _decode_AddPartitionsToTxnRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnRequest)
     m.unknown_tags = None
     m.v3_and_below_transactional_id = ''
@@ -287,7 +287,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction_v4(b, o)
             items2.append(v3)
         m.transactions = items2
     if b[o] == 0:
@@ -303,31 +303,31 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnRequest v4
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction v4
+def _encode_AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     w += _S_qho.pack(m.producer_id, m.producer_epoch, m.verify_only)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_AddPartitionsToTxnRequest_AddPartitionsToTxnTopic_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnRequest v4
+def _encode_AddPartitionsToTxnRequest_v4(m: Any, w: bytearray) -> None:
     items1 = m.transactions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult v0
+def _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult)
     m.unknown_tags = None
     m.partition_index, m.partition_error_code = _S_ih.unpack_from(b, o)
@@ -335,7 +335,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_A
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult v0
+def _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -345,13 +345,13 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_A
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult_v0(b, o)
             items2.append(v3)
         m.results_by_partition = items2
     return m, o
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse v0
+def _decode_AddPartitionsToTxnResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -364,33 +364,33 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse v
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d14(b, o)
+            v3, o = _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult_v0(b, o)
             items2.append(v3)
         m.results_by_topic_v3_and_below = items2
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult v0
+def _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.partition_error_code)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult v0
+def _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.results_by_partition
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e16(item2, w)
+        _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult_v0(item2, w)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnResponse v0
+def _encode_AddPartitionsToTxnResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results_by_topic_v3_and_below
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult_v0(item2, w)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult v3
+def _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult)
     m.unknown_tags = None
     m.partition_index, m.partition_error_code = _S_ih.unpack_from(b, o)
@@ -408,7 +408,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_A
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult v3
+def _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -427,7 +427,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_A
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d19(b, o)
+            v4, o = _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult_v3(b, o)
             items3.append(v4)
         m.results_by_partition = items3
     if b[o] == 0:
@@ -443,7 +443,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_A
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse v3
+def _decode_AddPartitionsToTxnResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -460,7 +460,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse v
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult_v3(b, o)
             items2.append(v3)
         m.results_by_topic_v3_and_below = items2
     if b[o] == 0:
@@ -476,7 +476,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse v
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult v3
+def _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult_v3(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.partition_error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -484,31 +484,31 @@ def _e22(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnResponse_AddPartiti
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult v3
+def _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.results_by_partition
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnResponse v3
+def _encode_AddPartitionsToTxnResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results_by_topic_v3_and_below
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_AddPartitionsToTxnResult v4
+def _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnResult_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnResponse_AddPartitionsToTxnResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -527,7 +527,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_A
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d20(b, o)
+            v4, o = _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult_v3(b, o)
             items3.append(v4)
         m.topic_results = items3
     if b[o] == 0:
@@ -543,7 +543,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse_A
     return m, o
 
 
-def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse v4
+def _decode_AddPartitionsToTxnResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddPartitionsToTxnResponse)
     m.unknown_tags = None
     m.results_by_topic_v3_and_below = list()
@@ -559,7 +559,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse v
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d25(b, o)
+            v3, o = _decode_AddPartitionsToTxnResponse_AddPartitionsToTxnResult_v4(b, o)
             items2.append(v3)
         m.results_by_transaction = items2
     if b[o] == 0:
@@ -575,24 +575,24 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # AddPartitionsToTxnResponse v
     return m, o
 
 
-def _e27(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnResponse_AddPartitionsToTxnResult v4
+def _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnResult_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     items1 = m.topic_results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e28(m: Any, w: bytearray) -> None:  # AddPartitionsToTxnResponse v4
+def _encode_AddPartitionsToTxnResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.results_by_transaction
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e27(item2, w)
+        _encode_AddPartitionsToTxnResponse_AddPartitionsToTxnResult_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -604,8 +604,8 @@ AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction.DEFAULTS = ('', 0, 0, Fa
 AddPartitionsToTxnRequest.DEFAULTS = (list, '', 0, 0, list, )
 AddPartitionsToTxnRequest.AddPartitionsToTxnTransaction = AddPartitionsToTxnRequest_AddPartitionsToTxnTransaction
 AddPartitionsToTxnRequest.AddPartitionsToTxnTopic = AddPartitionsToTxnRequest_AddPartitionsToTxnTopic
-AddPartitionsToTxnRequest.DECODERS = {0: _d2, 1: _d2, 2: _d2, 3: _d6, 4: _d10, 5: _d10}
-AddPartitionsToTxnRequest.ENCODERS = {0: _e4, 1: _e4, 2: _e4, 3: _e8, 4: _e12, 5: _e12}
+AddPartitionsToTxnRequest.DECODERS = {0: _decode_AddPartitionsToTxnRequest_v0, 1: _decode_AddPartitionsToTxnRequest_v0, 2: _decode_AddPartitionsToTxnRequest_v0, 3: _decode_AddPartitionsToTxnRequest_v3, 4: _decode_AddPartitionsToTxnRequest_v4, 5: _decode_AddPartitionsToTxnRequest_v4}
+AddPartitionsToTxnRequest.ENCODERS = {0: _encode_AddPartitionsToTxnRequest_v0, 1: _encode_AddPartitionsToTxnRequest_v0, 2: _encode_AddPartitionsToTxnRequest_v0, 3: _encode_AddPartitionsToTxnRequest_v3, 4: _encode_AddPartitionsToTxnRequest_v4, 5: _encode_AddPartitionsToTxnRequest_v4}
 
 AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult.DEFAULTS = ('', list, )
 AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult.DEFAULTS = (0, 0, )
@@ -614,8 +614,8 @@ AddPartitionsToTxnResponse.DEFAULTS = (0, 0, list, list, )
 AddPartitionsToTxnResponse.AddPartitionsToTxnResult = AddPartitionsToTxnResponse_AddPartitionsToTxnResult
 AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult = AddPartitionsToTxnResponse_AddPartitionsToTxnTopicResult
 AddPartitionsToTxnResponse.AddPartitionsToTxnPartitionResult = AddPartitionsToTxnResponse_AddPartitionsToTxnPartitionResult
-AddPartitionsToTxnResponse.DECODERS = {0: _d15, 1: _d15, 2: _d15, 3: _d21, 4: _d26, 5: _d26}
-AddPartitionsToTxnResponse.ENCODERS = {0: _e18, 1: _e18, 2: _e18, 3: _e24, 4: _e28, 5: _e28}
+AddPartitionsToTxnResponse.DECODERS = {0: _decode_AddPartitionsToTxnResponse_v0, 1: _decode_AddPartitionsToTxnResponse_v0, 2: _decode_AddPartitionsToTxnResponse_v0, 3: _decode_AddPartitionsToTxnResponse_v3, 4: _decode_AddPartitionsToTxnResponse_v4, 5: _decode_AddPartitionsToTxnResponse_v4}
+AddPartitionsToTxnResponse.ENCODERS = {0: _encode_AddPartitionsToTxnResponse_v0, 1: _encode_AddPartitionsToTxnResponse_v0, 2: _encode_AddPartitionsToTxnResponse_v0, 3: _encode_AddPartitionsToTxnResponse_v3, 4: _encode_AddPartitionsToTxnResponse_v4, 5: _encode_AddPartitionsToTxnResponse_v4}
 
 
 REQUEST = AddPartitionsToTxnRequest

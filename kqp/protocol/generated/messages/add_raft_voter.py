@@ -69,7 +69,7 @@ class AddRaftVoterResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest_Listener v0
+def _decode_AddRaftVoterRequest_Listener_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddRaftVoterRequest_Listener)
     m.unknown_tags = None
     length1 = b[o]
@@ -99,7 +99,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest_Listener 
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest v0
+def _decode_AddRaftVoterRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddRaftVoterRequest)
     m.unknown_tags = None
     m.ack_when_committed = True
@@ -122,7 +122,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_AddRaftVoterRequest_Listener_v0(b, o)
             items3.append(v4)
         m.listeners = items3
     if b[o] == 0:
@@ -138,7 +138,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest v0
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # AddRaftVoterRequest_Listener v0
+def _encode_AddRaftVoterRequest_Listener_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
@@ -148,20 +148,20 @@ def _e3(m: Any, w: bytearray) -> None:  # AddRaftVoterRequest_Listener v0
         w.append(0)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # AddRaftVoterRequest v0
+def _encode_AddRaftVoterRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.cluster_id)
     w += _S_iiu.pack(m.timeout_ms, m.voter_id, _uuid_bytes(m.voter_directory_id))
     items1 = m.listeners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_AddRaftVoterRequest_Listener_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest v1
+def _decode_AddRaftVoterRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddRaftVoterRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -183,7 +183,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_AddRaftVoterRequest_Listener_v0(b, o)
             items3.append(v4)
         m.listeners = items3
     m.ack_when_committed, = _S_o.unpack_from(b, o)
@@ -201,13 +201,13 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterRequest v1
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # AddRaftVoterRequest v1
+def _encode_AddRaftVoterRequest_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.cluster_id)
     w += _S_iiu.pack(m.timeout_ms, m.voter_id, _uuid_bytes(m.voter_directory_id))
     items1 = m.listeners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_AddRaftVoterRequest_Listener_v0(item2, w)
     w += _S_o.pack(m.ack_when_committed)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -215,7 +215,7 @@ def _e6(m: Any, w: bytearray) -> None:  # AddRaftVoterRequest v1
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterResponse v0
+def _decode_AddRaftVoterResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AddRaftVoterResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -239,7 +239,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AddRaftVoterResponse v0
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # AddRaftVoterResponse v0
+def _encode_AddRaftVoterResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -251,12 +251,12 @@ def _e8(m: Any, w: bytearray) -> None:  # AddRaftVoterResponse v0
 AddRaftVoterRequest_Listener.DEFAULTS = ('', '', 0, )
 AddRaftVoterRequest.DEFAULTS = ('', 0, 0, _ZERO_UUID, list, True, )
 AddRaftVoterRequest.Listener = AddRaftVoterRequest_Listener
-AddRaftVoterRequest.DECODERS = {0: _d2, 1: _d5}
-AddRaftVoterRequest.ENCODERS = {0: _e4, 1: _e6}
+AddRaftVoterRequest.DECODERS = {0: _decode_AddRaftVoterRequest_v0, 1: _decode_AddRaftVoterRequest_v1}
+AddRaftVoterRequest.ENCODERS = {0: _encode_AddRaftVoterRequest_v0, 1: _encode_AddRaftVoterRequest_v1}
 
 AddRaftVoterResponse.DEFAULTS = (0, 0, '', )
-AddRaftVoterResponse.DECODERS = {0: _d7, 1: _d7}
-AddRaftVoterResponse.ENCODERS = {0: _e8, 1: _e8}
+AddRaftVoterResponse.DECODERS = {0: _decode_AddRaftVoterResponse_v0, 1: _decode_AddRaftVoterResponse_v0}
+AddRaftVoterResponse.ENCODERS = {0: _encode_AddRaftVoterResponse_v0, 1: _encode_AddRaftVoterResponse_v0}
 
 
 REQUEST = AddRaftVoterRequest

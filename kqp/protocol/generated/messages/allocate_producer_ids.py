@@ -62,7 +62,7 @@ class AllocateProducerIdsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AllocateProducerIdsRequest v0
+def _decode_AllocateProducerIdsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AllocateProducerIdsRequest)
     m.unknown_tags = None
     m.broker_id, m.broker_epoch = _S_iq.unpack_from(b, o)
@@ -80,7 +80,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AllocateProducerIdsRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # AllocateProducerIdsRequest v0
+def _encode_AllocateProducerIdsRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.broker_id, m.broker_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -88,7 +88,7 @@ def _e2(m: Any, w: bytearray) -> None:  # AllocateProducerIdsRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AllocateProducerIdsResponse v0
+def _decode_AllocateProducerIdsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AllocateProducerIdsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, m.producer_id_start, m.producer_id_len = _S_ihqi.unpack_from(b, o)
@@ -106,7 +106,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AllocateProducerIdsResponse v
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # AllocateProducerIdsResponse v0
+def _encode_AllocateProducerIdsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ihqi.pack(m.throttle_time_ms, m.error_code, m.producer_id_start, m.producer_id_len)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -115,12 +115,12 @@ def _e4(m: Any, w: bytearray) -> None:  # AllocateProducerIdsResponse v0
 
 
 AllocateProducerIdsRequest.DEFAULTS = (0, -1, )
-AllocateProducerIdsRequest.DECODERS = {0: _d1}
-AllocateProducerIdsRequest.ENCODERS = {0: _e2}
+AllocateProducerIdsRequest.DECODERS = {0: _decode_AllocateProducerIdsRequest_v0}
+AllocateProducerIdsRequest.ENCODERS = {0: _encode_AllocateProducerIdsRequest_v0}
 
 AllocateProducerIdsResponse.DEFAULTS = (0, 0, 0, 0, )
-AllocateProducerIdsResponse.DECODERS = {0: _d3}
-AllocateProducerIdsResponse.ENCODERS = {0: _e4}
+AllocateProducerIdsResponse.DECODERS = {0: _decode_AllocateProducerIdsResponse_v0}
+AllocateProducerIdsResponse.ENCODERS = {0: _encode_AllocateProducerIdsResponse_v0}
 
 
 REQUEST = AllocateProducerIdsRequest

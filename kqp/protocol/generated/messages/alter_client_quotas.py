@@ -89,7 +89,7 @@ class AlterClientQuotasResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_EntityData v0
+def _decode_AlterClientQuotasRequest_EntityData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasRequest_EntityData)
     m.unknown_tags = None
     m.entity_type, o = _string(b, o)
@@ -97,7 +97,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_Enti
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_OpData v0
+def _decode_AlterClientQuotasRequest_OpData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasRequest_OpData)
     m.unknown_tags = None
     m.key, o = _string(b, o)
@@ -106,7 +106,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_OpDa
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_EntryData v0
+def _decode_AlterClientQuotasRequest_EntryData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasRequest_EntryData)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -115,7 +115,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_Entr
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_AlterClientQuotasRequest_EntityData_v0(b, o)
             items2.append(v3)
         m.entity = items2
     n4, o = _count(b, o)
@@ -124,13 +124,13 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_Entr
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d2(b, o)
+            v6, o = _decode_AlterClientQuotasRequest_OpData_v0(b, o)
             items5.append(v6)
         m.ops = items5
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest v0
+def _decode_AlterClientQuotasRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -139,7 +139,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d3(b, o)
+            v3, o = _decode_AlterClientQuotasRequest_EntryData_v0(b, o)
             items2.append(v3)
         m.entries = items2
     m.validate_only, = _S_o.unpack_from(b, o)
@@ -147,36 +147,36 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest v0
     return m, o
 
 
-def _e5(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest_EntityData v0
+def _encode_AlterClientQuotasRequest_EntityData_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.entity_type)
     _write_string(w, m.entity_name)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest_OpData v0
+def _encode_AlterClientQuotasRequest_OpData_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.key)
     w += _S_do.pack(m.value, m.remove)
 
 
-def _e7(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest_EntryData v0
+def _encode_AlterClientQuotasRequest_EntryData_v0(m: Any, w: bytearray) -> None:
     items1 = m.entity
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_AlterClientQuotasRequest_EntityData_v0(item2, w)
     items3 = m.ops
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e6(item4, w)
+        _encode_AlterClientQuotasRequest_OpData_v0(item4, w)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest v0
+def _encode_AlterClientQuotasRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.entries
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_AlterClientQuotasRequest_EntryData_v0(item2, w)
     w += _S_o.pack(m.validate_only)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_EntityData v1
+def _decode_AlterClientQuotasRequest_EntityData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasRequest_EntityData)
     m.unknown_tags = None
     length1 = b[o]
@@ -204,7 +204,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_Enti
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_OpData v1
+def _decode_AlterClientQuotasRequest_OpData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasRequest_OpData)
     m.unknown_tags = None
     length1 = b[o]
@@ -228,7 +228,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_OpD
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_EntryData v1
+def _decode_AlterClientQuotasRequest_EntryData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasRequest_EntryData)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -241,7 +241,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_Ent
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_AlterClientQuotasRequest_EntityData_v1(b, o)
             items2.append(v3)
         m.entity = items2
     n4 = b[o] - 1
@@ -254,7 +254,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_Ent
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d10(b, o)
+            v6, o = _decode_AlterClientQuotasRequest_OpData_v1(b, o)
             items5.append(v6)
         m.ops = items5
     if b[o] == 0:
@@ -270,7 +270,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest_Ent
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest v1
+def _decode_AlterClientQuotasRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -283,7 +283,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d11(b, o)
+            v3, o = _decode_AlterClientQuotasRequest_EntryData_v1(b, o)
             items2.append(v3)
         m.entries = items2
     m.validate_only, = _S_o.unpack_from(b, o)
@@ -301,7 +301,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasRequest v1
     return m, o
 
 
-def _e13(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest_EntityData v1
+def _encode_AlterClientQuotasRequest_EntityData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.entity_type)
     _write_compact_string(w, m.entity_name)
     if m.unknown_tags:
@@ -310,7 +310,7 @@ def _e13(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest_EntityData v
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest_OpData v1
+def _encode_AlterClientQuotasRequest_OpData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.key)
     w += _S_do.pack(m.value, m.remove)
     if m.unknown_tags:
@@ -319,26 +319,26 @@ def _e14(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest_OpData v1
         w.append(0)
 
 
-def _e15(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest_EntryData v1
+def _encode_AlterClientQuotasRequest_EntryData_v1(m: Any, w: bytearray) -> None:
     items1 = m.entity
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_AlterClientQuotasRequest_EntityData_v1(item2, w)
     items3 = m.ops
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e14(item4, w)
+        _encode_AlterClientQuotasRequest_OpData_v1(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest v1
+def _encode_AlterClientQuotasRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.entries
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_AlterClientQuotasRequest_EntryData_v1(item2, w)
     w += _S_o.pack(m.validate_only)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -346,7 +346,7 @@ def _e16(m: Any, w: bytearray) -> None:  # AlterClientQuotasRequest v1
         w.append(0)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_EntityData v0
+def _decode_AlterClientQuotasResponse_EntityData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasResponse_EntityData)
     m.unknown_tags = None
     m.entity_type, o = _string(b, o)
@@ -354,7 +354,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_En
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_EntryData v0
+def _decode_AlterClientQuotasResponse_EntryData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasResponse_EntryData)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -366,13 +366,13 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_En
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_AlterClientQuotasResponse_EntityData_v0(b, o)
             items2.append(v3)
         m.entity = items2
     return m, o
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse v0
+def _decode_AlterClientQuotasResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -383,30 +383,30 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d18(b, o)
+            v3, o = _decode_AlterClientQuotasResponse_EntryData_v0(b, o)
             items2.append(v3)
         m.entries = items2
     return m, o
 
 
-def _e20(m: Any, w: bytearray) -> None:  # AlterClientQuotasResponse_EntryData v0
+def _encode_AlterClientQuotasResponse_EntryData_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     items1 = m.entity
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_AlterClientQuotasRequest_EntityData_v0(item2, w)
 
 
-def _e21(m: Any, w: bytearray) -> None:  # AlterClientQuotasResponse v0
+def _encode_AlterClientQuotasResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.entries
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e20(item2, w)
+        _encode_AlterClientQuotasResponse_EntryData_v0(item2, w)
 
 
-def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_EntityData v1
+def _decode_AlterClientQuotasResponse_EntityData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasResponse_EntityData)
     m.unknown_tags = None
     length1 = b[o]
@@ -434,7 +434,7 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_En
     return m, o
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_EntryData v1
+def _decode_AlterClientQuotasResponse_EntryData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasResponse_EntryData)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -455,7 +455,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_En
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d22(b, o)
+            v4, o = _decode_AlterClientQuotasResponse_EntityData_v1(b, o)
             items3.append(v4)
         m.entity = items3
     if b[o] == 0:
@@ -471,7 +471,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse_En
     return m, o
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse v1
+def _decode_AlterClientQuotasResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterClientQuotasResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -486,7 +486,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d23(b, o)
+            v3, o = _decode_AlterClientQuotasResponse_EntryData_v1(b, o)
             items2.append(v3)
         m.entries = items2
     if b[o] == 0:
@@ -502,25 +502,25 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterClientQuotasResponse v1
     return m, o
 
 
-def _e25(m: Any, w: bytearray) -> None:  # AlterClientQuotasResponse_EntryData v1
+def _encode_AlterClientQuotasResponse_EntryData_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.entity
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_AlterClientQuotasRequest_EntityData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e26(m: Any, w: bytearray) -> None:  # AlterClientQuotasResponse v1
+def _encode_AlterClientQuotasResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.entries
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e25(item2, w)
+        _encode_AlterClientQuotasResponse_EntryData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -536,8 +536,8 @@ AlterClientQuotasRequest.DEFAULTS = (list, False, )
 AlterClientQuotasRequest.EntryData = AlterClientQuotasRequest_EntryData
 AlterClientQuotasRequest.EntityData = AlterClientQuotasRequest_EntityData
 AlterClientQuotasRequest.OpData = AlterClientQuotasRequest_OpData
-AlterClientQuotasRequest.DECODERS = {0: _d4, 1: _d12}
-AlterClientQuotasRequest.ENCODERS = {0: _e8, 1: _e16}
+AlterClientQuotasRequest.DECODERS = {0: _decode_AlterClientQuotasRequest_v0, 1: _decode_AlterClientQuotasRequest_v1}
+AlterClientQuotasRequest.ENCODERS = {0: _encode_AlterClientQuotasRequest_v0, 1: _encode_AlterClientQuotasRequest_v1}
 
 AlterClientQuotasResponse_EntryData.DEFAULTS = (0, '', list, )
 AlterClientQuotasResponse_EntryData.EntityData = AlterClientQuotasResponse_EntityData
@@ -545,8 +545,8 @@ AlterClientQuotasResponse_EntityData.DEFAULTS = ('', '', )
 AlterClientQuotasResponse.DEFAULTS = (0, list, )
 AlterClientQuotasResponse.EntryData = AlterClientQuotasResponse_EntryData
 AlterClientQuotasResponse.EntityData = AlterClientQuotasResponse_EntityData
-AlterClientQuotasResponse.DECODERS = {0: _d19, 1: _d24}
-AlterClientQuotasResponse.ENCODERS = {0: _e21, 1: _e26}
+AlterClientQuotasResponse.DECODERS = {0: _decode_AlterClientQuotasResponse_v0, 1: _decode_AlterClientQuotasResponse_v1}
+AlterClientQuotasResponse.ENCODERS = {0: _encode_AlterClientQuotasResponse_v0, 1: _encode_AlterClientQuotasResponse_v1}
 
 
 REQUEST = AlterClientQuotasRequest

@@ -79,7 +79,7 @@ class AlterConfigsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_AlterableConfig v0
+def _decode_AlterConfigsRequest_AlterableConfig_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterConfigsRequest_AlterableConfig)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -87,7 +87,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_Alterable
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_AlterConfigsResource v0
+def _decode_AlterConfigsRequest_AlterConfigsResource_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterConfigsRequest_AlterConfigsResource)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -99,13 +99,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_AlterConf
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_AlterConfigsRequest_AlterableConfig_v0(b, o)
             items2.append(v3)
         m.configs = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest v0
+def _decode_AlterConfigsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterConfigsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -114,7 +114,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_AlterConfigsRequest_AlterConfigsResource_v0(b, o)
             items2.append(v3)
         m.resources = items2
     m.validate_only, = _S_o.unpack_from(b, o)
@@ -122,29 +122,29 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # AlterConfigsRequest_AlterableConfig v0
+def _encode_AlterConfigsRequest_AlterableConfig_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     _write_string(w, m.value)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # AlterConfigsRequest_AlterConfigsResource v0
+def _encode_AlterConfigsRequest_AlterConfigsResource_v0(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type)
     _write_string(w, m.resource_name)
     items1 = m.configs
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_AlterConfigsRequest_AlterableConfig_v0(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # AlterConfigsRequest v0
+def _encode_AlterConfigsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.resources
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_AlterConfigsRequest_AlterConfigsResource_v0(item2, w)
     w += _S_o.pack(m.validate_only)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_AlterableConfig v2
+def _decode_AlterConfigsRequest_AlterableConfig_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterConfigsRequest_AlterableConfig)
     m.unknown_tags = None
     length1 = b[o]
@@ -172,7 +172,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_Alterable
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_AlterConfigsResource v2
+def _decode_AlterConfigsRequest_AlterConfigsResource_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterConfigsRequest_AlterConfigsResource)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -193,7 +193,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_AlterConf
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_AlterConfigsRequest_AlterableConfig_v2(b, o)
             items3.append(v4)
         m.configs = items3
     if b[o] == 0:
@@ -209,7 +209,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest_AlterConf
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest v2
+def _decode_AlterConfigsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterConfigsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -222,7 +222,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_AlterConfigsRequest_AlterConfigsResource_v2(b, o)
             items2.append(v3)
         m.resources = items2
     m.validate_only, = _S_o.unpack_from(b, o)
@@ -240,7 +240,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsRequest v2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # AlterConfigsRequest_AlterableConfig v2
+def _encode_AlterConfigsRequest_AlterableConfig_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.value)
     if m.unknown_tags:
@@ -249,24 +249,24 @@ def _e10(m: Any, w: bytearray) -> None:  # AlterConfigsRequest_AlterableConfig v
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # AlterConfigsRequest_AlterConfigsResource v2
+def _encode_AlterConfigsRequest_AlterConfigsResource_v2(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type)
     _write_compact_string(w, m.resource_name)
     items1 = m.configs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_AlterConfigsRequest_AlterableConfig_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # AlterConfigsRequest v2
+def _encode_AlterConfigsRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.resources
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_AlterConfigsRequest_AlterConfigsResource_v2(item2, w)
     w += _S_o.pack(m.validate_only)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -274,7 +274,7 @@ def _e12(m: Any, w: bytearray) -> None:  # AlterConfigsRequest v2
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse_AlterConfigsResourceResponse v0
+def _decode_AlterConfigsResponse_AlterConfigsResourceResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterConfigsResponse_AlterConfigsResourceResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -286,7 +286,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse_AlterCo
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse v0
+def _decode_AlterConfigsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterConfigsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -297,28 +297,28 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_AlterConfigsResponse_AlterConfigsResourceResponse_v0(b, o)
             items2.append(v3)
         m.responses = items2
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # AlterConfigsResponse_AlterConfigsResourceResponse v0
+def _encode_AlterConfigsResponse_AlterConfigsResourceResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     w += _S_b.pack(m.resource_type)
     _write_string(w, m.resource_name)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # AlterConfigsResponse v0
+def _encode_AlterConfigsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_AlterConfigsResponse_AlterConfigsResourceResponse_v0(item2, w)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse_AlterConfigsResourceResponse v2
+def _decode_AlterConfigsResponse_AlterConfigsResourceResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterConfigsResponse_AlterConfigsResourceResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -350,7 +350,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse_AlterCo
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse v2
+def _decode_AlterConfigsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterConfigsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -365,7 +365,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_AlterConfigsResponse_AlterConfigsResourceResponse_v2(b, o)
             items2.append(v3)
         m.responses = items2
     if b[o] == 0:
@@ -381,7 +381,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterConfigsResponse v2
     return m, o
 
 
-def _e19(m: Any, w: bytearray) -> None:  # AlterConfigsResponse_AlterConfigsResourceResponse v2
+def _encode_AlterConfigsResponse_AlterConfigsResourceResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_b.pack(m.resource_type)
@@ -392,12 +392,12 @@ def _e19(m: Any, w: bytearray) -> None:  # AlterConfigsResponse_AlterConfigsReso
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # AlterConfigsResponse v2
+def _encode_AlterConfigsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_AlterConfigsResponse_AlterConfigsResourceResponse_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -410,14 +410,14 @@ AlterConfigsRequest_AlterableConfig.DEFAULTS = ('', '', )
 AlterConfigsRequest.DEFAULTS = (list, False, )
 AlterConfigsRequest.AlterConfigsResource = AlterConfigsRequest_AlterConfigsResource
 AlterConfigsRequest.AlterableConfig = AlterConfigsRequest_AlterableConfig
-AlterConfigsRequest.DECODERS = {0: _d3, 1: _d3, 2: _d9}
-AlterConfigsRequest.ENCODERS = {0: _e6, 1: _e6, 2: _e12}
+AlterConfigsRequest.DECODERS = {0: _decode_AlterConfigsRequest_v0, 1: _decode_AlterConfigsRequest_v0, 2: _decode_AlterConfigsRequest_v2}
+AlterConfigsRequest.ENCODERS = {0: _encode_AlterConfigsRequest_v0, 1: _encode_AlterConfigsRequest_v0, 2: _encode_AlterConfigsRequest_v2}
 
 AlterConfigsResponse_AlterConfigsResourceResponse.DEFAULTS = (0, '', 0, '', )
 AlterConfigsResponse.DEFAULTS = (0, list, )
 AlterConfigsResponse.AlterConfigsResourceResponse = AlterConfigsResponse_AlterConfigsResourceResponse
-AlterConfigsResponse.DECODERS = {0: _d14, 1: _d14, 2: _d18}
-AlterConfigsResponse.ENCODERS = {0: _e16, 1: _e16, 2: _e20}
+AlterConfigsResponse.DECODERS = {0: _decode_AlterConfigsResponse_v0, 1: _decode_AlterConfigsResponse_v0, 2: _decode_AlterConfigsResponse_v2}
+AlterConfigsResponse.ENCODERS = {0: _encode_AlterConfigsResponse_v0, 1: _encode_AlterConfigsResponse_v0, 2: _encode_AlterConfigsResponse_v2}
 
 
 REQUEST = AlterConfigsRequest

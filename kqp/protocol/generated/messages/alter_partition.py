@@ -91,7 +91,7 @@ class AlterPartitionResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_PartitionData v2
+def _decode_AlterPartitionRequest_PartitionData_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionRequest_PartitionData)
     m.unknown_tags = None
     m.new_isr_with_epochs = list()
@@ -122,7 +122,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_Partiti
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_TopicData v2
+def _decode_AlterPartitionRequest_TopicData_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionRequest_TopicData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -138,7 +138,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_TopicDa
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_AlterPartitionRequest_PartitionData_v2(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -154,7 +154,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_TopicDa
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest v2
+def _decode_AlterPartitionRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionRequest)
     m.unknown_tags = None
     m.broker_id, m.broker_epoch = _S_iq.unpack_from(b, o)
@@ -169,7 +169,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_AlterPartitionRequest_TopicData_v2(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -185,7 +185,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest v2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # AlterPartitionRequest_PartitionData v2
+def _encode_AlterPartitionRequest_PartitionData_v2(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.partition_index, m.leader_epoch)
     items1 = m.new_isr
     _write_compact_count(w, items1)
@@ -198,31 +198,31 @@ def _e4(m: Any, w: bytearray) -> None:  # AlterPartitionRequest_PartitionData v2
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # AlterPartitionRequest_TopicData v2
+def _encode_AlterPartitionRequest_TopicData_v2(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_AlterPartitionRequest_PartitionData_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # AlterPartitionRequest v2
+def _encode_AlterPartitionRequest_v2(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.broker_id, m.broker_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_AlterPartitionRequest_TopicData_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_BrokerState v3
+def _decode_AlterPartitionRequest_BrokerState_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionRequest_BrokerState)
     m.unknown_tags = None
     m.broker_id, m.broker_epoch = _S_iq.unpack_from(b, o)
@@ -240,7 +240,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_BrokerS
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_PartitionData v3
+def _decode_AlterPartitionRequest_PartitionData_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionRequest_PartitionData)
     m.unknown_tags = None
     m.new_isr = list()
@@ -256,7 +256,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_Partiti
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_AlterPartitionRequest_BrokerState_v3(b, o)
             items2.append(v3)
         m.new_isr_with_epochs = items2
     m.leader_recovery_state, m.partition_epoch = _S_bi.unpack_from(b, o)
@@ -274,7 +274,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_Partiti
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_TopicData v3
+def _decode_AlterPartitionRequest_TopicData_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionRequest_TopicData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -290,7 +290,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_TopicDa
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_AlterPartitionRequest_PartitionData_v3(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -306,7 +306,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest_TopicDa
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest v3
+def _decode_AlterPartitionRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionRequest)
     m.unknown_tags = None
     m.broker_id, m.broker_epoch = _S_iq.unpack_from(b, o)
@@ -321,7 +321,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_AlterPartitionRequest_TopicData_v3(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -337,7 +337,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionRequest v3
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # AlterPartitionRequest_BrokerState v3
+def _encode_AlterPartitionRequest_BrokerState_v3(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.broker_id, m.broker_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -345,12 +345,12 @@ def _e11(m: Any, w: bytearray) -> None:  # AlterPartitionRequest_BrokerState v3
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # AlterPartitionRequest_PartitionData v3
+def _encode_AlterPartitionRequest_PartitionData_v3(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.partition_index, m.leader_epoch)
     items1 = m.new_isr_with_epochs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_AlterPartitionRequest_BrokerState_v3(item2, w)
     w += _S_bi.pack(m.leader_recovery_state, m.partition_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -358,31 +358,31 @@ def _e12(m: Any, w: bytearray) -> None:  # AlterPartitionRequest_PartitionData v
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # AlterPartitionRequest_TopicData v3
+def _encode_AlterPartitionRequest_TopicData_v3(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_AlterPartitionRequest_PartitionData_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # AlterPartitionRequest v3
+def _encode_AlterPartitionRequest_v3(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.broker_id, m.broker_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_AlterPartitionRequest_TopicData_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse_PartitionData v2
+def _decode_AlterPartitionResponse_PartitionData_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.leader_id, m.leader_epoch = _S_ihii.unpack_from(b, o)
@@ -412,7 +412,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse_Parti
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse_TopicData v2
+def _decode_AlterPartitionResponse_TopicData_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionResponse_TopicData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -428,7 +428,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse_Topic
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_AlterPartitionResponse_PartitionData_v2(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -444,7 +444,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse_Topic
     return m, o
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse v2
+def _decode_AlterPartitionResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -459,7 +459,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d16(b, o)
+            v3, o = _decode_AlterPartitionResponse_TopicData_v2(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -475,7 +475,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionResponse v2
     return m, o
 
 
-def _e18(m: Any, w: bytearray) -> None:  # AlterPartitionResponse_PartitionData v2
+def _encode_AlterPartitionResponse_PartitionData_v2(m: Any, w: bytearray) -> None:
     w += _S_ihii.pack(m.partition_index, m.error_code, m.leader_id, m.leader_epoch)
     items1 = m.isr
     _write_compact_count(w, items1)
@@ -488,24 +488,24 @@ def _e18(m: Any, w: bytearray) -> None:  # AlterPartitionResponse_PartitionData 
         w.append(0)
 
 
-def _e19(m: Any, w: bytearray) -> None:  # AlterPartitionResponse_TopicData v2
+def _encode_AlterPartitionResponse_TopicData_v2(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e18(item2, w)
+        _encode_AlterPartitionResponse_PartitionData_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # AlterPartitionResponse v2
+def _encode_AlterPartitionResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_AlterPartitionResponse_TopicData_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -521,8 +521,8 @@ AlterPartitionRequest.DEFAULTS = (0, -1, list, )
 AlterPartitionRequest.TopicData = AlterPartitionRequest_TopicData
 AlterPartitionRequest.PartitionData = AlterPartitionRequest_PartitionData
 AlterPartitionRequest.BrokerState = AlterPartitionRequest_BrokerState
-AlterPartitionRequest.DECODERS = {2: _d3, 3: _d10}
-AlterPartitionRequest.ENCODERS = {2: _e6, 3: _e14}
+AlterPartitionRequest.DECODERS = {2: _decode_AlterPartitionRequest_v2, 3: _decode_AlterPartitionRequest_v3}
+AlterPartitionRequest.ENCODERS = {2: _encode_AlterPartitionRequest_v2, 3: _encode_AlterPartitionRequest_v3}
 
 AlterPartitionResponse_TopicData.DEFAULTS = (_ZERO_UUID, list, )
 AlterPartitionResponse_TopicData.PartitionData = AlterPartitionResponse_PartitionData
@@ -530,8 +530,8 @@ AlterPartitionResponse_PartitionData.DEFAULTS = (0, 0, 0, 0, list, 0, 0, )
 AlterPartitionResponse.DEFAULTS = (0, 0, list, )
 AlterPartitionResponse.TopicData = AlterPartitionResponse_TopicData
 AlterPartitionResponse.PartitionData = AlterPartitionResponse_PartitionData
-AlterPartitionResponse.DECODERS = {2: _d17, 3: _d17}
-AlterPartitionResponse.ENCODERS = {2: _e20, 3: _e20}
+AlterPartitionResponse.DECODERS = {2: _decode_AlterPartitionResponse_v2, 3: _decode_AlterPartitionResponse_v2}
+AlterPartitionResponse.ENCODERS = {2: _encode_AlterPartitionResponse_v2, 3: _encode_AlterPartitionResponse_v2}
 
 
 REQUEST = AlterPartitionRequest

@@ -84,7 +84,7 @@ class AlterPartitionReassignmentsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRequest_ReassignablePartition v0
+def _decode_AlterPartitionReassignmentsRequest_ReassignablePartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionReassignmentsRequest_ReassignablePartition)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -112,7 +112,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRe
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRequest_ReassignableTopic v0
+def _decode_AlterPartitionReassignmentsRequest_ReassignableTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionReassignmentsRequest_ReassignableTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -131,7 +131,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRe
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_AlterPartitionReassignmentsRequest_ReassignablePartition_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -147,7 +147,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRe
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRequest v0
+def _decode_AlterPartitionReassignmentsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionReassignmentsRequest)
     m.unknown_tags = None
     m.allow_replication_factor_change = True
@@ -163,7 +163,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_AlterPartitionReassignmentsRequest_ReassignableTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -179,7 +179,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRe
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # AlterPartitionReassignmentsRequest_ReassignablePartition v0
+def _encode_AlterPartitionReassignmentsRequest_ReassignablePartition_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.partition_index)
     items1 = m.replicas
     _write_compact_count(w, items1)
@@ -191,31 +191,31 @@ def _e4(m: Any, w: bytearray) -> None:  # AlterPartitionReassignmentsRequest_Rea
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # AlterPartitionReassignmentsRequest_ReassignableTopic v0
+def _encode_AlterPartitionReassignmentsRequest_ReassignableTopic_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_AlterPartitionReassignmentsRequest_ReassignablePartition_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # AlterPartitionReassignmentsRequest v0
+def _encode_AlterPartitionReassignmentsRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.timeout_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_AlterPartitionReassignmentsRequest_ReassignableTopic_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRequest v1
+def _decode_AlterPartitionReassignmentsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionReassignmentsRequest)
     m.unknown_tags = None
     m.timeout_ms, m.allow_replication_factor_change = _S_io.unpack_from(b, o)
@@ -230,7 +230,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_AlterPartitionReassignmentsRequest_ReassignableTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -246,19 +246,19 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRe
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # AlterPartitionReassignmentsRequest v1
+def _encode_AlterPartitionReassignmentsRequest_v1(m: Any, w: bytearray) -> None:
     w += _S_io.pack(m.timeout_ms, m.allow_replication_factor_change)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_AlterPartitionReassignmentsRequest_ReassignableTopic_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsResponse_ReassignablePartitionResponse v0
+def _decode_AlterPartitionReassignmentsResponse_ReassignablePartitionResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionReassignmentsResponse_ReassignablePartitionResponse)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -282,7 +282,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsRe
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsResponse_ReassignableTopicResponse v0
+def _decode_AlterPartitionReassignmentsResponse_ReassignableTopicResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionReassignmentsResponse_ReassignableTopicResponse)
     m.unknown_tags = None
     length1 = b[o]
@@ -301,7 +301,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsR
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d9(b, o)
+            v4, o = _decode_AlterPartitionReassignmentsResponse_ReassignablePartitionResponse_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -317,7 +317,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsR
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsResponse v0
+def _decode_AlterPartitionReassignmentsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionReassignmentsResponse)
     m.unknown_tags = None
     m.allow_replication_factor_change = True
@@ -339,7 +339,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsR
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d10(b, o)
+            v4, o = _decode_AlterPartitionReassignmentsResponse_ReassignableTopicResponse_v0(b, o)
             items3.append(v4)
         m.responses = items3
     if b[o] == 0:
@@ -355,7 +355,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsR
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # AlterPartitionReassignmentsResponse_ReassignablePartitionResponse v0
+def _encode_AlterPartitionReassignmentsResponse_ReassignablePartitionResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -364,32 +364,32 @@ def _e12(m: Any, w: bytearray) -> None:  # AlterPartitionReassignmentsResponse_R
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # AlterPartitionReassignmentsResponse_ReassignableTopicResponse v0
+def _encode_AlterPartitionReassignmentsResponse_ReassignableTopicResponse_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_AlterPartitionReassignmentsResponse_ReassignablePartitionResponse_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # AlterPartitionReassignmentsResponse v0
+def _encode_AlterPartitionReassignmentsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_AlterPartitionReassignmentsResponse_ReassignableTopicResponse_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsResponse v1
+def _decode_AlterPartitionReassignmentsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterPartitionReassignmentsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.allow_replication_factor_change, m.error_code = _S_ioh.unpack_from(b, o)
@@ -410,7 +410,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsR
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d10(b, o)
+            v4, o = _decode_AlterPartitionReassignmentsResponse_ReassignableTopicResponse_v0(b, o)
             items3.append(v4)
         m.responses = items3
     if b[o] == 0:
@@ -426,13 +426,13 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterPartitionReassignmentsR
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # AlterPartitionReassignmentsResponse v1
+def _encode_AlterPartitionReassignmentsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ioh.pack(m.throttle_time_ms, m.allow_replication_factor_change, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_AlterPartitionReassignmentsResponse_ReassignableTopicResponse_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -445,8 +445,8 @@ AlterPartitionReassignmentsRequest_ReassignablePartition.DEFAULTS = (0, None, )
 AlterPartitionReassignmentsRequest.DEFAULTS = (60000, True, list, )
 AlterPartitionReassignmentsRequest.ReassignableTopic = AlterPartitionReassignmentsRequest_ReassignableTopic
 AlterPartitionReassignmentsRequest.ReassignablePartition = AlterPartitionReassignmentsRequest_ReassignablePartition
-AlterPartitionReassignmentsRequest.DECODERS = {0: _d3, 1: _d7}
-AlterPartitionReassignmentsRequest.ENCODERS = {0: _e6, 1: _e8}
+AlterPartitionReassignmentsRequest.DECODERS = {0: _decode_AlterPartitionReassignmentsRequest_v0, 1: _decode_AlterPartitionReassignmentsRequest_v1}
+AlterPartitionReassignmentsRequest.ENCODERS = {0: _encode_AlterPartitionReassignmentsRequest_v0, 1: _encode_AlterPartitionReassignmentsRequest_v1}
 
 AlterPartitionReassignmentsResponse_ReassignableTopicResponse.DEFAULTS = ('', list, )
 AlterPartitionReassignmentsResponse_ReassignableTopicResponse.ReassignablePartitionResponse = AlterPartitionReassignmentsResponse_ReassignablePartitionResponse
@@ -454,8 +454,8 @@ AlterPartitionReassignmentsResponse_ReassignablePartitionResponse.DEFAULTS = (0,
 AlterPartitionReassignmentsResponse.DEFAULTS = (0, True, 0, '', list, )
 AlterPartitionReassignmentsResponse.ReassignableTopicResponse = AlterPartitionReassignmentsResponse_ReassignableTopicResponse
 AlterPartitionReassignmentsResponse.ReassignablePartitionResponse = AlterPartitionReassignmentsResponse_ReassignablePartitionResponse
-AlterPartitionReassignmentsResponse.DECODERS = {0: _d11, 1: _d15}
-AlterPartitionReassignmentsResponse.ENCODERS = {0: _e14, 1: _e16}
+AlterPartitionReassignmentsResponse.DECODERS = {0: _decode_AlterPartitionReassignmentsResponse_v0, 1: _decode_AlterPartitionReassignmentsResponse_v1}
+AlterPartitionReassignmentsResponse.ENCODERS = {0: _encode_AlterPartitionReassignmentsResponse_v0, 1: _encode_AlterPartitionReassignmentsResponse_v1}
 
 
 REQUEST = AlterPartitionReassignmentsRequest

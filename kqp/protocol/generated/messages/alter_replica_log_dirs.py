@@ -82,7 +82,7 @@ class AlterReplicaLogDirsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic v1
+def _decode_AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -95,7 +95,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_Al
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_AlterReplicaLogDir v1
+def _decode_AlterReplicaLogDirsRequest_AlterReplicaLogDir_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsRequest_AlterReplicaLogDir)
     m.unknown_tags = None
     m.path, o = _string(b, o)
@@ -105,13 +105,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_Al
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest v1
+def _decode_AlterReplicaLogDirsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -120,13 +120,13 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_AlterReplicaLogDirsRequest_AlterReplicaLogDir_v1(b, o)
             items2.append(v3)
         m.dirs = items2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic v1
+def _encode_AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
@@ -134,22 +134,22 @@ def _e4(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsRequest_AlterReplic
         w += _pack(f'>{len(items1)}i', *items1)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsRequest_AlterReplicaLogDir v1
+def _encode_AlterReplicaLogDirsRequest_AlterReplicaLogDir_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.path)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic_v1(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsRequest v1
+def _encode_AlterReplicaLogDirsRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.dirs
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_AlterReplicaLogDirsRequest_AlterReplicaLogDir_v1(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic v2
+def _decode_AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -181,7 +181,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_Al
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_AlterReplicaLogDir v2
+def _decode_AlterReplicaLogDirsRequest_AlterReplicaLogDir_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsRequest_AlterReplicaLogDir)
     m.unknown_tags = None
     length1 = b[o]
@@ -200,7 +200,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_Al
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic_v2(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -216,7 +216,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest_Al
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest v2
+def _decode_AlterReplicaLogDirsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -229,7 +229,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_AlterReplicaLogDirsRequest_AlterReplicaLogDir_v2(b, o)
             items2.append(v3)
         m.dirs = items2
     if b[o] == 0:
@@ -245,7 +245,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsRequest v2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic v2
+def _encode_AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -257,30 +257,30 @@ def _e10(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsRequest_AlterRepli
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsRequest_AlterReplicaLogDir v2
+def _encode_AlterReplicaLogDirsRequest_AlterReplicaLogDir_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.path)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsRequest v2
+def _encode_AlterReplicaLogDirsRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.dirs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_AlterReplicaLogDirsRequest_AlterReplicaLogDir_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult v1
+def _decode_AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -288,7 +288,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse_
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult v1
+def _decode_AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult)
     m.unknown_tags = None
     m.topic_name, o = _string(b, o)
@@ -298,13 +298,13 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse_
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse v1
+def _decode_AlterReplicaLogDirsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -315,33 +315,33 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d14(b, o)
+            v3, o = _decode_AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult_v1(b, o)
             items2.append(v3)
         m.results = items2
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult v1
+def _encode_AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult v1
+def _encode_AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic_name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e16(item2, w)
+        _encode_AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult_v1(item2, w)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsResponse v1
+def _encode_AlterReplicaLogDirsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult_v1(item2, w)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult v2
+def _decode_AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -359,7 +359,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse_
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult v2
+def _decode_AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -378,7 +378,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse_
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d19(b, o)
+            v4, o = _decode_AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult_v2(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -394,7 +394,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse_
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse v2
+def _decode_AlterReplicaLogDirsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterReplicaLogDirsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -409,7 +409,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult_v2(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -425,7 +425,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterReplicaLogDirsResponse 
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult v2
+def _encode_AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult_v2(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -433,24 +433,24 @@ def _e22(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsResponse_AlterRepl
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult v2
+def _encode_AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # AlterReplicaLogDirsResponse v2
+def _encode_AlterReplicaLogDirsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -463,8 +463,8 @@ AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic.DEFAULTS = ('', list, )
 AlterReplicaLogDirsRequest.DEFAULTS = (list, )
 AlterReplicaLogDirsRequest.AlterReplicaLogDir = AlterReplicaLogDirsRequest_AlterReplicaLogDir
 AlterReplicaLogDirsRequest.AlterReplicaLogDirTopic = AlterReplicaLogDirsRequest_AlterReplicaLogDirTopic
-AlterReplicaLogDirsRequest.DECODERS = {1: _d3, 2: _d9}
-AlterReplicaLogDirsRequest.ENCODERS = {1: _e6, 2: _e12}
+AlterReplicaLogDirsRequest.DECODERS = {1: _decode_AlterReplicaLogDirsRequest_v1, 2: _decode_AlterReplicaLogDirsRequest_v2}
+AlterReplicaLogDirsRequest.ENCODERS = {1: _encode_AlterReplicaLogDirsRequest_v1, 2: _encode_AlterReplicaLogDirsRequest_v2}
 
 AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult.DEFAULTS = ('', list, )
 AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult.AlterReplicaLogDirPartitionResult = AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult
@@ -472,8 +472,8 @@ AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult.DEFAULTS = (0, 0, 
 AlterReplicaLogDirsResponse.DEFAULTS = (0, list, )
 AlterReplicaLogDirsResponse.AlterReplicaLogDirTopicResult = AlterReplicaLogDirsResponse_AlterReplicaLogDirTopicResult
 AlterReplicaLogDirsResponse.AlterReplicaLogDirPartitionResult = AlterReplicaLogDirsResponse_AlterReplicaLogDirPartitionResult
-AlterReplicaLogDirsResponse.DECODERS = {1: _d15, 2: _d21}
-AlterReplicaLogDirsResponse.ENCODERS = {1: _e18, 2: _e24}
+AlterReplicaLogDirsResponse.DECODERS = {1: _decode_AlterReplicaLogDirsResponse_v1, 2: _decode_AlterReplicaLogDirsResponse_v2}
+AlterReplicaLogDirsResponse.ENCODERS = {1: _encode_AlterReplicaLogDirsResponse_v1, 2: _encode_AlterReplicaLogDirsResponse_v2}
 
 
 REQUEST = AlterReplicaLogDirsRequest

@@ -83,7 +83,7 @@ class AlterShareGroupOffsetsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestPartition v0
+def _decode_AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestPartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestPartition)
     m.unknown_tags = None
     m.partition_index, m.start_offset = _S_iq.unpack_from(b, o)
@@ -101,7 +101,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRequest
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestTopic v0
+def _decode_AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -120,7 +120,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRequest
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestPartition_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -136,7 +136,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRequest
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRequest v0
+def _decode_AlterShareGroupOffsetsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterShareGroupOffsetsRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -155,7 +155,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRequest
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d2(b, o)
+            v4, o = _decode_AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestTopic_v0(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -171,7 +171,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRequest
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestPartition v0
+def _encode_AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestPartition_v0(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.partition_index, m.start_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -179,31 +179,31 @@ def _e4(m: Any, w: bytearray) -> None:  # AlterShareGroupOffsetsRequest_AlterSha
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestTopic v0
+def _encode_AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestTopic_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestPartition_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # AlterShareGroupOffsetsRequest v0
+def _encode_AlterShareGroupOffsetsRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestTopic_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponsePartition v0
+def _decode_AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponsePartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -227,7 +227,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRespons
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic v0
+def _decode_AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -249,7 +249,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRespons
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponsePartition_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -265,7 +265,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRespons
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsResponse v0
+def _decode_AlterShareGroupOffsetsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterShareGroupOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -286,7 +286,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRespons
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d8(b, o)
+            v4, o = _decode_AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic_v0(b, o)
             items3.append(v4)
         m.responses = items3
     if b[o] == 0:
@@ -302,7 +302,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterShareGroupOffsetsRespons
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponsePartition v0
+def _encode_AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponsePartition_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -311,26 +311,26 @@ def _e10(m: Any, w: bytearray) -> None:  # AlterShareGroupOffsetsResponse_AlterS
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic v0
+def _encode_AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponsePartition_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # AlterShareGroupOffsetsResponse v0
+def _encode_AlterShareGroupOffsetsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -343,8 +343,8 @@ AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestPartition.DEFAULTS = 
 AlterShareGroupOffsetsRequest.DEFAULTS = ('', list, )
 AlterShareGroupOffsetsRequest.AlterShareGroupOffsetsRequestTopic = AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestTopic
 AlterShareGroupOffsetsRequest.AlterShareGroupOffsetsRequestPartition = AlterShareGroupOffsetsRequest_AlterShareGroupOffsetsRequestPartition
-AlterShareGroupOffsetsRequest.DECODERS = {0: _d3}
-AlterShareGroupOffsetsRequest.ENCODERS = {0: _e6}
+AlterShareGroupOffsetsRequest.DECODERS = {0: _decode_AlterShareGroupOffsetsRequest_v0}
+AlterShareGroupOffsetsRequest.ENCODERS = {0: _encode_AlterShareGroupOffsetsRequest_v0}
 
 AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic.DEFAULTS = ('', _ZERO_UUID, list, )
 AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic.AlterShareGroupOffsetsResponsePartition = AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponsePartition
@@ -352,8 +352,8 @@ AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponsePartition.DEFAULTS 
 AlterShareGroupOffsetsResponse.DEFAULTS = (0, 0, None, list, )
 AlterShareGroupOffsetsResponse.AlterShareGroupOffsetsResponseTopic = AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponseTopic
 AlterShareGroupOffsetsResponse.AlterShareGroupOffsetsResponsePartition = AlterShareGroupOffsetsResponse_AlterShareGroupOffsetsResponsePartition
-AlterShareGroupOffsetsResponse.DECODERS = {0: _d9}
-AlterShareGroupOffsetsResponse.ENCODERS = {0: _e12}
+AlterShareGroupOffsetsResponse.DECODERS = {0: _decode_AlterShareGroupOffsetsResponse_v0}
+AlterShareGroupOffsetsResponse.ENCODERS = {0: _encode_AlterShareGroupOffsetsResponse_v0}
 
 
 REQUEST = AlterShareGroupOffsetsRequest

@@ -79,7 +79,7 @@ class AlterUserScramCredentialsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequest_ScramCredentialDeletion v0
+def _decode_AlterUserScramCredentialsRequest_ScramCredentialDeletion_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterUserScramCredentialsRequest_ScramCredentialDeletion)
     m.unknown_tags = None
     length1 = b[o]
@@ -103,7 +103,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequ
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequest_ScramCredentialUpsertion v0
+def _decode_AlterUserScramCredentialsRequest_ScramCredentialUpsertion_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterUserScramCredentialsRequest_ScramCredentialUpsertion)
     m.unknown_tags = None
     length1 = b[o]
@@ -129,7 +129,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequ
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequest v0
+def _decode_AlterUserScramCredentialsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterUserScramCredentialsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -142,7 +142,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequ
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_AlterUserScramCredentialsRequest_ScramCredentialDeletion_v0(b, o)
             items2.append(v3)
         m.deletions = items2
     n4 = b[o] - 1
@@ -155,7 +155,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequ
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d2(b, o)
+            v6, o = _decode_AlterUserScramCredentialsRequest_ScramCredentialUpsertion_v0(b, o)
             items5.append(v6)
         m.upsertions = items5
     if b[o] == 0:
@@ -171,7 +171,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsRequ
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # AlterUserScramCredentialsRequest_ScramCredentialDeletion v0
+def _encode_AlterUserScramCredentialsRequest_ScramCredentialDeletion_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_b.pack(m.mechanism)
     if m.unknown_tags:
@@ -180,7 +180,7 @@ def _e4(m: Any, w: bytearray) -> None:  # AlterUserScramCredentialsRequest_Scram
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # AlterUserScramCredentialsRequest_ScramCredentialUpsertion v0
+def _encode_AlterUserScramCredentialsRequest_ScramCredentialUpsertion_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_bi.pack(m.mechanism, m.iterations)
     _write_compact_blob(w, m.salt)
@@ -191,22 +191,22 @@ def _e5(m: Any, w: bytearray) -> None:  # AlterUserScramCredentialsRequest_Scram
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # AlterUserScramCredentialsRequest v0
+def _encode_AlterUserScramCredentialsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.deletions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_AlterUserScramCredentialsRequest_ScramCredentialDeletion_v0(item2, w)
     items3 = m.upsertions
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e5(item4, w)
+        _encode_AlterUserScramCredentialsRequest_ScramCredentialUpsertion_v0(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult v0
+def _decode_AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -236,7 +236,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsResp
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsResponse v0
+def _decode_AlterUserScramCredentialsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AlterUserScramCredentialsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -251,7 +251,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsResp
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult_v0(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -267,7 +267,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # AlterUserScramCredentialsResp
     return m, o
 
 
-def _e9(m: Any, w: bytearray) -> None:  # AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult v0
+def _encode_AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.user)
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
@@ -277,12 +277,12 @@ def _e9(m: Any, w: bytearray) -> None:  # AlterUserScramCredentialsResponse_Alte
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # AlterUserScramCredentialsResponse v0
+def _encode_AlterUserScramCredentialsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -294,14 +294,14 @@ AlterUserScramCredentialsRequest_ScramCredentialUpsertion.DEFAULTS = ('', 0, 0, 
 AlterUserScramCredentialsRequest.DEFAULTS = (list, list, )
 AlterUserScramCredentialsRequest.ScramCredentialDeletion = AlterUserScramCredentialsRequest_ScramCredentialDeletion
 AlterUserScramCredentialsRequest.ScramCredentialUpsertion = AlterUserScramCredentialsRequest_ScramCredentialUpsertion
-AlterUserScramCredentialsRequest.DECODERS = {0: _d3}
-AlterUserScramCredentialsRequest.ENCODERS = {0: _e6}
+AlterUserScramCredentialsRequest.DECODERS = {0: _decode_AlterUserScramCredentialsRequest_v0}
+AlterUserScramCredentialsRequest.ENCODERS = {0: _encode_AlterUserScramCredentialsRequest_v0}
 
 AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult.DEFAULTS = ('', 0, '', )
 AlterUserScramCredentialsResponse.DEFAULTS = (0, list, )
 AlterUserScramCredentialsResponse.AlterUserScramCredentialsResult = AlterUserScramCredentialsResponse_AlterUserScramCredentialsResult
-AlterUserScramCredentialsResponse.DECODERS = {0: _d8}
-AlterUserScramCredentialsResponse.ENCODERS = {0: _e10}
+AlterUserScramCredentialsResponse.DECODERS = {0: _decode_AlterUserScramCredentialsResponse_v0}
+AlterUserScramCredentialsResponse.ENCODERS = {0: _encode_AlterUserScramCredentialsResponse_v0}
 
 
 REQUEST = AlterUserScramCredentialsRequest

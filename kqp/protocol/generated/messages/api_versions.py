@@ -81,7 +81,7 @@ class ApiVersionsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsRequest v0
+def _decode_ApiVersionsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ApiVersionsRequest)
     m.unknown_tags = None
     m.client_software_name = ''
@@ -89,11 +89,11 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # ApiVersionsRequest v0
+def _encode_ApiVersionsRequest_v0(m: Any, w: bytearray) -> None:
     pass
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsRequest v3
+def _decode_ApiVersionsRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ApiVersionsRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -121,7 +121,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsRequest v3
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ApiVersionsRequest v3
+def _encode_ApiVersionsRequest_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.client_software_name)
     _write_compact_string(w, m.client_software_version)
     if m.unknown_tags:
@@ -130,7 +130,7 @@ def _e4(m: Any, w: bytearray) -> None:  # ApiVersionsRequest v3
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_ApiVersion v0
+def _decode_ApiVersionsResponse_ApiVersion_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ApiVersionsResponse_ApiVersion)
     m.unknown_tags = None
     m.api_key, m.min_version, m.max_version = _S_hhh.unpack_from(b, o)
@@ -138,7 +138,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_ApiVersio
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v0
+def _decode_ApiVersionsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ApiVersionsResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -154,25 +154,25 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_ApiVersionsResponse_ApiVersion_v0(b, o)
             items2.append(v3)
         m.api_keys = items2
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # ApiVersionsResponse_ApiVersion v0
+def _encode_ApiVersionsResponse_ApiVersion_v0(m: Any, w: bytearray) -> None:
     w += _S_hhh.pack(m.api_key, m.min_version, m.max_version)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ApiVersionsResponse v0
+def _encode_ApiVersionsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.api_keys
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_ApiVersionsResponse_ApiVersion_v0(item2, w)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v1
+def _decode_ApiVersionsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ApiVersionsResponse)
     m.unknown_tags = None
     m.supported_features = list()
@@ -187,7 +187,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_ApiVersionsResponse_ApiVersion_v0(b, o)
             items2.append(v3)
         m.api_keys = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -195,16 +195,16 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v1
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ApiVersionsResponse v1
+def _encode_ApiVersionsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.api_keys
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_ApiVersionsResponse_ApiVersion_v0(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_ApiVersion v3
+def _decode_ApiVersionsResponse_ApiVersion_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ApiVersionsResponse_ApiVersion)
     m.unknown_tags = None
     m.api_key, m.min_version, m.max_version = _S_hhh.unpack_from(b, o)
@@ -222,7 +222,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_ApiVersi
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_SupportedFeatureKey v3
+def _decode_ApiVersionsResponse_SupportedFeatureKey_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ApiVersionsResponse_SupportedFeatureKey)
     m.unknown_tags = None
     length1 = b[o]
@@ -246,7 +246,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_Supporte
     return m, o
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_FinalizedFeatureKey v3
+def _decode_ApiVersionsResponse_FinalizedFeatureKey_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ApiVersionsResponse_FinalizedFeatureKey)
     m.unknown_tags = None
     length1 = b[o]
@@ -270,7 +270,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse_Finalize
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v3
+def _decode_ApiVersionsResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ApiVersionsResponse)
     m.unknown_tags = None
     m.supported_features = list()
@@ -289,7 +289,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d11(b, o)
+            v3, o = _decode_ApiVersionsResponse_ApiVersion_v3(b, o)
             items2.append(v3)
         m.api_keys = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -311,7 +311,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v3
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d12(b, o)
+                        v6, o = _decode_ApiVersionsResponse_SupportedFeatureKey_v3(b, o)
                         items5.append(v6)
                     m.supported_features = items5
                 _check_tag_end(t, o, e)
@@ -330,7 +330,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v3
                 else:
                     items8 = []
                     for _ in range(n7):
-                        v9, o = _d13(b, o)
+                        v9, o = _decode_ApiVersionsResponse_FinalizedFeatureKey_v3(b, o)
                         items8.append(v9)
                     m.finalized_features = items8
                 _check_tag_end(t, o, e)
@@ -346,7 +346,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ApiVersionsResponse v3
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # ApiVersionsResponse_ApiVersion v3
+def _encode_ApiVersionsResponse_ApiVersion_v3(m: Any, w: bytearray) -> None:
     w += _S_hhh.pack(m.api_key, m.min_version, m.max_version)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -354,7 +354,7 @@ def _e15(m: Any, w: bytearray) -> None:  # ApiVersionsResponse_ApiVersion v3
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # ApiVersionsResponse_SupportedFeatureKey v3
+def _encode_ApiVersionsResponse_SupportedFeatureKey_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_hh.pack(m.min_version, m.max_version)
     if m.unknown_tags:
@@ -363,7 +363,7 @@ def _e16(m: Any, w: bytearray) -> None:  # ApiVersionsResponse_SupportedFeatureK
         w.append(0)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # ApiVersionsResponse_FinalizedFeatureKey v3
+def _encode_ApiVersionsResponse_FinalizedFeatureKey_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_hh.pack(m.max_version_level, m.min_version_level)
     if m.unknown_tags:
@@ -372,12 +372,12 @@ def _e17(m: Any, w: bytearray) -> None:  # ApiVersionsResponse_FinalizedFeatureK
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # ApiVersionsResponse v3
+def _encode_ApiVersionsResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.api_keys
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_ApiVersionsResponse_ApiVersion_v3(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.supported_features:
@@ -385,7 +385,7 @@ def _e18(m: Any, w: bytearray) -> None:  # ApiVersionsResponse v3
         items3 = m.supported_features
         _write_compact_count(t, items3)
         for item4 in items3 or ():
-            _e16(item4, t)
+            _encode_ApiVersionsResponse_SupportedFeatureKey_v3(item4, t)
         tags.append((0, t))
     if m.finalized_features_epoch != -1:
         t = bytearray()
@@ -396,7 +396,7 @@ def _e18(m: Any, w: bytearray) -> None:  # ApiVersionsResponse v3
         items5 = m.finalized_features
         _write_compact_count(t, items5)
         for item6 in items5 or ():
-            _e17(item6, t)
+            _encode_ApiVersionsResponse_FinalizedFeatureKey_v3(item6, t)
         tags.append((2, t))
     if m.zk_migration_ready != False:
         t = bytearray()
@@ -406,8 +406,8 @@ def _e18(m: Any, w: bytearray) -> None:  # ApiVersionsResponse v3
 
 
 ApiVersionsRequest.DEFAULTS = ('', '', )
-ApiVersionsRequest.DECODERS = {0: _d1, 1: _d1, 2: _d1, 3: _d3, 4: _d3}
-ApiVersionsRequest.ENCODERS = {0: _e2, 1: _e2, 2: _e2, 3: _e4, 4: _e4}
+ApiVersionsRequest.DECODERS = {0: _decode_ApiVersionsRequest_v0, 1: _decode_ApiVersionsRequest_v0, 2: _decode_ApiVersionsRequest_v0, 3: _decode_ApiVersionsRequest_v3, 4: _decode_ApiVersionsRequest_v3}
+ApiVersionsRequest.ENCODERS = {0: _encode_ApiVersionsRequest_v0, 1: _encode_ApiVersionsRequest_v0, 2: _encode_ApiVersionsRequest_v0, 3: _encode_ApiVersionsRequest_v3, 4: _encode_ApiVersionsRequest_v3}
 
 ApiVersionsResponse_ApiVersion.DEFAULTS = (0, 0, 0, )
 ApiVersionsResponse_SupportedFeatureKey.DEFAULTS = ('', 0, 0, )
@@ -416,8 +416,8 @@ ApiVersionsResponse.DEFAULTS = (0, list, 0, list, -1, list, False, )
 ApiVersionsResponse.ApiVersion = ApiVersionsResponse_ApiVersion
 ApiVersionsResponse.SupportedFeatureKey = ApiVersionsResponse_SupportedFeatureKey
 ApiVersionsResponse.FinalizedFeatureKey = ApiVersionsResponse_FinalizedFeatureKey
-ApiVersionsResponse.DECODERS = {0: _d6, 1: _d9, 2: _d9, 3: _d14, 4: _d14}
-ApiVersionsResponse.ENCODERS = {0: _e8, 1: _e10, 2: _e10, 3: _e18, 4: _e18}
+ApiVersionsResponse.DECODERS = {0: _decode_ApiVersionsResponse_v0, 1: _decode_ApiVersionsResponse_v1, 2: _decode_ApiVersionsResponse_v1, 3: _decode_ApiVersionsResponse_v3, 4: _decode_ApiVersionsResponse_v3}
+ApiVersionsResponse.ENCODERS = {0: _encode_ApiVersionsResponse_v0, 1: _encode_ApiVersionsResponse_v1, 2: _encode_ApiVersionsResponse_v1, 3: _encode_ApiVersionsResponse_v3, 4: _encode_ApiVersionsResponse_v3}
 
 
 REQUEST = ApiVersionsRequest

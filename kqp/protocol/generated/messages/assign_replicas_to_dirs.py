@@ -94,7 +94,7 @@ class AssignReplicasToDirsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest_PartitionData v0
+def _decode_AssignReplicasToDirsRequest_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AssignReplicasToDirsRequest_PartitionData)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -112,7 +112,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest_P
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest_TopicData v0
+def _decode_AssignReplicasToDirsRequest_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AssignReplicasToDirsRequest_TopicData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -128,7 +128,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest_T
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_AssignReplicasToDirsRequest_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -144,7 +144,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest_T
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest_DirectoryData v0
+def _decode_AssignReplicasToDirsRequest_DirectoryData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AssignReplicasToDirsRequest_DirectoryData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -160,7 +160,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest_D
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_AssignReplicasToDirsRequest_TopicData_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -176,7 +176,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest_D
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest v0
+def _decode_AssignReplicasToDirsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AssignReplicasToDirsRequest)
     m.unknown_tags = None
     m.broker_id, m.broker_epoch = _S_iq.unpack_from(b, o)
@@ -191,7 +191,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest v
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d3(b, o)
+            v3, o = _decode_AssignReplicasToDirsRequest_DirectoryData_v0(b, o)
             items2.append(v3)
         m.directories = items2
     if b[o] == 0:
@@ -207,7 +207,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsRequest v
     return m, o
 
 
-def _e5(m: Any, w: bytearray) -> None:  # AssignReplicasToDirsRequest_PartitionData v0
+def _encode_AssignReplicasToDirsRequest_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.partition_index)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -215,43 +215,43 @@ def _e5(m: Any, w: bytearray) -> None:  # AssignReplicasToDirsRequest_PartitionD
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # AssignReplicasToDirsRequest_TopicData v0
+def _encode_AssignReplicasToDirsRequest_TopicData_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_AssignReplicasToDirsRequest_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e7(m: Any, w: bytearray) -> None:  # AssignReplicasToDirsRequest_DirectoryData v0
+def _encode_AssignReplicasToDirsRequest_DirectoryData_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.id))
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e6(item2, w)
+        _encode_AssignReplicasToDirsRequest_TopicData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # AssignReplicasToDirsRequest v0
+def _encode_AssignReplicasToDirsRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.broker_id, m.broker_epoch)
     items1 = m.directories
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_AssignReplicasToDirsRequest_DirectoryData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse_PartitionData v0
+def _decode_AssignReplicasToDirsResponse_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AssignReplicasToDirsResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -269,7 +269,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse_
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse_TopicData v0
+def _decode_AssignReplicasToDirsResponse_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AssignReplicasToDirsResponse_TopicData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -285,7 +285,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_AssignReplicasToDirsResponse_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -301,7 +301,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse_DirectoryData v0
+def _decode_AssignReplicasToDirsResponse_DirectoryData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AssignReplicasToDirsResponse_DirectoryData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -317,7 +317,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d10(b, o)
+            v3, o = _decode_AssignReplicasToDirsResponse_TopicData_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -333,7 +333,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse v0
+def _decode_AssignReplicasToDirsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(AssignReplicasToDirsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -348,7 +348,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d11(b, o)
+            v3, o = _decode_AssignReplicasToDirsResponse_DirectoryData_v0(b, o)
             items2.append(v3)
         m.directories = items2
     if b[o] == 0:
@@ -364,7 +364,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # AssignReplicasToDirsResponse
     return m, o
 
 
-def _e13(m: Any, w: bytearray) -> None:  # AssignReplicasToDirsResponse_PartitionData v0
+def _encode_AssignReplicasToDirsResponse_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -372,36 +372,36 @@ def _e13(m: Any, w: bytearray) -> None:  # AssignReplicasToDirsResponse_Partitio
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # AssignReplicasToDirsResponse_TopicData v0
+def _encode_AssignReplicasToDirsResponse_TopicData_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_AssignReplicasToDirsResponse_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e15(m: Any, w: bytearray) -> None:  # AssignReplicasToDirsResponse_DirectoryData v0
+def _encode_AssignReplicasToDirsResponse_DirectoryData_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.id))
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e14(item2, w)
+        _encode_AssignReplicasToDirsResponse_TopicData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # AssignReplicasToDirsResponse v0
+def _encode_AssignReplicasToDirsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.directories
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_AssignReplicasToDirsResponse_DirectoryData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -417,8 +417,8 @@ AssignReplicasToDirsRequest.DEFAULTS = (0, -1, list, )
 AssignReplicasToDirsRequest.DirectoryData = AssignReplicasToDirsRequest_DirectoryData
 AssignReplicasToDirsRequest.TopicData = AssignReplicasToDirsRequest_TopicData
 AssignReplicasToDirsRequest.PartitionData = AssignReplicasToDirsRequest_PartitionData
-AssignReplicasToDirsRequest.DECODERS = {0: _d4}
-AssignReplicasToDirsRequest.ENCODERS = {0: _e8}
+AssignReplicasToDirsRequest.DECODERS = {0: _decode_AssignReplicasToDirsRequest_v0}
+AssignReplicasToDirsRequest.ENCODERS = {0: _encode_AssignReplicasToDirsRequest_v0}
 
 AssignReplicasToDirsResponse_DirectoryData.DEFAULTS = (_ZERO_UUID, list, )
 AssignReplicasToDirsResponse_DirectoryData.TopicData = AssignReplicasToDirsResponse_TopicData
@@ -429,8 +429,8 @@ AssignReplicasToDirsResponse.DEFAULTS = (0, 0, list, )
 AssignReplicasToDirsResponse.DirectoryData = AssignReplicasToDirsResponse_DirectoryData
 AssignReplicasToDirsResponse.TopicData = AssignReplicasToDirsResponse_TopicData
 AssignReplicasToDirsResponse.PartitionData = AssignReplicasToDirsResponse_PartitionData
-AssignReplicasToDirsResponse.DECODERS = {0: _d12}
-AssignReplicasToDirsResponse.ENCODERS = {0: _e16}
+AssignReplicasToDirsResponse.DECODERS = {0: _decode_AssignReplicasToDirsResponse_v0}
+AssignReplicasToDirsResponse.ENCODERS = {0: _encode_AssignReplicasToDirsResponse_v0}
 
 
 REQUEST = AssignReplicasToDirsRequest

@@ -96,7 +96,7 @@ class BeginQuorumEpochResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_PartitionData v0
+def _decode_BeginQuorumEpochRequest_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochRequest_PartitionData)
     m.unknown_tags = None
     m.voter_directory_id = _ZERO_UUID
@@ -105,7 +105,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_Parti
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_TopicData v0
+def _decode_BeginQuorumEpochRequest_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochRequest_TopicData)
     m.unknown_tags = None
     m.topic_name, o = _string(b, o)
@@ -115,13 +115,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_Topic
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_BeginQuorumEpochRequest_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest v0
+def _decode_BeginQuorumEpochRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochRequest)
     m.unknown_tags = None
     m.voter_id = -1
@@ -133,33 +133,33 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_BeginQuorumEpochRequest_TopicData_v0(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # BeginQuorumEpochRequest_PartitionData v0
+def _encode_BeginQuorumEpochRequest_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_iii.pack(m.partition_index, m.leader_id, m.leader_epoch)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # BeginQuorumEpochRequest_TopicData v0
+def _encode_BeginQuorumEpochRequest_TopicData_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic_name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_BeginQuorumEpochRequest_PartitionData_v0(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # BeginQuorumEpochRequest v0
+def _encode_BeginQuorumEpochRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.cluster_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_BeginQuorumEpochRequest_TopicData_v0(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_PartitionData v1
+def _decode_BeginQuorumEpochRequest_PartitionData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochRequest_PartitionData)
     m.unknown_tags = None
     m.partition_index, _u1, m.leader_id, m.leader_epoch = _S_iuii.unpack_from(b, o)
@@ -178,7 +178,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_Parti
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_TopicData v1
+def _decode_BeginQuorumEpochRequest_TopicData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochRequest_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -197,7 +197,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_Topic
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_BeginQuorumEpochRequest_PartitionData_v1(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -213,7 +213,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_Topic
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_LeaderEndpoint v1
+def _decode_BeginQuorumEpochRequest_LeaderEndpoint_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochRequest_LeaderEndpoint)
     m.unknown_tags = None
     length1 = b[o]
@@ -243,7 +243,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest_Leade
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest v1
+def _decode_BeginQuorumEpochRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -264,7 +264,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d8(b, o)
+            v4, o = _decode_BeginQuorumEpochRequest_TopicData_v1(b, o)
             items3.append(v4)
         m.topics = items3
     n5 = b[o] - 1
@@ -277,7 +277,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest v1
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d9(b, o)
+            v7, o = _decode_BeginQuorumEpochRequest_LeaderEndpoint_v1(b, o)
             items6.append(v7)
         m.leader_endpoints = items6
     if b[o] == 0:
@@ -293,7 +293,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochRequest v1
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # BeginQuorumEpochRequest_PartitionData v1
+def _encode_BeginQuorumEpochRequest_PartitionData_v1(m: Any, w: bytearray) -> None:
     w += _S_iuii.pack(m.partition_index, _uuid_bytes(m.voter_directory_id), m.leader_id, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -301,19 +301,19 @@ def _e11(m: Any, w: bytearray) -> None:  # BeginQuorumEpochRequest_PartitionData
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # BeginQuorumEpochRequest_TopicData v1
+def _encode_BeginQuorumEpochRequest_TopicData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_BeginQuorumEpochRequest_PartitionData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # BeginQuorumEpochRequest_LeaderEndpoint v1
+def _encode_BeginQuorumEpochRequest_LeaderEndpoint_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
@@ -323,24 +323,24 @@ def _e13(m: Any, w: bytearray) -> None:  # BeginQuorumEpochRequest_LeaderEndpoin
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # BeginQuorumEpochRequest v1
+def _encode_BeginQuorumEpochRequest_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.cluster_id)
     w += _S_i.pack(m.voter_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_BeginQuorumEpochRequest_TopicData_v1(item2, w)
     items3 = m.leader_endpoints
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e13(item4, w)
+        _encode_BeginQuorumEpochRequest_LeaderEndpoint_v1(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_PartitionData v0
+def _decode_BeginQuorumEpochResponse_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.leader_id, m.leader_epoch = _S_ihii.unpack_from(b, o)
@@ -348,7 +348,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_Par
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_TopicData v0
+def _decode_BeginQuorumEpochResponse_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochResponse_TopicData)
     m.unknown_tags = None
     m.topic_name, o = _string(b, o)
@@ -358,13 +358,13 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_Top
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_BeginQuorumEpochResponse_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse v0
+def _decode_BeginQuorumEpochResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -376,33 +376,33 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d16(b, o)
+            v3, o = _decode_BeginQuorumEpochResponse_TopicData_v0(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e18(m: Any, w: bytearray) -> None:  # BeginQuorumEpochResponse_PartitionData v0
+def _encode_BeginQuorumEpochResponse_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_ihii.pack(m.partition_index, m.error_code, m.leader_id, m.leader_epoch)
 
 
-def _e19(m: Any, w: bytearray) -> None:  # BeginQuorumEpochResponse_TopicData v0
+def _encode_BeginQuorumEpochResponse_TopicData_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic_name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e18(item2, w)
+        _encode_BeginQuorumEpochResponse_PartitionData_v0(item2, w)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # BeginQuorumEpochResponse v0
+def _encode_BeginQuorumEpochResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_BeginQuorumEpochResponse_TopicData_v0(item2, w)
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_PartitionData v1
+def _decode_BeginQuorumEpochResponse_PartitionData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.leader_id, m.leader_epoch = _S_ihii.unpack_from(b, o)
@@ -420,7 +420,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_Par
     return m, o
 
 
-def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_TopicData v1
+def _decode_BeginQuorumEpochResponse_TopicData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochResponse_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -439,7 +439,7 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_Top
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d21(b, o)
+            v4, o = _decode_BeginQuorumEpochResponse_PartitionData_v1(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -455,7 +455,7 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_Top
     return m, o
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_NodeEndpoint v1
+def _decode_BeginQuorumEpochResponse_NodeEndpoint_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -481,7 +481,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse_Nod
     return m, o
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse v1
+def _decode_BeginQuorumEpochResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BeginQuorumEpochResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -497,7 +497,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d22(b, o)
+            v3, o = _decode_BeginQuorumEpochResponse_TopicData_v1(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -517,7 +517,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse v1
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d23(b, o)
+                        v6, o = _decode_BeginQuorumEpochResponse_NodeEndpoint_v1(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -529,7 +529,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # BeginQuorumEpochResponse v1
     return m, o
 
 
-def _e25(m: Any, w: bytearray) -> None:  # BeginQuorumEpochResponse_PartitionData v1
+def _encode_BeginQuorumEpochResponse_PartitionData_v1(m: Any, w: bytearray) -> None:
     w += _S_ihii.pack(m.partition_index, m.error_code, m.leader_id, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -537,19 +537,19 @@ def _e25(m: Any, w: bytearray) -> None:  # BeginQuorumEpochResponse_PartitionDat
         w.append(0)
 
 
-def _e26(m: Any, w: bytearray) -> None:  # BeginQuorumEpochResponse_TopicData v1
+def _encode_BeginQuorumEpochResponse_TopicData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e25(item2, w)
+        _encode_BeginQuorumEpochResponse_PartitionData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e27(m: Any, w: bytearray) -> None:  # BeginQuorumEpochResponse_NodeEndpoint v1
+def _encode_BeginQuorumEpochResponse_NodeEndpoint_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
@@ -559,19 +559,19 @@ def _e27(m: Any, w: bytearray) -> None:  # BeginQuorumEpochResponse_NodeEndpoint
         w.append(0)
 
 
-def _e28(m: Any, w: bytearray) -> None:  # BeginQuorumEpochResponse v1
+def _encode_BeginQuorumEpochResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e26(item2, w)
+        _encode_BeginQuorumEpochResponse_TopicData_v1(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
         t = bytearray()
         items3 = m.node_endpoints
         _write_compact_count(t, items3)
         for item4 in items3 or ():
-            _e27(item4, t)
+            _encode_BeginQuorumEpochResponse_NodeEndpoint_v1(item4, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
@@ -584,8 +584,8 @@ BeginQuorumEpochRequest.DEFAULTS = (None, -1, list, list, )
 BeginQuorumEpochRequest.TopicData = BeginQuorumEpochRequest_TopicData
 BeginQuorumEpochRequest.LeaderEndpoint = BeginQuorumEpochRequest_LeaderEndpoint
 BeginQuorumEpochRequest.PartitionData = BeginQuorumEpochRequest_PartitionData
-BeginQuorumEpochRequest.DECODERS = {0: _d3, 1: _d10}
-BeginQuorumEpochRequest.ENCODERS = {0: _e6, 1: _e14}
+BeginQuorumEpochRequest.DECODERS = {0: _decode_BeginQuorumEpochRequest_v0, 1: _decode_BeginQuorumEpochRequest_v1}
+BeginQuorumEpochRequest.ENCODERS = {0: _encode_BeginQuorumEpochRequest_v0, 1: _encode_BeginQuorumEpochRequest_v1}
 
 BeginQuorumEpochResponse_TopicData.DEFAULTS = ('', list, )
 BeginQuorumEpochResponse_TopicData.PartitionData = BeginQuorumEpochResponse_PartitionData
@@ -595,8 +595,8 @@ BeginQuorumEpochResponse.DEFAULTS = (0, list, list, )
 BeginQuorumEpochResponse.TopicData = BeginQuorumEpochResponse_TopicData
 BeginQuorumEpochResponse.NodeEndpoint = BeginQuorumEpochResponse_NodeEndpoint
 BeginQuorumEpochResponse.PartitionData = BeginQuorumEpochResponse_PartitionData
-BeginQuorumEpochResponse.DECODERS = {0: _d17, 1: _d24}
-BeginQuorumEpochResponse.ENCODERS = {0: _e20, 1: _e28}
+BeginQuorumEpochResponse.DECODERS = {0: _decode_BeginQuorumEpochResponse_v0, 1: _decode_BeginQuorumEpochResponse_v1}
+BeginQuorumEpochResponse.ENCODERS = {0: _encode_BeginQuorumEpochResponse_v0, 1: _encode_BeginQuorumEpochResponse_v1}
 
 
 REQUEST = BeginQuorumEpochRequest

@@ -63,7 +63,7 @@ class BrokerHeartbeatResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatRequest v0
+def _decode_BrokerHeartbeatRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerHeartbeatRequest)
     m.unknown_tags = None
     m.offline_log_dirs = list()
@@ -83,7 +83,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # BrokerHeartbeatRequest v0
+def _encode_BrokerHeartbeatRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_iqqoo.pack(m.broker_id, m.broker_epoch, m.current_metadata_offset, m.want_fence, m.want_shut_down)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -91,7 +91,7 @@ def _e2(m: Any, w: bytearray) -> None:  # BrokerHeartbeatRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatRequest v1
+def _decode_BrokerHeartbeatRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerHeartbeatRequest)
     m.unknown_tags = None
     m.offline_log_dirs = list()
@@ -128,7 +128,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatRequest v1
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # BrokerHeartbeatRequest v1
+def _encode_BrokerHeartbeatRequest_v1(m: Any, w: bytearray) -> None:
     w += _S_iqqoo.pack(m.broker_id, m.broker_epoch, m.current_metadata_offset, m.want_fence, m.want_shut_down)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.offline_log_dirs:
@@ -141,7 +141,7 @@ def _e4(m: Any, w: bytearray) -> None:  # BrokerHeartbeatRequest v1
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatRequest v2
+def _decode_BrokerHeartbeatRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerHeartbeatRequest)
     m.unknown_tags = None
     m.offline_log_dirs = list()
@@ -194,7 +194,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatRequest v2
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # BrokerHeartbeatRequest v2
+def _encode_BrokerHeartbeatRequest_v2(m: Any, w: bytearray) -> None:
     w += _S_iqqoo.pack(m.broker_id, m.broker_epoch, m.current_metadata_offset, m.want_fence, m.want_shut_down)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.offline_log_dirs:
@@ -214,7 +214,7 @@ def _e6(m: Any, w: bytearray) -> None:  # BrokerHeartbeatRequest v2
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatResponse v0
+def _decode_BrokerHeartbeatResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerHeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, m.is_caught_up, m.is_fenced, m.should_shut_down = _S_ihooo.unpack_from(b, o)
@@ -232,7 +232,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerHeartbeatResponse v0
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # BrokerHeartbeatResponse v0
+def _encode_BrokerHeartbeatResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ihooo.pack(m.throttle_time_ms, m.error_code, m.is_caught_up, m.is_fenced, m.should_shut_down)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -241,12 +241,12 @@ def _e8(m: Any, w: bytearray) -> None:  # BrokerHeartbeatResponse v0
 
 
 BrokerHeartbeatRequest.DEFAULTS = (0, -1, 0, False, False, list, None, )
-BrokerHeartbeatRequest.DECODERS = {0: _d1, 1: _d3, 2: _d5}
-BrokerHeartbeatRequest.ENCODERS = {0: _e2, 1: _e4, 2: _e6}
+BrokerHeartbeatRequest.DECODERS = {0: _decode_BrokerHeartbeatRequest_v0, 1: _decode_BrokerHeartbeatRequest_v1, 2: _decode_BrokerHeartbeatRequest_v2}
+BrokerHeartbeatRequest.ENCODERS = {0: _encode_BrokerHeartbeatRequest_v0, 1: _encode_BrokerHeartbeatRequest_v1, 2: _encode_BrokerHeartbeatRequest_v2}
 
 BrokerHeartbeatResponse.DEFAULTS = (0, 0, False, True, False, )
-BrokerHeartbeatResponse.DECODERS = {0: _d7, 1: _d7, 2: _d7}
-BrokerHeartbeatResponse.ENCODERS = {0: _e8, 1: _e8, 2: _e8}
+BrokerHeartbeatResponse.DECODERS = {0: _decode_BrokerHeartbeatResponse_v0, 1: _decode_BrokerHeartbeatResponse_v0, 2: _decode_BrokerHeartbeatResponse_v0}
+BrokerHeartbeatResponse.ENCODERS = {0: _encode_BrokerHeartbeatResponse_v0, 1: _encode_BrokerHeartbeatResponse_v0, 2: _encode_BrokerHeartbeatResponse_v0}
 
 
 REQUEST = BrokerHeartbeatRequest

@@ -77,7 +77,7 @@ class BrokerRegistrationResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest_Listener v0
+def _decode_BrokerRegistrationRequest_Listener_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerRegistrationRequest_Listener)
     m.unknown_tags = None
     length1 = b[o]
@@ -107,7 +107,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest_Lis
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest_Feature v0
+def _decode_BrokerRegistrationRequest_Feature_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerRegistrationRequest_Feature)
     m.unknown_tags = None
     length1 = b[o]
@@ -131,7 +131,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest_Fea
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v0
+def _decode_BrokerRegistrationRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerRegistrationRequest)
     m.unknown_tags = None
     m.is_migrating_zk_broker = False
@@ -158,7 +158,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_BrokerRegistrationRequest_Listener_v0(b, o)
             items3.append(v4)
         m.listeners = items3
     n5 = b[o] - 1
@@ -171,7 +171,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v0
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d2(b, o)
+            v7, o = _decode_BrokerRegistrationRequest_Feature_v0(b, o)
             items6.append(v7)
         m.features = items6
     length8 = b[o]
@@ -193,7 +193,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest_Listener v0
+def _encode_BrokerRegistrationRequest_Listener_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.host)
     w += _S_Hh.pack(m.port, m.security_protocol)
@@ -203,7 +203,7 @@ def _e4(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest_Listener v0
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest_Feature v0
+def _encode_BrokerRegistrationRequest_Feature_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_hh.pack(m.min_supported_version, m.max_supported_version)
     if m.unknown_tags:
@@ -212,18 +212,18 @@ def _e5(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest_Feature v0
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest v0
+def _encode_BrokerRegistrationRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.broker_id)
     _write_compact_string(w, m.cluster_id)
     w += _S_u.pack(_uuid_bytes(m.incarnation_id))
     items1 = m.listeners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_BrokerRegistrationRequest_Listener_v0(item2, w)
     items3 = m.features
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e5(item4, w)
+        _encode_BrokerRegistrationRequest_Feature_v0(item4, w)
     _write_compact_string(w, m.rack)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -231,7 +231,7 @@ def _e6(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest v0
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v1
+def _decode_BrokerRegistrationRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerRegistrationRequest)
     m.unknown_tags = None
     m.log_dirs = list()
@@ -257,7 +257,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_BrokerRegistrationRequest_Listener_v0(b, o)
             items3.append(v4)
         m.listeners = items3
     n5 = b[o] - 1
@@ -270,7 +270,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v1
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d2(b, o)
+            v7, o = _decode_BrokerRegistrationRequest_Feature_v0(b, o)
             items6.append(v7)
         m.features = items6
     length8 = b[o]
@@ -294,18 +294,18 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v1
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest v1
+def _encode_BrokerRegistrationRequest_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.broker_id)
     _write_compact_string(w, m.cluster_id)
     w += _S_u.pack(_uuid_bytes(m.incarnation_id))
     items1 = m.listeners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_BrokerRegistrationRequest_Listener_v0(item2, w)
     items3 = m.features
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e5(item4, w)
+        _encode_BrokerRegistrationRequest_Feature_v0(item4, w)
     _write_compact_string(w, m.rack)
     w += _S_o.pack(m.is_migrating_zk_broker)
     if m.unknown_tags:
@@ -314,7 +314,7 @@ def _e8(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest v1
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v2
+def _decode_BrokerRegistrationRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerRegistrationRequest)
     m.unknown_tags = None
     m.previous_broker_epoch = -1
@@ -339,7 +339,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v2
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_BrokerRegistrationRequest_Listener_v0(b, o)
             items3.append(v4)
         m.listeners = items3
     n5 = b[o] - 1
@@ -352,7 +352,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v2
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d2(b, o)
+            v7, o = _decode_BrokerRegistrationRequest_Feature_v0(b, o)
             items6.append(v7)
         m.features = items6
     length8 = b[o]
@@ -390,18 +390,18 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest v2
+def _encode_BrokerRegistrationRequest_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.broker_id)
     _write_compact_string(w, m.cluster_id)
     w += _S_u.pack(_uuid_bytes(m.incarnation_id))
     items1 = m.listeners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_BrokerRegistrationRequest_Listener_v0(item2, w)
     items3 = m.features
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e5(item4, w)
+        _encode_BrokerRegistrationRequest_Feature_v0(item4, w)
     _write_compact_string(w, m.rack)
     w += _S_o.pack(m.is_migrating_zk_broker)
     items5 = m.log_dirs
@@ -414,7 +414,7 @@ def _e10(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest v2
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v3
+def _decode_BrokerRegistrationRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerRegistrationRequest)
     m.unknown_tags = None
     m.broker_id, = _S_i.unpack_from(b, o)
@@ -438,7 +438,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v3
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_BrokerRegistrationRequest_Listener_v0(b, o)
             items3.append(v4)
         m.listeners = items3
     n5 = b[o] - 1
@@ -451,7 +451,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v3
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d2(b, o)
+            v7, o = _decode_BrokerRegistrationRequest_Feature_v0(b, o)
             items6.append(v7)
         m.features = items6
     length8 = b[o]
@@ -491,18 +491,18 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationRequest v3
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest v3
+def _encode_BrokerRegistrationRequest_v3(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.broker_id)
     _write_compact_string(w, m.cluster_id)
     w += _S_u.pack(_uuid_bytes(m.incarnation_id))
     items1 = m.listeners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_BrokerRegistrationRequest_Listener_v0(item2, w)
     items3 = m.features
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e5(item4, w)
+        _encode_BrokerRegistrationRequest_Feature_v0(item4, w)
     _write_compact_string(w, m.rack)
     w += _S_o.pack(m.is_migrating_zk_broker)
     items5 = m.log_dirs
@@ -516,7 +516,7 @@ def _e12(m: Any, w: bytearray) -> None:  # BrokerRegistrationRequest v3
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationResponse v0
+def _decode_BrokerRegistrationResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(BrokerRegistrationResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, m.broker_epoch = _S_ihq.unpack_from(b, o)
@@ -534,7 +534,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # BrokerRegistrationResponse v
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # BrokerRegistrationResponse v0
+def _encode_BrokerRegistrationResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ihq.pack(m.throttle_time_ms, m.error_code, m.broker_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -547,12 +547,12 @@ BrokerRegistrationRequest_Feature.DEFAULTS = ('', 0, 0, )
 BrokerRegistrationRequest.DEFAULTS = (0, '', _ZERO_UUID, list, list, '', False, list, -1, )
 BrokerRegistrationRequest.Listener = BrokerRegistrationRequest_Listener
 BrokerRegistrationRequest.Feature = BrokerRegistrationRequest_Feature
-BrokerRegistrationRequest.DECODERS = {0: _d3, 1: _d7, 2: _d9, 3: _d11, 4: _d11}
-BrokerRegistrationRequest.ENCODERS = {0: _e6, 1: _e8, 2: _e10, 3: _e12, 4: _e12}
+BrokerRegistrationRequest.DECODERS = {0: _decode_BrokerRegistrationRequest_v0, 1: _decode_BrokerRegistrationRequest_v1, 2: _decode_BrokerRegistrationRequest_v2, 3: _decode_BrokerRegistrationRequest_v3, 4: _decode_BrokerRegistrationRequest_v3}
+BrokerRegistrationRequest.ENCODERS = {0: _encode_BrokerRegistrationRequest_v0, 1: _encode_BrokerRegistrationRequest_v1, 2: _encode_BrokerRegistrationRequest_v2, 3: _encode_BrokerRegistrationRequest_v3, 4: _encode_BrokerRegistrationRequest_v3}
 
 BrokerRegistrationResponse.DEFAULTS = (0, 0, -1, )
-BrokerRegistrationResponse.DECODERS = {0: _d13, 1: _d13, 2: _d13, 3: _d13, 4: _d13}
-BrokerRegistrationResponse.ENCODERS = {0: _e14, 1: _e14, 2: _e14, 3: _e14, 4: _e14}
+BrokerRegistrationResponse.DECODERS = {0: _decode_BrokerRegistrationResponse_v0, 1: _decode_BrokerRegistrationResponse_v0, 2: _decode_BrokerRegistrationResponse_v0, 3: _decode_BrokerRegistrationResponse_v0, 4: _decode_BrokerRegistrationResponse_v0}
+BrokerRegistrationResponse.ENCODERS = {0: _encode_BrokerRegistrationResponse_v0, 1: _encode_BrokerRegistrationResponse_v0, 2: _encode_BrokerRegistrationResponse_v0, 3: _encode_BrokerRegistrationResponse_v0, 4: _encode_BrokerRegistrationResponse_v0}
 
 
 REQUEST = BrokerRegistrationRequest

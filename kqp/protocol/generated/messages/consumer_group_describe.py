@@ -86,7 +86,7 @@ class ConsumerGroupDescribeResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRequest v0
+def _decode_ConsumerGroupDescribeRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupDescribeRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -122,7 +122,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRequest 
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeRequest v0
+def _encode_ConsumerGroupDescribeRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.group_ids
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -134,7 +134,7 @@ def _e2(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse_TopicPartitions v0
+def _decode_ConsumerGroupDescribeResponse_TopicPartitions_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupDescribeResponse_TopicPartitions)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -169,7 +169,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse_Assignment v0
+def _decode_ConsumerGroupDescribeResponse_Assignment_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupDescribeResponse_Assignment)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -182,7 +182,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d3(b, o)
+            v3, o = _decode_ConsumerGroupDescribeResponse_TopicPartitions_v0(b, o)
             items2.append(v3)
         m.topic_partitions = items2
     if b[o] == 0:
@@ -198,7 +198,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse
     return m, o
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse_Member v0
+def _decode_ConsumerGroupDescribeResponse_Member_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupDescribeResponse_Member)
     m.unknown_tags = None
     m.member_type = -1
@@ -258,8 +258,8 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse
         o += length10
     else:
         m.subscribed_topic_regex, o = _compact_string(b, o)
-    m.assignment, o = _d4(b, o)
-    m.target_assignment, o = _d4(b, o)
+    m.assignment, o = _decode_ConsumerGroupDescribeResponse_Assignment_v0(b, o)
+    m.target_assignment, o = _decode_ConsumerGroupDescribeResponse_Assignment_v0(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -273,7 +273,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse_DescribedGroup v0
+def _decode_ConsumerGroupDescribeResponse_DescribedGroup_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupDescribeResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -314,7 +314,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d5(b, o)
+            v7, o = _decode_ConsumerGroupDescribeResponse_Member_v0(b, o)
             items6.append(v7)
         m.members = items6
     m.authorized_operations, = _S_i.unpack_from(b, o)
@@ -332,7 +332,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse
     return m, o
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse v0
+def _decode_ConsumerGroupDescribeResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupDescribeResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -347,7 +347,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d6(b, o)
+            v3, o = _decode_ConsumerGroupDescribeResponse_DescribedGroup_v0(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -363,7 +363,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_TopicPartitions v0
+def _encode_ConsumerGroupDescribeResponse_TopicPartitions_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
@@ -376,18 +376,18 @@ def _e8(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_TopicPar
         w.append(0)
 
 
-def _e9(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_Assignment v0
+def _encode_ConsumerGroupDescribeResponse_Assignment_v0(m: Any, w: bytearray) -> None:
     items1 = m.topic_partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e8(item2, w)
+        _encode_ConsumerGroupDescribeResponse_TopicPartitions_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_Member v0
+def _encode_ConsumerGroupDescribeResponse_Member_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.instance_id)
     _write_compact_string(w, m.rack_id)
@@ -399,15 +399,15 @@ def _e10(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_Member 
     for item2 in items1 or ():
         _write_compact_string(w, item2)
     _write_compact_string(w, m.subscribed_topic_regex)
-    _e9(m.assignment, w)
-    _e9(m.target_assignment, w)
+    _encode_ConsumerGroupDescribeResponse_Assignment_v0(m.assignment, w)
+    _encode_ConsumerGroupDescribeResponse_Assignment_v0(m.target_assignment, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_DescribedGroup v0
+def _encode_ConsumerGroupDescribeResponse_DescribedGroup_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.group_id)
@@ -417,7 +417,7 @@ def _e11(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_Describ
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_ConsumerGroupDescribeResponse_Member_v0(item2, w)
     w += _S_i.pack(m.authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -425,19 +425,19 @@ def _e11(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_Describ
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse v0
+def _encode_ConsumerGroupDescribeResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_ConsumerGroupDescribeResponse_DescribedGroup_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse_Member v1
+def _decode_ConsumerGroupDescribeResponse_Member_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupDescribeResponse_Member)
     m.unknown_tags = None
     length1 = b[o]
@@ -496,8 +496,8 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespons
         o += length10
     else:
         m.subscribed_topic_regex, o = _compact_string(b, o)
-    m.assignment, o = _d4(b, o)
-    m.target_assignment, o = _d4(b, o)
+    m.assignment, o = _decode_ConsumerGroupDescribeResponse_Assignment_v0(b, o)
+    m.target_assignment, o = _decode_ConsumerGroupDescribeResponse_Assignment_v0(b, o)
     m.member_type, = _S_b.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -513,7 +513,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespons
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse_DescribedGroup v1
+def _decode_ConsumerGroupDescribeResponse_DescribedGroup_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupDescribeResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -554,7 +554,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespons
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d13(b, o)
+            v7, o = _decode_ConsumerGroupDescribeResponse_Member_v1(b, o)
             items6.append(v7)
         m.members = items6
     m.authorized_operations, = _S_i.unpack_from(b, o)
@@ -572,7 +572,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespons
     return m, o
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeResponse v1
+def _decode_ConsumerGroupDescribeResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupDescribeResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -587,7 +587,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespons
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d14(b, o)
+            v3, o = _decode_ConsumerGroupDescribeResponse_DescribedGroup_v1(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -603,7 +603,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupDescribeRespons
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_Member v1
+def _encode_ConsumerGroupDescribeResponse_Member_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.instance_id)
     _write_compact_string(w, m.rack_id)
@@ -615,8 +615,8 @@ def _e16(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_Member 
     for item2 in items1 or ():
         _write_compact_string(w, item2)
     _write_compact_string(w, m.subscribed_topic_regex)
-    _e9(m.assignment, w)
-    _e9(m.target_assignment, w)
+    _encode_ConsumerGroupDescribeResponse_Assignment_v0(m.assignment, w)
+    _encode_ConsumerGroupDescribeResponse_Assignment_v0(m.target_assignment, w)
     w += _S_b.pack(m.member_type)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -624,7 +624,7 @@ def _e16(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_Member 
         w.append(0)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_DescribedGroup v1
+def _encode_ConsumerGroupDescribeResponse_DescribedGroup_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.group_id)
@@ -634,7 +634,7 @@ def _e17(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_Describ
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e16(item2, w)
+        _encode_ConsumerGroupDescribeResponse_Member_v1(item2, w)
     w += _S_i.pack(m.authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -642,12 +642,12 @@ def _e17(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse_Describ
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse v1
+def _encode_ConsumerGroupDescribeResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_ConsumerGroupDescribeResponse_DescribedGroup_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -655,8 +655,8 @@ def _e18(m: Any, w: bytearray) -> None:  # ConsumerGroupDescribeResponse v1
 
 
 ConsumerGroupDescribeRequest.DEFAULTS = (list, False, )
-ConsumerGroupDescribeRequest.DECODERS = {0: _d1, 1: _d1}
-ConsumerGroupDescribeRequest.ENCODERS = {0: _e2, 1: _e2}
+ConsumerGroupDescribeRequest.DECODERS = {0: _decode_ConsumerGroupDescribeRequest_v0, 1: _decode_ConsumerGroupDescribeRequest_v0}
+ConsumerGroupDescribeRequest.ENCODERS = {0: _encode_ConsumerGroupDescribeRequest_v0, 1: _encode_ConsumerGroupDescribeRequest_v0}
 
 ConsumerGroupDescribeResponse_TopicPartitions.DEFAULTS = (_ZERO_UUID, '', list, )
 ConsumerGroupDescribeResponse_Assignment.DEFAULTS = (list, )
@@ -668,8 +668,8 @@ ConsumerGroupDescribeResponse.DescribedGroup = ConsumerGroupDescribeResponse_Des
 ConsumerGroupDescribeResponse.TopicPartitions = ConsumerGroupDescribeResponse_TopicPartitions
 ConsumerGroupDescribeResponse.Assignment = ConsumerGroupDescribeResponse_Assignment
 ConsumerGroupDescribeResponse.Member = ConsumerGroupDescribeResponse_Member
-ConsumerGroupDescribeResponse.DECODERS = {0: _d7, 1: _d15}
-ConsumerGroupDescribeResponse.ENCODERS = {0: _e12, 1: _e18}
+ConsumerGroupDescribeResponse.DECODERS = {0: _decode_ConsumerGroupDescribeResponse_v0, 1: _decode_ConsumerGroupDescribeResponse_v1}
+ConsumerGroupDescribeResponse.ENCODERS = {0: _encode_ConsumerGroupDescribeResponse_v0, 1: _encode_ConsumerGroupDescribeResponse_v1}
 
 
 REQUEST = ConsumerGroupDescribeRequest

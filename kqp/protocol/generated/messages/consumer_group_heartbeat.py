@@ -79,7 +79,7 @@ class ConsumerGroupHeartbeatResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRequest_TopicPartitions v0
+def _decode_ConsumerGroupHeartbeatRequest_TopicPartitions_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupHeartbeatRequest_TopicPartitions)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -108,7 +108,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRequest
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRequest v0
+def _decode_ConsumerGroupHeartbeatRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupHeartbeatRequest)
     m.unknown_tags = None
     m.subscribed_topic_regex = None
@@ -174,7 +174,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRequest
     else:
         items11 = []
         for _ in range(n10):
-            v12, o = _d1(b, o)
+            v12, o = _decode_ConsumerGroupHeartbeatRequest_TopicPartitions_v0(b, o)
             items11.append(v12)
         m.topic_partitions = items11
     if b[o] == 0:
@@ -190,7 +190,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRequest
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatRequest_TopicPartitions v0
+def _encode_ConsumerGroupHeartbeatRequest_TopicPartitions_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -202,7 +202,7 @@ def _e3(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatRequest_TopicPar
         w.append(0)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatRequest v0
+def _encode_ConsumerGroupHeartbeatRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.member_epoch)
@@ -217,14 +217,14 @@ def _e4(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatRequest v0
     items3 = m.topic_partitions
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e3(item4, w)
+        _encode_ConsumerGroupHeartbeatRequest_TopicPartitions_v0(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRequest v1
+def _decode_ConsumerGroupHeartbeatRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupHeartbeatRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -295,7 +295,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRequest
     else:
         items12 = []
         for _ in range(n11):
-            v13, o = _d1(b, o)
+            v13, o = _decode_ConsumerGroupHeartbeatRequest_TopicPartitions_v0(b, o)
             items12.append(v13)
         m.topic_partitions = items12
     if b[o] == 0:
@@ -311,7 +311,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRequest
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatRequest v1
+def _encode_ConsumerGroupHeartbeatRequest_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.member_epoch)
@@ -327,14 +327,14 @@ def _e6(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatRequest v1
     items3 = m.topic_partitions
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e3(item4, w)
+        _encode_ConsumerGroupHeartbeatRequest_TopicPartitions_v0(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatResponse_TopicPartitions v0
+def _decode_ConsumerGroupHeartbeatResponse_TopicPartitions_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupHeartbeatResponse_TopicPartitions)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -363,7 +363,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRespons
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatResponse_Assignment v0
+def _decode_ConsumerGroupHeartbeatResponse_Assignment_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupHeartbeatResponse_Assignment)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -376,7 +376,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRespons
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_ConsumerGroupHeartbeatResponse_TopicPartitions_v0(b, o)
             items2.append(v3)
         m.topic_partitions = items2
     if b[o] == 0:
@@ -392,7 +392,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRespons
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatResponse v0
+def _decode_ConsumerGroupHeartbeatResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ConsumerGroupHeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -417,7 +417,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRespons
         m.assignment = None
         o += 1
     else:
-        m.assignment, o = _d8(b, o + 1)
+        m.assignment, o = _decode_ConsumerGroupHeartbeatResponse_Assignment_v0(b, o + 1)
     if b[o] == 0:
         o += 1
     else:
@@ -431,18 +431,18 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ConsumerGroupHeartbeatRespons
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatResponse_Assignment v0
+def _encode_ConsumerGroupHeartbeatResponse_Assignment_v0(m: Any, w: bytearray) -> None:
     items1 = m.topic_partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_ConsumerGroupHeartbeatRequest_TopicPartitions_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatResponse v0
+def _encode_ConsumerGroupHeartbeatResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.member_id)
@@ -451,7 +451,7 @@ def _e11(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatResponse v0
         w.append(0xFF)
     else:
         w.append(1)
-        _e10(m.assignment, w)
+        _encode_ConsumerGroupHeartbeatResponse_Assignment_v0(m.assignment, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -461,16 +461,16 @@ def _e11(m: Any, w: bytearray) -> None:  # ConsumerGroupHeartbeatResponse v0
 ConsumerGroupHeartbeatRequest_TopicPartitions.DEFAULTS = (_ZERO_UUID, list, )
 ConsumerGroupHeartbeatRequest.DEFAULTS = ('', '', 0, None, None, -1, None, None, None, None, )
 ConsumerGroupHeartbeatRequest.TopicPartitions = ConsumerGroupHeartbeatRequest_TopicPartitions
-ConsumerGroupHeartbeatRequest.DECODERS = {0: _d2, 1: _d5}
-ConsumerGroupHeartbeatRequest.ENCODERS = {0: _e4, 1: _e6}
+ConsumerGroupHeartbeatRequest.DECODERS = {0: _decode_ConsumerGroupHeartbeatRequest_v0, 1: _decode_ConsumerGroupHeartbeatRequest_v1}
+ConsumerGroupHeartbeatRequest.ENCODERS = {0: _encode_ConsumerGroupHeartbeatRequest_v0, 1: _encode_ConsumerGroupHeartbeatRequest_v1}
 
 ConsumerGroupHeartbeatResponse_TopicPartitions.DEFAULTS = (_ZERO_UUID, list, )
 ConsumerGroupHeartbeatResponse_Assignment.DEFAULTS = (list, )
 ConsumerGroupHeartbeatResponse.DEFAULTS = (0, 0, None, None, 0, 0, None, )
 ConsumerGroupHeartbeatResponse.Assignment = ConsumerGroupHeartbeatResponse_Assignment
 ConsumerGroupHeartbeatResponse.TopicPartitions = ConsumerGroupHeartbeatResponse_TopicPartitions
-ConsumerGroupHeartbeatResponse.DECODERS = {0: _d9, 1: _d9}
-ConsumerGroupHeartbeatResponse.ENCODERS = {0: _e11, 1: _e11}
+ConsumerGroupHeartbeatResponse.DECODERS = {0: _decode_ConsumerGroupHeartbeatResponse_v0, 1: _decode_ConsumerGroupHeartbeatResponse_v0}
+ConsumerGroupHeartbeatResponse.ENCODERS = {0: _encode_ConsumerGroupHeartbeatResponse_v0, 1: _encode_ConsumerGroupHeartbeatResponse_v0}
 
 
 REQUEST = ConsumerGroupHeartbeatRequest

@@ -74,7 +74,7 @@ class ControllerRegistrationResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRequest_Listener v0
+def _decode_ControllerRegistrationRequest_Listener_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ControllerRegistrationRequest_Listener)
     m.unknown_tags = None
     length1 = b[o]
@@ -104,7 +104,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRequest
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRequest_Feature v0
+def _decode_ControllerRegistrationRequest_Feature_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ControllerRegistrationRequest_Feature)
     m.unknown_tags = None
     length1 = b[o]
@@ -128,7 +128,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRequest
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRequest v0
+def _decode_ControllerRegistrationRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ControllerRegistrationRequest)
     m.unknown_tags = None
     m.controller_id, _u1, m.zk_migration_ready = _S_iuo.unpack_from(b, o)
@@ -144,7 +144,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRequest
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_ControllerRegistrationRequest_Listener_v0(b, o)
             items2.append(v3)
         m.listeners = items2
     n4 = b[o] - 1
@@ -157,7 +157,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRequest
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d2(b, o)
+            v6, o = _decode_ControllerRegistrationRequest_Feature_v0(b, o)
             items5.append(v6)
         m.features = items5
     if b[o] == 0:
@@ -173,7 +173,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRequest
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ControllerRegistrationRequest_Listener v0
+def _encode_ControllerRegistrationRequest_Listener_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.host)
     w += _S_Hh.pack(m.port, m.security_protocol)
@@ -183,7 +183,7 @@ def _e4(m: Any, w: bytearray) -> None:  # ControllerRegistrationRequest_Listener
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # ControllerRegistrationRequest_Feature v0
+def _encode_ControllerRegistrationRequest_Feature_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_hh.pack(m.min_supported_version, m.max_supported_version)
     if m.unknown_tags:
@@ -192,23 +192,23 @@ def _e5(m: Any, w: bytearray) -> None:  # ControllerRegistrationRequest_Feature 
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ControllerRegistrationRequest v0
+def _encode_ControllerRegistrationRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_iuo.pack(m.controller_id, _uuid_bytes(m.incarnation_id), m.zk_migration_ready)
     items1 = m.listeners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_ControllerRegistrationRequest_Listener_v0(item2, w)
     items3 = m.features
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e5(item4, w)
+        _encode_ControllerRegistrationRequest_Feature_v0(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationResponse v0
+def _decode_ControllerRegistrationResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ControllerRegistrationResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -232,7 +232,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ControllerRegistrationRespons
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ControllerRegistrationResponse v0
+def _encode_ControllerRegistrationResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -246,12 +246,12 @@ ControllerRegistrationRequest_Feature.DEFAULTS = ('', 0, 0, )
 ControllerRegistrationRequest.DEFAULTS = (0, _ZERO_UUID, False, list, list, )
 ControllerRegistrationRequest.Listener = ControllerRegistrationRequest_Listener
 ControllerRegistrationRequest.Feature = ControllerRegistrationRequest_Feature
-ControllerRegistrationRequest.DECODERS = {0: _d3}
-ControllerRegistrationRequest.ENCODERS = {0: _e6}
+ControllerRegistrationRequest.DECODERS = {0: _decode_ControllerRegistrationRequest_v0}
+ControllerRegistrationRequest.ENCODERS = {0: _encode_ControllerRegistrationRequest_v0}
 
 ControllerRegistrationResponse.DEFAULTS = (0, 0, '', )
-ControllerRegistrationResponse.DECODERS = {0: _d7}
-ControllerRegistrationResponse.ENCODERS = {0: _e8}
+ControllerRegistrationResponse.DECODERS = {0: _decode_ControllerRegistrationResponse_v0}
+ControllerRegistrationResponse.ENCODERS = {0: _encode_ControllerRegistrationResponse_v0}
 
 
 REQUEST = ControllerRegistrationRequest

@@ -74,7 +74,7 @@ class CreateAclsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest_AclCreation v1
+def _decode_CreateAclsRequest_AclCreation_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateAclsRequest_AclCreation)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -89,7 +89,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest_AclCreation
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest v1
+def _decode_CreateAclsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateAclsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -98,13 +98,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_CreateAclsRequest_AclCreation_v1(b, o)
             items2.append(v3)
         m.creations = items2
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # CreateAclsRequest_AclCreation v1
+def _encode_CreateAclsRequest_AclCreation_v1(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type)
     _write_string(w, m.resource_name)
     w += _S_b.pack(m.resource_pattern_type)
@@ -113,14 +113,14 @@ def _e3(m: Any, w: bytearray) -> None:  # CreateAclsRequest_AclCreation v1
     w += _S_bb.pack(m.operation, m.permission_type)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # CreateAclsRequest v1
+def _encode_CreateAclsRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.creations
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_CreateAclsRequest_AclCreation_v1(item2, w)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest_AclCreation v2
+def _decode_CreateAclsRequest_AclCreation_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateAclsRequest_AclCreation)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -160,7 +160,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest_AclCreation
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest v2
+def _decode_CreateAclsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateAclsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -173,7 +173,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_CreateAclsRequest_AclCreation_v2(b, o)
             items2.append(v3)
         m.creations = items2
     if b[o] == 0:
@@ -189,7 +189,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsRequest v2
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # CreateAclsRequest_AclCreation v2
+def _encode_CreateAclsRequest_AclCreation_v2(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type)
     _write_compact_string(w, m.resource_name)
     w += _S_b.pack(m.resource_pattern_type)
@@ -202,18 +202,18 @@ def _e7(m: Any, w: bytearray) -> None:  # CreateAclsRequest_AclCreation v2
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # CreateAclsRequest v2
+def _encode_CreateAclsRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.creations
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_CreateAclsRequest_AclCreation_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse_AclCreationResult v1
+def _decode_CreateAclsResponse_AclCreationResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateAclsResponse_AclCreationResult)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -222,7 +222,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse_AclCreatio
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse v1
+def _decode_CreateAclsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateAclsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -233,26 +233,26 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_CreateAclsResponse_AclCreationResult_v1(b, o)
             items2.append(v3)
         m.results = items2
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # CreateAclsResponse_AclCreationResult v1
+def _encode_CreateAclsResponse_AclCreationResult_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # CreateAclsResponse v1
+def _encode_CreateAclsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_CreateAclsResponse_AclCreationResult_v1(item2, w)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse_AclCreationResult v2
+def _decode_CreateAclsResponse_AclCreationResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateAclsResponse_AclCreationResult)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -276,7 +276,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse_AclCreati
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse v2
+def _decode_CreateAclsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateAclsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -291,7 +291,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_CreateAclsResponse_AclCreationResult_v2(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -307,7 +307,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateAclsResponse v2
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # CreateAclsResponse_AclCreationResult v2
+def _encode_CreateAclsResponse_AclCreationResult_v2(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -316,12 +316,12 @@ def _e15(m: Any, w: bytearray) -> None:  # CreateAclsResponse_AclCreationResult 
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # CreateAclsResponse v2
+def _encode_CreateAclsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_CreateAclsResponse_AclCreationResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -331,14 +331,14 @@ def _e16(m: Any, w: bytearray) -> None:  # CreateAclsResponse v2
 CreateAclsRequest_AclCreation.DEFAULTS = (0, '', 3, '', '', 0, 0, )
 CreateAclsRequest.DEFAULTS = (list, )
 CreateAclsRequest.AclCreation = CreateAclsRequest_AclCreation
-CreateAclsRequest.DECODERS = {1: _d2, 2: _d6, 3: _d6}
-CreateAclsRequest.ENCODERS = {1: _e4, 2: _e8, 3: _e8}
+CreateAclsRequest.DECODERS = {1: _decode_CreateAclsRequest_v1, 2: _decode_CreateAclsRequest_v2, 3: _decode_CreateAclsRequest_v2}
+CreateAclsRequest.ENCODERS = {1: _encode_CreateAclsRequest_v1, 2: _encode_CreateAclsRequest_v2, 3: _encode_CreateAclsRequest_v2}
 
 CreateAclsResponse_AclCreationResult.DEFAULTS = (0, '', )
 CreateAclsResponse.DEFAULTS = (0, list, )
 CreateAclsResponse.AclCreationResult = CreateAclsResponse_AclCreationResult
-CreateAclsResponse.DECODERS = {1: _d10, 2: _d14, 3: _d14}
-CreateAclsResponse.ENCODERS = {1: _e12, 2: _e16, 3: _e16}
+CreateAclsResponse.DECODERS = {1: _decode_CreateAclsResponse_v1, 2: _decode_CreateAclsResponse_v2, 3: _decode_CreateAclsResponse_v2}
+CreateAclsResponse.ENCODERS = {1: _encode_CreateAclsResponse_v1, 2: _encode_CreateAclsResponse_v2, 3: _encode_CreateAclsResponse_v2}
 
 
 REQUEST = CreateAclsRequest

@@ -69,7 +69,7 @@ class CreateDelegationTokenResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest_CreatableRenewers v1
+def _decode_CreateDelegationTokenRequest_CreatableRenewers_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateDelegationTokenRequest_CreatableRenewers)
     m.unknown_tags = None
     m.principal_type, o = _string(b, o)
@@ -77,7 +77,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest_
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest v1
+def _decode_CreateDelegationTokenRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateDelegationTokenRequest)
     m.unknown_tags = None
     m.owner_principal_type = ''
@@ -88,7 +88,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_CreateDelegationTokenRequest_CreatableRenewers_v1(b, o)
             items2.append(v3)
         m.renewers = items2
     m.max_lifetime_ms, = _S_q.unpack_from(b, o)
@@ -96,20 +96,20 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest 
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # CreateDelegationTokenRequest_CreatableRenewers v1
+def _encode_CreateDelegationTokenRequest_CreatableRenewers_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.principal_type)
     _write_string(w, m.principal_name)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # CreateDelegationTokenRequest v1
+def _encode_CreateDelegationTokenRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.renewers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_CreateDelegationTokenRequest_CreatableRenewers_v1(item2, w)
     w += _S_q.pack(m.max_lifetime_ms)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest_CreatableRenewers v2
+def _decode_CreateDelegationTokenRequest_CreatableRenewers_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateDelegationTokenRequest_CreatableRenewers)
     m.unknown_tags = None
     length1 = b[o]
@@ -137,7 +137,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest_
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest v2
+def _decode_CreateDelegationTokenRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateDelegationTokenRequest)
     m.unknown_tags = None
     m.owner_principal_type = ''
@@ -152,7 +152,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_CreateDelegationTokenRequest_CreatableRenewers_v2(b, o)
             items2.append(v3)
         m.renewers = items2
     m.max_lifetime_ms, = _S_q.unpack_from(b, o)
@@ -170,7 +170,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest 
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # CreateDelegationTokenRequest_CreatableRenewers v2
+def _encode_CreateDelegationTokenRequest_CreatableRenewers_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.principal_type)
     _write_compact_string(w, m.principal_name)
     if m.unknown_tags:
@@ -179,11 +179,11 @@ def _e7(m: Any, w: bytearray) -> None:  # CreateDelegationTokenRequest_Creatable
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # CreateDelegationTokenRequest v2
+def _encode_CreateDelegationTokenRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.renewers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_CreateDelegationTokenRequest_CreatableRenewers_v2(item2, w)
     w += _S_q.pack(m.max_lifetime_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -191,7 +191,7 @@ def _e8(m: Any, w: bytearray) -> None:  # CreateDelegationTokenRequest v2
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest v3
+def _decode_CreateDelegationTokenRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateDelegationTokenRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -216,7 +216,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest 
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d5(b, o)
+            v5, o = _decode_CreateDelegationTokenRequest_CreatableRenewers_v2(b, o)
             items4.append(v5)
         m.renewers = items4
     m.max_lifetime_ms, = _S_q.unpack_from(b, o)
@@ -234,13 +234,13 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRequest 
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # CreateDelegationTokenRequest v3
+def _encode_CreateDelegationTokenRequest_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.owner_principal_type)
     _write_compact_string(w, m.owner_principal_name)
     items1 = m.renewers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_CreateDelegationTokenRequest_CreatableRenewers_v2(item2, w)
     w += _S_q.pack(m.max_lifetime_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -248,7 +248,7 @@ def _e10(m: Any, w: bytearray) -> None:  # CreateDelegationTokenRequest v3
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenResponse v1
+def _decode_CreateDelegationTokenResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateDelegationTokenResponse)
     m.unknown_tags = None
     m.token_requester_principal_type = ''
@@ -266,7 +266,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRespons
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # CreateDelegationTokenResponse v1
+def _encode_CreateDelegationTokenResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.principal_type)
     _write_string(w, m.principal_name)
@@ -276,7 +276,7 @@ def _e12(m: Any, w: bytearray) -> None:  # CreateDelegationTokenResponse v1
     w += _S_i.pack(m.throttle_time_ms)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenResponse v2
+def _decode_CreateDelegationTokenResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateDelegationTokenResponse)
     m.unknown_tags = None
     m.token_requester_principal_type = ''
@@ -319,7 +319,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRespons
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # CreateDelegationTokenResponse v2
+def _encode_CreateDelegationTokenResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.principal_type)
     _write_compact_string(w, m.principal_name)
@@ -333,7 +333,7 @@ def _e14(m: Any, w: bytearray) -> None:  # CreateDelegationTokenResponse v2
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenResponse v3
+def _decode_CreateDelegationTokenResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateDelegationTokenResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -386,7 +386,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateDelegationTokenRespons
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # CreateDelegationTokenResponse v3
+def _encode_CreateDelegationTokenResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.principal_type)
     _write_compact_string(w, m.principal_name)
@@ -405,12 +405,12 @@ def _e16(m: Any, w: bytearray) -> None:  # CreateDelegationTokenResponse v3
 CreateDelegationTokenRequest_CreatableRenewers.DEFAULTS = ('', '', )
 CreateDelegationTokenRequest.DEFAULTS = ('', '', list, 0, )
 CreateDelegationTokenRequest.CreatableRenewers = CreateDelegationTokenRequest_CreatableRenewers
-CreateDelegationTokenRequest.DECODERS = {1: _d2, 2: _d6, 3: _d9}
-CreateDelegationTokenRequest.ENCODERS = {1: _e4, 2: _e8, 3: _e10}
+CreateDelegationTokenRequest.DECODERS = {1: _decode_CreateDelegationTokenRequest_v1, 2: _decode_CreateDelegationTokenRequest_v2, 3: _decode_CreateDelegationTokenRequest_v3}
+CreateDelegationTokenRequest.ENCODERS = {1: _encode_CreateDelegationTokenRequest_v1, 2: _encode_CreateDelegationTokenRequest_v2, 3: _encode_CreateDelegationTokenRequest_v3}
 
 CreateDelegationTokenResponse.DEFAULTS = (0, '', '', '', '', 0, 0, 0, '', b'', 0, )
-CreateDelegationTokenResponse.DECODERS = {1: _d11, 2: _d13, 3: _d15}
-CreateDelegationTokenResponse.ENCODERS = {1: _e12, 2: _e14, 3: _e16}
+CreateDelegationTokenResponse.DECODERS = {1: _decode_CreateDelegationTokenResponse_v1, 2: _decode_CreateDelegationTokenResponse_v2, 3: _decode_CreateDelegationTokenResponse_v3}
+CreateDelegationTokenResponse.ENCODERS = {1: _encode_CreateDelegationTokenResponse_v1, 2: _encode_CreateDelegationTokenResponse_v2, 3: _encode_CreateDelegationTokenResponse_v3}
 
 
 REQUEST = CreateDelegationTokenRequest

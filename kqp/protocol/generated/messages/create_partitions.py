@@ -78,7 +78,7 @@ class CreatePartitionsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_CreatePartitionsAssignment v0
+def _decode_CreatePartitionsRequest_CreatePartitionsAssignment_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreatePartitionsRequest_CreatePartitionsAssignment)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -90,7 +90,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_Creat
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_CreatePartitionsTopic v0
+def _decode_CreatePartitionsRequest_CreatePartitionsTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreatePartitionsRequest_CreatePartitionsTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -102,13 +102,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_Creat
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_CreatePartitionsRequest_CreatePartitionsAssignment_v0(b, o)
             items2.append(v3)
         m.assignments = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest v0
+def _decode_CreatePartitionsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreatePartitionsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -117,7 +117,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_CreatePartitionsRequest_CreatePartitionsTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     m.timeout_ms, m.validate_only = _S_io.unpack_from(b, o)
@@ -125,31 +125,31 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # CreatePartitionsRequest_CreatePartitionsAssignment v0
+def _encode_CreatePartitionsRequest_CreatePartitionsAssignment_v0(m: Any, w: bytearray) -> None:
     items1 = m.broker_ids
     _write_count(w, items1)
     if items1:
         w += _pack(f'>{len(items1)}i', *items1)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # CreatePartitionsRequest_CreatePartitionsTopic v0
+def _encode_CreatePartitionsRequest_CreatePartitionsTopic_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     w += _S_i.pack(m.count)
     items1 = m.assignments
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_CreatePartitionsRequest_CreatePartitionsAssignment_v0(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # CreatePartitionsRequest v0
+def _encode_CreatePartitionsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_CreatePartitionsRequest_CreatePartitionsTopic_v0(item2, w)
     w += _S_io.pack(m.timeout_ms, m.validate_only)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_CreatePartitionsAssignment v2
+def _decode_CreatePartitionsRequest_CreatePartitionsAssignment_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreatePartitionsRequest_CreatePartitionsAssignment)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -175,7 +175,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_Creat
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_CreatePartitionsTopic v2
+def _decode_CreatePartitionsRequest_CreatePartitionsTopic_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreatePartitionsRequest_CreatePartitionsTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -196,7 +196,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_Creat
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_CreatePartitionsRequest_CreatePartitionsAssignment_v2(b, o)
             items3.append(v4)
         m.assignments = items3
     if b[o] == 0:
@@ -212,7 +212,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest_Creat
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest v2
+def _decode_CreatePartitionsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreatePartitionsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -225,7 +225,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_CreatePartitionsRequest_CreatePartitionsTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     m.timeout_ms, m.validate_only = _S_io.unpack_from(b, o)
@@ -243,7 +243,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsRequest v2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # CreatePartitionsRequest_CreatePartitionsAssignment v2
+def _encode_CreatePartitionsRequest_CreatePartitionsAssignment_v2(m: Any, w: bytearray) -> None:
     items1 = m.broker_ids
     _write_compact_count(w, items1)
     if items1:
@@ -254,24 +254,24 @@ def _e10(m: Any, w: bytearray) -> None:  # CreatePartitionsRequest_CreatePartiti
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # CreatePartitionsRequest_CreatePartitionsTopic v2
+def _encode_CreatePartitionsRequest_CreatePartitionsTopic_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_i.pack(m.count)
     items1 = m.assignments
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_CreatePartitionsRequest_CreatePartitionsAssignment_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # CreatePartitionsRequest v2
+def _encode_CreatePartitionsRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_CreatePartitionsRequest_CreatePartitionsTopic_v2(item2, w)
     w += _S_io.pack(m.timeout_ms, m.validate_only)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -279,7 +279,7 @@ def _e12(m: Any, w: bytearray) -> None:  # CreatePartitionsRequest v2
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse_CreatePartitionsTopicResult v0
+def _decode_CreatePartitionsResponse_CreatePartitionsTopicResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreatePartitionsResponse_CreatePartitionsTopicResult)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -289,7 +289,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse_Cre
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse v0
+def _decode_CreatePartitionsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreatePartitionsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -300,27 +300,27 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_CreatePartitionsResponse_CreatePartitionsTopicResult_v0(b, o)
             items2.append(v3)
         m.results = items2
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # CreatePartitionsResponse_CreatePartitionsTopicResult v0
+def _encode_CreatePartitionsResponse_CreatePartitionsTopicResult_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # CreatePartitionsResponse v0
+def _encode_CreatePartitionsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_CreatePartitionsResponse_CreatePartitionsTopicResult_v0(item2, w)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse_CreatePartitionsTopicResult v2
+def _decode_CreatePartitionsResponse_CreatePartitionsTopicResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreatePartitionsResponse_CreatePartitionsTopicResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -350,7 +350,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse_Cre
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse v2
+def _decode_CreatePartitionsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreatePartitionsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -365,7 +365,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_CreatePartitionsResponse_CreatePartitionsTopicResult_v2(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -381,7 +381,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # CreatePartitionsResponse v2
     return m, o
 
 
-def _e19(m: Any, w: bytearray) -> None:  # CreatePartitionsResponse_CreatePartitionsTopicResult v2
+def _encode_CreatePartitionsResponse_CreatePartitionsTopicResult_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
@@ -391,12 +391,12 @@ def _e19(m: Any, w: bytearray) -> None:  # CreatePartitionsResponse_CreatePartit
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # CreatePartitionsResponse v2
+def _encode_CreatePartitionsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_CreatePartitionsResponse_CreatePartitionsTopicResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -409,14 +409,14 @@ CreatePartitionsRequest_CreatePartitionsAssignment.DEFAULTS = (list, )
 CreatePartitionsRequest.DEFAULTS = (list, 0, False, )
 CreatePartitionsRequest.CreatePartitionsTopic = CreatePartitionsRequest_CreatePartitionsTopic
 CreatePartitionsRequest.CreatePartitionsAssignment = CreatePartitionsRequest_CreatePartitionsAssignment
-CreatePartitionsRequest.DECODERS = {0: _d3, 1: _d3, 2: _d9, 3: _d9}
-CreatePartitionsRequest.ENCODERS = {0: _e6, 1: _e6, 2: _e12, 3: _e12}
+CreatePartitionsRequest.DECODERS = {0: _decode_CreatePartitionsRequest_v0, 1: _decode_CreatePartitionsRequest_v0, 2: _decode_CreatePartitionsRequest_v2, 3: _decode_CreatePartitionsRequest_v2}
+CreatePartitionsRequest.ENCODERS = {0: _encode_CreatePartitionsRequest_v0, 1: _encode_CreatePartitionsRequest_v0, 2: _encode_CreatePartitionsRequest_v2, 3: _encode_CreatePartitionsRequest_v2}
 
 CreatePartitionsResponse_CreatePartitionsTopicResult.DEFAULTS = ('', 0, None, )
 CreatePartitionsResponse.DEFAULTS = (0, list, )
 CreatePartitionsResponse.CreatePartitionsTopicResult = CreatePartitionsResponse_CreatePartitionsTopicResult
-CreatePartitionsResponse.DECODERS = {0: _d14, 1: _d14, 2: _d18, 3: _d18}
-CreatePartitionsResponse.ENCODERS = {0: _e16, 1: _e16, 2: _e20, 3: _e20}
+CreatePartitionsResponse.DECODERS = {0: _decode_CreatePartitionsResponse_v0, 1: _decode_CreatePartitionsResponse_v0, 2: _decode_CreatePartitionsResponse_v2, 3: _decode_CreatePartitionsResponse_v2}
+CreatePartitionsResponse.ENCODERS = {0: _encode_CreatePartitionsResponse_v0, 1: _encode_CreatePartitionsResponse_v0, 2: _encode_CreatePartitionsResponse_v2, 3: _encode_CreatePartitionsResponse_v2}
 
 
 REQUEST = CreatePartitionsRequest

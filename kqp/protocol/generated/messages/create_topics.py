@@ -91,7 +91,7 @@ class CreateTopicsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_CreatableReplicaAssignment v2
+def _decode_CreateTopicsRequest_CreatableReplicaAssignment_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsRequest_CreatableReplicaAssignment)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -105,7 +105,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatable
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_CreatableTopicConfig v2
+def _decode_CreateTopicsRequest_CreatableTopicConfig_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsRequest_CreatableTopicConfig)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -113,7 +113,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatable
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_CreatableTopic v2
+def _decode_CreateTopicsRequest_CreatableTopic_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsRequest_CreatableTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -125,7 +125,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatable
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_CreateTopicsRequest_CreatableReplicaAssignment_v2(b, o)
             items2.append(v3)
         m.assignments = items2
     n4, o = _count(b, o)
@@ -134,13 +134,13 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatable
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d2(b, o)
+            v6, o = _decode_CreateTopicsRequest_CreatableTopicConfig_v2(b, o)
             items5.append(v6)
         m.configs = items5
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest v2
+def _decode_CreateTopicsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -149,7 +149,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d3(b, o)
+            v3, o = _decode_CreateTopicsRequest_CreatableTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     m.timeout_ms, m.validate_only = _S_io.unpack_from(b, o)
@@ -157,7 +157,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest v2
     return m, o
 
 
-def _e5(m: Any, w: bytearray) -> None:  # CreateTopicsRequest_CreatableReplicaAssignment v2
+def _encode_CreateTopicsRequest_CreatableReplicaAssignment_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.partition_index)
     items1 = m.broker_ids
     _write_count(w, items1)
@@ -165,33 +165,33 @@ def _e5(m: Any, w: bytearray) -> None:  # CreateTopicsRequest_CreatableReplicaAs
         w += _pack(f'>{len(items1)}i', *items1)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # CreateTopicsRequest_CreatableTopicConfig v2
+def _encode_CreateTopicsRequest_CreatableTopicConfig_v2(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     _write_string(w, m.value)
 
 
-def _e7(m: Any, w: bytearray) -> None:  # CreateTopicsRequest_CreatableTopic v2
+def _encode_CreateTopicsRequest_CreatableTopic_v2(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     w += _S_ih.pack(m.num_partitions, m.replication_factor)
     items1 = m.assignments
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_CreateTopicsRequest_CreatableReplicaAssignment_v2(item2, w)
     items3 = m.configs
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e6(item4, w)
+        _encode_CreateTopicsRequest_CreatableTopicConfig_v2(item4, w)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # CreateTopicsRequest v2
+def _encode_CreateTopicsRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_CreateTopicsRequest_CreatableTopic_v2(item2, w)
     w += _S_io.pack(m.timeout_ms, m.validate_only)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_CreatableReplicaAssignment v5
+def _decode_CreateTopicsRequest_CreatableReplicaAssignment_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsRequest_CreatableReplicaAssignment)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -219,7 +219,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatable
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_CreatableTopicConfig v5
+def _decode_CreateTopicsRequest_CreatableTopicConfig_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsRequest_CreatableTopicConfig)
     m.unknown_tags = None
     length1 = b[o]
@@ -247,7 +247,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatabl
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_CreatableTopic v5
+def _decode_CreateTopicsRequest_CreatableTopic_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsRequest_CreatableTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -268,7 +268,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatabl
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d9(b, o)
+            v4, o = _decode_CreateTopicsRequest_CreatableReplicaAssignment_v5(b, o)
             items3.append(v4)
         m.assignments = items3
     n5 = b[o] - 1
@@ -281,7 +281,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatabl
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d10(b, o)
+            v7, o = _decode_CreateTopicsRequest_CreatableTopicConfig_v5(b, o)
             items6.append(v7)
         m.configs = items6
     if b[o] == 0:
@@ -297,7 +297,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest_Creatabl
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest v5
+def _decode_CreateTopicsRequest_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -310,7 +310,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d11(b, o)
+            v3, o = _decode_CreateTopicsRequest_CreatableTopic_v5(b, o)
             items2.append(v3)
         m.topics = items2
     m.timeout_ms, m.validate_only = _S_io.unpack_from(b, o)
@@ -328,7 +328,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsRequest v5
     return m, o
 
 
-def _e13(m: Any, w: bytearray) -> None:  # CreateTopicsRequest_CreatableReplicaAssignment v5
+def _encode_CreateTopicsRequest_CreatableReplicaAssignment_v5(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.partition_index)
     items1 = m.broker_ids
     _write_compact_count(w, items1)
@@ -340,7 +340,7 @@ def _e13(m: Any, w: bytearray) -> None:  # CreateTopicsRequest_CreatableReplicaA
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # CreateTopicsRequest_CreatableTopicConfig v5
+def _encode_CreateTopicsRequest_CreatableTopicConfig_v5(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.value)
     if m.unknown_tags:
@@ -349,28 +349,28 @@ def _e14(m: Any, w: bytearray) -> None:  # CreateTopicsRequest_CreatableTopicCon
         w.append(0)
 
 
-def _e15(m: Any, w: bytearray) -> None:  # CreateTopicsRequest_CreatableTopic v5
+def _encode_CreateTopicsRequest_CreatableTopic_v5(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_ih.pack(m.num_partitions, m.replication_factor)
     items1 = m.assignments
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_CreateTopicsRequest_CreatableReplicaAssignment_v5(item2, w)
     items3 = m.configs
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e14(item4, w)
+        _encode_CreateTopicsRequest_CreatableTopicConfig_v5(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # CreateTopicsRequest v5
+def _encode_CreateTopicsRequest_v5(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_CreateTopicsRequest_CreatableTopic_v5(item2, w)
     w += _S_io.pack(m.timeout_ms, m.validate_only)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -378,7 +378,7 @@ def _e16(m: Any, w: bytearray) -> None:  # CreateTopicsRequest v5
         w.append(0)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_CreatableTopicResult v2
+def _decode_CreateTopicsResponse_CreatableTopicResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsResponse_CreatableTopicResult)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -393,7 +393,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_Creatab
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse v2
+def _decode_CreateTopicsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -404,27 +404,27 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_CreateTopicsResponse_CreatableTopicResult_v2(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e19(m: Any, w: bytearray) -> None:  # CreateTopicsResponse_CreatableTopicResult v2
+def _encode_CreateTopicsResponse_CreatableTopicResult_v2(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # CreateTopicsResponse v2
+def _encode_CreateTopicsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_CreateTopicsResponse_CreatableTopicResult_v2(item2, w)
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_CreatableTopicConfigs v5
+def _decode_CreateTopicsResponse_CreatableTopicConfigs_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsResponse_CreatableTopicConfigs)
     m.unknown_tags = None
     length1 = b[o]
@@ -454,7 +454,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_Creatab
     return m, o
 
 
-def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_CreatableTopicResult v5
+def _decode_CreateTopicsResponse_CreatableTopicResult_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsResponse_CreatableTopicResult)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -485,7 +485,7 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_Creatab
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d21(b, o)
+            v5, o = _decode_CreateTopicsResponse_CreatableTopicConfigs_v5(b, o)
             items4.append(v5)
         m.configs = items4
     if b[o] == 0:
@@ -506,7 +506,7 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_Creatab
     return m, o
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse v5
+def _decode_CreateTopicsResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -521,7 +521,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d22(b, o)
+            v3, o = _decode_CreateTopicsResponse_CreatableTopicResult_v5(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -537,7 +537,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse v5
     return m, o
 
 
-def _e24(m: Any, w: bytearray) -> None:  # CreateTopicsResponse_CreatableTopicConfigs v5
+def _encode_CreateTopicsResponse_CreatableTopicConfigs_v5(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.value)
     w += _S_obo.pack(m.read_only, m.config_source, m.is_sensitive)
@@ -547,7 +547,7 @@ def _e24(m: Any, w: bytearray) -> None:  # CreateTopicsResponse_CreatableTopicCo
         w.append(0)
 
 
-def _e25(m: Any, w: bytearray) -> None:  # CreateTopicsResponse_CreatableTopicResult v5
+def _encode_CreateTopicsResponse_CreatableTopicResult_v5(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
@@ -555,7 +555,7 @@ def _e25(m: Any, w: bytearray) -> None:  # CreateTopicsResponse_CreatableTopicRe
     items1 = m.configs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e24(item2, w)
+        _encode_CreateTopicsResponse_CreatableTopicConfigs_v5(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.topic_config_error_code != 0:
         t = bytearray()
@@ -564,19 +564,19 @@ def _e25(m: Any, w: bytearray) -> None:  # CreateTopicsResponse_CreatableTopicRe
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e26(m: Any, w: bytearray) -> None:  # CreateTopicsResponse v5
+def _encode_CreateTopicsResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e25(item2, w)
+        _encode_CreateTopicsResponse_CreatableTopicResult_v5(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_CreatableTopicResult v7
+def _decode_CreateTopicsResponse_CreatableTopicResult_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsResponse_CreatableTopicResult)
     m.unknown_tags = None
     m.topic_config_error_code = 0
@@ -607,7 +607,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_Creatab
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d21(b, o)
+            v5, o = _decode_CreateTopicsResponse_CreatableTopicConfigs_v5(b, o)
             items4.append(v5)
         m.configs = items4
     if b[o] == 0:
@@ -628,7 +628,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse_Creatab
     return m, o
 
 
-def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse v7
+def _decode_CreateTopicsResponse_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(CreateTopicsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -643,7 +643,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse v7
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d27(b, o)
+            v3, o = _decode_CreateTopicsResponse_CreatableTopicResult_v7(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -659,7 +659,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # CreateTopicsResponse v7
     return m, o
 
 
-def _e29(m: Any, w: bytearray) -> None:  # CreateTopicsResponse_CreatableTopicResult v7
+def _encode_CreateTopicsResponse_CreatableTopicResult_v7(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_uh.pack(_uuid_bytes(m.topic_id), m.error_code)
     _write_compact_string(w, m.error_message)
@@ -667,7 +667,7 @@ def _e29(m: Any, w: bytearray) -> None:  # CreateTopicsResponse_CreatableTopicRe
     items1 = m.configs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e24(item2, w)
+        _encode_CreateTopicsResponse_CreatableTopicConfigs_v5(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.topic_config_error_code != 0:
         t = bytearray()
@@ -676,12 +676,12 @@ def _e29(m: Any, w: bytearray) -> None:  # CreateTopicsResponse_CreatableTopicRe
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e30(m: Any, w: bytearray) -> None:  # CreateTopicsResponse v7
+def _encode_CreateTopicsResponse_v7(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_CreateTopicsResponse_CreatableTopicResult_v7(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -697,8 +697,8 @@ CreateTopicsRequest.DEFAULTS = (list, 60000, False, )
 CreateTopicsRequest.CreatableTopic = CreateTopicsRequest_CreatableTopic
 CreateTopicsRequest.CreatableReplicaAssignment = CreateTopicsRequest_CreatableReplicaAssignment
 CreateTopicsRequest.CreatableTopicConfig = CreateTopicsRequest_CreatableTopicConfig
-CreateTopicsRequest.DECODERS = {2: _d4, 3: _d4, 4: _d4, 5: _d12, 6: _d12, 7: _d12}
-CreateTopicsRequest.ENCODERS = {2: _e8, 3: _e8, 4: _e8, 5: _e16, 6: _e16, 7: _e16}
+CreateTopicsRequest.DECODERS = {2: _decode_CreateTopicsRequest_v2, 3: _decode_CreateTopicsRequest_v2, 4: _decode_CreateTopicsRequest_v2, 5: _decode_CreateTopicsRequest_v5, 6: _decode_CreateTopicsRequest_v5, 7: _decode_CreateTopicsRequest_v5}
+CreateTopicsRequest.ENCODERS = {2: _encode_CreateTopicsRequest_v2, 3: _encode_CreateTopicsRequest_v2, 4: _encode_CreateTopicsRequest_v2, 5: _encode_CreateTopicsRequest_v5, 6: _encode_CreateTopicsRequest_v5, 7: _encode_CreateTopicsRequest_v5}
 
 CreateTopicsResponse_CreatableTopicResult.DEFAULTS = ('', _ZERO_UUID, 0, '', 0, -1, -1, list, )
 CreateTopicsResponse_CreatableTopicResult.CreatableTopicConfigs = CreateTopicsResponse_CreatableTopicConfigs
@@ -706,8 +706,8 @@ CreateTopicsResponse_CreatableTopicConfigs.DEFAULTS = ('', '', False, -1, False,
 CreateTopicsResponse.DEFAULTS = (0, list, )
 CreateTopicsResponse.CreatableTopicResult = CreateTopicsResponse_CreatableTopicResult
 CreateTopicsResponse.CreatableTopicConfigs = CreateTopicsResponse_CreatableTopicConfigs
-CreateTopicsResponse.DECODERS = {2: _d18, 3: _d18, 4: _d18, 5: _d23, 6: _d23, 7: _d28}
-CreateTopicsResponse.ENCODERS = {2: _e20, 3: _e20, 4: _e20, 5: _e26, 6: _e26, 7: _e30}
+CreateTopicsResponse.DECODERS = {2: _decode_CreateTopicsResponse_v2, 3: _decode_CreateTopicsResponse_v2, 4: _decode_CreateTopicsResponse_v2, 5: _decode_CreateTopicsResponse_v5, 6: _decode_CreateTopicsResponse_v5, 7: _decode_CreateTopicsResponse_v7}
+CreateTopicsResponse.ENCODERS = {2: _encode_CreateTopicsResponse_v2, 3: _encode_CreateTopicsResponse_v2, 4: _encode_CreateTopicsResponse_v2, 5: _encode_CreateTopicsResponse_v5, 6: _encode_CreateTopicsResponse_v5, 7: _encode_CreateTopicsResponse_v7}
 
 
 REQUEST = CreateTopicsRequest

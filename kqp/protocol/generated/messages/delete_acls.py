@@ -79,7 +79,7 @@ class DeleteAclsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest_DeleteAclsFilter v1
+def _decode_DeleteAclsRequest_DeleteAclsFilter_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteAclsRequest_DeleteAclsFilter)
     m.unknown_tags = None
     m.resource_type_filter, = _S_b.unpack_from(b, o)
@@ -94,7 +94,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest_DeleteAclsF
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest v1
+def _decode_DeleteAclsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteAclsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -103,13 +103,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DeleteAclsRequest_DeleteAclsFilter_v1(b, o)
             items2.append(v3)
         m.filters = items2
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # DeleteAclsRequest_DeleteAclsFilter v1
+def _encode_DeleteAclsRequest_DeleteAclsFilter_v1(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type_filter)
     _write_string(w, m.resource_name_filter)
     w += _S_b.pack(m.pattern_type_filter)
@@ -118,14 +118,14 @@ def _e3(m: Any, w: bytearray) -> None:  # DeleteAclsRequest_DeleteAclsFilter v1
     w += _S_bb.pack(m.operation, m.permission_type)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DeleteAclsRequest v1
+def _encode_DeleteAclsRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.filters
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_DeleteAclsRequest_DeleteAclsFilter_v1(item2, w)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest_DeleteAclsFilter v2
+def _decode_DeleteAclsRequest_DeleteAclsFilter_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteAclsRequest_DeleteAclsFilter)
     m.unknown_tags = None
     m.resource_type_filter, = _S_b.unpack_from(b, o)
@@ -165,7 +165,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest_DeleteAclsF
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest v2
+def _decode_DeleteAclsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteAclsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -178,7 +178,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_DeleteAclsRequest_DeleteAclsFilter_v2(b, o)
             items2.append(v3)
         m.filters = items2
     if b[o] == 0:
@@ -194,7 +194,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsRequest v2
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # DeleteAclsRequest_DeleteAclsFilter v2
+def _encode_DeleteAclsRequest_DeleteAclsFilter_v2(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type_filter)
     _write_compact_string(w, m.resource_name_filter)
     w += _S_b.pack(m.pattern_type_filter)
@@ -207,18 +207,18 @@ def _e7(m: Any, w: bytearray) -> None:  # DeleteAclsRequest_DeleteAclsFilter v2
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # DeleteAclsRequest v2
+def _encode_DeleteAclsRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.filters
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_DeleteAclsRequest_DeleteAclsFilter_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAclsMatchingAcl v1
+def _decode_DeleteAclsResponse_DeleteAclsMatchingAcl_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteAclsResponse_DeleteAclsMatchingAcl)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -236,7 +236,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAcls
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAclsFilterResult v1
+def _decode_DeleteAclsResponse_DeleteAclsFilterResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteAclsResponse_DeleteAclsFilterResult)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -248,13 +248,13 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAcl
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_DeleteAclsResponse_DeleteAclsMatchingAcl_v1(b, o)
             items2.append(v3)
         m.matching_acls = items2
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse v1
+def _decode_DeleteAclsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteAclsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -265,13 +265,13 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d10(b, o)
+            v3, o = _decode_DeleteAclsResponse_DeleteAclsFilterResult_v1(b, o)
             items2.append(v3)
         m.filter_results = items2
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DeleteAclsResponse_DeleteAclsMatchingAcl v1
+def _encode_DeleteAclsResponse_DeleteAclsMatchingAcl_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     w += _S_b.pack(m.resource_type)
@@ -282,24 +282,24 @@ def _e12(m: Any, w: bytearray) -> None:  # DeleteAclsResponse_DeleteAclsMatching
     w += _S_bb.pack(m.operation, m.permission_type)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # DeleteAclsResponse_DeleteAclsFilterResult v1
+def _encode_DeleteAclsResponse_DeleteAclsFilterResult_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     items1 = m.matching_acls
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_DeleteAclsResponse_DeleteAclsMatchingAcl_v1(item2, w)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # DeleteAclsResponse v1
+def _encode_DeleteAclsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.filter_results
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_DeleteAclsResponse_DeleteAclsFilterResult_v1(item2, w)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAclsMatchingAcl v2
+def _decode_DeleteAclsResponse_DeleteAclsMatchingAcl_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteAclsResponse_DeleteAclsMatchingAcl)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -347,7 +347,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAcl
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAclsFilterResult v2
+def _decode_DeleteAclsResponse_DeleteAclsFilterResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteAclsResponse_DeleteAclsFilterResult)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -368,7 +368,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAcl
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d15(b, o)
+            v4, o = _decode_DeleteAclsResponse_DeleteAclsMatchingAcl_v2(b, o)
             items3.append(v4)
         m.matching_acls = items3
     if b[o] == 0:
@@ -384,7 +384,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse_DeleteAcl
     return m, o
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse v2
+def _decode_DeleteAclsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteAclsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -399,7 +399,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d16(b, o)
+            v3, o = _decode_DeleteAclsResponse_DeleteAclsFilterResult_v2(b, o)
             items2.append(v3)
         m.filter_results = items2
     if b[o] == 0:
@@ -415,7 +415,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteAclsResponse v2
     return m, o
 
 
-def _e18(m: Any, w: bytearray) -> None:  # DeleteAclsResponse_DeleteAclsMatchingAcl v2
+def _encode_DeleteAclsResponse_DeleteAclsMatchingAcl_v2(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_b.pack(m.resource_type)
@@ -430,25 +430,25 @@ def _e18(m: Any, w: bytearray) -> None:  # DeleteAclsResponse_DeleteAclsMatching
         w.append(0)
 
 
-def _e19(m: Any, w: bytearray) -> None:  # DeleteAclsResponse_DeleteAclsFilterResult v2
+def _encode_DeleteAclsResponse_DeleteAclsFilterResult_v2(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.matching_acls
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e18(item2, w)
+        _encode_DeleteAclsResponse_DeleteAclsMatchingAcl_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # DeleteAclsResponse v2
+def _encode_DeleteAclsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.filter_results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_DeleteAclsResponse_DeleteAclsFilterResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -458,8 +458,8 @@ def _e20(m: Any, w: bytearray) -> None:  # DeleteAclsResponse v2
 DeleteAclsRequest_DeleteAclsFilter.DEFAULTS = (0, '', 3, '', '', 0, 0, )
 DeleteAclsRequest.DEFAULTS = (list, )
 DeleteAclsRequest.DeleteAclsFilter = DeleteAclsRequest_DeleteAclsFilter
-DeleteAclsRequest.DECODERS = {1: _d2, 2: _d6, 3: _d6}
-DeleteAclsRequest.ENCODERS = {1: _e4, 2: _e8, 3: _e8}
+DeleteAclsRequest.DECODERS = {1: _decode_DeleteAclsRequest_v1, 2: _decode_DeleteAclsRequest_v2, 3: _decode_DeleteAclsRequest_v2}
+DeleteAclsRequest.ENCODERS = {1: _encode_DeleteAclsRequest_v1, 2: _encode_DeleteAclsRequest_v2, 3: _encode_DeleteAclsRequest_v2}
 
 DeleteAclsResponse_DeleteAclsFilterResult.DEFAULTS = (0, '', list, )
 DeleteAclsResponse_DeleteAclsFilterResult.DeleteAclsMatchingAcl = DeleteAclsResponse_DeleteAclsMatchingAcl
@@ -467,8 +467,8 @@ DeleteAclsResponse_DeleteAclsMatchingAcl.DEFAULTS = (0, '', 0, '', 3, '', '', 0,
 DeleteAclsResponse.DEFAULTS = (0, list, )
 DeleteAclsResponse.DeleteAclsFilterResult = DeleteAclsResponse_DeleteAclsFilterResult
 DeleteAclsResponse.DeleteAclsMatchingAcl = DeleteAclsResponse_DeleteAclsMatchingAcl
-DeleteAclsResponse.DECODERS = {1: _d11, 2: _d17, 3: _d17}
-DeleteAclsResponse.ENCODERS = {1: _e14, 2: _e20, 3: _e20}
+DeleteAclsResponse.DECODERS = {1: _decode_DeleteAclsResponse_v1, 2: _decode_DeleteAclsResponse_v2, 3: _decode_DeleteAclsResponse_v2}
+DeleteAclsResponse.ENCODERS = {1: _encode_DeleteAclsResponse_v1, 2: _encode_DeleteAclsResponse_v2, 3: _encode_DeleteAclsResponse_v2}
 
 
 REQUEST = DeleteAclsRequest

@@ -67,7 +67,7 @@ class DeleteGroupsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsRequest v0
+def _decode_DeleteGroupsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteGroupsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -82,14 +82,14 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # DeleteGroupsRequest v0
+def _encode_DeleteGroupsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.groups_names
     _write_count(w, items1)
     for item2 in items1 or ():
         _write_string(w, item2)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsRequest v2
+def _decode_DeleteGroupsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteGroupsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -123,7 +123,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsRequest v2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DeleteGroupsRequest v2
+def _encode_DeleteGroupsRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.groups_names
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -134,7 +134,7 @@ def _e4(m: Any, w: bytearray) -> None:  # DeleteGroupsRequest v2
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse_DeletableGroupResult v0
+def _decode_DeleteGroupsResponse_DeletableGroupResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteGroupsResponse_DeletableGroupResult)
     m.unknown_tags = None
     m.group_id, o = _string(b, o)
@@ -143,7 +143,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse_Deletabl
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse v0
+def _decode_DeleteGroupsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -154,26 +154,26 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_DeleteGroupsResponse_DeletableGroupResult_v0(b, o)
             items2.append(v3)
         m.results = items2
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # DeleteGroupsResponse_DeletableGroupResult v0
+def _encode_DeleteGroupsResponse_DeletableGroupResult_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_h.pack(m.error_code)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # DeleteGroupsResponse v0
+def _encode_DeleteGroupsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_DeleteGroupsResponse_DeletableGroupResult_v0(item2, w)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse_DeletableGroupResult v2
+def _decode_DeleteGroupsResponse_DeletableGroupResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteGroupsResponse_DeletableGroupResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -197,7 +197,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse_Deletabl
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse v2
+def _decode_DeleteGroupsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -212,7 +212,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_DeleteGroupsResponse_DeletableGroupResult_v2(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -228,7 +228,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteGroupsResponse v2
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # DeleteGroupsResponse_DeletableGroupResult v2
+def _encode_DeleteGroupsResponse_DeletableGroupResult_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
@@ -237,12 +237,12 @@ def _e11(m: Any, w: bytearray) -> None:  # DeleteGroupsResponse_DeletableGroupRe
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DeleteGroupsResponse v2
+def _encode_DeleteGroupsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_DeleteGroupsResponse_DeletableGroupResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -250,14 +250,14 @@ def _e12(m: Any, w: bytearray) -> None:  # DeleteGroupsResponse v2
 
 
 DeleteGroupsRequest.DEFAULTS = (list, )
-DeleteGroupsRequest.DECODERS = {0: _d1, 1: _d1, 2: _d3}
-DeleteGroupsRequest.ENCODERS = {0: _e2, 1: _e2, 2: _e4}
+DeleteGroupsRequest.DECODERS = {0: _decode_DeleteGroupsRequest_v0, 1: _decode_DeleteGroupsRequest_v0, 2: _decode_DeleteGroupsRequest_v2}
+DeleteGroupsRequest.ENCODERS = {0: _encode_DeleteGroupsRequest_v0, 1: _encode_DeleteGroupsRequest_v0, 2: _encode_DeleteGroupsRequest_v2}
 
 DeleteGroupsResponse_DeletableGroupResult.DEFAULTS = ('', 0, )
 DeleteGroupsResponse.DEFAULTS = (0, list, )
 DeleteGroupsResponse.DeletableGroupResult = DeleteGroupsResponse_DeletableGroupResult
-DeleteGroupsResponse.DECODERS = {0: _d6, 1: _d6, 2: _d10}
-DeleteGroupsResponse.ENCODERS = {0: _e8, 1: _e8, 2: _e12}
+DeleteGroupsResponse.DECODERS = {0: _decode_DeleteGroupsResponse_v0, 1: _decode_DeleteGroupsResponse_v0, 2: _decode_DeleteGroupsResponse_v2}
+DeleteGroupsResponse.ENCODERS = {0: _encode_DeleteGroupsResponse_v0, 1: _encode_DeleteGroupsResponse_v0, 2: _encode_DeleteGroupsResponse_v2}
 
 
 REQUEST = DeleteGroupsRequest

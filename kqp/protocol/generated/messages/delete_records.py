@@ -83,7 +83,7 @@ class DeleteRecordsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_DeleteRecordsPartition v0
+def _decode_DeleteRecordsRequest_DeleteRecordsPartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsRequest_DeleteRecordsPartition)
     m.unknown_tags = None
     m.partition_index, m.offset = _S_iq.unpack_from(b, o)
@@ -91,7 +91,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_DeleteRe
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_DeleteRecordsTopic v0
+def _decode_DeleteRecordsRequest_DeleteRecordsTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsRequest_DeleteRecordsTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -101,13 +101,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_DeleteRe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DeleteRecordsRequest_DeleteRecordsPartition_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest v0
+def _decode_DeleteRecordsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -116,7 +116,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_DeleteRecordsRequest_DeleteRecordsTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -124,27 +124,27 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DeleteRecordsRequest_DeleteRecordsPartition v0
+def _encode_DeleteRecordsRequest_DeleteRecordsPartition_v0(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.partition_index, m.offset)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # DeleteRecordsRequest_DeleteRecordsTopic v0
+def _encode_DeleteRecordsRequest_DeleteRecordsTopic_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_DeleteRecordsRequest_DeleteRecordsPartition_v0(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # DeleteRecordsRequest v0
+def _encode_DeleteRecordsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_DeleteRecordsRequest_DeleteRecordsTopic_v0(item2, w)
     w += _S_i.pack(m.timeout_ms)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_DeleteRecordsPartition v2
+def _decode_DeleteRecordsRequest_DeleteRecordsPartition_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsRequest_DeleteRecordsPartition)
     m.unknown_tags = None
     m.partition_index, m.offset = _S_iq.unpack_from(b, o)
@@ -162,7 +162,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_DeleteRe
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_DeleteRecordsTopic v2
+def _decode_DeleteRecordsRequest_DeleteRecordsTopic_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsRequest_DeleteRecordsTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -181,7 +181,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_DeleteRe
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_DeleteRecordsRequest_DeleteRecordsPartition_v2(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -197,7 +197,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest_DeleteRe
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest v2
+def _decode_DeleteRecordsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -210,7 +210,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_DeleteRecordsRequest_DeleteRecordsTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -228,7 +228,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsRequest v2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # DeleteRecordsRequest_DeleteRecordsPartition v2
+def _encode_DeleteRecordsRequest_DeleteRecordsPartition_v2(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.partition_index, m.offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -236,23 +236,23 @@ def _e10(m: Any, w: bytearray) -> None:  # DeleteRecordsRequest_DeleteRecordsPar
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # DeleteRecordsRequest_DeleteRecordsTopic v2
+def _encode_DeleteRecordsRequest_DeleteRecordsTopic_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_DeleteRecordsRequest_DeleteRecordsPartition_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DeleteRecordsRequest v2
+def _encode_DeleteRecordsRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_DeleteRecordsRequest_DeleteRecordsTopic_v2(item2, w)
     w += _S_i.pack(m.timeout_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -260,7 +260,7 @@ def _e12(m: Any, w: bytearray) -> None:  # DeleteRecordsRequest v2
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_DeleteRecordsPartitionResult v0
+def _decode_DeleteRecordsResponse_DeleteRecordsPartitionResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsResponse_DeleteRecordsPartitionResult)
     m.unknown_tags = None
     m.partition_index, m.low_watermark, m.error_code = _S_iqh.unpack_from(b, o)
@@ -268,7 +268,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_Delete
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_DeleteRecordsTopicResult v0
+def _decode_DeleteRecordsResponse_DeleteRecordsTopicResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsResponse_DeleteRecordsTopicResult)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -278,13 +278,13 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_Delete
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_DeleteRecordsResponse_DeleteRecordsPartitionResult_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse v0
+def _decode_DeleteRecordsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -295,33 +295,33 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d14(b, o)
+            v3, o = _decode_DeleteRecordsResponse_DeleteRecordsTopicResult_v0(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # DeleteRecordsResponse_DeleteRecordsPartitionResult v0
+def _encode_DeleteRecordsResponse_DeleteRecordsPartitionResult_v0(m: Any, w: bytearray) -> None:
     w += _S_iqh.pack(m.partition_index, m.low_watermark, m.error_code)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # DeleteRecordsResponse_DeleteRecordsTopicResult v0
+def _encode_DeleteRecordsResponse_DeleteRecordsTopicResult_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e16(item2, w)
+        _encode_DeleteRecordsResponse_DeleteRecordsPartitionResult_v0(item2, w)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # DeleteRecordsResponse v0
+def _encode_DeleteRecordsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_DeleteRecordsResponse_DeleteRecordsTopicResult_v0(item2, w)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_DeleteRecordsPartitionResult v2
+def _decode_DeleteRecordsResponse_DeleteRecordsPartitionResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsResponse_DeleteRecordsPartitionResult)
     m.unknown_tags = None
     m.partition_index, m.low_watermark, m.error_code = _S_iqh.unpack_from(b, o)
@@ -339,7 +339,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_Delete
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_DeleteRecordsTopicResult v2
+def _decode_DeleteRecordsResponse_DeleteRecordsTopicResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsResponse_DeleteRecordsTopicResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -358,7 +358,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_Delete
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d19(b, o)
+            v4, o = _decode_DeleteRecordsResponse_DeleteRecordsPartitionResult_v2(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -374,7 +374,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse_Delete
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse v2
+def _decode_DeleteRecordsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteRecordsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -389,7 +389,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_DeleteRecordsResponse_DeleteRecordsTopicResult_v2(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -405,7 +405,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteRecordsResponse v2
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # DeleteRecordsResponse_DeleteRecordsPartitionResult v2
+def _encode_DeleteRecordsResponse_DeleteRecordsPartitionResult_v2(m: Any, w: bytearray) -> None:
     w += _S_iqh.pack(m.partition_index, m.low_watermark, m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -413,24 +413,24 @@ def _e22(m: Any, w: bytearray) -> None:  # DeleteRecordsResponse_DeleteRecordsPa
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # DeleteRecordsResponse_DeleteRecordsTopicResult v2
+def _encode_DeleteRecordsResponse_DeleteRecordsTopicResult_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_DeleteRecordsResponse_DeleteRecordsPartitionResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # DeleteRecordsResponse v2
+def _encode_DeleteRecordsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_DeleteRecordsResponse_DeleteRecordsTopicResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -443,8 +443,8 @@ DeleteRecordsRequest_DeleteRecordsPartition.DEFAULTS = (0, 0, )
 DeleteRecordsRequest.DEFAULTS = (list, 0, )
 DeleteRecordsRequest.DeleteRecordsTopic = DeleteRecordsRequest_DeleteRecordsTopic
 DeleteRecordsRequest.DeleteRecordsPartition = DeleteRecordsRequest_DeleteRecordsPartition
-DeleteRecordsRequest.DECODERS = {0: _d3, 1: _d3, 2: _d9}
-DeleteRecordsRequest.ENCODERS = {0: _e6, 1: _e6, 2: _e12}
+DeleteRecordsRequest.DECODERS = {0: _decode_DeleteRecordsRequest_v0, 1: _decode_DeleteRecordsRequest_v0, 2: _decode_DeleteRecordsRequest_v2}
+DeleteRecordsRequest.ENCODERS = {0: _encode_DeleteRecordsRequest_v0, 1: _encode_DeleteRecordsRequest_v0, 2: _encode_DeleteRecordsRequest_v2}
 
 DeleteRecordsResponse_DeleteRecordsTopicResult.DEFAULTS = ('', list, )
 DeleteRecordsResponse_DeleteRecordsTopicResult.DeleteRecordsPartitionResult = DeleteRecordsResponse_DeleteRecordsPartitionResult
@@ -452,8 +452,8 @@ DeleteRecordsResponse_DeleteRecordsPartitionResult.DEFAULTS = (0, 0, 0, )
 DeleteRecordsResponse.DEFAULTS = (0, list, )
 DeleteRecordsResponse.DeleteRecordsTopicResult = DeleteRecordsResponse_DeleteRecordsTopicResult
 DeleteRecordsResponse.DeleteRecordsPartitionResult = DeleteRecordsResponse_DeleteRecordsPartitionResult
-DeleteRecordsResponse.DECODERS = {0: _d15, 1: _d15, 2: _d21}
-DeleteRecordsResponse.ENCODERS = {0: _e18, 1: _e18, 2: _e24}
+DeleteRecordsResponse.DECODERS = {0: _decode_DeleteRecordsResponse_v0, 1: _decode_DeleteRecordsResponse_v0, 2: _decode_DeleteRecordsResponse_v2}
+DeleteRecordsResponse.ENCODERS = {0: _encode_DeleteRecordsResponse_v0, 1: _encode_DeleteRecordsResponse_v0, 2: _encode_DeleteRecordsResponse_v2}
 
 
 REQUEST = DeleteRecordsRequest

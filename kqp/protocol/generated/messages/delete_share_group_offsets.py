@@ -72,7 +72,7 @@ class DeleteShareGroupOffsetsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic v0
+def _decode_DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -94,7 +94,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsReques
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsRequest v0
+def _decode_DeleteShareGroupOffsetsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteShareGroupOffsetsRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -113,7 +113,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsReques
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic_v0(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -129,7 +129,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsReques
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic v0
+def _encode_DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -137,19 +137,19 @@ def _e3(m: Any, w: bytearray) -> None:  # DeleteShareGroupOffsetsRequest_DeleteS
         w.append(0)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DeleteShareGroupOffsetsRequest v0
+def _encode_DeleteShareGroupOffsetsRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic v0
+def _decode_DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -180,7 +180,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsRespon
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsResponse v0
+def _decode_DeleteShareGroupOffsetsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteShareGroupOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -201,7 +201,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsRespon
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d5(b, o)
+            v4, o = _decode_DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic_v0(b, o)
             items3.append(v4)
         m.responses = items3
     if b[o] == 0:
@@ -217,7 +217,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupOffsetsRespon
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic v0
+def _encode_DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     w += _S_uh.pack(_uuid_bytes(m.topic_id), m.error_code)
     _write_compact_string(w, m.error_message)
@@ -227,13 +227,13 @@ def _e7(m: Any, w: bytearray) -> None:  # DeleteShareGroupOffsetsResponse_Delete
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # DeleteShareGroupOffsetsResponse v0
+def _encode_DeleteShareGroupOffsetsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -243,14 +243,14 @@ def _e8(m: Any, w: bytearray) -> None:  # DeleteShareGroupOffsetsResponse v0
 DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic.DEFAULTS = ('', )
 DeleteShareGroupOffsetsRequest.DEFAULTS = ('', list, )
 DeleteShareGroupOffsetsRequest.DeleteShareGroupOffsetsRequestTopic = DeleteShareGroupOffsetsRequest_DeleteShareGroupOffsetsRequestTopic
-DeleteShareGroupOffsetsRequest.DECODERS = {0: _d2}
-DeleteShareGroupOffsetsRequest.ENCODERS = {0: _e4}
+DeleteShareGroupOffsetsRequest.DECODERS = {0: _decode_DeleteShareGroupOffsetsRequest_v0}
+DeleteShareGroupOffsetsRequest.ENCODERS = {0: _encode_DeleteShareGroupOffsetsRequest_v0}
 
 DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic.DEFAULTS = ('', _ZERO_UUID, 0, None, )
 DeleteShareGroupOffsetsResponse.DEFAULTS = (0, 0, None, list, )
 DeleteShareGroupOffsetsResponse.DeleteShareGroupOffsetsResponseTopic = DeleteShareGroupOffsetsResponse_DeleteShareGroupOffsetsResponseTopic
-DeleteShareGroupOffsetsResponse.DECODERS = {0: _d6}
-DeleteShareGroupOffsetsResponse.ENCODERS = {0: _e8}
+DeleteShareGroupOffsetsResponse.DECODERS = {0: _decode_DeleteShareGroupOffsetsResponse_v0}
+DeleteShareGroupOffsetsResponse.ENCODERS = {0: _encode_DeleteShareGroupOffsetsResponse_v0}
 
 
 REQUEST = DeleteShareGroupOffsetsRequest

@@ -83,7 +83,7 @@ class DeleteShareGroupStateResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRequest_PartitionData v0
+def _decode_DeleteShareGroupStateRequest_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteShareGroupStateRequest_PartitionData)
     m.unknown_tags = None
     m.partition, = _S_i.unpack_from(b, o)
@@ -101,7 +101,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRequest_
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRequest_DeleteStateData v0
+def _decode_DeleteShareGroupStateRequest_DeleteStateData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteShareGroupStateRequest_DeleteStateData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -117,7 +117,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRequest_
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DeleteShareGroupStateRequest_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -133,7 +133,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRequest_
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRequest v0
+def _decode_DeleteShareGroupStateRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteShareGroupStateRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -152,7 +152,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRequest 
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d2(b, o)
+            v4, o = _decode_DeleteShareGroupStateRequest_DeleteStateData_v0(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -168,7 +168,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateRequest 
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DeleteShareGroupStateRequest_PartitionData v0
+def _encode_DeleteShareGroupStateRequest_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.partition)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -176,31 +176,31 @@ def _e4(m: Any, w: bytearray) -> None:  # DeleteShareGroupStateRequest_Partition
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # DeleteShareGroupStateRequest_DeleteStateData v0
+def _encode_DeleteShareGroupStateRequest_DeleteStateData_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_DeleteShareGroupStateRequest_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # DeleteShareGroupStateRequest v0
+def _encode_DeleteShareGroupStateRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_DeleteShareGroupStateRequest_DeleteStateData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateResponse_PartitionResult v0
+def _decode_DeleteShareGroupStateResponse_PartitionResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteShareGroupStateResponse_PartitionResult)
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
@@ -224,7 +224,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateResponse
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateResponse_DeleteStateResult v0
+def _decode_DeleteShareGroupStateResponse_DeleteStateResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteShareGroupStateResponse_DeleteStateResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -240,7 +240,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_DeleteShareGroupStateResponse_PartitionResult_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -256,7 +256,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateResponse
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateResponse v0
+def _decode_DeleteShareGroupStateResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteShareGroupStateResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -269,7 +269,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_DeleteShareGroupStateResponse_DeleteStateResult_v0(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -285,7 +285,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteShareGroupStateResponse
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # DeleteShareGroupStateResponse_PartitionResult v0
+def _encode_DeleteShareGroupStateResponse_PartitionResult_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -294,23 +294,23 @@ def _e10(m: Any, w: bytearray) -> None:  # DeleteShareGroupStateResponse_Partiti
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # DeleteShareGroupStateResponse_DeleteStateResult v0
+def _encode_DeleteShareGroupStateResponse_DeleteStateResult_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_DeleteShareGroupStateResponse_PartitionResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DeleteShareGroupStateResponse v0
+def _encode_DeleteShareGroupStateResponse_v0(m: Any, w: bytearray) -> None:
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_DeleteShareGroupStateResponse_DeleteStateResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -323,8 +323,8 @@ DeleteShareGroupStateRequest_PartitionData.DEFAULTS = (0, )
 DeleteShareGroupStateRequest.DEFAULTS = ('', list, )
 DeleteShareGroupStateRequest.DeleteStateData = DeleteShareGroupStateRequest_DeleteStateData
 DeleteShareGroupStateRequest.PartitionData = DeleteShareGroupStateRequest_PartitionData
-DeleteShareGroupStateRequest.DECODERS = {0: _d3}
-DeleteShareGroupStateRequest.ENCODERS = {0: _e6}
+DeleteShareGroupStateRequest.DECODERS = {0: _decode_DeleteShareGroupStateRequest_v0}
+DeleteShareGroupStateRequest.ENCODERS = {0: _encode_DeleteShareGroupStateRequest_v0}
 
 DeleteShareGroupStateResponse_DeleteStateResult.DEFAULTS = (_ZERO_UUID, list, )
 DeleteShareGroupStateResponse_DeleteStateResult.PartitionResult = DeleteShareGroupStateResponse_PartitionResult
@@ -332,8 +332,8 @@ DeleteShareGroupStateResponse_PartitionResult.DEFAULTS = (0, 0, None, )
 DeleteShareGroupStateResponse.DEFAULTS = (list, )
 DeleteShareGroupStateResponse.DeleteStateResult = DeleteShareGroupStateResponse_DeleteStateResult
 DeleteShareGroupStateResponse.PartitionResult = DeleteShareGroupStateResponse_PartitionResult
-DeleteShareGroupStateResponse.DECODERS = {0: _d9}
-DeleteShareGroupStateResponse.ENCODERS = {0: _e12}
+DeleteShareGroupStateResponse.DECODERS = {0: _decode_DeleteShareGroupStateResponse_v0}
+DeleteShareGroupStateResponse.ENCODERS = {0: _encode_DeleteShareGroupStateResponse_v0}
 
 
 REQUEST = DeleteShareGroupStateRequest

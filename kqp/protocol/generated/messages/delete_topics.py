@@ -74,7 +74,7 @@ class DeleteTopicsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest v1
+def _decode_DeleteTopicsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsRequest)
     m.unknown_tags = None
     m.topics = list()
@@ -92,7 +92,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest v1
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # DeleteTopicsRequest v1
+def _encode_DeleteTopicsRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.topic_names
     _write_count(w, items1)
     for item2 in items1 or ():
@@ -100,7 +100,7 @@ def _e2(m: Any, w: bytearray) -> None:  # DeleteTopicsRequest v1
     w += _S_i.pack(m.timeout_ms)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest v4
+def _decode_DeleteTopicsRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsRequest)
     m.unknown_tags = None
     m.topics = list()
@@ -137,7 +137,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest v4
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DeleteTopicsRequest v4
+def _encode_DeleteTopicsRequest_v4(m: Any, w: bytearray) -> None:
     items1 = m.topic_names
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -149,7 +149,7 @@ def _e4(m: Any, w: bytearray) -> None:  # DeleteTopicsRequest v4
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest_DeleteTopicState v6
+def _decode_DeleteTopicsRequest_DeleteTopicState_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsRequest_DeleteTopicState)
     m.unknown_tags = None
     length1 = b[o]
@@ -174,7 +174,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest_DeleteTop
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest v6
+def _decode_DeleteTopicsRequest_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsRequest)
     m.unknown_tags = None
     m.topic_names = list()
@@ -188,7 +188,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_DeleteTopicsRequest_DeleteTopicState_v6(b, o)
             items2.append(v3)
         m.topics = items2
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -206,7 +206,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsRequest v6
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # DeleteTopicsRequest_DeleteTopicState v6
+def _encode_DeleteTopicsRequest_DeleteTopicState_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     if m.unknown_tags:
@@ -215,11 +215,11 @@ def _e7(m: Any, w: bytearray) -> None:  # DeleteTopicsRequest_DeleteTopicState v
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # DeleteTopicsRequest v6
+def _encode_DeleteTopicsRequest_v6(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_DeleteTopicsRequest_DeleteTopicState_v6(item2, w)
     w += _S_i.pack(m.timeout_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -227,7 +227,7 @@ def _e8(m: Any, w: bytearray) -> None:  # DeleteTopicsRequest v6
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_DeletableTopicResult v1
+def _decode_DeleteTopicsResponse_DeletableTopicResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsResponse_DeletableTopicResult)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -238,7 +238,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_Deletabl
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v1
+def _decode_DeleteTopicsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -249,26 +249,26 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_DeleteTopicsResponse_DeletableTopicResult_v1(b, o)
             items2.append(v3)
         m.responses = items2
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse_DeletableTopicResult v1
+def _encode_DeleteTopicsResponse_DeletableTopicResult_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     w += _S_h.pack(m.error_code)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse v1
+def _encode_DeleteTopicsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_DeleteTopicsResponse_DeletableTopicResult_v1(item2, w)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_DeletableTopicResult v4
+def _decode_DeleteTopicsResponse_DeletableTopicResult_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsResponse_DeletableTopicResult)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -294,7 +294,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_Deletab
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v4
+def _decode_DeleteTopicsResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -309,7 +309,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_DeleteTopicsResponse_DeletableTopicResult_v4(b, o)
             items2.append(v3)
         m.responses = items2
     if b[o] == 0:
@@ -325,7 +325,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v4
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse_DeletableTopicResult v4
+def _encode_DeleteTopicsResponse_DeletableTopicResult_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
@@ -334,19 +334,19 @@ def _e15(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse_DeletableTopicRe
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse v4
+def _encode_DeleteTopicsResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_DeleteTopicsResponse_DeletableTopicResult_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_DeletableTopicResult v5
+def _decode_DeleteTopicsResponse_DeletableTopicResult_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsResponse_DeletableTopicResult)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -377,7 +377,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_Deletab
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v5
+def _decode_DeleteTopicsResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -392,7 +392,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_DeleteTopicsResponse_DeletableTopicResult_v5(b, o)
             items2.append(v3)
         m.responses = items2
     if b[o] == 0:
@@ -408,7 +408,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v5
     return m, o
 
 
-def _e19(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse_DeletableTopicResult v5
+def _encode_DeleteTopicsResponse_DeletableTopicResult_v5(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
@@ -418,19 +418,19 @@ def _e19(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse_DeletableTopicRe
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse v5
+def _encode_DeleteTopicsResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_DeleteTopicsResponse_DeletableTopicResult_v5(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_DeletableTopicResult v6
+def _decode_DeleteTopicsResponse_DeletableTopicResult_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsResponse_DeletableTopicResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -461,7 +461,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse_Deletab
     return m, o
 
 
-def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v6
+def _decode_DeleteTopicsResponse_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DeleteTopicsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -476,7 +476,7 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d21(b, o)
+            v3, o = _decode_DeleteTopicsResponse_DeletableTopicResult_v6(b, o)
             items2.append(v3)
         m.responses = items2
     if b[o] == 0:
@@ -492,7 +492,7 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # DeleteTopicsResponse v6
     return m, o
 
 
-def _e23(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse_DeletableTopicResult v6
+def _encode_DeleteTopicsResponse_DeletableTopicResult_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_uh.pack(_uuid_bytes(m.topic_id), m.error_code)
     _write_compact_string(w, m.error_message)
@@ -502,12 +502,12 @@ def _e23(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse_DeletableTopicRe
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse v6
+def _encode_DeleteTopicsResponse_v6(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_DeleteTopicsResponse_DeletableTopicResult_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -517,14 +517,14 @@ def _e24(m: Any, w: bytearray) -> None:  # DeleteTopicsResponse v6
 DeleteTopicsRequest_DeleteTopicState.DEFAULTS = (None, _ZERO_UUID, )
 DeleteTopicsRequest.DEFAULTS = (list, list, 0, )
 DeleteTopicsRequest.DeleteTopicState = DeleteTopicsRequest_DeleteTopicState
-DeleteTopicsRequest.DECODERS = {1: _d1, 2: _d1, 3: _d1, 4: _d3, 5: _d3, 6: _d6}
-DeleteTopicsRequest.ENCODERS = {1: _e2, 2: _e2, 3: _e2, 4: _e4, 5: _e4, 6: _e8}
+DeleteTopicsRequest.DECODERS = {1: _decode_DeleteTopicsRequest_v1, 2: _decode_DeleteTopicsRequest_v1, 3: _decode_DeleteTopicsRequest_v1, 4: _decode_DeleteTopicsRequest_v4, 5: _decode_DeleteTopicsRequest_v4, 6: _decode_DeleteTopicsRequest_v6}
+DeleteTopicsRequest.ENCODERS = {1: _encode_DeleteTopicsRequest_v1, 2: _encode_DeleteTopicsRequest_v1, 3: _encode_DeleteTopicsRequest_v1, 4: _encode_DeleteTopicsRequest_v4, 5: _encode_DeleteTopicsRequest_v4, 6: _encode_DeleteTopicsRequest_v6}
 
 DeleteTopicsResponse_DeletableTopicResult.DEFAULTS = ('', _ZERO_UUID, 0, None, )
 DeleteTopicsResponse.DEFAULTS = (0, list, )
 DeleteTopicsResponse.DeletableTopicResult = DeleteTopicsResponse_DeletableTopicResult
-DeleteTopicsResponse.DECODERS = {1: _d10, 2: _d10, 3: _d10, 4: _d14, 5: _d18, 6: _d22}
-DeleteTopicsResponse.ENCODERS = {1: _e12, 2: _e12, 3: _e12, 4: _e16, 5: _e20, 6: _e24}
+DeleteTopicsResponse.DECODERS = {1: _decode_DeleteTopicsResponse_v1, 2: _decode_DeleteTopicsResponse_v1, 3: _decode_DeleteTopicsResponse_v1, 4: _decode_DeleteTopicsResponse_v4, 5: _decode_DeleteTopicsResponse_v5, 6: _decode_DeleteTopicsResponse_v6}
+DeleteTopicsResponse.ENCODERS = {1: _encode_DeleteTopicsResponse_v1, 2: _encode_DeleteTopicsResponse_v1, 3: _encode_DeleteTopicsResponse_v1, 4: _encode_DeleteTopicsResponse_v4, 5: _encode_DeleteTopicsResponse_v5, 6: _encode_DeleteTopicsResponse_v6}
 
 
 REQUEST = DeleteTopicsRequest

@@ -73,7 +73,7 @@ class DescribeAclsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsRequest v1
+def _decode_DescribeAclsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeAclsRequest)
     m.unknown_tags = None
     m.resource_type_filter, = _S_b.unpack_from(b, o)
@@ -88,7 +88,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsRequest v1
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # DescribeAclsRequest v1
+def _encode_DescribeAclsRequest_v1(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type_filter)
     _write_string(w, m.resource_name_filter)
     w += _S_b.pack(m.pattern_type_filter)
@@ -97,7 +97,7 @@ def _e2(m: Any, w: bytearray) -> None:  # DescribeAclsRequest v1
     w += _S_bb.pack(m.operation, m.permission_type)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsRequest v2
+def _decode_DescribeAclsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeAclsRequest)
     m.unknown_tags = None
     m.resource_type_filter, = _S_b.unpack_from(b, o)
@@ -137,7 +137,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsRequest v2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeAclsRequest v2
+def _encode_DescribeAclsRequest_v2(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type_filter)
     _write_compact_string(w, m.resource_name_filter)
     w += _S_b.pack(m.pattern_type_filter)
@@ -150,7 +150,7 @@ def _e4(m: Any, w: bytearray) -> None:  # DescribeAclsRequest v2
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_AclDescription v1
+def _decode_DescribeAclsResponse_AclDescription_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeAclsResponse_AclDescription)
     m.unknown_tags = None
     m.principal, o = _string(b, o)
@@ -160,7 +160,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_AclDescr
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_DescribeAclsResource v1
+def _decode_DescribeAclsResponse_DescribeAclsResource_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeAclsResponse_DescribeAclsResource)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -174,13 +174,13 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_Describe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_DescribeAclsResponse_AclDescription_v1(b, o)
             items2.append(v3)
         m.acls = items2
     return m, o
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse v1
+def _decode_DescribeAclsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeAclsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -192,38 +192,38 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d6(b, o)
+            v3, o = _decode_DescribeAclsResponse_DescribeAclsResource_v1(b, o)
             items2.append(v3)
         m.resources = items2
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # DescribeAclsResponse_AclDescription v1
+def _encode_DescribeAclsResponse_AclDescription_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.principal)
     _write_string(w, m.host)
     w += _S_bb.pack(m.operation, m.permission_type)
 
 
-def _e9(m: Any, w: bytearray) -> None:  # DescribeAclsResponse_DescribeAclsResource v1
+def _encode_DescribeAclsResponse_DescribeAclsResource_v1(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type)
     _write_string(w, m.resource_name)
     w += _S_b.pack(m.pattern_type)
     items1 = m.acls
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e8(item2, w)
+        _encode_DescribeAclsResponse_AclDescription_v1(item2, w)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # DescribeAclsResponse v1
+def _encode_DescribeAclsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_string(w, m.error_message)
     items1 = m.resources
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_DescribeAclsResponse_DescribeAclsResource_v1(item2, w)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_AclDescription v2
+def _decode_DescribeAclsResponse_AclDescription_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeAclsResponse_AclDescription)
     m.unknown_tags = None
     length1 = b[o]
@@ -253,7 +253,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_AclDesc
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_DescribeAclsResource v2
+def _decode_DescribeAclsResponse_DescribeAclsResource_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeAclsResponse_DescribeAclsResource)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -276,7 +276,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_Describ
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d11(b, o)
+            v4, o = _decode_DescribeAclsResponse_AclDescription_v2(b, o)
             items3.append(v4)
         m.acls = items3
     if b[o] == 0:
@@ -292,7 +292,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse_Describ
     return m, o
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse v2
+def _decode_DescribeAclsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeAclsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -313,7 +313,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse v2
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d12(b, o)
+            v4, o = _decode_DescribeAclsResponse_DescribeAclsResource_v2(b, o)
             items3.append(v4)
         m.resources = items3
     if b[o] == 0:
@@ -329,7 +329,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeAclsResponse v2
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # DescribeAclsResponse_AclDescription v2
+def _encode_DescribeAclsResponse_AclDescription_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.principal)
     _write_compact_string(w, m.host)
     w += _S_bb.pack(m.operation, m.permission_type)
@@ -339,27 +339,27 @@ def _e14(m: Any, w: bytearray) -> None:  # DescribeAclsResponse_AclDescription v
         w.append(0)
 
 
-def _e15(m: Any, w: bytearray) -> None:  # DescribeAclsResponse_DescribeAclsResource v2
+def _encode_DescribeAclsResponse_DescribeAclsResource_v2(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type)
     _write_compact_string(w, m.resource_name)
     w += _S_b.pack(m.pattern_type)
     items1 = m.acls
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e14(item2, w)
+        _encode_DescribeAclsResponse_AclDescription_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # DescribeAclsResponse v2
+def _encode_DescribeAclsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.resources
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_DescribeAclsResponse_DescribeAclsResource_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -367,8 +367,8 @@ def _e16(m: Any, w: bytearray) -> None:  # DescribeAclsResponse v2
 
 
 DescribeAclsRequest.DEFAULTS = (0, '', 3, '', '', 0, 0, )
-DescribeAclsRequest.DECODERS = {1: _d1, 2: _d3, 3: _d3}
-DescribeAclsRequest.ENCODERS = {1: _e2, 2: _e4, 3: _e4}
+DescribeAclsRequest.DECODERS = {1: _decode_DescribeAclsRequest_v1, 2: _decode_DescribeAclsRequest_v2, 3: _decode_DescribeAclsRequest_v2}
+DescribeAclsRequest.ENCODERS = {1: _encode_DescribeAclsRequest_v1, 2: _encode_DescribeAclsRequest_v2, 3: _encode_DescribeAclsRequest_v2}
 
 DescribeAclsResponse_DescribeAclsResource.DEFAULTS = (0, '', 3, list, )
 DescribeAclsResponse_DescribeAclsResource.AclDescription = DescribeAclsResponse_AclDescription
@@ -376,8 +376,8 @@ DescribeAclsResponse_AclDescription.DEFAULTS = ('', '', 0, 0, )
 DescribeAclsResponse.DEFAULTS = (0, 0, '', list, )
 DescribeAclsResponse.DescribeAclsResource = DescribeAclsResponse_DescribeAclsResource
 DescribeAclsResponse.AclDescription = DescribeAclsResponse_AclDescription
-DescribeAclsResponse.DECODERS = {1: _d7, 2: _d13, 3: _d13}
-DescribeAclsResponse.ENCODERS = {1: _e10, 2: _e16, 3: _e16}
+DescribeAclsResponse.DECODERS = {1: _decode_DescribeAclsResponse_v1, 2: _decode_DescribeAclsResponse_v2, 3: _decode_DescribeAclsResponse_v2}
+DescribeAclsResponse.ENCODERS = {1: _encode_DescribeAclsResponse_v1, 2: _encode_DescribeAclsResponse_v2, 3: _encode_DescribeAclsResponse_v2}
 
 
 REQUEST = DescribeAclsRequest

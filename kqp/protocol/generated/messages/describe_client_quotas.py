@@ -84,7 +84,7 @@ class DescribeClientQuotasResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest_ComponentData v0
+def _decode_DescribeClientQuotasRequest_ComponentData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasRequest_ComponentData)
     m.unknown_tags = None
     m.entity_type, o = _string(b, o)
@@ -94,7 +94,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest_C
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest v0
+def _decode_DescribeClientQuotasRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -103,7 +103,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest v
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DescribeClientQuotasRequest_ComponentData_v0(b, o)
             items2.append(v3)
         m.components = items2
     m.strict, = _S_o.unpack_from(b, o)
@@ -111,21 +111,21 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest v
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # DescribeClientQuotasRequest_ComponentData v0
+def _encode_DescribeClientQuotasRequest_ComponentData_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.entity_type)
     w += _S_b.pack(m.match_type)
     _write_string(w, m.match)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeClientQuotasRequest v0
+def _encode_DescribeClientQuotasRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.components
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_DescribeClientQuotasRequest_ComponentData_v0(item2, w)
     w += _S_o.pack(m.strict)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest_ComponentData v1
+def _decode_DescribeClientQuotasRequest_ComponentData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasRequest_ComponentData)
     m.unknown_tags = None
     length1 = b[o]
@@ -155,7 +155,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest_C
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest v1
+def _decode_DescribeClientQuotasRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -168,7 +168,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest v
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_DescribeClientQuotasRequest_ComponentData_v1(b, o)
             items2.append(v3)
         m.components = items2
     m.strict, = _S_o.unpack_from(b, o)
@@ -186,7 +186,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasRequest v
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # DescribeClientQuotasRequest_ComponentData v1
+def _encode_DescribeClientQuotasRequest_ComponentData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.entity_type)
     w += _S_b.pack(m.match_type)
     _write_compact_string(w, m.match)
@@ -196,11 +196,11 @@ def _e7(m: Any, w: bytearray) -> None:  # DescribeClientQuotasRequest_ComponentD
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # DescribeClientQuotasRequest v1
+def _encode_DescribeClientQuotasRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.components
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_DescribeClientQuotasRequest_ComponentData_v1(item2, w)
     w += _S_o.pack(m.strict)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -208,7 +208,7 @@ def _e8(m: Any, w: bytearray) -> None:  # DescribeClientQuotasRequest v1
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse_EntityData v0
+def _decode_DescribeClientQuotasResponse_EntityData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasResponse_EntityData)
     m.unknown_tags = None
     m.entity_type, o = _string(b, o)
@@ -216,7 +216,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse_
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse_ValueData v0
+def _decode_DescribeClientQuotasResponse_ValueData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasResponse_ValueData)
     m.unknown_tags = None
     m.key, o = _string(b, o)
@@ -225,7 +225,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse_EntryData v0
+def _decode_DescribeClientQuotasResponse_EntryData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasResponse_EntryData)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -234,7 +234,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_DescribeClientQuotasResponse_EntityData_v0(b, o)
             items2.append(v3)
         m.entity = items2
     n4, o = _count(b, o)
@@ -243,13 +243,13 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d10(b, o)
+            v6, o = _decode_DescribeClientQuotasResponse_ValueData_v0(b, o)
             items5.append(v6)
         m.values = items5
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse v0
+def _decode_DescribeClientQuotasResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -261,43 +261,43 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d11(b, o)
+            v3, o = _decode_DescribeClientQuotasResponse_EntryData_v0(b, o)
             items2.append(v3)
         m.entries = items2
     return m, o
 
 
-def _e13(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse_EntityData v0
+def _encode_DescribeClientQuotasResponse_EntityData_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.entity_type)
     _write_string(w, m.entity_name)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse_ValueData v0
+def _encode_DescribeClientQuotasResponse_ValueData_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.key)
     w += _S_d.pack(m.value)
 
 
-def _e15(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse_EntryData v0
+def _encode_DescribeClientQuotasResponse_EntryData_v0(m: Any, w: bytearray) -> None:
     items1 = m.entity
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_DescribeClientQuotasResponse_EntityData_v0(item2, w)
     items3 = m.values
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e14(item4, w)
+        _encode_DescribeClientQuotasResponse_ValueData_v0(item4, w)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse v0
+def _encode_DescribeClientQuotasResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_string(w, m.error_message)
     items1 = m.entries
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_DescribeClientQuotasResponse_EntryData_v0(item2, w)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse_EntityData v1
+def _decode_DescribeClientQuotasResponse_EntityData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasResponse_EntityData)
     m.unknown_tags = None
     length1 = b[o]
@@ -325,7 +325,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse_ValueData v1
+def _decode_DescribeClientQuotasResponse_ValueData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasResponse_ValueData)
     m.unknown_tags = None
     length1 = b[o]
@@ -349,7 +349,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     return m, o
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse_EntryData v1
+def _decode_DescribeClientQuotasResponse_EntryData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasResponse_EntryData)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -362,7 +362,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_DescribeClientQuotasResponse_EntityData_v1(b, o)
             items2.append(v3)
         m.entity = items2
     n4 = b[o] - 1
@@ -375,7 +375,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d18(b, o)
+            v6, o = _decode_DescribeClientQuotasResponse_ValueData_v1(b, o)
             items5.append(v6)
         m.values = items5
     if b[o] == 0:
@@ -391,7 +391,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse v1
+def _decode_DescribeClientQuotasResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClientQuotasResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -412,7 +412,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d19(b, o)
+            v4, o = _decode_DescribeClientQuotasResponse_EntryData_v1(b, o)
             items3.append(v4)
         m.entries = items3
     if b[o] == 0:
@@ -428,7 +428,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClientQuotasResponse
     return m, o
 
 
-def _e21(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse_EntityData v1
+def _encode_DescribeClientQuotasResponse_EntityData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.entity_type)
     _write_compact_string(w, m.entity_name)
     if m.unknown_tags:
@@ -437,7 +437,7 @@ def _e21(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse_EntityDa
         w.append(0)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse_ValueData v1
+def _encode_DescribeClientQuotasResponse_ValueData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.key)
     w += _S_d.pack(m.value)
     if m.unknown_tags:
@@ -446,28 +446,28 @@ def _e22(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse_ValueDat
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse_EntryData v1
+def _encode_DescribeClientQuotasResponse_EntryData_v1(m: Any, w: bytearray) -> None:
     items1 = m.entity
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_DescribeClientQuotasResponse_EntityData_v1(item2, w)
     items3 = m.values
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e22(item4, w)
+        _encode_DescribeClientQuotasResponse_ValueData_v1(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse v1
+def _encode_DescribeClientQuotasResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.entries
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_DescribeClientQuotasResponse_EntryData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -477,8 +477,8 @@ def _e24(m: Any, w: bytearray) -> None:  # DescribeClientQuotasResponse v1
 DescribeClientQuotasRequest_ComponentData.DEFAULTS = ('', 0, '', )
 DescribeClientQuotasRequest.DEFAULTS = (list, False, )
 DescribeClientQuotasRequest.ComponentData = DescribeClientQuotasRequest_ComponentData
-DescribeClientQuotasRequest.DECODERS = {0: _d2, 1: _d6}
-DescribeClientQuotasRequest.ENCODERS = {0: _e4, 1: _e8}
+DescribeClientQuotasRequest.DECODERS = {0: _decode_DescribeClientQuotasRequest_v0, 1: _decode_DescribeClientQuotasRequest_v1}
+DescribeClientQuotasRequest.ENCODERS = {0: _encode_DescribeClientQuotasRequest_v0, 1: _encode_DescribeClientQuotasRequest_v1}
 
 DescribeClientQuotasResponse_EntryData.DEFAULTS = (list, list, )
 DescribeClientQuotasResponse_EntryData.EntityData = DescribeClientQuotasResponse_EntityData
@@ -489,8 +489,8 @@ DescribeClientQuotasResponse.DEFAULTS = (0, 0, '', list, )
 DescribeClientQuotasResponse.EntryData = DescribeClientQuotasResponse_EntryData
 DescribeClientQuotasResponse.EntityData = DescribeClientQuotasResponse_EntityData
 DescribeClientQuotasResponse.ValueData = DescribeClientQuotasResponse_ValueData
-DescribeClientQuotasResponse.DECODERS = {0: _d12, 1: _d20}
-DescribeClientQuotasResponse.ENCODERS = {0: _e16, 1: _e24}
+DescribeClientQuotasResponse.DECODERS = {0: _decode_DescribeClientQuotasResponse_v0, 1: _decode_DescribeClientQuotasResponse_v1}
+DescribeClientQuotasResponse.ENCODERS = {0: _encode_DescribeClientQuotasResponse_v0, 1: _encode_DescribeClientQuotasResponse_v1}
 
 
 REQUEST = DescribeClientQuotasRequest

@@ -71,7 +71,7 @@ class DescribeClusterResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterRequest v0
+def _decode_DescribeClusterRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClusterRequest)
     m.unknown_tags = None
     m.endpoint_type = 1
@@ -91,7 +91,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # DescribeClusterRequest v0
+def _encode_DescribeClusterRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_o.pack(m.include_cluster_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -99,7 +99,7 @@ def _e2(m: Any, w: bytearray) -> None:  # DescribeClusterRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterRequest v1
+def _decode_DescribeClusterRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClusterRequest)
     m.unknown_tags = None
     m.include_fenced_brokers = False
@@ -118,7 +118,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterRequest v1
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeClusterRequest v1
+def _encode_DescribeClusterRequest_v1(m: Any, w: bytearray) -> None:
     w += _S_ob.pack(m.include_cluster_authorized_operations, m.endpoint_type)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -126,7 +126,7 @@ def _e4(m: Any, w: bytearray) -> None:  # DescribeClusterRequest v1
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterRequest v2
+def _decode_DescribeClusterRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClusterRequest)
     m.unknown_tags = None
     m.include_cluster_authorized_operations, m.endpoint_type, m.include_fenced_brokers = _S_obo.unpack_from(b, o)
@@ -144,7 +144,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterRequest v2
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # DescribeClusterRequest v2
+def _encode_DescribeClusterRequest_v2(m: Any, w: bytearray) -> None:
     w += _S_obo.pack(m.include_cluster_authorized_operations, m.endpoint_type, m.include_fenced_brokers)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -152,7 +152,7 @@ def _e6(m: Any, w: bytearray) -> None:  # DescribeClusterRequest v2
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse_DescribeClusterBroker v0
+def _decode_DescribeClusterResponse_DescribeClusterBroker_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClusterResponse_DescribeClusterBroker)
     m.unknown_tags = None
     m.is_fenced = False
@@ -185,7 +185,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse_Descr
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v0
+def _decode_DescribeClusterResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClusterResponse)
     m.unknown_tags = None
     m.endpoint_type = 1
@@ -215,7 +215,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v0
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d7(b, o)
+            v5, o = _decode_DescribeClusterResponse_DescribeClusterBroker_v0(b, o)
             items4.append(v5)
         m.brokers = items4
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
@@ -233,7 +233,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v0
     return m, o
 
 
-def _e9(m: Any, w: bytearray) -> None:  # DescribeClusterResponse_DescribeClusterBroker v0
+def _encode_DescribeClusterResponse_DescribeClusterBroker_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.broker_id)
     _write_compact_string(w, m.host)
     w += _S_i.pack(m.port)
@@ -244,7 +244,7 @@ def _e9(m: Any, w: bytearray) -> None:  # DescribeClusterResponse_DescribeCluste
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # DescribeClusterResponse v0
+def _encode_DescribeClusterResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.cluster_id)
@@ -252,7 +252,7 @@ def _e10(m: Any, w: bytearray) -> None:  # DescribeClusterResponse v0
     items1 = m.brokers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_DescribeClusterResponse_DescribeClusterBroker_v0(item2, w)
     w += _S_i.pack(m.cluster_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -260,7 +260,7 @@ def _e10(m: Any, w: bytearray) -> None:  # DescribeClusterResponse v0
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v1
+def _decode_DescribeClusterResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClusterResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -291,7 +291,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v1
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d7(b, o)
+            v5, o = _decode_DescribeClusterResponse_DescribeClusterBroker_v0(b, o)
             items4.append(v5)
         m.brokers = items4
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
@@ -309,7 +309,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v1
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DescribeClusterResponse v1
+def _encode_DescribeClusterResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_b.pack(m.endpoint_type)
@@ -318,7 +318,7 @@ def _e12(m: Any, w: bytearray) -> None:  # DescribeClusterResponse v1
     items1 = m.brokers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_DescribeClusterResponse_DescribeClusterBroker_v0(item2, w)
     w += _S_i.pack(m.cluster_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -326,7 +326,7 @@ def _e12(m: Any, w: bytearray) -> None:  # DescribeClusterResponse v1
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse_DescribeClusterBroker v2
+def _decode_DescribeClusterResponse_DescribeClusterBroker_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClusterResponse_DescribeClusterBroker)
     m.unknown_tags = None
     m.broker_id, = _S_i.unpack_from(b, o)
@@ -360,7 +360,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse_Desc
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v2
+def _decode_DescribeClusterResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeClusterResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -391,7 +391,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v2
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d13(b, o)
+            v5, o = _decode_DescribeClusterResponse_DescribeClusterBroker_v2(b, o)
             items4.append(v5)
         m.brokers = items4
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
@@ -409,7 +409,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeClusterResponse v2
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # DescribeClusterResponse_DescribeClusterBroker v2
+def _encode_DescribeClusterResponse_DescribeClusterBroker_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.broker_id)
     _write_compact_string(w, m.host)
     w += _S_i.pack(m.port)
@@ -421,7 +421,7 @@ def _e15(m: Any, w: bytearray) -> None:  # DescribeClusterResponse_DescribeClust
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # DescribeClusterResponse v2
+def _encode_DescribeClusterResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_b.pack(m.endpoint_type)
@@ -430,7 +430,7 @@ def _e16(m: Any, w: bytearray) -> None:  # DescribeClusterResponse v2
     items1 = m.brokers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_DescribeClusterResponse_DescribeClusterBroker_v2(item2, w)
     w += _S_i.pack(m.cluster_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -439,14 +439,14 @@ def _e16(m: Any, w: bytearray) -> None:  # DescribeClusterResponse v2
 
 
 DescribeClusterRequest.DEFAULTS = (False, 1, False, )
-DescribeClusterRequest.DECODERS = {0: _d1, 1: _d3, 2: _d5}
-DescribeClusterRequest.ENCODERS = {0: _e2, 1: _e4, 2: _e6}
+DescribeClusterRequest.DECODERS = {0: _decode_DescribeClusterRequest_v0, 1: _decode_DescribeClusterRequest_v1, 2: _decode_DescribeClusterRequest_v2}
+DescribeClusterRequest.ENCODERS = {0: _encode_DescribeClusterRequest_v0, 1: _encode_DescribeClusterRequest_v1, 2: _encode_DescribeClusterRequest_v2}
 
 DescribeClusterResponse_DescribeClusterBroker.DEFAULTS = (0, '', 0, None, False, )
 DescribeClusterResponse.DEFAULTS = (0, 0, None, 1, '', -1, list, -2147483648, )
 DescribeClusterResponse.DescribeClusterBroker = DescribeClusterResponse_DescribeClusterBroker
-DescribeClusterResponse.DECODERS = {0: _d8, 1: _d11, 2: _d14}
-DescribeClusterResponse.ENCODERS = {0: _e10, 1: _e12, 2: _e16}
+DescribeClusterResponse.DECODERS = {0: _decode_DescribeClusterResponse_v0, 1: _decode_DescribeClusterResponse_v1, 2: _decode_DescribeClusterResponse_v2}
+DescribeClusterResponse.ENCODERS = {0: _encode_DescribeClusterResponse_v0, 1: _encode_DescribeClusterResponse_v1, 2: _encode_DescribeClusterResponse_v2}
 
 
 REQUEST = DescribeClusterRequest

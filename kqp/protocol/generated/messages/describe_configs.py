@@ -86,7 +86,7 @@ class DescribeConfigsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest_DescribeConfigsResource v1
+def _decode_DescribeConfigsRequest_DescribeConfigsResource_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsRequest_DescribeConfigsResource)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -104,7 +104,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest_Descri
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest v1
+def _decode_DescribeConfigsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsRequest)
     m.unknown_tags = None
     m.include_documentation = False
@@ -114,7 +114,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DescribeConfigsRequest_DescribeConfigsResource_v1(b, o)
             items2.append(v3)
         m.resources = items2
     m.include_synonyms, = _S_o.unpack_from(b, o)
@@ -122,7 +122,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest v1
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # DescribeConfigsRequest_DescribeConfigsResource v1
+def _encode_DescribeConfigsRequest_DescribeConfigsResource_v1(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type)
     _write_string(w, m.resource_name)
     items1 = m.configuration_keys
@@ -131,15 +131,15 @@ def _e3(m: Any, w: bytearray) -> None:  # DescribeConfigsRequest_DescribeConfigs
         _write_string(w, item2)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeConfigsRequest v1
+def _encode_DescribeConfigsRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.resources
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_DescribeConfigsRequest_DescribeConfigsResource_v1(item2, w)
     w += _S_o.pack(m.include_synonyms)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest v3
+def _decode_DescribeConfigsRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -148,7 +148,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DescribeConfigsRequest_DescribeConfigsResource_v1(b, o)
             items2.append(v3)
         m.resources = items2
     m.include_synonyms, m.include_documentation = _S_oo.unpack_from(b, o)
@@ -156,15 +156,15 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest v3
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # DescribeConfigsRequest v3
+def _encode_DescribeConfigsRequest_v3(m: Any, w: bytearray) -> None:
     items1 = m.resources
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_DescribeConfigsRequest_DescribeConfigsResource_v1(item2, w)
     w += _S_oo.pack(m.include_synonyms, m.include_documentation)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest_DescribeConfigsResource v4
+def _decode_DescribeConfigsRequest_DescribeConfigsResource_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsRequest_DescribeConfigsResource)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -206,7 +206,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest_Descri
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest v4
+def _decode_DescribeConfigsRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -219,7 +219,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_DescribeConfigsRequest_DescribeConfigsResource_v4(b, o)
             items2.append(v3)
         m.resources = items2
     m.include_synonyms, m.include_documentation = _S_oo.unpack_from(b, o)
@@ -237,7 +237,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsRequest v4
     return m, o
 
 
-def _e9(m: Any, w: bytearray) -> None:  # DescribeConfigsRequest_DescribeConfigsResource v4
+def _encode_DescribeConfigsRequest_DescribeConfigsResource_v4(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type)
     _write_compact_string(w, m.resource_name)
     items1 = m.configuration_keys
@@ -250,11 +250,11 @@ def _e9(m: Any, w: bytearray) -> None:  # DescribeConfigsRequest_DescribeConfigs
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # DescribeConfigsRequest v4
+def _encode_DescribeConfigsRequest_v4(m: Any, w: bytearray) -> None:
     items1 = m.resources
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_DescribeConfigsRequest_DescribeConfigsResource_v4(item2, w)
     w += _S_oo.pack(m.include_synonyms, m.include_documentation)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -262,7 +262,7 @@ def _e10(m: Any, w: bytearray) -> None:  # DescribeConfigsRequest v4
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_DescribeConfigsSynonym v1
+def _decode_DescribeConfigsResponse_DescribeConfigsSynonym_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse_DescribeConfigsSynonym)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -272,7 +272,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_DescribeConfigsResourceResult v1
+def _decode_DescribeConfigsResponse_DescribeConfigsResourceResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse_DescribeConfigsResourceResult)
     m.unknown_tags = None
     m.config_type = 0
@@ -287,13 +287,13 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d11(b, o)
+            v3, o = _decode_DescribeConfigsResponse_DescribeConfigsSynonym_v1(b, o)
             items2.append(v3)
         m.synonyms = items2
     return m, o
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_DescribeConfigsResult v1
+def _decode_DescribeConfigsResponse_DescribeConfigsResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse_DescribeConfigsResult)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -308,13 +308,13 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d12(b, o)
+            v3, o = _decode_DescribeConfigsResponse_DescribeConfigsResourceResult_v1(b, o)
             items2.append(v3)
         m.configs = items2
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse v1
+def _decode_DescribeConfigsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -325,29 +325,29 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_DescribeConfigsResponse_DescribeConfigsResult_v1(b, o)
             items2.append(v3)
         m.results = items2
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfigsSynonym v1
+def _encode_DescribeConfigsResponse_DescribeConfigsSynonym_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     _write_string(w, m.value)
     w += _S_b.pack(m.source)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfigsResourceResult v1
+def _encode_DescribeConfigsResponse_DescribeConfigsResourceResult_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     _write_string(w, m.value)
     w += _S_obo.pack(m.read_only, m.config_source, m.is_sensitive)
     items1 = m.synonyms
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_DescribeConfigsResponse_DescribeConfigsSynonym_v1(item2, w)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfigsResult v1
+def _encode_DescribeConfigsResponse_DescribeConfigsResult_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     w += _S_b.pack(m.resource_type)
@@ -355,18 +355,18 @@ def _e17(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfi
     items1 = m.configs
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e16(item2, w)
+        _encode_DescribeConfigsResponse_DescribeConfigsResourceResult_v1(item2, w)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse v1
+def _encode_DescribeConfigsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_DescribeConfigsResponse_DescribeConfigsResult_v1(item2, w)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_DescribeConfigsResourceResult v3
+def _decode_DescribeConfigsResponse_DescribeConfigsResourceResult_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse_DescribeConfigsResourceResult)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -379,7 +379,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d11(b, o)
+            v3, o = _decode_DescribeConfigsResponse_DescribeConfigsSynonym_v1(b, o)
             items2.append(v3)
         m.synonyms = items2
     m.config_type, = _S_b.unpack_from(b, o)
@@ -388,7 +388,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_DescribeConfigsResult v3
+def _decode_DescribeConfigsResponse_DescribeConfigsResult_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse_DescribeConfigsResult)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -403,13 +403,13 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d19(b, o)
+            v3, o = _decode_DescribeConfigsResponse_DescribeConfigsResourceResult_v3(b, o)
             items2.append(v3)
         m.configs = items2
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse v3
+def _decode_DescribeConfigsResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -420,25 +420,25 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_DescribeConfigsResponse_DescribeConfigsResult_v3(b, o)
             items2.append(v3)
         m.results = items2
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfigsResourceResult v3
+def _encode_DescribeConfigsResponse_DescribeConfigsResourceResult_v3(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     _write_string(w, m.value)
     w += _S_obo.pack(m.read_only, m.config_source, m.is_sensitive)
     items1 = m.synonyms
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_DescribeConfigsResponse_DescribeConfigsSynonym_v1(item2, w)
     w += _S_b.pack(m.config_type)
     _write_string(w, m.documentation)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfigsResult v3
+def _encode_DescribeConfigsResponse_DescribeConfigsResult_v3(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     w += _S_b.pack(m.resource_type)
@@ -446,18 +446,18 @@ def _e23(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfi
     items1 = m.configs
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_DescribeConfigsResponse_DescribeConfigsResourceResult_v3(item2, w)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse v3
+def _encode_DescribeConfigsResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_DescribeConfigsResponse_DescribeConfigsResult_v3(item2, w)
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_DescribeConfigsSynonym v4
+def _decode_DescribeConfigsResponse_DescribeConfigsSynonym_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse_DescribeConfigsSynonym)
     m.unknown_tags = None
     length1 = b[o]
@@ -487,7 +487,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     return m, o
 
 
-def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_DescribeConfigsResourceResult v4
+def _decode_DescribeConfigsResponse_DescribeConfigsResourceResult_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse_DescribeConfigsResourceResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -514,7 +514,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d25(b, o)
+            v5, o = _decode_DescribeConfigsResponse_DescribeConfigsSynonym_v4(b, o)
             items4.append(v5)
         m.synonyms = items4
     m.config_type, = _S_b.unpack_from(b, o)
@@ -538,7 +538,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     return m, o
 
 
-def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_DescribeConfigsResult v4
+def _decode_DescribeConfigsResponse_DescribeConfigsResult_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse_DescribeConfigsResult)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -567,7 +567,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d26(b, o)
+            v5, o = _decode_DescribeConfigsResponse_DescribeConfigsResourceResult_v4(b, o)
             items4.append(v5)
         m.configs = items4
     if b[o] == 0:
@@ -583,7 +583,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse_Desc
     return m, o
 
 
-def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse v4
+def _decode_DescribeConfigsResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeConfigsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -598,7 +598,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d27(b, o)
+            v3, o = _decode_DescribeConfigsResponse_DescribeConfigsResult_v4(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -614,7 +614,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeConfigsResponse v4
     return m, o
 
 
-def _e29(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfigsSynonym v4
+def _encode_DescribeConfigsResponse_DescribeConfigsSynonym_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.value)
     w += _S_b.pack(m.source)
@@ -624,14 +624,14 @@ def _e29(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfi
         w.append(0)
 
 
-def _e30(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfigsResourceResult v4
+def _encode_DescribeConfigsResponse_DescribeConfigsResourceResult_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.value)
     w += _S_obo.pack(m.read_only, m.config_source, m.is_sensitive)
     items1 = m.synonyms
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_DescribeConfigsResponse_DescribeConfigsSynonym_v4(item2, w)
     w += _S_b.pack(m.config_type)
     _write_compact_string(w, m.documentation)
     if m.unknown_tags:
@@ -640,7 +640,7 @@ def _e30(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfi
         w.append(0)
 
 
-def _e31(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfigsResult v4
+def _encode_DescribeConfigsResponse_DescribeConfigsResult_v4(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_b.pack(m.resource_type)
@@ -648,19 +648,19 @@ def _e31(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse_DescribeConfi
     items1 = m.configs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e30(item2, w)
+        _encode_DescribeConfigsResponse_DescribeConfigsResourceResult_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e32(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse v4
+def _encode_DescribeConfigsResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e31(item2, w)
+        _encode_DescribeConfigsResponse_DescribeConfigsResult_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -670,8 +670,8 @@ def _e32(m: Any, w: bytearray) -> None:  # DescribeConfigsResponse v4
 DescribeConfigsRequest_DescribeConfigsResource.DEFAULTS = (0, '', list, )
 DescribeConfigsRequest.DEFAULTS = (list, False, False, )
 DescribeConfigsRequest.DescribeConfigsResource = DescribeConfigsRequest_DescribeConfigsResource
-DescribeConfigsRequest.DECODERS = {1: _d2, 2: _d2, 3: _d5, 4: _d8}
-DescribeConfigsRequest.ENCODERS = {1: _e4, 2: _e4, 3: _e6, 4: _e10}
+DescribeConfigsRequest.DECODERS = {1: _decode_DescribeConfigsRequest_v1, 2: _decode_DescribeConfigsRequest_v1, 3: _decode_DescribeConfigsRequest_v3, 4: _decode_DescribeConfigsRequest_v4}
+DescribeConfigsRequest.ENCODERS = {1: _encode_DescribeConfigsRequest_v1, 2: _encode_DescribeConfigsRequest_v1, 3: _encode_DescribeConfigsRequest_v3, 4: _encode_DescribeConfigsRequest_v4}
 
 DescribeConfigsResponse_DescribeConfigsResult.DEFAULTS = (0, '', 0, '', list, )
 DescribeConfigsResponse_DescribeConfigsResult.DescribeConfigsResourceResult = DescribeConfigsResponse_DescribeConfigsResourceResult
@@ -682,8 +682,8 @@ DescribeConfigsResponse.DEFAULTS = (0, list, )
 DescribeConfigsResponse.DescribeConfigsResult = DescribeConfigsResponse_DescribeConfigsResult
 DescribeConfigsResponse.DescribeConfigsResourceResult = DescribeConfigsResponse_DescribeConfigsResourceResult
 DescribeConfigsResponse.DescribeConfigsSynonym = DescribeConfigsResponse_DescribeConfigsSynonym
-DescribeConfigsResponse.DECODERS = {1: _d14, 2: _d14, 3: _d21, 4: _d28}
-DescribeConfigsResponse.ENCODERS = {1: _e18, 2: _e18, 3: _e24, 4: _e32}
+DescribeConfigsResponse.DECODERS = {1: _decode_DescribeConfigsResponse_v1, 2: _decode_DescribeConfigsResponse_v1, 3: _decode_DescribeConfigsResponse_v3, 4: _decode_DescribeConfigsResponse_v4}
+DescribeConfigsResponse.ENCODERS = {1: _encode_DescribeConfigsResponse_v1, 2: _encode_DescribeConfigsResponse_v1, 3: _encode_DescribeConfigsResponse_v3, 4: _encode_DescribeConfigsResponse_v4}
 
 
 REQUEST = DescribeConfigsRequest

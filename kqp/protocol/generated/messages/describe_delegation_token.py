@@ -78,7 +78,7 @@ class DescribeDelegationTokenResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRequest_DescribeDelegationTokenOwner v1
+def _decode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenRequest_DescribeDelegationTokenOwner)
     m.unknown_tags = None
     m.principal_type, o = _string(b, o)
@@ -86,7 +86,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenReques
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRequest v1
+def _decode_DescribeDelegationTokenRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -95,25 +95,25 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v1(b, o)
             items2.append(v3)
         m.owners = items2
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenRequest_DescribeDelegationTokenOwner v1
+def _encode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.principal_type)
     _write_string(w, m.principal_name)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenRequest v1
+def _encode_DescribeDelegationTokenRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.owners
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v1(item2, w)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRequest_DescribeDelegationTokenOwner v2
+def _decode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenRequest_DescribeDelegationTokenOwner)
     m.unknown_tags = None
     length1 = b[o]
@@ -141,7 +141,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenReques
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRequest v2
+def _decode_DescribeDelegationTokenRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -154,7 +154,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v2(b, o)
             items2.append(v3)
         m.owners = items2
     if b[o] == 0:
@@ -170,7 +170,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenReques
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenRequest_DescribeDelegationTokenOwner v2
+def _encode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.principal_type)
     _write_compact_string(w, m.principal_name)
     if m.unknown_tags:
@@ -179,18 +179,18 @@ def _e7(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenRequest_Describ
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenRequest v2
+def _encode_DescribeDelegationTokenRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.owners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer v1
+def _decode_DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer)
     m.unknown_tags = None
     m.principal_type, o = _string(b, o)
@@ -198,7 +198,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespon
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResponse_DescribedDelegationToken v1
+def _decode_DescribeDelegationTokenResponse_DescribedDelegationToken_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenResponse_DescribedDelegationToken)
     m.unknown_tags = None
     m.token_requester_principal_type = ''
@@ -215,13 +215,13 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer_v1(b, o)
             items2.append(v3)
         m.renewers = items2
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResponse v1
+def _decode_DescribeDelegationTokenResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -232,7 +232,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d10(b, o)
+            v3, o = _decode_DescribeDelegationTokenResponse_DescribedDelegationToken_v1(b, o)
             items2.append(v3)
         m.tokens = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -240,7 +240,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse_DescribedDelegationToken v1
+def _encode_DescribeDelegationTokenResponse_DescribedDelegationToken_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.principal_type)
     _write_string(w, m.principal_name)
     w += _S_qqq.pack(m.issue_timestamp, m.expiry_timestamp, m.max_timestamp)
@@ -249,19 +249,19 @@ def _e12(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse_Descr
     items1 = m.renewers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v1(item2, w)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse v1
+def _encode_DescribeDelegationTokenResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.tokens
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_DescribeDelegationTokenResponse_DescribedDelegationToken_v1(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer v2
+def _decode_DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer)
     m.unknown_tags = None
     length1 = b[o]
@@ -289,7 +289,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     return m, o
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResponse_DescribedDelegationToken v2
+def _decode_DescribeDelegationTokenResponse_DescribedDelegationToken_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenResponse_DescribedDelegationToken)
     m.unknown_tags = None
     m.token_requester_principal_type = ''
@@ -325,7 +325,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d14(b, o)
+            v6, o = _decode_DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer_v2(b, o)
             items5.append(v6)
         m.renewers = items5
     if b[o] == 0:
@@ -341,7 +341,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResponse v2
+def _decode_DescribeDelegationTokenResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -356,7 +356,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_DescribeDelegationTokenResponse_DescribedDelegationToken_v2(b, o)
             items2.append(v3)
         m.tokens = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -374,7 +374,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     return m, o
 
 
-def _e17(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse_DescribedDelegationToken v2
+def _encode_DescribeDelegationTokenResponse_DescribedDelegationToken_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.principal_type)
     _write_compact_string(w, m.principal_name)
     w += _S_qqq.pack(m.issue_timestamp, m.expiry_timestamp, m.max_timestamp)
@@ -383,19 +383,19 @@ def _e17(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse_Descr
     items1 = m.renewers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse v2
+def _encode_DescribeDelegationTokenResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.tokens
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_DescribeDelegationTokenResponse_DescribedDelegationToken_v2(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -403,7 +403,7 @@ def _e18(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse v2
         w.append(0)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResponse_DescribedDelegationToken v3
+def _decode_DescribeDelegationTokenResponse_DescribedDelegationToken_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenResponse_DescribedDelegationToken)
     m.unknown_tags = None
     length1 = b[o]
@@ -449,7 +449,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     else:
         items7 = []
         for _ in range(n6):
-            v8, o = _d14(b, o)
+            v8, o = _decode_DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer_v2(b, o)
             items7.append(v8)
         m.renewers = items7
     if b[o] == 0:
@@ -465,7 +465,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenResponse v3
+def _decode_DescribeDelegationTokenResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeDelegationTokenResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -480,7 +480,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d19(b, o)
+            v3, o = _decode_DescribeDelegationTokenResponse_DescribedDelegationToken_v3(b, o)
             items2.append(v3)
         m.tokens = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -498,7 +498,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeDelegationTokenRespo
     return m, o
 
 
-def _e21(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse_DescribedDelegationToken v3
+def _encode_DescribeDelegationTokenResponse_DescribedDelegationToken_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.principal_type)
     _write_compact_string(w, m.principal_name)
     _write_compact_string(w, m.token_requester_principal_type)
@@ -509,19 +509,19 @@ def _e21(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse_Descr
     items1 = m.renewers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_DescribeDelegationTokenRequest_DescribeDelegationTokenOwner_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse v3
+def _encode_DescribeDelegationTokenResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.tokens
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_DescribeDelegationTokenResponse_DescribedDelegationToken_v3(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -532,8 +532,8 @@ def _e22(m: Any, w: bytearray) -> None:  # DescribeDelegationTokenResponse v3
 DescribeDelegationTokenRequest_DescribeDelegationTokenOwner.DEFAULTS = ('', '', )
 DescribeDelegationTokenRequest.DEFAULTS = (list, )
 DescribeDelegationTokenRequest.DescribeDelegationTokenOwner = DescribeDelegationTokenRequest_DescribeDelegationTokenOwner
-DescribeDelegationTokenRequest.DECODERS = {1: _d2, 2: _d6, 3: _d6}
-DescribeDelegationTokenRequest.ENCODERS = {1: _e4, 2: _e8, 3: _e8}
+DescribeDelegationTokenRequest.DECODERS = {1: _decode_DescribeDelegationTokenRequest_v1, 2: _decode_DescribeDelegationTokenRequest_v2, 3: _decode_DescribeDelegationTokenRequest_v2}
+DescribeDelegationTokenRequest.ENCODERS = {1: _encode_DescribeDelegationTokenRequest_v1, 2: _encode_DescribeDelegationTokenRequest_v2, 3: _encode_DescribeDelegationTokenRequest_v2}
 
 DescribeDelegationTokenResponse_DescribedDelegationToken.DEFAULTS = ('', '', '', '', 0, 0, 0, '', b'', list, )
 DescribeDelegationTokenResponse_DescribedDelegationToken.DescribedDelegationTokenRenewer = DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer
@@ -541,8 +541,8 @@ DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer.DEFAULTS = ('', 
 DescribeDelegationTokenResponse.DEFAULTS = (0, list, 0, )
 DescribeDelegationTokenResponse.DescribedDelegationToken = DescribeDelegationTokenResponse_DescribedDelegationToken
 DescribeDelegationTokenResponse.DescribedDelegationTokenRenewer = DescribeDelegationTokenResponse_DescribedDelegationTokenRenewer
-DescribeDelegationTokenResponse.DECODERS = {1: _d11, 2: _d16, 3: _d20}
-DescribeDelegationTokenResponse.ENCODERS = {1: _e13, 2: _e18, 3: _e22}
+DescribeDelegationTokenResponse.DECODERS = {1: _decode_DescribeDelegationTokenResponse_v1, 2: _decode_DescribeDelegationTokenResponse_v2, 3: _decode_DescribeDelegationTokenResponse_v3}
+DescribeDelegationTokenResponse.ENCODERS = {1: _encode_DescribeDelegationTokenResponse_v1, 2: _encode_DescribeDelegationTokenResponse_v2, 3: _encode_DescribeDelegationTokenResponse_v3}
 
 
 REQUEST = DescribeDelegationTokenRequest

@@ -73,7 +73,7 @@ class DescribeGroupsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsRequest v0
+def _decode_DescribeGroupsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsRequest)
     m.unknown_tags = None
     m.include_authorized_operations = False
@@ -89,14 +89,14 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # DescribeGroupsRequest v0
+def _encode_DescribeGroupsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.groups
     _write_count(w, items1)
     for item2 in items1 or ():
         _write_string(w, item2)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsRequest v3
+def _decode_DescribeGroupsRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -113,7 +113,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsRequest v3
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeGroupsRequest v3
+def _encode_DescribeGroupsRequest_v3(m: Any, w: bytearray) -> None:
     items1 = m.groups
     _write_count(w, items1)
     for item2 in items1 or ():
@@ -121,7 +121,7 @@ def _e4(m: Any, w: bytearray) -> None:  # DescribeGroupsRequest v3
     w += _S_o.pack(m.include_authorized_operations)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsRequest v5
+def _decode_DescribeGroupsRequest_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -157,7 +157,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsRequest v5
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # DescribeGroupsRequest v5
+def _encode_DescribeGroupsRequest_v5(m: Any, w: bytearray) -> None:
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -169,7 +169,7 @@ def _e6(m: Any, w: bytearray) -> None:  # DescribeGroupsRequest v5
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_DescribedGroupMember v0
+def _decode_DescribeGroupsResponse_DescribedGroupMember_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse_DescribedGroupMember)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -181,7 +181,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descri
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_DescribedGroup v0
+def _decode_DescribeGroupsResponse_DescribedGroup_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_message = None
@@ -198,13 +198,13 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descri
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_DescribeGroupsResponse_DescribedGroupMember_v0(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v0
+def _decode_DescribeGroupsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -214,13 +214,13 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_DescribeGroupsResponse_DescribedGroup_v0(b, o)
             items2.append(v3)
         m.groups = items2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroupMember v0
+def _encode_DescribeGroupsResponse_DescribedGroupMember_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.member_id)
     _write_string(w, m.client_id)
     _write_string(w, m.client_host)
@@ -228,7 +228,7 @@ def _e10(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup
     _write_blob(w, m.member_assignment)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup v0
+def _encode_DescribeGroupsResponse_DescribedGroup_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.group_id)
     _write_string(w, m.group_state)
@@ -237,17 +237,17 @@ def _e11(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroupMember_v0(item2, w)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse v0
+def _encode_DescribeGroupsResponse_v0(m: Any, w: bytearray) -> None:
     items1 = m.groups
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroup_v0(item2, w)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v1
+def _decode_DescribeGroupsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -258,21 +258,21 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_DescribeGroupsResponse_DescribedGroup_v0(b, o)
             items2.append(v3)
         m.groups = items2
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse v1
+def _encode_DescribeGroupsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroup_v0(item2, w)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_DescribedGroup v3
+def _decode_DescribeGroupsResponse_DescribedGroup_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_message = None
@@ -288,7 +288,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descr
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_DescribeGroupsResponse_DescribedGroupMember_v0(b, o)
             items2.append(v3)
         m.members = items2
     m.authorized_operations, = _S_i.unpack_from(b, o)
@@ -296,7 +296,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descr
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v3
+def _decode_DescribeGroupsResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -307,13 +307,13 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_DescribeGroupsResponse_DescribedGroup_v3(b, o)
             items2.append(v3)
         m.groups = items2
     return m, o
 
 
-def _e17(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup v3
+def _encode_DescribeGroupsResponse_DescribedGroup_v3(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.group_id)
     _write_string(w, m.group_state)
@@ -322,19 +322,19 @@ def _e17(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroupMember_v0(item2, w)
     w += _S_i.pack(m.authorized_operations)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse v3
+def _encode_DescribeGroupsResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroup_v3(item2, w)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_DescribedGroupMember v4
+def _decode_DescribeGroupsResponse_DescribedGroupMember_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse_DescribedGroupMember)
     m.unknown_tags = None
     m.member_id, o = _string(b, o)
@@ -346,7 +346,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descr
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_DescribedGroup v4
+def _decode_DescribeGroupsResponse_DescribedGroup_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_message = None
@@ -362,7 +362,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descr
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d19(b, o)
+            v3, o = _decode_DescribeGroupsResponse_DescribedGroupMember_v4(b, o)
             items2.append(v3)
         m.members = items2
     m.authorized_operations, = _S_i.unpack_from(b, o)
@@ -370,7 +370,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descr
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v4
+def _decode_DescribeGroupsResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -381,13 +381,13 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_DescribeGroupsResponse_DescribedGroup_v4(b, o)
             items2.append(v3)
         m.groups = items2
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroupMember v4
+def _encode_DescribeGroupsResponse_DescribedGroupMember_v4(m: Any, w: bytearray) -> None:
     _write_string(w, m.member_id)
     _write_string(w, m.group_instance_id)
     _write_string(w, m.client_id)
@@ -396,7 +396,7 @@ def _e22(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup
     _write_blob(w, m.member_assignment)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup v4
+def _encode_DescribeGroupsResponse_DescribedGroup_v4(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.group_id)
     _write_string(w, m.group_state)
@@ -405,19 +405,19 @@ def _e23(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroupMember_v4(item2, w)
     w += _S_i.pack(m.authorized_operations)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse v4
+def _encode_DescribeGroupsResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroup_v4(item2, w)
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_DescribedGroupMember v5
+def _decode_DescribeGroupsResponse_DescribedGroupMember_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse_DescribedGroupMember)
     m.unknown_tags = None
     length1 = b[o]
@@ -459,7 +459,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descr
     return m, o
 
 
-def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_DescribedGroup v5
+def _decode_DescribeGroupsResponse_DescribedGroup_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_message = None
@@ -499,7 +499,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descr
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d25(b, o)
+            v7, o = _decode_DescribeGroupsResponse_DescribedGroupMember_v5(b, o)
             items6.append(v7)
         m.members = items6
     m.authorized_operations, = _S_i.unpack_from(b, o)
@@ -517,7 +517,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descr
     return m, o
 
 
-def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v5
+def _decode_DescribeGroupsResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -532,7 +532,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d26(b, o)
+            v3, o = _decode_DescribeGroupsResponse_DescribedGroup_v5(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -548,7 +548,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v5
     return m, o
 
 
-def _e28(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroupMember v5
+def _encode_DescribeGroupsResponse_DescribedGroupMember_v5(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.group_instance_id)
     _write_compact_string(w, m.client_id)
@@ -561,7 +561,7 @@ def _e28(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup
         w.append(0)
 
 
-def _e29(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup v5
+def _encode_DescribeGroupsResponse_DescribedGroup_v5(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.group_state)
@@ -570,7 +570,7 @@ def _e29(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e28(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroupMember_v5(item2, w)
     w += _S_i.pack(m.authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -578,19 +578,19 @@ def _e29(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup
         w.append(0)
 
 
-def _e30(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse v5
+def _encode_DescribeGroupsResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroup_v5(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_DescribedGroup v6
+def _decode_DescribeGroupsResponse_DescribedGroup_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -635,7 +635,7 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descr
     else:
         items7 = []
         for _ in range(n6):
-            v8, o = _d25(b, o)
+            v8, o = _decode_DescribeGroupsResponse_DescribedGroupMember_v5(b, o)
             items7.append(v8)
         m.members = items7
     m.authorized_operations, = _S_i.unpack_from(b, o)
@@ -653,7 +653,7 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse_Descr
     return m, o
 
 
-def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v6
+def _decode_DescribeGroupsResponse_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -668,7 +668,7 @@ def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d31(b, o)
+            v3, o = _decode_DescribeGroupsResponse_DescribedGroup_v6(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -684,7 +684,7 @@ def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeGroupsResponse v6
     return m, o
 
 
-def _e33(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup v6
+def _encode_DescribeGroupsResponse_DescribedGroup_v6(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.group_id)
@@ -694,7 +694,7 @@ def _e33(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e28(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroupMember_v5(item2, w)
     w += _S_i.pack(m.authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -702,12 +702,12 @@ def _e33(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse_DescribedGroup
         w.append(0)
 
 
-def _e34(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse v6
+def _encode_DescribeGroupsResponse_v6(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e33(item2, w)
+        _encode_DescribeGroupsResponse_DescribedGroup_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -715,8 +715,8 @@ def _e34(m: Any, w: bytearray) -> None:  # DescribeGroupsResponse v6
 
 
 DescribeGroupsRequest.DEFAULTS = (list, False, )
-DescribeGroupsRequest.DECODERS = {0: _d1, 1: _d1, 2: _d1, 3: _d3, 4: _d3, 5: _d5, 6: _d5}
-DescribeGroupsRequest.ENCODERS = {0: _e2, 1: _e2, 2: _e2, 3: _e4, 4: _e4, 5: _e6, 6: _e6}
+DescribeGroupsRequest.DECODERS = {0: _decode_DescribeGroupsRequest_v0, 1: _decode_DescribeGroupsRequest_v0, 2: _decode_DescribeGroupsRequest_v0, 3: _decode_DescribeGroupsRequest_v3, 4: _decode_DescribeGroupsRequest_v3, 5: _decode_DescribeGroupsRequest_v5, 6: _decode_DescribeGroupsRequest_v5}
+DescribeGroupsRequest.ENCODERS = {0: _encode_DescribeGroupsRequest_v0, 1: _encode_DescribeGroupsRequest_v0, 2: _encode_DescribeGroupsRequest_v0, 3: _encode_DescribeGroupsRequest_v3, 4: _encode_DescribeGroupsRequest_v3, 5: _encode_DescribeGroupsRequest_v5, 6: _encode_DescribeGroupsRequest_v5}
 
 DescribeGroupsResponse_DescribedGroup.DEFAULTS = (0, None, '', '', '', '', list, -2147483648, )
 DescribeGroupsResponse_DescribedGroup.DescribedGroupMember = DescribeGroupsResponse_DescribedGroupMember
@@ -724,8 +724,8 @@ DescribeGroupsResponse_DescribedGroupMember.DEFAULTS = ('', None, '', '', b'', b
 DescribeGroupsResponse.DEFAULTS = (0, list, )
 DescribeGroupsResponse.DescribedGroup = DescribeGroupsResponse_DescribedGroup
 DescribeGroupsResponse.DescribedGroupMember = DescribeGroupsResponse_DescribedGroupMember
-DescribeGroupsResponse.DECODERS = {0: _d9, 1: _d13, 2: _d13, 3: _d16, 4: _d21, 5: _d27, 6: _d32}
-DescribeGroupsResponse.ENCODERS = {0: _e12, 1: _e14, 2: _e14, 3: _e18, 4: _e24, 5: _e30, 6: _e34}
+DescribeGroupsResponse.DECODERS = {0: _decode_DescribeGroupsResponse_v0, 1: _decode_DescribeGroupsResponse_v1, 2: _decode_DescribeGroupsResponse_v1, 3: _decode_DescribeGroupsResponse_v3, 4: _decode_DescribeGroupsResponse_v4, 5: _decode_DescribeGroupsResponse_v5, 6: _decode_DescribeGroupsResponse_v6}
+DescribeGroupsResponse.ENCODERS = {0: _encode_DescribeGroupsResponse_v0, 1: _encode_DescribeGroupsResponse_v1, 2: _encode_DescribeGroupsResponse_v1, 3: _encode_DescribeGroupsResponse_v3, 4: _encode_DescribeGroupsResponse_v4, 5: _encode_DescribeGroupsResponse_v5, 6: _encode_DescribeGroupsResponse_v6}
 
 
 REQUEST = DescribeGroupsRequest

@@ -86,7 +86,7 @@ class DescribeLogDirsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest_DescribableLogDirTopic v1
+def _decode_DescribeLogDirsRequest_DescribableLogDirTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsRequest_DescribableLogDirTopic)
     m.unknown_tags = None
     m.topic, o = _string(b, o)
@@ -99,7 +99,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest_Descri
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest v1
+def _decode_DescribeLogDirsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -108,13 +108,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DescribeLogDirsRequest_DescribableLogDirTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # DescribeLogDirsRequest_DescribableLogDirTopic v1
+def _encode_DescribeLogDirsRequest_DescribableLogDirTopic_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
@@ -122,14 +122,14 @@ def _e3(m: Any, w: bytearray) -> None:  # DescribeLogDirsRequest_DescribableLogD
         w += _pack(f'>{len(items1)}i', *items1)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeLogDirsRequest v1
+def _encode_DescribeLogDirsRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_DescribeLogDirsRequest_DescribableLogDirTopic_v1(item2, w)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest_DescribableLogDirTopic v2
+def _decode_DescribeLogDirsRequest_DescribableLogDirTopic_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsRequest_DescribableLogDirTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -161,7 +161,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest_Descri
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest v2
+def _decode_DescribeLogDirsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -174,7 +174,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_DescribeLogDirsRequest_DescribableLogDirTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -190,7 +190,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsRequest v2
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # DescribeLogDirsRequest_DescribableLogDirTopic v2
+def _encode_DescribeLogDirsRequest_DescribableLogDirTopic_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -202,18 +202,18 @@ def _e7(m: Any, w: bytearray) -> None:  # DescribeLogDirsRequest_DescribableLogD
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # DescribeLogDirsRequest v2
+def _encode_DescribeLogDirsRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_DescribeLogDirsRequest_DescribableLogDirTopic_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_DescribeLogDirsPartition v1
+def _decode_DescribeLogDirsResponse_DescribeLogDirsPartition_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse_DescribeLogDirsPartition)
     m.unknown_tags = None
     m.partition_index, m.partition_size, m.offset_lag, m.is_future_key = _S_iqqo.unpack_from(b, o)
@@ -221,7 +221,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Descr
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_DescribeLogDirsTopic v1
+def _decode_DescribeLogDirsResponse_DescribeLogDirsTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse_DescribeLogDirsTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -231,13 +231,13 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_DescribeLogDirsResponse_DescribeLogDirsPartition_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_DescribeLogDirsResult v1
+def _decode_DescribeLogDirsResponse_DescribeLogDirsResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse_DescribeLogDirsResult)
     m.unknown_tags = None
     m.total_bytes = -1
@@ -252,13 +252,13 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d10(b, o)
+            v3, o = _decode_DescribeLogDirsResponse_DescribeLogDirsTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v1
+def _decode_DescribeLogDirsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -270,42 +270,42 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d11(b, o)
+            v3, o = _decode_DescribeLogDirsResponse_DescribeLogDirsResult_v1(b, o)
             items2.append(v3)
         m.results = items2
     return m, o
 
 
-def _e13(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDirsPartition v1
+def _encode_DescribeLogDirsResponse_DescribeLogDirsPartition_v1(m: Any, w: bytearray) -> None:
     w += _S_iqqo.pack(m.partition_index, m.partition_size, m.offset_lag, m.is_future_key)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDirsTopic v1
+def _encode_DescribeLogDirsResponse_DescribeLogDirsTopic_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsPartition_v1(item2, w)
 
 
-def _e15(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDirsResult v1
+def _encode_DescribeLogDirsResponse_DescribeLogDirsResult_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.log_dir)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e14(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsTopic_v1(item2, w)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse v1
+def _encode_DescribeLogDirsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsResult_v1(item2, w)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_DescribeLogDirsPartition v2
+def _decode_DescribeLogDirsResponse_DescribeLogDirsPartition_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse_DescribeLogDirsPartition)
     m.unknown_tags = None
     m.partition_index, m.partition_size, m.offset_lag, m.is_future_key = _S_iqqo.unpack_from(b, o)
@@ -323,7 +323,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_DescribeLogDirsTopic v2
+def _decode_DescribeLogDirsResponse_DescribeLogDirsTopic_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse_DescribeLogDirsTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -342,7 +342,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d17(b, o)
+            v4, o = _decode_DescribeLogDirsResponse_DescribeLogDirsPartition_v2(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -358,7 +358,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     return m, o
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_DescribeLogDirsResult v2
+def _decode_DescribeLogDirsResponse_DescribeLogDirsResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse_DescribeLogDirsResult)
     m.unknown_tags = None
     m.total_bytes = -1
@@ -382,7 +382,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d18(b, o)
+            v4, o = _decode_DescribeLogDirsResponse_DescribeLogDirsTopic_v2(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -398,7 +398,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v2
+def _decode_DescribeLogDirsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -414,7 +414,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d19(b, o)
+            v3, o = _decode_DescribeLogDirsResponse_DescribeLogDirsResult_v2(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -430,7 +430,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v2
     return m, o
 
 
-def _e21(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDirsPartition v2
+def _encode_DescribeLogDirsResponse_DescribeLogDirsPartition_v2(m: Any, w: bytearray) -> None:
     w += _S_iqqo.pack(m.partition_index, m.partition_size, m.offset_lag, m.is_future_key)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -438,44 +438,44 @@ def _e21(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDi
         w.append(0)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDirsTopic v2
+def _encode_DescribeLogDirsResponse_DescribeLogDirsTopic_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsPartition_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDirsResult v2
+def _encode_DescribeLogDirsResponse_DescribeLogDirsResult_v2(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.log_dir)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsTopic_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse v2
+def _encode_DescribeLogDirsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v3
+def _decode_DescribeLogDirsResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -490,7 +490,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d19(b, o)
+            v3, o = _decode_DescribeLogDirsResponse_DescribeLogDirsResult_v2(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -506,19 +506,19 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v3
     return m, o
 
 
-def _e26(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse v3
+def _encode_DescribeLogDirsResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_DescribeLogDirsResult v4
+def _decode_DescribeLogDirsResponse_DescribeLogDirsResult_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse_DescribeLogDirsResult)
     m.unknown_tags = None
     m.is_cordoned = False
@@ -540,7 +540,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d18(b, o)
+            v4, o = _decode_DescribeLogDirsResponse_DescribeLogDirsTopic_v2(b, o)
             items3.append(v4)
         m.topics = items3
     m.total_bytes, m.usable_bytes = _S_qq.unpack_from(b, o)
@@ -558,7 +558,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     return m, o
 
 
-def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v4
+def _decode_DescribeLogDirsResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -573,7 +573,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d27(b, o)
+            v3, o = _decode_DescribeLogDirsResponse_DescribeLogDirsResult_v4(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -589,13 +589,13 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v4
     return m, o
 
 
-def _e29(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDirsResult v4
+def _encode_DescribeLogDirsResponse_DescribeLogDirsResult_v4(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.log_dir)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsTopic_v2(item2, w)
     w += _S_qq.pack(m.total_bytes, m.usable_bytes)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -603,19 +603,19 @@ def _e29(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDi
         w.append(0)
 
 
-def _e30(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse v4
+def _encode_DescribeLogDirsResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsResult_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_DescribeLogDirsResult v5
+def _decode_DescribeLogDirsResponse_DescribeLogDirsResult_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse_DescribeLogDirsResult)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -636,7 +636,7 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d18(b, o)
+            v4, o = _decode_DescribeLogDirsResponse_DescribeLogDirsTopic_v2(b, o)
             items3.append(v4)
         m.topics = items3
     m.total_bytes, m.usable_bytes, m.is_cordoned = _S_qqo.unpack_from(b, o)
@@ -654,7 +654,7 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse_Desc
     return m, o
 
 
-def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v5
+def _decode_DescribeLogDirsResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeLogDirsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -669,7 +669,7 @@ def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d31(b, o)
+            v3, o = _decode_DescribeLogDirsResponse_DescribeLogDirsResult_v5(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -685,13 +685,13 @@ def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeLogDirsResponse v5
     return m, o
 
 
-def _e33(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDirsResult v5
+def _encode_DescribeLogDirsResponse_DescribeLogDirsResult_v5(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.log_dir)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsTopic_v2(item2, w)
     w += _S_qqo.pack(m.total_bytes, m.usable_bytes, m.is_cordoned)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -699,12 +699,12 @@ def _e33(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse_DescribeLogDi
         w.append(0)
 
 
-def _e34(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse v5
+def _encode_DescribeLogDirsResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e33(item2, w)
+        _encode_DescribeLogDirsResponse_DescribeLogDirsResult_v5(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -714,8 +714,8 @@ def _e34(m: Any, w: bytearray) -> None:  # DescribeLogDirsResponse v5
 DescribeLogDirsRequest_DescribableLogDirTopic.DEFAULTS = ('', list, )
 DescribeLogDirsRequest.DEFAULTS = (list, )
 DescribeLogDirsRequest.DescribableLogDirTopic = DescribeLogDirsRequest_DescribableLogDirTopic
-DescribeLogDirsRequest.DECODERS = {1: _d2, 2: _d6, 3: _d6, 4: _d6, 5: _d6}
-DescribeLogDirsRequest.ENCODERS = {1: _e4, 2: _e8, 3: _e8, 4: _e8, 5: _e8}
+DescribeLogDirsRequest.DECODERS = {1: _decode_DescribeLogDirsRequest_v1, 2: _decode_DescribeLogDirsRequest_v2, 3: _decode_DescribeLogDirsRequest_v2, 4: _decode_DescribeLogDirsRequest_v2, 5: _decode_DescribeLogDirsRequest_v2}
+DescribeLogDirsRequest.ENCODERS = {1: _encode_DescribeLogDirsRequest_v1, 2: _encode_DescribeLogDirsRequest_v2, 3: _encode_DescribeLogDirsRequest_v2, 4: _encode_DescribeLogDirsRequest_v2, 5: _encode_DescribeLogDirsRequest_v2}
 
 DescribeLogDirsResponse_DescribeLogDirsResult.DEFAULTS = (0, '', list, -1, -1, False, )
 DescribeLogDirsResponse_DescribeLogDirsResult.DescribeLogDirsTopic = DescribeLogDirsResponse_DescribeLogDirsTopic
@@ -726,8 +726,8 @@ DescribeLogDirsResponse.DEFAULTS = (0, 0, list, )
 DescribeLogDirsResponse.DescribeLogDirsResult = DescribeLogDirsResponse_DescribeLogDirsResult
 DescribeLogDirsResponse.DescribeLogDirsTopic = DescribeLogDirsResponse_DescribeLogDirsTopic
 DescribeLogDirsResponse.DescribeLogDirsPartition = DescribeLogDirsResponse_DescribeLogDirsPartition
-DescribeLogDirsResponse.DECODERS = {1: _d12, 2: _d20, 3: _d25, 4: _d28, 5: _d32}
-DescribeLogDirsResponse.ENCODERS = {1: _e16, 2: _e24, 3: _e26, 4: _e30, 5: _e34}
+DescribeLogDirsResponse.DECODERS = {1: _decode_DescribeLogDirsResponse_v1, 2: _decode_DescribeLogDirsResponse_v2, 3: _decode_DescribeLogDirsResponse_v3, 4: _decode_DescribeLogDirsResponse_v4, 5: _decode_DescribeLogDirsResponse_v5}
+DescribeLogDirsResponse.ENCODERS = {1: _encode_DescribeLogDirsResponse_v1, 2: _encode_DescribeLogDirsResponse_v2, 3: _encode_DescribeLogDirsResponse_v3, 4: _encode_DescribeLogDirsResponse_v4, 5: _encode_DescribeLogDirsResponse_v5}
 
 
 REQUEST = DescribeLogDirsRequest

@@ -83,7 +83,7 @@ class DescribeProducersResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersRequest_TopicRequest v0
+def _decode_DescribeProducersRequest_TopicRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeProducersRequest_TopicRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -115,7 +115,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersRequest_Topi
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersRequest v0
+def _decode_DescribeProducersRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeProducersRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -128,7 +128,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DescribeProducersRequest_TopicRequest_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -144,7 +144,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersRequest v0
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # DescribeProducersRequest_TopicRequest v0
+def _encode_DescribeProducersRequest_TopicRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partition_indexes
     _write_compact_count(w, items1)
@@ -156,18 +156,18 @@ def _e3(m: Any, w: bytearray) -> None:  # DescribeProducersRequest_TopicRequest 
         w.append(0)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeProducersRequest v0
+def _encode_DescribeProducersRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_DescribeProducersRequest_TopicRequest_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_ProducerState v0
+def _decode_DescribeProducersResponse_ProducerState_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeProducersResponse_ProducerState)
     m.unknown_tags = None
     m.producer_id, m.producer_epoch, m.last_sequence, m.last_timestamp, m.coordinator_epoch, m.current_txn_start_offset = _S_qiiqiq.unpack_from(b, o)
@@ -185,7 +185,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_Pro
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_PartitionResponse v0
+def _decode_DescribeProducersResponse_PartitionResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeProducersResponse_PartitionResponse)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -206,7 +206,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_Par
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d5(b, o)
+            v4, o = _decode_DescribeProducersResponse_ProducerState_v0(b, o)
             items3.append(v4)
         m.active_producers = items3
     if b[o] == 0:
@@ -222,7 +222,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_Par
     return m, o
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_TopicResponse v0
+def _decode_DescribeProducersResponse_TopicResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeProducersResponse_TopicResponse)
     m.unknown_tags = None
     length1 = b[o]
@@ -241,7 +241,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_Top
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d6(b, o)
+            v4, o = _decode_DescribeProducersResponse_PartitionResponse_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -257,7 +257,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse_Top
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse v0
+def _decode_DescribeProducersResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeProducersResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -272,7 +272,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_DescribeProducersResponse_TopicResponse_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -288,7 +288,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeProducersResponse v0
     return m, o
 
 
-def _e9(m: Any, w: bytearray) -> None:  # DescribeProducersResponse_ProducerState v0
+def _encode_DescribeProducersResponse_ProducerState_v0(m: Any, w: bytearray) -> None:
     w += _S_qiiqiq.pack(m.producer_id, m.producer_epoch, m.last_sequence, m.last_timestamp, m.coordinator_epoch, m.current_txn_start_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -296,37 +296,37 @@ def _e9(m: Any, w: bytearray) -> None:  # DescribeProducersResponse_ProducerStat
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # DescribeProducersResponse_PartitionResponse v0
+def _encode_DescribeProducersResponse_PartitionResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.active_producers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_DescribeProducersResponse_ProducerState_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # DescribeProducersResponse_TopicResponse v0
+def _encode_DescribeProducersResponse_TopicResponse_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_DescribeProducersResponse_PartitionResponse_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DescribeProducersResponse v0
+def _encode_DescribeProducersResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_DescribeProducersResponse_TopicResponse_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -336,8 +336,8 @@ def _e12(m: Any, w: bytearray) -> None:  # DescribeProducersResponse v0
 DescribeProducersRequest_TopicRequest.DEFAULTS = ('', list, )
 DescribeProducersRequest.DEFAULTS = (list, )
 DescribeProducersRequest.TopicRequest = DescribeProducersRequest_TopicRequest
-DescribeProducersRequest.DECODERS = {0: _d2}
-DescribeProducersRequest.ENCODERS = {0: _e4}
+DescribeProducersRequest.DECODERS = {0: _decode_DescribeProducersRequest_v0}
+DescribeProducersRequest.ENCODERS = {0: _encode_DescribeProducersRequest_v0}
 
 DescribeProducersResponse_TopicResponse.DEFAULTS = ('', list, )
 DescribeProducersResponse_TopicResponse.PartitionResponse = DescribeProducersResponse_PartitionResponse
@@ -348,8 +348,8 @@ DescribeProducersResponse.DEFAULTS = (0, list, )
 DescribeProducersResponse.TopicResponse = DescribeProducersResponse_TopicResponse
 DescribeProducersResponse.PartitionResponse = DescribeProducersResponse_PartitionResponse
 DescribeProducersResponse.ProducerState = DescribeProducersResponse_ProducerState
-DescribeProducersResponse.DECODERS = {0: _d8}
-DescribeProducersResponse.ENCODERS = {0: _e12}
+DescribeProducersResponse.DECODERS = {0: _decode_DescribeProducersResponse_v0}
+DescribeProducersResponse.ENCODERS = {0: _encode_DescribeProducersResponse_v0}
 
 
 REQUEST = DescribeProducersRequest

@@ -104,7 +104,7 @@ class DescribeQuorumResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest_PartitionData v0
+def _decode_DescribeQuorumRequest_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumRequest_PartitionData)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -122,7 +122,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest_Partiti
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest_TopicData v0
+def _decode_DescribeQuorumRequest_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumRequest_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -141,7 +141,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest_TopicDa
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_DescribeQuorumRequest_PartitionData_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -157,7 +157,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest_TopicDa
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest v0
+def _decode_DescribeQuorumRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -170,7 +170,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_DescribeQuorumRequest_TopicData_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -186,7 +186,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumRequest v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeQuorumRequest_PartitionData v0
+def _encode_DescribeQuorumRequest_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.partition_index)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -194,30 +194,30 @@ def _e4(m: Any, w: bytearray) -> None:  # DescribeQuorumRequest_PartitionData v0
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # DescribeQuorumRequest_TopicData v0
+def _encode_DescribeQuorumRequest_TopicData_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_DescribeQuorumRequest_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # DescribeQuorumRequest v0
+def _encode_DescribeQuorumRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_DescribeQuorumRequest_TopicData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_ReplicaState v0
+def _decode_DescribeQuorumResponse_ReplicaState_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_ReplicaState)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
@@ -238,7 +238,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Replic
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_PartitionData v0
+def _decode_DescribeQuorumResponse_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_PartitionData)
     m.unknown_tags = None
     m.error_message = ''
@@ -254,7 +254,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Partit
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_DescribeQuorumResponse_ReplicaState_v0(b, o)
             items2.append(v3)
         m.current_voters = items2
     n4 = b[o] - 1
@@ -267,7 +267,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Partit
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d7(b, o)
+            v6, o = _decode_DescribeQuorumResponse_ReplicaState_v0(b, o)
             items5.append(v6)
         m.observers = items5
     if b[o] == 0:
@@ -283,7 +283,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Partit
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_TopicData v0
+def _decode_DescribeQuorumResponse_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -302,7 +302,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_TopicD
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d8(b, o)
+            v4, o = _decode_DescribeQuorumResponse_PartitionData_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -318,7 +318,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_TopicD
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v0
+def _decode_DescribeQuorumResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse)
     m.unknown_tags = None
     m.error_message = ''
@@ -335,7 +335,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_DescribeQuorumResponse_TopicData_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -351,7 +351,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v0
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_ReplicaState v0
+def _encode_DescribeQuorumResponse_ReplicaState_v0(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.replica_id, m.log_end_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -359,47 +359,47 @@ def _e11(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_ReplicaState v
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_PartitionData v0
+def _encode_DescribeQuorumResponse_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_ihiiq.pack(m.partition_index, m.error_code, m.leader_id, m.leader_epoch, m.high_watermark)
     items1 = m.current_voters
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_DescribeQuorumResponse_ReplicaState_v0(item2, w)
     items3 = m.observers
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e11(item4, w)
+        _encode_DescribeQuorumResponse_ReplicaState_v0(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_TopicData v0
+def _encode_DescribeQuorumResponse_TopicData_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_DescribeQuorumResponse_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse v0
+def _encode_DescribeQuorumResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_DescribeQuorumResponse_TopicData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_ReplicaState v1
+def _decode_DescribeQuorumResponse_ReplicaState_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_ReplicaState)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
@@ -418,7 +418,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Repli
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_PartitionData v1
+def _decode_DescribeQuorumResponse_PartitionData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_PartitionData)
     m.unknown_tags = None
     m.error_message = ''
@@ -434,7 +434,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Parti
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_DescribeQuorumResponse_ReplicaState_v1(b, o)
             items2.append(v3)
         m.current_voters = items2
     n4 = b[o] - 1
@@ -447,7 +447,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Parti
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d15(b, o)
+            v6, o = _decode_DescribeQuorumResponse_ReplicaState_v1(b, o)
             items5.append(v6)
         m.observers = items5
     if b[o] == 0:
@@ -463,7 +463,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Parti
     return m, o
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_TopicData v1
+def _decode_DescribeQuorumResponse_TopicData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -482,7 +482,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Topic
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d16(b, o)
+            v4, o = _decode_DescribeQuorumResponse_PartitionData_v1(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -498,7 +498,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Topic
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v1
+def _decode_DescribeQuorumResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse)
     m.unknown_tags = None
     m.error_message = ''
@@ -515,7 +515,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_DescribeQuorumResponse_TopicData_v1(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -531,7 +531,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v1
     return m, o
 
 
-def _e19(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_ReplicaState v1
+def _encode_DescribeQuorumResponse_ReplicaState_v1(m: Any, w: bytearray) -> None:
     w += _S_iqqq.pack(m.replica_id, m.log_end_offset, m.last_fetch_timestamp, m.last_caught_up_timestamp)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -539,47 +539,47 @@ def _e19(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_ReplicaState v
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_PartitionData v1
+def _encode_DescribeQuorumResponse_PartitionData_v1(m: Any, w: bytearray) -> None:
     w += _S_ihiiq.pack(m.partition_index, m.error_code, m.leader_id, m.leader_epoch, m.high_watermark)
     items1 = m.current_voters
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_DescribeQuorumResponse_ReplicaState_v1(item2, w)
     items3 = m.observers
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e19(item4, w)
+        _encode_DescribeQuorumResponse_ReplicaState_v1(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e21(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_TopicData v1
+def _encode_DescribeQuorumResponse_TopicData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e20(item2, w)
+        _encode_DescribeQuorumResponse_PartitionData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse v1
+def _encode_DescribeQuorumResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_DescribeQuorumResponse_TopicData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_ReplicaState v2
+def _decode_DescribeQuorumResponse_ReplicaState_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_ReplicaState)
     m.unknown_tags = None
     m.replica_id, _u1, m.log_end_offset, m.last_fetch_timestamp, m.last_caught_up_timestamp = _S_iuqqq.unpack_from(b, o)
@@ -598,7 +598,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Repli
     return m, o
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_PartitionData v2
+def _decode_DescribeQuorumResponse_PartitionData_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -621,7 +621,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Parti
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d23(b, o)
+            v4, o = _decode_DescribeQuorumResponse_ReplicaState_v2(b, o)
             items3.append(v4)
         m.current_voters = items3
     n5 = b[o] - 1
@@ -634,7 +634,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Parti
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d23(b, o)
+            v7, o = _decode_DescribeQuorumResponse_ReplicaState_v2(b, o)
             items6.append(v7)
         m.observers = items6
     if b[o] == 0:
@@ -650,7 +650,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Parti
     return m, o
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_TopicData v2
+def _decode_DescribeQuorumResponse_TopicData_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -669,7 +669,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Topic
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d24(b, o)
+            v4, o = _decode_DescribeQuorumResponse_PartitionData_v2(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -685,7 +685,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Topic
     return m, o
 
 
-def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Listener v2
+def _decode_DescribeQuorumResponse_Listener_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_Listener)
     m.unknown_tags = None
     length1 = b[o]
@@ -715,7 +715,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Liste
     return m, o
 
 
-def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Node v2
+def _decode_DescribeQuorumResponse_Node_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse_Node)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -730,7 +730,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Node 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d26(b, o)
+            v3, o = _decode_DescribeQuorumResponse_Listener_v2(b, o)
             items2.append(v3)
         m.listeners = items2
     if b[o] == 0:
@@ -746,7 +746,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse_Node 
     return m, o
 
 
-def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v2
+def _decode_DescribeQuorumResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeQuorumResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -767,7 +767,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v2
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d25(b, o)
+            v4, o = _decode_DescribeQuorumResponse_TopicData_v2(b, o)
             items3.append(v4)
         m.topics = items3
     n5 = b[o] - 1
@@ -780,7 +780,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v2
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d27(b, o)
+            v7, o = _decode_DescribeQuorumResponse_Node_v2(b, o)
             items6.append(v7)
         m.nodes = items6
     if b[o] == 0:
@@ -796,7 +796,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeQuorumResponse v2
     return m, o
 
 
-def _e29(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_ReplicaState v2
+def _encode_DescribeQuorumResponse_ReplicaState_v2(m: Any, w: bytearray) -> None:
     w += _S_iuqqq.pack(m.replica_id, _uuid_bytes(m.replica_directory_id), m.log_end_offset, m.last_fetch_timestamp, m.last_caught_up_timestamp)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -804,37 +804,37 @@ def _e29(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_ReplicaState v
         w.append(0)
 
 
-def _e30(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_PartitionData v2
+def _encode_DescribeQuorumResponse_PartitionData_v2(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_iiq.pack(m.leader_id, m.leader_epoch, m.high_watermark)
     items1 = m.current_voters
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_DescribeQuorumResponse_ReplicaState_v2(item2, w)
     items3 = m.observers
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e29(item4, w)
+        _encode_DescribeQuorumResponse_ReplicaState_v2(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e31(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_TopicData v2
+def _encode_DescribeQuorumResponse_TopicData_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e30(item2, w)
+        _encode_DescribeQuorumResponse_PartitionData_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e32(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_Listener v2
+def _encode_DescribeQuorumResponse_Listener_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
@@ -844,29 +844,29 @@ def _e32(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_Listener v2
         w.append(0)
 
 
-def _e33(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse_Node v2
+def _encode_DescribeQuorumResponse_Node_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     items1 = m.listeners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e32(item2, w)
+        _encode_DescribeQuorumResponse_Listener_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e34(m: Any, w: bytearray) -> None:  # DescribeQuorumResponse v2
+def _encode_DescribeQuorumResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e31(item2, w)
+        _encode_DescribeQuorumResponse_TopicData_v2(item2, w)
     items3 = m.nodes
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e33(item4, w)
+        _encode_DescribeQuorumResponse_Node_v2(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -879,8 +879,8 @@ DescribeQuorumRequest_PartitionData.DEFAULTS = (0, )
 DescribeQuorumRequest.DEFAULTS = (list, )
 DescribeQuorumRequest.TopicData = DescribeQuorumRequest_TopicData
 DescribeQuorumRequest.PartitionData = DescribeQuorumRequest_PartitionData
-DescribeQuorumRequest.DECODERS = {0: _d3, 1: _d3, 2: _d3}
-DescribeQuorumRequest.ENCODERS = {0: _e6, 1: _e6, 2: _e6}
+DescribeQuorumRequest.DECODERS = {0: _decode_DescribeQuorumRequest_v0, 1: _decode_DescribeQuorumRequest_v0, 2: _decode_DescribeQuorumRequest_v0}
+DescribeQuorumRequest.ENCODERS = {0: _encode_DescribeQuorumRequest_v0, 1: _encode_DescribeQuorumRequest_v0, 2: _encode_DescribeQuorumRequest_v0}
 
 DescribeQuorumResponse_ReplicaState.DEFAULTS = (0, _ZERO_UUID, 0, -1, -1, )
 DescribeQuorumResponse_TopicData.DEFAULTS = ('', list, )
@@ -895,8 +895,8 @@ DescribeQuorumResponse.Node = DescribeQuorumResponse_Node
 DescribeQuorumResponse.ReplicaState = DescribeQuorumResponse_ReplicaState
 DescribeQuorumResponse.PartitionData = DescribeQuorumResponse_PartitionData
 DescribeQuorumResponse.Listener = DescribeQuorumResponse_Listener
-DescribeQuorumResponse.DECODERS = {0: _d10, 1: _d18, 2: _d28}
-DescribeQuorumResponse.ENCODERS = {0: _e14, 1: _e22, 2: _e34}
+DescribeQuorumResponse.DECODERS = {0: _decode_DescribeQuorumResponse_v0, 1: _decode_DescribeQuorumResponse_v1, 2: _decode_DescribeQuorumResponse_v2}
+DescribeQuorumResponse.ENCODERS = {0: _encode_DescribeQuorumResponse_v0, 1: _encode_DescribeQuorumResponse_v1, 2: _encode_DescribeQuorumResponse_v2}
 
 
 REQUEST = DescribeQuorumRequest

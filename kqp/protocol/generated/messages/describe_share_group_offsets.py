@@ -90,7 +90,7 @@ class DescribeShareGroupOffsetsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic v0
+def _decode_DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -122,7 +122,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequ
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestGroup v0
+def _decode_DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestGroup_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -141,7 +141,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequ
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic_v0(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -157,7 +157,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequ
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequest v0
+def _decode_DescribeShareGroupOffsetsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -170,7 +170,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequ
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestGroup_v0(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -186,7 +186,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRequ
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic v0
+def _encode_DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -198,30 +198,30 @@ def _e4(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsRequest_Descr
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestGroup v0
+def _encode_DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestGroup_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsRequest v0
+def _encode_DescribeShareGroupOffsetsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestGroup_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition v0
+def _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition)
     m.unknown_tags = None
     m.lag = -1
@@ -246,7 +246,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResp
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic v0
+def _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -268,7 +268,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResp
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -284,7 +284,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResp
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup v0
+def _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -303,7 +303,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResp
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d8(b, o)
+            v4, o = _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic_v0(b, o)
             items3.append(v4)
         m.topics = items3
     m.error_code, = _S_h.unpack_from(b, o)
@@ -327,7 +327,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResp
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse v0
+def _decode_DescribeShareGroupOffsetsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -342,7 +342,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup_v0(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -358,7 +358,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRes
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition v0
+def _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition_v0(m: Any, w: bytearray) -> None:
     w += _S_iqih.pack(m.partition_index, m.start_offset, m.leader_epoch, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -367,25 +367,25 @@ def _e11(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse_Des
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic v0
+def _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup v0
+def _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic_v0(item2, w)
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -394,19 +394,19 @@ def _e13(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse_Des
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse v0
+def _encode_DescribeShareGroupOffsetsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition v1
+def _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.start_offset, m.leader_epoch, m.lag, m.error_code = _S_iqiqh.unpack_from(b, o)
@@ -430,7 +430,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRes
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic v1
+def _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -452,7 +452,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRes
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d15(b, o)
+            v4, o = _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition_v1(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -468,7 +468,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRes
     return m, o
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup v1
+def _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -487,7 +487,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRes
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d16(b, o)
+            v4, o = _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic_v1(b, o)
             items3.append(v4)
         m.topics = items3
     m.error_code, = _S_h.unpack_from(b, o)
@@ -511,7 +511,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRes
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsResponse v1
+def _decode_DescribeShareGroupOffsetsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeShareGroupOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -526,7 +526,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup_v1(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -542,7 +542,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeShareGroupOffsetsRes
     return m, o
 
 
-def _e19(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition v1
+def _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition_v1(m: Any, w: bytearray) -> None:
     w += _S_iqiqh.pack(m.partition_index, m.start_offset, m.leader_epoch, m.lag, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -551,25 +551,25 @@ def _e19(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse_Des
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic v1
+def _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e21(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup v1
+def _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e20(item2, w)
+        _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic_v1(item2, w)
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -578,12 +578,12 @@ def _e21(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse_Des
         w.append(0)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # DescribeShareGroupOffsetsResponse v1
+def _encode_DescribeShareGroupOffsetsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -596,8 +596,8 @@ DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic.DEFAULTS 
 DescribeShareGroupOffsetsRequest.DEFAULTS = (list, )
 DescribeShareGroupOffsetsRequest.DescribeShareGroupOffsetsRequestGroup = DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestGroup
 DescribeShareGroupOffsetsRequest.DescribeShareGroupOffsetsRequestTopic = DescribeShareGroupOffsetsRequest_DescribeShareGroupOffsetsRequestTopic
-DescribeShareGroupOffsetsRequest.DECODERS = {0: _d3, 1: _d3}
-DescribeShareGroupOffsetsRequest.ENCODERS = {0: _e6, 1: _e6}
+DescribeShareGroupOffsetsRequest.DECODERS = {0: _decode_DescribeShareGroupOffsetsRequest_v0, 1: _decode_DescribeShareGroupOffsetsRequest_v0}
+DescribeShareGroupOffsetsRequest.ENCODERS = {0: _encode_DescribeShareGroupOffsetsRequest_v0, 1: _encode_DescribeShareGroupOffsetsRequest_v0}
 
 DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup.DEFAULTS = ('', list, 0, None, )
 DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup.DescribeShareGroupOffsetsResponseTopic = DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic
@@ -608,8 +608,8 @@ DescribeShareGroupOffsetsResponse.DEFAULTS = (0, list, )
 DescribeShareGroupOffsetsResponse.DescribeShareGroupOffsetsResponseGroup = DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseGroup
 DescribeShareGroupOffsetsResponse.DescribeShareGroupOffsetsResponseTopic = DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponseTopic
 DescribeShareGroupOffsetsResponse.DescribeShareGroupOffsetsResponsePartition = DescribeShareGroupOffsetsResponse_DescribeShareGroupOffsetsResponsePartition
-DescribeShareGroupOffsetsResponse.DECODERS = {0: _d10, 1: _d18}
-DescribeShareGroupOffsetsResponse.ENCODERS = {0: _e14, 1: _e22}
+DescribeShareGroupOffsetsResponse.DECODERS = {0: _decode_DescribeShareGroupOffsetsResponse_v0, 1: _decode_DescribeShareGroupOffsetsResponse_v1}
+DescribeShareGroupOffsetsResponse.ENCODERS = {0: _encode_DescribeShareGroupOffsetsResponse_v0, 1: _encode_DescribeShareGroupOffsetsResponse_v1}
 
 
 REQUEST = DescribeShareGroupOffsetsRequest

@@ -89,7 +89,7 @@ class DescribeTopicPartitionsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRequest_TopicRequest v0
+def _decode_DescribeTopicPartitionsRequest_TopicRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTopicPartitionsRequest_TopicRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -111,7 +111,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsReques
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRequest_Cursor v0
+def _decode_DescribeTopicPartitionsRequest_Cursor_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTopicPartitionsRequest_Cursor)
     m.unknown_tags = None
     length1 = b[o]
@@ -135,7 +135,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsReques
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRequest v0
+def _decode_DescribeTopicPartitionsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTopicPartitionsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -148,7 +148,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DescribeTopicPartitionsRequest_TopicRequest_v0(b, o)
             items2.append(v3)
         m.topics = items2
     m.response_partition_limit, = _S_i.unpack_from(b, o)
@@ -159,7 +159,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsReques
         m.cursor = None
         o += 1
     else:
-        m.cursor, o = _d2(b, o + 1)
+        m.cursor, o = _decode_DescribeTopicPartitionsRequest_Cursor_v0(b, o + 1)
     if b[o] == 0:
         o += 1
     else:
@@ -173,7 +173,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsReques
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeTopicPartitionsRequest_TopicRequest v0
+def _encode_DescribeTopicPartitionsRequest_TopicRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -181,7 +181,7 @@ def _e4(m: Any, w: bytearray) -> None:  # DescribeTopicPartitionsRequest_TopicRe
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # DescribeTopicPartitionsRequest_Cursor v0
+def _encode_DescribeTopicPartitionsRequest_Cursor_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     w += _S_i.pack(m.partition_index)
     if m.unknown_tags:
@@ -190,24 +190,24 @@ def _e5(m: Any, w: bytearray) -> None:  # DescribeTopicPartitionsRequest_Cursor 
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # DescribeTopicPartitionsRequest v0
+def _encode_DescribeTopicPartitionsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_DescribeTopicPartitionsRequest_TopicRequest_v0(item2, w)
     w += _S_i.pack(m.response_partition_limit)
     if m.cursor is None:
         w.append(0xFF)
     else:
         w.append(1)
-        _e5(m.cursor, w)
+        _encode_DescribeTopicPartitionsRequest_Cursor_v0(m.cursor, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponsePartition v0
+def _decode_DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponsePartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponsePartition)
     m.unknown_tags = None
     m.error_code, m.partition_index, m.leader_id, m.leader_epoch = _S_hiii.unpack_from(b, o)
@@ -275,7 +275,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRespon
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponseTopic v0
+def _decode_DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponseTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponseTopic)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -299,7 +299,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRespon
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponsePartition_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     m.topic_authorized_operations, = _S_i.unpack_from(b, o)
@@ -317,7 +317,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRespon
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsResponse_Cursor v0
+def _decode_DescribeTopicPartitionsResponse_Cursor_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTopicPartitionsResponse_Cursor)
     m.unknown_tags = None
     length1 = b[o]
@@ -341,7 +341,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRespon
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsResponse v0
+def _decode_DescribeTopicPartitionsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTopicPartitionsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -356,7 +356,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRespo
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponseTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] != 1:
@@ -365,7 +365,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRespo
         m.next_cursor = None
         o += 1
     else:
-        m.next_cursor, o = _d9(b, o + 1)
+        m.next_cursor, o = _decode_DescribeTopicPartitionsResponse_Cursor_v0(b, o + 1)
     if b[o] == 0:
         o += 1
     else:
@@ -379,7 +379,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTopicPartitionsRespo
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponsePartition v0
+def _encode_DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponsePartition_v0(m: Any, w: bytearray) -> None:
     w += _S_hiii.pack(m.error_code, m.partition_index, m.leader_id, m.leader_epoch)
     items1 = m.replica_nodes
     _write_compact_count(w, items1)
@@ -407,14 +407,14 @@ def _e11(m: Any, w: bytearray) -> None:  # DescribeTopicPartitionsResponse_Descr
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponseTopic v0
+def _encode_DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponseTopic_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.name)
     w += _S_uo.pack(_uuid_bytes(m.topic_id), m.is_internal)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponsePartition_v0(item2, w)
     w += _S_i.pack(m.topic_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -422,17 +422,17 @@ def _e12(m: Any, w: bytearray) -> None:  # DescribeTopicPartitionsResponse_Descr
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # DescribeTopicPartitionsResponse v0
+def _encode_DescribeTopicPartitionsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponseTopic_v0(item2, w)
     if m.next_cursor is None:
         w.append(0xFF)
     else:
         w.append(1)
-        _e5(m.next_cursor, w)
+        _encode_DescribeTopicPartitionsRequest_Cursor_v0(m.next_cursor, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -444,8 +444,8 @@ DescribeTopicPartitionsRequest_Cursor.DEFAULTS = ('', 0, )
 DescribeTopicPartitionsRequest.DEFAULTS = (list, 2000, None, )
 DescribeTopicPartitionsRequest.TopicRequest = DescribeTopicPartitionsRequest_TopicRequest
 DescribeTopicPartitionsRequest.Cursor = DescribeTopicPartitionsRequest_Cursor
-DescribeTopicPartitionsRequest.DECODERS = {0: _d3}
-DescribeTopicPartitionsRequest.ENCODERS = {0: _e6}
+DescribeTopicPartitionsRequest.DECODERS = {0: _decode_DescribeTopicPartitionsRequest_v0}
+DescribeTopicPartitionsRequest.ENCODERS = {0: _encode_DescribeTopicPartitionsRequest_v0}
 
 DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponseTopic.DEFAULTS = (0, '', _ZERO_UUID, False, list, -2147483648, )
 DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponseTopic.DescribeTopicPartitionsResponsePartition = DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponsePartition
@@ -455,8 +455,8 @@ DescribeTopicPartitionsResponse.DEFAULTS = (0, list, None, )
 DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponseTopic = DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponseTopic
 DescribeTopicPartitionsResponse.Cursor = DescribeTopicPartitionsResponse_Cursor
 DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponsePartition = DescribeTopicPartitionsResponse_DescribeTopicPartitionsResponsePartition
-DescribeTopicPartitionsResponse.DECODERS = {0: _d10}
-DescribeTopicPartitionsResponse.ENCODERS = {0: _e13}
+DescribeTopicPartitionsResponse.DECODERS = {0: _decode_DescribeTopicPartitionsResponse_v0}
+DescribeTopicPartitionsResponse.ENCODERS = {0: _encode_DescribeTopicPartitionsResponse_v0}
 
 
 REQUEST = DescribeTopicPartitionsRequest

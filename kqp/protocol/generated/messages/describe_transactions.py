@@ -73,7 +73,7 @@ class DescribeTransactionsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsRequest v0
+def _decode_DescribeTransactionsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTransactionsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -107,7 +107,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsRequest v
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # DescribeTransactionsRequest v0
+def _encode_DescribeTransactionsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.transactional_ids
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -118,7 +118,7 @@ def _e2(m: Any, w: bytearray) -> None:  # DescribeTransactionsRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsResponse_TopicData v0
+def _decode_DescribeTransactionsResponse_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTransactionsResponse_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -150,7 +150,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsResponse_
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsResponse_TransactionState v0
+def _decode_DescribeTransactionsResponse_TransactionState_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTransactionsResponse_TransactionState)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -179,7 +179,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsResponse_
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d3(b, o)
+            v5, o = _decode_DescribeTransactionsResponse_TopicData_v0(b, o)
             items4.append(v5)
         m.topics = items4
     if b[o] == 0:
@@ -195,7 +195,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsResponse_
     return m, o
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsResponse v0
+def _decode_DescribeTransactionsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeTransactionsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -210,7 +210,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsResponse 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d4(b, o)
+            v3, o = _decode_DescribeTransactionsResponse_TransactionState_v0(b, o)
             items2.append(v3)
         m.transaction_states = items2
     if b[o] == 0:
@@ -226,7 +226,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeTransactionsResponse 
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # DescribeTransactionsResponse_TopicData v0
+def _encode_DescribeTransactionsResponse_TopicData_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -238,7 +238,7 @@ def _e6(m: Any, w: bytearray) -> None:  # DescribeTransactionsResponse_TopicData
         w.append(0)
 
 
-def _e7(m: Any, w: bytearray) -> None:  # DescribeTransactionsResponse_TransactionState v0
+def _encode_DescribeTransactionsResponse_TransactionState_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.transactional_id)
     _write_compact_string(w, m.transaction_state)
@@ -246,19 +246,19 @@ def _e7(m: Any, w: bytearray) -> None:  # DescribeTransactionsResponse_Transacti
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e6(item2, w)
+        _encode_DescribeTransactionsResponse_TopicData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # DescribeTransactionsResponse v0
+def _encode_DescribeTransactionsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.transaction_states
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_DescribeTransactionsResponse_TransactionState_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -266,8 +266,8 @@ def _e8(m: Any, w: bytearray) -> None:  # DescribeTransactionsResponse v0
 
 
 DescribeTransactionsRequest.DEFAULTS = (list, )
-DescribeTransactionsRequest.DECODERS = {0: _d1}
-DescribeTransactionsRequest.ENCODERS = {0: _e2}
+DescribeTransactionsRequest.DECODERS = {0: _decode_DescribeTransactionsRequest_v0}
+DescribeTransactionsRequest.ENCODERS = {0: _encode_DescribeTransactionsRequest_v0}
 
 DescribeTransactionsResponse_TransactionState.DEFAULTS = (0, '', '', 0, 0, 0, 0, list, )
 DescribeTransactionsResponse_TransactionState.TopicData = DescribeTransactionsResponse_TopicData
@@ -275,8 +275,8 @@ DescribeTransactionsResponse_TopicData.DEFAULTS = ('', list, )
 DescribeTransactionsResponse.DEFAULTS = (0, list, )
 DescribeTransactionsResponse.TransactionState = DescribeTransactionsResponse_TransactionState
 DescribeTransactionsResponse.TopicData = DescribeTransactionsResponse_TopicData
-DescribeTransactionsResponse.DECODERS = {0: _d5}
-DescribeTransactionsResponse.ENCODERS = {0: _e8}
+DescribeTransactionsResponse.DECODERS = {0: _decode_DescribeTransactionsResponse_v0}
+DescribeTransactionsResponse.ENCODERS = {0: _encode_DescribeTransactionsResponse_v0}
 
 
 REQUEST = DescribeTransactionsRequest

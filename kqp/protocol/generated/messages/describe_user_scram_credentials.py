@@ -78,7 +78,7 @@ class DescribeUserScramCredentialsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsRequest_UserName v0
+def _decode_DescribeUserScramCredentialsRequest_UserName_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeUserScramCredentialsRequest_UserName)
     m.unknown_tags = None
     length1 = b[o]
@@ -100,7 +100,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsR
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsRequest v0
+def _decode_DescribeUserScramCredentialsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeUserScramCredentialsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -113,7 +113,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsR
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_DescribeUserScramCredentialsRequest_UserName_v0(b, o)
             items2.append(v3)
         m.users = items2
     if b[o] == 0:
@@ -129,7 +129,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsR
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # DescribeUserScramCredentialsRequest_UserName v0
+def _encode_DescribeUserScramCredentialsRequest_UserName_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -137,18 +137,18 @@ def _e3(m: Any, w: bytearray) -> None:  # DescribeUserScramCredentialsRequest_Us
         w.append(0)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # DescribeUserScramCredentialsRequest v0
+def _encode_DescribeUserScramCredentialsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.users
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_DescribeUserScramCredentialsRequest_UserName_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsResponse_CredentialInfo v0
+def _decode_DescribeUserScramCredentialsResponse_CredentialInfo_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeUserScramCredentialsResponse_CredentialInfo)
     m.unknown_tags = None
     m.mechanism, m.iterations = _S_bi.unpack_from(b, o)
@@ -166,7 +166,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsR
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult v0
+def _decode_DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -193,7 +193,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsR
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d5(b, o)
+            v5, o = _decode_DescribeUserScramCredentialsResponse_CredentialInfo_v0(b, o)
             items4.append(v5)
         m.credential_infos = items4
     if b[o] == 0:
@@ -209,7 +209,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsR
     return m, o
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsResponse v0
+def _decode_DescribeUserScramCredentialsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(DescribeUserScramCredentialsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -230,7 +230,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsR
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d6(b, o)
+            v4, o = _decode_DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult_v0(b, o)
             items3.append(v4)
         m.results = items3
     if b[o] == 0:
@@ -246,7 +246,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # DescribeUserScramCredentialsR
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # DescribeUserScramCredentialsResponse_CredentialInfo v0
+def _encode_DescribeUserScramCredentialsResponse_CredentialInfo_v0(m: Any, w: bytearray) -> None:
     w += _S_bi.pack(m.mechanism, m.iterations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -254,27 +254,27 @@ def _e8(m: Any, w: bytearray) -> None:  # DescribeUserScramCredentialsResponse_C
         w.append(0)
 
 
-def _e9(m: Any, w: bytearray) -> None:  # DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult v0
+def _encode_DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.user)
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.credential_infos
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e8(item2, w)
+        _encode_DescribeUserScramCredentialsResponse_CredentialInfo_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # DescribeUserScramCredentialsResponse v0
+def _encode_DescribeUserScramCredentialsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -284,8 +284,8 @@ def _e10(m: Any, w: bytearray) -> None:  # DescribeUserScramCredentialsResponse 
 DescribeUserScramCredentialsRequest_UserName.DEFAULTS = ('', )
 DescribeUserScramCredentialsRequest.DEFAULTS = (list, )
 DescribeUserScramCredentialsRequest.UserName = DescribeUserScramCredentialsRequest_UserName
-DescribeUserScramCredentialsRequest.DECODERS = {0: _d2}
-DescribeUserScramCredentialsRequest.ENCODERS = {0: _e4}
+DescribeUserScramCredentialsRequest.DECODERS = {0: _decode_DescribeUserScramCredentialsRequest_v0}
+DescribeUserScramCredentialsRequest.ENCODERS = {0: _encode_DescribeUserScramCredentialsRequest_v0}
 
 DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult.DEFAULTS = ('', 0, '', list, )
 DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult.CredentialInfo = DescribeUserScramCredentialsResponse_CredentialInfo
@@ -293,8 +293,8 @@ DescribeUserScramCredentialsResponse_CredentialInfo.DEFAULTS = (0, 0, )
 DescribeUserScramCredentialsResponse.DEFAULTS = (0, 0, '', list, )
 DescribeUserScramCredentialsResponse.DescribeUserScramCredentialsResult = DescribeUserScramCredentialsResponse_DescribeUserScramCredentialsResult
 DescribeUserScramCredentialsResponse.CredentialInfo = DescribeUserScramCredentialsResponse_CredentialInfo
-DescribeUserScramCredentialsResponse.DECODERS = {0: _d7}
-DescribeUserScramCredentialsResponse.ENCODERS = {0: _e10}
+DescribeUserScramCredentialsResponse.DECODERS = {0: _decode_DescribeUserScramCredentialsResponse_v0}
+DescribeUserScramCredentialsResponse.ENCODERS = {0: _encode_DescribeUserScramCredentialsResponse_v0}
 
 
 REQUEST = DescribeUserScramCredentialsRequest

@@ -78,7 +78,7 @@ class ElectLeadersResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest_TopicPartitions v0
+def _decode_ElectLeadersRequest_TopicPartitions_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersRequest_TopicPartitions)
     m.unknown_tags = None
     m.topic, o = _string(b, o)
@@ -91,7 +91,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest_TopicPart
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest v0
+def _decode_ElectLeadersRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersRequest)
     m.unknown_tags = None
     m.election_type = 0
@@ -101,7 +101,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_ElectLeadersRequest_TopicPartitions_v0(b, o)
             items2.append(v3)
         m.topic_partitions = items2
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -109,7 +109,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest v0
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # ElectLeadersRequest_TopicPartitions v0
+def _encode_ElectLeadersRequest_TopicPartitions_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
@@ -117,15 +117,15 @@ def _e3(m: Any, w: bytearray) -> None:  # ElectLeadersRequest_TopicPartitions v0
         w += _pack(f'>{len(items1)}i', *items1)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ElectLeadersRequest v0
+def _encode_ElectLeadersRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.topic_partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_ElectLeadersRequest_TopicPartitions_v0(item2, w)
     w += _S_i.pack(m.timeout_ms)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest v1
+def _decode_ElectLeadersRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersRequest)
     m.unknown_tags = None
     m.election_type, = _S_b.unpack_from(b, o)
@@ -136,7 +136,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_ElectLeadersRequest_TopicPartitions_v0(b, o)
             items2.append(v3)
         m.topic_partitions = items2
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -144,16 +144,16 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest v1
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ElectLeadersRequest v1
+def _encode_ElectLeadersRequest_v1(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.election_type)
     items1 = m.topic_partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_ElectLeadersRequest_TopicPartitions_v0(item2, w)
     w += _S_i.pack(m.timeout_ms)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest_TopicPartitions v2
+def _decode_ElectLeadersRequest_TopicPartitions_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersRequest_TopicPartitions)
     m.unknown_tags = None
     length1 = b[o]
@@ -185,7 +185,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest_TopicPart
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest v2
+def _decode_ElectLeadersRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersRequest)
     m.unknown_tags = None
     m.election_type, = _S_b.unpack_from(b, o)
@@ -200,7 +200,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_ElectLeadersRequest_TopicPartitions_v2(b, o)
             items2.append(v3)
         m.topic_partitions = items2
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -218,7 +218,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersRequest v2
     return m, o
 
 
-def _e9(m: Any, w: bytearray) -> None:  # ElectLeadersRequest_TopicPartitions v2
+def _encode_ElectLeadersRequest_TopicPartitions_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -230,12 +230,12 @@ def _e9(m: Any, w: bytearray) -> None:  # ElectLeadersRequest_TopicPartitions v2
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ElectLeadersRequest v2
+def _encode_ElectLeadersRequest_v2(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.election_type)
     items1 = m.topic_partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_ElectLeadersRequest_TopicPartitions_v2(item2, w)
     w += _S_i.pack(m.timeout_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -243,7 +243,7 @@ def _e10(m: Any, w: bytearray) -> None:  # ElectLeadersRequest v2
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_PartitionResult v0
+def _decode_ElectLeadersResponse_PartitionResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersResponse_PartitionResult)
     m.unknown_tags = None
     m.partition_id, m.error_code = _S_ih.unpack_from(b, o)
@@ -252,7 +252,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_Partiti
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_ReplicaElectionResult v0
+def _decode_ElectLeadersResponse_ReplicaElectionResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersResponse_ReplicaElectionResult)
     m.unknown_tags = None
     m.topic, o = _string(b, o)
@@ -262,13 +262,13 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_Replica
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d11(b, o)
+            v3, o = _decode_ElectLeadersResponse_PartitionResult_v0(b, o)
             items2.append(v3)
         m.partition_result = items2
     return m, o
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse v0
+def _decode_ElectLeadersResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -280,34 +280,34 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d12(b, o)
+            v3, o = _decode_ElectLeadersResponse_ReplicaElectionResult_v0(b, o)
             items2.append(v3)
         m.replica_election_results = items2
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # ElectLeadersResponse_PartitionResult v0
+def _encode_ElectLeadersResponse_PartitionResult_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_id, m.error_code)
     _write_string(w, m.error_message)
 
 
-def _e15(m: Any, w: bytearray) -> None:  # ElectLeadersResponse_ReplicaElectionResult v0
+def _encode_ElectLeadersResponse_ReplicaElectionResult_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partition_result
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e14(item2, w)
+        _encode_ElectLeadersResponse_PartitionResult_v0(item2, w)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # ElectLeadersResponse v0
+def _encode_ElectLeadersResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.replica_election_results
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_ElectLeadersResponse_ReplicaElectionResult_v0(item2, w)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse v1
+def _decode_ElectLeadersResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -318,21 +318,21 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d12(b, o)
+            v3, o = _decode_ElectLeadersResponse_ReplicaElectionResult_v0(b, o)
             items2.append(v3)
         m.replica_election_results = items2
     return m, o
 
 
-def _e18(m: Any, w: bytearray) -> None:  # ElectLeadersResponse v1
+def _encode_ElectLeadersResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.replica_election_results
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_ElectLeadersResponse_ReplicaElectionResult_v0(item2, w)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_PartitionResult v2
+def _decode_ElectLeadersResponse_PartitionResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersResponse_PartitionResult)
     m.unknown_tags = None
     m.partition_id, m.error_code = _S_ih.unpack_from(b, o)
@@ -356,7 +356,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_Partiti
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_ReplicaElectionResult v2
+def _decode_ElectLeadersResponse_ReplicaElectionResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersResponse_ReplicaElectionResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -375,7 +375,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_Replica
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d19(b, o)
+            v4, o = _decode_ElectLeadersResponse_PartitionResult_v2(b, o)
             items3.append(v4)
         m.partition_result = items3
     if b[o] == 0:
@@ -391,7 +391,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse_Replica
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse v2
+def _decode_ElectLeadersResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ElectLeadersResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -406,7 +406,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_ElectLeadersResponse_ReplicaElectionResult_v2(b, o)
             items2.append(v3)
         m.replica_election_results = items2
     if b[o] == 0:
@@ -422,7 +422,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # ElectLeadersResponse v2
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # ElectLeadersResponse_PartitionResult v2
+def _encode_ElectLeadersResponse_PartitionResult_v2(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_id, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -431,24 +431,24 @@ def _e22(m: Any, w: bytearray) -> None:  # ElectLeadersResponse_PartitionResult 
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # ElectLeadersResponse_ReplicaElectionResult v2
+def _encode_ElectLeadersResponse_ReplicaElectionResult_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic)
     items1 = m.partition_result
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_ElectLeadersResponse_PartitionResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # ElectLeadersResponse v2
+def _encode_ElectLeadersResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.replica_election_results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_ElectLeadersResponse_ReplicaElectionResult_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -458,8 +458,8 @@ def _e24(m: Any, w: bytearray) -> None:  # ElectLeadersResponse v2
 ElectLeadersRequest_TopicPartitions.DEFAULTS = ('', list, )
 ElectLeadersRequest.DEFAULTS = (0, list, 60000, )
 ElectLeadersRequest.TopicPartitions = ElectLeadersRequest_TopicPartitions
-ElectLeadersRequest.DECODERS = {0: _d2, 1: _d5, 2: _d8}
-ElectLeadersRequest.ENCODERS = {0: _e4, 1: _e6, 2: _e10}
+ElectLeadersRequest.DECODERS = {0: _decode_ElectLeadersRequest_v0, 1: _decode_ElectLeadersRequest_v1, 2: _decode_ElectLeadersRequest_v2}
+ElectLeadersRequest.ENCODERS = {0: _encode_ElectLeadersRequest_v0, 1: _encode_ElectLeadersRequest_v1, 2: _encode_ElectLeadersRequest_v2}
 
 ElectLeadersResponse_ReplicaElectionResult.DEFAULTS = ('', list, )
 ElectLeadersResponse_ReplicaElectionResult.PartitionResult = ElectLeadersResponse_PartitionResult
@@ -467,8 +467,8 @@ ElectLeadersResponse_PartitionResult.DEFAULTS = (0, 0, '', )
 ElectLeadersResponse.DEFAULTS = (0, 0, list, )
 ElectLeadersResponse.ReplicaElectionResult = ElectLeadersResponse_ReplicaElectionResult
 ElectLeadersResponse.PartitionResult = ElectLeadersResponse_PartitionResult
-ElectLeadersResponse.DECODERS = {0: _d13, 1: _d17, 2: _d21}
-ElectLeadersResponse.ENCODERS = {0: _e16, 1: _e18, 2: _e24}
+ElectLeadersResponse.DECODERS = {0: _decode_ElectLeadersResponse_v0, 1: _decode_ElectLeadersResponse_v1, 2: _decode_ElectLeadersResponse_v2}
+ElectLeadersResponse.ENCODERS = {0: _encode_ElectLeadersResponse_v0, 1: _encode_ElectLeadersResponse_v1, 2: _encode_ElectLeadersResponse_v2}
 
 
 REQUEST = ElectLeadersRequest

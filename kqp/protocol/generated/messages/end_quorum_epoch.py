@@ -101,7 +101,7 @@ class EndQuorumEpochResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_PartitionData v0
+def _decode_EndQuorumEpochRequest_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochRequest_PartitionData)
     m.unknown_tags = None
     m.preferred_candidates = list()
@@ -116,7 +116,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_Partiti
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_TopicData v0
+def _decode_EndQuorumEpochRequest_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochRequest_TopicData)
     m.unknown_tags = None
     m.topic_name, o = _string(b, o)
@@ -126,13 +126,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_TopicDa
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_EndQuorumEpochRequest_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest v0
+def _decode_EndQuorumEpochRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochRequest)
     m.unknown_tags = None
     m.leader_endpoints = list()
@@ -143,13 +143,13 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_EndQuorumEpochRequest_TopicData_v0(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest_PartitionData v0
+def _encode_EndQuorumEpochRequest_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_iii.pack(m.partition_index, m.leader_id, m.leader_epoch)
     items1 = m.preferred_successors
     _write_count(w, items1)
@@ -157,23 +157,23 @@ def _e4(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest_PartitionData v0
         w += _pack(f'>{len(items1)}i', *items1)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest_TopicData v0
+def _encode_EndQuorumEpochRequest_TopicData_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic_name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_EndQuorumEpochRequest_PartitionData_v0(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest v0
+def _encode_EndQuorumEpochRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.cluster_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_EndQuorumEpochRequest_TopicData_v0(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_ReplicaInfo v1
+def _decode_EndQuorumEpochRequest_ReplicaInfo_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochRequest_ReplicaInfo)
     m.unknown_tags = None
     m.candidate_id, _u1 = _S_iu.unpack_from(b, o)
@@ -192,7 +192,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_Replica
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_PartitionData v1
+def _decode_EndQuorumEpochRequest_PartitionData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochRequest_PartitionData)
     m.unknown_tags = None
     m.preferred_successors = list()
@@ -208,7 +208,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_Partiti
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_EndQuorumEpochRequest_ReplicaInfo_v1(b, o)
             items2.append(v3)
         m.preferred_candidates = items2
     if b[o] == 0:
@@ -224,7 +224,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_Partiti
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_TopicData v1
+def _decode_EndQuorumEpochRequest_TopicData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochRequest_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -243,7 +243,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_TopicDa
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d8(b, o)
+            v4, o = _decode_EndQuorumEpochRequest_PartitionData_v1(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -259,7 +259,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_TopicDa
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_LeaderEndpoint v1
+def _decode_EndQuorumEpochRequest_LeaderEndpoint_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochRequest_LeaderEndpoint)
     m.unknown_tags = None
     length1 = b[o]
@@ -289,7 +289,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest_Leader
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest v1
+def _decode_EndQuorumEpochRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -308,7 +308,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d9(b, o)
+            v4, o = _decode_EndQuorumEpochRequest_TopicData_v1(b, o)
             items3.append(v4)
         m.topics = items3
     n5 = b[o] - 1
@@ -321,7 +321,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest v1
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d10(b, o)
+            v7, o = _decode_EndQuorumEpochRequest_LeaderEndpoint_v1(b, o)
             items6.append(v7)
         m.leader_endpoints = items6
     if b[o] == 0:
@@ -337,7 +337,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochRequest v1
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest_ReplicaInfo v1
+def _encode_EndQuorumEpochRequest_ReplicaInfo_v1(m: Any, w: bytearray) -> None:
     w += _S_iu.pack(m.candidate_id, _uuid_bytes(m.candidate_directory_id))
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -345,31 +345,31 @@ def _e12(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest_ReplicaInfo v1
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest_PartitionData v1
+def _encode_EndQuorumEpochRequest_PartitionData_v1(m: Any, w: bytearray) -> None:
     w += _S_iii.pack(m.partition_index, m.leader_id, m.leader_epoch)
     items1 = m.preferred_candidates
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_EndQuorumEpochRequest_ReplicaInfo_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest_TopicData v1
+def _encode_EndQuorumEpochRequest_TopicData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_EndQuorumEpochRequest_PartitionData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e15(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest_LeaderEndpoint v1
+def _encode_EndQuorumEpochRequest_LeaderEndpoint_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
@@ -379,23 +379,23 @@ def _e15(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest_LeaderEndpoint 
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # EndQuorumEpochRequest v1
+def _encode_EndQuorumEpochRequest_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.cluster_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e14(item2, w)
+        _encode_EndQuorumEpochRequest_TopicData_v1(item2, w)
     items3 = m.leader_endpoints
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e15(item4, w)
+        _encode_EndQuorumEpochRequest_LeaderEndpoint_v1(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_PartitionData v0
+def _decode_EndQuorumEpochResponse_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.leader_id, m.leader_epoch = _S_ihii.unpack_from(b, o)
@@ -403,7 +403,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_Parti
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_TopicData v0
+def _decode_EndQuorumEpochResponse_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochResponse_TopicData)
     m.unknown_tags = None
     m.topic_name, o = _string(b, o)
@@ -413,13 +413,13 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_Topic
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_EndQuorumEpochResponse_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse v0
+def _decode_EndQuorumEpochResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -431,33 +431,33 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d18(b, o)
+            v3, o = _decode_EndQuorumEpochResponse_TopicData_v0(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e20(m: Any, w: bytearray) -> None:  # EndQuorumEpochResponse_PartitionData v0
+def _encode_EndQuorumEpochResponse_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_ihii.pack(m.partition_index, m.error_code, m.leader_id, m.leader_epoch)
 
 
-def _e21(m: Any, w: bytearray) -> None:  # EndQuorumEpochResponse_TopicData v0
+def _encode_EndQuorumEpochResponse_TopicData_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic_name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e20(item2, w)
+        _encode_EndQuorumEpochResponse_PartitionData_v0(item2, w)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # EndQuorumEpochResponse v0
+def _encode_EndQuorumEpochResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_EndQuorumEpochResponse_TopicData_v0(item2, w)
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_PartitionData v1
+def _decode_EndQuorumEpochResponse_PartitionData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.leader_id, m.leader_epoch = _S_ihii.unpack_from(b, o)
@@ -475,7 +475,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_Parti
     return m, o
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_TopicData v1
+def _decode_EndQuorumEpochResponse_TopicData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochResponse_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -494,7 +494,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_Topic
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d23(b, o)
+            v4, o = _decode_EndQuorumEpochResponse_PartitionData_v1(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -510,7 +510,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_Topic
     return m, o
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_NodeEndpoint v1
+def _decode_EndQuorumEpochResponse_NodeEndpoint_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -536,7 +536,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse_NodeE
     return m, o
 
 
-def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse v1
+def _decode_EndQuorumEpochResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndQuorumEpochResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -552,7 +552,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d24(b, o)
+            v3, o = _decode_EndQuorumEpochResponse_TopicData_v1(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -572,7 +572,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse v1
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d25(b, o)
+                        v6, o = _decode_EndQuorumEpochResponse_NodeEndpoint_v1(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -584,7 +584,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # EndQuorumEpochResponse v1
     return m, o
 
 
-def _e27(m: Any, w: bytearray) -> None:  # EndQuorumEpochResponse_PartitionData v1
+def _encode_EndQuorumEpochResponse_PartitionData_v1(m: Any, w: bytearray) -> None:
     w += _S_ihii.pack(m.partition_index, m.error_code, m.leader_id, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -592,19 +592,19 @@ def _e27(m: Any, w: bytearray) -> None:  # EndQuorumEpochResponse_PartitionData 
         w.append(0)
 
 
-def _e28(m: Any, w: bytearray) -> None:  # EndQuorumEpochResponse_TopicData v1
+def _encode_EndQuorumEpochResponse_TopicData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e27(item2, w)
+        _encode_EndQuorumEpochResponse_PartitionData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e29(m: Any, w: bytearray) -> None:  # EndQuorumEpochResponse_NodeEndpoint v1
+def _encode_EndQuorumEpochResponse_NodeEndpoint_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
@@ -614,19 +614,19 @@ def _e29(m: Any, w: bytearray) -> None:  # EndQuorumEpochResponse_NodeEndpoint v
         w.append(0)
 
 
-def _e30(m: Any, w: bytearray) -> None:  # EndQuorumEpochResponse v1
+def _encode_EndQuorumEpochResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e28(item2, w)
+        _encode_EndQuorumEpochResponse_TopicData_v1(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
         t = bytearray()
         items3 = m.node_endpoints
         _write_compact_count(t, items3)
         for item4 in items3 or ():
-            _e29(item4, t)
+            _encode_EndQuorumEpochResponse_NodeEndpoint_v1(item4, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
@@ -642,8 +642,8 @@ EndQuorumEpochRequest.TopicData = EndQuorumEpochRequest_TopicData
 EndQuorumEpochRequest.LeaderEndpoint = EndQuorumEpochRequest_LeaderEndpoint
 EndQuorumEpochRequest.PartitionData = EndQuorumEpochRequest_PartitionData
 EndQuorumEpochRequest.ReplicaInfo = EndQuorumEpochRequest_ReplicaInfo
-EndQuorumEpochRequest.DECODERS = {0: _d3, 1: _d11}
-EndQuorumEpochRequest.ENCODERS = {0: _e6, 1: _e16}
+EndQuorumEpochRequest.DECODERS = {0: _decode_EndQuorumEpochRequest_v0, 1: _decode_EndQuorumEpochRequest_v1}
+EndQuorumEpochRequest.ENCODERS = {0: _encode_EndQuorumEpochRequest_v0, 1: _encode_EndQuorumEpochRequest_v1}
 
 EndQuorumEpochResponse_TopicData.DEFAULTS = ('', list, )
 EndQuorumEpochResponse_TopicData.PartitionData = EndQuorumEpochResponse_PartitionData
@@ -653,8 +653,8 @@ EndQuorumEpochResponse.DEFAULTS = (0, list, list, )
 EndQuorumEpochResponse.TopicData = EndQuorumEpochResponse_TopicData
 EndQuorumEpochResponse.NodeEndpoint = EndQuorumEpochResponse_NodeEndpoint
 EndQuorumEpochResponse.PartitionData = EndQuorumEpochResponse_PartitionData
-EndQuorumEpochResponse.DECODERS = {0: _d19, 1: _d26}
-EndQuorumEpochResponse.ENCODERS = {0: _e22, 1: _e30}
+EndQuorumEpochResponse.DECODERS = {0: _decode_EndQuorumEpochResponse_v0, 1: _decode_EndQuorumEpochResponse_v1}
+EndQuorumEpochResponse.ENCODERS = {0: _encode_EndQuorumEpochResponse_v0, 1: _encode_EndQuorumEpochResponse_v1}
 
 
 REQUEST = EndQuorumEpochRequest

@@ -63,7 +63,7 @@ class EndTxnResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnRequest v0
+def _decode_EndTxnRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndTxnRequest)
     m.unknown_tags = None
     m.transactional_id, o = _string(b, o)
@@ -72,12 +72,12 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # EndTxnRequest v0
+def _encode_EndTxnRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.transactional_id)
     w += _S_qho.pack(m.producer_id, m.producer_epoch, m.committed)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnRequest v3
+def _decode_EndTxnRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndTxnRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -101,7 +101,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnRequest v3
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # EndTxnRequest v3
+def _encode_EndTxnRequest_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     w += _S_qho.pack(m.producer_id, m.producer_epoch, m.committed)
     if m.unknown_tags:
@@ -110,7 +110,7 @@ def _e4(m: Any, w: bytearray) -> None:  # EndTxnRequest v3
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnResponse v0
+def _decode_EndTxnResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndTxnResponse)
     m.unknown_tags = None
     m.producer_id = -1
@@ -120,11 +120,11 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnResponse v0
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # EndTxnResponse v0
+def _encode_EndTxnResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnResponse v3
+def _decode_EndTxnResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndTxnResponse)
     m.unknown_tags = None
     m.producer_id = -1
@@ -144,7 +144,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnResponse v3
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # EndTxnResponse v3
+def _encode_EndTxnResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -152,7 +152,7 @@ def _e8(m: Any, w: bytearray) -> None:  # EndTxnResponse v3
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnResponse v5
+def _decode_EndTxnResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EndTxnResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, m.producer_id, m.producer_epoch = _S_ihqh.unpack_from(b, o)
@@ -170,7 +170,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # EndTxnResponse v5
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # EndTxnResponse v5
+def _encode_EndTxnResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_ihqh.pack(m.throttle_time_ms, m.error_code, m.producer_id, m.producer_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -179,12 +179,12 @@ def _e10(m: Any, w: bytearray) -> None:  # EndTxnResponse v5
 
 
 EndTxnRequest.DEFAULTS = ('', 0, 0, False, )
-EndTxnRequest.DECODERS = {0: _d1, 1: _d1, 2: _d1, 3: _d3, 4: _d3, 5: _d3}
-EndTxnRequest.ENCODERS = {0: _e2, 1: _e2, 2: _e2, 3: _e4, 4: _e4, 5: _e4}
+EndTxnRequest.DECODERS = {0: _decode_EndTxnRequest_v0, 1: _decode_EndTxnRequest_v0, 2: _decode_EndTxnRequest_v0, 3: _decode_EndTxnRequest_v3, 4: _decode_EndTxnRequest_v3, 5: _decode_EndTxnRequest_v3}
+EndTxnRequest.ENCODERS = {0: _encode_EndTxnRequest_v0, 1: _encode_EndTxnRequest_v0, 2: _encode_EndTxnRequest_v0, 3: _encode_EndTxnRequest_v3, 4: _encode_EndTxnRequest_v3, 5: _encode_EndTxnRequest_v3}
 
 EndTxnResponse.DEFAULTS = (0, 0, -1, -1, )
-EndTxnResponse.DECODERS = {0: _d5, 1: _d5, 2: _d5, 3: _d7, 4: _d7, 5: _d9}
-EndTxnResponse.ENCODERS = {0: _e6, 1: _e6, 2: _e6, 3: _e8, 4: _e8, 5: _e10}
+EndTxnResponse.DECODERS = {0: _decode_EndTxnResponse_v0, 1: _decode_EndTxnResponse_v0, 2: _decode_EndTxnResponse_v0, 3: _decode_EndTxnResponse_v3, 4: _decode_EndTxnResponse_v3, 5: _decode_EndTxnResponse_v5}
+EndTxnResponse.ENCODERS = {0: _encode_EndTxnResponse_v0, 1: _encode_EndTxnResponse_v0, 2: _encode_EndTxnResponse_v0, 3: _encode_EndTxnResponse_v3, 4: _encode_EndTxnResponse_v3, 5: _encode_EndTxnResponse_v5}
 
 
 REQUEST = EndTxnRequest

@@ -61,7 +61,7 @@ class EnvelopeResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # EnvelopeRequest v0
+def _decode_EnvelopeRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EnvelopeRequest)
     m.unknown_tags = None
     m.request_data, o = _compact_blob(b, o)
@@ -80,7 +80,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # EnvelopeRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # EnvelopeRequest v0
+def _encode_EnvelopeRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_blob(w, m.request_data)
     _write_compact_blob(w, m.request_principal)
     _write_compact_blob(w, m.client_host_address)
@@ -90,7 +90,7 @@ def _e2(m: Any, w: bytearray) -> None:  # EnvelopeRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # EnvelopeResponse v0
+def _decode_EnvelopeResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(EnvelopeResponse)
     m.unknown_tags = None
     m.response_data, o = _compact_blob(b, o)
@@ -109,7 +109,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # EnvelopeResponse v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # EnvelopeResponse v0
+def _encode_EnvelopeResponse_v0(m: Any, w: bytearray) -> None:
     _write_compact_blob(w, m.response_data)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
@@ -119,12 +119,12 @@ def _e4(m: Any, w: bytearray) -> None:  # EnvelopeResponse v0
 
 
 EnvelopeRequest.DEFAULTS = (b'', b'', b'', )
-EnvelopeRequest.DECODERS = {0: _d1}
-EnvelopeRequest.ENCODERS = {0: _e2}
+EnvelopeRequest.DECODERS = {0: _decode_EnvelopeRequest_v0}
+EnvelopeRequest.ENCODERS = {0: _encode_EnvelopeRequest_v0}
 
 EnvelopeResponse.DEFAULTS = (None, 0, )
-EnvelopeResponse.DECODERS = {0: _d3}
-EnvelopeResponse.ENCODERS = {0: _e4}
+EnvelopeResponse.DECODERS = {0: _decode_EnvelopeResponse_v0}
+EnvelopeResponse.ENCODERS = {0: _encode_EnvelopeResponse_v0}
 
 
 REQUEST = EnvelopeRequest

@@ -132,7 +132,7 @@ class FetchResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition v4
+def _decode_FetchRequest_FetchPartition_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchPartition)
     m.unknown_tags = None
     m.current_leader_epoch = -1
@@ -145,7 +145,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition v
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v4
+def _decode_FetchRequest_FetchTopic_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -156,13 +156,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_FetchRequest_FetchPartition_v4(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v4
+def _decode_FetchRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -179,33 +179,33 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_FetchRequest_FetchTopic_v4(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # FetchRequest_FetchPartition v4
+def _encode_FetchRequest_FetchPartition_v4(m: Any, w: bytearray) -> None:
     w += _S_iqi.pack(m.partition, m.fetch_offset, m.partition_max_bytes)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # FetchRequest_FetchTopic v4
+def _encode_FetchRequest_FetchTopic_v4(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_FetchRequest_FetchPartition_v4(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # FetchRequest v4
+def _encode_FetchRequest_v4(m: Any, w: bytearray) -> None:
     w += _S_iiiib.pack(m.replica_id, m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_FetchRequest_FetchTopic_v4(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition v5
+def _decode_FetchRequest_FetchPartition_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchPartition)
     m.unknown_tags = None
     m.current_leader_epoch = -1
@@ -217,7 +217,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition v
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v5
+def _decode_FetchRequest_FetchTopic_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -228,13 +228,13 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_FetchRequest_FetchPartition_v5(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v5
+def _decode_FetchRequest_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -251,33 +251,33 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_FetchRequest_FetchTopic_v5(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # FetchRequest_FetchPartition v5
+def _encode_FetchRequest_FetchPartition_v5(m: Any, w: bytearray) -> None:
     w += _S_iqqi.pack(m.partition, m.fetch_offset, m.log_start_offset, m.partition_max_bytes)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # FetchRequest_FetchTopic v5
+def _encode_FetchRequest_FetchTopic_v5(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_FetchRequest_FetchPartition_v5(item2, w)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # FetchRequest v5
+def _encode_FetchRequest_v5(m: Any, w: bytearray) -> None:
     w += _S_iiiib.pack(m.replica_id, m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_FetchRequest_FetchTopic_v5(item2, w)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_ForgottenTopic v7
+def _decode_FetchRequest_ForgottenTopic_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_ForgottenTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -291,7 +291,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_ForgottenTopic 
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v7
+def _decode_FetchRequest_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -305,7 +305,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v7
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_FetchRequest_FetchTopic_v5(b, o)
             items2.append(v3)
         m.topics = items2
     n4, o = _count(b, o)
@@ -314,13 +314,13 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v7
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d13(b, o)
+            v6, o = _decode_FetchRequest_ForgottenTopic_v7(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # FetchRequest_ForgottenTopic v7
+def _encode_FetchRequest_ForgottenTopic_v7(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
@@ -328,19 +328,19 @@ def _e15(m: Any, w: bytearray) -> None:  # FetchRequest_ForgottenTopic v7
         w += _pack(f'>{len(items1)}i', *items1)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # FetchRequest v7
+def _encode_FetchRequest_v7(m: Any, w: bytearray) -> None:
     w += _S_iiiibii.pack(m.replica_id, m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_FetchRequest_FetchTopic_v5(item2, w)
     items3 = m.forgotten_topics_data
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e15(item4, w)
+        _encode_FetchRequest_ForgottenTopic_v7(item4, w)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition v9
+def _decode_FetchRequest_FetchPartition_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchPartition)
     m.unknown_tags = None
     m.last_fetched_epoch = -1
@@ -351,7 +351,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition 
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v9
+def _decode_FetchRequest_FetchTopic_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -362,13 +362,13 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v9
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_FetchRequest_FetchPartition_v9(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v9
+def _decode_FetchRequest_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -382,7 +382,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v9
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d18(b, o)
+            v3, o = _decode_FetchRequest_FetchTopic_v9(b, o)
             items2.append(v3)
         m.topics = items2
     n4, o = _count(b, o)
@@ -391,37 +391,37 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v9
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d13(b, o)
+            v6, o = _decode_FetchRequest_ForgottenTopic_v7(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
     return m, o
 
 
-def _e20(m: Any, w: bytearray) -> None:  # FetchRequest_FetchPartition v9
+def _encode_FetchRequest_FetchPartition_v9(m: Any, w: bytearray) -> None:
     w += _S_iiqqi.pack(m.partition, m.current_leader_epoch, m.fetch_offset, m.log_start_offset, m.partition_max_bytes)
 
 
-def _e21(m: Any, w: bytearray) -> None:  # FetchRequest_FetchTopic v9
+def _encode_FetchRequest_FetchTopic_v9(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e20(item2, w)
+        _encode_FetchRequest_FetchPartition_v9(item2, w)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # FetchRequest v9
+def _encode_FetchRequest_v9(m: Any, w: bytearray) -> None:
     w += _S_iiiibii.pack(m.replica_id, m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_FetchRequest_FetchTopic_v9(item2, w)
     items3 = m.forgotten_topics_data
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e15(item4, w)
+        _encode_FetchRequest_ForgottenTopic_v7(item4, w)
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v11
+def _decode_FetchRequest_v11(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -434,7 +434,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v11
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d18(b, o)
+            v3, o = _decode_FetchRequest_FetchTopic_v9(b, o)
             items2.append(v3)
         m.topics = items2
     n4, o = _count(b, o)
@@ -443,27 +443,27 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v11
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d13(b, o)
+            v6, o = _decode_FetchRequest_ForgottenTopic_v7(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
     m.rack_id, o = _string(b, o)
     return m, o
 
 
-def _e24(m: Any, w: bytearray) -> None:  # FetchRequest v11
+def _encode_FetchRequest_v11(m: Any, w: bytearray) -> None:
     w += _S_iiiibii.pack(m.replica_id, m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_FetchRequest_FetchTopic_v9(item2, w)
     items3 = m.forgotten_topics_data
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e15(item4, w)
+        _encode_FetchRequest_ForgottenTopic_v7(item4, w)
     _write_string(w, m.rack_id)
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition v12
+def _decode_FetchRequest_FetchPartition_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchPartition)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
@@ -483,7 +483,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition 
     return m, o
 
 
-def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v12
+def _decode_FetchRequest_FetchTopic_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -503,7 +503,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v12
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d25(b, o)
+            v4, o = _decode_FetchRequest_FetchPartition_v12(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -519,7 +519,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v12
     return m, o
 
 
-def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_ForgottenTopic v12
+def _decode_FetchRequest_ForgottenTopic_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_ForgottenTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -552,7 +552,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_ForgottenTopic 
     return m, o
 
 
-def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v12
+def _decode_FetchRequest_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -569,7 +569,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v12
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d26(b, o)
+            v3, o = _decode_FetchRequest_FetchTopic_v12(b, o)
             items2.append(v3)
         m.topics = items2
     n4 = b[o] - 1
@@ -582,7 +582,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v12
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d27(b, o)
+            v6, o = _decode_FetchRequest_ForgottenTopic_v12(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
     length7 = b[o]
@@ -613,7 +613,7 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v12
     return m, o
 
 
-def _e29(m: Any, w: bytearray) -> None:  # FetchRequest_FetchPartition v12
+def _encode_FetchRequest_FetchPartition_v12(m: Any, w: bytearray) -> None:
     w += _S_iiqiqi.pack(m.partition, m.current_leader_epoch, m.fetch_offset, m.last_fetched_epoch, m.log_start_offset, m.partition_max_bytes)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -621,19 +621,19 @@ def _e29(m: Any, w: bytearray) -> None:  # FetchRequest_FetchPartition v12
         w.append(0)
 
 
-def _e30(m: Any, w: bytearray) -> None:  # FetchRequest_FetchTopic v12
+def _encode_FetchRequest_FetchTopic_v12(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_FetchRequest_FetchPartition_v12(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e31(m: Any, w: bytearray) -> None:  # FetchRequest_ForgottenTopic v12
+def _encode_FetchRequest_ForgottenTopic_v12(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -645,16 +645,16 @@ def _e31(m: Any, w: bytearray) -> None:  # FetchRequest_ForgottenTopic v12
         w.append(0)
 
 
-def _e32(m: Any, w: bytearray) -> None:  # FetchRequest v12
+def _encode_FetchRequest_v12(m: Any, w: bytearray) -> None:
     w += _S_iiiibii.pack(m.replica_id, m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e30(item2, w)
+        _encode_FetchRequest_FetchTopic_v12(item2, w)
     items3 = m.forgotten_topics_data
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e31(item4, w)
+        _encode_FetchRequest_ForgottenTopic_v12(item4, w)
     _write_compact_string(w, m.rack_id)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.cluster_id is not None:
@@ -664,7 +664,7 @@ def _e32(m: Any, w: bytearray) -> None:  # FetchRequest v12
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v13
+def _decode_FetchRequest_FetchTopic_v13(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchTopic)
     m.unknown_tags = None
     m.topic = ''
@@ -681,7 +681,7 @@ def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v13
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d25(b, o)
+            v3, o = _decode_FetchRequest_FetchPartition_v12(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -697,7 +697,7 @@ def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v13
     return m, o
 
 
-def _d34(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_ForgottenTopic v13
+def _decode_FetchRequest_ForgottenTopic_v13(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_ForgottenTopic)
     m.unknown_tags = None
     m.topic = ''
@@ -727,7 +727,7 @@ def _d34(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_ForgottenTopic 
     return m, o
 
 
-def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v13
+def _decode_FetchRequest_v13(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -744,7 +744,7 @@ def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v13
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d33(b, o)
+            v3, o = _decode_FetchRequest_FetchTopic_v13(b, o)
             items2.append(v3)
         m.topics = items2
     n4 = b[o] - 1
@@ -757,7 +757,7 @@ def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v13
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d34(b, o)
+            v6, o = _decode_FetchRequest_ForgottenTopic_v13(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
     length7 = b[o]
@@ -788,19 +788,19 @@ def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v13
     return m, o
 
 
-def _e36(m: Any, w: bytearray) -> None:  # FetchRequest_FetchTopic v13
+def _encode_FetchRequest_FetchTopic_v13(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_FetchRequest_FetchPartition_v12(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e37(m: Any, w: bytearray) -> None:  # FetchRequest_ForgottenTopic v13
+def _encode_FetchRequest_ForgottenTopic_v13(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -812,16 +812,16 @@ def _e37(m: Any, w: bytearray) -> None:  # FetchRequest_ForgottenTopic v13
         w.append(0)
 
 
-def _e38(m: Any, w: bytearray) -> None:  # FetchRequest v13
+def _encode_FetchRequest_v13(m: Any, w: bytearray) -> None:
     w += _S_iiiibii.pack(m.replica_id, m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e36(item2, w)
+        _encode_FetchRequest_FetchTopic_v13(item2, w)
     items3 = m.forgotten_topics_data
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e37(item4, w)
+        _encode_FetchRequest_ForgottenTopic_v13(item4, w)
     _write_compact_string(w, m.rack_id)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.cluster_id is not None:
@@ -831,7 +831,7 @@ def _e38(m: Any, w: bytearray) -> None:  # FetchRequest v13
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_ReplicaState v15
+def _decode_FetchRequest_ReplicaState_v15(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_ReplicaState)
     m.unknown_tags = None
     m.replica_id, m.replica_epoch = _S_iq.unpack_from(b, o)
@@ -849,7 +849,7 @@ def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_ReplicaState v1
     return m, o
 
 
-def _d40(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v15
+def _decode_FetchRequest_v15(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -867,7 +867,7 @@ def _d40(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v15
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d33(b, o)
+            v3, o = _decode_FetchRequest_FetchTopic_v13(b, o)
             items2.append(v3)
         m.topics = items2
     n4 = b[o] - 1
@@ -880,7 +880,7 @@ def _d40(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v15
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d34(b, o)
+            v6, o = _decode_FetchRequest_ForgottenTopic_v13(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
     length7 = b[o]
@@ -904,7 +904,7 @@ def _d40(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v15
                     m.cluster_id, o = _compact_string(b, o)
                 _check_tag_end(t, o, e)
             elif t == 1:
-                m.replica_state, o = _d39(b, o)
+                m.replica_state, o = _decode_FetchRequest_ReplicaState_v15(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -914,7 +914,7 @@ def _d40(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v15
     return m, o
 
 
-def _e41(m: Any, w: bytearray) -> None:  # FetchRequest_ReplicaState v15
+def _encode_FetchRequest_ReplicaState_v15(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.replica_id, m.replica_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -922,16 +922,16 @@ def _e41(m: Any, w: bytearray) -> None:  # FetchRequest_ReplicaState v15
         w.append(0)
 
 
-def _e42(m: Any, w: bytearray) -> None:  # FetchRequest v15
+def _encode_FetchRequest_v15(m: Any, w: bytearray) -> None:
     w += _S_iiibii.pack(m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e36(item2, w)
+        _encode_FetchRequest_FetchTopic_v13(item2, w)
     items3 = m.forgotten_topics_data
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e37(item4, w)
+        _encode_FetchRequest_ForgottenTopic_v13(item4, w)
     _write_compact_string(w, m.rack_id)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.cluster_id is not None:
@@ -940,12 +940,12 @@ def _e42(m: Any, w: bytearray) -> None:  # FetchRequest v15
         tags.append((0, t))
     if m.replica_state is not None:
         t = bytearray()
-        _e41(m.replica_state, t)
+        _encode_FetchRequest_ReplicaState_v15(m.replica_state, t)
         tags.append((1, t))
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d43(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition v17
+def _decode_FetchRequest_FetchPartition_v17(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchPartition)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
@@ -970,7 +970,7 @@ def _d43(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition 
     return m, o
 
 
-def _d44(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v17
+def _decode_FetchRequest_FetchTopic_v17(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchTopic)
     m.unknown_tags = None
     m.topic = ''
@@ -987,7 +987,7 @@ def _d44(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v17
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d43(b, o)
+            v3, o = _decode_FetchRequest_FetchPartition_v17(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -1003,7 +1003,7 @@ def _d44(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v17
     return m, o
 
 
-def _d45(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v17
+def _decode_FetchRequest_v17(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -1021,7 +1021,7 @@ def _d45(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v17
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d44(b, o)
+            v3, o = _decode_FetchRequest_FetchTopic_v17(b, o)
             items2.append(v3)
         m.topics = items2
     n4 = b[o] - 1
@@ -1034,7 +1034,7 @@ def _d45(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v17
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d34(b, o)
+            v6, o = _decode_FetchRequest_ForgottenTopic_v13(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
     length7 = b[o]
@@ -1058,7 +1058,7 @@ def _d45(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v17
                     m.cluster_id, o = _compact_string(b, o)
                 _check_tag_end(t, o, e)
             elif t == 1:
-                m.replica_state, o = _d39(b, o)
+                m.replica_state, o = _decode_FetchRequest_ReplicaState_v15(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -1068,7 +1068,7 @@ def _d45(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v17
     return m, o
 
 
-def _e46(m: Any, w: bytearray) -> None:  # FetchRequest_FetchPartition v17
+def _encode_FetchRequest_FetchPartition_v17(m: Any, w: bytearray) -> None:
     w += _S_iiqiqi.pack(m.partition, m.current_leader_epoch, m.fetch_offset, m.last_fetched_epoch, m.log_start_offset, m.partition_max_bytes)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.replica_directory_id is not None and m.replica_directory_id != _ZERO_UUID:
@@ -1078,28 +1078,28 @@ def _e46(m: Any, w: bytearray) -> None:  # FetchRequest_FetchPartition v17
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e47(m: Any, w: bytearray) -> None:  # FetchRequest_FetchTopic v17
+def _encode_FetchRequest_FetchTopic_v17(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e46(item2, w)
+        _encode_FetchRequest_FetchPartition_v17(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e48(m: Any, w: bytearray) -> None:  # FetchRequest v17
+def _encode_FetchRequest_v17(m: Any, w: bytearray) -> None:
     w += _S_iiibii.pack(m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e47(item2, w)
+        _encode_FetchRequest_FetchTopic_v17(item2, w)
     items3 = m.forgotten_topics_data
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e37(item4, w)
+        _encode_FetchRequest_ForgottenTopic_v13(item4, w)
     _write_compact_string(w, m.rack_id)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.cluster_id is not None:
@@ -1108,12 +1108,12 @@ def _e48(m: Any, w: bytearray) -> None:  # FetchRequest v17
         tags.append((0, t))
     if m.replica_state is not None:
         t = bytearray()
-        _e41(m.replica_state, t)
+        _encode_FetchRequest_ReplicaState_v15(m.replica_state, t)
         tags.append((1, t))
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition v18
+def _decode_FetchRequest_FetchPartition_v18(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchPartition)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
@@ -1142,7 +1142,7 @@ def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchPartition 
     return m, o
 
 
-def _d50(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v18
+def _decode_FetchRequest_FetchTopic_v18(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest_FetchTopic)
     m.unknown_tags = None
     m.topic = ''
@@ -1159,7 +1159,7 @@ def _d50(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v18
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d49(b, o)
+            v3, o = _decode_FetchRequest_FetchPartition_v18(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -1175,7 +1175,7 @@ def _d50(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest_FetchTopic v18
     return m, o
 
 
-def _d51(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v18
+def _decode_FetchRequest_v18(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -1193,7 +1193,7 @@ def _d51(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v18
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d50(b, o)
+            v3, o = _decode_FetchRequest_FetchTopic_v18(b, o)
             items2.append(v3)
         m.topics = items2
     n4 = b[o] - 1
@@ -1206,7 +1206,7 @@ def _d51(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v18
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d34(b, o)
+            v6, o = _decode_FetchRequest_ForgottenTopic_v13(b, o)
             items5.append(v6)
         m.forgotten_topics_data = items5
     length7 = b[o]
@@ -1230,7 +1230,7 @@ def _d51(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v18
                     m.cluster_id, o = _compact_string(b, o)
                 _check_tag_end(t, o, e)
             elif t == 1:
-                m.replica_state, o = _d39(b, o)
+                m.replica_state, o = _decode_FetchRequest_ReplicaState_v15(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -1240,7 +1240,7 @@ def _d51(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchRequest v18
     return m, o
 
 
-def _e52(m: Any, w: bytearray) -> None:  # FetchRequest_FetchPartition v18
+def _encode_FetchRequest_FetchPartition_v18(m: Any, w: bytearray) -> None:
     w += _S_iiqiqi.pack(m.partition, m.current_leader_epoch, m.fetch_offset, m.last_fetched_epoch, m.log_start_offset, m.partition_max_bytes)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.replica_directory_id is not None and m.replica_directory_id != _ZERO_UUID:
@@ -1254,28 +1254,28 @@ def _e52(m: Any, w: bytearray) -> None:  # FetchRequest_FetchPartition v18
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e53(m: Any, w: bytearray) -> None:  # FetchRequest_FetchTopic v18
+def _encode_FetchRequest_FetchTopic_v18(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e52(item2, w)
+        _encode_FetchRequest_FetchPartition_v18(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e54(m: Any, w: bytearray) -> None:  # FetchRequest v18
+def _encode_FetchRequest_v18(m: Any, w: bytearray) -> None:
     w += _S_iiibii.pack(m.max_wait_ms, m.min_bytes, m.max_bytes, m.isolation_level, m.session_id, m.session_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e53(item2, w)
+        _encode_FetchRequest_FetchTopic_v18(item2, w)
     items3 = m.forgotten_topics_data
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e37(item4, w)
+        _encode_FetchRequest_ForgottenTopic_v13(item4, w)
     _write_compact_string(w, m.rack_id)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.cluster_id is not None:
@@ -1284,12 +1284,12 @@ def _e54(m: Any, w: bytearray) -> None:  # FetchRequest v18
         tags.append((0, t))
     if m.replica_state is not None:
         t = bytearray()
-        _e41(m.replica_state, t)
+        _encode_FetchRequest_ReplicaState_v15(m.replica_state, t)
         tags.append((1, t))
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_AbortedTransaction v4
+def _decode_FetchResponse_AbortedTransaction_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_AbortedTransaction)
     m.unknown_tags = None
     m.producer_id, m.first_offset = _S_qq.unpack_from(b, o)
@@ -1297,7 +1297,7 @@ def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_AbortedTransac
     return m, o
 
 
-def _d56(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData v4
+def _decode_FetchResponse_PartitionData_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_PartitionData)
     m.unknown_tags = None
     m.log_start_offset = -1
@@ -1313,14 +1313,14 @@ def _d56(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d55(b, o)
+            v3, o = _decode_FetchResponse_AbortedTransaction_v4(b, o)
             items2.append(v3)
         m.aborted_transactions = items2
     m.records, o = _blob(b, o)
     return m, o
 
 
-def _d57(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopicResponse v4
+def _decode_FetchResponse_FetchableTopicResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_FetchableTopicResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -1331,13 +1331,13 @@ def _d57(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopic
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d56(b, o)
+            v3, o = _decode_FetchResponse_PartitionData_v4(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d58(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v4
+def _decode_FetchResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -1351,42 +1351,42 @@ def _d58(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d57(b, o)
+            v3, o = _decode_FetchResponse_FetchableTopicResponse_v4(b, o)
             items2.append(v3)
         m.responses = items2
     return m, o
 
 
-def _e59(m: Any, w: bytearray) -> None:  # FetchResponse_AbortedTransaction v4
+def _encode_FetchResponse_AbortedTransaction_v4(m: Any, w: bytearray) -> None:
     w += _S_qq.pack(m.producer_id, m.first_offset)
 
 
-def _e60(m: Any, w: bytearray) -> None:  # FetchResponse_PartitionData v4
+def _encode_FetchResponse_PartitionData_v4(m: Any, w: bytearray) -> None:
     w += _S_ihqq.pack(m.partition_index, m.error_code, m.high_watermark, m.last_stable_offset)
     items1 = m.aborted_transactions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e59(item2, w)
+        _encode_FetchResponse_AbortedTransaction_v4(item2, w)
     _write_blob(w, m.records)
 
 
-def _e61(m: Any, w: bytearray) -> None:  # FetchResponse_FetchableTopicResponse v4
+def _encode_FetchResponse_FetchableTopicResponse_v4(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e60(item2, w)
+        _encode_FetchResponse_PartitionData_v4(item2, w)
 
 
-def _e62(m: Any, w: bytearray) -> None:  # FetchResponse v4
+def _encode_FetchResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e61(item2, w)
+        _encode_FetchResponse_FetchableTopicResponse_v4(item2, w)
 
 
-def _d63(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData v5
+def _decode_FetchResponse_PartitionData_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_PartitionData)
     m.unknown_tags = None
     m.diverging_epoch = None
@@ -1401,14 +1401,14 @@ def _d63(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d55(b, o)
+            v3, o = _decode_FetchResponse_AbortedTransaction_v4(b, o)
             items2.append(v3)
         m.aborted_transactions = items2
     m.records, o = _blob(b, o)
     return m, o
 
 
-def _d64(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopicResponse v5
+def _decode_FetchResponse_FetchableTopicResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_FetchableTopicResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -1419,13 +1419,13 @@ def _d64(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopic
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d63(b, o)
+            v3, o = _decode_FetchResponse_PartitionData_v5(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d65(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v5
+def _decode_FetchResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -1439,38 +1439,38 @@ def _d65(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d64(b, o)
+            v3, o = _decode_FetchResponse_FetchableTopicResponse_v5(b, o)
             items2.append(v3)
         m.responses = items2
     return m, o
 
 
-def _e66(m: Any, w: bytearray) -> None:  # FetchResponse_PartitionData v5
+def _encode_FetchResponse_PartitionData_v5(m: Any, w: bytearray) -> None:
     w += _S_ihqqq.pack(m.partition_index, m.error_code, m.high_watermark, m.last_stable_offset, m.log_start_offset)
     items1 = m.aborted_transactions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e59(item2, w)
+        _encode_FetchResponse_AbortedTransaction_v4(item2, w)
     _write_blob(w, m.records)
 
 
-def _e67(m: Any, w: bytearray) -> None:  # FetchResponse_FetchableTopicResponse v5
+def _encode_FetchResponse_FetchableTopicResponse_v5(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e66(item2, w)
+        _encode_FetchResponse_PartitionData_v5(item2, w)
 
 
-def _e68(m: Any, w: bytearray) -> None:  # FetchResponse v5
+def _encode_FetchResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e67(item2, w)
+        _encode_FetchResponse_FetchableTopicResponse_v5(item2, w)
 
 
-def _d69(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v7
+def _decode_FetchResponse_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -1482,21 +1482,21 @@ def _d69(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v7
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d64(b, o)
+            v3, o = _decode_FetchResponse_FetchableTopicResponse_v5(b, o)
             items2.append(v3)
         m.responses = items2
     return m, o
 
 
-def _e70(m: Any, w: bytearray) -> None:  # FetchResponse v7
+def _encode_FetchResponse_v7(m: Any, w: bytearray) -> None:
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.session_id)
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e67(item2, w)
+        _encode_FetchResponse_FetchableTopicResponse_v5(item2, w)
 
 
-def _d71(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData v11
+def _decode_FetchResponse_PartitionData_v11(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_PartitionData)
     m.unknown_tags = None
     m.diverging_epoch = None
@@ -1510,7 +1510,7 @@ def _d71(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d55(b, o)
+            v3, o = _decode_FetchResponse_AbortedTransaction_v4(b, o)
             items2.append(v3)
         m.aborted_transactions = items2
     m.preferred_read_replica, = _S_i.unpack_from(b, o)
@@ -1519,7 +1519,7 @@ def _d71(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData 
     return m, o
 
 
-def _d72(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopicResponse v11
+def _decode_FetchResponse_FetchableTopicResponse_v11(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_FetchableTopicResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -1530,13 +1530,13 @@ def _d72(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopic
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d71(b, o)
+            v3, o = _decode_FetchResponse_PartitionData_v11(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d73(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v11
+def _decode_FetchResponse_v11(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -1548,39 +1548,39 @@ def _d73(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v11
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d72(b, o)
+            v3, o = _decode_FetchResponse_FetchableTopicResponse_v11(b, o)
             items2.append(v3)
         m.responses = items2
     return m, o
 
 
-def _e74(m: Any, w: bytearray) -> None:  # FetchResponse_PartitionData v11
+def _encode_FetchResponse_PartitionData_v11(m: Any, w: bytearray) -> None:
     w += _S_ihqqq.pack(m.partition_index, m.error_code, m.high_watermark, m.last_stable_offset, m.log_start_offset)
     items1 = m.aborted_transactions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e59(item2, w)
+        _encode_FetchResponse_AbortedTransaction_v4(item2, w)
     w += _S_i.pack(m.preferred_read_replica)
     _write_blob(w, m.records)
 
 
-def _e75(m: Any, w: bytearray) -> None:  # FetchResponse_FetchableTopicResponse v11
+def _encode_FetchResponse_FetchableTopicResponse_v11(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e74(item2, w)
+        _encode_FetchResponse_PartitionData_v11(item2, w)
 
 
-def _e76(m: Any, w: bytearray) -> None:  # FetchResponse v11
+def _encode_FetchResponse_v11(m: Any, w: bytearray) -> None:
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.session_id)
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e75(item2, w)
+        _encode_FetchResponse_FetchableTopicResponse_v11(item2, w)
 
 
-def _d77(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_AbortedTransaction v12
+def _decode_FetchResponse_AbortedTransaction_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_AbortedTransaction)
     m.unknown_tags = None
     m.producer_id, m.first_offset = _S_qq.unpack_from(b, o)
@@ -1598,7 +1598,7 @@ def _d77(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_AbortedTransac
     return m, o
 
 
-def _d78(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_EpochEndOffset v12
+def _decode_FetchResponse_EpochEndOffset_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_EpochEndOffset)
     m.unknown_tags = None
     m.epoch, m.end_offset = _S_iq.unpack_from(b, o)
@@ -1616,7 +1616,7 @@ def _d78(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_EpochEndOffset
     return m, o
 
 
-def _d79(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_LeaderIdAndEpoch v12
+def _decode_FetchResponse_LeaderIdAndEpoch_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_LeaderIdAndEpoch)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -1634,7 +1634,7 @@ def _d79(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_LeaderIdAndEpo
     return m, o
 
 
-def _d80(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_SnapshotId v12
+def _decode_FetchResponse_SnapshotId_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_SnapshotId)
     m.unknown_tags = None
     m.end_offset, m.epoch = _S_qi.unpack_from(b, o)
@@ -1652,7 +1652,7 @@ def _d80(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_SnapshotId v12
     return m, o
 
 
-def _d81(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData v12
+def _decode_FetchResponse_PartitionData_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_PartitionData)
     m.unknown_tags = None
     m.diverging_epoch = None
@@ -1670,7 +1670,7 @@ def _d81(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d77(b, o)
+            v3, o = _decode_FetchResponse_AbortedTransaction_v12(b, o)
             items2.append(v3)
         m.aborted_transactions = items2
     m.preferred_read_replica, = _S_i.unpack_from(b, o)
@@ -1683,13 +1683,13 @@ def _d81(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData 
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.diverging_epoch, o = _d78(b, o)
+                m.diverging_epoch, o = _decode_FetchResponse_EpochEndOffset_v12(b, o)
                 _check_tag_end(t, o, e)
             elif t == 1:
-                m.current_leader, o = _d79(b, o)
+                m.current_leader, o = _decode_FetchResponse_LeaderIdAndEpoch_v12(b, o)
                 _check_tag_end(t, o, e)
             elif t == 2:
-                m.snapshot_id, o = _d80(b, o)
+                m.snapshot_id, o = _decode_FetchResponse_SnapshotId_v12(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -1699,7 +1699,7 @@ def _d81(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_PartitionData 
     return m, o
 
 
-def _d82(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopicResponse v12
+def _decode_FetchResponse_FetchableTopicResponse_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_FetchableTopicResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -1719,7 +1719,7 @@ def _d82(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopic
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d81(b, o)
+            v4, o = _decode_FetchResponse_PartitionData_v12(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -1735,7 +1735,7 @@ def _d82(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopic
     return m, o
 
 
-def _d83(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v12
+def _decode_FetchResponse_v12(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -1751,7 +1751,7 @@ def _d83(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v12
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d82(b, o)
+            v3, o = _decode_FetchResponse_FetchableTopicResponse_v12(b, o)
             items2.append(v3)
         m.responses = items2
     if b[o] == 0:
@@ -1767,7 +1767,7 @@ def _d83(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v12
     return m, o
 
 
-def _e84(m: Any, w: bytearray) -> None:  # FetchResponse_AbortedTransaction v12
+def _encode_FetchResponse_AbortedTransaction_v12(m: Any, w: bytearray) -> None:
     w += _S_qq.pack(m.producer_id, m.first_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1775,7 +1775,7 @@ def _e84(m: Any, w: bytearray) -> None:  # FetchResponse_AbortedTransaction v12
         w.append(0)
 
 
-def _e85(m: Any, w: bytearray) -> None:  # FetchResponse_EpochEndOffset v12
+def _encode_FetchResponse_EpochEndOffset_v12(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.epoch, m.end_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1783,7 +1783,7 @@ def _e85(m: Any, w: bytearray) -> None:  # FetchResponse_EpochEndOffset v12
         w.append(0)
 
 
-def _e86(m: Any, w: bytearray) -> None:  # FetchResponse_LeaderIdAndEpoch v12
+def _encode_FetchResponse_LeaderIdAndEpoch_v12(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.leader_id, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1791,7 +1791,7 @@ def _e86(m: Any, w: bytearray) -> None:  # FetchResponse_LeaderIdAndEpoch v12
         w.append(0)
 
 
-def _e87(m: Any, w: bytearray) -> None:  # FetchResponse_SnapshotId v12
+def _encode_FetchResponse_SnapshotId_v12(m: Any, w: bytearray) -> None:
     w += _S_qi.pack(m.end_offset, m.epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1799,55 +1799,55 @@ def _e87(m: Any, w: bytearray) -> None:  # FetchResponse_SnapshotId v12
         w.append(0)
 
 
-def _e88(m: Any, w: bytearray) -> None:  # FetchResponse_PartitionData v12
+def _encode_FetchResponse_PartitionData_v12(m: Any, w: bytearray) -> None:
     w += _S_ihqqq.pack(m.partition_index, m.error_code, m.high_watermark, m.last_stable_offset, m.log_start_offset)
     items1 = m.aborted_transactions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e84(item2, w)
+        _encode_FetchResponse_AbortedTransaction_v12(item2, w)
     w += _S_i.pack(m.preferred_read_replica)
     _write_compact_blob(w, m.records)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.diverging_epoch is not None:
         t = bytearray()
-        _e85(m.diverging_epoch, t)
+        _encode_FetchResponse_EpochEndOffset_v12(m.diverging_epoch, t)
         tags.append((0, t))
     if m.current_leader is not None:
         t = bytearray()
-        _e86(m.current_leader, t)
+        _encode_FetchResponse_LeaderIdAndEpoch_v12(m.current_leader, t)
         tags.append((1, t))
     if m.snapshot_id is not None:
         t = bytearray()
-        _e87(m.snapshot_id, t)
+        _encode_FetchResponse_SnapshotId_v12(m.snapshot_id, t)
         tags.append((2, t))
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e89(m: Any, w: bytearray) -> None:  # FetchResponse_FetchableTopicResponse v12
+def _encode_FetchResponse_FetchableTopicResponse_v12(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e88(item2, w)
+        _encode_FetchResponse_PartitionData_v12(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e90(m: Any, w: bytearray) -> None:  # FetchResponse v12
+def _encode_FetchResponse_v12(m: Any, w: bytearray) -> None:
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.session_id)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e89(item2, w)
+        _encode_FetchResponse_FetchableTopicResponse_v12(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d91(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopicResponse v13
+def _decode_FetchResponse_FetchableTopicResponse_v13(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_FetchableTopicResponse)
     m.unknown_tags = None
     m.topic = ''
@@ -1864,7 +1864,7 @@ def _d91(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopic
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d81(b, o)
+            v3, o = _decode_FetchResponse_PartitionData_v12(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -1880,7 +1880,7 @@ def _d91(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_FetchableTopic
     return m, o
 
 
-def _d92(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v13
+def _decode_FetchResponse_v13(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -1896,7 +1896,7 @@ def _d92(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v13
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d91(b, o)
+            v3, o = _decode_FetchResponse_FetchableTopicResponse_v13(b, o)
             items2.append(v3)
         m.responses = items2
     if b[o] == 0:
@@ -1912,31 +1912,31 @@ def _d92(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v13
     return m, o
 
 
-def _e93(m: Any, w: bytearray) -> None:  # FetchResponse_FetchableTopicResponse v13
+def _encode_FetchResponse_FetchableTopicResponse_v13(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e88(item2, w)
+        _encode_FetchResponse_PartitionData_v12(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e94(m: Any, w: bytearray) -> None:  # FetchResponse v13
+def _encode_FetchResponse_v13(m: Any, w: bytearray) -> None:
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.session_id)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e93(item2, w)
+        _encode_FetchResponse_FetchableTopicResponse_v13(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d95(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_NodeEndpoint v16
+def _decode_FetchResponse_NodeEndpoint_v16(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -1968,7 +1968,7 @@ def _d95(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse_NodeEndpoint v
     return m, o
 
 
-def _d96(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v16
+def _decode_FetchResponse_v16(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -1984,7 +1984,7 @@ def _d96(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v16
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d91(b, o)
+            v3, o = _decode_FetchResponse_FetchableTopicResponse_v13(b, o)
             items2.append(v3)
         m.responses = items2
     if b[o] == 0:
@@ -2004,7 +2004,7 @@ def _d96(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v16
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d95(b, o)
+                        v6, o = _decode_FetchResponse_NodeEndpoint_v16(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -2016,7 +2016,7 @@ def _d96(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchResponse v16
     return m, o
 
 
-def _e97(m: Any, w: bytearray) -> None:  # FetchResponse_NodeEndpoint v16
+def _encode_FetchResponse_NodeEndpoint_v16(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
     w += _S_i.pack(m.port)
@@ -2027,19 +2027,19 @@ def _e97(m: Any, w: bytearray) -> None:  # FetchResponse_NodeEndpoint v16
         w.append(0)
 
 
-def _e98(m: Any, w: bytearray) -> None:  # FetchResponse v16
+def _encode_FetchResponse_v16(m: Any, w: bytearray) -> None:
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.session_id)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e93(item2, w)
+        _encode_FetchResponse_FetchableTopicResponse_v13(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
         t = bytearray()
         items3 = m.node_endpoints
         _write_compact_count(t, items3)
         for item4 in items3 or ():
-            _e97(item4, t)
+            _encode_FetchResponse_NodeEndpoint_v16(item4, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
@@ -2054,8 +2054,8 @@ FetchRequest.ReplicaState = FetchRequest_ReplicaState
 FetchRequest.FetchTopic = FetchRequest_FetchTopic
 FetchRequest.ForgottenTopic = FetchRequest_ForgottenTopic
 FetchRequest.FetchPartition = FetchRequest_FetchPartition
-FetchRequest.DECODERS = {4: _d3, 5: _d9, 6: _d9, 7: _d14, 8: _d14, 9: _d19, 10: _d19, 11: _d23, 12: _d28, 13: _d35, 14: _d35, 15: _d40, 16: _d40, 17: _d45, 18: _d51}
-FetchRequest.ENCODERS = {4: _e6, 5: _e12, 6: _e12, 7: _e16, 8: _e16, 9: _e22, 10: _e22, 11: _e24, 12: _e32, 13: _e38, 14: _e38, 15: _e42, 16: _e42, 17: _e48, 18: _e54}
+FetchRequest.DECODERS = {4: _decode_FetchRequest_v4, 5: _decode_FetchRequest_v5, 6: _decode_FetchRequest_v5, 7: _decode_FetchRequest_v7, 8: _decode_FetchRequest_v7, 9: _decode_FetchRequest_v9, 10: _decode_FetchRequest_v9, 11: _decode_FetchRequest_v11, 12: _decode_FetchRequest_v12, 13: _decode_FetchRequest_v13, 14: _decode_FetchRequest_v13, 15: _decode_FetchRequest_v15, 16: _decode_FetchRequest_v15, 17: _decode_FetchRequest_v17, 18: _decode_FetchRequest_v18}
+FetchRequest.ENCODERS = {4: _encode_FetchRequest_v4, 5: _encode_FetchRequest_v5, 6: _encode_FetchRequest_v5, 7: _encode_FetchRequest_v7, 8: _encode_FetchRequest_v7, 9: _encode_FetchRequest_v9, 10: _encode_FetchRequest_v9, 11: _encode_FetchRequest_v11, 12: _encode_FetchRequest_v12, 13: _encode_FetchRequest_v13, 14: _encode_FetchRequest_v13, 15: _encode_FetchRequest_v15, 16: _encode_FetchRequest_v15, 17: _encode_FetchRequest_v17, 18: _encode_FetchRequest_v18}
 
 FetchResponse_FetchableTopicResponse.DEFAULTS = ('', _ZERO_UUID, list, )
 FetchResponse_FetchableTopicResponse.PartitionData = FetchResponse_PartitionData
@@ -2077,8 +2077,8 @@ FetchResponse.EpochEndOffset = FetchResponse_EpochEndOffset
 FetchResponse.LeaderIdAndEpoch = FetchResponse_LeaderIdAndEpoch
 FetchResponse.SnapshotId = FetchResponse_SnapshotId
 FetchResponse.AbortedTransaction = FetchResponse_AbortedTransaction
-FetchResponse.DECODERS = {4: _d58, 5: _d65, 6: _d65, 7: _d69, 8: _d69, 9: _d69, 10: _d69, 11: _d73, 12: _d83, 13: _d92, 14: _d92, 15: _d92, 16: _d96, 17: _d96, 18: _d96}
-FetchResponse.ENCODERS = {4: _e62, 5: _e68, 6: _e68, 7: _e70, 8: _e70, 9: _e70, 10: _e70, 11: _e76, 12: _e90, 13: _e94, 14: _e94, 15: _e94, 16: _e98, 17: _e98, 18: _e98}
+FetchResponse.DECODERS = {4: _decode_FetchResponse_v4, 5: _decode_FetchResponse_v5, 6: _decode_FetchResponse_v5, 7: _decode_FetchResponse_v7, 8: _decode_FetchResponse_v7, 9: _decode_FetchResponse_v7, 10: _decode_FetchResponse_v7, 11: _decode_FetchResponse_v11, 12: _decode_FetchResponse_v12, 13: _decode_FetchResponse_v13, 14: _decode_FetchResponse_v13, 15: _decode_FetchResponse_v13, 16: _decode_FetchResponse_v16, 17: _decode_FetchResponse_v16, 18: _decode_FetchResponse_v16}
+FetchResponse.ENCODERS = {4: _encode_FetchResponse_v4, 5: _encode_FetchResponse_v5, 6: _encode_FetchResponse_v5, 7: _encode_FetchResponse_v7, 8: _encode_FetchResponse_v7, 9: _encode_FetchResponse_v7, 10: _encode_FetchResponse_v7, 11: _encode_FetchResponse_v11, 12: _encode_FetchResponse_v12, 13: _encode_FetchResponse_v13, 14: _encode_FetchResponse_v13, 15: _encode_FetchResponse_v13, 16: _encode_FetchResponse_v16, 17: _encode_FetchResponse_v16, 18: _encode_FetchResponse_v16}
 
 
 REQUEST = FetchRequest

@@ -108,7 +108,7 @@ class FetchSnapshotResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_SnapshotId v0
+def _decode_FetchSnapshotRequest_SnapshotId_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotRequest_SnapshotId)
     m.unknown_tags = None
     m.end_offset, m.epoch = _S_qi.unpack_from(b, o)
@@ -126,13 +126,13 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_Snapshot
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_PartitionSnapshot v0
+def _decode_FetchSnapshotRequest_PartitionSnapshot_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotRequest_PartitionSnapshot)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
     m.partition, m.current_leader_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    m.snapshot_id, o = _d1(b, o)
+    m.snapshot_id, o = _decode_FetchSnapshotRequest_SnapshotId_v0(b, o)
     m.position, = _S_q.unpack_from(b, o)
     o += 8
     if b[o] == 0:
@@ -148,7 +148,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_Partitio
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSnapshot v0
+def _decode_FetchSnapshotRequest_TopicSnapshot_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotRequest_TopicSnapshot)
     m.unknown_tags = None
     length1 = b[o]
@@ -167,7 +167,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSna
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d2(b, o)
+            v4, o = _decode_FetchSnapshotRequest_PartitionSnapshot_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -183,7 +183,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSna
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v0
+def _decode_FetchSnapshotRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -199,7 +199,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d3(b, o)
+            v3, o = _decode_FetchSnapshotRequest_TopicSnapshot_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -224,7 +224,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v0
     return m, o
 
 
-def _e5(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_SnapshotId v0
+def _encode_FetchSnapshotRequest_SnapshotId_v0(m: Any, w: bytearray) -> None:
     w += _S_qi.pack(m.end_offset, m.epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -232,9 +232,9 @@ def _e5(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_SnapshotId v0
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_PartitionSnapshot v0
+def _encode_FetchSnapshotRequest_PartitionSnapshot_v0(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.partition, m.current_leader_epoch)
-    _e5(m.snapshot_id, w)
+    _encode_FetchSnapshotRequest_SnapshotId_v0(m.snapshot_id, w)
     w += _S_q.pack(m.position)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -242,24 +242,24 @@ def _e6(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_PartitionSnapshot
         w.append(0)
 
 
-def _e7(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_TopicSnapshot v0
+def _encode_FetchSnapshotRequest_TopicSnapshot_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e6(item2, w)
+        _encode_FetchSnapshotRequest_PartitionSnapshot_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest v0
+def _encode_FetchSnapshotRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.replica_id, m.max_bytes)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_FetchSnapshotRequest_TopicSnapshot_v0(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.cluster_id is not None:
         t = bytearray()
@@ -268,13 +268,13 @@ def _e8(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest v0
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_PartitionSnapshot v1
+def _decode_FetchSnapshotRequest_PartitionSnapshot_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotRequest_PartitionSnapshot)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
     m.partition, m.current_leader_epoch = _S_ii.unpack_from(b, o)
     o += 8
-    m.snapshot_id, o = _d1(b, o)
+    m.snapshot_id, o = _decode_FetchSnapshotRequest_SnapshotId_v0(b, o)
     m.position, = _S_q.unpack_from(b, o)
     o += 8
     if b[o] == 0:
@@ -295,7 +295,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_Partitio
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSnapshot v1
+def _decode_FetchSnapshotRequest_TopicSnapshot_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotRequest_TopicSnapshot)
     m.unknown_tags = None
     length1 = b[o]
@@ -314,7 +314,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSn
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d9(b, o)
+            v4, o = _decode_FetchSnapshotRequest_PartitionSnapshot_v1(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -330,7 +330,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest_TopicSn
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v1
+def _decode_FetchSnapshotRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotRequest)
     m.unknown_tags = None
     m.cluster_id = None
@@ -346,7 +346,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d10(b, o)
+            v3, o = _decode_FetchSnapshotRequest_TopicSnapshot_v1(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -371,9 +371,9 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotRequest v1
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_PartitionSnapshot v1
+def _encode_FetchSnapshotRequest_PartitionSnapshot_v1(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.partition, m.current_leader_epoch)
-    _e5(m.snapshot_id, w)
+    _encode_FetchSnapshotRequest_SnapshotId_v0(m.snapshot_id, w)
     w += _S_q.pack(m.position)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.replica_directory_id is not None and m.replica_directory_id != _ZERO_UUID:
@@ -383,24 +383,24 @@ def _e12(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_PartitionSnapsho
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest_TopicSnapshot v1
+def _encode_FetchSnapshotRequest_TopicSnapshot_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_FetchSnapshotRequest_PartitionSnapshot_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest v1
+def _encode_FetchSnapshotRequest_v1(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.replica_id, m.max_bytes)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_FetchSnapshotRequest_TopicSnapshot_v1(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.cluster_id is not None:
         t = bytearray()
@@ -409,7 +409,7 @@ def _e14(m: Any, w: bytearray) -> None:  # FetchSnapshotRequest v1
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_SnapshotId v0
+def _decode_FetchSnapshotResponse_SnapshotId_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotResponse_SnapshotId)
     m.unknown_tags = None
     m.end_offset, m.epoch = _S_qi.unpack_from(b, o)
@@ -427,7 +427,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Snapsh
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_LeaderIdAndEpoch v0
+def _decode_FetchSnapshotResponse_LeaderIdAndEpoch_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotResponse_LeaderIdAndEpoch)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -445,13 +445,13 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Leader
     return m, o
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_PartitionSnapshot v0
+def _decode_FetchSnapshotResponse_PartitionSnapshot_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotResponse_PartitionSnapshot)
     m.unknown_tags = None
     m.current_leader = None
     m.index, m.error_code = _S_ih.unpack_from(b, o)
     o += 6
-    m.snapshot_id, o = _d15(b, o)
+    m.snapshot_id, o = _decode_FetchSnapshotResponse_SnapshotId_v0(b, o)
     m.size, m.position = _S_qq.unpack_from(b, o)
     o += 16
     m.unaligned_records, o = _compact_blob(b, o)
@@ -462,7 +462,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Partit
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.current_leader, o = _d16(b, o)
+                m.current_leader, o = _decode_FetchSnapshotResponse_LeaderIdAndEpoch_v0(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -472,7 +472,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_Partit
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_TopicSnapshot v0
+def _decode_FetchSnapshotResponse_TopicSnapshot_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotResponse_TopicSnapshot)
     m.unknown_tags = None
     length1 = b[o]
@@ -491,7 +491,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_TopicS
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d17(b, o)
+            v4, o = _decode_FetchSnapshotResponse_PartitionSnapshot_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -507,7 +507,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_TopicS
     return m, o
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v0
+def _decode_FetchSnapshotResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -523,7 +523,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d18(b, o)
+            v3, o = _decode_FetchSnapshotResponse_TopicSnapshot_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -539,7 +539,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v0
     return m, o
 
 
-def _e20(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_LeaderIdAndEpoch v0
+def _encode_FetchSnapshotResponse_LeaderIdAndEpoch_v0(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.leader_id, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -547,44 +547,44 @@ def _e20(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_LeaderIdAndEpoc
         w.append(0)
 
 
-def _e21(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_PartitionSnapshot v0
+def _encode_FetchSnapshotResponse_PartitionSnapshot_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.index, m.error_code)
-    _e5(m.snapshot_id, w)
+    _encode_FetchSnapshotRequest_SnapshotId_v0(m.snapshot_id, w)
     w += _S_qq.pack(m.size, m.position)
     _write_compact_blob(w, m.unaligned_records)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.current_leader is not None:
         t = bytearray()
-        _e20(m.current_leader, t)
+        _encode_FetchSnapshotResponse_LeaderIdAndEpoch_v0(m.current_leader, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_TopicSnapshot v0
+def _encode_FetchSnapshotResponse_TopicSnapshot_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_FetchSnapshotResponse_PartitionSnapshot_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse v0
+def _encode_FetchSnapshotResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_FetchSnapshotResponse_TopicSnapshot_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_NodeEndpoint v1
+def _decode_FetchSnapshotResponse_NodeEndpoint_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -610,7 +610,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse_NodeEn
     return m, o
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
+def _decode_FetchSnapshotResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FetchSnapshotResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -626,7 +626,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d18(b, o)
+            v3, o = _decode_FetchSnapshotResponse_TopicSnapshot_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -646,7 +646,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d24(b, o)
+                        v6, o = _decode_FetchSnapshotResponse_NodeEndpoint_v1(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -658,7 +658,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # FetchSnapshotResponse v1
     return m, o
 
 
-def _e26(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_NodeEndpoint v1
+def _encode_FetchSnapshotResponse_NodeEndpoint_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
@@ -668,19 +668,19 @@ def _e26(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse_NodeEndpoint v1
         w.append(0)
 
 
-def _e27(m: Any, w: bytearray) -> None:  # FetchSnapshotResponse v1
+def _encode_FetchSnapshotResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_FetchSnapshotResponse_TopicSnapshot_v0(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
         t = bytearray()
         items3 = m.node_endpoints
         _write_compact_count(t, items3)
         for item4 in items3 or ():
-            _e26(item4, t)
+            _encode_FetchSnapshotResponse_NodeEndpoint_v1(item4, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
@@ -694,8 +694,8 @@ FetchSnapshotRequest.DEFAULTS = (None, -1, 2147483647, list, )
 FetchSnapshotRequest.TopicSnapshot = FetchSnapshotRequest_TopicSnapshot
 FetchSnapshotRequest.PartitionSnapshot = FetchSnapshotRequest_PartitionSnapshot
 FetchSnapshotRequest.SnapshotId = FetchSnapshotRequest_SnapshotId
-FetchSnapshotRequest.DECODERS = {0: _d4, 1: _d11}
-FetchSnapshotRequest.ENCODERS = {0: _e8, 1: _e14}
+FetchSnapshotRequest.DECODERS = {0: _decode_FetchSnapshotRequest_v0, 1: _decode_FetchSnapshotRequest_v1}
+FetchSnapshotRequest.ENCODERS = {0: _encode_FetchSnapshotRequest_v0, 1: _encode_FetchSnapshotRequest_v1}
 
 FetchSnapshotResponse_TopicSnapshot.DEFAULTS = ('', list, )
 FetchSnapshotResponse_TopicSnapshot.PartitionSnapshot = FetchSnapshotResponse_PartitionSnapshot
@@ -711,8 +711,8 @@ FetchSnapshotResponse.NodeEndpoint = FetchSnapshotResponse_NodeEndpoint
 FetchSnapshotResponse.PartitionSnapshot = FetchSnapshotResponse_PartitionSnapshot
 FetchSnapshotResponse.SnapshotId = FetchSnapshotResponse_SnapshotId
 FetchSnapshotResponse.LeaderIdAndEpoch = FetchSnapshotResponse_LeaderIdAndEpoch
-FetchSnapshotResponse.DECODERS = {0: _d19, 1: _d25}
-FetchSnapshotResponse.ENCODERS = {0: _e23, 1: _e27}
+FetchSnapshotResponse.DECODERS = {0: _decode_FetchSnapshotResponse_v0, 1: _decode_FetchSnapshotResponse_v1}
+FetchSnapshotResponse.ENCODERS = {0: _encode_FetchSnapshotResponse_v0, 1: _encode_FetchSnapshotResponse_v1}
 
 
 REQUEST = FetchSnapshotRequest

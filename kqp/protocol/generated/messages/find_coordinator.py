@@ -69,7 +69,7 @@ class FindCoordinatorResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v0
+def _decode_FindCoordinatorRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FindCoordinatorRequest)
     m.unknown_tags = None
     m.key_type = 0
@@ -78,11 +78,11 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v0
+def _encode_FindCoordinatorRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.key)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v1
+def _decode_FindCoordinatorRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FindCoordinatorRequest)
     m.unknown_tags = None
     m.coordinator_keys = list()
@@ -92,12 +92,12 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v1
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v1
+def _encode_FindCoordinatorRequest_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.key)
     w += _S_b.pack(m.key_type)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v3
+def _decode_FindCoordinatorRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FindCoordinatorRequest)
     m.unknown_tags = None
     m.coordinator_keys = list()
@@ -122,7 +122,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v3
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v3
+def _encode_FindCoordinatorRequest_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.key)
     w += _S_b.pack(m.key_type)
     if m.unknown_tags:
@@ -131,7 +131,7 @@ def _e6(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v3
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v4
+def _decode_FindCoordinatorRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FindCoordinatorRequest)
     m.unknown_tags = None
     m.key = ''
@@ -168,7 +168,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorRequest v4
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v4
+def _encode_FindCoordinatorRequest_v4(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.key_type)
     items1 = m.coordinator_keys
     _write_compact_count(w, items1)
@@ -180,7 +180,7 @@ def _e8(m: Any, w: bytearray) -> None:  # FindCoordinatorRequest v4
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v0
+def _decode_FindCoordinatorResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FindCoordinatorResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -194,13 +194,13 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v0
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v0
+def _encode_FindCoordinatorResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_hi.pack(m.error_code, m.node_id)
     _write_string(w, m.host)
     w += _S_i.pack(m.port)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v1
+def _decode_FindCoordinatorResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FindCoordinatorResponse)
     m.unknown_tags = None
     m.coordinators = list()
@@ -215,7 +215,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v1
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v1
+def _encode_FindCoordinatorResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_string(w, m.error_message)
     w += _S_i.pack(m.node_id)
@@ -223,7 +223,7 @@ def _e12(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v1
     w += _S_i.pack(m.port)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v3
+def _decode_FindCoordinatorResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FindCoordinatorResponse)
     m.unknown_tags = None
     m.coordinators = list()
@@ -258,7 +258,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v3
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v3
+def _encode_FindCoordinatorResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_i.pack(m.node_id)
@@ -270,7 +270,7 @@ def _e14(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v3
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse_Coordinator v4
+def _decode_FindCoordinatorResponse_Coordinator_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FindCoordinatorResponse_Coordinator)
     m.unknown_tags = None
     length1 = b[o]
@@ -308,7 +308,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse_Coor
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v4
+def _decode_FindCoordinatorResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(FindCoordinatorResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -328,7 +328,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_FindCoordinatorResponse_Coordinator_v4(b, o)
             items2.append(v3)
         m.coordinators = items2
     if b[o] == 0:
@@ -344,7 +344,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # FindCoordinatorResponse v4
     return m, o
 
 
-def _e17(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse_Coordinator v4
+def _encode_FindCoordinatorResponse_Coordinator_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.key)
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
@@ -356,12 +356,12 @@ def _e17(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse_Coordinator v
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v4
+def _encode_FindCoordinatorResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.coordinators
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_FindCoordinatorResponse_Coordinator_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -369,14 +369,14 @@ def _e18(m: Any, w: bytearray) -> None:  # FindCoordinatorResponse v4
 
 
 FindCoordinatorRequest.DEFAULTS = ('', 0, list, )
-FindCoordinatorRequest.DECODERS = {0: _d1, 1: _d3, 2: _d3, 3: _d5, 4: _d7, 5: _d7, 6: _d7}
-FindCoordinatorRequest.ENCODERS = {0: _e2, 1: _e4, 2: _e4, 3: _e6, 4: _e8, 5: _e8, 6: _e8}
+FindCoordinatorRequest.DECODERS = {0: _decode_FindCoordinatorRequest_v0, 1: _decode_FindCoordinatorRequest_v1, 2: _decode_FindCoordinatorRequest_v1, 3: _decode_FindCoordinatorRequest_v3, 4: _decode_FindCoordinatorRequest_v4, 5: _decode_FindCoordinatorRequest_v4, 6: _decode_FindCoordinatorRequest_v4}
+FindCoordinatorRequest.ENCODERS = {0: _encode_FindCoordinatorRequest_v0, 1: _encode_FindCoordinatorRequest_v1, 2: _encode_FindCoordinatorRequest_v1, 3: _encode_FindCoordinatorRequest_v3, 4: _encode_FindCoordinatorRequest_v4, 5: _encode_FindCoordinatorRequest_v4, 6: _encode_FindCoordinatorRequest_v4}
 
 FindCoordinatorResponse_Coordinator.DEFAULTS = ('', 0, '', 0, 0, '', )
 FindCoordinatorResponse.DEFAULTS = (0, 0, '', 0, '', 0, list, )
 FindCoordinatorResponse.Coordinator = FindCoordinatorResponse_Coordinator
-FindCoordinatorResponse.DECODERS = {0: _d9, 1: _d11, 2: _d11, 3: _d13, 4: _d16, 5: _d16, 6: _d16}
-FindCoordinatorResponse.ENCODERS = {0: _e10, 1: _e12, 2: _e12, 3: _e14, 4: _e18, 5: _e18, 6: _e18}
+FindCoordinatorResponse.DECODERS = {0: _decode_FindCoordinatorResponse_v0, 1: _decode_FindCoordinatorResponse_v1, 2: _decode_FindCoordinatorResponse_v1, 3: _decode_FindCoordinatorResponse_v3, 4: _decode_FindCoordinatorResponse_v4, 5: _decode_FindCoordinatorResponse_v4, 6: _decode_FindCoordinatorResponse_v4}
+FindCoordinatorResponse.ENCODERS = {0: _encode_FindCoordinatorResponse_v0, 1: _encode_FindCoordinatorResponse_v1, 2: _encode_FindCoordinatorResponse_v1, 3: _encode_FindCoordinatorResponse_v3, 4: _encode_FindCoordinatorResponse_v4, 5: _encode_FindCoordinatorResponse_v4, 6: _encode_FindCoordinatorResponse_v4}
 
 
 REQUEST = FindCoordinatorRequest

@@ -63,7 +63,7 @@ class GetTelemetrySubscriptionsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsRequest v0
+def _decode_GetTelemetrySubscriptionsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(GetTelemetrySubscriptionsRequest)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -82,7 +82,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsRequ
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # GetTelemetrySubscriptionsRequest v0
+def _encode_GetTelemetrySubscriptionsRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.client_instance_id))
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -90,7 +90,7 @@ def _e2(m: Any, w: bytearray) -> None:  # GetTelemetrySubscriptionsRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsResponse v0
+def _decode_GetTelemetrySubscriptionsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(GetTelemetrySubscriptionsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, _u2, m.subscription_id = _S_ihui.unpack_from(b, o)
@@ -139,7 +139,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # GetTelemetrySubscriptionsResp
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # GetTelemetrySubscriptionsResponse v0
+def _encode_GetTelemetrySubscriptionsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ihui.pack(m.throttle_time_ms, m.error_code, _uuid_bytes(m.client_instance_id), m.subscription_id)
     items1 = m.accepted_compression_types
     _write_compact_count(w, items1)
@@ -157,12 +157,12 @@ def _e4(m: Any, w: bytearray) -> None:  # GetTelemetrySubscriptionsResponse v0
 
 
 GetTelemetrySubscriptionsRequest.DEFAULTS = (_ZERO_UUID, )
-GetTelemetrySubscriptionsRequest.DECODERS = {0: _d1}
-GetTelemetrySubscriptionsRequest.ENCODERS = {0: _e2}
+GetTelemetrySubscriptionsRequest.DECODERS = {0: _decode_GetTelemetrySubscriptionsRequest_v0}
+GetTelemetrySubscriptionsRequest.ENCODERS = {0: _encode_GetTelemetrySubscriptionsRequest_v0}
 
 GetTelemetrySubscriptionsResponse.DEFAULTS = (0, 0, _ZERO_UUID, 0, list, 0, 0, False, list, )
-GetTelemetrySubscriptionsResponse.DECODERS = {0: _d3}
-GetTelemetrySubscriptionsResponse.ENCODERS = {0: _e4}
+GetTelemetrySubscriptionsResponse.DECODERS = {0: _decode_GetTelemetrySubscriptionsResponse_v0}
+GetTelemetrySubscriptionsResponse.ENCODERS = {0: _encode_GetTelemetrySubscriptionsResponse_v0}
 
 
 REQUEST = GetTelemetrySubscriptionsRequest

@@ -63,7 +63,7 @@ class HeartbeatResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v0
+def _decode_HeartbeatRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(HeartbeatRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -74,13 +74,13 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # HeartbeatRequest v0
+def _encode_HeartbeatRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_string(w, m.member_id)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v3
+def _decode_HeartbeatRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(HeartbeatRequest)
     m.unknown_tags = None
     m.group_id, o = _string(b, o)
@@ -91,14 +91,14 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v3
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # HeartbeatRequest v3
+def _encode_HeartbeatRequest_v3(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_string(w, m.member_id)
     _write_string(w, m.group_instance_id)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v4
+def _decode_HeartbeatRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(HeartbeatRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -134,7 +134,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatRequest v4
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # HeartbeatRequest v4
+def _encode_HeartbeatRequest_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_compact_string(w, m.member_id)
@@ -145,7 +145,7 @@ def _e6(m: Any, w: bytearray) -> None:  # HeartbeatRequest v4
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v0
+def _decode_HeartbeatResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(HeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -154,11 +154,11 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v0
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # HeartbeatResponse v0
+def _encode_HeartbeatResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v1
+def _decode_HeartbeatResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(HeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -166,11 +166,11 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v1
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # HeartbeatResponse v1
+def _encode_HeartbeatResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v4
+def _decode_HeartbeatResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(HeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -188,7 +188,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # HeartbeatResponse v4
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # HeartbeatResponse v4
+def _encode_HeartbeatResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -197,12 +197,12 @@ def _e12(m: Any, w: bytearray) -> None:  # HeartbeatResponse v4
 
 
 HeartbeatRequest.DEFAULTS = ('', 0, '', None, )
-HeartbeatRequest.DECODERS = {0: _d1, 1: _d1, 2: _d1, 3: _d3, 4: _d5}
-HeartbeatRequest.ENCODERS = {0: _e2, 1: _e2, 2: _e2, 3: _e4, 4: _e6}
+HeartbeatRequest.DECODERS = {0: _decode_HeartbeatRequest_v0, 1: _decode_HeartbeatRequest_v0, 2: _decode_HeartbeatRequest_v0, 3: _decode_HeartbeatRequest_v3, 4: _decode_HeartbeatRequest_v4}
+HeartbeatRequest.ENCODERS = {0: _encode_HeartbeatRequest_v0, 1: _encode_HeartbeatRequest_v0, 2: _encode_HeartbeatRequest_v0, 3: _encode_HeartbeatRequest_v3, 4: _encode_HeartbeatRequest_v4}
 
 HeartbeatResponse.DEFAULTS = (0, 0, )
-HeartbeatResponse.DECODERS = {0: _d7, 1: _d9, 2: _d9, 3: _d9, 4: _d11}
-HeartbeatResponse.ENCODERS = {0: _e8, 1: _e10, 2: _e10, 3: _e10, 4: _e12}
+HeartbeatResponse.DECODERS = {0: _decode_HeartbeatResponse_v0, 1: _decode_HeartbeatResponse_v1, 2: _decode_HeartbeatResponse_v1, 3: _decode_HeartbeatResponse_v1, 4: _decode_HeartbeatResponse_v4}
+HeartbeatResponse.ENCODERS = {0: _encode_HeartbeatResponse_v0, 1: _encode_HeartbeatResponse_v1, 2: _encode_HeartbeatResponse_v1, 3: _encode_HeartbeatResponse_v1, 4: _encode_HeartbeatResponse_v4}
 
 
 REQUEST = HeartbeatRequest

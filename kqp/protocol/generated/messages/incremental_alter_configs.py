@@ -79,7 +79,7 @@ class IncrementalAlterConfigsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterableConfig v0
+def _decode_IncrementalAlterConfigsRequest_AlterableConfig_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(IncrementalAlterConfigsRequest_AlterableConfig)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -89,7 +89,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReques
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterConfigsResource v0
+def _decode_IncrementalAlterConfigsRequest_AlterConfigsResource_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(IncrementalAlterConfigsRequest_AlterConfigsResource)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -101,13 +101,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_IncrementalAlterConfigsRequest_AlterableConfig_v0(b, o)
             items2.append(v3)
         m.configs = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest v0
+def _decode_IncrementalAlterConfigsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(IncrementalAlterConfigsRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -116,7 +116,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_IncrementalAlterConfigsRequest_AlterConfigsResource_v0(b, o)
             items2.append(v3)
         m.resources = items2
     m.validate_only, = _S_o.unpack_from(b, o)
@@ -124,30 +124,30 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReques
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterableConfig v0
+def _encode_IncrementalAlterConfigsRequest_AlterableConfig_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     w += _S_b.pack(m.config_operation)
     _write_string(w, m.value)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterConfigsResource v0
+def _encode_IncrementalAlterConfigsRequest_AlterConfigsResource_v0(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type)
     _write_string(w, m.resource_name)
     items1 = m.configs
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_IncrementalAlterConfigsRequest_AlterableConfig_v0(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest v0
+def _encode_IncrementalAlterConfigsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.resources
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_IncrementalAlterConfigsRequest_AlterConfigsResource_v0(item2, w)
     w += _S_o.pack(m.validate_only)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterableConfig v1
+def _decode_IncrementalAlterConfigsRequest_AlterableConfig_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(IncrementalAlterConfigsRequest_AlterableConfig)
     m.unknown_tags = None
     length1 = b[o]
@@ -177,7 +177,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReques
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest_AlterConfigsResource v1
+def _decode_IncrementalAlterConfigsRequest_AlterConfigsResource_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(IncrementalAlterConfigsRequest_AlterConfigsResource)
     m.unknown_tags = None
     m.resource_type, = _S_b.unpack_from(b, o)
@@ -198,7 +198,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReques
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_IncrementalAlterConfigsRequest_AlterableConfig_v1(b, o)
             items3.append(v4)
         m.configs = items3
     if b[o] == 0:
@@ -214,7 +214,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReques
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRequest v1
+def _decode_IncrementalAlterConfigsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(IncrementalAlterConfigsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -227,7 +227,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReques
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_IncrementalAlterConfigsRequest_AlterConfigsResource_v1(b, o)
             items2.append(v3)
         m.resources = items2
     m.validate_only, = _S_o.unpack_from(b, o)
@@ -245,7 +245,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsReques
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterableConfig v1
+def _encode_IncrementalAlterConfigsRequest_AlterableConfig_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_b.pack(m.config_operation)
     _write_compact_string(w, m.value)
@@ -255,24 +255,24 @@ def _e10(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_Altera
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest_AlterConfigsResource v1
+def _encode_IncrementalAlterConfigsRequest_AlterConfigsResource_v1(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.resource_type)
     _write_compact_string(w, m.resource_name)
     items1 = m.configs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_IncrementalAlterConfigsRequest_AlterableConfig_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest v1
+def _encode_IncrementalAlterConfigsRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.resources
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_IncrementalAlterConfigsRequest_AlterConfigsResource_v1(item2, w)
     w += _S_o.pack(m.validate_only)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -280,7 +280,7 @@ def _e12(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsRequest v1
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse_AlterConfigsResourceResponse v0
+def _decode_IncrementalAlterConfigsResponse_AlterConfigsResourceResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(IncrementalAlterConfigsResponse_AlterConfigsResourceResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -292,7 +292,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRespo
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse v0
+def _decode_IncrementalAlterConfigsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(IncrementalAlterConfigsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -303,28 +303,28 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRespo
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_IncrementalAlterConfigsResponse_AlterConfigsResourceResponse_v0(b, o)
             items2.append(v3)
         m.responses = items2
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsResponse_AlterConfigsResourceResponse v0
+def _encode_IncrementalAlterConfigsResponse_AlterConfigsResourceResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     w += _S_b.pack(m.resource_type)
     _write_string(w, m.resource_name)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsResponse v0
+def _encode_IncrementalAlterConfigsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_IncrementalAlterConfigsResponse_AlterConfigsResourceResponse_v0(item2, w)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse_AlterConfigsResourceResponse v1
+def _decode_IncrementalAlterConfigsResponse_AlterConfigsResourceResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(IncrementalAlterConfigsResponse_AlterConfigsResourceResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -356,7 +356,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRespo
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsResponse v1
+def _decode_IncrementalAlterConfigsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(IncrementalAlterConfigsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -371,7 +371,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRespo
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_IncrementalAlterConfigsResponse_AlterConfigsResourceResponse_v1(b, o)
             items2.append(v3)
         m.responses = items2
     if b[o] == 0:
@@ -387,7 +387,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # IncrementalAlterConfigsRespo
     return m, o
 
 
-def _e19(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsResponse_AlterConfigsResourceResponse v1
+def _encode_IncrementalAlterConfigsResponse_AlterConfigsResourceResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_b.pack(m.resource_type)
@@ -398,12 +398,12 @@ def _e19(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsResponse_Alter
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # IncrementalAlterConfigsResponse v1
+def _encode_IncrementalAlterConfigsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_IncrementalAlterConfigsResponse_AlterConfigsResourceResponse_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -416,14 +416,14 @@ IncrementalAlterConfigsRequest_AlterableConfig.DEFAULTS = ('', 0, '', )
 IncrementalAlterConfigsRequest.DEFAULTS = (list, False, )
 IncrementalAlterConfigsRequest.AlterConfigsResource = IncrementalAlterConfigsRequest_AlterConfigsResource
 IncrementalAlterConfigsRequest.AlterableConfig = IncrementalAlterConfigsRequest_AlterableConfig
-IncrementalAlterConfigsRequest.DECODERS = {0: _d3, 1: _d9}
-IncrementalAlterConfigsRequest.ENCODERS = {0: _e6, 1: _e12}
+IncrementalAlterConfigsRequest.DECODERS = {0: _decode_IncrementalAlterConfigsRequest_v0, 1: _decode_IncrementalAlterConfigsRequest_v1}
+IncrementalAlterConfigsRequest.ENCODERS = {0: _encode_IncrementalAlterConfigsRequest_v0, 1: _encode_IncrementalAlterConfigsRequest_v1}
 
 IncrementalAlterConfigsResponse_AlterConfigsResourceResponse.DEFAULTS = (0, '', 0, '', )
 IncrementalAlterConfigsResponse.DEFAULTS = (0, list, )
 IncrementalAlterConfigsResponse.AlterConfigsResourceResponse = IncrementalAlterConfigsResponse_AlterConfigsResourceResponse
-IncrementalAlterConfigsResponse.DECODERS = {0: _d14, 1: _d18}
-IncrementalAlterConfigsResponse.ENCODERS = {0: _e16, 1: _e20}
+IncrementalAlterConfigsResponse.DECODERS = {0: _decode_IncrementalAlterConfigsResponse_v0, 1: _decode_IncrementalAlterConfigsResponse_v1}
+IncrementalAlterConfigsResponse.ENCODERS = {0: _encode_IncrementalAlterConfigsResponse_v0, 1: _encode_IncrementalAlterConfigsResponse_v1}
 
 
 REQUEST = IncrementalAlterConfigsRequest

@@ -65,7 +65,7 @@ class InitProducerIdResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v0
+def _decode_InitProducerIdRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitProducerIdRequest)
     m.unknown_tags = None
     m.producer_id = -1
@@ -78,12 +78,12 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v0
+def _encode_InitProducerIdRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.transactional_id)
     w += _S_i.pack(m.transaction_timeout_ms)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v2
+def _decode_InitProducerIdRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitProducerIdRequest)
     m.unknown_tags = None
     m.producer_id = -1
@@ -111,7 +111,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v2
+def _encode_InitProducerIdRequest_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     w += _S_i.pack(m.transaction_timeout_ms)
     if m.unknown_tags:
@@ -120,7 +120,7 @@ def _e4(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v2
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v3
+def _decode_InitProducerIdRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitProducerIdRequest)
     m.unknown_tags = None
     m.enable2_pc = False
@@ -146,7 +146,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v3
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v3
+def _encode_InitProducerIdRequest_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     w += _S_iqh.pack(m.transaction_timeout_ms, m.producer_id, m.producer_epoch)
     if m.unknown_tags:
@@ -155,7 +155,7 @@ def _e6(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v3
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v6
+def _decode_InitProducerIdRequest_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitProducerIdRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -179,7 +179,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdRequest v6
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v6
+def _encode_InitProducerIdRequest_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     w += _S_iqhoo.pack(m.transaction_timeout_ms, m.producer_id, m.producer_epoch, m.enable2_pc, m.keep_prepared_txn)
     if m.unknown_tags:
@@ -188,7 +188,7 @@ def _e8(m: Any, w: bytearray) -> None:  # InitProducerIdRequest v6
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v0
+def _decode_InitProducerIdResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitProducerIdResponse)
     m.unknown_tags = None
     m.ongoing_txn_producer_id = -1
@@ -198,11 +198,11 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v0
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # InitProducerIdResponse v0
+def _encode_InitProducerIdResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ihqh.pack(m.throttle_time_ms, m.error_code, m.producer_id, m.producer_epoch)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v2
+def _decode_InitProducerIdResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitProducerIdResponse)
     m.unknown_tags = None
     m.ongoing_txn_producer_id = -1
@@ -222,7 +222,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v2
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # InitProducerIdResponse v2
+def _encode_InitProducerIdResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_ihqh.pack(m.throttle_time_ms, m.error_code, m.producer_id, m.producer_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -230,7 +230,7 @@ def _e12(m: Any, w: bytearray) -> None:  # InitProducerIdResponse v2
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v6
+def _decode_InitProducerIdResponse_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitProducerIdResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, m.producer_id, m.producer_epoch, m.ongoing_txn_producer_id, m.ongoing_txn_producer_epoch = _S_ihqhqh.unpack_from(b, o)
@@ -248,7 +248,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # InitProducerIdResponse v6
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # InitProducerIdResponse v6
+def _encode_InitProducerIdResponse_v6(m: Any, w: bytearray) -> None:
     w += _S_ihqhqh.pack(m.throttle_time_ms, m.error_code, m.producer_id, m.producer_epoch, m.ongoing_txn_producer_id, m.ongoing_txn_producer_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -257,12 +257,12 @@ def _e14(m: Any, w: bytearray) -> None:  # InitProducerIdResponse v6
 
 
 InitProducerIdRequest.DEFAULTS = ('', 0, -1, -1, False, False, )
-InitProducerIdRequest.DECODERS = {0: _d1, 1: _d1, 2: _d3, 3: _d5, 4: _d5, 5: _d5, 6: _d7}
-InitProducerIdRequest.ENCODERS = {0: _e2, 1: _e2, 2: _e4, 3: _e6, 4: _e6, 5: _e6, 6: _e8}
+InitProducerIdRequest.DECODERS = {0: _decode_InitProducerIdRequest_v0, 1: _decode_InitProducerIdRequest_v0, 2: _decode_InitProducerIdRequest_v2, 3: _decode_InitProducerIdRequest_v3, 4: _decode_InitProducerIdRequest_v3, 5: _decode_InitProducerIdRequest_v3, 6: _decode_InitProducerIdRequest_v6}
+InitProducerIdRequest.ENCODERS = {0: _encode_InitProducerIdRequest_v0, 1: _encode_InitProducerIdRequest_v0, 2: _encode_InitProducerIdRequest_v2, 3: _encode_InitProducerIdRequest_v3, 4: _encode_InitProducerIdRequest_v3, 5: _encode_InitProducerIdRequest_v3, 6: _encode_InitProducerIdRequest_v6}
 
 InitProducerIdResponse.DEFAULTS = (0, 0, -1, 0, -1, -1, )
-InitProducerIdResponse.DECODERS = {0: _d9, 1: _d9, 2: _d11, 3: _d11, 4: _d11, 5: _d11, 6: _d13}
-InitProducerIdResponse.ENCODERS = {0: _e10, 1: _e10, 2: _e12, 3: _e12, 4: _e12, 5: _e12, 6: _e14}
+InitProducerIdResponse.DECODERS = {0: _decode_InitProducerIdResponse_v0, 1: _decode_InitProducerIdResponse_v0, 2: _decode_InitProducerIdResponse_v2, 3: _decode_InitProducerIdResponse_v2, 4: _decode_InitProducerIdResponse_v2, 5: _decode_InitProducerIdResponse_v2, 6: _decode_InitProducerIdResponse_v6}
+InitProducerIdResponse.ENCODERS = {0: _encode_InitProducerIdResponse_v0, 1: _encode_InitProducerIdResponse_v0, 2: _encode_InitProducerIdResponse_v2, 3: _encode_InitProducerIdResponse_v2, 4: _encode_InitProducerIdResponse_v2, 5: _encode_InitProducerIdResponse_v2, 6: _encode_InitProducerIdResponse_v6}
 
 
 REQUEST = InitProducerIdRequest

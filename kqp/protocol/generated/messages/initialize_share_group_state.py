@@ -83,7 +83,7 @@ class InitializeShareGroupStateResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequest_PartitionData v0
+def _decode_InitializeShareGroupStateRequest_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitializeShareGroupStateRequest_PartitionData)
     m.unknown_tags = None
     m.partition, m.state_epoch, m.start_offset = _S_iiq.unpack_from(b, o)
@@ -101,7 +101,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequ
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequest_InitializeStateData v0
+def _decode_InitializeShareGroupStateRequest_InitializeStateData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitializeShareGroupStateRequest_InitializeStateData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -117,7 +117,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequ
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_InitializeShareGroupStateRequest_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -133,7 +133,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequ
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequest v0
+def _decode_InitializeShareGroupStateRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitializeShareGroupStateRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -152,7 +152,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequ
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d2(b, o)
+            v4, o = _decode_InitializeShareGroupStateRequest_InitializeStateData_v0(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -168,7 +168,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateRequ
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest_PartitionData v0
+def _encode_InitializeShareGroupStateRequest_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_iiq.pack(m.partition, m.state_epoch, m.start_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -176,31 +176,31 @@ def _e4(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest_Parti
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest_InitializeStateData v0
+def _encode_InitializeShareGroupStateRequest_InitializeStateData_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_InitializeShareGroupStateRequest_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateRequest v0
+def _encode_InitializeShareGroupStateRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_InitializeShareGroupStateRequest_InitializeStateData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResponse_PartitionResult v0
+def _decode_InitializeShareGroupStateResponse_PartitionResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitializeShareGroupStateResponse_PartitionResult)
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
@@ -224,7 +224,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResp
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResponse_InitializeStateResult v0
+def _decode_InitializeShareGroupStateResponse_InitializeStateResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitializeShareGroupStateResponse_InitializeStateResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -240,7 +240,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResp
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_InitializeShareGroupStateResponse_PartitionResult_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -256,7 +256,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResp
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResponse v0
+def _decode_InitializeShareGroupStateResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(InitializeShareGroupStateResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -269,7 +269,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResp
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_InitializeShareGroupStateResponse_InitializeStateResult_v0(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -285,7 +285,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # InitializeShareGroupStateResp
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateResponse_PartitionResult v0
+def _encode_InitializeShareGroupStateResponse_PartitionResult_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -294,23 +294,23 @@ def _e10(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateResponse_Par
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateResponse_InitializeStateResult v0
+def _encode_InitializeShareGroupStateResponse_InitializeStateResult_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_InitializeShareGroupStateResponse_PartitionResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # InitializeShareGroupStateResponse v0
+def _encode_InitializeShareGroupStateResponse_v0(m: Any, w: bytearray) -> None:
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_InitializeShareGroupStateResponse_InitializeStateResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -323,8 +323,8 @@ InitializeShareGroupStateRequest_PartitionData.DEFAULTS = (0, 0, 0, )
 InitializeShareGroupStateRequest.DEFAULTS = ('', list, )
 InitializeShareGroupStateRequest.InitializeStateData = InitializeShareGroupStateRequest_InitializeStateData
 InitializeShareGroupStateRequest.PartitionData = InitializeShareGroupStateRequest_PartitionData
-InitializeShareGroupStateRequest.DECODERS = {0: _d3}
-InitializeShareGroupStateRequest.ENCODERS = {0: _e6}
+InitializeShareGroupStateRequest.DECODERS = {0: _decode_InitializeShareGroupStateRequest_v0}
+InitializeShareGroupStateRequest.ENCODERS = {0: _encode_InitializeShareGroupStateRequest_v0}
 
 InitializeShareGroupStateResponse_InitializeStateResult.DEFAULTS = (_ZERO_UUID, list, )
 InitializeShareGroupStateResponse_InitializeStateResult.PartitionResult = InitializeShareGroupStateResponse_PartitionResult
@@ -332,8 +332,8 @@ InitializeShareGroupStateResponse_PartitionResult.DEFAULTS = (0, 0, None, )
 InitializeShareGroupStateResponse.DEFAULTS = (list, )
 InitializeShareGroupStateResponse.InitializeStateResult = InitializeShareGroupStateResponse_InitializeStateResult
 InitializeShareGroupStateResponse.PartitionResult = InitializeShareGroupStateResponse_PartitionResult
-InitializeShareGroupStateResponse.DECODERS = {0: _d9}
-InitializeShareGroupStateResponse.ENCODERS = {0: _e12}
+InitializeShareGroupStateResponse.DECODERS = {0: _decode_InitializeShareGroupStateResponse_v0}
+InitializeShareGroupStateResponse.ENCODERS = {0: _encode_InitializeShareGroupStateResponse_v0}
 
 
 REQUEST = InitializeShareGroupStateRequest

@@ -75,7 +75,7 @@ class JoinGroupResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroupRequestProtocol v0
+def _decode_JoinGroupRequest_JoinGroupRequestProtocol_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupRequest_JoinGroupRequestProtocol)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -83,7 +83,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroupReq
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v0
+def _decode_JoinGroupRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     m.rebalance_timeout_ms = -1
@@ -100,18 +100,18 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_JoinGroupRequest_JoinGroupRequestProtocol_v0(b, o)
             items2.append(v3)
         m.protocols = items2
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # JoinGroupRequest_JoinGroupRequestProtocol v0
+def _encode_JoinGroupRequest_JoinGroupRequestProtocol_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     _write_blob(w, m.metadata)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # JoinGroupRequest v0
+def _encode_JoinGroupRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_i.pack(m.session_timeout_ms)
     _write_string(w, m.member_id)
@@ -119,10 +119,10 @@ def _e4(m: Any, w: bytearray) -> None:  # JoinGroupRequest v0
     items1 = m.protocols
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_JoinGroupRequest_JoinGroupRequestProtocol_v0(item2, w)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v1
+def _decode_JoinGroupRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -138,13 +138,13 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_JoinGroupRequest_JoinGroupRequestProtocol_v0(b, o)
             items2.append(v3)
         m.protocols = items2
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # JoinGroupRequest v1
+def _encode_JoinGroupRequest_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_ii.pack(m.session_timeout_ms, m.rebalance_timeout_ms)
     _write_string(w, m.member_id)
@@ -152,10 +152,10 @@ def _e6(m: Any, w: bytearray) -> None:  # JoinGroupRequest v1
     items1 = m.protocols
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_JoinGroupRequest_JoinGroupRequestProtocol_v0(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v5
+def _decode_JoinGroupRequest_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     m.reason = None
@@ -171,13 +171,13 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_JoinGroupRequest_JoinGroupRequestProtocol_v0(b, o)
             items2.append(v3)
         m.protocols = items2
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # JoinGroupRequest v5
+def _encode_JoinGroupRequest_v5(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_ii.pack(m.session_timeout_ms, m.rebalance_timeout_ms)
     _write_string(w, m.member_id)
@@ -186,10 +186,10 @@ def _e8(m: Any, w: bytearray) -> None:  # JoinGroupRequest v5
     items1 = m.protocols
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_JoinGroupRequest_JoinGroupRequestProtocol_v0(item2, w)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroupRequestProtocol v6
+def _decode_JoinGroupRequest_JoinGroupRequestProtocol_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupRequest_JoinGroupRequestProtocol)
     m.unknown_tags = None
     length1 = b[o]
@@ -212,7 +212,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest_JoinGroupReq
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v6
+def _decode_JoinGroupRequest_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     m.reason = None
@@ -252,7 +252,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v6
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d9(b, o)
+            v7, o = _decode_JoinGroupRequest_JoinGroupRequestProtocol_v6(b, o)
             items6.append(v7)
         m.protocols = items6
     if b[o] == 0:
@@ -268,7 +268,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v6
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # JoinGroupRequest_JoinGroupRequestProtocol v6
+def _encode_JoinGroupRequest_JoinGroupRequestProtocol_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_blob(w, m.metadata)
     if m.unknown_tags:
@@ -277,7 +277,7 @@ def _e11(m: Any, w: bytearray) -> None:  # JoinGroupRequest_JoinGroupRequestProt
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # JoinGroupRequest v6
+def _encode_JoinGroupRequest_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     w += _S_ii.pack(m.session_timeout_ms, m.rebalance_timeout_ms)
     _write_compact_string(w, m.member_id)
@@ -286,14 +286,14 @@ def _e12(m: Any, w: bytearray) -> None:  # JoinGroupRequest v6
     items1 = m.protocols
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_JoinGroupRequest_JoinGroupRequestProtocol_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v8
+def _decode_JoinGroupRequest_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -332,7 +332,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v8
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d9(b, o)
+            v7, o = _decode_JoinGroupRequest_JoinGroupRequestProtocol_v6(b, o)
             items6.append(v7)
         m.protocols = items6
     length8 = b[o]
@@ -354,7 +354,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupRequest v8
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # JoinGroupRequest v8
+def _encode_JoinGroupRequest_v8(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     w += _S_ii.pack(m.session_timeout_ms, m.rebalance_timeout_ms)
     _write_compact_string(w, m.member_id)
@@ -363,7 +363,7 @@ def _e14(m: Any, w: bytearray) -> None:  # JoinGroupRequest v8
     items1 = m.protocols
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_JoinGroupRequest_JoinGroupRequestProtocol_v6(item2, w)
     _write_compact_string(w, m.reason)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -371,7 +371,7 @@ def _e14(m: Any, w: bytearray) -> None:  # JoinGroupRequest v8
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupResponseMember v0
+def _decode_JoinGroupResponse_JoinGroupResponseMember_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupResponse_JoinGroupResponseMember)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -380,7 +380,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupR
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v0
+def _decode_JoinGroupResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -397,18 +397,18 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_JoinGroupResponse_JoinGroupResponseMember_v0(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _e17(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponseMember v0
+def _encode_JoinGroupResponse_JoinGroupResponseMember_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.member_id)
     _write_blob(w, m.metadata)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # JoinGroupResponse v0
+def _encode_JoinGroupResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_hi.pack(m.error_code, m.generation_id)
     _write_string(w, m.protocol_name)
     _write_string(w, m.leader)
@@ -416,10 +416,10 @@ def _e18(m: Any, w: bytearray) -> None:  # JoinGroupResponse v0
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_JoinGroupResponse_JoinGroupResponseMember_v0(item2, w)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v2
+def _decode_JoinGroupResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.protocol_type = None
@@ -435,13 +435,13 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_JoinGroupResponse_JoinGroupResponseMember_v0(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _e20(m: Any, w: bytearray) -> None:  # JoinGroupResponse v2
+def _encode_JoinGroupResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.generation_id)
     _write_string(w, m.protocol_name)
     _write_string(w, m.leader)
@@ -449,10 +449,10 @@ def _e20(m: Any, w: bytearray) -> None:  # JoinGroupResponse v2
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_JoinGroupResponse_JoinGroupResponseMember_v0(item2, w)
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupResponseMember v5
+def _decode_JoinGroupResponse_JoinGroupResponseMember_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupResponse_JoinGroupResponseMember)
     m.unknown_tags = None
     m.member_id, o = _string(b, o)
@@ -461,7 +461,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupR
     return m, o
 
 
-def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v5
+def _decode_JoinGroupResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.protocol_type = None
@@ -477,19 +477,19 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d21(b, o)
+            v3, o = _decode_JoinGroupResponse_JoinGroupResponseMember_v5(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _e23(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponseMember v5
+def _encode_JoinGroupResponse_JoinGroupResponseMember_v5(m: Any, w: bytearray) -> None:
     _write_string(w, m.member_id)
     _write_string(w, m.group_instance_id)
     _write_blob(w, m.metadata)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # JoinGroupResponse v5
+def _encode_JoinGroupResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.generation_id)
     _write_string(w, m.protocol_name)
     _write_string(w, m.leader)
@@ -497,10 +497,10 @@ def _e24(m: Any, w: bytearray) -> None:  # JoinGroupResponse v5
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_JoinGroupResponse_JoinGroupResponseMember_v5(item2, w)
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupResponseMember v6
+def _decode_JoinGroupResponse_JoinGroupResponseMember_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupResponse_JoinGroupResponseMember)
     m.unknown_tags = None
     length1 = b[o]
@@ -529,7 +529,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse_JoinGroupR
     return m, o
 
 
-def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v6
+def _decode_JoinGroupResponse_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.protocol_type = None
@@ -564,7 +564,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v6
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d25(b, o)
+            v6, o = _decode_JoinGroupResponse_JoinGroupResponseMember_v6(b, o)
             items5.append(v6)
         m.members = items5
     if b[o] == 0:
@@ -580,7 +580,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v6
     return m, o
 
 
-def _e27(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponseMember v6
+def _encode_JoinGroupResponse_JoinGroupResponseMember_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.group_instance_id)
     _write_compact_blob(w, m.metadata)
@@ -590,7 +590,7 @@ def _e27(m: Any, w: bytearray) -> None:  # JoinGroupResponse_JoinGroupResponseMe
         w.append(0)
 
 
-def _e28(m: Any, w: bytearray) -> None:  # JoinGroupResponse v6
+def _encode_JoinGroupResponse_v6(m: Any, w: bytearray) -> None:
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.generation_id)
     _write_compact_string(w, m.protocol_name)
     _write_compact_string(w, m.leader)
@@ -598,14 +598,14 @@ def _e28(m: Any, w: bytearray) -> None:  # JoinGroupResponse v6
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e27(item2, w)
+        _encode_JoinGroupResponse_JoinGroupResponseMember_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v7
+def _decode_JoinGroupResponse_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.skip_assignment = False
@@ -645,7 +645,7 @@ def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v7
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d25(b, o)
+            v7, o = _decode_JoinGroupResponse_JoinGroupResponseMember_v6(b, o)
             items6.append(v7)
         m.members = items6
     if b[o] == 0:
@@ -661,7 +661,7 @@ def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v7
     return m, o
 
 
-def _e30(m: Any, w: bytearray) -> None:  # JoinGroupResponse v7
+def _encode_JoinGroupResponse_v7(m: Any, w: bytearray) -> None:
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.generation_id)
     _write_compact_string(w, m.protocol_type)
     _write_compact_string(w, m.protocol_name)
@@ -670,14 +670,14 @@ def _e30(m: Any, w: bytearray) -> None:  # JoinGroupResponse v7
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e27(item2, w)
+        _encode_JoinGroupResponse_JoinGroupResponseMember_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v9
+def _decode_JoinGroupResponse_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(JoinGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code, m.generation_id = _S_ihi.unpack_from(b, o)
@@ -718,7 +718,7 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v9
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d25(b, o)
+            v7, o = _decode_JoinGroupResponse_JoinGroupResponseMember_v6(b, o)
             items6.append(v7)
         m.members = items6
     if b[o] == 0:
@@ -734,7 +734,7 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # JoinGroupResponse v9
     return m, o
 
 
-def _e32(m: Any, w: bytearray) -> None:  # JoinGroupResponse v9
+def _encode_JoinGroupResponse_v9(m: Any, w: bytearray) -> None:
     w += _S_ihi.pack(m.throttle_time_ms, m.error_code, m.generation_id)
     _write_compact_string(w, m.protocol_type)
     _write_compact_string(w, m.protocol_name)
@@ -744,7 +744,7 @@ def _e32(m: Any, w: bytearray) -> None:  # JoinGroupResponse v9
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e27(item2, w)
+        _encode_JoinGroupResponse_JoinGroupResponseMember_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -754,14 +754,14 @@ def _e32(m: Any, w: bytearray) -> None:  # JoinGroupResponse v9
 JoinGroupRequest_JoinGroupRequestProtocol.DEFAULTS = ('', b'', )
 JoinGroupRequest.DEFAULTS = ('', 0, -1, '', None, '', list, None, )
 JoinGroupRequest.JoinGroupRequestProtocol = JoinGroupRequest_JoinGroupRequestProtocol
-JoinGroupRequest.DECODERS = {0: _d2, 1: _d5, 2: _d5, 3: _d5, 4: _d5, 5: _d7, 6: _d10, 7: _d10, 8: _d13, 9: _d13}
-JoinGroupRequest.ENCODERS = {0: _e4, 1: _e6, 2: _e6, 3: _e6, 4: _e6, 5: _e8, 6: _e12, 7: _e12, 8: _e14, 9: _e14}
+JoinGroupRequest.DECODERS = {0: _decode_JoinGroupRequest_v0, 1: _decode_JoinGroupRequest_v1, 2: _decode_JoinGroupRequest_v1, 3: _decode_JoinGroupRequest_v1, 4: _decode_JoinGroupRequest_v1, 5: _decode_JoinGroupRequest_v5, 6: _decode_JoinGroupRequest_v6, 7: _decode_JoinGroupRequest_v6, 8: _decode_JoinGroupRequest_v8, 9: _decode_JoinGroupRequest_v8}
+JoinGroupRequest.ENCODERS = {0: _encode_JoinGroupRequest_v0, 1: _encode_JoinGroupRequest_v1, 2: _encode_JoinGroupRequest_v1, 3: _encode_JoinGroupRequest_v1, 4: _encode_JoinGroupRequest_v1, 5: _encode_JoinGroupRequest_v5, 6: _encode_JoinGroupRequest_v6, 7: _encode_JoinGroupRequest_v6, 8: _encode_JoinGroupRequest_v8, 9: _encode_JoinGroupRequest_v8}
 
 JoinGroupResponse_JoinGroupResponseMember.DEFAULTS = ('', None, b'', )
 JoinGroupResponse.DEFAULTS = (0, 0, -1, None, '', '', False, '', list, )
 JoinGroupResponse.JoinGroupResponseMember = JoinGroupResponse_JoinGroupResponseMember
-JoinGroupResponse.DECODERS = {0: _d16, 1: _d16, 2: _d19, 3: _d19, 4: _d19, 5: _d22, 6: _d26, 7: _d29, 8: _d29, 9: _d31}
-JoinGroupResponse.ENCODERS = {0: _e18, 1: _e18, 2: _e20, 3: _e20, 4: _e20, 5: _e24, 6: _e28, 7: _e30, 8: _e30, 9: _e32}
+JoinGroupResponse.DECODERS = {0: _decode_JoinGroupResponse_v0, 1: _decode_JoinGroupResponse_v0, 2: _decode_JoinGroupResponse_v2, 3: _decode_JoinGroupResponse_v2, 4: _decode_JoinGroupResponse_v2, 5: _decode_JoinGroupResponse_v5, 6: _decode_JoinGroupResponse_v6, 7: _decode_JoinGroupResponse_v7, 8: _decode_JoinGroupResponse_v7, 9: _decode_JoinGroupResponse_v9}
+JoinGroupResponse.ENCODERS = {0: _encode_JoinGroupResponse_v0, 1: _encode_JoinGroupResponse_v0, 2: _encode_JoinGroupResponse_v2, 3: _encode_JoinGroupResponse_v2, 4: _encode_JoinGroupResponse_v2, 5: _encode_JoinGroupResponse_v5, 6: _encode_JoinGroupResponse_v6, 7: _encode_JoinGroupResponse_v7, 8: _encode_JoinGroupResponse_v7, 9: _encode_JoinGroupResponse_v9}
 
 
 REQUEST = JoinGroupRequest

@@ -72,7 +72,7 @@ class LeaveGroupResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v0
+def _decode_LeaveGroupRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupRequest)
     m.unknown_tags = None
     m.members = list()
@@ -81,12 +81,12 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v0
+def _encode_LeaveGroupRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     _write_string(w, m.member_id)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdentity v3
+def _decode_LeaveGroupRequest_MemberIdentity_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupRequest_MemberIdentity)
     m.unknown_tags = None
     m.reason = None
@@ -95,7 +95,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdent
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v3
+def _decode_LeaveGroupRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupRequest)
     m.unknown_tags = None
     m.member_id = ''
@@ -106,26 +106,26 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d3(b, o)
+            v3, o = _decode_LeaveGroupRequest_MemberIdentity_v3(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _e5(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v3
+def _encode_LeaveGroupRequest_MemberIdentity_v3(m: Any, w: bytearray) -> None:
     _write_string(w, m.member_id)
     _write_string(w, m.group_instance_id)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v3
+def _encode_LeaveGroupRequest_v3(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_LeaveGroupRequest_MemberIdentity_v3(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdentity v4
+def _decode_LeaveGroupRequest_MemberIdentity_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupRequest_MemberIdentity)
     m.unknown_tags = None
     m.reason = None
@@ -154,7 +154,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdent
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v4
+def _decode_LeaveGroupRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupRequest)
     m.unknown_tags = None
     m.member_id = ''
@@ -174,7 +174,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v4
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_LeaveGroupRequest_MemberIdentity_v4(b, o)
             items3.append(v4)
         m.members = items3
     if b[o] == 0:
@@ -190,7 +190,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v4
     return m, o
 
 
-def _e9(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v4
+def _encode_LeaveGroupRequest_MemberIdentity_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.group_instance_id)
     if m.unknown_tags:
@@ -199,19 +199,19 @@ def _e9(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v4
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v4
+def _encode_LeaveGroupRequest_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_LeaveGroupRequest_MemberIdentity_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIdentity v5
+def _decode_LeaveGroupRequest_MemberIdentity_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupRequest_MemberIdentity)
     m.unknown_tags = None
     length1 = b[o]
@@ -245,7 +245,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest_MemberIden
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v5
+def _decode_LeaveGroupRequest_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupRequest)
     m.unknown_tags = None
     m.member_id = ''
@@ -265,7 +265,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v5
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d11(b, o)
+            v4, o = _decode_LeaveGroupRequest_MemberIdentity_v5(b, o)
             items3.append(v4)
         m.members = items3
     if b[o] == 0:
@@ -281,7 +281,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupRequest v5
     return m, o
 
 
-def _e13(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v5
+def _encode_LeaveGroupRequest_MemberIdentity_v5(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.group_instance_id)
     _write_compact_string(w, m.reason)
@@ -291,19 +291,19 @@ def _e13(m: Any, w: bytearray) -> None:  # LeaveGroupRequest_MemberIdentity v5
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # LeaveGroupRequest v5
+def _encode_LeaveGroupRequest_v5(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_LeaveGroupRequest_MemberIdentity_v5(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v0
+def _decode_LeaveGroupResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -313,11 +313,11 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v0
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # LeaveGroupResponse v0
+def _encode_LeaveGroupResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v1
+def _decode_LeaveGroupResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupResponse)
     m.unknown_tags = None
     m.members = list()
@@ -326,11 +326,11 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v1
     return m, o
 
 
-def _e18(m: Any, w: bytearray) -> None:  # LeaveGroupResponse v1
+def _encode_LeaveGroupResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberResponse v3
+def _decode_LeaveGroupResponse_MemberResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupResponse_MemberResponse)
     m.unknown_tags = None
     m.member_id, o = _string(b, o)
@@ -340,7 +340,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberRes
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v3
+def _decode_LeaveGroupResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -351,27 +351,27 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d19(b, o)
+            v3, o = _decode_LeaveGroupResponse_MemberResponse_v3(b, o)
             items2.append(v3)
         m.members = items2
     return m, o
 
 
-def _e21(m: Any, w: bytearray) -> None:  # LeaveGroupResponse_MemberResponse v3
+def _encode_LeaveGroupResponse_MemberResponse_v3(m: Any, w: bytearray) -> None:
     _write_string(w, m.member_id)
     _write_string(w, m.group_instance_id)
     w += _S_h.pack(m.error_code)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # LeaveGroupResponse v3
+def _encode_LeaveGroupResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.members
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_LeaveGroupResponse_MemberResponse_v3(item2, w)
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberResponse v4
+def _decode_LeaveGroupResponse_MemberResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupResponse_MemberResponse)
     m.unknown_tags = None
     length1 = b[o]
@@ -401,7 +401,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse_MemberRes
     return m, o
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v4
+def _decode_LeaveGroupResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(LeaveGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -416,7 +416,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d23(b, o)
+            v3, o = _decode_LeaveGroupResponse_MemberResponse_v4(b, o)
             items2.append(v3)
         m.members = items2
     if b[o] == 0:
@@ -432,7 +432,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # LeaveGroupResponse v4
     return m, o
 
 
-def _e25(m: Any, w: bytearray) -> None:  # LeaveGroupResponse_MemberResponse v4
+def _encode_LeaveGroupResponse_MemberResponse_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.group_instance_id)
     w += _S_h.pack(m.error_code)
@@ -442,12 +442,12 @@ def _e25(m: Any, w: bytearray) -> None:  # LeaveGroupResponse_MemberResponse v4
         w.append(0)
 
 
-def _e26(m: Any, w: bytearray) -> None:  # LeaveGroupResponse v4
+def _encode_LeaveGroupResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e25(item2, w)
+        _encode_LeaveGroupResponse_MemberResponse_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -457,14 +457,14 @@ def _e26(m: Any, w: bytearray) -> None:  # LeaveGroupResponse v4
 LeaveGroupRequest_MemberIdentity.DEFAULTS = ('', None, None, )
 LeaveGroupRequest.DEFAULTS = ('', '', list, )
 LeaveGroupRequest.MemberIdentity = LeaveGroupRequest_MemberIdentity
-LeaveGroupRequest.DECODERS = {0: _d1, 1: _d1, 2: _d1, 3: _d4, 4: _d8, 5: _d12}
-LeaveGroupRequest.ENCODERS = {0: _e2, 1: _e2, 2: _e2, 3: _e6, 4: _e10, 5: _e14}
+LeaveGroupRequest.DECODERS = {0: _decode_LeaveGroupRequest_v0, 1: _decode_LeaveGroupRequest_v0, 2: _decode_LeaveGroupRequest_v0, 3: _decode_LeaveGroupRequest_v3, 4: _decode_LeaveGroupRequest_v4, 5: _decode_LeaveGroupRequest_v5}
+LeaveGroupRequest.ENCODERS = {0: _encode_LeaveGroupRequest_v0, 1: _encode_LeaveGroupRequest_v0, 2: _encode_LeaveGroupRequest_v0, 3: _encode_LeaveGroupRequest_v3, 4: _encode_LeaveGroupRequest_v4, 5: _encode_LeaveGroupRequest_v5}
 
 LeaveGroupResponse_MemberResponse.DEFAULTS = ('', '', 0, )
 LeaveGroupResponse.DEFAULTS = (0, 0, list, )
 LeaveGroupResponse.MemberResponse = LeaveGroupResponse_MemberResponse
-LeaveGroupResponse.DECODERS = {0: _d15, 1: _d17, 2: _d17, 3: _d20, 4: _d24, 5: _d24}
-LeaveGroupResponse.ENCODERS = {0: _e16, 1: _e18, 2: _e18, 3: _e22, 4: _e26, 5: _e26}
+LeaveGroupResponse.DECODERS = {0: _decode_LeaveGroupResponse_v0, 1: _decode_LeaveGroupResponse_v1, 2: _decode_LeaveGroupResponse_v1, 3: _decode_LeaveGroupResponse_v3, 4: _decode_LeaveGroupResponse_v4, 5: _decode_LeaveGroupResponse_v4}
+LeaveGroupResponse.ENCODERS = {0: _encode_LeaveGroupResponse_v0, 1: _encode_LeaveGroupResponse_v1, 2: _encode_LeaveGroupResponse_v1, 3: _encode_LeaveGroupResponse_v3, 4: _encode_LeaveGroupResponse_v4, 5: _encode_LeaveGroupResponse_v4}
 
 
 REQUEST = LeaveGroupRequest

@@ -67,7 +67,7 @@ class ListConfigResourcesResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest v0
+def _decode_ListConfigResourcesRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListConfigResourcesRequest)
     m.unknown_tags = None
     m.resource_types = list()
@@ -84,14 +84,14 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # ListConfigResourcesRequest v0
+def _encode_ListConfigResourcesRequest_v0(m: Any, w: bytearray) -> None:
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest v1
+def _decode_ListConfigResourcesRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListConfigResourcesRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -117,7 +117,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesRequest v1
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ListConfigResourcesRequest v1
+def _encode_ListConfigResourcesRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.resource_types
     _write_compact_count(w, items1)
     if items1:
@@ -128,7 +128,7 @@ def _e4(m: Any, w: bytearray) -> None:  # ListConfigResourcesRequest v1
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse_ConfigResource v0
+def _decode_ListConfigResourcesResponse_ConfigResource_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListConfigResourcesResponse_ConfigResource)
     m.unknown_tags = None
     m.resource_type = 16
@@ -151,7 +151,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse_C
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse v0
+def _decode_ListConfigResourcesResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListConfigResourcesResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -166,7 +166,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse v
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_ListConfigResourcesResponse_ConfigResource_v0(b, o)
             items2.append(v3)
         m.config_resources = items2
     if b[o] == 0:
@@ -182,7 +182,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse v
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse_ConfigResource v0
+def _encode_ListConfigResourcesResponse_ConfigResource_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.resource_name)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -190,19 +190,19 @@ def _e7(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse_ConfigReso
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse v0
+def _encode_ListConfigResourcesResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.config_resources
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_ListConfigResourcesResponse_ConfigResource_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse_ConfigResource v1
+def _decode_ListConfigResourcesResponse_ConfigResource_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListConfigResourcesResponse_ConfigResource)
     m.unknown_tags = None
     length1 = b[o]
@@ -226,7 +226,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse_C
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse v1
+def _decode_ListConfigResourcesResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListConfigResourcesResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -241,7 +241,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_ListConfigResourcesResponse_ConfigResource_v1(b, o)
             items2.append(v3)
         m.config_resources = items2
     if b[o] == 0:
@@ -257,7 +257,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # ListConfigResourcesResponse 
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse_ConfigResource v1
+def _encode_ListConfigResourcesResponse_ConfigResource_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.resource_name)
     w += _S_b.pack(m.resource_type)
     if m.unknown_tags:
@@ -266,12 +266,12 @@ def _e11(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse_ConfigRes
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse v1
+def _encode_ListConfigResourcesResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.config_resources
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_ListConfigResourcesResponse_ConfigResource_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -279,14 +279,14 @@ def _e12(m: Any, w: bytearray) -> None:  # ListConfigResourcesResponse v1
 
 
 ListConfigResourcesRequest.DEFAULTS = (list, )
-ListConfigResourcesRequest.DECODERS = {0: _d1, 1: _d3}
-ListConfigResourcesRequest.ENCODERS = {0: _e2, 1: _e4}
+ListConfigResourcesRequest.DECODERS = {0: _decode_ListConfigResourcesRequest_v0, 1: _decode_ListConfigResourcesRequest_v1}
+ListConfigResourcesRequest.ENCODERS = {0: _encode_ListConfigResourcesRequest_v0, 1: _encode_ListConfigResourcesRequest_v1}
 
 ListConfigResourcesResponse_ConfigResource.DEFAULTS = ('', 16, )
 ListConfigResourcesResponse.DEFAULTS = (0, 0, list, )
 ListConfigResourcesResponse.ConfigResource = ListConfigResourcesResponse_ConfigResource
-ListConfigResourcesResponse.DECODERS = {0: _d6, 1: _d10}
-ListConfigResourcesResponse.ENCODERS = {0: _e8, 1: _e12}
+ListConfigResourcesResponse.DECODERS = {0: _decode_ListConfigResourcesResponse_v0, 1: _decode_ListConfigResourcesResponse_v1}
+ListConfigResourcesResponse.ENCODERS = {0: _encode_ListConfigResourcesResponse_v0, 1: _encode_ListConfigResourcesResponse_v1}
 
 
 REQUEST = ListConfigResourcesRequest

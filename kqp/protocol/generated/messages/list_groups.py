@@ -67,7 +67,7 @@ class ListGroupsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v0
+def _decode_ListGroupsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsRequest)
     m.unknown_tags = None
     m.states_filter = list()
@@ -75,11 +75,11 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # ListGroupsRequest v0
+def _encode_ListGroupsRequest_v0(m: Any, w: bytearray) -> None:
     pass
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v3
+def _decode_ListGroupsRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsRequest)
     m.unknown_tags = None
     m.states_filter = list()
@@ -97,14 +97,14 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v3
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ListGroupsRequest v3
+def _encode_ListGroupsRequest_v3(m: Any, w: bytearray) -> None:
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v4
+def _decode_ListGroupsRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsRequest)
     m.unknown_tags = None
     m.types_filter = list()
@@ -139,7 +139,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v4
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ListGroupsRequest v4
+def _encode_ListGroupsRequest_v4(m: Any, w: bytearray) -> None:
     items1 = m.states_filter
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -150,7 +150,7 @@ def _e6(m: Any, w: bytearray) -> None:  # ListGroupsRequest v4
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v5
+def _decode_ListGroupsRequest_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -202,7 +202,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsRequest v5
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ListGroupsRequest v5
+def _encode_ListGroupsRequest_v5(m: Any, w: bytearray) -> None:
     items1 = m.states_filter
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -217,7 +217,7 @@ def _e8(m: Any, w: bytearray) -> None:  # ListGroupsRequest v5
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v0
+def _decode_ListGroupsResponse_ListedGroup_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsResponse_ListedGroup)
     m.unknown_tags = None
     m.group_state = ''
@@ -227,7 +227,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGrou
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v0
+def _decode_ListGroupsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -239,26 +239,26 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_ListGroupsResponse_ListedGroup_v0(b, o)
             items2.append(v3)
         m.groups = items2
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v0
+def _encode_ListGroupsResponse_ListedGroup_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     _write_string(w, m.protocol_type)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # ListGroupsResponse v0
+def _encode_ListGroupsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.groups
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_ListGroupsResponse_ListedGroup_v0(item2, w)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v1
+def _decode_ListGroupsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -269,21 +269,21 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_ListGroupsResponse_ListedGroup_v0(b, o)
             items2.append(v3)
         m.groups = items2
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # ListGroupsResponse v1
+def _encode_ListGroupsResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.groups
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_ListGroupsResponse_ListedGroup_v0(item2, w)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v3
+def _decode_ListGroupsResponse_ListedGroup_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsResponse_ListedGroup)
     m.unknown_tags = None
     m.group_state = ''
@@ -313,7 +313,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGro
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v3
+def _decode_ListGroupsResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -328,7 +328,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_ListGroupsResponse_ListedGroup_v3(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -344,7 +344,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v3
     return m, o
 
 
-def _e17(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v3
+def _encode_ListGroupsResponse_ListedGroup_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.protocol_type)
     if m.unknown_tags:
@@ -353,19 +353,19 @@ def _e17(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v3
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # ListGroupsResponse v3
+def _encode_ListGroupsResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_ListGroupsResponse_ListedGroup_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v4
+def _decode_ListGroupsResponse_ListedGroup_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsResponse_ListedGroup)
     m.unknown_tags = None
     m.group_type = ''
@@ -400,7 +400,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGro
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v4
+def _decode_ListGroupsResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -415,7 +415,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d19(b, o)
+            v3, o = _decode_ListGroupsResponse_ListedGroup_v4(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -431,7 +431,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v4
     return m, o
 
 
-def _e21(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v4
+def _encode_ListGroupsResponse_ListedGroup_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.protocol_type)
     _write_compact_string(w, m.group_state)
@@ -441,19 +441,19 @@ def _e21(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v4
         w.append(0)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # ListGroupsResponse v4
+def _encode_ListGroupsResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_ListGroupsResponse_ListedGroup_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGroup v5
+def _decode_ListGroupsResponse_ListedGroup_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsResponse_ListedGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -493,7 +493,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse_ListedGro
     return m, o
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v5
+def _decode_ListGroupsResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListGroupsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -508,7 +508,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d23(b, o)
+            v3, o = _decode_ListGroupsResponse_ListedGroup_v5(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -524,7 +524,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # ListGroupsResponse v5
     return m, o
 
 
-def _e25(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v5
+def _encode_ListGroupsResponse_ListedGroup_v5(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.protocol_type)
     _write_compact_string(w, m.group_state)
@@ -535,12 +535,12 @@ def _e25(m: Any, w: bytearray) -> None:  # ListGroupsResponse_ListedGroup v5
         w.append(0)
 
 
-def _e26(m: Any, w: bytearray) -> None:  # ListGroupsResponse v5
+def _encode_ListGroupsResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e25(item2, w)
+        _encode_ListGroupsResponse_ListedGroup_v5(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -548,14 +548,14 @@ def _e26(m: Any, w: bytearray) -> None:  # ListGroupsResponse v5
 
 
 ListGroupsRequest.DEFAULTS = (list, list, )
-ListGroupsRequest.DECODERS = {0: _d1, 1: _d1, 2: _d1, 3: _d3, 4: _d5, 5: _d7}
-ListGroupsRequest.ENCODERS = {0: _e2, 1: _e2, 2: _e2, 3: _e4, 4: _e6, 5: _e8}
+ListGroupsRequest.DECODERS = {0: _decode_ListGroupsRequest_v0, 1: _decode_ListGroupsRequest_v0, 2: _decode_ListGroupsRequest_v0, 3: _decode_ListGroupsRequest_v3, 4: _decode_ListGroupsRequest_v4, 5: _decode_ListGroupsRequest_v5}
+ListGroupsRequest.ENCODERS = {0: _encode_ListGroupsRequest_v0, 1: _encode_ListGroupsRequest_v0, 2: _encode_ListGroupsRequest_v0, 3: _encode_ListGroupsRequest_v3, 4: _encode_ListGroupsRequest_v4, 5: _encode_ListGroupsRequest_v5}
 
 ListGroupsResponse_ListedGroup.DEFAULTS = ('', '', '', '', )
 ListGroupsResponse.DEFAULTS = (0, 0, list, )
 ListGroupsResponse.ListedGroup = ListGroupsResponse_ListedGroup
-ListGroupsResponse.DECODERS = {0: _d10, 1: _d13, 2: _d13, 3: _d16, 4: _d20, 5: _d24}
-ListGroupsResponse.ENCODERS = {0: _e12, 1: _e14, 2: _e14, 3: _e18, 4: _e22, 5: _e26}
+ListGroupsResponse.DECODERS = {0: _decode_ListGroupsResponse_v0, 1: _decode_ListGroupsResponse_v1, 2: _decode_ListGroupsResponse_v1, 3: _decode_ListGroupsResponse_v3, 4: _decode_ListGroupsResponse_v4, 5: _decode_ListGroupsResponse_v5}
+ListGroupsResponse.ENCODERS = {0: _encode_ListGroupsResponse_v0, 1: _encode_ListGroupsResponse_v1, 2: _encode_ListGroupsResponse_v1, 3: _encode_ListGroupsResponse_v3, 4: _encode_ListGroupsResponse_v4, 5: _encode_ListGroupsResponse_v5}
 
 
 REQUEST = ListGroupsRequest

@@ -86,7 +86,7 @@ class ListOffsetsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsPartition v1
+def _decode_ListOffsetsRequest_ListOffsetsPartition_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest_ListOffsetsPartition)
     m.unknown_tags = None
     m.current_leader_epoch = -1
@@ -95,7 +95,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffset
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsTopic v1
+def _decode_ListOffsetsRequest_ListOffsetsTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest_ListOffsetsTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -105,13 +105,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffset
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_ListOffsetsRequest_ListOffsetsPartition_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v1
+def _decode_ListOffsetsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest)
     m.unknown_tags = None
     m.isolation_level = 0
@@ -124,33 +124,33 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_ListOffsetsRequest_ListOffsetsTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsPartition v1
+def _encode_ListOffsetsRequest_ListOffsetsPartition_v1(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.partition_index, m.timestamp)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsTopic v1
+def _encode_ListOffsetsRequest_ListOffsetsTopic_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_ListOffsetsRequest_ListOffsetsPartition_v1(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v1
+def _encode_ListOffsetsRequest_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.replica_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_ListOffsetsRequest_ListOffsetsTopic_v1(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v2
+def _decode_ListOffsetsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest)
     m.unknown_tags = None
     m.timeout_ms = 0
@@ -162,21 +162,21 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_ListOffsetsRequest_ListOffsetsTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v2
+def _encode_ListOffsetsRequest_v2(m: Any, w: bytearray) -> None:
     w += _S_ib.pack(m.replica_id, m.isolation_level)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_ListOffsetsRequest_ListOffsetsTopic_v1(item2, w)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsPartition v4
+def _decode_ListOffsetsRequest_ListOffsetsPartition_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest_ListOffsetsPartition)
     m.unknown_tags = None
     m.partition_index, m.current_leader_epoch, m.timestamp = _S_iiq.unpack_from(b, o)
@@ -184,7 +184,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffset
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsTopic v4
+def _decode_ListOffsetsRequest_ListOffsetsTopic_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest_ListOffsetsTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -194,13 +194,13 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_ListOffsetsRequest_ListOffsetsPartition_v4(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v4
+def _decode_ListOffsetsRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest)
     m.unknown_tags = None
     m.timeout_ms = 0
@@ -212,33 +212,33 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d10(b, o)
+            v3, o = _decode_ListOffsetsRequest_ListOffsetsTopic_v4(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsPartition v4
+def _encode_ListOffsetsRequest_ListOffsetsPartition_v4(m: Any, w: bytearray) -> None:
     w += _S_iiq.pack(m.partition_index, m.current_leader_epoch, m.timestamp)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsTopic v4
+def _encode_ListOffsetsRequest_ListOffsetsTopic_v4(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_ListOffsetsRequest_ListOffsetsPartition_v4(item2, w)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v4
+def _encode_ListOffsetsRequest_v4(m: Any, w: bytearray) -> None:
     w += _S_ib.pack(m.replica_id, m.isolation_level)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_ListOffsetsRequest_ListOffsetsTopic_v4(item2, w)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsPartition v6
+def _decode_ListOffsetsRequest_ListOffsetsPartition_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest_ListOffsetsPartition)
     m.unknown_tags = None
     m.partition_index, m.current_leader_epoch, m.timestamp = _S_iiq.unpack_from(b, o)
@@ -256,7 +256,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffse
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffsetsTopic v6
+def _decode_ListOffsetsRequest_ListOffsetsTopic_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest_ListOffsetsTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -275,7 +275,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffse
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d15(b, o)
+            v4, o = _decode_ListOffsetsRequest_ListOffsetsPartition_v6(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -291,7 +291,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest_ListOffse
     return m, o
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v6
+def _decode_ListOffsetsRequest_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest)
     m.unknown_tags = None
     m.timeout_ms = 0
@@ -307,7 +307,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d16(b, o)
+            v3, o = _decode_ListOffsetsRequest_ListOffsetsTopic_v6(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -323,7 +323,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v6
     return m, o
 
 
-def _e18(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsPartition v6
+def _encode_ListOffsetsRequest_ListOffsetsPartition_v6(m: Any, w: bytearray) -> None:
     w += _S_iiq.pack(m.partition_index, m.current_leader_epoch, m.timestamp)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -331,31 +331,31 @@ def _e18(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsPartiti
         w.append(0)
 
 
-def _e19(m: Any, w: bytearray) -> None:  # ListOffsetsRequest_ListOffsetsTopic v6
+def _encode_ListOffsetsRequest_ListOffsetsTopic_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e18(item2, w)
+        _encode_ListOffsetsRequest_ListOffsetsPartition_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v6
+def _encode_ListOffsetsRequest_v6(m: Any, w: bytearray) -> None:
     w += _S_ib.pack(m.replica_id, m.isolation_level)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_ListOffsetsRequest_ListOffsetsTopic_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v10
+def _decode_ListOffsetsRequest_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsRequest)
     m.unknown_tags = None
     m.replica_id, m.isolation_level = _S_ib.unpack_from(b, o)
@@ -370,7 +370,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d16(b, o)
+            v3, o = _decode_ListOffsetsRequest_ListOffsetsTopic_v6(b, o)
             items2.append(v3)
         m.topics = items2
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -388,12 +388,12 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsRequest v10
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v10
+def _encode_ListOffsetsRequest_v10(m: Any, w: bytearray) -> None:
     w += _S_ib.pack(m.replica_id, m.isolation_level)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_ListOffsetsRequest_ListOffsetsTopic_v6(item2, w)
     w += _S_i.pack(m.timeout_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -401,7 +401,7 @@ def _e22(m: Any, w: bytearray) -> None:  # ListOffsetsRequest v10
         w.append(0)
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsPartitionResponse v1
+def _decode_ListOffsetsResponse_ListOffsetsPartitionResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsResponse_ListOffsetsPartitionResponse)
     m.unknown_tags = None
     m.leader_epoch = -1
@@ -410,7 +410,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffs
     return m, o
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsTopicResponse v1
+def _decode_ListOffsetsResponse_ListOffsetsTopicResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsResponse_ListOffsetsTopicResponse)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -420,13 +420,13 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffs
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d23(b, o)
+            v3, o = _decode_ListOffsetsResponse_ListOffsetsPartitionResponse_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v1
+def _decode_ListOffsetsResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -436,32 +436,32 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d24(b, o)
+            v3, o = _decode_ListOffsetsResponse_ListOffsetsTopicResponse_v1(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e26(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPartitionResponse v1
+def _encode_ListOffsetsResponse_ListOffsetsPartitionResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ihqq.pack(m.partition_index, m.error_code, m.timestamp, m.offset)
 
 
-def _e27(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsTopicResponse v1
+def _encode_ListOffsetsResponse_ListOffsetsTopicResponse_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e26(item2, w)
+        _encode_ListOffsetsResponse_ListOffsetsPartitionResponse_v1(item2, w)
 
 
-def _e28(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v1
+def _encode_ListOffsetsResponse_v1(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e27(item2, w)
+        _encode_ListOffsetsResponse_ListOffsetsTopicResponse_v1(item2, w)
 
 
-def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v2
+def _decode_ListOffsetsResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -472,21 +472,21 @@ def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d24(b, o)
+            v3, o = _decode_ListOffsetsResponse_ListOffsetsTopicResponse_v1(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e30(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v2
+def _encode_ListOffsetsResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e27(item2, w)
+        _encode_ListOffsetsResponse_ListOffsetsTopicResponse_v1(item2, w)
 
 
-def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsPartitionResponse v4
+def _decode_ListOffsetsResponse_ListOffsetsPartitionResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsResponse_ListOffsetsPartitionResponse)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.timestamp, m.offset, m.leader_epoch = _S_ihqqi.unpack_from(b, o)
@@ -494,7 +494,7 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffs
     return m, o
 
 
-def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsTopicResponse v4
+def _decode_ListOffsetsResponse_ListOffsetsTopicResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsResponse_ListOffsetsTopicResponse)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -504,13 +504,13 @@ def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffs
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d31(b, o)
+            v3, o = _decode_ListOffsetsResponse_ListOffsetsPartitionResponse_v4(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v4
+def _decode_ListOffsetsResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -521,33 +521,33 @@ def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d32(b, o)
+            v3, o = _decode_ListOffsetsResponse_ListOffsetsTopicResponse_v4(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e34(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPartitionResponse v4
+def _encode_ListOffsetsResponse_ListOffsetsPartitionResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_ihqqi.pack(m.partition_index, m.error_code, m.timestamp, m.offset, m.leader_epoch)
 
 
-def _e35(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsTopicResponse v4
+def _encode_ListOffsetsResponse_ListOffsetsTopicResponse_v4(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e34(item2, w)
+        _encode_ListOffsetsResponse_ListOffsetsPartitionResponse_v4(item2, w)
 
 
-def _e36(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v4
+def _encode_ListOffsetsResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e35(item2, w)
+        _encode_ListOffsetsResponse_ListOffsetsTopicResponse_v4(item2, w)
 
 
-def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsPartitionResponse v6
+def _decode_ListOffsetsResponse_ListOffsetsPartitionResponse_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsResponse_ListOffsetsPartitionResponse)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.timestamp, m.offset, m.leader_epoch = _S_ihqqi.unpack_from(b, o)
@@ -565,7 +565,7 @@ def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffs
     return m, o
 
 
-def _d38(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffsetsTopicResponse v6
+def _decode_ListOffsetsResponse_ListOffsetsTopicResponse_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsResponse_ListOffsetsTopicResponse)
     m.unknown_tags = None
     length1 = b[o]
@@ -584,7 +584,7 @@ def _d38(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffs
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d37(b, o)
+            v4, o = _decode_ListOffsetsResponse_ListOffsetsPartitionResponse_v6(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -600,7 +600,7 @@ def _d38(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse_ListOffs
     return m, o
 
 
-def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v6
+def _decode_ListOffsetsResponse_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListOffsetsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -615,7 +615,7 @@ def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d38(b, o)
+            v3, o = _decode_ListOffsetsResponse_ListOffsetsTopicResponse_v6(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -631,7 +631,7 @@ def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # ListOffsetsResponse v6
     return m, o
 
 
-def _e40(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPartitionResponse v6
+def _encode_ListOffsetsResponse_ListOffsetsPartitionResponse_v6(m: Any, w: bytearray) -> None:
     w += _S_ihqqi.pack(m.partition_index, m.error_code, m.timestamp, m.offset, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -639,24 +639,24 @@ def _e40(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsPartit
         w.append(0)
 
 
-def _e41(m: Any, w: bytearray) -> None:  # ListOffsetsResponse_ListOffsetsTopicResponse v6
+def _encode_ListOffsetsResponse_ListOffsetsTopicResponse_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e40(item2, w)
+        _encode_ListOffsetsResponse_ListOffsetsPartitionResponse_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e42(m: Any, w: bytearray) -> None:  # ListOffsetsResponse v6
+def _encode_ListOffsetsResponse_v6(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e41(item2, w)
+        _encode_ListOffsetsResponse_ListOffsetsTopicResponse_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -669,8 +669,8 @@ ListOffsetsRequest_ListOffsetsPartition.DEFAULTS = (0, -1, 0, )
 ListOffsetsRequest.DEFAULTS = (0, 0, list, 0, )
 ListOffsetsRequest.ListOffsetsTopic = ListOffsetsRequest_ListOffsetsTopic
 ListOffsetsRequest.ListOffsetsPartition = ListOffsetsRequest_ListOffsetsPartition
-ListOffsetsRequest.DECODERS = {1: _d3, 2: _d7, 3: _d7, 4: _d11, 5: _d11, 6: _d17, 7: _d17, 8: _d17, 9: _d17, 10: _d21, 11: _d21}
-ListOffsetsRequest.ENCODERS = {1: _e6, 2: _e8, 3: _e8, 4: _e14, 5: _e14, 6: _e20, 7: _e20, 8: _e20, 9: _e20, 10: _e22, 11: _e22}
+ListOffsetsRequest.DECODERS = {1: _decode_ListOffsetsRequest_v1, 2: _decode_ListOffsetsRequest_v2, 3: _decode_ListOffsetsRequest_v2, 4: _decode_ListOffsetsRequest_v4, 5: _decode_ListOffsetsRequest_v4, 6: _decode_ListOffsetsRequest_v6, 7: _decode_ListOffsetsRequest_v6, 8: _decode_ListOffsetsRequest_v6, 9: _decode_ListOffsetsRequest_v6, 10: _decode_ListOffsetsRequest_v10, 11: _decode_ListOffsetsRequest_v10}
+ListOffsetsRequest.ENCODERS = {1: _encode_ListOffsetsRequest_v1, 2: _encode_ListOffsetsRequest_v2, 3: _encode_ListOffsetsRequest_v2, 4: _encode_ListOffsetsRequest_v4, 5: _encode_ListOffsetsRequest_v4, 6: _encode_ListOffsetsRequest_v6, 7: _encode_ListOffsetsRequest_v6, 8: _encode_ListOffsetsRequest_v6, 9: _encode_ListOffsetsRequest_v6, 10: _encode_ListOffsetsRequest_v10, 11: _encode_ListOffsetsRequest_v10}
 
 ListOffsetsResponse_ListOffsetsTopicResponse.DEFAULTS = ('', list, )
 ListOffsetsResponse_ListOffsetsTopicResponse.ListOffsetsPartitionResponse = ListOffsetsResponse_ListOffsetsPartitionResponse
@@ -678,8 +678,8 @@ ListOffsetsResponse_ListOffsetsPartitionResponse.DEFAULTS = (0, 0, -1, -1, -1, )
 ListOffsetsResponse.DEFAULTS = (0, list, )
 ListOffsetsResponse.ListOffsetsTopicResponse = ListOffsetsResponse_ListOffsetsTopicResponse
 ListOffsetsResponse.ListOffsetsPartitionResponse = ListOffsetsResponse_ListOffsetsPartitionResponse
-ListOffsetsResponse.DECODERS = {1: _d25, 2: _d29, 3: _d29, 4: _d33, 5: _d33, 6: _d39, 7: _d39, 8: _d39, 9: _d39, 10: _d39, 11: _d39}
-ListOffsetsResponse.ENCODERS = {1: _e28, 2: _e30, 3: _e30, 4: _e36, 5: _e36, 6: _e42, 7: _e42, 8: _e42, 9: _e42, 10: _e42, 11: _e42}
+ListOffsetsResponse.DECODERS = {1: _decode_ListOffsetsResponse_v1, 2: _decode_ListOffsetsResponse_v2, 3: _decode_ListOffsetsResponse_v2, 4: _decode_ListOffsetsResponse_v4, 5: _decode_ListOffsetsResponse_v4, 6: _decode_ListOffsetsResponse_v6, 7: _decode_ListOffsetsResponse_v6, 8: _decode_ListOffsetsResponse_v6, 9: _decode_ListOffsetsResponse_v6, 10: _decode_ListOffsetsResponse_v6, 11: _decode_ListOffsetsResponse_v6}
+ListOffsetsResponse.ENCODERS = {1: _encode_ListOffsetsResponse_v1, 2: _encode_ListOffsetsResponse_v2, 3: _encode_ListOffsetsResponse_v2, 4: _encode_ListOffsetsResponse_v4, 5: _encode_ListOffsetsResponse_v4, 6: _encode_ListOffsetsResponse_v6, 7: _encode_ListOffsetsResponse_v6, 8: _encode_ListOffsetsResponse_v6, 9: _encode_ListOffsetsResponse_v6, 10: _encode_ListOffsetsResponse_v6, 11: _encode_ListOffsetsResponse_v6}
 
 
 REQUEST = ListOffsetsRequest

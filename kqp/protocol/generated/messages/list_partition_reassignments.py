@@ -77,7 +77,7 @@ class ListPartitionReassignmentsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics v0
+def _decode_ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics)
     m.unknown_tags = None
     length1 = b[o]
@@ -109,7 +109,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsReq
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRequest v0
+def _decode_ListPartitionReassignmentsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListPartitionReassignmentsRequest)
     m.unknown_tags = None
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -124,7 +124,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsReq
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -140,7 +140,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsReq
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics v0
+def _encode_ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partition_indexes
     _write_compact_count(w, items1)
@@ -152,19 +152,19 @@ def _e3(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsRequest_List
         w.append(0)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsRequest v0
+def _encode_ListPartitionReassignmentsRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.timeout_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsResponse_OngoingPartitionReassignment v0
+def _decode_ListPartitionReassignmentsResponse_OngoingPartitionReassignment_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListPartitionReassignmentsResponse_OngoingPartitionReassignment)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -212,7 +212,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRes
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsResponse_OngoingTopicReassignment v0
+def _decode_ListPartitionReassignmentsResponse_OngoingTopicReassignment_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListPartitionReassignmentsResponse_OngoingTopicReassignment)
     m.unknown_tags = None
     length1 = b[o]
@@ -231,7 +231,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRes
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d5(b, o)
+            v4, o = _decode_ListPartitionReassignmentsResponse_OngoingPartitionReassignment_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -247,7 +247,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRes
     return m, o
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsResponse v0
+def _decode_ListPartitionReassignmentsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListPartitionReassignmentsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -268,7 +268,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRes
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d6(b, o)
+            v4, o = _decode_ListPartitionReassignmentsResponse_OngoingTopicReassignment_v0(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -284,7 +284,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ListPartitionReassignmentsRes
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse_OngoingPartitionReassignment v0
+def _encode_ListPartitionReassignmentsResponse_OngoingPartitionReassignment_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.partition_index)
     items1 = m.replicas
     _write_compact_count(w, items1)
@@ -304,25 +304,25 @@ def _e8(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse_Ong
         w.append(0)
 
 
-def _e9(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse_OngoingTopicReassignment v0
+def _encode_ListPartitionReassignmentsResponse_OngoingTopicReassignment_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e8(item2, w)
+        _encode_ListPartitionReassignmentsResponse_OngoingPartitionReassignment_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse v0
+def _encode_ListPartitionReassignmentsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_ListPartitionReassignmentsResponse_OngoingTopicReassignment_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -332,8 +332,8 @@ def _e10(m: Any, w: bytearray) -> None:  # ListPartitionReassignmentsResponse v0
 ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics.DEFAULTS = ('', list, )
 ListPartitionReassignmentsRequest.DEFAULTS = (60000, None, )
 ListPartitionReassignmentsRequest.ListPartitionReassignmentsTopics = ListPartitionReassignmentsRequest_ListPartitionReassignmentsTopics
-ListPartitionReassignmentsRequest.DECODERS = {0: _d2}
-ListPartitionReassignmentsRequest.ENCODERS = {0: _e4}
+ListPartitionReassignmentsRequest.DECODERS = {0: _decode_ListPartitionReassignmentsRequest_v0}
+ListPartitionReassignmentsRequest.ENCODERS = {0: _encode_ListPartitionReassignmentsRequest_v0}
 
 ListPartitionReassignmentsResponse_OngoingTopicReassignment.DEFAULTS = ('', list, )
 ListPartitionReassignmentsResponse_OngoingTopicReassignment.OngoingPartitionReassignment = ListPartitionReassignmentsResponse_OngoingPartitionReassignment
@@ -341,8 +341,8 @@ ListPartitionReassignmentsResponse_OngoingPartitionReassignment.DEFAULTS = (0, l
 ListPartitionReassignmentsResponse.DEFAULTS = (0, 0, '', list, )
 ListPartitionReassignmentsResponse.OngoingTopicReassignment = ListPartitionReassignmentsResponse_OngoingTopicReassignment
 ListPartitionReassignmentsResponse.OngoingPartitionReassignment = ListPartitionReassignmentsResponse_OngoingPartitionReassignment
-ListPartitionReassignmentsResponse.DECODERS = {0: _d7}
-ListPartitionReassignmentsResponse.ENCODERS = {0: _e10}
+ListPartitionReassignmentsResponse.DECODERS = {0: _decode_ListPartitionReassignmentsResponse_v0}
+ListPartitionReassignmentsResponse.ENCODERS = {0: _encode_ListPartitionReassignmentsResponse_v0}
 
 
 REQUEST = ListPartitionReassignmentsRequest

@@ -67,7 +67,7 @@ class ListTransactionsResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v0
+def _decode_ListTransactionsRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListTransactionsRequest)
     m.unknown_tags = None
     m.duration_filter = -1
@@ -113,7 +113,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v0
+def _encode_ListTransactionsRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.state_filters
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -128,7 +128,7 @@ def _e2(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v1
+def _decode_ListTransactionsRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListTransactionsRequest)
     m.unknown_tags = None
     m.transactional_id_pattern = None
@@ -175,7 +175,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v1
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v1
+def _encode_ListTransactionsRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.state_filters
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -191,7 +191,7 @@ def _e4(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v1
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v2
+def _decode_ListTransactionsRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListTransactionsRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -243,7 +243,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsRequest v2
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v2
+def _encode_ListTransactionsRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.state_filters
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -260,7 +260,7 @@ def _e6(m: Any, w: bytearray) -> None:  # ListTransactionsRequest v2
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse_TransactionState v0
+def _decode_ListTransactionsResponse_TransactionState_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListTransactionsResponse_TransactionState)
     m.unknown_tags = None
     length1 = b[o]
@@ -290,7 +290,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse_Tran
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse v0
+def _decode_ListTransactionsResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ListTransactionsResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -323,7 +323,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse v0
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d7(b, o)
+            v7, o = _decode_ListTransactionsResponse_TransactionState_v0(b, o)
             items6.append(v7)
         m.transaction_states = items6
     if b[o] == 0:
@@ -339,7 +339,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ListTransactionsResponse v0
     return m, o
 
 
-def _e9(m: Any, w: bytearray) -> None:  # ListTransactionsResponse_TransactionState v0
+def _encode_ListTransactionsResponse_TransactionState_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     w += _S_q.pack(m.producer_id)
     _write_compact_string(w, m.transaction_state)
@@ -349,7 +349,7 @@ def _e9(m: Any, w: bytearray) -> None:  # ListTransactionsResponse_TransactionSt
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ListTransactionsResponse v0
+def _encode_ListTransactionsResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     items1 = m.unknown_state_filters
     _write_compact_count(w, items1)
@@ -358,7 +358,7 @@ def _e10(m: Any, w: bytearray) -> None:  # ListTransactionsResponse v0
     items3 = m.transaction_states
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e9(item4, w)
+        _encode_ListTransactionsResponse_TransactionState_v0(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -366,14 +366,14 @@ def _e10(m: Any, w: bytearray) -> None:  # ListTransactionsResponse v0
 
 
 ListTransactionsRequest.DEFAULTS = (list, list, -1, None, )
-ListTransactionsRequest.DECODERS = {0: _d1, 1: _d3, 2: _d5}
-ListTransactionsRequest.ENCODERS = {0: _e2, 1: _e4, 2: _e6}
+ListTransactionsRequest.DECODERS = {0: _decode_ListTransactionsRequest_v0, 1: _decode_ListTransactionsRequest_v1, 2: _decode_ListTransactionsRequest_v2}
+ListTransactionsRequest.ENCODERS = {0: _encode_ListTransactionsRequest_v0, 1: _encode_ListTransactionsRequest_v1, 2: _encode_ListTransactionsRequest_v2}
 
 ListTransactionsResponse_TransactionState.DEFAULTS = ('', 0, '', )
 ListTransactionsResponse.DEFAULTS = (0, 0, list, list, )
 ListTransactionsResponse.TransactionState = ListTransactionsResponse_TransactionState
-ListTransactionsResponse.DECODERS = {0: _d8, 1: _d8, 2: _d8}
-ListTransactionsResponse.ENCODERS = {0: _e10, 1: _e10, 2: _e10}
+ListTransactionsResponse.DECODERS = {0: _decode_ListTransactionsResponse_v0, 1: _decode_ListTransactionsResponse_v0, 2: _decode_ListTransactionsResponse_v0}
+ListTransactionsResponse.ENCODERS = {0: _encode_ListTransactionsResponse_v0, 1: _encode_ListTransactionsResponse_v0, 2: _encode_ListTransactionsResponse_v0}
 
 
 REQUEST = ListTransactionsRequest

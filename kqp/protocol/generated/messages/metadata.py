@@ -89,7 +89,7 @@ class MetadataResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRequestTopic v0
+def _decode_MetadataRequest_MetadataRequestTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataRequest_MetadataRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -97,7 +97,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataReque
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v0
+def _decode_MetadataRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataRequest)
     m.unknown_tags = None
     m.allow_auto_topic_creation = True
@@ -109,24 +109,24 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_MetadataRequest_MetadataRequestTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # MetadataRequest_MetadataRequestTopic v0
+def _encode_MetadataRequest_MetadataRequestTopic_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # MetadataRequest v0
+def _encode_MetadataRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_MetadataRequest_MetadataRequestTopic_v0(item2, w)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v4
+def _decode_MetadataRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataRequest)
     m.unknown_tags = None
     m.include_cluster_authorized_operations = False
@@ -137,7 +137,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v4
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_MetadataRequest_MetadataRequestTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     m.allow_auto_topic_creation, = _S_o.unpack_from(b, o)
@@ -145,15 +145,15 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v4
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # MetadataRequest v4
+def _encode_MetadataRequest_v4(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_MetadataRequest_MetadataRequestTopic_v0(item2, w)
     w += _S_o.pack(m.allow_auto_topic_creation)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v8
+def _decode_MetadataRequest_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataRequest)
     m.unknown_tags = None
     n1, o = _count(b, o)
@@ -162,7 +162,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_MetadataRequest_MetadataRequestTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations = _S_ooo.unpack_from(b, o)
@@ -170,15 +170,15 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v8
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # MetadataRequest v8
+def _encode_MetadataRequest_v8(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_MetadataRequest_MetadataRequestTopic_v0(item2, w)
     w += _S_ooo.pack(m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRequestTopic v9
+def _decode_MetadataRequest_MetadataRequestTopic_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataRequest_MetadataRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -201,7 +201,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataReque
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v9
+def _decode_MetadataRequest_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -214,7 +214,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v9
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_MetadataRequest_MetadataRequestTopic_v9(b, o)
             items2.append(v3)
         m.topics = items2
     m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations = _S_ooo.unpack_from(b, o)
@@ -232,7 +232,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v9
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # MetadataRequest_MetadataRequestTopic v9
+def _encode_MetadataRequest_MetadataRequestTopic_v9(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -240,11 +240,11 @@ def _e11(m: Any, w: bytearray) -> None:  # MetadataRequest_MetadataRequestTopic 
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # MetadataRequest v9
+def _encode_MetadataRequest_v9(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_MetadataRequest_MetadataRequestTopic_v9(item2, w)
     w += _S_ooo.pack(m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -252,7 +252,7 @@ def _e12(m: Any, w: bytearray) -> None:  # MetadataRequest v9
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRequestTopic v10
+def _decode_MetadataRequest_MetadataRequestTopic_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataRequest_MetadataRequestTopic)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -277,7 +277,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest_MetadataRequ
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v10
+def _decode_MetadataRequest_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -290,7 +290,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_MetadataRequest_MetadataRequestTopic_v10(b, o)
             items2.append(v3)
         m.topics = items2
     m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations = _S_ooo.unpack_from(b, o)
@@ -308,7 +308,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v10
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # MetadataRequest_MetadataRequestTopic v10
+def _encode_MetadataRequest_MetadataRequestTopic_v10(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     _write_compact_string(w, m.name)
     if m.unknown_tags:
@@ -317,11 +317,11 @@ def _e15(m: Any, w: bytearray) -> None:  # MetadataRequest_MetadataRequestTopic 
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # MetadataRequest v10
+def _encode_MetadataRequest_v10(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_MetadataRequest_MetadataRequestTopic_v10(item2, w)
     w += _S_ooo.pack(m.allow_auto_topic_creation, m.include_cluster_authorized_operations, m.include_topic_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -329,7 +329,7 @@ def _e16(m: Any, w: bytearray) -> None:  # MetadataRequest v10
         w.append(0)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v11
+def _decode_MetadataRequest_v11(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataRequest)
     m.unknown_tags = None
     m.include_cluster_authorized_operations = False
@@ -343,7 +343,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v11
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_MetadataRequest_MetadataRequestTopic_v10(b, o)
             items2.append(v3)
         m.topics = items2
     m.allow_auto_topic_creation, m.include_topic_authorized_operations = _S_oo.unpack_from(b, o)
@@ -361,11 +361,11 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataRequest v11
     return m, o
 
 
-def _e18(m: Any, w: bytearray) -> None:  # MetadataRequest v11
+def _encode_MetadataRequest_v11(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_MetadataRequest_MetadataRequestTopic_v10(item2, w)
     w += _S_oo.pack(m.allow_auto_topic_creation, m.include_topic_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -373,7 +373,7 @@ def _e18(m: Any, w: bytearray) -> None:  # MetadataRequest v11
         w.append(0)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseBroker v0
+def _decode_MetadataResponse_MetadataResponseBroker_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponseBroker)
     m.unknown_tags = None
     m.rack = None
@@ -385,7 +385,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v0
+def _decode_MetadataResponse_MetadataResponsePartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponsePartition)
     m.unknown_tags = None
     m.leader_epoch = -1
@@ -407,7 +407,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v0
+def _decode_MetadataResponse_MetadataResponseTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -422,13 +422,13 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponsePartition_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v0
+def _decode_MetadataResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -442,7 +442,7 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d19(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v0(b, o)
             items2.append(v3)
         m.brokers = items2
     n4, o = _count(b, o)
@@ -451,19 +451,19 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v0
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d21(b, o)
+            v6, o = _decode_MetadataResponse_MetadataResponseTopic_v0(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e23(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseBroker v0
+def _encode_MetadataResponse_MetadataResponseBroker_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_string(w, m.host)
     w += _S_i.pack(m.port)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v0
+def _encode_MetadataResponse_MetadataResponsePartition_v0(m: Any, w: bytearray) -> None:
     w += _S_hii.pack(m.error_code, m.partition_index, m.leader_id)
     items1 = m.replica_nodes
     _write_count(w, items1)
@@ -475,27 +475,27 @@ def _e24(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePart
         w += _pack(f'>{len(items2)}i', *items2)
 
 
-def _e25(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v0
+def _encode_MetadataResponse_MetadataResponseTopic_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e24(item2, w)
+        _encode_MetadataResponse_MetadataResponsePartition_v0(item2, w)
 
 
-def _e26(m: Any, w: bytearray) -> None:  # MetadataResponse v0
+def _encode_MetadataResponse_v0(m: Any, w: bytearray) -> None:
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v0(item2, w)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e25(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v0(item4, w)
 
 
-def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseBroker v1
+def _decode_MetadataResponse_MetadataResponseBroker_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponseBroker)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -507,7 +507,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     return m, o
 
 
-def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v1
+def _decode_MetadataResponse_MetadataResponseTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -523,13 +523,13 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponsePartition_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v1
+def _decode_MetadataResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -542,7 +542,7 @@ def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d27(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v1(b, o)
             items2.append(v3)
         m.brokers = items2
     m.controller_id, = _S_i.unpack_from(b, o)
@@ -553,42 +553,42 @@ def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v1
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d28(b, o)
+            v6, o = _decode_MetadataResponse_MetadataResponseTopic_v1(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e30(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseBroker v1
+def _encode_MetadataResponse_MetadataResponseBroker_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_string(w, m.host)
     w += _S_i.pack(m.port)
     _write_string(w, m.rack)
 
 
-def _e31(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v1
+def _encode_MetadataResponse_MetadataResponseTopic_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.name)
     w += _S_o.pack(m.is_internal)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e24(item2, w)
+        _encode_MetadataResponse_MetadataResponsePartition_v0(item2, w)
 
 
-def _e32(m: Any, w: bytearray) -> None:  # MetadataResponse v1
+def _encode_MetadataResponse_v1(m: Any, w: bytearray) -> None:
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e30(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v1(item2, w)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e31(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v1(item4, w)
 
 
-def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v2
+def _decode_MetadataResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -600,7 +600,7 @@ def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d27(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v1(b, o)
             items2.append(v3)
         m.brokers = items2
     m.cluster_id, o = _string(b, o)
@@ -612,26 +612,26 @@ def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v2
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d28(b, o)
+            v6, o = _decode_MetadataResponse_MetadataResponseTopic_v1(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e34(m: Any, w: bytearray) -> None:  # MetadataResponse v2
+def _encode_MetadataResponse_v2(m: Any, w: bytearray) -> None:
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e30(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v1(item2, w)
     _write_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e31(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v1(item4, w)
 
 
-def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v3
+def _decode_MetadataResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.cluster_authorized_operations = -2147483648
@@ -644,7 +644,7 @@ def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d27(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v1(b, o)
             items2.append(v3)
         m.brokers = items2
     m.cluster_id, o = _string(b, o)
@@ -656,27 +656,27 @@ def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v3
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d28(b, o)
+            v6, o = _decode_MetadataResponse_MetadataResponseTopic_v1(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e36(m: Any, w: bytearray) -> None:  # MetadataResponse v3
+def _encode_MetadataResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e30(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v1(item2, w)
     _write_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e31(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v1(item4, w)
 
 
-def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v5
+def _decode_MetadataResponse_MetadataResponsePartition_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponsePartition)
     m.unknown_tags = None
     m.leader_epoch = -1
@@ -703,7 +703,7 @@ def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     return m, o
 
 
-def _d38(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v5
+def _decode_MetadataResponse_MetadataResponseTopic_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -719,13 +719,13 @@ def _d38(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d37(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponsePartition_v5(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v5
+def _decode_MetadataResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.cluster_authorized_operations = -2147483648
@@ -738,7 +738,7 @@ def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d27(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v1(b, o)
             items2.append(v3)
         m.brokers = items2
     m.cluster_id, o = _string(b, o)
@@ -750,13 +750,13 @@ def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v5
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d38(b, o)
+            v6, o = _decode_MetadataResponse_MetadataResponseTopic_v5(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e40(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v5
+def _encode_MetadataResponse_MetadataResponsePartition_v5(m: Any, w: bytearray) -> None:
     w += _S_hii.pack(m.error_code, m.partition_index, m.leader_id)
     items1 = m.replica_nodes
     _write_count(w, items1)
@@ -772,31 +772,31 @@ def _e40(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePart
         w += _pack(f'>{len(items3)}i', *items3)
 
 
-def _e41(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v5
+def _encode_MetadataResponse_MetadataResponseTopic_v5(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.name)
     w += _S_o.pack(m.is_internal)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e40(item2, w)
+        _encode_MetadataResponse_MetadataResponsePartition_v5(item2, w)
 
 
-def _e42(m: Any, w: bytearray) -> None:  # MetadataResponse v5
+def _encode_MetadataResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e30(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v1(item2, w)
     _write_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e41(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v5(item4, w)
 
 
-def _d43(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v7
+def _decode_MetadataResponse_MetadataResponsePartition_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponsePartition)
     m.unknown_tags = None
     m.error_code, m.partition_index, m.leader_id, m.leader_epoch = _S_hiii.unpack_from(b, o)
@@ -822,7 +822,7 @@ def _d43(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     return m, o
 
 
-def _d44(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v7
+def _decode_MetadataResponse_MetadataResponseTopic_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -838,13 +838,13 @@ def _d44(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d43(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponsePartition_v7(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d45(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v7
+def _decode_MetadataResponse_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.cluster_authorized_operations = -2147483648
@@ -857,7 +857,7 @@ def _d45(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v7
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d27(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v1(b, o)
             items2.append(v3)
         m.brokers = items2
     m.cluster_id, o = _string(b, o)
@@ -869,13 +869,13 @@ def _d45(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v7
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d44(b, o)
+            v6, o = _decode_MetadataResponse_MetadataResponseTopic_v7(b, o)
             items5.append(v6)
         m.topics = items5
     return m, o
 
 
-def _e46(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v7
+def _encode_MetadataResponse_MetadataResponsePartition_v7(m: Any, w: bytearray) -> None:
     w += _S_hiii.pack(m.error_code, m.partition_index, m.leader_id, m.leader_epoch)
     items1 = m.replica_nodes
     _write_count(w, items1)
@@ -891,31 +891,31 @@ def _e46(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePart
         w += _pack(f'>{len(items3)}i', *items3)
 
 
-def _e47(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v7
+def _encode_MetadataResponse_MetadataResponseTopic_v7(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.name)
     w += _S_o.pack(m.is_internal)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e46(item2, w)
+        _encode_MetadataResponse_MetadataResponsePartition_v7(item2, w)
 
 
-def _e48(m: Any, w: bytearray) -> None:  # MetadataResponse v7
+def _encode_MetadataResponse_v7(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e30(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v1(item2, w)
     _write_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e47(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v7(item4, w)
 
 
-def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v8
+def _decode_MetadataResponse_MetadataResponseTopic_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -930,7 +930,7 @@ def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d43(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponsePartition_v7(b, o)
             items2.append(v3)
         m.partitions = items2
     m.topic_authorized_operations, = _S_i.unpack_from(b, o)
@@ -938,7 +938,7 @@ def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     return m, o
 
 
-def _d50(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v8
+def _decode_MetadataResponse_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -950,7 +950,7 @@ def _d50(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d27(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v1(b, o)
             items2.append(v3)
         m.brokers = items2
     m.cluster_id, o = _string(b, o)
@@ -962,7 +962,7 @@ def _d50(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v8
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d49(b, o)
+            v6, o = _decode_MetadataResponse_MetadataResponseTopic_v8(b, o)
             items5.append(v6)
         m.topics = items5
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
@@ -970,33 +970,33 @@ def _d50(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v8
     return m, o
 
 
-def _e51(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v8
+def _encode_MetadataResponse_MetadataResponseTopic_v8(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.name)
     w += _S_o.pack(m.is_internal)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e46(item2, w)
+        _encode_MetadataResponse_MetadataResponsePartition_v7(item2, w)
     w += _S_i.pack(m.topic_authorized_operations)
 
 
-def _e52(m: Any, w: bytearray) -> None:  # MetadataResponse v8
+def _encode_MetadataResponse_v8(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e30(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v1(item2, w)
     _write_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_count(w, items3)
     for item4 in items3 or ():
-        _e51(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v8(item4, w)
     w += _S_i.pack(m.cluster_authorized_operations)
 
 
-def _d53(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseBroker v9
+def _decode_MetadataResponse_MetadataResponseBroker_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponseBroker)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -1028,7 +1028,7 @@ def _d53(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     return m, o
 
 
-def _d54(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponsePartition v9
+def _decode_MetadataResponse_MetadataResponsePartition_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponsePartition)
     m.unknown_tags = None
     m.error_code, m.partition_index, m.leader_id, m.leader_epoch = _S_hiii.unpack_from(b, o)
@@ -1076,7 +1076,7 @@ def _d54(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     return m, o
 
 
-def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v9
+def _decode_MetadataResponse_MetadataResponseTopic_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -1100,7 +1100,7 @@ def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d54(b, o)
+            v4, o = _decode_MetadataResponse_MetadataResponsePartition_v9(b, o)
             items3.append(v4)
         m.partitions = items3
     m.topic_authorized_operations, = _S_i.unpack_from(b, o)
@@ -1118,7 +1118,7 @@ def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     return m, o
 
 
-def _d56(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
+def _decode_MetadataResponse_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -1134,7 +1134,7 @@ def _d56(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d53(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v9(b, o)
             items2.append(v3)
         m.brokers = items2
     length4 = b[o]
@@ -1155,7 +1155,7 @@ def _d56(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d55(b, o)
+            v7, o = _decode_MetadataResponse_MetadataResponseTopic_v9(b, o)
             items6.append(v7)
         m.topics = items6
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
@@ -1173,7 +1173,7 @@ def _d56(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v9
     return m, o
 
 
-def _e57(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseBroker v9
+def _encode_MetadataResponse_MetadataResponseBroker_v9(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
     w += _S_i.pack(m.port)
@@ -1184,7 +1184,7 @@ def _e57(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseBrok
         w.append(0)
 
 
-def _e58(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePartition v9
+def _encode_MetadataResponse_MetadataResponsePartition_v9(m: Any, w: bytearray) -> None:
     w += _S_hiii.pack(m.error_code, m.partition_index, m.leader_id, m.leader_epoch)
     items1 = m.replica_nodes
     _write_compact_count(w, items1)
@@ -1204,14 +1204,14 @@ def _e58(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponsePart
         w.append(0)
 
 
-def _e59(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v9
+def _encode_MetadataResponse_MetadataResponseTopic_v9(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.name)
     w += _S_o.pack(m.is_internal)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e58(item2, w)
+        _encode_MetadataResponse_MetadataResponsePartition_v9(item2, w)
     w += _S_i.pack(m.topic_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1219,18 +1219,18 @@ def _e59(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopi
         w.append(0)
 
 
-def _e60(m: Any, w: bytearray) -> None:  # MetadataResponse v9
+def _encode_MetadataResponse_v9(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e57(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v9(item2, w)
     _write_compact_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e59(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v9(item4, w)
     w += _S_i.pack(m.cluster_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1238,7 +1238,7 @@ def _e60(m: Any, w: bytearray) -> None:  # MetadataResponse v9
         w.append(0)
 
 
-def _d61(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataResponseTopic v10
+def _decode_MetadataResponse_MetadataResponseTopic_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse_MetadataResponseTopic)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -1262,7 +1262,7 @@ def _d61(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d54(b, o)
+            v4, o = _decode_MetadataResponse_MetadataResponsePartition_v9(b, o)
             items3.append(v4)
         m.partitions = items3
     m.topic_authorized_operations, = _S_i.unpack_from(b, o)
@@ -1280,7 +1280,7 @@ def _d61(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse_MetadataRes
     return m, o
 
 
-def _d62(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
+def _decode_MetadataResponse_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.error_code = 0
@@ -1296,7 +1296,7 @@ def _d62(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d53(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v9(b, o)
             items2.append(v3)
         m.brokers = items2
     length4 = b[o]
@@ -1317,7 +1317,7 @@ def _d62(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d61(b, o)
+            v7, o = _decode_MetadataResponse_MetadataResponseTopic_v10(b, o)
             items6.append(v7)
         m.topics = items6
     m.cluster_authorized_operations, = _S_i.unpack_from(b, o)
@@ -1335,14 +1335,14 @@ def _d62(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v10
     return m, o
 
 
-def _e63(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopic v10
+def _encode_MetadataResponse_MetadataResponseTopic_v10(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.name)
     w += _S_uo.pack(_uuid_bytes(m.topic_id), m.is_internal)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e58(item2, w)
+        _encode_MetadataResponse_MetadataResponsePartition_v9(item2, w)
     w += _S_i.pack(m.topic_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1350,18 +1350,18 @@ def _e63(m: Any, w: bytearray) -> None:  # MetadataResponse_MetadataResponseTopi
         w.append(0)
 
 
-def _e64(m: Any, w: bytearray) -> None:  # MetadataResponse v10
+def _encode_MetadataResponse_v10(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e57(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v9(item2, w)
     _write_compact_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e63(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v10(item4, w)
     w += _S_i.pack(m.cluster_authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1369,7 +1369,7 @@ def _e64(m: Any, w: bytearray) -> None:  # MetadataResponse v10
         w.append(0)
 
 
-def _d65(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
+def _decode_MetadataResponse_v11(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.cluster_authorized_operations = -2147483648
@@ -1386,7 +1386,7 @@ def _d65(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d53(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v9(b, o)
             items2.append(v3)
         m.brokers = items2
     length4 = b[o]
@@ -1407,7 +1407,7 @@ def _d65(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d61(b, o)
+            v7, o = _decode_MetadataResponse_MetadataResponseTopic_v10(b, o)
             items6.append(v7)
         m.topics = items6
     if b[o] == 0:
@@ -1423,25 +1423,25 @@ def _d65(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v11
     return m, o
 
 
-def _e66(m: Any, w: bytearray) -> None:  # MetadataResponse v11
+def _encode_MetadataResponse_v11(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e57(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v9(item2, w)
     _write_compact_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e63(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v10(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d67(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
+def _decode_MetadataResponse_v13(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(MetadataResponse)
     m.unknown_tags = None
     m.cluster_authorized_operations = -2147483648
@@ -1457,7 +1457,7 @@ def _d67(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d53(b, o)
+            v3, o = _decode_MetadataResponse_MetadataResponseBroker_v9(b, o)
             items2.append(v3)
         m.brokers = items2
     length4 = b[o]
@@ -1478,7 +1478,7 @@ def _d67(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d61(b, o)
+            v7, o = _decode_MetadataResponse_MetadataResponseTopic_v10(b, o)
             items6.append(v7)
         m.topics = items6
     m.error_code, = _S_h.unpack_from(b, o)
@@ -1496,18 +1496,18 @@ def _d67(b: _Buffer, o: int) -> tuple[Any, int]:  # MetadataResponse v13
     return m, o
 
 
-def _e68(m: Any, w: bytearray) -> None:  # MetadataResponse v13
+def _encode_MetadataResponse_v13(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.brokers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e57(item2, w)
+        _encode_MetadataResponse_MetadataResponseBroker_v9(item2, w)
     _write_compact_string(w, m.cluster_id)
     w += _S_i.pack(m.controller_id)
     items3 = m.topics
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e63(item4, w)
+        _encode_MetadataResponse_MetadataResponseTopic_v10(item4, w)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1518,8 +1518,8 @@ def _e68(m: Any, w: bytearray) -> None:  # MetadataResponse v13
 MetadataRequest_MetadataRequestTopic.DEFAULTS = (_ZERO_UUID, '', )
 MetadataRequest.DEFAULTS = (list, True, False, False, )
 MetadataRequest.MetadataRequestTopic = MetadataRequest_MetadataRequestTopic
-MetadataRequest.DECODERS = {0: _d2, 1: _d2, 2: _d2, 3: _d2, 4: _d5, 5: _d5, 6: _d5, 7: _d5, 8: _d7, 9: _d10, 10: _d14, 11: _d17, 12: _d17, 13: _d17}
-MetadataRequest.ENCODERS = {0: _e4, 1: _e4, 2: _e4, 3: _e4, 4: _e6, 5: _e6, 6: _e6, 7: _e6, 8: _e8, 9: _e12, 10: _e16, 11: _e18, 12: _e18, 13: _e18}
+MetadataRequest.DECODERS = {0: _decode_MetadataRequest_v0, 1: _decode_MetadataRequest_v0, 2: _decode_MetadataRequest_v0, 3: _decode_MetadataRequest_v0, 4: _decode_MetadataRequest_v4, 5: _decode_MetadataRequest_v4, 6: _decode_MetadataRequest_v4, 7: _decode_MetadataRequest_v4, 8: _decode_MetadataRequest_v8, 9: _decode_MetadataRequest_v9, 10: _decode_MetadataRequest_v10, 11: _decode_MetadataRequest_v11, 12: _decode_MetadataRequest_v11, 13: _decode_MetadataRequest_v11}
+MetadataRequest.ENCODERS = {0: _encode_MetadataRequest_v0, 1: _encode_MetadataRequest_v0, 2: _encode_MetadataRequest_v0, 3: _encode_MetadataRequest_v0, 4: _encode_MetadataRequest_v4, 5: _encode_MetadataRequest_v4, 6: _encode_MetadataRequest_v4, 7: _encode_MetadataRequest_v4, 8: _encode_MetadataRequest_v8, 9: _encode_MetadataRequest_v9, 10: _encode_MetadataRequest_v10, 11: _encode_MetadataRequest_v11, 12: _encode_MetadataRequest_v11, 13: _encode_MetadataRequest_v11}
 
 MetadataResponse_MetadataResponseBroker.DEFAULTS = (0, '', 0, None, )
 MetadataResponse_MetadataResponseTopic.DEFAULTS = (0, '', _ZERO_UUID, False, list, -2147483648, )
@@ -1529,8 +1529,8 @@ MetadataResponse.DEFAULTS = (0, list, None, -1, list, -2147483648, 0, )
 MetadataResponse.MetadataResponseBroker = MetadataResponse_MetadataResponseBroker
 MetadataResponse.MetadataResponseTopic = MetadataResponse_MetadataResponseTopic
 MetadataResponse.MetadataResponsePartition = MetadataResponse_MetadataResponsePartition
-MetadataResponse.DECODERS = {0: _d22, 1: _d29, 2: _d33, 3: _d35, 4: _d35, 5: _d39, 6: _d39, 7: _d45, 8: _d50, 9: _d56, 10: _d62, 11: _d65, 12: _d65, 13: _d67}
-MetadataResponse.ENCODERS = {0: _e26, 1: _e32, 2: _e34, 3: _e36, 4: _e36, 5: _e42, 6: _e42, 7: _e48, 8: _e52, 9: _e60, 10: _e64, 11: _e66, 12: _e66, 13: _e68}
+MetadataResponse.DECODERS = {0: _decode_MetadataResponse_v0, 1: _decode_MetadataResponse_v1, 2: _decode_MetadataResponse_v2, 3: _decode_MetadataResponse_v3, 4: _decode_MetadataResponse_v3, 5: _decode_MetadataResponse_v5, 6: _decode_MetadataResponse_v5, 7: _decode_MetadataResponse_v7, 8: _decode_MetadataResponse_v8, 9: _decode_MetadataResponse_v9, 10: _decode_MetadataResponse_v10, 11: _decode_MetadataResponse_v11, 12: _decode_MetadataResponse_v11, 13: _decode_MetadataResponse_v13}
+MetadataResponse.ENCODERS = {0: _encode_MetadataResponse_v0, 1: _encode_MetadataResponse_v1, 2: _encode_MetadataResponse_v2, 3: _encode_MetadataResponse_v3, 4: _encode_MetadataResponse_v3, 5: _encode_MetadataResponse_v5, 6: _encode_MetadataResponse_v5, 7: _encode_MetadataResponse_v7, 8: _encode_MetadataResponse_v8, 9: _encode_MetadataResponse_v9, 10: _encode_MetadataResponse_v10, 11: _encode_MetadataResponse_v11, 12: _encode_MetadataResponse_v11, 13: _encode_MetadataResponse_v13}
 
 
 REQUEST = MetadataRequest

@@ -86,7 +86,7 @@ class OffsetCommitResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestPartition v2
+def _decode_OffsetCommitRequest_OffsetCommitRequestPartition_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest_OffsetCommitRequestPartition)
     m.unknown_tags = None
     m.committed_leader_epoch = -1
@@ -96,7 +96,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCom
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v2
+def _decode_OffsetCommitRequest_OffsetCommitRequestTopic_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest_OffsetCommitRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -107,13 +107,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCom
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_OffsetCommitRequest_OffsetCommitRequestPartition_v2(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v2
+def _decode_OffsetCommitRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -129,26 +129,26 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_OffsetCommitRequest_OffsetCommitRequestTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestPartition v2
+def _encode_OffsetCommitRequest_OffsetCommitRequestPartition_v2(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.partition_index, m.committed_offset)
     _write_string(w, m.committed_metadata)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v2
+def _encode_OffsetCommitRequest_OffsetCommitRequestTopic_v2(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_OffsetCommitRequest_OffsetCommitRequestPartition_v2(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v2
+def _encode_OffsetCommitRequest_v2(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_string(w, m.member_id)
@@ -156,10 +156,10 @@ def _e6(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v2
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_OffsetCommitRequest_OffsetCommitRequestTopic_v2(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v5
+def _decode_OffsetCommitRequest_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -174,23 +174,23 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_OffsetCommitRequest_OffsetCommitRequestTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v5
+def _encode_OffsetCommitRequest_v5(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_string(w, m.member_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_OffsetCommitRequest_OffsetCommitRequestTopic_v2(item2, w)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestPartition v6
+def _decode_OffsetCommitRequest_OffsetCommitRequestPartition_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest_OffsetCommitRequestPartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -199,7 +199,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCom
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v6
+def _decode_OffsetCommitRequest_OffsetCommitRequestTopic_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest_OffsetCommitRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -210,13 +210,13 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCo
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_OffsetCommitRequest_OffsetCommitRequestPartition_v6(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v6
+def _decode_OffsetCommitRequest_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -231,36 +231,36 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d10(b, o)
+            v3, o = _decode_OffsetCommitRequest_OffsetCommitRequestTopic_v6(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestPartition v6
+def _encode_OffsetCommitRequest_OffsetCommitRequestPartition_v6(m: Any, w: bytearray) -> None:
     w += _S_iqi.pack(m.partition_index, m.committed_offset, m.committed_leader_epoch)
     _write_string(w, m.committed_metadata)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v6
+def _encode_OffsetCommitRequest_OffsetCommitRequestTopic_v6(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_OffsetCommitRequest_OffsetCommitRequestPartition_v6(item2, w)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v6
+def _encode_OffsetCommitRequest_v6(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_string(w, m.member_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_OffsetCommitRequest_OffsetCommitRequestTopic_v6(item2, w)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v7
+def _decode_OffsetCommitRequest_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.retention_time_ms = -1
@@ -275,13 +275,13 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v7
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d10(b, o)
+            v3, o = _decode_OffsetCommitRequest_OffsetCommitRequestTopic_v6(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v7
+def _encode_OffsetCommitRequest_v7(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_string(w, m.member_id)
@@ -289,10 +289,10 @@ def _e16(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v7
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_OffsetCommitRequest_OffsetCommitRequestTopic_v6(item2, w)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestPartition v8
+def _decode_OffsetCommitRequest_OffsetCommitRequestPartition_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest_OffsetCommitRequestPartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -316,7 +316,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCo
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v8
+def _decode_OffsetCommitRequest_OffsetCommitRequestTopic_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest_OffsetCommitRequestTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -336,7 +336,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCo
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d17(b, o)
+            v4, o = _decode_OffsetCommitRequest_OffsetCommitRequestPartition_v8(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -352,7 +352,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCo
     return m, o
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v8
+def _decode_OffsetCommitRequest_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.retention_time_ms = -1
@@ -386,7 +386,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v8
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d18(b, o)
+            v6, o = _decode_OffsetCommitRequest_OffsetCommitRequestTopic_v8(b, o)
             items5.append(v6)
         m.topics = items5
     if b[o] == 0:
@@ -402,7 +402,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v8
     return m, o
 
 
-def _e20(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestPartition v8
+def _encode_OffsetCommitRequest_OffsetCommitRequestPartition_v8(m: Any, w: bytearray) -> None:
     w += _S_iqi.pack(m.partition_index, m.committed_offset, m.committed_leader_epoch)
     _write_compact_string(w, m.committed_metadata)
     if m.unknown_tags:
@@ -411,19 +411,19 @@ def _e20(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitReque
         w.append(0)
 
 
-def _e21(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v8
+def _encode_OffsetCommitRequest_OffsetCommitRequestTopic_v8(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e20(item2, w)
+        _encode_OffsetCommitRequest_OffsetCommitRequestPartition_v8(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v8
+def _encode_OffsetCommitRequest_v8(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_compact_string(w, m.member_id)
@@ -431,14 +431,14 @@ def _e22(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v8
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_OffsetCommitRequest_OffsetCommitRequestTopic_v8(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCommitRequestTopic v10
+def _decode_OffsetCommitRequest_OffsetCommitRequestTopic_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest_OffsetCommitRequestTopic)
     m.unknown_tags = None
     m.name = ''
@@ -455,7 +455,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCo
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_OffsetCommitRequest_OffsetCommitRequestPartition_v8(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -471,7 +471,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest_OffsetCo
     return m, o
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v10
+def _decode_OffsetCommitRequest_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitRequest)
     m.unknown_tags = None
     m.retention_time_ms = -1
@@ -505,7 +505,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v10
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d23(b, o)
+            v6, o = _decode_OffsetCommitRequest_OffsetCommitRequestTopic_v10(b, o)
             items5.append(v6)
         m.topics = items5
     if b[o] == 0:
@@ -521,19 +521,19 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitRequest v10
     return m, o
 
 
-def _e25(m: Any, w: bytearray) -> None:  # OffsetCommitRequest_OffsetCommitRequestTopic v10
+def _encode_OffsetCommitRequest_OffsetCommitRequestTopic_v10(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e20(item2, w)
+        _encode_OffsetCommitRequest_OffsetCommitRequestPartition_v8(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e26(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v10
+def _encode_OffsetCommitRequest_v10(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     w += _S_i.pack(m.generation_id_or_member_epoch)
     _write_compact_string(w, m.member_id)
@@ -541,14 +541,14 @@ def _e26(m: Any, w: bytearray) -> None:  # OffsetCommitRequest v10
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e25(item2, w)
+        _encode_OffsetCommitRequest_OffsetCommitRequestTopic_v10(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponsePartition v2
+def _decode_OffsetCommitResponse_OffsetCommitResponsePartition_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitResponse_OffsetCommitResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -556,7 +556,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetC
     return m, o
 
 
-def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponseTopic v2
+def _decode_OffsetCommitResponse_OffsetCommitResponseTopic_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitResponse_OffsetCommitResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -567,13 +567,13 @@ def _d28(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetC
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d27(b, o)
+            v3, o = _decode_OffsetCommitResponse_OffsetCommitResponsePartition_v2(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v2
+def _decode_OffsetCommitResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -583,32 +583,32 @@ def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d28(b, o)
+            v3, o = _decode_OffsetCommitResponse_OffsetCommitResponseTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e30(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitResponsePartition v2
+def _encode_OffsetCommitResponse_OffsetCommitResponsePartition_v2(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
 
 
-def _e31(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitResponseTopic v2
+def _encode_OffsetCommitResponse_OffsetCommitResponseTopic_v2(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e30(item2, w)
+        _encode_OffsetCommitResponse_OffsetCommitResponsePartition_v2(item2, w)
 
 
-def _e32(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v2
+def _encode_OffsetCommitResponse_v2(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e31(item2, w)
+        _encode_OffsetCommitResponse_OffsetCommitResponseTopic_v2(item2, w)
 
 
-def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v3
+def _decode_OffsetCommitResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -619,21 +619,21 @@ def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d28(b, o)
+            v3, o = _decode_OffsetCommitResponse_OffsetCommitResponseTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e34(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v3
+def _encode_OffsetCommitResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e31(item2, w)
+        _encode_OffsetCommitResponse_OffsetCommitResponseTopic_v2(item2, w)
 
 
-def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponsePartition v8
+def _decode_OffsetCommitResponse_OffsetCommitResponsePartition_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitResponse_OffsetCommitResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -651,7 +651,7 @@ def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetC
     return m, o
 
 
-def _d36(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponseTopic v8
+def _decode_OffsetCommitResponse_OffsetCommitResponseTopic_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitResponse_OffsetCommitResponseTopic)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -671,7 +671,7 @@ def _d36(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetC
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d35(b, o)
+            v4, o = _decode_OffsetCommitResponse_OffsetCommitResponsePartition_v8(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -687,7 +687,7 @@ def _d36(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetC
     return m, o
 
 
-def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v8
+def _decode_OffsetCommitResponse_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -702,7 +702,7 @@ def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d36(b, o)
+            v3, o = _decode_OffsetCommitResponse_OffsetCommitResponseTopic_v8(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -718,7 +718,7 @@ def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v8
     return m, o
 
 
-def _e38(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitResponsePartition v8
+def _encode_OffsetCommitResponse_OffsetCommitResponsePartition_v8(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -726,31 +726,31 @@ def _e38(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitResp
         w.append(0)
 
 
-def _e39(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitResponseTopic v8
+def _encode_OffsetCommitResponse_OffsetCommitResponseTopic_v8(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e38(item2, w)
+        _encode_OffsetCommitResponse_OffsetCommitResponsePartition_v8(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e40(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v8
+def _encode_OffsetCommitResponse_v8(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e39(item2, w)
+        _encode_OffsetCommitResponse_OffsetCommitResponseTopic_v8(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d41(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetCommitResponseTopic v10
+def _decode_OffsetCommitResponse_OffsetCommitResponseTopic_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitResponse_OffsetCommitResponseTopic)
     m.unknown_tags = None
     m.name = ''
@@ -767,7 +767,7 @@ def _d41(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetC
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d35(b, o)
+            v3, o = _decode_OffsetCommitResponse_OffsetCommitResponsePartition_v8(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -783,7 +783,7 @@ def _d41(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse_OffsetC
     return m, o
 
 
-def _d42(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v10
+def _decode_OffsetCommitResponse_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -798,7 +798,7 @@ def _d42(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d41(b, o)
+            v3, o = _decode_OffsetCommitResponse_OffsetCommitResponseTopic_v10(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -814,24 +814,24 @@ def _d42(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetCommitResponse v10
     return m, o
 
 
-def _e43(m: Any, w: bytearray) -> None:  # OffsetCommitResponse_OffsetCommitResponseTopic v10
+def _encode_OffsetCommitResponse_OffsetCommitResponseTopic_v10(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e38(item2, w)
+        _encode_OffsetCommitResponse_OffsetCommitResponsePartition_v8(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e44(m: Any, w: bytearray) -> None:  # OffsetCommitResponse v10
+def _encode_OffsetCommitResponse_v10(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e43(item2, w)
+        _encode_OffsetCommitResponse_OffsetCommitResponseTopic_v10(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -844,8 +844,8 @@ OffsetCommitRequest_OffsetCommitRequestPartition.DEFAULTS = (0, 0, -1, '', )
 OffsetCommitRequest.DEFAULTS = ('', -1, '', None, -1, list, )
 OffsetCommitRequest.OffsetCommitRequestTopic = OffsetCommitRequest_OffsetCommitRequestTopic
 OffsetCommitRequest.OffsetCommitRequestPartition = OffsetCommitRequest_OffsetCommitRequestPartition
-OffsetCommitRequest.DECODERS = {2: _d3, 3: _d3, 4: _d3, 5: _d7, 6: _d11, 7: _d15, 8: _d19, 9: _d19, 10: _d24}
-OffsetCommitRequest.ENCODERS = {2: _e6, 3: _e6, 4: _e6, 5: _e8, 6: _e14, 7: _e16, 8: _e22, 9: _e22, 10: _e26}
+OffsetCommitRequest.DECODERS = {2: _decode_OffsetCommitRequest_v2, 3: _decode_OffsetCommitRequest_v2, 4: _decode_OffsetCommitRequest_v2, 5: _decode_OffsetCommitRequest_v5, 6: _decode_OffsetCommitRequest_v6, 7: _decode_OffsetCommitRequest_v7, 8: _decode_OffsetCommitRequest_v8, 9: _decode_OffsetCommitRequest_v8, 10: _decode_OffsetCommitRequest_v10}
+OffsetCommitRequest.ENCODERS = {2: _encode_OffsetCommitRequest_v2, 3: _encode_OffsetCommitRequest_v2, 4: _encode_OffsetCommitRequest_v2, 5: _encode_OffsetCommitRequest_v5, 6: _encode_OffsetCommitRequest_v6, 7: _encode_OffsetCommitRequest_v7, 8: _encode_OffsetCommitRequest_v8, 9: _encode_OffsetCommitRequest_v8, 10: _encode_OffsetCommitRequest_v10}
 
 OffsetCommitResponse_OffsetCommitResponseTopic.DEFAULTS = ('', _ZERO_UUID, list, )
 OffsetCommitResponse_OffsetCommitResponseTopic.OffsetCommitResponsePartition = OffsetCommitResponse_OffsetCommitResponsePartition
@@ -853,8 +853,8 @@ OffsetCommitResponse_OffsetCommitResponsePartition.DEFAULTS = (0, 0, )
 OffsetCommitResponse.DEFAULTS = (0, list, )
 OffsetCommitResponse.OffsetCommitResponseTopic = OffsetCommitResponse_OffsetCommitResponseTopic
 OffsetCommitResponse.OffsetCommitResponsePartition = OffsetCommitResponse_OffsetCommitResponsePartition
-OffsetCommitResponse.DECODERS = {2: _d29, 3: _d33, 4: _d33, 5: _d33, 6: _d33, 7: _d33, 8: _d37, 9: _d37, 10: _d42}
-OffsetCommitResponse.ENCODERS = {2: _e32, 3: _e34, 4: _e34, 5: _e34, 6: _e34, 7: _e34, 8: _e40, 9: _e40, 10: _e44}
+OffsetCommitResponse.DECODERS = {2: _decode_OffsetCommitResponse_v2, 3: _decode_OffsetCommitResponse_v3, 4: _decode_OffsetCommitResponse_v3, 5: _decode_OffsetCommitResponse_v3, 6: _decode_OffsetCommitResponse_v3, 7: _decode_OffsetCommitResponse_v3, 8: _decode_OffsetCommitResponse_v8, 9: _decode_OffsetCommitResponse_v8, 10: _decode_OffsetCommitResponse_v10}
+OffsetCommitResponse.ENCODERS = {2: _encode_OffsetCommitResponse_v2, 3: _encode_OffsetCommitResponse_v3, 4: _encode_OffsetCommitResponse_v3, 5: _encode_OffsetCommitResponse_v3, 6: _encode_OffsetCommitResponse_v3, 7: _encode_OffsetCommitResponse_v3, 8: _encode_OffsetCommitResponse_v8, 9: _encode_OffsetCommitResponse_v8, 10: _encode_OffsetCommitResponse_v10}
 
 
 REQUEST = OffsetCommitRequest

@@ -83,7 +83,7 @@ class OffsetDeleteResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest_OffsetDeleteRequestPartition v0
+def _decode_OffsetDeleteRequest_OffsetDeleteRequestPartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetDeleteRequest_OffsetDeleteRequestPartition)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -91,7 +91,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest_OffsetDel
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest_OffsetDeleteRequestTopic v0
+def _decode_OffsetDeleteRequest_OffsetDeleteRequestTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetDeleteRequest_OffsetDeleteRequestTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -101,13 +101,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest_OffsetDel
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_OffsetDeleteRequest_OffsetDeleteRequestPartition_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest v0
+def _decode_OffsetDeleteRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetDeleteRequest)
     m.unknown_tags = None
     m.group_id, o = _string(b, o)
@@ -117,33 +117,33 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_OffsetDeleteRequest_OffsetDeleteRequestTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # OffsetDeleteRequest_OffsetDeleteRequestPartition v0
+def _encode_OffsetDeleteRequest_OffsetDeleteRequestPartition_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.partition_index)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # OffsetDeleteRequest_OffsetDeleteRequestTopic v0
+def _encode_OffsetDeleteRequest_OffsetDeleteRequestTopic_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_OffsetDeleteRequest_OffsetDeleteRequestPartition_v0(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # OffsetDeleteRequest v0
+def _encode_OffsetDeleteRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_OffsetDeleteRequest_OffsetDeleteRequestTopic_v0(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse_OffsetDeleteResponsePartition v0
+def _decode_OffsetDeleteResponse_OffsetDeleteResponsePartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetDeleteResponse_OffsetDeleteResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -151,7 +151,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse_OffsetDe
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse_OffsetDeleteResponseTopic v0
+def _decode_OffsetDeleteResponse_OffsetDeleteResponseTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetDeleteResponse_OffsetDeleteResponseTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -161,13 +161,13 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse_OffsetDe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_OffsetDeleteResponse_OffsetDeleteResponsePartition_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse v0
+def _decode_OffsetDeleteResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetDeleteResponse)
     m.unknown_tags = None
     m.error_code, m.throttle_time_ms = _S_hi.unpack_from(b, o)
@@ -178,30 +178,30 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetDeleteResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_OffsetDeleteResponse_OffsetDeleteResponseTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # OffsetDeleteResponse_OffsetDeleteResponsePartition v0
+def _encode_OffsetDeleteResponse_OffsetDeleteResponsePartition_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # OffsetDeleteResponse_OffsetDeleteResponseTopic v0
+def _encode_OffsetDeleteResponse_OffsetDeleteResponseTopic_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_OffsetDeleteResponse_OffsetDeleteResponsePartition_v0(item2, w)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # OffsetDeleteResponse v0
+def _encode_OffsetDeleteResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_hi.pack(m.error_code, m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_OffsetDeleteResponse_OffsetDeleteResponseTopic_v0(item2, w)
 
 
 OffsetDeleteRequest_OffsetDeleteRequestTopic.DEFAULTS = ('', list, )
@@ -210,8 +210,8 @@ OffsetDeleteRequest_OffsetDeleteRequestPartition.DEFAULTS = (0, )
 OffsetDeleteRequest.DEFAULTS = ('', list, )
 OffsetDeleteRequest.OffsetDeleteRequestTopic = OffsetDeleteRequest_OffsetDeleteRequestTopic
 OffsetDeleteRequest.OffsetDeleteRequestPartition = OffsetDeleteRequest_OffsetDeleteRequestPartition
-OffsetDeleteRequest.DECODERS = {0: _d3}
-OffsetDeleteRequest.ENCODERS = {0: _e6}
+OffsetDeleteRequest.DECODERS = {0: _decode_OffsetDeleteRequest_v0}
+OffsetDeleteRequest.ENCODERS = {0: _encode_OffsetDeleteRequest_v0}
 
 OffsetDeleteResponse_OffsetDeleteResponseTopic.DEFAULTS = ('', list, )
 OffsetDeleteResponse_OffsetDeleteResponseTopic.OffsetDeleteResponsePartition = OffsetDeleteResponse_OffsetDeleteResponsePartition
@@ -219,8 +219,8 @@ OffsetDeleteResponse_OffsetDeleteResponsePartition.DEFAULTS = (0, 0, )
 OffsetDeleteResponse.DEFAULTS = (0, 0, list, )
 OffsetDeleteResponse.OffsetDeleteResponseTopic = OffsetDeleteResponse_OffsetDeleteResponseTopic
 OffsetDeleteResponse.OffsetDeleteResponsePartition = OffsetDeleteResponse_OffsetDeleteResponsePartition
-OffsetDeleteResponse.DECODERS = {0: _d9}
-OffsetDeleteResponse.ENCODERS = {0: _e12}
+OffsetDeleteResponse.DECODERS = {0: _decode_OffsetDeleteResponse_v0}
+OffsetDeleteResponse.ENCODERS = {0: _encode_OffsetDeleteResponse_v0}
 
 
 REQUEST = OffsetDeleteRequest

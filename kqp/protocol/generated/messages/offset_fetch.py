@@ -106,7 +106,7 @@ class OffsetFetchResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopic v1
+def _decode_OffsetFetchRequest_OffsetFetchRequestTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest_OffsetFetchRequestTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -119,7 +119,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetc
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v1
+def _decode_OffsetFetchRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.groups = list()
@@ -131,13 +131,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_OffsetFetchRequest_OffsetFetchRequestTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestTopic v1
+def _encode_OffsetFetchRequest_OffsetFetchRequestTopic_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partition_indexes
     _write_count(w, items1)
@@ -145,15 +145,15 @@ def _e3(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestT
         w += _pack(f'>{len(items1)}i', *items1)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v1
+def _encode_OffsetFetchRequest_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_OffsetFetchRequest_OffsetFetchRequestTopic_v1(item2, w)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopic v6
+def _decode_OffsetFetchRequest_OffsetFetchRequestTopic_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest_OffsetFetchRequestTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -185,7 +185,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetc
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v6
+def _decode_OffsetFetchRequest_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.groups = list()
@@ -206,7 +206,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v6
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d5(b, o)
+            v4, o = _decode_OffsetFetchRequest_OffsetFetchRequestTopic_v6(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -222,7 +222,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v6
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestTopic v6
+def _encode_OffsetFetchRequest_OffsetFetchRequestTopic_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partition_indexes
     _write_compact_count(w, items1)
@@ -234,19 +234,19 @@ def _e7(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestT
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v6
+def _encode_OffsetFetchRequest_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_OffsetFetchRequest_OffsetFetchRequestTopic_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v7
+def _decode_OffsetFetchRequest_v7(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.groups = list()
@@ -266,7 +266,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v7
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d5(b, o)
+            v4, o = _decode_OffsetFetchRequest_OffsetFetchRequestTopic_v6(b, o)
             items3.append(v4)
         m.topics = items3
     m.require_stable, = _S_o.unpack_from(b, o)
@@ -284,12 +284,12 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v7
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v7
+def _encode_OffsetFetchRequest_v7(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_OffsetFetchRequest_OffsetFetchRequestTopic_v6(item2, w)
     w += _S_o.pack(m.require_stable)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -297,7 +297,7 @@ def _e10(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v7
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopics v8
+def _decode_OffsetFetchRequest_OffsetFetchRequestTopics_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest_OffsetFetchRequestTopics)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -330,7 +330,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFet
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v8
+def _decode_OffsetFetchRequest_OffsetFetchRequestGroup_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest_OffsetFetchRequestGroup)
     m.unknown_tags = None
     m.member_id = None
@@ -351,7 +351,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFet
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d11(b, o)
+            v4, o = _decode_OffsetFetchRequest_OffsetFetchRequestTopics_v8(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -367,7 +367,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFet
     return m, o
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v8
+def _decode_OffsetFetchRequest_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.group_id = ''
@@ -382,7 +382,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d12(b, o)
+            v3, o = _decode_OffsetFetchRequest_OffsetFetchRequestGroup_v8(b, o)
             items2.append(v3)
         m.groups = items2
     m.require_stable, = _S_o.unpack_from(b, o)
@@ -400,11 +400,11 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v8
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v8
+def _encode_OffsetFetchRequest_v8(m: Any, w: bytearray) -> None:
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e8(item2, w)
+        _encode_OffsetFetchRequest_v6(item2, w)
     w += _S_o.pack(m.require_stable)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -412,7 +412,7 @@ def _e14(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v8
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v9
+def _decode_OffsetFetchRequest_OffsetFetchRequestGroup_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest_OffsetFetchRequestGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -439,7 +439,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFet
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d11(b, o)
+            v5, o = _decode_OffsetFetchRequest_OffsetFetchRequestTopics_v8(b, o)
             items4.append(v5)
         m.topics = items4
     if b[o] == 0:
@@ -455,7 +455,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFet
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v9
+def _decode_OffsetFetchRequest_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.group_id = ''
@@ -470,7 +470,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v9
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_OffsetFetchRequest_OffsetFetchRequestGroup_v9(b, o)
             items2.append(v3)
         m.groups = items2
     m.require_stable, = _S_o.unpack_from(b, o)
@@ -488,25 +488,25 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v9
     return m, o
 
 
-def _e17(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestGroup v9
+def _encode_OffsetFetchRequest_OffsetFetchRequestGroup_v9(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.member_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_OffsetFetchRequest_OffsetFetchRequestTopic_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v9
+def _encode_OffsetFetchRequest_v9(m: Any, w: bytearray) -> None:
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_OffsetFetchRequest_OffsetFetchRequestGroup_v9(item2, w)
     w += _S_o.pack(m.require_stable)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -514,7 +514,7 @@ def _e18(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v9
         w.append(0)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestTopics v10
+def _decode_OffsetFetchRequest_OffsetFetchRequestTopics_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest_OffsetFetchRequestTopics)
     m.unknown_tags = None
     m.name = ''
@@ -544,7 +544,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFet
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFetchRequestGroup v10
+def _decode_OffsetFetchRequest_OffsetFetchRequestGroup_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest_OffsetFetchRequestGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -571,7 +571,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFet
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d19(b, o)
+            v5, o = _decode_OffsetFetchRequest_OffsetFetchRequestTopics_v10(b, o)
             items4.append(v5)
         m.topics = items4
     if b[o] == 0:
@@ -587,7 +587,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest_OffsetFet
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v10
+def _decode_OffsetFetchRequest_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchRequest)
     m.unknown_tags = None
     m.group_id = ''
@@ -602,7 +602,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_OffsetFetchRequest_OffsetFetchRequestGroup_v10(b, o)
             items2.append(v3)
         m.groups = items2
     m.require_stable, = _S_o.unpack_from(b, o)
@@ -620,7 +620,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchRequest v10
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestTopics v10
+def _encode_OffsetFetchRequest_OffsetFetchRequestTopics_v10(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partition_indexes
     _write_compact_count(w, items1)
@@ -632,25 +632,25 @@ def _e22(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequest
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # OffsetFetchRequest_OffsetFetchRequestGroup v10
+def _encode_OffsetFetchRequest_OffsetFetchRequestGroup_v10(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.member_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_OffsetFetchRequest_OffsetFetchRequestTopics_v10(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v10
+def _encode_OffsetFetchRequest_v10(m: Any, w: bytearray) -> None:
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_OffsetFetchRequest_OffsetFetchRequestGroup_v10(item2, w)
     w += _S_o.pack(m.require_stable)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -658,7 +658,7 @@ def _e24(m: Any, w: bytearray) -> None:  # OffsetFetchRequest v10
         w.append(0)
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartition v1
+def _decode_OffsetFetchResponse_OffsetFetchResponsePartition_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponsePartition)
     m.unknown_tags = None
     m.committed_leader_epoch = -1
@@ -670,7 +670,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     return m, o
 
 
-def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopic v1
+def _decode_OffsetFetchResponse_OffsetFetchResponseTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -680,13 +680,13 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d25(b, o)
+            v3, o = _decode_OffsetFetchResponse_OffsetFetchResponsePartition_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v1
+def _decode_OffsetFetchResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -698,34 +698,34 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d26(b, o)
+            v3, o = _decode_OffsetFetchResponse_OffsetFetchResponseTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e28(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponsePartition v1
+def _encode_OffsetFetchResponse_OffsetFetchResponsePartition_v1(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.partition_index, m.committed_offset)
     _write_string(w, m.metadata)
     w += _S_h.pack(m.error_code)
 
 
-def _e29(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopic v1
+def _encode_OffsetFetchResponse_OffsetFetchResponseTopic_v1(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e28(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponsePartition_v1(item2, w)
 
 
-def _e30(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v1
+def _encode_OffsetFetchResponse_v1(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponseTopic_v1(item2, w)
 
 
-def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v2
+def _decode_OffsetFetchResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -736,7 +736,7 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d26(b, o)
+            v3, o = _decode_OffsetFetchResponse_OffsetFetchResponseTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     m.error_code, = _S_h.unpack_from(b, o)
@@ -744,15 +744,15 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v2
     return m, o
 
 
-def _e32(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v2
+def _encode_OffsetFetchResponse_v2(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponseTopic_v1(item2, w)
     w += _S_h.pack(m.error_code)
 
 
-def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v3
+def _decode_OffsetFetchResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.groups = list()
@@ -764,7 +764,7 @@ def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d26(b, o)
+            v3, o = _decode_OffsetFetchResponse_OffsetFetchResponseTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     m.error_code, = _S_h.unpack_from(b, o)
@@ -772,16 +772,16 @@ def _d33(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v3
     return m, o
 
 
-def _e34(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v3
+def _encode_OffsetFetchResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponseTopic_v1(item2, w)
     w += _S_h.pack(m.error_code)
 
 
-def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartition v5
+def _decode_OffsetFetchResponse_OffsetFetchResponsePartition_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -792,7 +792,7 @@ def _d35(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     return m, o
 
 
-def _d36(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopic v5
+def _decode_OffsetFetchResponse_OffsetFetchResponseTopic_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -802,13 +802,13 @@ def _d36(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d35(b, o)
+            v3, o = _decode_OffsetFetchResponse_OffsetFetchResponsePartition_v5(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v5
+def _decode_OffsetFetchResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.groups = list()
@@ -820,7 +820,7 @@ def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d36(b, o)
+            v3, o = _decode_OffsetFetchResponse_OffsetFetchResponseTopic_v5(b, o)
             items2.append(v3)
         m.topics = items2
     m.error_code, = _S_h.unpack_from(b, o)
@@ -828,30 +828,30 @@ def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v5
     return m, o
 
 
-def _e38(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponsePartition v5
+def _encode_OffsetFetchResponse_OffsetFetchResponsePartition_v5(m: Any, w: bytearray) -> None:
     w += _S_iqi.pack(m.partition_index, m.committed_offset, m.committed_leader_epoch)
     _write_string(w, m.metadata)
     w += _S_h.pack(m.error_code)
 
 
-def _e39(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopic v5
+def _encode_OffsetFetchResponse_OffsetFetchResponseTopic_v5(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e38(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponsePartition_v5(item2, w)
 
 
-def _e40(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v5
+def _encode_OffsetFetchResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e39(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponseTopic_v5(item2, w)
     w += _S_h.pack(m.error_code)
 
 
-def _d41(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartition v6
+def _decode_OffsetFetchResponse_OffsetFetchResponsePartition_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -877,7 +877,7 @@ def _d41(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     return m, o
 
 
-def _d42(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopic v6
+def _decode_OffsetFetchResponse_OffsetFetchResponseTopic_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -896,7 +896,7 @@ def _d42(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d41(b, o)
+            v4, o = _decode_OffsetFetchResponse_OffsetFetchResponsePartition_v6(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -912,7 +912,7 @@ def _d42(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     return m, o
 
 
-def _d43(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v6
+def _decode_OffsetFetchResponse_v6(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.groups = list()
@@ -928,7 +928,7 @@ def _d43(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v6
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d42(b, o)
+            v3, o = _decode_OffsetFetchResponse_OffsetFetchResponseTopic_v6(b, o)
             items2.append(v3)
         m.topics = items2
     m.error_code, = _S_h.unpack_from(b, o)
@@ -946,7 +946,7 @@ def _d43(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v6
     return m, o
 
 
-def _e44(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponsePartition v6
+def _encode_OffsetFetchResponse_OffsetFetchResponsePartition_v6(m: Any, w: bytearray) -> None:
     w += _S_iqi.pack(m.partition_index, m.committed_offset, m.committed_leader_epoch)
     _write_compact_string(w, m.metadata)
     w += _S_h.pack(m.error_code)
@@ -956,24 +956,24 @@ def _e44(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchRespon
         w.append(0)
 
 
-def _e45(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopic v6
+def _encode_OffsetFetchResponse_OffsetFetchResponseTopic_v6(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e44(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponsePartition_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e46(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v6
+def _encode_OffsetFetchResponse_v6(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e45(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponseTopic_v6(item2, w)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -981,7 +981,7 @@ def _e46(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v6
         w.append(0)
 
 
-def _d47(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponsePartitions v8
+def _decode_OffsetFetchResponse_OffsetFetchResponsePartitions_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponsePartitions)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -1007,7 +1007,7 @@ def _d47(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     return m, o
 
 
-def _d48(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopics v8
+def _decode_OffsetFetchResponse_OffsetFetchResponseTopics_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopics)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -1027,7 +1027,7 @@ def _d48(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d47(b, o)
+            v4, o = _decode_OffsetFetchResponse_OffsetFetchResponsePartitions_v8(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -1043,7 +1043,7 @@ def _d48(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     return m, o
 
 
-def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseGroup v8
+def _decode_OffsetFetchResponse_OffsetFetchResponseGroup_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponseGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -1062,7 +1062,7 @@ def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d48(b, o)
+            v4, o = _decode_OffsetFetchResponse_OffsetFetchResponseTopics_v8(b, o)
             items3.append(v4)
         m.topics = items3
     m.error_code, = _S_h.unpack_from(b, o)
@@ -1080,7 +1080,7 @@ def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     return m, o
 
 
-def _d50(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v8
+def _decode_OffsetFetchResponse_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.topics = list()
@@ -1097,7 +1097,7 @@ def _d50(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d49(b, o)
+            v3, o = _decode_OffsetFetchResponse_OffsetFetchResponseGroup_v8(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -1113,12 +1113,12 @@ def _d50(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v8
     return m, o
 
 
-def _e51(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseGroup v8
+def _encode_OffsetFetchResponse_OffsetFetchResponseGroup_v8(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e45(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponseTopic_v6(item2, w)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1126,19 +1126,19 @@ def _e51(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchRespon
         w.append(0)
 
 
-def _e52(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v8
+def _encode_OffsetFetchResponse_v8(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e51(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponseGroup_v8(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d53(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseTopics v10
+def _decode_OffsetFetchResponse_OffsetFetchResponseTopics_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponseTopics)
     m.unknown_tags = None
     m.name = ''
@@ -1155,7 +1155,7 @@ def _d53(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d47(b, o)
+            v3, o = _decode_OffsetFetchResponse_OffsetFetchResponsePartitions_v8(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -1171,7 +1171,7 @@ def _d53(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     return m, o
 
 
-def _d54(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFetchResponseGroup v10
+def _decode_OffsetFetchResponse_OffsetFetchResponseGroup_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse_OffsetFetchResponseGroup)
     m.unknown_tags = None
     length1 = b[o]
@@ -1190,7 +1190,7 @@ def _d54(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d53(b, o)
+            v4, o = _decode_OffsetFetchResponse_OffsetFetchResponseTopics_v10(b, o)
             items3.append(v4)
         m.topics = items3
     m.error_code, = _S_h.unpack_from(b, o)
@@ -1208,7 +1208,7 @@ def _d54(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse_OffsetFe
     return m, o
 
 
-def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v10
+def _decode_OffsetFetchResponse_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetFetchResponse)
     m.unknown_tags = None
     m.topics = list()
@@ -1225,7 +1225,7 @@ def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d54(b, o)
+            v3, o = _decode_OffsetFetchResponse_OffsetFetchResponseGroup_v10(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -1241,24 +1241,24 @@ def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetFetchResponse v10
     return m, o
 
 
-def _e56(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseTopics v10
+def _encode_OffsetFetchResponse_OffsetFetchResponseTopics_v10(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e44(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponsePartition_v6(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e57(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchResponseGroup v10
+def _encode_OffsetFetchResponse_OffsetFetchResponseGroup_v10(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e56(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponseTopics_v10(item2, w)
     w += _S_h.pack(m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -1266,12 +1266,12 @@ def _e57(m: Any, w: bytearray) -> None:  # OffsetFetchResponse_OffsetFetchRespon
         w.append(0)
 
 
-def _e58(m: Any, w: bytearray) -> None:  # OffsetFetchResponse v10
+def _encode_OffsetFetchResponse_v10(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e57(item2, w)
+        _encode_OffsetFetchResponse_OffsetFetchResponseGroup_v10(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -1286,8 +1286,8 @@ OffsetFetchRequest.DEFAULTS = ('', list, list, False, )
 OffsetFetchRequest.OffsetFetchRequestTopic = OffsetFetchRequest_OffsetFetchRequestTopic
 OffsetFetchRequest.OffsetFetchRequestGroup = OffsetFetchRequest_OffsetFetchRequestGroup
 OffsetFetchRequest.OffsetFetchRequestTopics = OffsetFetchRequest_OffsetFetchRequestTopics
-OffsetFetchRequest.DECODERS = {1: _d2, 2: _d2, 3: _d2, 4: _d2, 5: _d2, 6: _d6, 7: _d9, 8: _d13, 9: _d16, 10: _d21}
-OffsetFetchRequest.ENCODERS = {1: _e4, 2: _e4, 3: _e4, 4: _e4, 5: _e4, 6: _e8, 7: _e10, 8: _e14, 9: _e18, 10: _e24}
+OffsetFetchRequest.DECODERS = {1: _decode_OffsetFetchRequest_v1, 2: _decode_OffsetFetchRequest_v1, 3: _decode_OffsetFetchRequest_v1, 4: _decode_OffsetFetchRequest_v1, 5: _decode_OffsetFetchRequest_v1, 6: _decode_OffsetFetchRequest_v6, 7: _decode_OffsetFetchRequest_v7, 8: _decode_OffsetFetchRequest_v8, 9: _decode_OffsetFetchRequest_v9, 10: _decode_OffsetFetchRequest_v10}
+OffsetFetchRequest.ENCODERS = {1: _encode_OffsetFetchRequest_v1, 2: _encode_OffsetFetchRequest_v1, 3: _encode_OffsetFetchRequest_v1, 4: _encode_OffsetFetchRequest_v1, 5: _encode_OffsetFetchRequest_v1, 6: _encode_OffsetFetchRequest_v6, 7: _encode_OffsetFetchRequest_v7, 8: _encode_OffsetFetchRequest_v8, 9: _encode_OffsetFetchRequest_v9, 10: _encode_OffsetFetchRequest_v10}
 
 OffsetFetchResponse_OffsetFetchResponseTopic.DEFAULTS = ('', list, )
 OffsetFetchResponse_OffsetFetchResponseTopic.OffsetFetchResponsePartition = OffsetFetchResponse_OffsetFetchResponsePartition
@@ -1303,8 +1303,8 @@ OffsetFetchResponse.OffsetFetchResponseGroup = OffsetFetchResponse_OffsetFetchRe
 OffsetFetchResponse.OffsetFetchResponsePartition = OffsetFetchResponse_OffsetFetchResponsePartition
 OffsetFetchResponse.OffsetFetchResponseTopics = OffsetFetchResponse_OffsetFetchResponseTopics
 OffsetFetchResponse.OffsetFetchResponsePartitions = OffsetFetchResponse_OffsetFetchResponsePartitions
-OffsetFetchResponse.DECODERS = {1: _d27, 2: _d31, 3: _d33, 4: _d33, 5: _d37, 6: _d43, 7: _d43, 8: _d50, 9: _d50, 10: _d55}
-OffsetFetchResponse.ENCODERS = {1: _e30, 2: _e32, 3: _e34, 4: _e34, 5: _e40, 6: _e46, 7: _e46, 8: _e52, 9: _e52, 10: _e58}
+OffsetFetchResponse.DECODERS = {1: _decode_OffsetFetchResponse_v1, 2: _decode_OffsetFetchResponse_v2, 3: _decode_OffsetFetchResponse_v3, 4: _decode_OffsetFetchResponse_v3, 5: _decode_OffsetFetchResponse_v5, 6: _decode_OffsetFetchResponse_v6, 7: _decode_OffsetFetchResponse_v6, 8: _decode_OffsetFetchResponse_v8, 9: _decode_OffsetFetchResponse_v8, 10: _decode_OffsetFetchResponse_v10}
+OffsetFetchResponse.ENCODERS = {1: _encode_OffsetFetchResponse_v1, 2: _encode_OffsetFetchResponse_v2, 3: _encode_OffsetFetchResponse_v3, 4: _encode_OffsetFetchResponse_v3, 5: _encode_OffsetFetchResponse_v5, 6: _encode_OffsetFetchResponse_v6, 7: _encode_OffsetFetchResponse_v6, 8: _encode_OffsetFetchResponse_v8, 9: _encode_OffsetFetchResponse_v8, 10: _encode_OffsetFetchResponse_v10}
 
 
 REQUEST = OffsetFetchRequest

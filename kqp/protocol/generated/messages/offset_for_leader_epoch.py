@@ -83,7 +83,7 @@ class OffsetForLeaderEpochResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v2
+def _decode_OffsetForLeaderEpochRequest_OffsetForLeaderPartition_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochRequest_OffsetForLeaderPartition)
     m.unknown_tags = None
     m.partition, m.current_leader_epoch, m.leader_epoch = _S_iii.unpack_from(b, o)
@@ -91,7 +91,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_O
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v2
+def _decode_OffsetForLeaderEpochRequest_OffsetForLeaderTopic_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochRequest_OffsetForLeaderTopic)
     m.unknown_tags = None
     m.topic, o = _string(b, o)
@@ -101,13 +101,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_O
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_OffsetForLeaderEpochRequest_OffsetForLeaderPartition_v2(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v2
+def _decode_OffsetForLeaderEpochRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochRequest)
     m.unknown_tags = None
     m.replica_id = -2
@@ -117,32 +117,32 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_OffsetForLeaderEpochRequest_OffsetForLeaderTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v2
+def _encode_OffsetForLeaderEpochRequest_OffsetForLeaderPartition_v2(m: Any, w: bytearray) -> None:
     w += _S_iii.pack(m.partition, m.current_leader_epoch, m.leader_epoch)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v2
+def _encode_OffsetForLeaderEpochRequest_OffsetForLeaderTopic_v2(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_OffsetForLeaderEpochRequest_OffsetForLeaderPartition_v2(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest v2
+def _encode_OffsetForLeaderEpochRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_OffsetForLeaderEpochRequest_OffsetForLeaderTopic_v2(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v3
+def _decode_OffsetForLeaderEpochRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochRequest)
     m.unknown_tags = None
     m.replica_id, = _S_i.unpack_from(b, o)
@@ -153,21 +153,21 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_OffsetForLeaderEpochRequest_OffsetForLeaderTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest v3
+def _encode_OffsetForLeaderEpochRequest_v3(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.replica_id)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_OffsetForLeaderEpochRequest_OffsetForLeaderTopic_v2(item2, w)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v4
+def _decode_OffsetForLeaderEpochRequest_OffsetForLeaderPartition_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochRequest_OffsetForLeaderPartition)
     m.unknown_tags = None
     m.partition, m.current_leader_epoch, m.leader_epoch = _S_iii.unpack_from(b, o)
@@ -185,7 +185,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_O
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v4
+def _decode_OffsetForLeaderEpochRequest_OffsetForLeaderTopic_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochRequest_OffsetForLeaderTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -204,7 +204,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d9(b, o)
+            v4, o = _decode_OffsetForLeaderEpochRequest_OffsetForLeaderPartition_v4(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -220,7 +220,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest_
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest v4
+def _decode_OffsetForLeaderEpochRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochRequest)
     m.unknown_tags = None
     m.replica_id, = _S_i.unpack_from(b, o)
@@ -235,7 +235,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d10(b, o)
+            v3, o = _decode_OffsetForLeaderEpochRequest_OffsetForLeaderTopic_v4(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -251,7 +251,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochRequest 
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderPartition v4
+def _encode_OffsetForLeaderEpochRequest_OffsetForLeaderPartition_v4(m: Any, w: bytearray) -> None:
     w += _S_iii.pack(m.partition, m.current_leader_epoch, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -259,31 +259,31 @@ def _e12(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetFor
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest_OffsetForLeaderTopic v4
+def _encode_OffsetForLeaderEpochRequest_OffsetForLeaderTopic_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_OffsetForLeaderEpochRequest_OffsetForLeaderPartition_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochRequest v4
+def _encode_OffsetForLeaderEpochRequest_v4(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.replica_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_OffsetForLeaderEpochRequest_OffsetForLeaderTopic_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_EpochEndOffset v2
+def _decode_OffsetForLeaderEpochResponse_EpochEndOffset_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochResponse_EpochEndOffset)
     m.unknown_tags = None
     m.error_code, m.partition, m.leader_epoch, m.end_offset = _S_hiiq.unpack_from(b, o)
@@ -291,7 +291,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v2
+def _decode_OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult)
     m.unknown_tags = None
     m.topic, o = _string(b, o)
@@ -301,13 +301,13 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_OffsetForLeaderEpochResponse_EpochEndOffset_v2(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse v2
+def _decode_OffsetForLeaderEpochResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -318,33 +318,33 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d16(b, o)
+            v3, o = _decode_OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult_v2(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e18(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_EpochEndOffset v2
+def _encode_OffsetForLeaderEpochResponse_EpochEndOffset_v2(m: Any, w: bytearray) -> None:
     w += _S_hiiq.pack(m.error_code, m.partition, m.leader_epoch, m.end_offset)
 
 
-def _e19(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v2
+def _encode_OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult_v2(m: Any, w: bytearray) -> None:
     _write_string(w, m.topic)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e18(item2, w)
+        _encode_OffsetForLeaderEpochResponse_EpochEndOffset_v2(item2, w)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse v2
+def _encode_OffsetForLeaderEpochResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult_v2(item2, w)
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_EpochEndOffset v4
+def _decode_OffsetForLeaderEpochResponse_EpochEndOffset_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochResponse_EpochEndOffset)
     m.unknown_tags = None
     m.error_code, m.partition, m.leader_epoch, m.end_offset = _S_hiiq.unpack_from(b, o)
@@ -362,7 +362,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse
     return m, o
 
 
-def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v4
+def _decode_OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -381,7 +381,7 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d21(b, o)
+            v4, o = _decode_OffsetForLeaderEpochResponse_EpochEndOffset_v4(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -397,7 +397,7 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse
     return m, o
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse v4
+def _decode_OffsetForLeaderEpochResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(OffsetForLeaderEpochResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -412,7 +412,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d22(b, o)
+            v3, o = _decode_OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult_v4(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -428,7 +428,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # OffsetForLeaderEpochResponse
     return m, o
 
 
-def _e24(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_EpochEndOffset v4
+def _encode_OffsetForLeaderEpochResponse_EpochEndOffset_v4(m: Any, w: bytearray) -> None:
     w += _S_hiiq.pack(m.error_code, m.partition, m.leader_epoch, m.end_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -436,24 +436,24 @@ def _e24(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_EpochEnd
         w.append(0)
 
 
-def _e25(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult v4
+def _encode_OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e24(item2, w)
+        _encode_OffsetForLeaderEpochResponse_EpochEndOffset_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e26(m: Any, w: bytearray) -> None:  # OffsetForLeaderEpochResponse v4
+def _encode_OffsetForLeaderEpochResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e25(item2, w)
+        _encode_OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -466,8 +466,8 @@ OffsetForLeaderEpochRequest_OffsetForLeaderPartition.DEFAULTS = (0, -1, 0, )
 OffsetForLeaderEpochRequest.DEFAULTS = (-2, list, )
 OffsetForLeaderEpochRequest.OffsetForLeaderTopic = OffsetForLeaderEpochRequest_OffsetForLeaderTopic
 OffsetForLeaderEpochRequest.OffsetForLeaderPartition = OffsetForLeaderEpochRequest_OffsetForLeaderPartition
-OffsetForLeaderEpochRequest.DECODERS = {2: _d3, 3: _d7, 4: _d11}
-OffsetForLeaderEpochRequest.ENCODERS = {2: _e6, 3: _e8, 4: _e14}
+OffsetForLeaderEpochRequest.DECODERS = {2: _decode_OffsetForLeaderEpochRequest_v2, 3: _decode_OffsetForLeaderEpochRequest_v3, 4: _decode_OffsetForLeaderEpochRequest_v4}
+OffsetForLeaderEpochRequest.ENCODERS = {2: _encode_OffsetForLeaderEpochRequest_v2, 3: _encode_OffsetForLeaderEpochRequest_v3, 4: _encode_OffsetForLeaderEpochRequest_v4}
 
 OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult.DEFAULTS = ('', list, )
 OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult.EpochEndOffset = OffsetForLeaderEpochResponse_EpochEndOffset
@@ -475,8 +475,8 @@ OffsetForLeaderEpochResponse_EpochEndOffset.DEFAULTS = (0, 0, -1, -1, )
 OffsetForLeaderEpochResponse.DEFAULTS = (0, list, )
 OffsetForLeaderEpochResponse.OffsetForLeaderTopicResult = OffsetForLeaderEpochResponse_OffsetForLeaderTopicResult
 OffsetForLeaderEpochResponse.EpochEndOffset = OffsetForLeaderEpochResponse_EpochEndOffset
-OffsetForLeaderEpochResponse.DECODERS = {2: _d17, 3: _d17, 4: _d23}
-OffsetForLeaderEpochResponse.ENCODERS = {2: _e20, 3: _e20, 4: _e26}
+OffsetForLeaderEpochResponse.DECODERS = {2: _decode_OffsetForLeaderEpochResponse_v2, 3: _decode_OffsetForLeaderEpochResponse_v2, 4: _decode_OffsetForLeaderEpochResponse_v4}
+OffsetForLeaderEpochResponse.ENCODERS = {2: _encode_OffsetForLeaderEpochResponse_v2, 3: _encode_OffsetForLeaderEpochResponse_v2, 4: _encode_OffsetForLeaderEpochResponse_v4}
 
 
 REQUEST = OffsetForLeaderEpochRequest

@@ -101,7 +101,7 @@ class ProduceResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_PartitionProduceData v3
+def _decode_ProduceRequest_PartitionProduceData_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceRequest_PartitionProduceData)
     m.unknown_tags = None
     m.index, = _S_i.unpack_from(b, o)
@@ -110,7 +110,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_PartitionProdu
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceData v3
+def _decode_ProduceRequest_TopicProduceData_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceRequest_TopicProduceData)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -121,13 +121,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceDa
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_ProduceRequest_PartitionProduceData_v3(b, o)
             items2.append(v3)
         m.partition_data = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v3
+def _decode_ProduceRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceRequest)
     m.unknown_tags = None
     m.transactional_id, o = _string(b, o)
@@ -139,35 +139,35 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_ProduceRequest_TopicProduceData_v3(b, o)
             items2.append(v3)
         m.topic_data = items2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ProduceRequest_PartitionProduceData v3
+def _encode_ProduceRequest_PartitionProduceData_v3(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.index)
     _write_blob(w, m.records)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # ProduceRequest_TopicProduceData v3
+def _encode_ProduceRequest_TopicProduceData_v3(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partition_data
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_ProduceRequest_PartitionProduceData_v3(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ProduceRequest v3
+def _encode_ProduceRequest_v3(m: Any, w: bytearray) -> None:
     _write_string(w, m.transactional_id)
     w += _S_hi.pack(m.acks, m.timeout_ms)
     items1 = m.topic_data
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_ProduceRequest_TopicProduceData_v3(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_PartitionProduceData v9
+def _decode_ProduceRequest_PartitionProduceData_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceRequest_PartitionProduceData)
     m.unknown_tags = None
     m.index, = _S_i.unpack_from(b, o)
@@ -186,7 +186,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_PartitionProdu
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceData v9
+def _decode_ProduceRequest_TopicProduceData_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceRequest_TopicProduceData)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -206,7 +206,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceDa
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_ProduceRequest_PartitionProduceData_v9(b, o)
             items3.append(v4)
         m.partition_data = items3
     if b[o] == 0:
@@ -222,7 +222,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceDa
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v9
+def _decode_ProduceRequest_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -243,7 +243,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v9
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d8(b, o)
+            v4, o = _decode_ProduceRequest_TopicProduceData_v9(b, o)
             items3.append(v4)
         m.topic_data = items3
     if b[o] == 0:
@@ -259,7 +259,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v9
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ProduceRequest_PartitionProduceData v9
+def _encode_ProduceRequest_PartitionProduceData_v9(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.index)
     _write_compact_blob(w, m.records)
     if m.unknown_tags:
@@ -268,32 +268,32 @@ def _e10(m: Any, w: bytearray) -> None:  # ProduceRequest_PartitionProduceData v
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # ProduceRequest_TopicProduceData v9
+def _encode_ProduceRequest_TopicProduceData_v9(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partition_data
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_ProduceRequest_PartitionProduceData_v9(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # ProduceRequest v9
+def _encode_ProduceRequest_v9(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     w += _S_hi.pack(m.acks, m.timeout_ms)
     items1 = m.topic_data
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_ProduceRequest_TopicProduceData_v9(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceData v13
+def _decode_ProduceRequest_TopicProduceData_v13(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceRequest_TopicProduceData)
     m.unknown_tags = None
     m.name = ''
@@ -310,7 +310,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceD
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_ProduceRequest_PartitionProduceData_v9(b, o)
             items2.append(v3)
         m.partition_data = items2
     if b[o] == 0:
@@ -326,7 +326,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest_TopicProduceD
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v13
+def _decode_ProduceRequest_v13(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -347,7 +347,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v13
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d13(b, o)
+            v4, o = _decode_ProduceRequest_TopicProduceData_v13(b, o)
             items3.append(v4)
         m.topic_data = items3
     if b[o] == 0:
@@ -363,32 +363,32 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceRequest v13
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # ProduceRequest_TopicProduceData v13
+def _encode_ProduceRequest_TopicProduceData_v13(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partition_data
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_ProduceRequest_PartitionProduceData_v9(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # ProduceRequest v13
+def _encode_ProduceRequest_v13(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     w += _S_hi.pack(m.acks, m.timeout_ms)
     items1 = m.topic_data
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_ProduceRequest_TopicProduceData_v13(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v3
+def _decode_ProduceResponse_PartitionProduceResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_PartitionProduceResponse)
     m.unknown_tags = None
     m.log_start_offset = -1
@@ -400,7 +400,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionPro
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v3
+def _decode_ProduceResponse_TopicProduceResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -411,13 +411,13 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduce
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d17(b, o)
+            v3, o = _decode_ProduceResponse_PartitionProduceResponse_v3(b, o)
             items2.append(v3)
         m.partition_responses = items2
     return m, o
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v3
+def _decode_ProduceResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -427,7 +427,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d18(b, o)
+            v3, o = _decode_ProduceResponse_TopicProduceResponse_v3(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -435,27 +435,27 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v3
     return m, o
 
 
-def _e20(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v3
+def _encode_ProduceResponse_PartitionProduceResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_ihqq.pack(m.index, m.error_code, m.base_offset, m.log_append_time_ms)
 
 
-def _e21(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v3
+def _encode_ProduceResponse_TopicProduceResponse_v3(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partition_responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e20(item2, w)
+        _encode_ProduceResponse_PartitionProduceResponse_v3(item2, w)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # ProduceResponse v3
+def _encode_ProduceResponse_v3(m: Any, w: bytearray) -> None:
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_ProduceResponse_TopicProduceResponse_v3(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v5
+def _decode_ProduceResponse_PartitionProduceResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_PartitionProduceResponse)
     m.unknown_tags = None
     m.record_errors = list()
@@ -466,7 +466,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionPro
     return m, o
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v5
+def _decode_ProduceResponse_TopicProduceResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -477,13 +477,13 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduce
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d23(b, o)
+            v3, o = _decode_ProduceResponse_PartitionProduceResponse_v5(b, o)
             items2.append(v3)
         m.partition_responses = items2
     return m, o
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v5
+def _decode_ProduceResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -493,7 +493,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v5
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d24(b, o)
+            v3, o = _decode_ProduceResponse_TopicProduceResponse_v5(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -501,27 +501,27 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v5
     return m, o
 
 
-def _e26(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v5
+def _encode_ProduceResponse_PartitionProduceResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_ihqqq.pack(m.index, m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset)
 
 
-def _e27(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v5
+def _encode_ProduceResponse_TopicProduceResponse_v5(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partition_responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e26(item2, w)
+        _encode_ProduceResponse_PartitionProduceResponse_v5(item2, w)
 
 
-def _e28(m: Any, w: bytearray) -> None:  # ProduceResponse v5
+def _encode_ProduceResponse_v5(m: Any, w: bytearray) -> None:
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e27(item2, w)
+        _encode_ProduceResponse_TopicProduceResponse_v5(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
 
 
-def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndexAndErrorMessage v8
+def _decode_ProduceResponse_BatchIndexAndErrorMessage_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_BatchIndexAndErrorMessage)
     m.unknown_tags = None
     m.batch_index, = _S_i.unpack_from(b, o)
@@ -530,7 +530,7 @@ def _d29(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndexAn
     return m, o
 
 
-def _d30(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v8
+def _decode_ProduceResponse_PartitionProduceResponse_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_PartitionProduceResponse)
     m.unknown_tags = None
     m.current_leader = None
@@ -542,14 +542,14 @@ def _d30(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionPro
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d29(b, o)
+            v3, o = _decode_ProduceResponse_BatchIndexAndErrorMessage_v8(b, o)
             items2.append(v3)
         m.record_errors = items2
     m.error_message, o = _string(b, o)
     return m, o
 
 
-def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v8
+def _decode_ProduceResponse_TopicProduceResponse_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -560,13 +560,13 @@ def _d31(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduce
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d30(b, o)
+            v3, o = _decode_ProduceResponse_PartitionProduceResponse_v8(b, o)
             items2.append(v3)
         m.partition_responses = items2
     return m, o
 
 
-def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v8
+def _decode_ProduceResponse_v8(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -576,7 +576,7 @@ def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v8
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d31(b, o)
+            v3, o = _decode_ProduceResponse_TopicProduceResponse_v8(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -584,37 +584,37 @@ def _d32(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v8
     return m, o
 
 
-def _e33(m: Any, w: bytearray) -> None:  # ProduceResponse_BatchIndexAndErrorMessage v8
+def _encode_ProduceResponse_BatchIndexAndErrorMessage_v8(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.batch_index)
     _write_string(w, m.batch_index_error_message)
 
 
-def _e34(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v8
+def _encode_ProduceResponse_PartitionProduceResponse_v8(m: Any, w: bytearray) -> None:
     w += _S_ihqqq.pack(m.index, m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset)
     items1 = m.record_errors
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e33(item2, w)
+        _encode_ProduceResponse_BatchIndexAndErrorMessage_v8(item2, w)
     _write_string(w, m.error_message)
 
 
-def _e35(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v8
+def _encode_ProduceResponse_TopicProduceResponse_v8(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partition_responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e34(item2, w)
+        _encode_ProduceResponse_PartitionProduceResponse_v8(item2, w)
 
 
-def _e36(m: Any, w: bytearray) -> None:  # ProduceResponse v8
+def _encode_ProduceResponse_v8(m: Any, w: bytearray) -> None:
     items1 = m.responses
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e35(item2, w)
+        _encode_ProduceResponse_TopicProduceResponse_v8(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
 
 
-def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndexAndErrorMessage v9
+def _decode_ProduceResponse_BatchIndexAndErrorMessage_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_BatchIndexAndErrorMessage)
     m.unknown_tags = None
     m.batch_index, = _S_i.unpack_from(b, o)
@@ -638,7 +638,7 @@ def _d37(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_BatchIndexAn
     return m, o
 
 
-def _d38(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v9
+def _decode_ProduceResponse_PartitionProduceResponse_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_PartitionProduceResponse)
     m.unknown_tags = None
     m.current_leader = None
@@ -654,7 +654,7 @@ def _d38(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionPro
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d37(b, o)
+            v3, o = _decode_ProduceResponse_BatchIndexAndErrorMessage_v9(b, o)
             items2.append(v3)
         m.record_errors = items2
     length4 = b[o]
@@ -676,7 +676,7 @@ def _d38(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionPro
     return m, o
 
 
-def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v9
+def _decode_ProduceResponse_TopicProduceResponse_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -696,7 +696,7 @@ def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduce
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d38(b, o)
+            v4, o = _decode_ProduceResponse_PartitionProduceResponse_v9(b, o)
             items3.append(v4)
         m.partition_responses = items3
     if b[o] == 0:
@@ -712,7 +712,7 @@ def _d39(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduce
     return m, o
 
 
-def _d40(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v9
+def _decode_ProduceResponse_v9(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -726,7 +726,7 @@ def _d40(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v9
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d39(b, o)
+            v3, o = _decode_ProduceResponse_TopicProduceResponse_v9(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -744,7 +744,7 @@ def _d40(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v9
     return m, o
 
 
-def _e41(m: Any, w: bytearray) -> None:  # ProduceResponse_BatchIndexAndErrorMessage v9
+def _encode_ProduceResponse_BatchIndexAndErrorMessage_v9(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.batch_index)
     _write_compact_string(w, m.batch_index_error_message)
     if m.unknown_tags:
@@ -753,12 +753,12 @@ def _e41(m: Any, w: bytearray) -> None:  # ProduceResponse_BatchIndexAndErrorMes
         w.append(0)
 
 
-def _e42(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v9
+def _encode_ProduceResponse_PartitionProduceResponse_v9(m: Any, w: bytearray) -> None:
     w += _S_ihqqq.pack(m.index, m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset)
     items1 = m.record_errors
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e41(item2, w)
+        _encode_ProduceResponse_BatchIndexAndErrorMessage_v9(item2, w)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -766,23 +766,23 @@ def _e42(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceRespo
         w.append(0)
 
 
-def _e43(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v9
+def _encode_ProduceResponse_TopicProduceResponse_v9(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partition_responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e42(item2, w)
+        _encode_ProduceResponse_PartitionProduceResponse_v9(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e44(m: Any, w: bytearray) -> None:  # ProduceResponse v9
+def _encode_ProduceResponse_v9(m: Any, w: bytearray) -> None:
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e43(item2, w)
+        _encode_ProduceResponse_TopicProduceResponse_v9(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -790,7 +790,7 @@ def _e44(m: Any, w: bytearray) -> None:  # ProduceResponse v9
         w.append(0)
 
 
-def _d45(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_LeaderIdAndEpoch v10
+def _decode_ProduceResponse_LeaderIdAndEpoch_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_LeaderIdAndEpoch)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -808,7 +808,7 @@ def _d45(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_LeaderIdAndE
     return m, o
 
 
-def _d46(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionProduceResponse v10
+def _decode_ProduceResponse_PartitionProduceResponse_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_PartitionProduceResponse)
     m.unknown_tags = None
     m.current_leader = None
@@ -824,7 +824,7 @@ def _d46(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionPro
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d37(b, o)
+            v3, o = _decode_ProduceResponse_BatchIndexAndErrorMessage_v9(b, o)
             items2.append(v3)
         m.record_errors = items2
     length4 = b[o]
@@ -840,7 +840,7 @@ def _d46(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionPro
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.current_leader, o = _d45(b, o)
+                m.current_leader, o = _decode_ProduceResponse_LeaderIdAndEpoch_v10(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -850,7 +850,7 @@ def _d46(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_PartitionPro
     return m, o
 
 
-def _d47(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v10
+def _decode_ProduceResponse_TopicProduceResponse_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.topic_id = _ZERO_UUID
@@ -870,7 +870,7 @@ def _d47(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduce
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d46(b, o)
+            v4, o = _decode_ProduceResponse_PartitionProduceResponse_v10(b, o)
             items3.append(v4)
         m.partition_responses = items3
     if b[o] == 0:
@@ -886,7 +886,7 @@ def _d47(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduce
     return m, o
 
 
-def _d48(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_NodeEndpoint v10
+def _decode_ProduceResponse_NodeEndpoint_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -918,7 +918,7 @@ def _d48(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_NodeEndpoint
     return m, o
 
 
-def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
+def _decode_ProduceResponse_v10(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -932,7 +932,7 @@ def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d47(b, o)
+            v3, o = _decode_ProduceResponse_TopicProduceResponse_v10(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -954,7 +954,7 @@ def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d48(b, o)
+                        v6, o = _decode_ProduceResponse_NodeEndpoint_v10(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -966,7 +966,7 @@ def _d49(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v10
     return m, o
 
 
-def _e50(m: Any, w: bytearray) -> None:  # ProduceResponse_LeaderIdAndEpoch v10
+def _encode_ProduceResponse_LeaderIdAndEpoch_v10(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.leader_id, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -974,34 +974,34 @@ def _e50(m: Any, w: bytearray) -> None:  # ProduceResponse_LeaderIdAndEpoch v10
         w.append(0)
 
 
-def _e51(m: Any, w: bytearray) -> None:  # ProduceResponse_PartitionProduceResponse v10
+def _encode_ProduceResponse_PartitionProduceResponse_v10(m: Any, w: bytearray) -> None:
     w += _S_ihqqq.pack(m.index, m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset)
     items1 = m.record_errors
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e41(item2, w)
+        _encode_ProduceResponse_BatchIndexAndErrorMessage_v9(item2, w)
     _write_compact_string(w, m.error_message)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.current_leader is not None:
         t = bytearray()
-        _e50(m.current_leader, t)
+        _encode_ProduceResponse_LeaderIdAndEpoch_v10(m.current_leader, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _e52(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v10
+def _encode_ProduceResponse_TopicProduceResponse_v10(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partition_responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e51(item2, w)
+        _encode_ProduceResponse_PartitionProduceResponse_v10(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e53(m: Any, w: bytearray) -> None:  # ProduceResponse_NodeEndpoint v10
+def _encode_ProduceResponse_NodeEndpoint_v10(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
     w += _S_i.pack(m.port)
@@ -1012,11 +1012,11 @@ def _e53(m: Any, w: bytearray) -> None:  # ProduceResponse_NodeEndpoint v10
         w.append(0)
 
 
-def _e54(m: Any, w: bytearray) -> None:  # ProduceResponse v10
+def _encode_ProduceResponse_v10(m: Any, w: bytearray) -> None:
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e52(item2, w)
+        _encode_ProduceResponse_TopicProduceResponse_v10(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
@@ -1024,12 +1024,12 @@ def _e54(m: Any, w: bytearray) -> None:  # ProduceResponse v10
         items3 = m.node_endpoints
         _write_compact_count(t, items3)
         for item4 in items3 or ():
-            _e53(item4, t)
+            _encode_ProduceResponse_NodeEndpoint_v10(item4, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
 
-def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduceResponse v13
+def _decode_ProduceResponse_TopicProduceResponse_v13(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse_TopicProduceResponse)
     m.unknown_tags = None
     m.name = ''
@@ -1046,7 +1046,7 @@ def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduce
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d46(b, o)
+            v3, o = _decode_ProduceResponse_PartitionProduceResponse_v10(b, o)
             items2.append(v3)
         m.partition_responses = items2
     if b[o] == 0:
@@ -1062,7 +1062,7 @@ def _d55(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse_TopicProduce
     return m, o
 
 
-def _d56(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
+def _decode_ProduceResponse_v13(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ProduceResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -1076,7 +1076,7 @@ def _d56(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d55(b, o)
+            v3, o = _decode_ProduceResponse_TopicProduceResponse_v13(b, o)
             items2.append(v3)
         m.responses = items2
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -1098,7 +1098,7 @@ def _d56(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d48(b, o)
+                        v6, o = _decode_ProduceResponse_NodeEndpoint_v10(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -1110,23 +1110,23 @@ def _d56(b: _Buffer, o: int) -> tuple[Any, int]:  # ProduceResponse v13
     return m, o
 
 
-def _e57(m: Any, w: bytearray) -> None:  # ProduceResponse_TopicProduceResponse v13
+def _encode_ProduceResponse_TopicProduceResponse_v13(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partition_responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e51(item2, w)
+        _encode_ProduceResponse_PartitionProduceResponse_v10(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e58(m: Any, w: bytearray) -> None:  # ProduceResponse v13
+def _encode_ProduceResponse_v13(m: Any, w: bytearray) -> None:
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e57(item2, w)
+        _encode_ProduceResponse_TopicProduceResponse_v13(item2, w)
     w += _S_i.pack(m.throttle_time_ms)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
@@ -1134,7 +1134,7 @@ def _e58(m: Any, w: bytearray) -> None:  # ProduceResponse v13
         items3 = m.node_endpoints
         _write_compact_count(t, items3)
         for item4 in items3 or ():
-            _e53(item4, t)
+            _encode_ProduceResponse_NodeEndpoint_v10(item4, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
@@ -1145,8 +1145,8 @@ ProduceRequest_PartitionProduceData.DEFAULTS = (0, None, )
 ProduceRequest.DEFAULTS = (None, 0, 0, list, )
 ProduceRequest.TopicProduceData = ProduceRequest_TopicProduceData
 ProduceRequest.PartitionProduceData = ProduceRequest_PartitionProduceData
-ProduceRequest.DECODERS = {3: _d3, 4: _d3, 5: _d3, 6: _d3, 7: _d3, 8: _d3, 9: _d9, 10: _d9, 11: _d9, 12: _d9, 13: _d14}
-ProduceRequest.ENCODERS = {3: _e6, 4: _e6, 5: _e6, 6: _e6, 7: _e6, 8: _e6, 9: _e12, 10: _e12, 11: _e12, 12: _e12, 13: _e16}
+ProduceRequest.DECODERS = {3: _decode_ProduceRequest_v3, 4: _decode_ProduceRequest_v3, 5: _decode_ProduceRequest_v3, 6: _decode_ProduceRequest_v3, 7: _decode_ProduceRequest_v3, 8: _decode_ProduceRequest_v3, 9: _decode_ProduceRequest_v9, 10: _decode_ProduceRequest_v9, 11: _decode_ProduceRequest_v9, 12: _decode_ProduceRequest_v9, 13: _decode_ProduceRequest_v13}
+ProduceRequest.ENCODERS = {3: _encode_ProduceRequest_v3, 4: _encode_ProduceRequest_v3, 5: _encode_ProduceRequest_v3, 6: _encode_ProduceRequest_v3, 7: _encode_ProduceRequest_v3, 8: _encode_ProduceRequest_v3, 9: _encode_ProduceRequest_v9, 10: _encode_ProduceRequest_v9, 11: _encode_ProduceRequest_v9, 12: _encode_ProduceRequest_v9, 13: _encode_ProduceRequest_v13}
 
 ProduceResponse_TopicProduceResponse.DEFAULTS = ('', _ZERO_UUID, list, )
 ProduceResponse_TopicProduceResponse.PartitionProduceResponse = ProduceResponse_PartitionProduceResponse
@@ -1162,8 +1162,8 @@ ProduceResponse.NodeEndpoint = ProduceResponse_NodeEndpoint
 ProduceResponse.PartitionProduceResponse = ProduceResponse_PartitionProduceResponse
 ProduceResponse.BatchIndexAndErrorMessage = ProduceResponse_BatchIndexAndErrorMessage
 ProduceResponse.LeaderIdAndEpoch = ProduceResponse_LeaderIdAndEpoch
-ProduceResponse.DECODERS = {3: _d19, 4: _d19, 5: _d25, 6: _d25, 7: _d25, 8: _d32, 9: _d40, 10: _d49, 11: _d49, 12: _d49, 13: _d56}
-ProduceResponse.ENCODERS = {3: _e22, 4: _e22, 5: _e28, 6: _e28, 7: _e28, 8: _e36, 9: _e44, 10: _e54, 11: _e54, 12: _e54, 13: _e58}
+ProduceResponse.DECODERS = {3: _decode_ProduceResponse_v3, 4: _decode_ProduceResponse_v3, 5: _decode_ProduceResponse_v5, 6: _decode_ProduceResponse_v5, 7: _decode_ProduceResponse_v5, 8: _decode_ProduceResponse_v8, 9: _decode_ProduceResponse_v9, 10: _decode_ProduceResponse_v10, 11: _decode_ProduceResponse_v10, 12: _decode_ProduceResponse_v10, 13: _decode_ProduceResponse_v13}
+ProduceResponse.ENCODERS = {3: _encode_ProduceResponse_v3, 4: _encode_ProduceResponse_v3, 5: _encode_ProduceResponse_v5, 6: _encode_ProduceResponse_v5, 7: _encode_ProduceResponse_v5, 8: _encode_ProduceResponse_v8, 9: _encode_ProduceResponse_v9, 10: _encode_ProduceResponse_v10, 11: _encode_ProduceResponse_v10, 12: _encode_ProduceResponse_v10, 13: _encode_ProduceResponse_v13}
 
 
 REQUEST = ProduceRequest

@@ -62,7 +62,7 @@ class PushTelemetryResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # PushTelemetryRequest v0
+def _decode_PushTelemetryRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(PushTelemetryRequest)
     m.unknown_tags = None
     _u0, m.subscription_id, m.terminating, m.compression_type = _S_uiob.unpack_from(b, o)
@@ -82,7 +82,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # PushTelemetryRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # PushTelemetryRequest v0
+def _encode_PushTelemetryRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_uiob.pack(_uuid_bytes(m.client_instance_id), m.subscription_id, m.terminating, m.compression_type)
     _write_compact_blob(w, m.metrics)
     if m.unknown_tags:
@@ -91,7 +91,7 @@ def _e2(m: Any, w: bytearray) -> None:  # PushTelemetryRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # PushTelemetryResponse v0
+def _decode_PushTelemetryResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(PushTelemetryResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -109,7 +109,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # PushTelemetryResponse v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # PushTelemetryResponse v0
+def _encode_PushTelemetryResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -118,12 +118,12 @@ def _e4(m: Any, w: bytearray) -> None:  # PushTelemetryResponse v0
 
 
 PushTelemetryRequest.DEFAULTS = (_ZERO_UUID, 0, False, 0, b'', )
-PushTelemetryRequest.DECODERS = {0: _d1}
-PushTelemetryRequest.ENCODERS = {0: _e2}
+PushTelemetryRequest.DECODERS = {0: _decode_PushTelemetryRequest_v0}
+PushTelemetryRequest.ENCODERS = {0: _encode_PushTelemetryRequest_v0}
 
 PushTelemetryResponse.DEFAULTS = (0, 0, )
-PushTelemetryResponse.DECODERS = {0: _d3}
-PushTelemetryResponse.ENCODERS = {0: _e4}
+PushTelemetryResponse.DECODERS = {0: _decode_PushTelemetryResponse_v0}
+PushTelemetryResponse.ENCODERS = {0: _encode_PushTelemetryResponse_v0}
 
 
 REQUEST = PushTelemetryRequest

@@ -90,7 +90,7 @@ class ReadShareGroupStateResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest_PartitionData v0
+def _decode_ReadShareGroupStateRequest_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateRequest_PartitionData)
     m.unknown_tags = None
     m.partition, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -108,7 +108,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest_Pa
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest_ReadStateData v0
+def _decode_ReadShareGroupStateRequest_ReadStateData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateRequest_ReadStateData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -124,7 +124,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest_Re
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_ReadShareGroupStateRequest_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -140,7 +140,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest_Re
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest v0
+def _decode_ReadShareGroupStateRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -159,7 +159,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d2(b, o)
+            v4, o = _decode_ReadShareGroupStateRequest_ReadStateData_v0(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -175,7 +175,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateRequest v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest_PartitionData v0
+def _encode_ReadShareGroupStateRequest_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.partition, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -183,31 +183,31 @@ def _e4(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest_PartitionDa
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest_ReadStateData v0
+def _encode_ReadShareGroupStateRequest_ReadStateData_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_ReadShareGroupStateRequest_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ReadShareGroupStateRequest v0
+def _encode_ReadShareGroupStateRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_ReadShareGroupStateRequest_ReadStateData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_StateBatch v0
+def _decode_ReadShareGroupStateResponse_StateBatch_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateResponse_StateBatch)
     m.unknown_tags = None
     m.first_offset, m.last_offset, m.delivery_state, m.delivery_count = _S_qqbh.unpack_from(b, o)
@@ -225,7 +225,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_S
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_PartitionResult v0
+def _decode_ReadShareGroupStateResponse_PartitionResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateResponse_PartitionResult)
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
@@ -248,7 +248,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_P
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_ReadShareGroupStateResponse_StateBatch_v0(b, o)
             items3.append(v4)
         m.state_batches = items3
     if b[o] == 0:
@@ -264,7 +264,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_P
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_ReadStateResult v0
+def _decode_ReadShareGroupStateResponse_ReadStateResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateResponse_ReadStateResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -280,7 +280,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_R
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_ReadShareGroupStateResponse_PartitionResult_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -296,7 +296,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse_R
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse v0
+def _decode_ReadShareGroupStateResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -309,7 +309,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_ReadShareGroupStateResponse_ReadStateResult_v0(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -325,7 +325,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateResponse 
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_StateBatch v0
+def _encode_ReadShareGroupStateResponse_StateBatch_v0(m: Any, w: bytearray) -> None:
     w += _S_qqbh.pack(m.first_offset, m.last_offset, m.delivery_state, m.delivery_count)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -333,37 +333,37 @@ def _e11(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_StateBatc
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_PartitionResult v0
+def _encode_ReadShareGroupStateResponse_PartitionResult_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_iq.pack(m.state_epoch, m.start_offset)
     items1 = m.state_batches
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_ReadShareGroupStateResponse_StateBatch_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse_ReadStateResult v0
+def _encode_ReadShareGroupStateResponse_ReadStateResult_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_ReadShareGroupStateResponse_PartitionResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # ReadShareGroupStateResponse v0
+def _encode_ReadShareGroupStateResponse_v0(m: Any, w: bytearray) -> None:
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_ReadShareGroupStateResponse_ReadStateResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -376,8 +376,8 @@ ReadShareGroupStateRequest_PartitionData.DEFAULTS = (0, 0, )
 ReadShareGroupStateRequest.DEFAULTS = ('', list, )
 ReadShareGroupStateRequest.ReadStateData = ReadShareGroupStateRequest_ReadStateData
 ReadShareGroupStateRequest.PartitionData = ReadShareGroupStateRequest_PartitionData
-ReadShareGroupStateRequest.DECODERS = {0: _d3}
-ReadShareGroupStateRequest.ENCODERS = {0: _e6}
+ReadShareGroupStateRequest.DECODERS = {0: _decode_ReadShareGroupStateRequest_v0}
+ReadShareGroupStateRequest.ENCODERS = {0: _encode_ReadShareGroupStateRequest_v0}
 
 ReadShareGroupStateResponse_ReadStateResult.DEFAULTS = (_ZERO_UUID, list, )
 ReadShareGroupStateResponse_ReadStateResult.PartitionResult = ReadShareGroupStateResponse_PartitionResult
@@ -388,8 +388,8 @@ ReadShareGroupStateResponse.DEFAULTS = (list, )
 ReadShareGroupStateResponse.ReadStateResult = ReadShareGroupStateResponse_ReadStateResult
 ReadShareGroupStateResponse.PartitionResult = ReadShareGroupStateResponse_PartitionResult
 ReadShareGroupStateResponse.StateBatch = ReadShareGroupStateResponse_StateBatch
-ReadShareGroupStateResponse.DECODERS = {0: _d10}
-ReadShareGroupStateResponse.ENCODERS = {0: _e14}
+ReadShareGroupStateResponse.DECODERS = {0: _decode_ReadShareGroupStateResponse_v0}
+ReadShareGroupStateResponse.ENCODERS = {0: _encode_ReadShareGroupStateResponse_v0}
 
 
 REQUEST = ReadShareGroupStateRequest

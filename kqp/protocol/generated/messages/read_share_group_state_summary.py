@@ -85,7 +85,7 @@ class ReadShareGroupStateSummaryResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRequest_PartitionData v0
+def _decode_ReadShareGroupStateSummaryRequest_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateSummaryRequest_PartitionData)
     m.unknown_tags = None
     m.partition, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -103,7 +103,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryReq
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRequest_ReadStateSummaryData v0
+def _decode_ReadShareGroupStateSummaryRequest_ReadStateSummaryData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateSummaryRequest_ReadStateSummaryData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -119,7 +119,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryReq
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_ReadShareGroupStateSummaryRequest_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -135,7 +135,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryReq
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRequest v0
+def _decode_ReadShareGroupStateSummaryRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateSummaryRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -154,7 +154,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryReq
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d2(b, o)
+            v4, o = _decode_ReadShareGroupStateSummaryRequest_ReadStateSummaryData_v0(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -170,7 +170,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryReq
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryRequest_PartitionData v0
+def _encode_ReadShareGroupStateSummaryRequest_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.partition, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -178,31 +178,31 @@ def _e4(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryRequest_Part
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryRequest_ReadStateSummaryData v0
+def _encode_ReadShareGroupStateSummaryRequest_ReadStateSummaryData_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_ReadShareGroupStateSummaryRequest_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryRequest v0
+def _encode_ReadShareGroupStateSummaryRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_ReadShareGroupStateSummaryRequest_ReadStateSummaryData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_PartitionResult v0
+def _decode_ReadShareGroupStateSummaryResponse_PartitionResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateSummaryResponse_PartitionResult)
     m.unknown_tags = None
     m.delivery_complete_count = -1
@@ -229,7 +229,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRes
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v0
+def _decode_ReadShareGroupStateSummaryResponse_ReadStateSummaryResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateSummaryResponse_ReadStateSummaryResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -245,7 +245,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_ReadShareGroupStateSummaryResponse_PartitionResult_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -261,7 +261,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRes
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse v0
+def _decode_ReadShareGroupStateSummaryResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateSummaryResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -274,7 +274,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRes
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_ReadShareGroupStateSummaryResponse_ReadStateSummaryResult_v0(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -290,7 +290,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRes
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_PartitionResult v0
+def _encode_ReadShareGroupStateSummaryResponse_PartitionResult_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_iiq.pack(m.state_epoch, m.leader_epoch, m.start_offset)
@@ -300,30 +300,30 @@ def _e10(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_Pa
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v0
+def _encode_ReadShareGroupStateSummaryResponse_ReadStateSummaryResult_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_ReadShareGroupStateSummaryResponse_PartitionResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse v0
+def _encode_ReadShareGroupStateSummaryResponse_v0(m: Any, w: bytearray) -> None:
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_ReadShareGroupStateSummaryResponse_ReadStateSummaryResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_PartitionResult v1
+def _decode_ReadShareGroupStateSummaryResponse_PartitionResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateSummaryResponse_PartitionResult)
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
@@ -349,7 +349,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRe
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v1
+def _decode_ReadShareGroupStateSummaryResponse_ReadStateSummaryResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateSummaryResponse_ReadStateSummaryResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -365,7 +365,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_ReadShareGroupStateSummaryResponse_PartitionResult_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -381,7 +381,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRe
     return m, o
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryResponse v1
+def _decode_ReadShareGroupStateSummaryResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ReadShareGroupStateSummaryResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -394,7 +394,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRe
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d14(b, o)
+            v3, o = _decode_ReadShareGroupStateSummaryResponse_ReadStateSummaryResult_v1(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -410,7 +410,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ReadShareGroupStateSummaryRe
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_PartitionResult v1
+def _encode_ReadShareGroupStateSummaryResponse_PartitionResult_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_iiqi.pack(m.state_epoch, m.leader_epoch, m.start_offset, m.delivery_complete_count)
@@ -420,23 +420,23 @@ def _e16(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_Pa
         w.append(0)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse_ReadStateSummaryResult v1
+def _encode_ReadShareGroupStateSummaryResponse_ReadStateSummaryResult_v1(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e16(item2, w)
+        _encode_ReadShareGroupStateSummaryResponse_PartitionResult_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # ReadShareGroupStateSummaryResponse v1
+def _encode_ReadShareGroupStateSummaryResponse_v1(m: Any, w: bytearray) -> None:
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_ReadShareGroupStateSummaryResponse_ReadStateSummaryResult_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -449,8 +449,8 @@ ReadShareGroupStateSummaryRequest_PartitionData.DEFAULTS = (0, 0, )
 ReadShareGroupStateSummaryRequest.DEFAULTS = ('', list, )
 ReadShareGroupStateSummaryRequest.ReadStateSummaryData = ReadShareGroupStateSummaryRequest_ReadStateSummaryData
 ReadShareGroupStateSummaryRequest.PartitionData = ReadShareGroupStateSummaryRequest_PartitionData
-ReadShareGroupStateSummaryRequest.DECODERS = {0: _d3, 1: _d3}
-ReadShareGroupStateSummaryRequest.ENCODERS = {0: _e6, 1: _e6}
+ReadShareGroupStateSummaryRequest.DECODERS = {0: _decode_ReadShareGroupStateSummaryRequest_v0, 1: _decode_ReadShareGroupStateSummaryRequest_v0}
+ReadShareGroupStateSummaryRequest.ENCODERS = {0: _encode_ReadShareGroupStateSummaryRequest_v0, 1: _encode_ReadShareGroupStateSummaryRequest_v0}
 
 ReadShareGroupStateSummaryResponse_ReadStateSummaryResult.DEFAULTS = (_ZERO_UUID, list, )
 ReadShareGroupStateSummaryResponse_ReadStateSummaryResult.PartitionResult = ReadShareGroupStateSummaryResponse_PartitionResult
@@ -458,8 +458,8 @@ ReadShareGroupStateSummaryResponse_PartitionResult.DEFAULTS = (0, 0, None, 0, 0,
 ReadShareGroupStateSummaryResponse.DEFAULTS = (list, )
 ReadShareGroupStateSummaryResponse.ReadStateSummaryResult = ReadShareGroupStateSummaryResponse_ReadStateSummaryResult
 ReadShareGroupStateSummaryResponse.PartitionResult = ReadShareGroupStateSummaryResponse_PartitionResult
-ReadShareGroupStateSummaryResponse.DECODERS = {0: _d9, 1: _d15}
-ReadShareGroupStateSummaryResponse.ENCODERS = {0: _e12, 1: _e18}
+ReadShareGroupStateSummaryResponse.DECODERS = {0: _decode_ReadShareGroupStateSummaryResponse_v0, 1: _decode_ReadShareGroupStateSummaryResponse_v1}
+ReadShareGroupStateSummaryResponse.ENCODERS = {0: _encode_ReadShareGroupStateSummaryResponse_v0, 1: _encode_ReadShareGroupStateSummaryResponse_v1}
 
 
 REQUEST = ReadShareGroupStateSummaryRequest

@@ -62,7 +62,7 @@ class RemoveRaftVoterResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterRequest v0
+def _decode_RemoveRaftVoterRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(RemoveRaftVoterRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -87,7 +87,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # RemoveRaftVoterRequest v0
+def _encode_RemoveRaftVoterRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.cluster_id)
     w += _S_iu.pack(m.voter_id, _uuid_bytes(m.voter_directory_id))
     if m.unknown_tags:
@@ -96,7 +96,7 @@ def _e2(m: Any, w: bytearray) -> None:  # RemoveRaftVoterRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterResponse v0
+def _decode_RemoveRaftVoterResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(RemoveRaftVoterResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -120,7 +120,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # RemoveRaftVoterResponse v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # RemoveRaftVoterResponse v0
+def _encode_RemoveRaftVoterResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -130,12 +130,12 @@ def _e4(m: Any, w: bytearray) -> None:  # RemoveRaftVoterResponse v0
 
 
 RemoveRaftVoterRequest.DEFAULTS = ('', 0, _ZERO_UUID, )
-RemoveRaftVoterRequest.DECODERS = {0: _d1}
-RemoveRaftVoterRequest.ENCODERS = {0: _e2}
+RemoveRaftVoterRequest.DECODERS = {0: _decode_RemoveRaftVoterRequest_v0}
+RemoveRaftVoterRequest.ENCODERS = {0: _encode_RemoveRaftVoterRequest_v0}
 
 RemoveRaftVoterResponse.DEFAULTS = (0, 0, '', )
-RemoveRaftVoterResponse.DECODERS = {0: _d3}
-RemoveRaftVoterResponse.ENCODERS = {0: _e4}
+RemoveRaftVoterResponse.DECODERS = {0: _decode_RemoveRaftVoterResponse_v0}
+RemoveRaftVoterResponse.ENCODERS = {0: _encode_RemoveRaftVoterResponse_v0}
 
 
 REQUEST = RemoveRaftVoterRequest

@@ -62,7 +62,7 @@ class RenewDelegationTokenResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenRequest v1
+def _decode_RenewDelegationTokenRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(RenewDelegationTokenRequest)
     m.unknown_tags = None
     m.hmac, o = _blob(b, o)
@@ -71,12 +71,12 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenRequest v
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # RenewDelegationTokenRequest v1
+def _encode_RenewDelegationTokenRequest_v1(m: Any, w: bytearray) -> None:
     _write_blob(w, m.hmac)
     w += _S_q.pack(m.renew_period_ms)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenRequest v2
+def _decode_RenewDelegationTokenRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(RenewDelegationTokenRequest)
     m.unknown_tags = None
     m.hmac, o = _compact_blob(b, o)
@@ -95,7 +95,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenRequest v
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # RenewDelegationTokenRequest v2
+def _encode_RenewDelegationTokenRequest_v2(m: Any, w: bytearray) -> None:
     _write_compact_blob(w, m.hmac)
     w += _S_q.pack(m.renew_period_ms)
     if m.unknown_tags:
@@ -104,7 +104,7 @@ def _e4(m: Any, w: bytearray) -> None:  # RenewDelegationTokenRequest v2
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenResponse v1
+def _decode_RenewDelegationTokenResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(RenewDelegationTokenResponse)
     m.unknown_tags = None
     m.error_code, m.expiry_timestamp_ms, m.throttle_time_ms = _S_hqi.unpack_from(b, o)
@@ -112,11 +112,11 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenResponse 
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # RenewDelegationTokenResponse v1
+def _encode_RenewDelegationTokenResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_hqi.pack(m.error_code, m.expiry_timestamp_ms, m.throttle_time_ms)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenResponse v2
+def _decode_RenewDelegationTokenResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(RenewDelegationTokenResponse)
     m.unknown_tags = None
     m.error_code, m.expiry_timestamp_ms, m.throttle_time_ms = _S_hqi.unpack_from(b, o)
@@ -134,7 +134,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # RenewDelegationTokenResponse 
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # RenewDelegationTokenResponse v2
+def _encode_RenewDelegationTokenResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_hqi.pack(m.error_code, m.expiry_timestamp_ms, m.throttle_time_ms)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -143,12 +143,12 @@ def _e8(m: Any, w: bytearray) -> None:  # RenewDelegationTokenResponse v2
 
 
 RenewDelegationTokenRequest.DEFAULTS = (b'', 0, )
-RenewDelegationTokenRequest.DECODERS = {1: _d1, 2: _d3}
-RenewDelegationTokenRequest.ENCODERS = {1: _e2, 2: _e4}
+RenewDelegationTokenRequest.DECODERS = {1: _decode_RenewDelegationTokenRequest_v1, 2: _decode_RenewDelegationTokenRequest_v2}
+RenewDelegationTokenRequest.ENCODERS = {1: _encode_RenewDelegationTokenRequest_v1, 2: _encode_RenewDelegationTokenRequest_v2}
 
 RenewDelegationTokenResponse.DEFAULTS = (0, 0, 0, )
-RenewDelegationTokenResponse.DECODERS = {1: _d5, 2: _d7}
-RenewDelegationTokenResponse.ENCODERS = {1: _e6, 2: _e8}
+RenewDelegationTokenResponse.DECODERS = {1: _decode_RenewDelegationTokenResponse_v1, 2: _decode_RenewDelegationTokenResponse_v2}
+RenewDelegationTokenResponse.ENCODERS = {1: _encode_RenewDelegationTokenResponse_v1, 2: _encode_RenewDelegationTokenResponse_v2}
 
 
 REQUEST = RenewDelegationTokenRequest

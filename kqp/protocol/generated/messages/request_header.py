@@ -55,7 +55,7 @@ class RequestHeader(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # RequestHeader v1
+def _decode_RequestHeader_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(RequestHeader)
     m.unknown_tags = None
     m.request_api_key, m.request_api_version, m.correlation_id = _S_hhi.unpack_from(b, o)
@@ -64,12 +64,12 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # RequestHeader v1
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # RequestHeader v1
+def _encode_RequestHeader_v1(m: Any, w: bytearray) -> None:
     w += _S_hhi.pack(m.request_api_key, m.request_api_version, m.correlation_id)
     _write_string(w, m.client_id)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # RequestHeader v2
+def _decode_RequestHeader_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(RequestHeader)
     m.unknown_tags = None
     m.request_api_key, m.request_api_version, m.correlation_id = _S_hhi.unpack_from(b, o)
@@ -88,7 +88,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # RequestHeader v2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # RequestHeader v2
+def _encode_RequestHeader_v2(m: Any, w: bytearray) -> None:
     w += _S_hhi.pack(m.request_api_key, m.request_api_version, m.correlation_id)
     _write_string(w, m.client_id)
     if m.unknown_tags:
@@ -98,5 +98,5 @@ def _e4(m: Any, w: bytearray) -> None:  # RequestHeader v2
 
 
 RequestHeader.DEFAULTS = (0, 0, 0, '', )
-RequestHeader.DECODERS = {1: _d1, 2: _d3}
-RequestHeader.ENCODERS = {1: _e2, 2: _e4}
+RequestHeader.DECODERS = {1: _decode_RequestHeader_v1, 2: _decode_RequestHeader_v2}
+RequestHeader.ENCODERS = {1: _encode_RequestHeader_v1, 2: _encode_RequestHeader_v2}

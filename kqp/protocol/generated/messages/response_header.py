@@ -55,7 +55,7 @@ class ResponseHeader(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ResponseHeader v0
+def _decode_ResponseHeader_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ResponseHeader)
     m.unknown_tags = None
     m.correlation_id, = _S_i.unpack_from(b, o)
@@ -63,11 +63,11 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ResponseHeader v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # ResponseHeader v0
+def _encode_ResponseHeader_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.correlation_id)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ResponseHeader v1
+def _decode_ResponseHeader_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ResponseHeader)
     m.unknown_tags = None
     m.correlation_id, = _S_i.unpack_from(b, o)
@@ -85,7 +85,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ResponseHeader v1
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # ResponseHeader v1
+def _encode_ResponseHeader_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.correlation_id)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -94,5 +94,5 @@ def _e4(m: Any, w: bytearray) -> None:  # ResponseHeader v1
 
 
 ResponseHeader.DEFAULTS = (0, )
-ResponseHeader.DECODERS = {0: _d1, 1: _d3}
-ResponseHeader.ENCODERS = {0: _e2, 1: _e4}
+ResponseHeader.DECODERS = {0: _decode_ResponseHeader_v0, 1: _decode_ResponseHeader_v1}
+ResponseHeader.ENCODERS = {0: _encode_ResponseHeader_v0, 1: _encode_ResponseHeader_v1}

@@ -62,18 +62,18 @@ class SaslAuthenticateResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateRequest v0
+def _decode_SaslAuthenticateRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SaslAuthenticateRequest)
     m.unknown_tags = None
     m.auth_bytes, o = _blob(b, o)
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # SaslAuthenticateRequest v0
+def _encode_SaslAuthenticateRequest_v0(m: Any, w: bytearray) -> None:
     _write_blob(w, m.auth_bytes)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateRequest v2
+def _decode_SaslAuthenticateRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SaslAuthenticateRequest)
     m.unknown_tags = None
     m.auth_bytes, o = _compact_blob(b, o)
@@ -90,7 +90,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateRequest v2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # SaslAuthenticateRequest v2
+def _encode_SaslAuthenticateRequest_v2(m: Any, w: bytearray) -> None:
     _write_compact_blob(w, m.auth_bytes)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -98,7 +98,7 @@ def _e4(m: Any, w: bytearray) -> None:  # SaslAuthenticateRequest v2
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v0
+def _decode_SaslAuthenticateResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SaslAuthenticateResponse)
     m.unknown_tags = None
     m.session_lifetime_ms = 0
@@ -109,13 +109,13 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v0
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v0
+def _encode_SaslAuthenticateResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     _write_blob(w, m.auth_bytes)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v1
+def _decode_SaslAuthenticateResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SaslAuthenticateResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -127,14 +127,14 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v1
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v1
+def _encode_SaslAuthenticateResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_string(w, m.error_message)
     _write_blob(w, m.auth_bytes)
     w += _S_q.pack(m.session_lifetime_ms)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v2
+def _decode_SaslAuthenticateResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SaslAuthenticateResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -161,7 +161,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslAuthenticateResponse v2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v2
+def _encode_SaslAuthenticateResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_blob(w, m.auth_bytes)
@@ -173,12 +173,12 @@ def _e10(m: Any, w: bytearray) -> None:  # SaslAuthenticateResponse v2
 
 
 SaslAuthenticateRequest.DEFAULTS = (b'', )
-SaslAuthenticateRequest.DECODERS = {0: _d1, 1: _d1, 2: _d3}
-SaslAuthenticateRequest.ENCODERS = {0: _e2, 1: _e2, 2: _e4}
+SaslAuthenticateRequest.DECODERS = {0: _decode_SaslAuthenticateRequest_v0, 1: _decode_SaslAuthenticateRequest_v0, 2: _decode_SaslAuthenticateRequest_v2}
+SaslAuthenticateRequest.ENCODERS = {0: _encode_SaslAuthenticateRequest_v0, 1: _encode_SaslAuthenticateRequest_v0, 2: _encode_SaslAuthenticateRequest_v2}
 
 SaslAuthenticateResponse.DEFAULTS = (0, '', b'', 0, )
-SaslAuthenticateResponse.DECODERS = {0: _d5, 1: _d7, 2: _d9}
-SaslAuthenticateResponse.ENCODERS = {0: _e6, 1: _e8, 2: _e10}
+SaslAuthenticateResponse.DECODERS = {0: _decode_SaslAuthenticateResponse_v0, 1: _decode_SaslAuthenticateResponse_v1, 2: _decode_SaslAuthenticateResponse_v2}
+SaslAuthenticateResponse.ENCODERS = {0: _encode_SaslAuthenticateResponse_v0, 1: _encode_SaslAuthenticateResponse_v1, 2: _encode_SaslAuthenticateResponse_v2}
 
 
 REQUEST = SaslAuthenticateRequest

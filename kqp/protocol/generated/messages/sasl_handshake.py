@@ -61,18 +61,18 @@ class SaslHandshakeResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslHandshakeRequest v0
+def _decode_SaslHandshakeRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SaslHandshakeRequest)
     m.unknown_tags = None
     m.mechanism, o = _string(b, o)
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # SaslHandshakeRequest v0
+def _encode_SaslHandshakeRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.mechanism)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslHandshakeResponse v0
+def _decode_SaslHandshakeResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SaslHandshakeResponse)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -89,7 +89,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # SaslHandshakeResponse v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # SaslHandshakeResponse v0
+def _encode_SaslHandshakeResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.mechanisms
     _write_count(w, items1)
@@ -98,12 +98,12 @@ def _e4(m: Any, w: bytearray) -> None:  # SaslHandshakeResponse v0
 
 
 SaslHandshakeRequest.DEFAULTS = ('', )
-SaslHandshakeRequest.DECODERS = {0: _d1, 1: _d1}
-SaslHandshakeRequest.ENCODERS = {0: _e2, 1: _e2}
+SaslHandshakeRequest.DECODERS = {0: _decode_SaslHandshakeRequest_v0, 1: _decode_SaslHandshakeRequest_v0}
+SaslHandshakeRequest.ENCODERS = {0: _encode_SaslHandshakeRequest_v0, 1: _encode_SaslHandshakeRequest_v0}
 
 SaslHandshakeResponse.DEFAULTS = (0, list, )
-SaslHandshakeResponse.DECODERS = {0: _d3, 1: _d3}
-SaslHandshakeResponse.ENCODERS = {0: _e4, 1: _e4}
+SaslHandshakeResponse.DECODERS = {0: _decode_SaslHandshakeResponse_v0, 1: _decode_SaslHandshakeResponse_v0}
+SaslHandshakeResponse.ENCODERS = {0: _encode_SaslHandshakeResponse_v0, 1: _encode_SaslHandshakeResponse_v0}
 
 
 REQUEST = SaslHandshakeRequest

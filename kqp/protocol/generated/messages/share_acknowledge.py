@@ -101,7 +101,7 @@ class ShareAcknowledgeResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_AcknowledgementBatch v1
+def _decode_ShareAcknowledgeRequest_AcknowledgementBatch_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeRequest_AcknowledgementBatch)
     m.unknown_tags = None
     m.first_offset, m.last_offset = _S_qq.unpack_from(b, o)
@@ -129,7 +129,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ackno
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_AcknowledgePartition v1
+def _decode_ShareAcknowledgeRequest_AcknowledgePartition_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeRequest_AcknowledgePartition)
     m.unknown_tags = None
     m.partition_index, = _S_i.unpack_from(b, o)
@@ -144,7 +144,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ackno
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_ShareAcknowledgeRequest_AcknowledgementBatch_v1(b, o)
             items2.append(v3)
         m.acknowledgement_batches = items2
     if b[o] == 0:
@@ -160,7 +160,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ackno
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_AcknowledgeTopic v1
+def _decode_ShareAcknowledgeRequest_AcknowledgeTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeRequest_AcknowledgeTopic)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -176,7 +176,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ackno
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_ShareAcknowledgeRequest_AcknowledgePartition_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -192,7 +192,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest_Ackno
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v1
+def _decode_ShareAcknowledgeRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeRequest)
     m.unknown_tags = None
     m.is_renew_ack = False
@@ -220,7 +220,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v1
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d3(b, o)
+            v5, o = _decode_ShareAcknowledgeRequest_AcknowledgeTopic_v1(b, o)
             items4.append(v5)
         m.topics = items4
     if b[o] == 0:
@@ -236,7 +236,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v1
     return m, o
 
 
-def _e5(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_AcknowledgementBatch v1
+def _encode_ShareAcknowledgeRequest_AcknowledgementBatch_v1(m: Any, w: bytearray) -> None:
     w += _S_qq.pack(m.first_offset, m.last_offset)
     items1 = m.acknowledge_types
     _write_compact_count(w, items1)
@@ -248,45 +248,45 @@ def _e5(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_Acknowledgemen
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_AcknowledgePartition v1
+def _encode_ShareAcknowledgeRequest_AcknowledgePartition_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.partition_index)
     items1 = m.acknowledgement_batches
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_ShareAcknowledgeRequest_AcknowledgementBatch_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e7(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest_AcknowledgeTopic v1
+def _encode_ShareAcknowledgeRequest_AcknowledgeTopic_v1(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e6(item2, w)
+        _encode_ShareAcknowledgeRequest_AcknowledgePartition_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest v1
+def _encode_ShareAcknowledgeRequest_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.share_session_epoch)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_ShareAcknowledgeRequest_AcknowledgeTopic_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v2
+def _decode_ShareAcknowledgeRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -313,7 +313,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v2
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d3(b, o)
+            v5, o = _decode_ShareAcknowledgeRequest_AcknowledgeTopic_v1(b, o)
             items4.append(v5)
         m.topics = items4
     if b[o] == 0:
@@ -329,21 +329,21 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeRequest v2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ShareAcknowledgeRequest v2
+def _encode_ShareAcknowledgeRequest_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_io.pack(m.share_session_epoch, m.is_renew_ack)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_ShareAcknowledgeRequest_AcknowledgeTopic_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_LeaderIdAndEpoch v1
+def _decode_ShareAcknowledgeResponse_LeaderIdAndEpoch_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeResponse_LeaderIdAndEpoch)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -361,7 +361,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_Lea
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_PartitionData v1
+def _decode_ShareAcknowledgeResponse_PartitionData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -372,7 +372,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_Par
         o += length1
     else:
         m.error_message, o = _compact_string(b, o)
-    m.current_leader, o = _d11(b, o)
+    m.current_leader, o = _decode_ShareAcknowledgeResponse_LeaderIdAndEpoch_v1(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -386,7 +386,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_Par
     return m, o
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse v1
+def _decode_ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -402,7 +402,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_Sha
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d12(b, o)
+            v3, o = _decode_ShareAcknowledgeResponse_PartitionData_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -418,7 +418,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_Sha
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_NodeEndpoint v1
+def _decode_ShareAcknowledgeResponse_NodeEndpoint_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -450,7 +450,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse_Nod
     return m, o
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v1
+def _decode_ShareAcknowledgeResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeResponse)
     m.unknown_tags = None
     m.acquisition_lock_timeout_ms = 0
@@ -472,7 +472,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d13(b, o)
+            v4, o = _decode_ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse_v1(b, o)
             items3.append(v4)
         m.responses = items3
     n5 = b[o] - 1
@@ -485,7 +485,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v1
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d14(b, o)
+            v7, o = _decode_ShareAcknowledgeResponse_NodeEndpoint_v1(b, o)
             items6.append(v7)
         m.node_endpoints = items6
     if b[o] == 0:
@@ -501,7 +501,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v1
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_LeaderIdAndEpoch v1
+def _encode_ShareAcknowledgeResponse_LeaderIdAndEpoch_v1(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.leader_id, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -509,29 +509,29 @@ def _e16(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_LeaderIdAndE
         w.append(0)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_PartitionData v1
+def _encode_ShareAcknowledgeResponse_PartitionData_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     _write_compact_string(w, m.error_message)
-    _e16(m.current_leader, w)
+    _encode_ShareAcknowledgeResponse_LeaderIdAndEpoch_v1(m.current_leader, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse v1
+def _encode_ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_ShareAcknowledgeResponse_PartitionData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e19(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_NodeEndpoint v1
+def _encode_ShareAcknowledgeResponse_NodeEndpoint_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
     w += _S_i.pack(m.port)
@@ -542,24 +542,24 @@ def _e19(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse_NodeEndpoint
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse v1
+def _encode_ShareAcknowledgeResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e18(item2, w)
+        _encode_ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse_v1(item2, w)
     items3 = m.node_endpoints
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e19(item4, w)
+        _encode_ShareAcknowledgeResponse_NodeEndpoint_v1(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v2
+def _decode_ShareAcknowledgeResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareAcknowledgeResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -582,7 +582,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v2
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d13(b, o)
+            v4, o = _decode_ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse_v1(b, o)
             items3.append(v4)
         m.responses = items3
     n5 = b[o] - 1
@@ -595,7 +595,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v2
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d14(b, o)
+            v7, o = _decode_ShareAcknowledgeResponse_NodeEndpoint_v1(b, o)
             items6.append(v7)
         m.node_endpoints = items6
     if b[o] == 0:
@@ -611,18 +611,18 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareAcknowledgeResponse v2
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # ShareAcknowledgeResponse v2
+def _encode_ShareAcknowledgeResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_i.pack(m.acquisition_lock_timeout_ms)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e18(item2, w)
+        _encode_ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse_v1(item2, w)
     items3 = m.node_endpoints
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e19(item4, w)
+        _encode_ShareAcknowledgeResponse_NodeEndpoint_v1(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -638,8 +638,8 @@ ShareAcknowledgeRequest.DEFAULTS = (None, '', 0, False, list, )
 ShareAcknowledgeRequest.AcknowledgeTopic = ShareAcknowledgeRequest_AcknowledgeTopic
 ShareAcknowledgeRequest.AcknowledgePartition = ShareAcknowledgeRequest_AcknowledgePartition
 ShareAcknowledgeRequest.AcknowledgementBatch = ShareAcknowledgeRequest_AcknowledgementBatch
-ShareAcknowledgeRequest.DECODERS = {1: _d4, 2: _d9}
-ShareAcknowledgeRequest.ENCODERS = {1: _e8, 2: _e10}
+ShareAcknowledgeRequest.DECODERS = {1: _decode_ShareAcknowledgeRequest_v1, 2: _decode_ShareAcknowledgeRequest_v2}
+ShareAcknowledgeRequest.ENCODERS = {1: _encode_ShareAcknowledgeRequest_v1, 2: _encode_ShareAcknowledgeRequest_v2}
 
 ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse.DEFAULTS = (_ZERO_UUID, list, )
 ShareAcknowledgeResponse_ShareAcknowledgeTopicResponse.PartitionData = ShareAcknowledgeResponse_PartitionData
@@ -652,8 +652,8 @@ ShareAcknowledgeResponse.ShareAcknowledgeTopicResponse = ShareAcknowledgeRespons
 ShareAcknowledgeResponse.NodeEndpoint = ShareAcknowledgeResponse_NodeEndpoint
 ShareAcknowledgeResponse.PartitionData = ShareAcknowledgeResponse_PartitionData
 ShareAcknowledgeResponse.LeaderIdAndEpoch = ShareAcknowledgeResponse_LeaderIdAndEpoch
-ShareAcknowledgeResponse.DECODERS = {1: _d15, 2: _d21}
-ShareAcknowledgeResponse.ENCODERS = {1: _e20, 2: _e22}
+ShareAcknowledgeResponse.DECODERS = {1: _decode_ShareAcknowledgeResponse_v1, 2: _decode_ShareAcknowledgeResponse_v2}
+ShareAcknowledgeResponse.ENCODERS = {1: _encode_ShareAcknowledgeResponse_v1, 2: _encode_ShareAcknowledgeResponse_v2}
 
 
 REQUEST = ShareAcknowledgeRequest

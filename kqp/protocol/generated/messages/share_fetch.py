@@ -114,7 +114,7 @@ class ShareFetchResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_AcknowledgementBatch v1
+def _decode_ShareFetchRequest_AcknowledgementBatch_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchRequest_AcknowledgementBatch)
     m.unknown_tags = None
     m.first_offset, m.last_offset = _S_qq.unpack_from(b, o)
@@ -142,7 +142,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_Acknowledge
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchPartition v1
+def _decode_ShareFetchRequest_FetchPartition_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchRequest_FetchPartition)
     m.unknown_tags = None
     m.partition_max_bytes = 0
@@ -158,7 +158,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchPartit
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_ShareFetchRequest_AcknowledgementBatch_v1(b, o)
             items2.append(v3)
         m.acknowledgement_batches = items2
     if b[o] == 0:
@@ -174,7 +174,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchPartit
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchTopic v1
+def _decode_ShareFetchRequest_FetchTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchRequest_FetchTopic)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -190,7 +190,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchTopic 
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_ShareFetchRequest_FetchPartition_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -206,7 +206,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_FetchTopic 
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_ForgottenTopic v1
+def _decode_ShareFetchRequest_ForgottenTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchRequest_ForgottenTopic)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -235,7 +235,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest_ForgottenTo
     return m, o
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v1
+def _decode_ShareFetchRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchRequest)
     m.unknown_tags = None
     m.share_acquire_mode = 0
@@ -264,7 +264,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v1
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d3(b, o)
+            v5, o = _decode_ShareFetchRequest_FetchTopic_v1(b, o)
             items4.append(v5)
         m.topics = items4
     n6 = b[o] - 1
@@ -277,7 +277,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v1
     else:
         items7 = []
         for _ in range(n6):
-            v8, o = _d4(b, o)
+            v8, o = _decode_ShareFetchRequest_ForgottenTopic_v1(b, o)
             items7.append(v8)
         m.forgotten_topics_data = items7
     if b[o] == 0:
@@ -293,7 +293,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v1
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ShareFetchRequest_AcknowledgementBatch v1
+def _encode_ShareFetchRequest_AcknowledgementBatch_v1(m: Any, w: bytearray) -> None:
     w += _S_qq.pack(m.first_offset, m.last_offset)
     items1 = m.acknowledge_types
     _write_compact_count(w, items1)
@@ -305,31 +305,31 @@ def _e6(m: Any, w: bytearray) -> None:  # ShareFetchRequest_AcknowledgementBatch
         w.append(0)
 
 
-def _e7(m: Any, w: bytearray) -> None:  # ShareFetchRequest_FetchPartition v1
+def _encode_ShareFetchRequest_FetchPartition_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.partition_index)
     items1 = m.acknowledgement_batches
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e6(item2, w)
+        _encode_ShareFetchRequest_AcknowledgementBatch_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ShareFetchRequest_FetchTopic v1
+def _encode_ShareFetchRequest_FetchTopic_v1(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_ShareFetchRequest_FetchPartition_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e9(m: Any, w: bytearray) -> None:  # ShareFetchRequest_ForgottenTopic v1
+def _encode_ShareFetchRequest_ForgottenTopic_v1(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -341,25 +341,25 @@ def _e9(m: Any, w: bytearray) -> None:  # ShareFetchRequest_ForgottenTopic v1
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ShareFetchRequest v1
+def _encode_ShareFetchRequest_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_iiiiii.pack(m.share_session_epoch, m.max_wait_ms, m.min_bytes, m.max_bytes, m.max_records, m.batch_size)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e8(item2, w)
+        _encode_ShareFetchRequest_FetchTopic_v1(item2, w)
     items3 = m.forgotten_topics_data
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e9(item4, w)
+        _encode_ShareFetchRequest_ForgottenTopic_v1(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v2
+def _decode_ShareFetchRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -386,7 +386,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v2
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d3(b, o)
+            v5, o = _decode_ShareFetchRequest_FetchTopic_v1(b, o)
             items4.append(v5)
         m.topics = items4
     n6 = b[o] - 1
@@ -399,7 +399,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v2
     else:
         items7 = []
         for _ in range(n6):
-            v8, o = _d4(b, o)
+            v8, o = _decode_ShareFetchRequest_ForgottenTopic_v1(b, o)
             items7.append(v8)
         m.forgotten_topics_data = items7
     if b[o] == 0:
@@ -415,25 +415,25 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchRequest v2
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # ShareFetchRequest v2
+def _encode_ShareFetchRequest_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_iiiiiibo.pack(m.share_session_epoch, m.max_wait_ms, m.min_bytes, m.max_bytes, m.max_records, m.batch_size, m.share_acquire_mode, m.is_renew_ack)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e8(item2, w)
+        _encode_ShareFetchRequest_FetchTopic_v1(item2, w)
     items3 = m.forgotten_topics_data
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e9(item4, w)
+        _encode_ShareFetchRequest_ForgottenTopic_v1(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_LeaderIdAndEpoch v1
+def _decode_ShareFetchResponse_LeaderIdAndEpoch_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchResponse_LeaderIdAndEpoch)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -451,7 +451,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_LeaderIdA
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_AcquiredRecords v1
+def _decode_ShareFetchResponse_AcquiredRecords_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchResponse_AcquiredRecords)
     m.unknown_tags = None
     m.first_offset, m.last_offset, m.delivery_count = _S_qqh.unpack_from(b, o)
@@ -469,7 +469,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_AcquiredR
     return m, o
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_PartitionData v1
+def _decode_ShareFetchResponse_PartitionData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -488,7 +488,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_Partition
         o += length2
     else:
         m.acknowledge_error_message, o = _compact_string(b, o)
-    m.current_leader, o = _d13(b, o)
+    m.current_leader, o = _decode_ShareFetchResponse_LeaderIdAndEpoch_v1(b, o)
     m.records, o = _compact_blob(b, o)
     n3 = b[o] - 1
     if 0 <= n3 < 0x7F and n3 <= len(b) - o - 1:
@@ -500,7 +500,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_Partition
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d14(b, o)
+            v5, o = _decode_ShareFetchResponse_AcquiredRecords_v1(b, o)
             items4.append(v5)
         m.acquired_records = items4
     if b[o] == 0:
@@ -516,7 +516,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_Partition
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_ShareFetchableTopicResponse v1
+def _decode_ShareFetchResponse_ShareFetchableTopicResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchResponse_ShareFetchableTopicResponse)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -532,7 +532,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_ShareFetc
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_ShareFetchResponse_PartitionData_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -548,7 +548,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_ShareFetc
     return m, o
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_NodeEndpoint v1
+def _decode_ShareFetchResponse_NodeEndpoint_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -580,7 +580,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse_NodeEndpo
     return m, o
 
 
-def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse v1
+def _decode_ShareFetchResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareFetchResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -603,7 +603,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d16(b, o)
+            v4, o = _decode_ShareFetchResponse_ShareFetchableTopicResponse_v1(b, o)
             items3.append(v4)
         m.responses = items3
     n5 = b[o] - 1
@@ -616,7 +616,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse v1
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d17(b, o)
+            v7, o = _decode_ShareFetchResponse_NodeEndpoint_v1(b, o)
             items6.append(v7)
         m.node_endpoints = items6
     if b[o] == 0:
@@ -632,7 +632,7 @@ def _d18(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareFetchResponse v1
     return m, o
 
 
-def _e19(m: Any, w: bytearray) -> None:  # ShareFetchResponse_LeaderIdAndEpoch v1
+def _encode_ShareFetchResponse_LeaderIdAndEpoch_v1(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.leader_id, m.leader_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -640,7 +640,7 @@ def _e19(m: Any, w: bytearray) -> None:  # ShareFetchResponse_LeaderIdAndEpoch v
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # ShareFetchResponse_AcquiredRecords v1
+def _encode_ShareFetchResponse_AcquiredRecords_v1(m: Any, w: bytearray) -> None:
     w += _S_qqh.pack(m.first_offset, m.last_offset, m.delivery_count)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -648,36 +648,36 @@ def _e20(m: Any, w: bytearray) -> None:  # ShareFetchResponse_AcquiredRecords v1
         w.append(0)
 
 
-def _e21(m: Any, w: bytearray) -> None:  # ShareFetchResponse_PartitionData v1
+def _encode_ShareFetchResponse_PartitionData_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_h.pack(m.acknowledge_error_code)
     _write_compact_string(w, m.acknowledge_error_message)
-    _e19(m.current_leader, w)
+    _encode_ShareFetchResponse_LeaderIdAndEpoch_v1(m.current_leader, w)
     _write_compact_blob(w, m.records)
     items1 = m.acquired_records
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e20(item2, w)
+        _encode_ShareFetchResponse_AcquiredRecords_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # ShareFetchResponse_ShareFetchableTopicResponse v1
+def _encode_ShareFetchResponse_ShareFetchableTopicResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e21(item2, w)
+        _encode_ShareFetchResponse_PartitionData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # ShareFetchResponse_NodeEndpoint v1
+def _encode_ShareFetchResponse_NodeEndpoint_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
     w += _S_i.pack(m.port)
@@ -688,18 +688,18 @@ def _e23(m: Any, w: bytearray) -> None:  # ShareFetchResponse_NodeEndpoint v1
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # ShareFetchResponse v1
+def _encode_ShareFetchResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     w += _S_i.pack(m.acquisition_lock_timeout_ms)
     items1 = m.responses
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_ShareFetchResponse_ShareFetchableTopicResponse_v1(item2, w)
     items3 = m.node_endpoints
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e23(item4, w)
+        _encode_ShareFetchResponse_NodeEndpoint_v1(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -717,8 +717,8 @@ ShareFetchRequest.FetchTopic = ShareFetchRequest_FetchTopic
 ShareFetchRequest.ForgottenTopic = ShareFetchRequest_ForgottenTopic
 ShareFetchRequest.FetchPartition = ShareFetchRequest_FetchPartition
 ShareFetchRequest.AcknowledgementBatch = ShareFetchRequest_AcknowledgementBatch
-ShareFetchRequest.DECODERS = {1: _d5, 2: _d11}
-ShareFetchRequest.ENCODERS = {1: _e10, 2: _e12}
+ShareFetchRequest.DECODERS = {1: _decode_ShareFetchRequest_v1, 2: _decode_ShareFetchRequest_v2}
+ShareFetchRequest.ENCODERS = {1: _encode_ShareFetchRequest_v1, 2: _encode_ShareFetchRequest_v2}
 
 ShareFetchResponse_ShareFetchableTopicResponse.DEFAULTS = (_ZERO_UUID, list, )
 ShareFetchResponse_ShareFetchableTopicResponse.PartitionData = ShareFetchResponse_PartitionData
@@ -734,8 +734,8 @@ ShareFetchResponse.NodeEndpoint = ShareFetchResponse_NodeEndpoint
 ShareFetchResponse.PartitionData = ShareFetchResponse_PartitionData
 ShareFetchResponse.LeaderIdAndEpoch = ShareFetchResponse_LeaderIdAndEpoch
 ShareFetchResponse.AcquiredRecords = ShareFetchResponse_AcquiredRecords
-ShareFetchResponse.DECODERS = {1: _d18, 2: _d18}
-ShareFetchResponse.ENCODERS = {1: _e24, 2: _e24}
+ShareFetchResponse.DECODERS = {1: _decode_ShareFetchResponse_v1, 2: _decode_ShareFetchResponse_v1}
+ShareFetchResponse.ENCODERS = {1: _encode_ShareFetchResponse_v1, 2: _encode_ShareFetchResponse_v1}
 
 
 REQUEST = ShareFetchRequest

@@ -85,7 +85,7 @@ class ShareGroupDescribeResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeRequest v1
+def _decode_ShareGroupDescribeRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareGroupDescribeRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -121,7 +121,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeRequest v1
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # ShareGroupDescribeRequest v1
+def _encode_ShareGroupDescribeRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.group_ids
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -133,7 +133,7 @@ def _e2(m: Any, w: bytearray) -> None:  # ShareGroupDescribeRequest v1
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_TopicPartitions v1
+def _decode_ShareGroupDescribeResponse_TopicPartitions_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareGroupDescribeResponse_TopicPartitions)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -168,7 +168,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_To
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_Assignment v1
+def _decode_ShareGroupDescribeResponse_Assignment_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareGroupDescribeResponse_Assignment)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -181,7 +181,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_As
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d3(b, o)
+            v3, o = _decode_ShareGroupDescribeResponse_TopicPartitions_v1(b, o)
             items2.append(v3)
         m.topic_partitions = items2
     if b[o] == 0:
@@ -197,7 +197,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_As
     return m, o
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_Member v1
+def _decode_ShareGroupDescribeResponse_Member_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareGroupDescribeResponse_Member)
     m.unknown_tags = None
     length1 = b[o]
@@ -244,7 +244,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_Me
                 v7, o = _compact_string(b, o)
             items6.append(v7)
         m.subscribed_topic_names = items6
-    m.assignment, o = _d4(b, o)
+    m.assignment, o = _decode_ShareGroupDescribeResponse_Assignment_v1(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -258,7 +258,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_Me
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_DescribedGroup v1
+def _decode_ShareGroupDescribeResponse_DescribedGroup_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareGroupDescribeResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -299,7 +299,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_De
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d5(b, o)
+            v7, o = _decode_ShareGroupDescribeResponse_Member_v1(b, o)
             items6.append(v7)
         m.members = items6
     m.authorized_operations, = _S_i.unpack_from(b, o)
@@ -317,7 +317,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse_De
     return m, o
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse v1
+def _decode_ShareGroupDescribeResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareGroupDescribeResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -332,7 +332,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d6(b, o)
+            v3, o = _decode_ShareGroupDescribeResponse_DescribedGroup_v1(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -348,7 +348,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupDescribeResponse v1
     return m, o
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_TopicPartitions v1
+def _encode_ShareGroupDescribeResponse_TopicPartitions_v1(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
@@ -361,18 +361,18 @@ def _e8(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_TopicPartit
         w.append(0)
 
 
-def _e9(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_Assignment v1
+def _encode_ShareGroupDescribeResponse_Assignment_v1(m: Any, w: bytearray) -> None:
     items1 = m.topic_partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e8(item2, w)
+        _encode_ShareGroupDescribeResponse_TopicPartitions_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_Member v1
+def _encode_ShareGroupDescribeResponse_Member_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.member_id)
     _write_compact_string(w, m.rack_id)
     w += _S_i.pack(m.member_epoch)
@@ -382,14 +382,14 @@ def _e10(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_Member v1
     _write_compact_count(w, items1)
     for item2 in items1 or ():
         _write_compact_string(w, item2)
-    _e9(m.assignment, w)
+    _encode_ShareGroupDescribeResponse_Assignment_v1(m.assignment, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_DescribedGroup v1
+def _encode_ShareGroupDescribeResponse_DescribedGroup_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.group_id)
@@ -399,7 +399,7 @@ def _e11(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_DescribedG
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_ShareGroupDescribeResponse_Member_v1(item2, w)
     w += _S_i.pack(m.authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -407,12 +407,12 @@ def _e11(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse_DescribedG
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse v1
+def _encode_ShareGroupDescribeResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_ShareGroupDescribeResponse_DescribedGroup_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -420,8 +420,8 @@ def _e12(m: Any, w: bytearray) -> None:  # ShareGroupDescribeResponse v1
 
 
 ShareGroupDescribeRequest.DEFAULTS = (list, False, )
-ShareGroupDescribeRequest.DECODERS = {1: _d1}
-ShareGroupDescribeRequest.ENCODERS = {1: _e2}
+ShareGroupDescribeRequest.DECODERS = {1: _decode_ShareGroupDescribeRequest_v1}
+ShareGroupDescribeRequest.ENCODERS = {1: _encode_ShareGroupDescribeRequest_v1}
 
 ShareGroupDescribeResponse_TopicPartitions.DEFAULTS = (_ZERO_UUID, '', list, )
 ShareGroupDescribeResponse_Assignment.DEFAULTS = (list, )
@@ -433,8 +433,8 @@ ShareGroupDescribeResponse.DescribedGroup = ShareGroupDescribeResponse_Described
 ShareGroupDescribeResponse.TopicPartitions = ShareGroupDescribeResponse_TopicPartitions
 ShareGroupDescribeResponse.Assignment = ShareGroupDescribeResponse_Assignment
 ShareGroupDescribeResponse.Member = ShareGroupDescribeResponse_Member
-ShareGroupDescribeResponse.DECODERS = {1: _d7}
-ShareGroupDescribeResponse.ENCODERS = {1: _e12}
+ShareGroupDescribeResponse.DECODERS = {1: _decode_ShareGroupDescribeResponse_v1}
+ShareGroupDescribeResponse.ENCODERS = {1: _encode_ShareGroupDescribeResponse_v1}
 
 
 REQUEST = ShareGroupDescribeRequest

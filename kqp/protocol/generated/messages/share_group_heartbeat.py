@@ -74,7 +74,7 @@ class ShareGroupHeartbeatResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRequest v1
+def _decode_ShareGroupHeartbeatRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareGroupHeartbeatRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -128,7 +128,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatRequest v1
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatRequest v1
+def _encode_ShareGroupHeartbeatRequest_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.member_epoch)
@@ -143,7 +143,7 @@ def _e2(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatRequest v1
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse_TopicPartitions v1
+def _decode_ShareGroupHeartbeatResponse_TopicPartitions_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareGroupHeartbeatResponse_TopicPartitions)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -172,7 +172,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse_T
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse_Assignment v1
+def _decode_ShareGroupHeartbeatResponse_Assignment_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareGroupHeartbeatResponse_Assignment)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -185,7 +185,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse_A
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d3(b, o)
+            v3, o = _decode_ShareGroupHeartbeatResponse_TopicPartitions_v1(b, o)
             items2.append(v3)
         m.topic_partitions = items2
     if b[o] == 0:
@@ -201,7 +201,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse_A
     return m, o
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse v1
+def _decode_ShareGroupHeartbeatResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(ShareGroupHeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -226,7 +226,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse v
         m.assignment = None
         o += 1
     else:
-        m.assignment, o = _d4(b, o + 1)
+        m.assignment, o = _decode_ShareGroupHeartbeatResponse_Assignment_v1(b, o + 1)
     if b[o] == 0:
         o += 1
     else:
@@ -240,7 +240,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # ShareGroupHeartbeatResponse v
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatResponse_TopicPartitions v1
+def _encode_ShareGroupHeartbeatResponse_TopicPartitions_v1(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -252,18 +252,18 @@ def _e6(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatResponse_TopicParti
         w.append(0)
 
 
-def _e7(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatResponse_Assignment v1
+def _encode_ShareGroupHeartbeatResponse_Assignment_v1(m: Any, w: bytearray) -> None:
     items1 = m.topic_partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e6(item2, w)
+        _encode_ShareGroupHeartbeatResponse_TopicPartitions_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatResponse v1
+def _encode_ShareGroupHeartbeatResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.member_id)
@@ -272,7 +272,7 @@ def _e8(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatResponse v1
         w.append(0xFF)
     else:
         w.append(1)
-        _e7(m.assignment, w)
+        _encode_ShareGroupHeartbeatResponse_Assignment_v1(m.assignment, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -280,16 +280,16 @@ def _e8(m: Any, w: bytearray) -> None:  # ShareGroupHeartbeatResponse v1
 
 
 ShareGroupHeartbeatRequest.DEFAULTS = ('', '', 0, None, None, )
-ShareGroupHeartbeatRequest.DECODERS = {1: _d1}
-ShareGroupHeartbeatRequest.ENCODERS = {1: _e2}
+ShareGroupHeartbeatRequest.DECODERS = {1: _decode_ShareGroupHeartbeatRequest_v1}
+ShareGroupHeartbeatRequest.ENCODERS = {1: _encode_ShareGroupHeartbeatRequest_v1}
 
 ShareGroupHeartbeatResponse_TopicPartitions.DEFAULTS = (_ZERO_UUID, list, )
 ShareGroupHeartbeatResponse_Assignment.DEFAULTS = (list, )
 ShareGroupHeartbeatResponse.DEFAULTS = (0, 0, None, None, 0, 0, None, )
 ShareGroupHeartbeatResponse.Assignment = ShareGroupHeartbeatResponse_Assignment
 ShareGroupHeartbeatResponse.TopicPartitions = ShareGroupHeartbeatResponse_TopicPartitions
-ShareGroupHeartbeatResponse.DECODERS = {1: _d5}
-ShareGroupHeartbeatResponse.ENCODERS = {1: _e8}
+ShareGroupHeartbeatResponse.DECODERS = {1: _decode_ShareGroupHeartbeatResponse_v1}
+ShareGroupHeartbeatResponse.ENCODERS = {1: _encode_ShareGroupHeartbeatResponse_v1}
 
 
 REQUEST = ShareGroupHeartbeatRequest

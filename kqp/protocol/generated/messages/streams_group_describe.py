@@ -117,7 +117,7 @@ class StreamsGroupDescribeResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRequest v0
+def _decode_StreamsGroupDescribeRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -153,7 +153,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeRequest v
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeRequest v0
+def _encode_StreamsGroupDescribeRequest_v0(m: Any, w: bytearray) -> None:
     items1 = m.group_ids
     _write_compact_count(w, items1)
     for item2 in items1 or ():
@@ -165,7 +165,7 @@ def _e2(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_KeyValue v0
+def _decode_StreamsGroupDescribeResponse_KeyValue_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse_KeyValue)
     m.unknown_tags = None
     length1 = b[o]
@@ -193,7 +193,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TopicInfo v0
+def _decode_StreamsGroupDescribeResponse_TopicInfo_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse_TopicInfo)
     m.unknown_tags = None
     length1 = b[o]
@@ -214,7 +214,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d3(b, o)
+            v4, o = _decode_StreamsGroupDescribeResponse_KeyValue_v0(b, o)
             items3.append(v4)
         m.topic_configs = items3
     if b[o] == 0:
@@ -230,7 +230,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     return m, o
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Subtopology v0
+def _decode_StreamsGroupDescribeResponse_Subtopology_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse_Subtopology)
     m.unknown_tags = None
     length1 = b[o]
@@ -285,7 +285,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     else:
         items11 = []
         for _ in range(n10):
-            v12, o = _d4(b, o)
+            v12, o = _decode_StreamsGroupDescribeResponse_TopicInfo_v0(b, o)
             items11.append(v12)
         m.state_changelog_topics = items11
     n13 = b[o] - 1
@@ -298,7 +298,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     else:
         items14 = []
         for _ in range(n13):
-            v15, o = _d4(b, o)
+            v15, o = _decode_StreamsGroupDescribeResponse_TopicInfo_v0(b, o)
             items14.append(v15)
         m.repartition_source_topics = items14
     if b[o] == 0:
@@ -314,7 +314,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Topology v0
+def _decode_StreamsGroupDescribeResponse_Topology_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse_Topology)
     m.unknown_tags = None
     m.epoch, = _S_i.unpack_from(b, o)
@@ -329,7 +329,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_StreamsGroupDescribeResponse_Subtopology_v0(b, o)
             items2.append(v3)
         m.subtopologies = items2
     if b[o] == 0:
@@ -345,7 +345,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     return m, o
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Endpoint v0
+def _decode_StreamsGroupDescribeResponse_Endpoint_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse_Endpoint)
     m.unknown_tags = None
     length1 = b[o]
@@ -369,7 +369,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TaskOffset v0
+def _decode_StreamsGroupDescribeResponse_TaskOffset_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse_TaskOffset)
     m.unknown_tags = None
     length1 = b[o]
@@ -393,7 +393,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_TaskIds v0
+def _decode_StreamsGroupDescribeResponse_TaskIds_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse_TaskIds)
     m.unknown_tags = None
     length1 = b[o]
@@ -425,7 +425,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Assignment v0
+def _decode_StreamsGroupDescribeResponse_Assignment_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse_Assignment)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -438,7 +438,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_StreamsGroupDescribeResponse_TaskIds_v0(b, o)
             items2.append(v3)
         m.active_tasks = items2
     n4 = b[o] - 1
@@ -451,7 +451,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d9(b, o)
+            v6, o = _decode_StreamsGroupDescribeResponse_TaskIds_v0(b, o)
             items5.append(v6)
         m.standby_tasks = items5
     n7 = b[o] - 1
@@ -464,7 +464,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     else:
         items8 = []
         for _ in range(n7):
-            v9, o = _d9(b, o)
+            v9, o = _decode_StreamsGroupDescribeResponse_TaskIds_v0(b, o)
             items8.append(v9)
         m.warmup_tasks = items8
     if b[o] == 0:
@@ -480,7 +480,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_Member v0
+def _decode_StreamsGroupDescribeResponse_Member_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse_Member)
     m.unknown_tags = None
     length1 = b[o]
@@ -529,7 +529,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
         m.user_endpoint = None
         o += 1
     else:
-        m.user_endpoint, o = _d7(b, o + 1)
+        m.user_endpoint, o = _decode_StreamsGroupDescribeResponse_Endpoint_v0(b, o + 1)
     n7 = b[o] - 1
     if 0 <= n7 < 0x7F and n7 <= len(b) - o - 1:
         o += 1
@@ -540,7 +540,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     else:
         items8 = []
         for _ in range(n7):
-            v9, o = _d3(b, o)
+            v9, o = _decode_StreamsGroupDescribeResponse_KeyValue_v0(b, o)
             items8.append(v9)
         m.client_tags = items8
     n10 = b[o] - 1
@@ -553,7 +553,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     else:
         items11 = []
         for _ in range(n10):
-            v12, o = _d8(b, o)
+            v12, o = _decode_StreamsGroupDescribeResponse_TaskOffset_v0(b, o)
             items11.append(v12)
         m.task_offsets = items11
     n13 = b[o] - 1
@@ -566,11 +566,11 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     else:
         items14 = []
         for _ in range(n13):
-            v15, o = _d8(b, o)
+            v15, o = _decode_StreamsGroupDescribeResponse_TaskOffset_v0(b, o)
             items14.append(v15)
         m.task_end_offsets = items14
-    m.assignment, o = _d10(b, o)
-    m.target_assignment, o = _d10(b, o)
+    m.assignment, o = _decode_StreamsGroupDescribeResponse_Assignment_v0(b, o)
+    m.target_assignment, o = _decode_StreamsGroupDescribeResponse_Assignment_v0(b, o)
     m.is_classic, = _S_o.unpack_from(b, o)
     o += 1
     if b[o] == 0:
@@ -586,7 +586,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse_DescribedGroup v0
+def _decode_StreamsGroupDescribeResponse_DescribedGroup_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse_DescribedGroup)
     m.unknown_tags = None
     m.error_code, = _S_h.unpack_from(b, o)
@@ -617,7 +617,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
         m.topology = None
         o += 1
     else:
-        m.topology, o = _d6(b, o + 1)
+        m.topology, o = _decode_StreamsGroupDescribeResponse_Topology_v0(b, o + 1)
     n4 = b[o] - 1
     if 0 <= n4 < 0x7F and n4 <= len(b) - o - 1:
         o += 1
@@ -628,7 +628,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d11(b, o)
+            v6, o = _decode_StreamsGroupDescribeResponse_Member_v0(b, o)
             items5.append(v6)
         m.members = items5
     m.authorized_operations, = _S_i.unpack_from(b, o)
@@ -646,7 +646,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     return m, o
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse v0
+def _decode_StreamsGroupDescribeResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupDescribeResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -661,7 +661,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d12(b, o)
+            v3, o = _decode_StreamsGroupDescribeResponse_DescribedGroup_v0(b, o)
             items2.append(v3)
         m.groups = items2
     if b[o] == 0:
@@ -677,7 +677,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupDescribeResponse
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_KeyValue v0
+def _encode_StreamsGroupDescribeResponse_KeyValue_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.key)
     _write_compact_string(w, m.value)
     if m.unknown_tags:
@@ -686,20 +686,20 @@ def _e14(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_KeyValue
         w.append(0)
 
 
-def _e15(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TopicInfo v0
+def _encode_StreamsGroupDescribeResponse_TopicInfo_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_ih.pack(m.partitions, m.replication_factor)
     items1 = m.topic_configs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e14(item2, w)
+        _encode_StreamsGroupDescribeResponse_KeyValue_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Subtopology v0
+def _encode_StreamsGroupDescribeResponse_Subtopology_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.subtopology_id)
     items1 = m.source_topics
     _write_compact_count(w, items1)
@@ -712,30 +712,30 @@ def _e16(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Subtopol
     items5 = m.state_changelog_topics
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e15(item6, w)
+        _encode_StreamsGroupDescribeResponse_TopicInfo_v0(item6, w)
     items7 = m.repartition_source_topics
     _write_compact_count(w, items7)
     for item8 in items7 or ():
-        _e15(item8, w)
+        _encode_StreamsGroupDescribeResponse_TopicInfo_v0(item8, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Topology v0
+def _encode_StreamsGroupDescribeResponse_Topology_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.epoch)
     items1 = m.subtopologies
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e16(item2, w)
+        _encode_StreamsGroupDescribeResponse_Subtopology_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Endpoint v0
+def _encode_StreamsGroupDescribeResponse_Endpoint_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
     if m.unknown_tags:
@@ -744,7 +744,7 @@ def _e18(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Endpoint
         w.append(0)
 
 
-def _e19(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TaskOffset v0
+def _encode_StreamsGroupDescribeResponse_TaskOffset_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.subtopology_id)
     w += _S_iq.pack(m.partition, m.offset)
     if m.unknown_tags:
@@ -753,7 +753,7 @@ def _e19(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TaskOffs
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TaskIds v0
+def _encode_StreamsGroupDescribeResponse_TaskIds_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.subtopology_id)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -765,26 +765,26 @@ def _e20(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_TaskIds 
         w.append(0)
 
 
-def _e21(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Assignment v0
+def _encode_StreamsGroupDescribeResponse_Assignment_v0(m: Any, w: bytearray) -> None:
     items1 = m.active_tasks
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e20(item2, w)
+        _encode_StreamsGroupDescribeResponse_TaskIds_v0(item2, w)
     items3 = m.standby_tasks
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e20(item4, w)
+        _encode_StreamsGroupDescribeResponse_TaskIds_v0(item4, w)
     items5 = m.warmup_tasks
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e20(item6, w)
+        _encode_StreamsGroupDescribeResponse_TaskIds_v0(item6, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e22(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Member v0
+def _encode_StreamsGroupDescribeResponse_Member_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.member_id)
     w += _S_i.pack(m.member_epoch)
     _write_compact_string(w, m.instance_id)
@@ -797,21 +797,21 @@ def _e22(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Member v
         w.append(0xFF)
     else:
         w.append(1)
-        _e18(m.user_endpoint, w)
+        _encode_StreamsGroupDescribeResponse_Endpoint_v0(m.user_endpoint, w)
     items1 = m.client_tags
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e14(item2, w)
+        _encode_StreamsGroupDescribeResponse_KeyValue_v0(item2, w)
     items3 = m.task_offsets
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e19(item4, w)
+        _encode_StreamsGroupDescribeResponse_TaskOffset_v0(item4, w)
     items5 = m.task_end_offsets
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e19(item6, w)
-    _e21(m.assignment, w)
-    _e21(m.target_assignment, w)
+        _encode_StreamsGroupDescribeResponse_TaskOffset_v0(item6, w)
+    _encode_StreamsGroupDescribeResponse_Assignment_v0(m.assignment, w)
+    _encode_StreamsGroupDescribeResponse_Assignment_v0(m.target_assignment, w)
     w += _S_o.pack(m.is_classic)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -819,7 +819,7 @@ def _e22(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Member v
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_DescribedGroup v0
+def _encode_StreamsGroupDescribeResponse_DescribedGroup_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.group_id)
@@ -829,11 +829,11 @@ def _e23(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Describe
         w.append(0xFF)
     else:
         w.append(1)
-        _e17(m.topology, w)
+        _encode_StreamsGroupDescribeResponse_Topology_v0(m.topology, w)
     items1 = m.members
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_StreamsGroupDescribeResponse_Member_v0(item2, w)
     w += _S_i.pack(m.authorized_operations)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -841,12 +841,12 @@ def _e23(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse_Describe
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse v0
+def _encode_StreamsGroupDescribeResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.groups
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_StreamsGroupDescribeResponse_DescribedGroup_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -854,8 +854,8 @@ def _e24(m: Any, w: bytearray) -> None:  # StreamsGroupDescribeResponse v0
 
 
 StreamsGroupDescribeRequest.DEFAULTS = (list, False, )
-StreamsGroupDescribeRequest.DECODERS = {0: _d1}
-StreamsGroupDescribeRequest.ENCODERS = {0: _e2}
+StreamsGroupDescribeRequest.DECODERS = {0: _decode_StreamsGroupDescribeRequest_v0}
+StreamsGroupDescribeRequest.ENCODERS = {0: _encode_StreamsGroupDescribeRequest_v0}
 
 StreamsGroupDescribeResponse_Endpoint.DEFAULTS = ('', 0, )
 StreamsGroupDescribeResponse_TaskOffset.DEFAULTS = ('', 0, 0, )
@@ -881,8 +881,8 @@ StreamsGroupDescribeResponse.TopicInfo = StreamsGroupDescribeResponse_TopicInfo
 StreamsGroupDescribeResponse.Topology = StreamsGroupDescribeResponse_Topology
 StreamsGroupDescribeResponse.Subtopology = StreamsGroupDescribeResponse_Subtopology
 StreamsGroupDescribeResponse.Member = StreamsGroupDescribeResponse_Member
-StreamsGroupDescribeResponse.DECODERS = {0: _d13}
-StreamsGroupDescribeResponse.ENCODERS = {0: _e24}
+StreamsGroupDescribeResponse.DECODERS = {0: _decode_StreamsGroupDescribeResponse_v0}
+StreamsGroupDescribeResponse.ENCODERS = {0: _encode_StreamsGroupDescribeResponse_v0}
 
 
 REQUEST = StreamsGroupDescribeRequest

@@ -133,7 +133,7 @@ class StreamsGroupHeartbeatResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_KeyValue v0
+def _decode_StreamsGroupHeartbeatRequest_KeyValue_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatRequest_KeyValue)
     m.unknown_tags = None
     length1 = b[o]
@@ -161,7 +161,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TopicInfo v0
+def _decode_StreamsGroupHeartbeatRequest_TopicInfo_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatRequest_TopicInfo)
     m.unknown_tags = None
     length1 = b[o]
@@ -182,7 +182,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_StreamsGroupHeartbeatRequest_KeyValue_v0(b, o)
             items3.append(v4)
         m.topic_configs = items3
     if b[o] == 0:
@@ -198,7 +198,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_CopartitionGroup v0
+def _decode_StreamsGroupHeartbeatRequest_CopartitionGroup_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatRequest_CopartitionGroup)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -244,7 +244,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Subtopology v0
+def _decode_StreamsGroupHeartbeatRequest_Subtopology_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatRequest_Subtopology)
     m.unknown_tags = None
     length1 = b[o]
@@ -299,7 +299,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     else:
         items11 = []
         for _ in range(n10):
-            v12, o = _d2(b, o)
+            v12, o = _decode_StreamsGroupHeartbeatRequest_TopicInfo_v0(b, o)
             items11.append(v12)
         m.state_changelog_topics = items11
     n13 = b[o] - 1
@@ -330,7 +330,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     else:
         items18 = []
         for _ in range(n17):
-            v19, o = _d2(b, o)
+            v19, o = _decode_StreamsGroupHeartbeatRequest_TopicInfo_v0(b, o)
             items18.append(v19)
         m.repartition_source_topics = items18
     n20 = b[o] - 1
@@ -343,7 +343,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     else:
         items21 = []
         for _ in range(n20):
-            v22, o = _d3(b, o)
+            v22, o = _decode_StreamsGroupHeartbeatRequest_CopartitionGroup_v0(b, o)
             items21.append(v22)
         m.copartition_groups = items21
     if b[o] == 0:
@@ -359,7 +359,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     return m, o
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Topology v0
+def _decode_StreamsGroupHeartbeatRequest_Topology_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatRequest_Topology)
     m.unknown_tags = None
     m.epoch, = _S_i.unpack_from(b, o)
@@ -374,7 +374,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d4(b, o)
+            v3, o = _decode_StreamsGroupHeartbeatRequest_Subtopology_v0(b, o)
             items2.append(v3)
         m.subtopologies = items2
     if b[o] == 0:
@@ -390,7 +390,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TaskIds v0
+def _decode_StreamsGroupHeartbeatRequest_TaskIds_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatRequest_TaskIds)
     m.unknown_tags = None
     length1 = b[o]
@@ -422,7 +422,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     return m, o
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_Endpoint v0
+def _decode_StreamsGroupHeartbeatRequest_Endpoint_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatRequest_Endpoint)
     m.unknown_tags = None
     length1 = b[o]
@@ -446,7 +446,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_TaskOffset v0
+def _decode_StreamsGroupHeartbeatRequest_TaskOffset_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatRequest_TaskOffset)
     m.unknown_tags = None
     length1 = b[o]
@@ -470,7 +470,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest_
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest v0
+def _decode_StreamsGroupHeartbeatRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -507,7 +507,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest 
         m.topology = None
         o += 1
     else:
-        m.topology, o = _d5(b, o + 1)
+        m.topology, o = _decode_StreamsGroupHeartbeatRequest_Topology_v0(b, o + 1)
     n5 = b[o] - 1
     if 0 <= n5 < 0x7F and n5 <= len(b) - o - 1:
         o += 1
@@ -518,7 +518,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest 
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d6(b, o)
+            v7, o = _decode_StreamsGroupHeartbeatRequest_TaskIds_v0(b, o)
             items6.append(v7)
         m.active_tasks = items6
     n8 = b[o] - 1
@@ -531,7 +531,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest 
     else:
         items9 = []
         for _ in range(n8):
-            v10, o = _d6(b, o)
+            v10, o = _decode_StreamsGroupHeartbeatRequest_TaskIds_v0(b, o)
             items9.append(v10)
         m.standby_tasks = items9
     n11 = b[o] - 1
@@ -544,7 +544,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest 
     else:
         items12 = []
         for _ in range(n11):
-            v13, o = _d6(b, o)
+            v13, o = _decode_StreamsGroupHeartbeatRequest_TaskIds_v0(b, o)
             items12.append(v13)
         m.warmup_tasks = items12
     length14 = b[o]
@@ -559,7 +559,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest 
         m.user_endpoint = None
         o += 1
     else:
-        m.user_endpoint, o = _d7(b, o + 1)
+        m.user_endpoint, o = _decode_StreamsGroupHeartbeatRequest_Endpoint_v0(b, o + 1)
     n15 = b[o] - 1
     if 0 <= n15 < 0x7F and n15 <= len(b) - o - 1:
         o += 1
@@ -570,7 +570,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest 
     else:
         items16 = []
         for _ in range(n15):
-            v17, o = _d1(b, o)
+            v17, o = _decode_StreamsGroupHeartbeatRequest_KeyValue_v0(b, o)
             items16.append(v17)
         m.client_tags = items16
     n18 = b[o] - 1
@@ -583,7 +583,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest 
     else:
         items19 = []
         for _ in range(n18):
-            v20, o = _d8(b, o)
+            v20, o = _decode_StreamsGroupHeartbeatRequest_TaskOffset_v0(b, o)
             items19.append(v20)
         m.task_offsets = items19
     n21 = b[o] - 1
@@ -596,7 +596,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest 
     else:
         items22 = []
         for _ in range(n21):
-            v23, o = _d8(b, o)
+            v23, o = _decode_StreamsGroupHeartbeatRequest_TaskOffset_v0(b, o)
             items22.append(v23)
         m.task_end_offsets = items22
     m.shutdown_application, = _S_o.unpack_from(b, o)
@@ -614,7 +614,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRequest 
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_KeyValue v0
+def _encode_StreamsGroupHeartbeatRequest_KeyValue_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.key)
     _write_compact_string(w, m.value)
     if m.unknown_tags:
@@ -623,20 +623,20 @@ def _e10(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_KeyValue
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_TopicInfo v0
+def _encode_StreamsGroupHeartbeatRequest_TopicInfo_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     w += _S_ih.pack(m.partitions, m.replication_factor)
     items1 = m.topic_configs
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_StreamsGroupHeartbeatRequest_KeyValue_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_CopartitionGroup v0
+def _encode_StreamsGroupHeartbeatRequest_CopartitionGroup_v0(m: Any, w: bytearray) -> None:
     items1 = m.source_topics
     _write_compact_count(w, items1)
     if items1:
@@ -655,7 +655,7 @@ def _e12(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Copartit
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Subtopology v0
+def _encode_StreamsGroupHeartbeatRequest_Subtopology_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.subtopology_id)
     items1 = m.source_topics
     _write_compact_count(w, items1)
@@ -668,7 +668,7 @@ def _e13(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Subtopol
     items5 = m.state_changelog_topics
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e11(item6, w)
+        _encode_StreamsGroupHeartbeatRequest_TopicInfo_v0(item6, w)
     items7 = m.repartition_sink_topics
     _write_compact_count(w, items7)
     for item8 in items7 or ():
@@ -676,30 +676,30 @@ def _e13(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Subtopol
     items9 = m.repartition_source_topics
     _write_compact_count(w, items9)
     for item10 in items9 or ():
-        _e11(item10, w)
+        _encode_StreamsGroupHeartbeatRequest_TopicInfo_v0(item10, w)
     items11 = m.copartition_groups
     _write_compact_count(w, items11)
     for item12 in items11 or ():
-        _e12(item12, w)
+        _encode_StreamsGroupHeartbeatRequest_CopartitionGroup_v0(item12, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Topology v0
+def _encode_StreamsGroupHeartbeatRequest_Topology_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.epoch)
     items1 = m.subtopologies
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_StreamsGroupHeartbeatRequest_Subtopology_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e15(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_TaskIds v0
+def _encode_StreamsGroupHeartbeatRequest_TaskIds_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.subtopology_id)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -711,7 +711,7 @@ def _e15(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_TaskIds 
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Endpoint v0
+def _encode_StreamsGroupHeartbeatRequest_Endpoint_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
     if m.unknown_tags:
@@ -720,7 +720,7 @@ def _e16(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_Endpoint
         w.append(0)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_TaskOffset v0
+def _encode_StreamsGroupHeartbeatRequest_TaskOffset_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.subtopology_id)
     w += _S_iq.pack(m.partition, m.offset)
     if m.unknown_tags:
@@ -729,7 +729,7 @@ def _e17(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest_TaskOffs
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest v0
+def _encode_StreamsGroupHeartbeatRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     _write_compact_string(w, m.member_id)
     w += _S_ii.pack(m.member_epoch, m.endpoint_information_epoch)
@@ -740,37 +740,37 @@ def _e18(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest v0
         w.append(0xFF)
     else:
         w.append(1)
-        _e14(m.topology, w)
+        _encode_StreamsGroupHeartbeatRequest_Topology_v0(m.topology, w)
     items1 = m.active_tasks
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_StreamsGroupHeartbeatRequest_TaskIds_v0(item2, w)
     items3 = m.standby_tasks
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e15(item4, w)
+        _encode_StreamsGroupHeartbeatRequest_TaskIds_v0(item4, w)
     items5 = m.warmup_tasks
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e15(item6, w)
+        _encode_StreamsGroupHeartbeatRequest_TaskIds_v0(item6, w)
     _write_compact_string(w, m.process_id)
     if m.user_endpoint is None:
         w.append(0xFF)
     else:
         w.append(1)
-        _e16(m.user_endpoint, w)
+        _encode_StreamsGroupHeartbeatRequest_Endpoint_v0(m.user_endpoint, w)
     items7 = m.client_tags
     _write_compact_count(w, items7)
     for item8 in items7 or ():
-        _e10(item8, w)
+        _encode_StreamsGroupHeartbeatRequest_KeyValue_v0(item8, w)
     items9 = m.task_offsets
     _write_compact_count(w, items9)
     for item10 in items9 or ():
-        _e17(item10, w)
+        _encode_StreamsGroupHeartbeatRequest_TaskOffset_v0(item10, w)
     items11 = m.task_end_offsets
     _write_compact_count(w, items11)
     for item12 in items11 or ():
-        _e17(item12, w)
+        _encode_StreamsGroupHeartbeatRequest_TaskOffset_v0(item12, w)
     w += _S_o.pack(m.shutdown_application)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -778,7 +778,7 @@ def _e18(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatRequest v0
         w.append(0)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_Status v0
+def _decode_StreamsGroupHeartbeatResponse_Status_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatResponse_Status)
     m.unknown_tags = None
     m.status_code, = _S_b.unpack_from(b, o)
@@ -802,7 +802,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_TaskIds v0
+def _decode_StreamsGroupHeartbeatResponse_TaskIds_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatResponse_TaskIds)
     m.unknown_tags = None
     length1 = b[o]
@@ -834,7 +834,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_Endpoint v0
+def _decode_StreamsGroupHeartbeatResponse_Endpoint_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatResponse_Endpoint)
     m.unknown_tags = None
     length1 = b[o]
@@ -858,7 +858,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     return m, o
 
 
-def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_TopicPartition v0
+def _decode_StreamsGroupHeartbeatResponse_TopicPartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatResponse_TopicPartition)
     m.unknown_tags = None
     length1 = b[o]
@@ -890,10 +890,10 @@ def _d22(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     return m, o
 
 
-def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse_EndpointToPartitions v0
+def _decode_StreamsGroupHeartbeatResponse_EndpointToPartitions_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatResponse_EndpointToPartitions)
     m.unknown_tags = None
-    m.user_endpoint, o = _d21(b, o)
+    m.user_endpoint, o = _decode_StreamsGroupHeartbeatResponse_Endpoint_v0(b, o)
     n1 = b[o] - 1
     if 0 <= n1 < 0x7F and n1 <= len(b) - o - 1:
         o += 1
@@ -904,7 +904,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d22(b, o)
+            v3, o = _decode_StreamsGroupHeartbeatResponse_TopicPartition_v0(b, o)
             items2.append(v3)
         m.active_partitions = items2
     n4 = b[o] - 1
@@ -917,7 +917,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d22(b, o)
+            v6, o = _decode_StreamsGroupHeartbeatResponse_TopicPartition_v0(b, o)
             items5.append(v6)
         m.standby_partitions = items5
     if b[o] == 0:
@@ -933,7 +933,7 @@ def _d23(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     return m, o
 
 
-def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatResponse v0
+def _decode_StreamsGroupHeartbeatResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(StreamsGroupHeartbeatResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -962,7 +962,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     else:
         items4 = []
         for _ in range(n3):
-            v5, o = _d19(b, o)
+            v5, o = _decode_StreamsGroupHeartbeatResponse_Status_v0(b, o)
             items4.append(v5)
         m.status = items4
     n6 = b[o] - 1
@@ -975,7 +975,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     else:
         items7 = []
         for _ in range(n6):
-            v8, o = _d20(b, o)
+            v8, o = _decode_StreamsGroupHeartbeatResponse_TaskIds_v0(b, o)
             items7.append(v8)
         m.active_tasks = items7
     n9 = b[o] - 1
@@ -988,7 +988,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     else:
         items10 = []
         for _ in range(n9):
-            v11, o = _d20(b, o)
+            v11, o = _decode_StreamsGroupHeartbeatResponse_TaskIds_v0(b, o)
             items10.append(v11)
         m.standby_tasks = items10
     n12 = b[o] - 1
@@ -1001,7 +1001,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     else:
         items13 = []
         for _ in range(n12):
-            v14, o = _d20(b, o)
+            v14, o = _decode_StreamsGroupHeartbeatResponse_TaskIds_v0(b, o)
             items13.append(v14)
         m.warmup_tasks = items13
     m.endpoint_information_epoch, = _S_i.unpack_from(b, o)
@@ -1016,7 +1016,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     else:
         items16 = []
         for _ in range(n15):
-            v17, o = _d23(b, o)
+            v17, o = _decode_StreamsGroupHeartbeatResponse_EndpointToPartitions_v0(b, o)
             items16.append(v17)
         m.partitions_by_user_endpoint = items16
     if b[o] == 0:
@@ -1032,7 +1032,7 @@ def _d24(b: _Buffer, o: int) -> tuple[Any, int]:  # StreamsGroupHeartbeatRespons
     return m, o
 
 
-def _e25(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_Status v0
+def _encode_StreamsGroupHeartbeatResponse_Status_v0(m: Any, w: bytearray) -> None:
     w += _S_b.pack(m.status_code)
     _write_compact_string(w, m.status_detail)
     if m.unknown_tags:
@@ -1041,7 +1041,7 @@ def _e25(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_Status 
         w.append(0)
 
 
-def _e26(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_TopicPartition v0
+def _encode_StreamsGroupHeartbeatResponse_TopicPartition_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic)
     items1 = m.partitions
     _write_compact_count(w, items1)
@@ -1053,23 +1053,23 @@ def _e26(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_TopicPa
         w.append(0)
 
 
-def _e27(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse_EndpointToPartitions v0
-    _e16(m.user_endpoint, w)
+def _encode_StreamsGroupHeartbeatResponse_EndpointToPartitions_v0(m: Any, w: bytearray) -> None:
+    _encode_StreamsGroupHeartbeatRequest_Endpoint_v0(m.user_endpoint, w)
     items1 = m.active_partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e26(item2, w)
+        _encode_StreamsGroupHeartbeatResponse_TopicPartition_v0(item2, w)
     items3 = m.standby_partitions
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e26(item4, w)
+        _encode_StreamsGroupHeartbeatResponse_TopicPartition_v0(item4, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e28(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse v0
+def _encode_StreamsGroupHeartbeatResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     _write_compact_string(w, m.member_id)
@@ -1077,24 +1077,24 @@ def _e28(m: Any, w: bytearray) -> None:  # StreamsGroupHeartbeatResponse v0
     items1 = m.status
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e25(item2, w)
+        _encode_StreamsGroupHeartbeatResponse_Status_v0(item2, w)
     items3 = m.active_tasks
     _write_compact_count(w, items3)
     for item4 in items3 or ():
-        _e15(item4, w)
+        _encode_StreamsGroupHeartbeatRequest_TaskIds_v0(item4, w)
     items5 = m.standby_tasks
     _write_compact_count(w, items5)
     for item6 in items5 or ():
-        _e15(item6, w)
+        _encode_StreamsGroupHeartbeatRequest_TaskIds_v0(item6, w)
     items7 = m.warmup_tasks
     _write_compact_count(w, items7)
     for item8 in items7 or ():
-        _e15(item8, w)
+        _encode_StreamsGroupHeartbeatRequest_TaskIds_v0(item8, w)
     w += _S_i.pack(m.endpoint_information_epoch)
     items9 = m.partitions_by_user_endpoint
     _write_compact_count(w, items9)
     for item10 in items9 or ():
-        _e27(item10, w)
+        _encode_StreamsGroupHeartbeatResponse_EndpointToPartitions_v0(item10, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -1120,8 +1120,8 @@ StreamsGroupHeartbeatRequest.TaskOffset = StreamsGroupHeartbeatRequest_TaskOffse
 StreamsGroupHeartbeatRequest.TaskIds = StreamsGroupHeartbeatRequest_TaskIds
 StreamsGroupHeartbeatRequest.Subtopology = StreamsGroupHeartbeatRequest_Subtopology
 StreamsGroupHeartbeatRequest.CopartitionGroup = StreamsGroupHeartbeatRequest_CopartitionGroup
-StreamsGroupHeartbeatRequest.DECODERS = {0: _d9}
-StreamsGroupHeartbeatRequest.ENCODERS = {0: _e18}
+StreamsGroupHeartbeatRequest.DECODERS = {0: _decode_StreamsGroupHeartbeatRequest_v0}
+StreamsGroupHeartbeatRequest.ENCODERS = {0: _encode_StreamsGroupHeartbeatRequest_v0}
 
 StreamsGroupHeartbeatResponse_Status.DEFAULTS = (0, '', )
 StreamsGroupHeartbeatResponse_TopicPartition.DEFAULTS = ('', list, )
@@ -1134,8 +1134,8 @@ StreamsGroupHeartbeatResponse.Status = StreamsGroupHeartbeatResponse_Status
 StreamsGroupHeartbeatResponse.TopicPartition = StreamsGroupHeartbeatResponse_TopicPartition
 StreamsGroupHeartbeatResponse.TaskIds = StreamsGroupHeartbeatResponse_TaskIds
 StreamsGroupHeartbeatResponse.Endpoint = StreamsGroupHeartbeatResponse_Endpoint
-StreamsGroupHeartbeatResponse.DECODERS = {0: _d24}
-StreamsGroupHeartbeatResponse.ENCODERS = {0: _e28}
+StreamsGroupHeartbeatResponse.DECODERS = {0: _decode_StreamsGroupHeartbeatResponse_v0}
+StreamsGroupHeartbeatResponse.ENCODERS = {0: _encode_StreamsGroupHeartbeatResponse_v0}
 
 
 REQUEST = StreamsGroupHeartbeatRequest

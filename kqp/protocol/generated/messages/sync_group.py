@@ -68,7 +68,7 @@ class SyncGroupResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroupRequestAssignment v0
+def _decode_SyncGroupRequest_SyncGroupRequestAssignment_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SyncGroupRequest_SyncGroupRequestAssignment)
     m.unknown_tags = None
     m.member_id, o = _string(b, o)
@@ -76,7 +76,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroupReq
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v0
+def _decode_SyncGroupRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SyncGroupRequest)
     m.unknown_tags = None
     m.group_instance_id = None
@@ -92,28 +92,28 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_SyncGroupRequest_SyncGroupRequestAssignment_v0(b, o)
             items2.append(v3)
         m.assignments = items2
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # SyncGroupRequest_SyncGroupRequestAssignment v0
+def _encode_SyncGroupRequest_SyncGroupRequestAssignment_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.member_id)
     _write_blob(w, m.assignment)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # SyncGroupRequest v0
+def _encode_SyncGroupRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_string(w, m.member_id)
     items1 = m.assignments
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_SyncGroupRequest_SyncGroupRequestAssignment_v0(item2, w)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v3
+def _decode_SyncGroupRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SyncGroupRequest)
     m.unknown_tags = None
     m.protocol_type = None
@@ -129,13 +129,13 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_SyncGroupRequest_SyncGroupRequestAssignment_v0(b, o)
             items2.append(v3)
         m.assignments = items2
     return m, o
 
 
-def _e6(m: Any, w: bytearray) -> None:  # SyncGroupRequest v3
+def _encode_SyncGroupRequest_v3(m: Any, w: bytearray) -> None:
     _write_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_string(w, m.member_id)
@@ -143,10 +143,10 @@ def _e6(m: Any, w: bytearray) -> None:  # SyncGroupRequest v3
     items1 = m.assignments
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_SyncGroupRequest_SyncGroupRequestAssignment_v0(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroupRequestAssignment v4
+def _decode_SyncGroupRequest_SyncGroupRequestAssignment_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SyncGroupRequest_SyncGroupRequestAssignment)
     m.unknown_tags = None
     length1 = b[o]
@@ -169,7 +169,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest_SyncGroupReq
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v4
+def _decode_SyncGroupRequest_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SyncGroupRequest)
     m.unknown_tags = None
     m.protocol_type = None
@@ -204,7 +204,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v4
     else:
         items5 = []
         for _ in range(n4):
-            v6, o = _d7(b, o)
+            v6, o = _decode_SyncGroupRequest_SyncGroupRequestAssignment_v4(b, o)
             items5.append(v6)
         m.assignments = items5
     if b[o] == 0:
@@ -220,7 +220,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v4
     return m, o
 
 
-def _e9(m: Any, w: bytearray) -> None:  # SyncGroupRequest_SyncGroupRequestAssignment v4
+def _encode_SyncGroupRequest_SyncGroupRequestAssignment_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.member_id)
     _write_compact_blob(w, m.assignment)
     if m.unknown_tags:
@@ -229,7 +229,7 @@ def _e9(m: Any, w: bytearray) -> None:  # SyncGroupRequest_SyncGroupRequestAssig
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # SyncGroupRequest v4
+def _encode_SyncGroupRequest_v4(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_compact_string(w, m.member_id)
@@ -237,14 +237,14 @@ def _e10(m: Any, w: bytearray) -> None:  # SyncGroupRequest v4
     items1 = m.assignments
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_SyncGroupRequest_SyncGroupRequestAssignment_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v5
+def _decode_SyncGroupRequest_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SyncGroupRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -289,7 +289,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v5
     else:
         items7 = []
         for _ in range(n6):
-            v8, o = _d7(b, o)
+            v8, o = _decode_SyncGroupRequest_SyncGroupRequestAssignment_v4(b, o)
             items7.append(v8)
         m.assignments = items7
     if b[o] == 0:
@@ -305,7 +305,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupRequest v5
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # SyncGroupRequest v5
+def _encode_SyncGroupRequest_v5(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     w += _S_i.pack(m.generation_id)
     _write_compact_string(w, m.member_id)
@@ -315,14 +315,14 @@ def _e12(m: Any, w: bytearray) -> None:  # SyncGroupRequest v5
     items1 = m.assignments
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_SyncGroupRequest_SyncGroupRequestAssignment_v4(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v0
+def _decode_SyncGroupResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SyncGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms = 0
@@ -334,12 +334,12 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v0
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # SyncGroupResponse v0
+def _encode_SyncGroupResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     _write_blob(w, m.assignment)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v1
+def _decode_SyncGroupResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SyncGroupResponse)
     m.unknown_tags = None
     m.protocol_type = None
@@ -350,12 +350,12 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v1
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # SyncGroupResponse v1
+def _encode_SyncGroupResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_blob(w, m.assignment)
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v4
+def _decode_SyncGroupResponse_v4(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SyncGroupResponse)
     m.unknown_tags = None
     m.protocol_type = None
@@ -376,7 +376,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v4
     return m, o
 
 
-def _e18(m: Any, w: bytearray) -> None:  # SyncGroupResponse v4
+def _encode_SyncGroupResponse_v4(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_blob(w, m.assignment)
     if m.unknown_tags:
@@ -385,7 +385,7 @@ def _e18(m: Any, w: bytearray) -> None:  # SyncGroupResponse v4
         w.append(0)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v5
+def _decode_SyncGroupResponse_v5(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(SyncGroupResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -416,7 +416,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # SyncGroupResponse v5
     return m, o
 
 
-def _e20(m: Any, w: bytearray) -> None:  # SyncGroupResponse v5
+def _encode_SyncGroupResponse_v5(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.protocol_type)
     _write_compact_string(w, m.protocol_name)
@@ -430,12 +430,12 @@ def _e20(m: Any, w: bytearray) -> None:  # SyncGroupResponse v5
 SyncGroupRequest_SyncGroupRequestAssignment.DEFAULTS = ('', b'', )
 SyncGroupRequest.DEFAULTS = ('', 0, '', None, None, None, list, )
 SyncGroupRequest.SyncGroupRequestAssignment = SyncGroupRequest_SyncGroupRequestAssignment
-SyncGroupRequest.DECODERS = {0: _d2, 1: _d2, 2: _d2, 3: _d5, 4: _d8, 5: _d11}
-SyncGroupRequest.ENCODERS = {0: _e4, 1: _e4, 2: _e4, 3: _e6, 4: _e10, 5: _e12}
+SyncGroupRequest.DECODERS = {0: _decode_SyncGroupRequest_v0, 1: _decode_SyncGroupRequest_v0, 2: _decode_SyncGroupRequest_v0, 3: _decode_SyncGroupRequest_v3, 4: _decode_SyncGroupRequest_v4, 5: _decode_SyncGroupRequest_v5}
+SyncGroupRequest.ENCODERS = {0: _encode_SyncGroupRequest_v0, 1: _encode_SyncGroupRequest_v0, 2: _encode_SyncGroupRequest_v0, 3: _encode_SyncGroupRequest_v3, 4: _encode_SyncGroupRequest_v4, 5: _encode_SyncGroupRequest_v5}
 
 SyncGroupResponse.DEFAULTS = (0, 0, None, None, b'', )
-SyncGroupResponse.DECODERS = {0: _d13, 1: _d15, 2: _d15, 3: _d15, 4: _d17, 5: _d19}
-SyncGroupResponse.ENCODERS = {0: _e14, 1: _e16, 2: _e16, 3: _e16, 4: _e18, 5: _e20}
+SyncGroupResponse.DECODERS = {0: _decode_SyncGroupResponse_v0, 1: _decode_SyncGroupResponse_v1, 2: _decode_SyncGroupResponse_v1, 3: _decode_SyncGroupResponse_v1, 4: _decode_SyncGroupResponse_v4, 5: _decode_SyncGroupResponse_v5}
+SyncGroupResponse.ENCODERS = {0: _encode_SyncGroupResponse_v0, 1: _encode_SyncGroupResponse_v1, 2: _encode_SyncGroupResponse_v1, 3: _encode_SyncGroupResponse_v1, 4: _encode_SyncGroupResponse_v4, 5: _encode_SyncGroupResponse_v5}
 
 
 REQUEST = SyncGroupRequest

@@ -86,7 +86,7 @@ class TxnOffsetCommitResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v0
+def _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition)
     m.unknown_tags = None
     m.committed_leader_epoch = -1
@@ -96,7 +96,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOff
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v0
+def _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -106,13 +106,13 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOff
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v0
+def _decode_TxnOffsetCommitRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitRequest)
     m.unknown_tags = None
     m.generation_id = -1
@@ -128,36 +128,36 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v0
+def _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v0(m: Any, w: bytearray) -> None:
     w += _S_iq.pack(m.partition_index, m.committed_offset)
     _write_string(w, m.committed_metadata)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v0
+def _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v0(item2, w)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v0
+def _encode_TxnOffsetCommitRequest_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.transactional_id)
     _write_string(w, m.group_id)
     w += _S_qh.pack(m.producer_id, m.producer_epoch)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v0(item2, w)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v2
+def _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -166,7 +166,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOff
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v2
+def _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -176,13 +176,13 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOff
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v2(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v2
+def _decode_TxnOffsetCommitRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitRequest)
     m.unknown_tags = None
     m.generation_id = -1
@@ -198,36 +198,36 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d8(b, o)
+            v3, o = _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v2(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v2
+def _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v2(m: Any, w: bytearray) -> None:
     w += _S_iqi.pack(m.partition_index, m.committed_offset, m.committed_leader_epoch)
     _write_string(w, m.committed_metadata)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v2
+def _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v2(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v2(item2, w)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v2
+def _encode_TxnOffsetCommitRequest_v2(m: Any, w: bytearray) -> None:
     _write_string(w, m.transactional_id)
     _write_string(w, m.group_id)
     w += _S_qh.pack(m.producer_id, m.producer_epoch)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v2(item2, w)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v3
+def _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition)
     m.unknown_tags = None
     m.partition_index, m.committed_offset, m.committed_leader_epoch = _S_iqi.unpack_from(b, o)
@@ -251,7 +251,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOf
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v3
+def _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -270,7 +270,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOf
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d13(b, o)
+            v4, o = _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v3(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -286,7 +286,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest_TxnOf
     return m, o
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v3
+def _decode_TxnOffsetCommitRequest_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -325,7 +325,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v3
     else:
         items6 = []
         for _ in range(n5):
-            v7, o = _d14(b, o)
+            v7, o = _decode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v3(b, o)
             items6.append(v7)
         m.topics = items6
     if b[o] == 0:
@@ -341,7 +341,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitRequest v3
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition v3
+def _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v3(m: Any, w: bytearray) -> None:
     w += _S_iqi.pack(m.partition_index, m.committed_offset, m.committed_leader_epoch)
     _write_compact_string(w, m.committed_metadata)
     if m.unknown_tags:
@@ -350,19 +350,19 @@ def _e16(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest_TxnOffsetCommi
         w.append(0)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic v3
+def _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e16(item2, w)
+        _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v3
+def _encode_TxnOffsetCommitRequest_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.transactional_id)
     _write_compact_string(w, m.group_id)
     w += _S_qhi.pack(m.producer_id, m.producer_epoch, m.generation_id)
@@ -371,14 +371,14 @@ def _e18(m: Any, w: bytearray) -> None:  # TxnOffsetCommitRequest v3
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition v0
+def _decode_TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -386,7 +386,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnO
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic v0
+def _decode_TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic)
     m.unknown_tags = None
     m.name, o = _string(b, o)
@@ -396,13 +396,13 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnO
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d19(b, o)
+            v3, o = _decode_TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v0
+def _decode_TxnOffsetCommitResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -413,33 +413,33 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic_v0(b, o)
             items2.append(v3)
         m.topics = items2
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition v0
+def _encode_TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic v0
+def _encode_TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic_v0(m: Any, w: bytearray) -> None:
     _write_string(w, m.name)
     items1 = m.partitions
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition_v0(item2, w)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # TxnOffsetCommitResponse v0
+def _encode_TxnOffsetCommitResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic_v0(item2, w)
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition v3
+def _decode_TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -457,7 +457,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnO
     return m, o
 
 
-def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic v3
+def _decode_TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -476,7 +476,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnO
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d25(b, o)
+            v4, o = _decode_TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition_v3(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -492,7 +492,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse_TxnO
     return m, o
 
 
-def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v3
+def _decode_TxnOffsetCommitResponse_v3(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(TxnOffsetCommitResponse)
     m.unknown_tags = None
     m.throttle_time_ms, = _S_i.unpack_from(b, o)
@@ -507,7 +507,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v3
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d26(b, o)
+            v3, o = _decode_TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic_v3(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -523,7 +523,7 @@ def _d27(b: _Buffer, o: int) -> tuple[Any, int]:  # TxnOffsetCommitResponse v3
     return m, o
 
 
-def _e28(m: Any, w: bytearray) -> None:  # TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition v3
+def _encode_TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition_v3(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -531,24 +531,24 @@ def _e28(m: Any, w: bytearray) -> None:  # TxnOffsetCommitResponse_TxnOffsetComm
         w.append(0)
 
 
-def _e29(m: Any, w: bytearray) -> None:  # TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic v3
+def _encode_TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic_v3(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e28(item2, w)
+        _encode_TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e30(m: Any, w: bytearray) -> None:  # TxnOffsetCommitResponse v3
+def _encode_TxnOffsetCommitResponse_v3(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.throttle_time_ms)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e29(item2, w)
+        _encode_TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic_v3(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -561,8 +561,8 @@ TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition.DEFAULTS = (0, 0, -1, '',
 TxnOffsetCommitRequest.DEFAULTS = ('', '', 0, 0, -1, '', None, list, )
 TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic = TxnOffsetCommitRequest_TxnOffsetCommitRequestTopic
 TxnOffsetCommitRequest.TxnOffsetCommitRequestPartition = TxnOffsetCommitRequest_TxnOffsetCommitRequestPartition
-TxnOffsetCommitRequest.DECODERS = {0: _d3, 1: _d3, 2: _d9, 3: _d15, 4: _d15, 5: _d15}
-TxnOffsetCommitRequest.ENCODERS = {0: _e6, 1: _e6, 2: _e12, 3: _e18, 4: _e18, 5: _e18}
+TxnOffsetCommitRequest.DECODERS = {0: _decode_TxnOffsetCommitRequest_v0, 1: _decode_TxnOffsetCommitRequest_v0, 2: _decode_TxnOffsetCommitRequest_v2, 3: _decode_TxnOffsetCommitRequest_v3, 4: _decode_TxnOffsetCommitRequest_v3, 5: _decode_TxnOffsetCommitRequest_v3}
+TxnOffsetCommitRequest.ENCODERS = {0: _encode_TxnOffsetCommitRequest_v0, 1: _encode_TxnOffsetCommitRequest_v0, 2: _encode_TxnOffsetCommitRequest_v2, 3: _encode_TxnOffsetCommitRequest_v3, 4: _encode_TxnOffsetCommitRequest_v3, 5: _encode_TxnOffsetCommitRequest_v3}
 
 TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic.DEFAULTS = ('', list, )
 TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic.TxnOffsetCommitResponsePartition = TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition
@@ -570,8 +570,8 @@ TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition.DEFAULTS = (0, 0, )
 TxnOffsetCommitResponse.DEFAULTS = (0, list, )
 TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic = TxnOffsetCommitResponse_TxnOffsetCommitResponseTopic
 TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition = TxnOffsetCommitResponse_TxnOffsetCommitResponsePartition
-TxnOffsetCommitResponse.DECODERS = {0: _d21, 1: _d21, 2: _d21, 3: _d27, 4: _d27, 5: _d27}
-TxnOffsetCommitResponse.ENCODERS = {0: _e24, 1: _e24, 2: _e24, 3: _e30, 4: _e30, 5: _e30}
+TxnOffsetCommitResponse.DECODERS = {0: _decode_TxnOffsetCommitResponse_v0, 1: _decode_TxnOffsetCommitResponse_v0, 2: _decode_TxnOffsetCommitResponse_v0, 3: _decode_TxnOffsetCommitResponse_v3, 4: _decode_TxnOffsetCommitResponse_v3, 5: _decode_TxnOffsetCommitResponse_v3}
+TxnOffsetCommitResponse.ENCODERS = {0: _encode_TxnOffsetCommitResponse_v0, 1: _encode_TxnOffsetCommitResponse_v0, 2: _encode_TxnOffsetCommitResponse_v0, 3: _encode_TxnOffsetCommitResponse_v3, 4: _encode_TxnOffsetCommitResponse_v3, 5: _encode_TxnOffsetCommitResponse_v3}
 
 
 REQUEST = TxnOffsetCommitRequest

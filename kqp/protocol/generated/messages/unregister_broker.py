@@ -62,7 +62,7 @@ class UnregisterBrokerResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerRequest v0
+def _decode_UnregisterBrokerRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UnregisterBrokerRequest)
     m.unknown_tags = None
     m.broker_id, = _S_i.unpack_from(b, o)
@@ -80,7 +80,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerRequest v0
     return m, o
 
 
-def _e2(m: Any, w: bytearray) -> None:  # UnregisterBrokerRequest v0
+def _encode_UnregisterBrokerRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.broker_id)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -88,7 +88,7 @@ def _e2(m: Any, w: bytearray) -> None:  # UnregisterBrokerRequest v0
         w.append(0)
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerResponse v0
+def _decode_UnregisterBrokerResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UnregisterBrokerResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -112,7 +112,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # UnregisterBrokerResponse v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # UnregisterBrokerResponse v0
+def _encode_UnregisterBrokerResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -122,12 +122,12 @@ def _e4(m: Any, w: bytearray) -> None:  # UnregisterBrokerResponse v0
 
 
 UnregisterBrokerRequest.DEFAULTS = (0, )
-UnregisterBrokerRequest.DECODERS = {0: _d1}
-UnregisterBrokerRequest.ENCODERS = {0: _e2}
+UnregisterBrokerRequest.DECODERS = {0: _decode_UnregisterBrokerRequest_v0}
+UnregisterBrokerRequest.ENCODERS = {0: _encode_UnregisterBrokerRequest_v0}
 
 UnregisterBrokerResponse.DEFAULTS = (0, 0, '', )
-UnregisterBrokerResponse.DECODERS = {0: _d3}
-UnregisterBrokerResponse.ENCODERS = {0: _e4}
+UnregisterBrokerResponse.DECODERS = {0: _decode_UnregisterBrokerResponse_v0}
+UnregisterBrokerResponse.ENCODERS = {0: _encode_UnregisterBrokerResponse_v0}
 
 
 REQUEST = UnregisterBrokerRequest

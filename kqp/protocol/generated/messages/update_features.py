@@ -76,7 +76,7 @@ class UpdateFeaturesResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_FeatureUpdateKey v0
+def _decode_UpdateFeaturesRequest_FeatureUpdateKey_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateFeaturesRequest_FeatureUpdateKey)
     m.unknown_tags = None
     m.upgrade_type = 1
@@ -101,7 +101,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_Feature
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v0
+def _decode_UpdateFeaturesRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateFeaturesRequest)
     m.unknown_tags = None
     m.validate_only = False
@@ -117,7 +117,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_UpdateFeaturesRequest_FeatureUpdateKey_v0(b, o)
             items2.append(v3)
         m.feature_updates = items2
     if b[o] == 0:
@@ -133,7 +133,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v0
     return m, o
 
 
-def _e3(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest_FeatureUpdateKey v0
+def _encode_UpdateFeaturesRequest_FeatureUpdateKey_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.feature)
     w += _S_ho.pack(m.max_version_level, m.allow_downgrade)
     if m.unknown_tags:
@@ -142,19 +142,19 @@ def _e3(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest_FeatureUpdateKey
         w.append(0)
 
 
-def _e4(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest v0
+def _encode_UpdateFeaturesRequest_v0(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.timeout_ms)
     items1 = m.feature_updates
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e3(item2, w)
+        _encode_UpdateFeaturesRequest_FeatureUpdateKey_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_FeatureUpdateKey v1
+def _decode_UpdateFeaturesRequest_FeatureUpdateKey_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateFeaturesRequest_FeatureUpdateKey)
     m.unknown_tags = None
     m.allow_downgrade = False
@@ -179,7 +179,7 @@ def _d5(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest_Feature
     return m, o
 
 
-def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v1
+def _decode_UpdateFeaturesRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateFeaturesRequest)
     m.unknown_tags = None
     m.timeout_ms, = _S_i.unpack_from(b, o)
@@ -194,7 +194,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d5(b, o)
+            v3, o = _decode_UpdateFeaturesRequest_FeatureUpdateKey_v1(b, o)
             items2.append(v3)
         m.feature_updates = items2
     m.validate_only, = _S_o.unpack_from(b, o)
@@ -212,7 +212,7 @@ def _d6(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesRequest v1
     return m, o
 
 
-def _e7(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest_FeatureUpdateKey v1
+def _encode_UpdateFeaturesRequest_FeatureUpdateKey_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.feature)
     w += _S_hb.pack(m.max_version_level, m.upgrade_type)
     if m.unknown_tags:
@@ -221,12 +221,12 @@ def _e7(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest_FeatureUpdateKey
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest v1
+def _encode_UpdateFeaturesRequest_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.timeout_ms)
     items1 = m.feature_updates
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_UpdateFeaturesRequest_FeatureUpdateKey_v1(item2, w)
     w += _S_o.pack(m.validate_only)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -234,7 +234,7 @@ def _e8(m: Any, w: bytearray) -> None:  # UpdateFeaturesRequest v1
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse_UpdatableFeatureResult v0
+def _decode_UpdateFeaturesResponse_UpdatableFeatureResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateFeaturesResponse_UpdatableFeatureResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -264,7 +264,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse_Updata
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v0
+def _decode_UpdateFeaturesResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateFeaturesResponse)
     m.unknown_tags = None
     m.throttle_time_ms, m.error_code = _S_ih.unpack_from(b, o)
@@ -285,7 +285,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d9(b, o)
+            v4, o = _decode_UpdateFeaturesResponse_UpdatableFeatureResult_v0(b, o)
             items3.append(v4)
         m.results = items3
     if b[o] == 0:
@@ -301,7 +301,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v0
     return m, o
 
 
-def _e11(m: Any, w: bytearray) -> None:  # UpdateFeaturesResponse_UpdatableFeatureResult v0
+def _encode_UpdateFeaturesResponse_UpdatableFeatureResult_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.feature)
     w += _S_h.pack(m.error_code)
     _write_compact_string(w, m.error_message)
@@ -311,20 +311,20 @@ def _e11(m: Any, w: bytearray) -> None:  # UpdateFeaturesResponse_UpdatableFeatu
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # UpdateFeaturesResponse v0
+def _encode_UpdateFeaturesResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_UpdateFeaturesResponse_UpdatableFeatureResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v2
+def _decode_UpdateFeaturesResponse_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateFeaturesResponse)
     m.unknown_tags = None
     m.results = list()
@@ -349,7 +349,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateFeaturesResponse v2
     return m, o
 
 
-def _e14(m: Any, w: bytearray) -> None:  # UpdateFeaturesResponse v2
+def _encode_UpdateFeaturesResponse_v2(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -361,14 +361,14 @@ def _e14(m: Any, w: bytearray) -> None:  # UpdateFeaturesResponse v2
 UpdateFeaturesRequest_FeatureUpdateKey.DEFAULTS = ('', 0, False, 1, )
 UpdateFeaturesRequest.DEFAULTS = (60000, list, False, )
 UpdateFeaturesRequest.FeatureUpdateKey = UpdateFeaturesRequest_FeatureUpdateKey
-UpdateFeaturesRequest.DECODERS = {0: _d2, 1: _d6, 2: _d6}
-UpdateFeaturesRequest.ENCODERS = {0: _e4, 1: _e8, 2: _e8}
+UpdateFeaturesRequest.DECODERS = {0: _decode_UpdateFeaturesRequest_v0, 1: _decode_UpdateFeaturesRequest_v1, 2: _decode_UpdateFeaturesRequest_v1}
+UpdateFeaturesRequest.ENCODERS = {0: _encode_UpdateFeaturesRequest_v0, 1: _encode_UpdateFeaturesRequest_v1, 2: _encode_UpdateFeaturesRequest_v1}
 
 UpdateFeaturesResponse_UpdatableFeatureResult.DEFAULTS = ('', 0, '', )
 UpdateFeaturesResponse.DEFAULTS = (0, 0, '', list, )
 UpdateFeaturesResponse.UpdatableFeatureResult = UpdateFeaturesResponse_UpdatableFeatureResult
-UpdateFeaturesResponse.DECODERS = {0: _d10, 1: _d10, 2: _d13}
-UpdateFeaturesResponse.ENCODERS = {0: _e12, 1: _e12, 2: _e14}
+UpdateFeaturesResponse.DECODERS = {0: _decode_UpdateFeaturesResponse_v0, 1: _decode_UpdateFeaturesResponse_v0, 2: _decode_UpdateFeaturesResponse_v2}
+UpdateFeaturesResponse.ENCODERS = {0: _encode_UpdateFeaturesResponse_v0, 1: _encode_UpdateFeaturesResponse_v0, 2: _encode_UpdateFeaturesResponse_v2}
 
 
 REQUEST = UpdateFeaturesRequest

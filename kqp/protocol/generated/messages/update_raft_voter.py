@@ -81,7 +81,7 @@ class UpdateRaftVoterResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_Listener v0
+def _decode_UpdateRaftVoterRequest_Listener_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateRaftVoterRequest_Listener)
     m.unknown_tags = None
     length1 = b[o]
@@ -111,7 +111,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_Listen
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_KRaftVersionFeature v0
+def _decode_UpdateRaftVoterRequest_KRaftVersionFeature_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateRaftVoterRequest_KRaftVersionFeature)
     m.unknown_tags = None
     m.min_supported_version, m.max_supported_version = _S_hh.unpack_from(b, o)
@@ -129,7 +129,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest_KRaftV
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest v0
+def _decode_UpdateRaftVoterRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateRaftVoterRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -151,10 +151,10 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_UpdateRaftVoterRequest_Listener_v0(b, o)
             items3.append(v4)
         m.listeners = items3
-    m.k_raft_version_feature, o = _d2(b, o)
+    m.k_raft_version_feature, o = _decode_UpdateRaftVoterRequest_KRaftVersionFeature_v0(b, o)
     if b[o] == 0:
         o += 1
     else:
@@ -168,7 +168,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterRequest v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # UpdateRaftVoterRequest_Listener v0
+def _encode_UpdateRaftVoterRequest_Listener_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
@@ -178,7 +178,7 @@ def _e4(m: Any, w: bytearray) -> None:  # UpdateRaftVoterRequest_Listener v0
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # UpdateRaftVoterRequest_KRaftVersionFeature v0
+def _encode_UpdateRaftVoterRequest_KRaftVersionFeature_v0(m: Any, w: bytearray) -> None:
     w += _S_hh.pack(m.min_supported_version, m.max_supported_version)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -186,21 +186,21 @@ def _e5(m: Any, w: bytearray) -> None:  # UpdateRaftVoterRequest_KRaftVersionFea
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # UpdateRaftVoterRequest v0
+def _encode_UpdateRaftVoterRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.cluster_id)
     w += _S_iiu.pack(m.current_leader_epoch, m.voter_id, _uuid_bytes(m.voter_directory_id))
     items1 = m.listeners
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
-    _e5(m.k_raft_version_feature, w)
+        _encode_UpdateRaftVoterRequest_Listener_v0(item2, w)
+    _encode_UpdateRaftVoterRequest_KRaftVersionFeature_v0(m.k_raft_version_feature, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse_CurrentLeader v0
+def _decode_UpdateRaftVoterResponse_CurrentLeader_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateRaftVoterResponse_CurrentLeader)
     m.unknown_tags = None
     m.leader_id, m.leader_epoch = _S_ii.unpack_from(b, o)
@@ -226,7 +226,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse_Curre
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse v0
+def _decode_UpdateRaftVoterResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(UpdateRaftVoterResponse)
     m.unknown_tags = None
     m.current_leader = None
@@ -239,7 +239,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse v0
         for _ in range(n):
             t, o, e = _tagged_field_end(b, o)
             if t == 0:
-                m.current_leader, o = _d7(b, o)
+                m.current_leader, o = _decode_UpdateRaftVoterResponse_CurrentLeader_v0(b, o)
                 _check_tag_end(t, o, e)
             else:
                 if m.unknown_tags is None:
@@ -249,7 +249,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # UpdateRaftVoterResponse v0
     return m, o
 
 
-def _e9(m: Any, w: bytearray) -> None:  # UpdateRaftVoterResponse_CurrentLeader v0
+def _encode_UpdateRaftVoterResponse_CurrentLeader_v0(m: Any, w: bytearray) -> None:
     w += _S_ii.pack(m.leader_id, m.leader_epoch)
     _write_compact_string(w, m.host)
     w += _S_i.pack(m.port)
@@ -259,12 +259,12 @@ def _e9(m: Any, w: bytearray) -> None:  # UpdateRaftVoterResponse_CurrentLeader 
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # UpdateRaftVoterResponse v0
+def _encode_UpdateRaftVoterResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.throttle_time_ms, m.error_code)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.current_leader is not None:
         t = bytearray()
-        _e9(m.current_leader, t)
+        _encode_UpdateRaftVoterResponse_CurrentLeader_v0(m.current_leader, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
@@ -274,14 +274,14 @@ UpdateRaftVoterRequest_KRaftVersionFeature.DEFAULTS = (0, 0, )
 UpdateRaftVoterRequest.DEFAULTS = ('', 0, 0, _ZERO_UUID, list, UpdateRaftVoterRequest_KRaftVersionFeature, )
 UpdateRaftVoterRequest.Listener = UpdateRaftVoterRequest_Listener
 UpdateRaftVoterRequest.KRaftVersionFeature = UpdateRaftVoterRequest_KRaftVersionFeature
-UpdateRaftVoterRequest.DECODERS = {0: _d3}
-UpdateRaftVoterRequest.ENCODERS = {0: _e6}
+UpdateRaftVoterRequest.DECODERS = {0: _decode_UpdateRaftVoterRequest_v0}
+UpdateRaftVoterRequest.ENCODERS = {0: _encode_UpdateRaftVoterRequest_v0}
 
 UpdateRaftVoterResponse_CurrentLeader.DEFAULTS = (-1, -1, '', 0, )
 UpdateRaftVoterResponse.DEFAULTS = (0, 0, None, )
 UpdateRaftVoterResponse.CurrentLeader = UpdateRaftVoterResponse_CurrentLeader
-UpdateRaftVoterResponse.DECODERS = {0: _d8}
-UpdateRaftVoterResponse.ENCODERS = {0: _e10}
+UpdateRaftVoterResponse.DECODERS = {0: _decode_UpdateRaftVoterResponse_v0}
+UpdateRaftVoterResponse.ENCODERS = {0: _encode_UpdateRaftVoterResponse_v0}
 
 
 REQUEST = UpdateRaftVoterRequest

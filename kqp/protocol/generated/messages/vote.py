@@ -92,7 +92,7 @@ class VoteResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v0
+def _decode_VoteRequest_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteRequest_PartitionData)
     m.unknown_tags = None
     m.replica_directory_id = _ZERO_UUID
@@ -113,7 +113,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v0
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v0
+def _decode_VoteRequest_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteRequest_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -132,7 +132,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d1(b, o)
+            v4, o = _decode_VoteRequest_PartitionData_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -148,7 +148,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v0
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v0
+def _decode_VoteRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteRequest)
     m.unknown_tags = None
     m.voter_id = -1
@@ -168,7 +168,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d2(b, o)
+            v4, o = _decode_VoteRequest_TopicData_v0(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -184,7 +184,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v0
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v0
+def _encode_VoteRequest_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_iiiiq.pack(m.partition_index, m.replica_epoch, m.replica_id, m.last_offset_epoch, m.last_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -192,31 +192,31 @@ def _e4(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v0
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # VoteRequest_TopicData v0
+def _encode_VoteRequest_TopicData_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_VoteRequest_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # VoteRequest v0
+def _encode_VoteRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.cluster_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_VoteRequest_TopicData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v1
+def _decode_VoteRequest_PartitionData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteRequest_PartitionData)
     m.unknown_tags = None
     m.pre_vote = False
@@ -237,7 +237,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v1
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v1
+def _decode_VoteRequest_TopicData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteRequest_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -256,7 +256,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d7(b, o)
+            v4, o = _decode_VoteRequest_PartitionData_v1(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -272,7 +272,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v1
     return m, o
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v1
+def _decode_VoteRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -293,7 +293,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v1
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d8(b, o)
+            v4, o = _decode_VoteRequest_TopicData_v1(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -309,7 +309,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v1
     return m, o
 
 
-def _e10(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v1
+def _encode_VoteRequest_PartitionData_v1(m: Any, w: bytearray) -> None:
     w += _S_iiiuuiq.pack(m.partition_index, m.replica_epoch, m.replica_id, _uuid_bytes(m.replica_directory_id), _uuid_bytes(m.voter_directory_id), m.last_offset_epoch, m.last_offset)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -317,32 +317,32 @@ def _e10(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v1
         w.append(0)
 
 
-def _e11(m: Any, w: bytearray) -> None:  # VoteRequest_TopicData v1
+def _encode_VoteRequest_TopicData_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e10(item2, w)
+        _encode_VoteRequest_PartitionData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e12(m: Any, w: bytearray) -> None:  # VoteRequest v1
+def _encode_VoteRequest_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.cluster_id)
     w += _S_i.pack(m.voter_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e11(item2, w)
+        _encode_VoteRequest_TopicData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v2
+def _decode_VoteRequest_PartitionData_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteRequest_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.replica_epoch, m.replica_id, _u3, _u4, m.last_offset_epoch, m.last_offset, m.pre_vote = _S_iiiuuiqo.unpack_from(b, o)
@@ -362,7 +362,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_PartitionData v2
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v2
+def _decode_VoteRequest_TopicData_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteRequest_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -381,7 +381,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v2
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d13(b, o)
+            v4, o = _decode_VoteRequest_PartitionData_v2(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -397,7 +397,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest_TopicData v2
     return m, o
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v2
+def _decode_VoteRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -418,7 +418,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v2
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d14(b, o)
+            v4, o = _decode_VoteRequest_TopicData_v2(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -434,7 +434,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteRequest v2
     return m, o
 
 
-def _e16(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v2
+def _encode_VoteRequest_PartitionData_v2(m: Any, w: bytearray) -> None:
     w += _S_iiiuuiqo.pack(m.partition_index, m.replica_epoch, m.replica_id, _uuid_bytes(m.replica_directory_id), _uuid_bytes(m.voter_directory_id), m.last_offset_epoch, m.last_offset, m.pre_vote)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -442,32 +442,32 @@ def _e16(m: Any, w: bytearray) -> None:  # VoteRequest_PartitionData v2
         w.append(0)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # VoteRequest_TopicData v2
+def _encode_VoteRequest_TopicData_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e16(item2, w)
+        _encode_VoteRequest_PartitionData_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # VoteRequest v2
+def _encode_VoteRequest_v2(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.cluster_id)
     w += _S_i.pack(m.voter_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_VoteRequest_TopicData_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_PartitionData v0
+def _decode_VoteResponse_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteResponse_PartitionData)
     m.unknown_tags = None
     m.partition_index, m.error_code, m.leader_id, m.leader_epoch, m.vote_granted = _S_ihiio.unpack_from(b, o)
@@ -485,7 +485,7 @@ def _d19(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_PartitionData v
     return m, o
 
 
-def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_TopicData v0
+def _decode_VoteResponse_TopicData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteResponse_TopicData)
     m.unknown_tags = None
     length1 = b[o]
@@ -504,7 +504,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_TopicData v0
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d19(b, o)
+            v4, o = _decode_VoteResponse_PartitionData_v0(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -520,7 +520,7 @@ def _d20(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_TopicData v0
     return m, o
 
 
-def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v0
+def _decode_VoteResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -536,7 +536,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v0
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_VoteResponse_TopicData_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -552,7 +552,7 @@ def _d21(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v0
     return m, o
 
 
-def _e22(m: Any, w: bytearray) -> None:  # VoteResponse_PartitionData v0
+def _encode_VoteResponse_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_ihiio.pack(m.partition_index, m.error_code, m.leader_id, m.leader_epoch, m.vote_granted)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -560,31 +560,31 @@ def _e22(m: Any, w: bytearray) -> None:  # VoteResponse_PartitionData v0
         w.append(0)
 
 
-def _e23(m: Any, w: bytearray) -> None:  # VoteResponse_TopicData v0
+def _encode_VoteResponse_TopicData_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.topic_name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e22(item2, w)
+        _encode_VoteResponse_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e24(m: Any, w: bytearray) -> None:  # VoteResponse v0
+def _encode_VoteResponse_v0(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_VoteResponse_TopicData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_NodeEndpoint v1
+def _decode_VoteResponse_NodeEndpoint_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteResponse_NodeEndpoint)
     m.unknown_tags = None
     m.node_id, = _S_i.unpack_from(b, o)
@@ -610,7 +610,7 @@ def _d25(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse_NodeEndpoint v1
     return m, o
 
 
-def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
+def _decode_VoteResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(VoteResponse)
     m.unknown_tags = None
     m.node_endpoints = list()
@@ -626,7 +626,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d20(b, o)
+            v3, o = _decode_VoteResponse_TopicData_v0(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -646,7 +646,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
                 else:
                     items5 = []
                     for _ in range(n4):
-                        v6, o = _d25(b, o)
+                        v6, o = _decode_VoteResponse_NodeEndpoint_v1(b, o)
                         items5.append(v6)
                     m.node_endpoints = items5
                 _check_tag_end(t, o, e)
@@ -658,7 +658,7 @@ def _d26(b: _Buffer, o: int) -> tuple[Any, int]:  # VoteResponse v1
     return m, o
 
 
-def _e27(m: Any, w: bytearray) -> None:  # VoteResponse_NodeEndpoint v1
+def _encode_VoteResponse_NodeEndpoint_v1(m: Any, w: bytearray) -> None:
     w += _S_i.pack(m.node_id)
     _write_compact_string(w, m.host)
     w += _S_H.pack(m.port)
@@ -668,19 +668,19 @@ def _e27(m: Any, w: bytearray) -> None:  # VoteResponse_NodeEndpoint v1
         w.append(0)
 
 
-def _e28(m: Any, w: bytearray) -> None:  # VoteResponse v1
+def _encode_VoteResponse_v1(m: Any, w: bytearray) -> None:
     w += _S_h.pack(m.error_code)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e23(item2, w)
+        _encode_VoteResponse_TopicData_v0(item2, w)
     tags: list[tuple[int, bytes | bytearray]] = []
     if m.node_endpoints:
         t = bytearray()
         items3 = m.node_endpoints
         _write_compact_count(t, items3)
         for item4 in items3 or ():
-            _e27(item4, t)
+            _encode_VoteResponse_NodeEndpoint_v1(item4, t)
         tags.append((0, t))
     _write_tags(w, tags, m.unknown_tags)
 
@@ -691,8 +691,8 @@ VoteRequest_PartitionData.DEFAULTS = (0, 0, 0, _ZERO_UUID, _ZERO_UUID, 0, 0, Fal
 VoteRequest.DEFAULTS = (None, -1, list, )
 VoteRequest.TopicData = VoteRequest_TopicData
 VoteRequest.PartitionData = VoteRequest_PartitionData
-VoteRequest.DECODERS = {0: _d3, 1: _d9, 2: _d15}
-VoteRequest.ENCODERS = {0: _e6, 1: _e12, 2: _e18}
+VoteRequest.DECODERS = {0: _decode_VoteRequest_v0, 1: _decode_VoteRequest_v1, 2: _decode_VoteRequest_v2}
+VoteRequest.ENCODERS = {0: _encode_VoteRequest_v0, 1: _encode_VoteRequest_v1, 2: _encode_VoteRequest_v2}
 
 VoteResponse_TopicData.DEFAULTS = ('', list, )
 VoteResponse_TopicData.PartitionData = VoteResponse_PartitionData
@@ -702,8 +702,8 @@ VoteResponse.DEFAULTS = (0, list, list, )
 VoteResponse.TopicData = VoteResponse_TopicData
 VoteResponse.NodeEndpoint = VoteResponse_NodeEndpoint
 VoteResponse.PartitionData = VoteResponse_PartitionData
-VoteResponse.DECODERS = {0: _d21, 1: _d26, 2: _d26}
-VoteResponse.ENCODERS = {0: _e24, 1: _e28, 2: _e28}
+VoteResponse.DECODERS = {0: _decode_VoteResponse_v0, 1: _decode_VoteResponse_v1, 2: _decode_VoteResponse_v1}
+VoteResponse.ENCODERS = {0: _encode_VoteResponse_v0, 1: _encode_VoteResponse_v1, 2: _encode_VoteResponse_v1}
 
 
 REQUEST = VoteRequest

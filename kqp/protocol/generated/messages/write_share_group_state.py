@@ -90,7 +90,7 @@ class WriteShareGroupStateResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_StateBatch v0
+def _decode_WriteShareGroupStateRequest_StateBatch_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteShareGroupStateRequest_StateBatch)
     m.unknown_tags = None
     m.first_offset, m.last_offset, m.delivery_state, m.delivery_count = _S_qqbh.unpack_from(b, o)
@@ -108,7 +108,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_S
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_PartitionData v0
+def _decode_WriteShareGroupStateRequest_PartitionData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteShareGroupStateRequest_PartitionData)
     m.unknown_tags = None
     m.delivery_complete_count = -1
@@ -124,7 +124,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_P
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_WriteShareGroupStateRequest_StateBatch_v0(b, o)
             items2.append(v3)
         m.state_batches = items2
     if b[o] == 0:
@@ -140,7 +140,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_P
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_WriteStateData v0
+def _decode_WriteShareGroupStateRequest_WriteStateData_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteShareGroupStateRequest_WriteStateData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -156,7 +156,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_W
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_WriteShareGroupStateRequest_PartitionData_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -172,7 +172,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_W
     return m, o
 
 
-def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest v0
+def _decode_WriteShareGroupStateRequest_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteShareGroupStateRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -191,7 +191,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest v
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d3(b, o)
+            v4, o = _decode_WriteShareGroupStateRequest_WriteStateData_v0(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -207,7 +207,7 @@ def _d4(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest v
     return m, o
 
 
-def _e5(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_StateBatch v0
+def _encode_WriteShareGroupStateRequest_StateBatch_v0(m: Any, w: bytearray) -> None:
     w += _S_qqbh.pack(m.first_offset, m.last_offset, m.delivery_state, m.delivery_count)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -215,43 +215,43 @@ def _e5(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_StateBatch
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_PartitionData v0
+def _encode_WriteShareGroupStateRequest_PartitionData_v0(m: Any, w: bytearray) -> None:
     w += _S_iiiq.pack(m.partition, m.state_epoch, m.leader_epoch, m.start_offset)
     items1 = m.state_batches
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_WriteShareGroupStateRequest_StateBatch_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e7(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_WriteStateData v0
+def _encode_WriteShareGroupStateRequest_WriteStateData_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e6(item2, w)
+        _encode_WriteShareGroupStateRequest_PartitionData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e8(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest v0
+def _encode_WriteShareGroupStateRequest_v0(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e7(item2, w)
+        _encode_WriteShareGroupStateRequest_WriteStateData_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_PartitionData v1
+def _decode_WriteShareGroupStateRequest_PartitionData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteShareGroupStateRequest_PartitionData)
     m.unknown_tags = None
     m.partition, m.state_epoch, m.leader_epoch, m.start_offset, m.delivery_complete_count = _S_iiiqi.unpack_from(b, o)
@@ -266,7 +266,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_P
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_WriteShareGroupStateRequest_StateBatch_v0(b, o)
             items2.append(v3)
         m.state_batches = items2
     if b[o] == 0:
@@ -282,7 +282,7 @@ def _d9(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_P
     return m, o
 
 
-def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_WriteStateData v1
+def _decode_WriteShareGroupStateRequest_WriteStateData_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteShareGroupStateRequest_WriteStateData)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -298,7 +298,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d9(b, o)
+            v3, o = _decode_WriteShareGroupStateRequest_PartitionData_v1(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -314,7 +314,7 @@ def _d10(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest_
     return m, o
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest v1
+def _decode_WriteShareGroupStateRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteShareGroupStateRequest)
     m.unknown_tags = None
     length1 = b[o]
@@ -333,7 +333,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest 
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d10(b, o)
+            v4, o = _decode_WriteShareGroupStateRequest_WriteStateData_v1(b, o)
             items3.append(v4)
         m.topics = items3
     if b[o] == 0:
@@ -349,43 +349,43 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateRequest 
     return m, o
 
 
-def _e12(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_PartitionData v1
+def _encode_WriteShareGroupStateRequest_PartitionData_v1(m: Any, w: bytearray) -> None:
     w += _S_iiiqi.pack(m.partition, m.state_epoch, m.leader_epoch, m.start_offset, m.delivery_complete_count)
     items1 = m.state_batches
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_WriteShareGroupStateRequest_StateBatch_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e13(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest_WriteStateData v1
+def _encode_WriteShareGroupStateRequest_WriteStateData_v1(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e12(item2, w)
+        _encode_WriteShareGroupStateRequest_PartitionData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e14(m: Any, w: bytearray) -> None:  # WriteShareGroupStateRequest v1
+def _encode_WriteShareGroupStateRequest_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.group_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e13(item2, w)
+        _encode_WriteShareGroupStateRequest_WriteStateData_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse_PartitionResult v0
+def _decode_WriteShareGroupStateResponse_PartitionResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteShareGroupStateResponse_PartitionResult)
     m.unknown_tags = None
     m.partition, m.error_code = _S_ih.unpack_from(b, o)
@@ -409,7 +409,7 @@ def _d15(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse
     return m, o
 
 
-def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse_WriteStateResult v0
+def _decode_WriteShareGroupStateResponse_WriteStateResult_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteShareGroupStateResponse_WriteStateResult)
     m.unknown_tags = None
     _u0, = _S_u.unpack_from(b, o)
@@ -425,7 +425,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d15(b, o)
+            v3, o = _decode_WriteShareGroupStateResponse_PartitionResult_v0(b, o)
             items2.append(v3)
         m.partitions = items2
     if b[o] == 0:
@@ -441,7 +441,7 @@ def _d16(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse
     return m, o
 
 
-def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse v0
+def _decode_WriteShareGroupStateResponse_v0(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteShareGroupStateResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -454,7 +454,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d16(b, o)
+            v3, o = _decode_WriteShareGroupStateResponse_WriteStateResult_v0(b, o)
             items2.append(v3)
         m.results = items2
     if b[o] == 0:
@@ -470,7 +470,7 @@ def _d17(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteShareGroupStateResponse
     return m, o
 
 
-def _e18(m: Any, w: bytearray) -> None:  # WriteShareGroupStateResponse_PartitionResult v0
+def _encode_WriteShareGroupStateResponse_PartitionResult_v0(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition, m.error_code)
     _write_compact_string(w, m.error_message)
     if m.unknown_tags:
@@ -479,23 +479,23 @@ def _e18(m: Any, w: bytearray) -> None:  # WriteShareGroupStateResponse_Partitio
         w.append(0)
 
 
-def _e19(m: Any, w: bytearray) -> None:  # WriteShareGroupStateResponse_WriteStateResult v0
+def _encode_WriteShareGroupStateResponse_WriteStateResult_v0(m: Any, w: bytearray) -> None:
     w += _S_u.pack(_uuid_bytes(m.topic_id))
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e18(item2, w)
+        _encode_WriteShareGroupStateResponse_PartitionResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e20(m: Any, w: bytearray) -> None:  # WriteShareGroupStateResponse v0
+def _encode_WriteShareGroupStateResponse_v0(m: Any, w: bytearray) -> None:
     items1 = m.results
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e19(item2, w)
+        _encode_WriteShareGroupStateResponse_WriteStateResult_v0(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -511,8 +511,8 @@ WriteShareGroupStateRequest.DEFAULTS = ('', list, )
 WriteShareGroupStateRequest.WriteStateData = WriteShareGroupStateRequest_WriteStateData
 WriteShareGroupStateRequest.PartitionData = WriteShareGroupStateRequest_PartitionData
 WriteShareGroupStateRequest.StateBatch = WriteShareGroupStateRequest_StateBatch
-WriteShareGroupStateRequest.DECODERS = {0: _d4, 1: _d11}
-WriteShareGroupStateRequest.ENCODERS = {0: _e8, 1: _e14}
+WriteShareGroupStateRequest.DECODERS = {0: _decode_WriteShareGroupStateRequest_v0, 1: _decode_WriteShareGroupStateRequest_v1}
+WriteShareGroupStateRequest.ENCODERS = {0: _encode_WriteShareGroupStateRequest_v0, 1: _encode_WriteShareGroupStateRequest_v1}
 
 WriteShareGroupStateResponse_WriteStateResult.DEFAULTS = (_ZERO_UUID, list, )
 WriteShareGroupStateResponse_WriteStateResult.PartitionResult = WriteShareGroupStateResponse_PartitionResult
@@ -520,8 +520,8 @@ WriteShareGroupStateResponse_PartitionResult.DEFAULTS = (0, 0, None, )
 WriteShareGroupStateResponse.DEFAULTS = (list, )
 WriteShareGroupStateResponse.WriteStateResult = WriteShareGroupStateResponse_WriteStateResult
 WriteShareGroupStateResponse.PartitionResult = WriteShareGroupStateResponse_PartitionResult
-WriteShareGroupStateResponse.DECODERS = {0: _d17, 1: _d17}
-WriteShareGroupStateResponse.ENCODERS = {0: _e20, 1: _e20}
+WriteShareGroupStateResponse.DECODERS = {0: _decode_WriteShareGroupStateResponse_v0, 1: _decode_WriteShareGroupStateResponse_v0}
+WriteShareGroupStateResponse.ENCODERS = {0: _encode_WriteShareGroupStateResponse_v0, 1: _encode_WriteShareGroupStateResponse_v0}
 
 
 REQUEST = WriteShareGroupStateRequest

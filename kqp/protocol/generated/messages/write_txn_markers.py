@@ -90,7 +90,7 @@ class WriteTxnMarkersResponse(_Message):
 
 
 
-def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_WritableTxnMarkerTopic v1
+def _decode_WriteTxnMarkersRequest_WritableTxnMarkerTopic_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteTxnMarkersRequest_WritableTxnMarkerTopic)
     m.unknown_tags = None
     length1 = b[o]
@@ -122,7 +122,7 @@ def _d1(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Writab
     return m, o
 
 
-def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_WritableTxnMarker v1
+def _decode_WriteTxnMarkersRequest_WritableTxnMarker_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteTxnMarkersRequest_WritableTxnMarker)
     m.unknown_tags = None
     m.transaction_version = 0
@@ -138,7 +138,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Writab
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_WriteTxnMarkersRequest_WritableTxnMarkerTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     m.coordinator_epoch, = _S_i.unpack_from(b, o)
@@ -156,7 +156,7 @@ def _d2(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Writab
     return m, o
 
 
-def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v1
+def _decode_WriteTxnMarkersRequest_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteTxnMarkersRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -169,7 +169,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d2(b, o)
+            v3, o = _decode_WriteTxnMarkersRequest_WritableTxnMarker_v1(b, o)
             items2.append(v3)
         m.markers = items2
     if b[o] == 0:
@@ -185,7 +185,7 @@ def _d3(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v1
     return m, o
 
 
-def _e4(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnMarkerTopic v1
+def _encode_WriteTxnMarkersRequest_WritableTxnMarkerTopic_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partition_indexes
     _write_compact_count(w, items1)
@@ -197,12 +197,12 @@ def _e4(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnMark
         w.append(0)
 
 
-def _e5(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnMarker v1
+def _encode_WriteTxnMarkersRequest_WritableTxnMarker_v1(m: Any, w: bytearray) -> None:
     w += _S_qho.pack(m.producer_id, m.producer_epoch, m.transaction_result)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_WriteTxnMarkersRequest_WritableTxnMarkerTopic_v1(item2, w)
     w += _S_i.pack(m.coordinator_epoch)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -210,18 +210,18 @@ def _e5(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnMark
         w.append(0)
 
 
-def _e6(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest v1
+def _encode_WriteTxnMarkersRequest_v1(m: Any, w: bytearray) -> None:
     items1 = m.markers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e5(item2, w)
+        _encode_WriteTxnMarkersRequest_WritableTxnMarker_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_WritableTxnMarker v2
+def _decode_WriteTxnMarkersRequest_WritableTxnMarker_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteTxnMarkersRequest_WritableTxnMarker)
     m.unknown_tags = None
     m.producer_id, m.producer_epoch, m.transaction_result = _S_qho.unpack_from(b, o)
@@ -236,7 +236,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Writab
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d1(b, o)
+            v3, o = _decode_WriteTxnMarkersRequest_WritableTxnMarkerTopic_v1(b, o)
             items2.append(v3)
         m.topics = items2
     m.coordinator_epoch, m.transaction_version = _S_ib.unpack_from(b, o)
@@ -254,7 +254,7 @@ def _d7(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest_Writab
     return m, o
 
 
-def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v2
+def _decode_WriteTxnMarkersRequest_v2(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteTxnMarkersRequest)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -267,7 +267,7 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v2
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d7(b, o)
+            v3, o = _decode_WriteTxnMarkersRequest_WritableTxnMarker_v2(b, o)
             items2.append(v3)
         m.markers = items2
     if b[o] == 0:
@@ -283,12 +283,12 @@ def _d8(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersRequest v2
     return m, o
 
 
-def _e9(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnMarker v2
+def _encode_WriteTxnMarkersRequest_WritableTxnMarker_v2(m: Any, w: bytearray) -> None:
     w += _S_qho.pack(m.producer_id, m.producer_epoch, m.transaction_result)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e4(item2, w)
+        _encode_WriteTxnMarkersRequest_WritableTxnMarkerTopic_v1(item2, w)
     w += _S_ib.pack(m.coordinator_epoch, m.transaction_version)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -296,18 +296,18 @@ def _e9(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest_WritableTxnMark
         w.append(0)
 
 
-def _e10(m: Any, w: bytearray) -> None:  # WriteTxnMarkersRequest v2
+def _encode_WriteTxnMarkersRequest_v2(m: Any, w: bytearray) -> None:
     items1 = m.markers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e9(item2, w)
+        _encode_WriteTxnMarkersRequest_WritableTxnMarker_v2(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult v1
+def _decode_WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult)
     m.unknown_tags = None
     m.partition_index, m.error_code = _S_ih.unpack_from(b, o)
@@ -325,7 +325,7 @@ def _d11(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Writ
     return m, o
 
 
-def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_WritableTxnMarkerTopicResult v1
+def _decode_WriteTxnMarkersResponse_WritableTxnMarkerTopicResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteTxnMarkersResponse_WritableTxnMarkerTopicResult)
     m.unknown_tags = None
     length1 = b[o]
@@ -344,7 +344,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Writ
     else:
         items3 = []
         for _ in range(n2):
-            v4, o = _d11(b, o)
+            v4, o = _decode_WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult_v1(b, o)
             items3.append(v4)
         m.partitions = items3
     if b[o] == 0:
@@ -360,7 +360,7 @@ def _d12(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Writ
     return m, o
 
 
-def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_WritableTxnMarkerResult v1
+def _decode_WriteTxnMarkersResponse_WritableTxnMarkerResult_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteTxnMarkersResponse_WritableTxnMarkerResult)
     m.unknown_tags = None
     m.producer_id, = _S_q.unpack_from(b, o)
@@ -375,7 +375,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Writ
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d12(b, o)
+            v3, o = _decode_WriteTxnMarkersResponse_WritableTxnMarkerTopicResult_v1(b, o)
             items2.append(v3)
         m.topics = items2
     if b[o] == 0:
@@ -391,7 +391,7 @@ def _d13(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse_Writ
     return m, o
 
 
-def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse v1
+def _decode_WriteTxnMarkersResponse_v1(b: _Buffer, o: int) -> tuple[Any, int]:
     m = _new(WriteTxnMarkersResponse)
     m.unknown_tags = None
     n1 = b[o] - 1
@@ -404,7 +404,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse v1
     else:
         items2 = []
         for _ in range(n1):
-            v3, o = _d13(b, o)
+            v3, o = _decode_WriteTxnMarkersResponse_WritableTxnMarkerResult_v1(b, o)
             items2.append(v3)
         m.markers = items2
     if b[o] == 0:
@@ -420,7 +420,7 @@ def _d14(b: _Buffer, o: int) -> tuple[Any, int]:  # WriteTxnMarkersResponse v1
     return m, o
 
 
-def _e15(m: Any, w: bytearray) -> None:  # WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult v1
+def _encode_WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult_v1(m: Any, w: bytearray) -> None:
     w += _S_ih.pack(m.partition_index, m.error_code)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
@@ -428,35 +428,35 @@ def _e15(m: Any, w: bytearray) -> None:  # WriteTxnMarkersResponse_WritableTxnMa
         w.append(0)
 
 
-def _e16(m: Any, w: bytearray) -> None:  # WriteTxnMarkersResponse_WritableTxnMarkerTopicResult v1
+def _encode_WriteTxnMarkersResponse_WritableTxnMarkerTopicResult_v1(m: Any, w: bytearray) -> None:
     _write_compact_string(w, m.name)
     items1 = m.partitions
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e15(item2, w)
+        _encode_WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e17(m: Any, w: bytearray) -> None:  # WriteTxnMarkersResponse_WritableTxnMarkerResult v1
+def _encode_WriteTxnMarkersResponse_WritableTxnMarkerResult_v1(m: Any, w: bytearray) -> None:
     w += _S_q.pack(m.producer_id)
     items1 = m.topics
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e16(item2, w)
+        _encode_WriteTxnMarkersResponse_WritableTxnMarkerTopicResult_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
         w.append(0)
 
 
-def _e18(m: Any, w: bytearray) -> None:  # WriteTxnMarkersResponse v1
+def _encode_WriteTxnMarkersResponse_v1(m: Any, w: bytearray) -> None:
     items1 = m.markers
     _write_compact_count(w, items1)
     for item2 in items1 or ():
-        _e17(item2, w)
+        _encode_WriteTxnMarkersResponse_WritableTxnMarkerResult_v1(item2, w)
     if m.unknown_tags:
         _write_tags(w, [], m.unknown_tags)
     else:
@@ -469,8 +469,8 @@ WriteTxnMarkersRequest_WritableTxnMarkerTopic.DEFAULTS = ('', list, )
 WriteTxnMarkersRequest.DEFAULTS = (list, )
 WriteTxnMarkersRequest.WritableTxnMarker = WriteTxnMarkersRequest_WritableTxnMarker
 WriteTxnMarkersRequest.WritableTxnMarkerTopic = WriteTxnMarkersRequest_WritableTxnMarkerTopic
-WriteTxnMarkersRequest.DECODERS = {1: _d3, 2: _d8}
-WriteTxnMarkersRequest.ENCODERS = {1: _e6, 2: _e10}
+WriteTxnMarkersRequest.DECODERS = {1: _decode_WriteTxnMarkersRequest_v1, 2: _decode_WriteTxnMarkersRequest_v2}
+WriteTxnMarkersRequest.ENCODERS = {1: _encode_WriteTxnMarkersRequest_v1, 2: _encode_WriteTxnMarkersRequest_v2}
 
 WriteTxnMarkersResponse_WritableTxnMarkerResult.DEFAULTS = (0, list, )
 WriteTxnMarkersResponse_WritableTxnMarkerResult.WritableTxnMarkerTopicResult = WriteTxnMarkersResponse_WritableTxnMarkerTopicResult
@@ -481,8 +481,8 @@ WriteTxnMarkersResponse.DEFAULTS = (list, )
 WriteTxnMarkersResponse.WritableTxnMarkerResult = WriteTxnMarkersResponse_WritableTxnMarkerResult
 WriteTxnMarkersResponse.WritableTxnMarkerTopicResult = WriteTxnMarkersResponse_WritableTxnMarkerTopicResult
 WriteTxnMarkersResponse.WritableTxnMarkerPartitionResult = WriteTxnMarkersResponse_WritableTxnMarkerPartitionResult
-WriteTxnMarkersResponse.DECODERS = {1: _d14, 2: _d14}
-WriteTxnMarkersResponse.ENCODERS = {1: _e18, 2: _e18}
+WriteTxnMarkersResponse.DECODERS = {1: _decode_WriteTxnMarkersResponse_v1, 2: _decode_WriteTxnMarkersResponse_v1}
+WriteTxnMarkersResponse.ENCODERS = {1: _encode_WriteTxnMarkersResponse_v1, 2: _encode_WriteTxnMarkersResponse_v1}
 
 
 REQUEST = WriteTxnMarkersRequest

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # AlterPartitionResponse v2: error codes
+def _collect_AlterPartitionResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -109,4 +109,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {2: 0, 3: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {2: _c1, 3: _c1}
+ERROR_CODES: dict[int, Any] = {2: _collect_AlterPartitionResponse_v2_error_codes, 3: _collect_AlterPartitionResponse_v2_error_codes}

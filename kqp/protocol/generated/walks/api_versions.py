@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _s1(b: _Buffer, o: int) -> int:  # ApiVersionsResponse v1: ThrottleTimeMs
+def _skip_ApiVersionsResponse_v1_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 2
     n1 = _INT32.unpack_from(b, o)[0]
@@ -65,7 +65,7 @@ def _s1(b: _Buffer, o: int) -> int:  # ApiVersionsResponse v1: ThrottleTimeMs
     return o
 
 
-def _s2(b: _Buffer, o: int) -> int:  # ApiVersionsResponse v3: ThrottleTimeMs
+def _skip_ApiVersionsResponse_v3_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 2
     n1 = b[o]
@@ -83,7 +83,7 @@ def _s2(b: _Buffer, o: int) -> int:  # ApiVersionsResponse v3: ThrottleTimeMs
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # ApiVersionsResponse v0: error codes
+def _collect_ApiVersionsResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -100,7 +100,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # ApiVersionsResponse v0:
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # ApiVersionsResponse v1: error codes
+def _collect_ApiVersionsResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -118,7 +118,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # ApiVersionsResponse v1:
     return o
 
 
-def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # ApiVersionsResponse v3: error codes
+def _collect_ApiVersionsResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -143,9 +143,9 @@ def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # ApiVersionsResponse v3:
 
 
 
-THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: _s1, 2: _s1, 3: _s2, 4: _s2}
+THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: _skip_ApiVersionsResponse_v1_ThrottleTimeMs, 2: _skip_ApiVersionsResponse_v1_ThrottleTimeMs, 3: _skip_ApiVersionsResponse_v3_ThrottleTimeMs, 4: _skip_ApiVersionsResponse_v3_ThrottleTimeMs}
 
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c3, 1: _c4, 2: _c4, 3: _c5, 4: _c5}
+ERROR_CODES: dict[int, Any] = {0: _collect_ApiVersionsResponse_v0_error_codes, 1: _collect_ApiVersionsResponse_v1_error_codes, 2: _collect_ApiVersionsResponse_v1_error_codes, 3: _collect_ApiVersionsResponse_v3_error_codes, 4: _collect_ApiVersionsResponse_v3_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # BeginQuorumEpochResponse v0: error codes
+def _collect_BeginQuorumEpochResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -87,7 +87,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # BeginQuorumEpochRespons
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # BeginQuorumEpochResponse v1: error codes
+def _collect_BeginQuorumEpochResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -142,4 +142,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: None}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2}
+ERROR_CODES: dict[int, Any] = {0: _collect_BeginQuorumEpochResponse_v0_error_codes, 1: _collect_BeginQuorumEpochResponse_v1_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # CreateAclsResponse v1: error codes
+def _collect_CreateAclsResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -76,7 +76,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # CreateAclsResponse v1: 
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # CreateAclsResponse v2: error codes
+def _collect_CreateAclsResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -116,4 +116,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {1: 0, 2: 0, 3: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c1, 2: _c2, 3: _c2}
+ERROR_CODES: dict[int, Any] = {1: _collect_CreateAclsResponse_v1_error_codes, 2: _collect_CreateAclsResponse_v2_error_codes, 3: _collect_CreateAclsResponse_v2_error_codes}

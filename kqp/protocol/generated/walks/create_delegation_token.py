@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _s1(b: _Buffer, o: int) -> int:  # CreateDelegationTokenResponse v1: ThrottleTimeMs
+def _skip_CreateDelegationTokenResponse_v1_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 2
     length1 = _INT16.unpack_from(b, o)[0]
@@ -90,7 +90,7 @@ def _s1(b: _Buffer, o: int) -> int:  # CreateDelegationTokenResponse v1: Throttl
     return o
 
 
-def _s2(b: _Buffer, o: int) -> int:  # CreateDelegationTokenResponse v2: ThrottleTimeMs
+def _skip_CreateDelegationTokenResponse_v2_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 2
     length1 = b[o]
@@ -141,7 +141,7 @@ def _s2(b: _Buffer, o: int) -> int:  # CreateDelegationTokenResponse v2: Throttl
     return o
 
 
-def _s3(b: _Buffer, o: int) -> int:  # CreateDelegationTokenResponse v3: ThrottleTimeMs
+def _skip_CreateDelegationTokenResponse_v3_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 2
     length1 = b[o]
@@ -214,7 +214,7 @@ def _s3(b: _Buffer, o: int) -> int:  # CreateDelegationTokenResponse v3: Throttl
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # CreateDelegationTokenResponse v1: error codes
+def _collect_CreateDelegationTokenResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -257,7 +257,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # CreateDelegationTokenRe
     return o
 
 
-def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # CreateDelegationTokenResponse v2: error codes
+def _collect_CreateDelegationTokenResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -313,7 +313,7 @@ def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # CreateDelegationTokenRe
     return o
 
 
-def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # CreateDelegationTokenResponse v3: error codes
+def _collect_CreateDelegationTokenResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -393,9 +393,9 @@ def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # CreateDelegationTokenRe
 
 
 
-THROTTLE_TIME_MS: dict[int, Any] = {1: _s1, 2: _s2, 3: _s3}
+THROTTLE_TIME_MS: dict[int, Any] = {1: _skip_CreateDelegationTokenResponse_v1_ThrottleTimeMs, 2: _skip_CreateDelegationTokenResponse_v2_ThrottleTimeMs, 3: _skip_CreateDelegationTokenResponse_v3_ThrottleTimeMs}
 
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c4, 2: _c5, 3: _c6}
+ERROR_CODES: dict[int, Any] = {1: _collect_CreateDelegationTokenResponse_v1_error_codes, 2: _collect_CreateDelegationTokenResponse_v2_error_codes, 3: _collect_CreateDelegationTokenResponse_v3_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # CreateTopicsResponse v2: error codes
+def _collect_CreateTopicsResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -84,7 +84,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # CreateTopicsResponse v2
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # CreateTopicsResponse v5: error codes
+def _collect_CreateTopicsResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -163,7 +163,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # CreateTopicsResponse v5
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # CreateTopicsResponse v7: error codes
+def _collect_CreateTopicsResponse_v7_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -250,4 +250,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {2: _c1, 3: _c1, 4: _c1, 5: _c2, 6: _c2, 7: _c3}
+ERROR_CODES: dict[int, Any] = {2: _collect_CreateTopicsResponse_v2_error_codes, 3: _collect_CreateTopicsResponse_v2_error_codes, 4: _collect_CreateTopicsResponse_v2_error_codes, 5: _collect_CreateTopicsResponse_v5_error_codes, 6: _collect_CreateTopicsResponse_v5_error_codes, 7: _collect_CreateTopicsResponse_v7_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DeleteTopicsResponse v1: error codes
+def _collect_DeleteTopicsResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -76,7 +76,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DeleteTopicsResponse v1
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DeleteTopicsResponse v4: error codes
+def _collect_DeleteTopicsResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -109,7 +109,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DeleteTopicsResponse v4
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # DeleteTopicsResponse v5: error codes
+def _collect_DeleteTopicsResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -153,7 +153,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # DeleteTopicsResponse v5
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # DeleteTopicsResponse v6: error codes
+def _collect_DeleteTopicsResponse_v6_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -205,4 +205,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c1, 2: _c1, 3: _c1, 4: _c2, 5: _c3, 6: _c4}
+ERROR_CODES: dict[int, Any] = {1: _collect_DeleteTopicsResponse_v1_error_codes, 2: _collect_DeleteTopicsResponse_v1_error_codes, 3: _collect_DeleteTopicsResponse_v1_error_codes, 4: _collect_DeleteTopicsResponse_v4_error_codes, 5: _collect_DeleteTopicsResponse_v5_error_codes, 6: _collect_DeleteTopicsResponse_v6_error_codes}

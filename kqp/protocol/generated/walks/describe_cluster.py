@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeClusterResponse v0: error codes
+def _collect_DescribeClusterResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -121,7 +121,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeClusterResponse
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeClusterResponse v1: error codes
+def _collect_DescribeClusterResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -192,7 +192,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeClusterResponse
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeClusterResponse v2: error codes
+def _collect_DescribeClusterResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -271,4 +271,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: 0, 1: 0, 2: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2, 2: _c3}
+ERROR_CODES: dict[int, Any] = {0: _collect_DescribeClusterResponse_v0_error_codes, 1: _collect_DescribeClusterResponse_v1_error_codes, 2: _collect_DescribeClusterResponse_v2_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeConfigsResponse v1: error codes
+def _collect_DescribeConfigsResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -133,7 +133,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeConfigsResponse
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeConfigsResponse v3: error codes
+def _collect_DescribeConfigsResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -224,7 +224,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeConfigsResponse
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeConfigsResponse v4: error codes
+def _collect_DescribeConfigsResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -356,4 +356,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {1: 0, 2: 0, 3: 0, 4: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c1, 2: _c1, 3: _c2, 4: _c3}
+ERROR_CODES: dict[int, Any] = {1: _collect_DescribeConfigsResponse_v1_error_codes, 2: _collect_DescribeConfigsResponse_v1_error_codes, 3: _collect_DescribeConfigsResponse_v3_error_codes, 4: _collect_DescribeConfigsResponse_v4_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _s1(b: _Buffer, o: int) -> int:  # DescribeDelegationTokenResponse v1: ThrottleTimeMs
+def _skip_DescribeDelegationTokenResponse_v1_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 2
     n1 = _INT32.unpack_from(b, o)[0]
@@ -120,7 +120,7 @@ def _s1(b: _Buffer, o: int) -> int:  # DescribeDelegationTokenResponse v1: Throt
     return o
 
 
-def _s2(b: _Buffer, o: int) -> int:  # DescribeDelegationTokenResponse v2: ThrottleTimeMs
+def _skip_DescribeDelegationTokenResponse_v2_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 2
     n1 = b[o]
@@ -215,7 +215,7 @@ def _s2(b: _Buffer, o: int) -> int:  # DescribeDelegationTokenResponse v2: Throt
     return o
 
 
-def _s3(b: _Buffer, o: int) -> int:  # DescribeDelegationTokenResponse v3: ThrottleTimeMs
+def _skip_DescribeDelegationTokenResponse_v3_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 2
     n1 = b[o]
@@ -332,7 +332,7 @@ def _s3(b: _Buffer, o: int) -> int:  # DescribeDelegationTokenResponse v3: Throt
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeDelegationTokenResponse v1: error codes
+def _collect_DescribeDelegationTokenResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -405,7 +405,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeDelegationToken
     return o
 
 
-def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeDelegationTokenResponse v2: error codes
+def _collect_DescribeDelegationTokenResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -505,7 +505,7 @@ def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeDelegationToken
     return o
 
 
-def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeDelegationTokenResponse v3: error codes
+def _collect_DescribeDelegationTokenResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -629,9 +629,9 @@ def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeDelegationToken
 
 
 
-THROTTLE_TIME_MS: dict[int, Any] = {1: _s1, 2: _s2, 3: _s3}
+THROTTLE_TIME_MS: dict[int, Any] = {1: _skip_DescribeDelegationTokenResponse_v1_ThrottleTimeMs, 2: _skip_DescribeDelegationTokenResponse_v2_ThrottleTimeMs, 3: _skip_DescribeDelegationTokenResponse_v3_ThrottleTimeMs}
 
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c4, 2: _c5, 3: _c6}
+ERROR_CODES: dict[int, Any] = {1: _collect_DescribeDelegationTokenResponse_v1_error_codes, 2: _collect_DescribeDelegationTokenResponse_v2_error_codes, 3: _collect_DescribeDelegationTokenResponse_v3_error_codes}

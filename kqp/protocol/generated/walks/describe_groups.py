@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse v0: error codes
+def _collect_DescribeGroupsResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -146,7 +146,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse 
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse v1: error codes
+def _collect_DescribeGroupsResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -242,7 +242,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse 
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse v3: error codes
+def _collect_DescribeGroupsResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -339,7 +339,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse 
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse v4: error codes
+def _collect_DescribeGroupsResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -444,7 +444,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse 
     return o
 
 
-def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse v5: error codes
+def _collect_DescribeGroupsResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -588,7 +588,7 @@ def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse 
     return o
 
 
-def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeGroupsResponse v6: error codes
+def _collect_DescribeGroupsResponse_v6_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -750,4 +750,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2, 2: _c2, 3: _c3, 4: _c4, 5: _c5, 6: _c6}
+ERROR_CODES: dict[int, Any] = {0: _collect_DescribeGroupsResponse_v0_error_codes, 1: _collect_DescribeGroupsResponse_v1_error_codes, 2: _collect_DescribeGroupsResponse_v1_error_codes, 3: _collect_DescribeGroupsResponse_v3_error_codes, 4: _collect_DescribeGroupsResponse_v4_error_codes, 5: _collect_DescribeGroupsResponse_v5_error_codes, 6: _collect_DescribeGroupsResponse_v6_error_codes}

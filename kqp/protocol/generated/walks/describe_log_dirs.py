@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeLogDirsResponse v1: error codes
+def _collect_DescribeLogDirsResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -99,7 +99,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeLogDirsResponse
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeLogDirsResponse v2: error codes
+def _collect_DescribeLogDirsResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -166,7 +166,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeLogDirsResponse
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeLogDirsResponse v3: error codes
+def _collect_DescribeLogDirsResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -237,7 +237,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeLogDirsResponse
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeLogDirsResponse v4: error codes
+def _collect_DescribeLogDirsResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -309,7 +309,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeLogDirsResponse
     return o
 
 
-def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeLogDirsResponse v5: error codes
+def _collect_DescribeLogDirsResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -388,4 +388,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {1: 0, 2: 0, 3: 0, 4: 0, 5: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c1, 2: _c2, 3: _c3, 4: _c4, 5: _c5}
+ERROR_CODES: dict[int, Any] = {1: _collect_DescribeLogDirsResponse_v1_error_codes, 2: _collect_DescribeLogDirsResponse_v2_error_codes, 3: _collect_DescribeLogDirsResponse_v3_error_codes, 4: _collect_DescribeLogDirsResponse_v4_error_codes, 5: _collect_DescribeLogDirsResponse_v5_error_codes}

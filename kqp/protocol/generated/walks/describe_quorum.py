@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeQuorumResponse v0: error codes
+def _collect_DescribeQuorumResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -123,7 +123,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeQuorumResponse 
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeQuorumResponse v1: error codes
+def _collect_DescribeQuorumResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -195,7 +195,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeQuorumResponse 
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeQuorumResponse v2: error codes
+def _collect_DescribeQuorumResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -343,4 +343,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: None, 2: None}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2, 2: _c3}
+ERROR_CODES: dict[int, Any] = {0: _collect_DescribeQuorumResponse_v0_error_codes, 1: _collect_DescribeQuorumResponse_v1_error_codes, 2: _collect_DescribeQuorumResponse_v2_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeShareGroupOffsetsResponse v0: error codes
+def _collect_DescribeShareGroupOffsetsResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -149,7 +149,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeShareGroupOffse
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeShareGroupOffsetsResponse v1: error codes
+def _collect_DescribeShareGroupOffsetsResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -254,4 +254,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: 0, 1: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2}
+ERROR_CODES: dict[int, Any] = {0: _collect_DescribeShareGroupOffsetsResponse_v0_error_codes, 1: _collect_DescribeShareGroupOffsetsResponse_v1_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # DescribeTopicPartitionsResponse v0: error codes
+def _collect_DescribeTopicPartitionsResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -180,4 +180,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1}
+ERROR_CODES: dict[int, Any] = {0: _collect_DescribeTopicPartitionsResponse_v0_error_codes}

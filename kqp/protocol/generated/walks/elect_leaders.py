@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ElectLeadersResponse v0: error codes
+def _collect_ElectLeadersResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -92,7 +92,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ElectLeadersResponse v0
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ElectLeadersResponse v1: error codes
+def _collect_ElectLeadersResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -137,7 +137,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ElectLeadersResponse v1
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # ElectLeadersResponse v2: error codes
+def _collect_ElectLeadersResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -204,4 +204,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: 0, 1: 0, 2: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2, 2: _c3}
+ERROR_CODES: dict[int, Any] = {0: _collect_ElectLeadersResponse_v0_error_codes, 1: _collect_ElectLeadersResponse_v1_error_codes, 2: _collect_ElectLeadersResponse_v2_error_codes}

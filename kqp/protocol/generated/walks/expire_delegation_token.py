@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ExpireDelegationTokenResponse v1: error codes
+def _collect_ExpireDelegationTokenResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -60,7 +60,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ExpireDelegationTokenRe
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ExpireDelegationTokenResponse v2: error codes
+def _collect_ExpireDelegationTokenResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -77,4 +77,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {1: 10, 2: 10}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c1, 2: _c2}
+ERROR_CODES: dict[int, Any] = {1: _collect_ExpireDelegationTokenResponse_v1_error_codes, 2: _collect_ExpireDelegationTokenResponse_v2_error_codes}

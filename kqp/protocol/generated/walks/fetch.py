@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _s1(b: _Buffer, o: int) -> int:  # FetchResponse v12: TaggedFields
+def _skip_FetchResponse_v12_TaggedFields(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 10
     n1 = b[o]
@@ -115,7 +115,7 @@ def _s1(b: _Buffer, o: int) -> int:  # FetchResponse v12: TaggedFields
     return o
 
 
-def _s2(b: _Buffer, o: int) -> int:  # FetchResponse v13: TaggedFields
+def _skip_FetchResponse_v13_TaggedFields(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 10
     n1 = b[o]
@@ -169,7 +169,7 @@ def _s2(b: _Buffer, o: int) -> int:  # FetchResponse v13: TaggedFields
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v4: error codes
+def _collect_FetchResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -218,7 +218,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v4: error
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v5: error codes
+def _collect_FetchResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -267,7 +267,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v5: error
     return o
 
 
-def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v7: error codes
+def _collect_FetchResponse_v7_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -320,7 +320,7 @@ def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v7: error
     return o
 
 
-def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v11: error codes
+def _collect_FetchResponse_v11_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -374,7 +374,7 @@ def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v11: erro
     return o
 
 
-def _c7(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v12: error codes
+def _collect_FetchResponse_v12_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -447,7 +447,7 @@ def _c7(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v12: erro
     return o
 
 
-def _c8(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v13: error codes
+def _collect_FetchResponse_v13_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -515,7 +515,7 @@ def _c8(b: _Buffer, o: int, found: list[int]) -> int:  # FetchResponse v13: erro
 THROTTLE_TIME_MS: dict[int, Any] = {4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0, 16: 0, 17: 0, 18: 0}
 
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
-    'TaggedFields': {4: None, 5: None, 6: None, 7: None, 8: None, 9: None, 10: None, 11: None, 12: _s1, 13: _s2, 14: _s2, 15: _s2, 16: _s2, 17: _s2, 18: _s2},
+    'TaggedFields': {4: None, 5: None, 6: None, 7: None, 8: None, 9: None, 10: None, 11: None, 12: _skip_FetchResponse_v12_TaggedFields, 13: _skip_FetchResponse_v13_TaggedFields, 14: _skip_FetchResponse_v13_TaggedFields, 15: _skip_FetchResponse_v13_TaggedFields, 16: _skip_FetchResponse_v13_TaggedFields, 17: _skip_FetchResponse_v13_TaggedFields, 18: _skip_FetchResponse_v13_TaggedFields},
 }
 
-ERROR_CODES: dict[int, Any] = {4: _c3, 5: _c4, 6: _c4, 7: _c5, 8: _c5, 9: _c5, 10: _c5, 11: _c6, 12: _c7, 13: _c8, 14: _c8, 15: _c8, 16: _c8, 17: _c8, 18: _c8}
+ERROR_CODES: dict[int, Any] = {4: _collect_FetchResponse_v4_error_codes, 5: _collect_FetchResponse_v5_error_codes, 6: _collect_FetchResponse_v5_error_codes, 7: _collect_FetchResponse_v7_error_codes, 8: _collect_FetchResponse_v7_error_codes, 9: _collect_FetchResponse_v7_error_codes, 10: _collect_FetchResponse_v7_error_codes, 11: _collect_FetchResponse_v11_error_codes, 12: _collect_FetchResponse_v12_error_codes, 13: _collect_FetchResponse_v13_error_codes, 14: _collect_FetchResponse_v13_error_codes, 15: _collect_FetchResponse_v13_error_codes, 16: _collect_FetchResponse_v13_error_codes, 17: _collect_FetchResponse_v13_error_codes, 18: _collect_FetchResponse_v13_error_codes}

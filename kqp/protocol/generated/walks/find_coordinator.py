@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v0: error codes
+def _collect_FindCoordinatorResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -69,7 +69,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v1: error codes
+def _collect_FindCoordinatorResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -97,7 +97,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v3: error codes
+def _collect_FindCoordinatorResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -132,7 +132,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # FindCoordinatorResponse v4: error codes
+def _collect_FindCoordinatorResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -196,4 +196,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2, 2: _c2, 3: _c3, 4: _c4, 5: _c4, 6: _c4}
+ERROR_CODES: dict[int, Any] = {0: _collect_FindCoordinatorResponse_v0_error_codes, 1: _collect_FindCoordinatorResponse_v1_error_codes, 2: _collect_FindCoordinatorResponse_v1_error_codes, 3: _collect_FindCoordinatorResponse_v3_error_codes, 4: _collect_FindCoordinatorResponse_v4_error_codes, 5: _collect_FindCoordinatorResponse_v4_error_codes, 6: _collect_FindCoordinatorResponse_v4_error_codes}

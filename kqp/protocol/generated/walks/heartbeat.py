@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # HeartbeatResponse v0: error codes
+def _collect_HeartbeatResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -60,7 +60,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # HeartbeatResponse v0: e
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # HeartbeatResponse v1: error codes
+def _collect_HeartbeatResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -70,7 +70,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # HeartbeatResponse v1: e
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # HeartbeatResponse v4: error codes
+def _collect_HeartbeatResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -88,4 +88,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: 0, 2: 0, 3: 0, 4: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2, 2: _c2, 3: _c2, 4: _c3}
+ERROR_CODES: dict[int, Any] = {0: _collect_HeartbeatResponse_v0_error_codes, 1: _collect_HeartbeatResponse_v1_error_codes, 2: _collect_HeartbeatResponse_v1_error_codes, 3: _collect_HeartbeatResponse_v1_error_codes, 4: _collect_HeartbeatResponse_v4_error_codes}

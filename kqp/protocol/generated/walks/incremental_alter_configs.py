@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # IncrementalAlterConfigsResponse v0: error codes
+def _collect_IncrementalAlterConfigsResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -85,7 +85,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # IncrementalAlterConfigs
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # IncrementalAlterConfigsResponse v1: error codes
+def _collect_IncrementalAlterConfigsResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -137,4 +137,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: 0, 1: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2}
+ERROR_CODES: dict[int, Any] = {0: _collect_IncrementalAlterConfigsResponse_v0_error_codes, 1: _collect_IncrementalAlterConfigsResponse_v1_error_codes}

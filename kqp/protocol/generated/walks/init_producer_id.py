@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdResponse v0: error codes
+def _collect_InitProducerIdResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -61,7 +61,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdResponse 
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdResponse v2: error codes
+def _collect_InitProducerIdResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -72,7 +72,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdResponse 
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # InitProducerIdResponse v6: error codes
+def _collect_InitProducerIdResponse_v6_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -90,4 +90,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: 0, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c1, 2: _c2, 3: _c2, 4: _c2, 5: _c2, 6: _c3}
+ERROR_CODES: dict[int, Any] = {0: _collect_InitProducerIdResponse_v0_error_codes, 1: _collect_InitProducerIdResponse_v0_error_codes, 2: _collect_InitProducerIdResponse_v2_error_codes, 3: _collect_InitProducerIdResponse_v2_error_codes, 4: _collect_InitProducerIdResponse_v2_error_codes, 5: _collect_InitProducerIdResponse_v2_error_codes, 6: _collect_InitProducerIdResponse_v6_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v0: error codes
+def _collect_JoinGroupResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -107,7 +107,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v0: e
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v2: error codes
+def _collect_JoinGroupResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -164,7 +164,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v2: e
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v5: error codes
+def _collect_JoinGroupResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -229,7 +229,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v5: e
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v6: error codes
+def _collect_JoinGroupResponse_v6_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -317,7 +317,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v6: e
     return o
 
 
-def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v7: error codes
+def _collect_JoinGroupResponse_v7_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -416,7 +416,7 @@ def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v7: e
     return o
 
 
-def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # JoinGroupResponse v9: error codes
+def _collect_JoinGroupResponse_v9_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -523,4 +523,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: None, 2: 0, 3: 0, 4: 0, 5: 0, 6:
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c1, 2: _c2, 3: _c2, 4: _c2, 5: _c3, 6: _c4, 7: _c5, 8: _c5, 9: _c6}
+ERROR_CODES: dict[int, Any] = {0: _collect_JoinGroupResponse_v0_error_codes, 1: _collect_JoinGroupResponse_v0_error_codes, 2: _collect_JoinGroupResponse_v2_error_codes, 3: _collect_JoinGroupResponse_v2_error_codes, 4: _collect_JoinGroupResponse_v2_error_codes, 5: _collect_JoinGroupResponse_v5_error_codes, 6: _collect_JoinGroupResponse_v6_error_codes, 7: _collect_JoinGroupResponse_v7_error_codes, 8: _collect_JoinGroupResponse_v7_error_codes, 9: _collect_JoinGroupResponse_v9_error_codes}

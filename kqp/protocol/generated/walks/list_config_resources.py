@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ListConfigResourcesResponse v0: error codes
+def _collect_ListConfigResourcesResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -84,7 +84,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ListConfigResourcesResp
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ListConfigResourcesResponse v1: error codes
+def _collect_ListConfigResourcesResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -125,4 +125,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: 0, 1: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2}
+ERROR_CODES: dict[int, Any] = {0: _collect_ListConfigResourcesResponse_v0_error_codes, 1: _collect_ListConfigResourcesResponse_v1_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v0: error codes
+def _collect_ListGroupsResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -83,7 +83,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v0: 
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v1: error codes
+def _collect_ListGroupsResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -116,7 +116,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v1: 
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v3: error codes
+def _collect_ListGroupsResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -160,7 +160,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v3: 
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v4: error codes
+def _collect_ListGroupsResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -215,7 +215,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v4: 
     return o
 
 
-def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # ListGroupsResponse v5: error codes
+def _collect_ListGroupsResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -288,4 +288,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2, 2: _c2, 3: _c3, 4: _c4, 5: _c5}
+ERROR_CODES: dict[int, Any] = {0: _collect_ListGroupsResponse_v0_error_codes, 1: _collect_ListGroupsResponse_v1_error_codes, 2: _collect_ListGroupsResponse_v1_error_codes, 3: _collect_ListGroupsResponse_v3_error_codes, 4: _collect_ListGroupsResponse_v4_error_codes, 5: _collect_ListGroupsResponse_v5_error_codes}

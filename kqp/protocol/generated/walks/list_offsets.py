@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v1: error codes
+def _collect_ListOffsetsResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -83,7 +83,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v1:
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v2: error codes
+def _collect_ListOffsetsResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -116,7 +116,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v2:
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v4: error codes
+def _collect_ListOffsetsResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -149,7 +149,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v4:
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # ListOffsetsResponse v6: error codes
+def _collect_ListOffsetsResponse_v6_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -201,4 +201,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {1: None, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0,
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c1, 2: _c2, 3: _c2, 4: _c3, 5: _c3, 6: _c4, 7: _c4, 8: _c4, 9: _c4, 10: _c4, 11: _c4}
+ERROR_CODES: dict[int, Any] = {1: _collect_ListOffsetsResponse_v1_error_codes, 2: _collect_ListOffsetsResponse_v2_error_codes, 3: _collect_ListOffsetsResponse_v2_error_codes, 4: _collect_ListOffsetsResponse_v4_error_codes, 5: _collect_ListOffsetsResponse_v4_error_codes, 6: _collect_ListOffsetsResponse_v6_error_codes, 7: _collect_ListOffsetsResponse_v6_error_codes, 8: _collect_ListOffsetsResponse_v6_error_codes, 9: _collect_ListOffsetsResponse_v6_error_codes, 10: _collect_ListOffsetsResponse_v6_error_codes, 11: _collect_ListOffsetsResponse_v6_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v0: error codes
+def _collect_MetadataResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -119,7 +119,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v0: er
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v1: error codes
+def _collect_MetadataResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -197,7 +197,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v1: er
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v2: error codes
+def _collect_MetadataResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -283,7 +283,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v2: er
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v3: error codes
+def _collect_MetadataResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -370,7 +370,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v3: er
     return o
 
 
-def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v5: error codes
+def _collect_MetadataResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -465,7 +465,7 @@ def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v5: er
     return o
 
 
-def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v7: error codes
+def _collect_MetadataResponse_v7_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -560,7 +560,7 @@ def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v7: er
     return o
 
 
-def _c7(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v8: error codes
+def _collect_MetadataResponse_v8_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -657,7 +657,7 @@ def _c7(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v8: er
     return o
 
 
-def _c8(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v9: error codes
+def _collect_MetadataResponse_v9_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -788,138 +788,7 @@ def _c8(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v9: er
     return o
 
 
-def _c9(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v10: error codes
-    end = len(b)
-    o += 4
-    n1 = b[o]
-    if n1 < 0x80:
-        n1 -= 1
-        o += 1
-    else:
-        n1, o = _read_uvarint(b, o)
-        n1 -= 1
-    if n1 > end - o:
-        raise _ProtocolDecodeError(f'array of {n1} elements in {end - o} bytes')
-    for _ in range(n1):
-        o += 4
-        length2 = b[o]
-        if length2 < 0x80:
-            length2 -= 1
-            o += 1
-        else:
-            length2, o = _read_uvarint(b, o)
-            length2 -= 1
-        if length2 > 0:
-            o += length2
-            if o > end:
-                raise _ProtocolDecodeError('field runs past the end of the message')
-        o += 4
-        length3 = b[o]
-        if length3 < 0x80:
-            length3 -= 1
-            o += 1
-        else:
-            length3, o = _read_uvarint(b, o)
-            length3 -= 1
-        if length3 > 0:
-            o += length3
-            if o > end:
-                raise _ProtocolDecodeError('field runs past the end of the message')
-        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
-    length4 = b[o]
-    if length4 < 0x80:
-        length4 -= 1
-        o += 1
-    else:
-        length4, o = _read_uvarint(b, o)
-        length4 -= 1
-    if length4 > 0:
-        o += length4
-        if o > end:
-            raise _ProtocolDecodeError('field runs past the end of the message')
-    o += 4
-    n5 = b[o]
-    if n5 < 0x80:
-        n5 -= 1
-        o += 1
-    else:
-        n5, o = _read_uvarint(b, o)
-        n5 -= 1
-    if n5 > end - o:
-        raise _ProtocolDecodeError(f'array of {n5} elements in {end - o} bytes')
-    for _ in range(n5):
-        code6 = _INT16.unpack_from(b, o)[0]
-        if code6:
-            found.append(code6)
-        o += 2
-        length7 = b[o]
-        if length7 < 0x80:
-            length7 -= 1
-            o += 1
-        else:
-            length7, o = _read_uvarint(b, o)
-            length7 -= 1
-        if length7 > 0:
-            o += length7
-            if o > end:
-                raise _ProtocolDecodeError('field runs past the end of the message')
-        o += 17
-        n8 = b[o]
-        if n8 < 0x80:
-            n8 -= 1
-            o += 1
-        else:
-            n8, o = _read_uvarint(b, o)
-            n8 -= 1
-        if n8 > end - o:
-            raise _ProtocolDecodeError(f'array of {n8} elements in {end - o} bytes')
-        for _ in range(n8):
-            code9 = _INT16.unpack_from(b, o)[0]
-            if code9:
-                found.append(code9)
-            o += 14
-            n10 = b[o]
-            if n10 < 0x80:
-                n10 -= 1
-                o += 1
-            else:
-                n10, o = _read_uvarint(b, o)
-                n10 -= 1
-            if n10 > end - o:
-                raise _ProtocolDecodeError(f'array of {n10} elements in {end - o} bytes')
-            if n10 > 0:
-                o += n10 * 4
-            n11 = b[o]
-            if n11 < 0x80:
-                n11 -= 1
-                o += 1
-            else:
-                n11, o = _read_uvarint(b, o)
-                n11 -= 1
-            if n11 > end - o:
-                raise _ProtocolDecodeError(f'array of {n11} elements in {end - o} bytes')
-            if n11 > 0:
-                o += n11 * 4
-            n12 = b[o]
-            if n12 < 0x80:
-                n12 -= 1
-                o += 1
-            else:
-                n12, o = _read_uvarint(b, o)
-                n12 -= 1
-            if n12 > end - o:
-                raise _ProtocolDecodeError(f'array of {n12} elements in {end - o} bytes')
-            if n12 > 0:
-                o += n12 * 4
-            o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
-        o += 4
-        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
-    o += 4
-    o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
-    return o
-
-
-def _c10(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v11: error codes
+def _collect_MetadataResponse_v10_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -1045,11 +914,142 @@ def _c10(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v11: 
             o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
         o += 4
         o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    o += 4
     o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
     return o
 
 
-def _c11(b: _Buffer, o: int, found: list[int]) -> int:  # MetadataResponse v13: error codes
+def _collect_MetadataResponse_v11_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
+    end = len(b)
+    o += 4
+    n1 = b[o]
+    if n1 < 0x80:
+        n1 -= 1
+        o += 1
+    else:
+        n1, o = _read_uvarint(b, o)
+        n1 -= 1
+    if n1 > end - o:
+        raise _ProtocolDecodeError(f'array of {n1} elements in {end - o} bytes')
+    for _ in range(n1):
+        o += 4
+        length2 = b[o]
+        if length2 < 0x80:
+            length2 -= 1
+            o += 1
+        else:
+            length2, o = _read_uvarint(b, o)
+            length2 -= 1
+        if length2 > 0:
+            o += length2
+            if o > end:
+                raise _ProtocolDecodeError('field runs past the end of the message')
+        o += 4
+        length3 = b[o]
+        if length3 < 0x80:
+            length3 -= 1
+            o += 1
+        else:
+            length3, o = _read_uvarint(b, o)
+            length3 -= 1
+        if length3 > 0:
+            o += length3
+            if o > end:
+                raise _ProtocolDecodeError('field runs past the end of the message')
+        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    length4 = b[o]
+    if length4 < 0x80:
+        length4 -= 1
+        o += 1
+    else:
+        length4, o = _read_uvarint(b, o)
+        length4 -= 1
+    if length4 > 0:
+        o += length4
+        if o > end:
+            raise _ProtocolDecodeError('field runs past the end of the message')
+    o += 4
+    n5 = b[o]
+    if n5 < 0x80:
+        n5 -= 1
+        o += 1
+    else:
+        n5, o = _read_uvarint(b, o)
+        n5 -= 1
+    if n5 > end - o:
+        raise _ProtocolDecodeError(f'array of {n5} elements in {end - o} bytes')
+    for _ in range(n5):
+        code6 = _INT16.unpack_from(b, o)[0]
+        if code6:
+            found.append(code6)
+        o += 2
+        length7 = b[o]
+        if length7 < 0x80:
+            length7 -= 1
+            o += 1
+        else:
+            length7, o = _read_uvarint(b, o)
+            length7 -= 1
+        if length7 > 0:
+            o += length7
+            if o > end:
+                raise _ProtocolDecodeError('field runs past the end of the message')
+        o += 17
+        n8 = b[o]
+        if n8 < 0x80:
+            n8 -= 1
+            o += 1
+        else:
+            n8, o = _read_uvarint(b, o)
+            n8 -= 1
+        if n8 > end - o:
+            raise _ProtocolDecodeError(f'array of {n8} elements in {end - o} bytes')
+        for _ in range(n8):
+            code9 = _INT16.unpack_from(b, o)[0]
+            if code9:
+                found.append(code9)
+            o += 14
+            n10 = b[o]
+            if n10 < 0x80:
+                n10 -= 1
+                o += 1
+            else:
+                n10, o = _read_uvarint(b, o)
+                n10 -= 1
+            if n10 > end - o:
+                raise _ProtocolDecodeError(f'array of {n10} elements in {end - o} bytes')
+            if n10 > 0:
+                o += n10 * 4
+            n11 = b[o]
+            if n11 < 0x80:
+                n11 -= 1
+                o += 1
+            else:
+                n11, o = _read_uvarint(b, o)
+                n11 -= 1
+            if n11 > end - o:
+                raise _ProtocolDecodeError(f'array of {n11} elements in {end - o} bytes')
+            if n11 > 0:
+                o += n11 * 4
+            n12 = b[o]
+            if n12 < 0x80:
+                n12 -= 1
+                o += 1
+            else:
+                n12, o = _read_uvarint(b, o)
+                n12 -= 1
+            if n12 > end - o:
+                raise _ProtocolDecodeError(f'array of {n12} elements in {end - o} bytes')
+            if n12 > 0:
+                o += n12 * 4
+            o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+        o += 4
+        o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    o = o + 1 if b[o] == 0 else _skip_tagged_fields(b, o)
+    return o
+
+
+def _collect_MetadataResponse_v13_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     codes1: list[int] = []
     codes2: list[int] = []
@@ -1194,4 +1194,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: None, 2: None, 3: 0, 4: 0, 5: 0,
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2, 2: _c3, 3: _c4, 4: _c4, 5: _c5, 6: _c5, 7: _c6, 8: _c7, 9: _c8, 10: _c9, 11: _c10, 12: _c10, 13: _c11}
+ERROR_CODES: dict[int, Any] = {0: _collect_MetadataResponse_v0_error_codes, 1: _collect_MetadataResponse_v1_error_codes, 2: _collect_MetadataResponse_v2_error_codes, 3: _collect_MetadataResponse_v3_error_codes, 4: _collect_MetadataResponse_v3_error_codes, 5: _collect_MetadataResponse_v5_error_codes, 6: _collect_MetadataResponse_v5_error_codes, 7: _collect_MetadataResponse_v7_error_codes, 8: _collect_MetadataResponse_v8_error_codes, 9: _collect_MetadataResponse_v9_error_codes, 10: _collect_MetadataResponse_v10_error_codes, 11: _collect_MetadataResponse_v11_error_codes, 12: _collect_MetadataResponse_v11_error_codes, 13: _collect_MetadataResponse_v13_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v2: error codes
+def _collect_OffsetCommitResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -83,7 +83,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v2
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v3: error codes
+def _collect_OffsetCommitResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -116,7 +116,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v3
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v8: error codes
+def _collect_OffsetCommitResponse_v8_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -161,7 +161,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v8
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetCommitResponse v10: error codes
+def _collect_OffsetCommitResponse_v10_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -203,4 +203,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {2: None, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0,
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {2: _c1, 3: _c2, 4: _c2, 5: _c2, 6: _c2, 7: _c2, 8: _c3, 9: _c3, 10: _c4}
+ERROR_CODES: dict[int, Any] = {2: _collect_OffsetCommitResponse_v2_error_codes, 3: _collect_OffsetCommitResponse_v3_error_codes, 4: _collect_OffsetCommitResponse_v3_error_codes, 5: _collect_OffsetCommitResponse_v3_error_codes, 6: _collect_OffsetCommitResponse_v3_error_codes, 7: _collect_OffsetCommitResponse_v3_error_codes, 8: _collect_OffsetCommitResponse_v8_error_codes, 9: _collect_OffsetCommitResponse_v8_error_codes, 10: _collect_OffsetCommitResponse_v10_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v1: error codes
+def _collect_OffsetFetchResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -91,7 +91,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v1:
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v2: error codes
+def _collect_OffsetFetchResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     codes1: list[int] = []
     codes2: list[int] = []
@@ -139,7 +139,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v2:
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v3: error codes
+def _collect_OffsetFetchResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     codes1: list[int] = []
     codes2: list[int] = []
@@ -188,7 +188,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v3:
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v5: error codes
+def _collect_OffsetFetchResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     codes1: list[int] = []
     codes2: list[int] = []
@@ -237,7 +237,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v5:
     return o
 
 
-def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v6: error codes
+def _collect_OffsetFetchResponse_v6_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     codes1: list[int] = []
     codes2: list[int] = []
@@ -301,7 +301,7 @@ def _c5(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v6:
     return o
 
 
-def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v8: error codes
+def _collect_OffsetFetchResponse_v8_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -387,7 +387,7 @@ def _c6(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v8:
     return o
 
 
-def _c7(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetFetchResponse v10: error codes
+def _collect_OffsetFetchResponse_v10_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -470,4 +470,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {1: None, 2: None, 3: 0, 4: 0, 5: 0, 6: 0, 7:
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c1, 2: _c2, 3: _c3, 4: _c3, 5: _c4, 6: _c5, 7: _c5, 8: _c6, 9: _c6, 10: _c7}
+ERROR_CODES: dict[int, Any] = {1: _collect_OffsetFetchResponse_v1_error_codes, 2: _collect_OffsetFetchResponse_v2_error_codes, 3: _collect_OffsetFetchResponse_v3_error_codes, 4: _collect_OffsetFetchResponse_v3_error_codes, 5: _collect_OffsetFetchResponse_v5_error_codes, 6: _collect_OffsetFetchResponse_v6_error_codes, 7: _collect_OffsetFetchResponse_v6_error_codes, 8: _collect_OffsetFetchResponse_v8_error_codes, 9: _collect_OffsetFetchResponse_v8_error_codes, 10: _collect_OffsetFetchResponse_v10_error_codes}

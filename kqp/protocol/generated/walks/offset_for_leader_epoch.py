@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetForLeaderEpochResponse v2: error codes
+def _collect_OffsetForLeaderEpochResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = _INT32.unpack_from(b, o)[0]
@@ -83,7 +83,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetForLeaderEpochRes
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # OffsetForLeaderEpochResponse v4: error codes
+def _collect_OffsetForLeaderEpochResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -134,4 +134,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {2: 0, 3: 0, 4: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {2: _c1, 3: _c1, 4: _c2}
+ERROR_CODES: dict[int, Any] = {2: _collect_OffsetForLeaderEpochResponse_v2_error_codes, 3: _collect_OffsetForLeaderEpochResponse_v2_error_codes, 4: _collect_OffsetForLeaderEpochResponse_v4_error_codes}

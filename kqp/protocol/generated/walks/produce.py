@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _s1(b: _Buffer, o: int) -> int:  # ProduceResponse v3: ThrottleTimeMs
+def _skip_ProduceResponse_v3_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -79,7 +79,7 @@ def _s1(b: _Buffer, o: int) -> int:  # ProduceResponse v3: ThrottleTimeMs
     return o
 
 
-def _s2(b: _Buffer, o: int) -> int:  # ProduceResponse v5: ThrottleTimeMs
+def _skip_ProduceResponse_v5_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -107,7 +107,7 @@ def _s2(b: _Buffer, o: int) -> int:  # ProduceResponse v5: ThrottleTimeMs
     return o
 
 
-def _s3(b: _Buffer, o: int) -> int:  # ProduceResponse v8: ThrottleTimeMs
+def _skip_ProduceResponse_v8_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -159,7 +159,7 @@ def _s3(b: _Buffer, o: int) -> int:  # ProduceResponse v8: ThrottleTimeMs
     return o
 
 
-def _s4(b: _Buffer, o: int) -> int:  # ProduceResponse v9: ThrottleTimeMs
+def _skip_ProduceResponse_v9_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -232,7 +232,7 @@ def _s4(b: _Buffer, o: int) -> int:  # ProduceResponse v9: ThrottleTimeMs
     return o
 
 
-def _s5(b: _Buffer, o: int) -> int:  # ProduceResponse v13: ThrottleTimeMs
+def _skip_ProduceResponse_v13_ThrottleTimeMs(b: _Buffer, o: int) -> int:
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -295,7 +295,7 @@ def _s5(b: _Buffer, o: int) -> int:  # ProduceResponse v13: ThrottleTimeMs
     return o
 
 
-def _s6(b: _Buffer, o: int) -> int:  # ProduceResponse v9: TaggedFields
+def _skip_ProduceResponse_v9_TaggedFields(b: _Buffer, o: int) -> int:
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -368,7 +368,7 @@ def _s6(b: _Buffer, o: int) -> int:  # ProduceResponse v9: TaggedFields
     return o + 4
 
 
-def _s7(b: _Buffer, o: int) -> int:  # ProduceResponse v13: TaggedFields
+def _skip_ProduceResponse_v13_TaggedFields(b: _Buffer, o: int) -> int:
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -431,7 +431,7 @@ def _s7(b: _Buffer, o: int) -> int:  # ProduceResponse v13: TaggedFields
     return o + 4
 
 
-def _c8(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v3: error codes
+def _collect_ProduceResponse_v3_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -464,7 +464,7 @@ def _c8(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v3: err
     return o
 
 
-def _c9(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v5: error codes
+def _collect_ProduceResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -497,7 +497,7 @@ def _c9(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v5: err
     return o
 
 
-def _c10(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v8: error codes
+def _collect_ProduceResponse_v8_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = _INT32.unpack_from(b, o)[0]
     o += 4
@@ -554,7 +554,7 @@ def _c10(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v8: er
     return o
 
 
-def _c11(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v9: error codes
+def _collect_ProduceResponse_v9_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -633,7 +633,7 @@ def _c11(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v9: er
     return o
 
 
-def _c12(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v13: error codes
+def _collect_ProduceResponse_v13_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -704,10 +704,10 @@ def _c12(b: _Buffer, o: int, found: list[int]) -> int:  # ProduceResponse v13: e
 
 
 
-THROTTLE_TIME_MS: dict[int, Any] = {3: _s1, 4: _s1, 5: _s2, 6: _s2, 7: _s2, 8: _s3, 9: _s4, 10: _s4, 11: _s4, 12: _s4, 13: _s5}
+THROTTLE_TIME_MS: dict[int, Any] = {3: _skip_ProduceResponse_v3_ThrottleTimeMs, 4: _skip_ProduceResponse_v3_ThrottleTimeMs, 5: _skip_ProduceResponse_v5_ThrottleTimeMs, 6: _skip_ProduceResponse_v5_ThrottleTimeMs, 7: _skip_ProduceResponse_v5_ThrottleTimeMs, 8: _skip_ProduceResponse_v8_ThrottleTimeMs, 9: _skip_ProduceResponse_v9_ThrottleTimeMs, 10: _skip_ProduceResponse_v9_ThrottleTimeMs, 11: _skip_ProduceResponse_v9_ThrottleTimeMs, 12: _skip_ProduceResponse_v9_ThrottleTimeMs, 13: _skip_ProduceResponse_v13_ThrottleTimeMs}
 
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
-    'TaggedFields': {3: None, 4: None, 5: None, 6: None, 7: None, 8: None, 9: _s6, 10: _s6, 11: _s6, 12: _s6, 13: _s7},
+    'TaggedFields': {3: None, 4: None, 5: None, 6: None, 7: None, 8: None, 9: _skip_ProduceResponse_v9_TaggedFields, 10: _skip_ProduceResponse_v9_TaggedFields, 11: _skip_ProduceResponse_v9_TaggedFields, 12: _skip_ProduceResponse_v9_TaggedFields, 13: _skip_ProduceResponse_v13_TaggedFields},
 }
 
-ERROR_CODES: dict[int, Any] = {3: _c8, 4: _c8, 5: _c9, 6: _c9, 7: _c9, 8: _c10, 9: _c11, 10: _c11, 11: _c11, 12: _c11, 13: _c12}
+ERROR_CODES: dict[int, Any] = {3: _collect_ProduceResponse_v3_error_codes, 4: _collect_ProduceResponse_v3_error_codes, 5: _collect_ProduceResponse_v5_error_codes, 6: _collect_ProduceResponse_v5_error_codes, 7: _collect_ProduceResponse_v5_error_codes, 8: _collect_ProduceResponse_v8_error_codes, 9: _collect_ProduceResponse_v9_error_codes, 10: _collect_ProduceResponse_v9_error_codes, 11: _collect_ProduceResponse_v9_error_codes, 12: _collect_ProduceResponse_v9_error_codes, 13: _collect_ProduceResponse_v13_error_codes}

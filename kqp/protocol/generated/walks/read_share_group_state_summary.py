@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateSummaryResponse v0: error codes
+def _collect_ReadShareGroupStateSummaryResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -97,7 +97,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateSumm
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ReadShareGroupStateSummaryResponse v1: error codes
+def _collect_ReadShareGroupStateSummaryResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -150,4 +150,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: None}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2}
+ERROR_CODES: dict[int, Any] = {0: _collect_ReadShareGroupStateSummaryResponse_v0_error_codes, 1: _collect_ReadShareGroupStateSummaryResponse_v1_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _s1(b: _Buffer, o: int) -> int:  # ShareAcknowledgeResponse v1: NodeEndpoints
+def _skip_ShareAcknowledgeResponse_v1_NodeEndpoints(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 6
     length1 = b[o]
@@ -105,7 +105,7 @@ def _s1(b: _Buffer, o: int) -> int:  # ShareAcknowledgeResponse v1: NodeEndpoint
     return o
 
 
-def _s2(b: _Buffer, o: int) -> int:  # ShareAcknowledgeResponse v2: NodeEndpoints
+def _skip_ShareAcknowledgeResponse_v2_NodeEndpoints(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 6
     length1 = b[o]
@@ -160,7 +160,7 @@ def _s2(b: _Buffer, o: int) -> int:  # ShareAcknowledgeResponse v2: NodeEndpoint
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # ShareAcknowledgeResponse v1: error codes
+def _collect_ShareAcknowledgeResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -258,7 +258,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # ShareAcknowledgeRespons
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # ShareAcknowledgeResponse v2: error codes
+def _collect_ShareAcknowledgeResponse_v2_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -362,7 +362,7 @@ def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # ShareAcknowledgeRespons
 THROTTLE_TIME_MS: dict[int, Any] = {1: 0, 2: 0}
 
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
-    'NodeEndpoints': {1: _s1, 2: _s2},
+    'NodeEndpoints': {1: _skip_ShareAcknowledgeResponse_v1_NodeEndpoints, 2: _skip_ShareAcknowledgeResponse_v2_NodeEndpoints},
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c3, 2: _c4}
+ERROR_CODES: dict[int, Any] = {1: _collect_ShareAcknowledgeResponse_v1_error_codes, 2: _collect_ShareAcknowledgeResponse_v2_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _s1(b: _Buffer, o: int) -> int:  # ShareFetchResponse v1: NodeEndpoints
+def _skip_ShareFetchResponse_v1_NodeEndpoints(b: _Buffer, o: int) -> int:
     end = len(b)
     o += 6
     length1 = b[o]
@@ -141,7 +141,7 @@ def _s1(b: _Buffer, o: int) -> int:  # ShareFetchResponse v1: NodeEndpoints
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ShareFetchResponse v1: error codes
+def _collect_ShareFetchResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -280,7 +280,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # ShareFetchResponse v1: 
 THROTTLE_TIME_MS: dict[int, Any] = {1: 0, 2: 0}
 
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
-    'NodeEndpoints': {1: _s1, 2: _s1},
+    'NodeEndpoints': {1: _skip_ShareFetchResponse_v1_NodeEndpoints, 2: _skip_ShareFetchResponse_v1_NodeEndpoints},
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c2, 2: _c2}
+ERROR_CODES: dict[int, Any] = {1: _collect_ShareFetchResponse_v1_error_codes, 2: _collect_ShareFetchResponse_v1_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # ShareGroupDescribeResponse v1: error codes
+def _collect_ShareGroupDescribeResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     n1 = b[o]
@@ -238,4 +238,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {1: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c1}
+ERROR_CODES: dict[int, Any] = {1: _collect_ShareGroupDescribeResponse_v1_error_codes}

@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v0: error codes
+def _collect_SyncGroupResponse_v0_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     code1 = _INT16.unpack_from(b, o)[0]
     if code1:
@@ -68,7 +68,7 @@ def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v0: e
     return o
 
 
-def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v1: error codes
+def _collect_SyncGroupResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -86,7 +86,7 @@ def _c2(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v1: e
     return o
 
 
-def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v4: error codes
+def _collect_SyncGroupResponse_v4_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -108,7 +108,7 @@ def _c3(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v4: e
     return o
 
 
-def _c4(b: _Buffer, o: int, found: list[int]) -> int:  # SyncGroupResponse v5: error codes
+def _collect_SyncGroupResponse_v5_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     o += 4
     code1 = _INT16.unpack_from(b, o)[0]
@@ -159,4 +159,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {0: None, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {0: _c1, 1: _c2, 2: _c2, 3: _c2, 4: _c3, 5: _c4}
+ERROR_CODES: dict[int, Any] = {0: _collect_SyncGroupResponse_v0_error_codes, 1: _collect_SyncGroupResponse_v1_error_codes, 2: _collect_SyncGroupResponse_v1_error_codes, 3: _collect_SyncGroupResponse_v1_error_codes, 4: _collect_SyncGroupResponse_v4_error_codes, 5: _collect_SyncGroupResponse_v5_error_codes}

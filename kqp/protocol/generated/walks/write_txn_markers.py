@@ -51,7 +51,7 @@ _new = object.__new__
 
 
 
-def _c1(b: _Buffer, o: int, found: list[int]) -> int:  # WriteTxnMarkersResponse v1: error codes
+def _collect_WriteTxnMarkersResponse_v1_error_codes(b: _Buffer, o: int, found: list[int]) -> int:
     end = len(b)
     n1 = b[o]
     if n1 < 0x80:
@@ -114,4 +114,4 @@ THROTTLE_TIME_MS: dict[int, Any] = {1: None, 2: None}
 FIELD_LOCATIONS: dict[str, dict[int, Any]] = {
 }
 
-ERROR_CODES: dict[int, Any] = {1: _c1, 2: _c1}
+ERROR_CODES: dict[int, Any] = {1: _collect_WriteTxnMarkersResponse_v1_error_codes, 2: _collect_WriteTxnMarkersResponse_v1_error_codes}
