@@ -11,6 +11,7 @@ Kafka's AlterClientQuotas accepts (kafka-quota-spec.md section 8.3).
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
