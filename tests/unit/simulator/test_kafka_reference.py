@@ -1,7 +1,7 @@
 """The simulator's Kafka reference against kqp.quotas on the vectors of kafka-quota-spec.md §9.
 
 Each vector is written once, as steps against a `Broker` (the spec's operations), and runs on
-both: the reference (tests/unit/helpers/simulator/kafka_reference.py, written from Kafka's
+both: the reference (harness/kafka_reference.py, written from Kafka's
 source) and kqp.quotas. Both must give the spec's number, so they agree with each other and a
 difference names the side that left Kafka. The reference shares no code with kqp: the last
 test fails if it imports anything but the standard library.
@@ -22,10 +22,11 @@ from typing import Protocol
 
 import pytest
 
+from harness import kafka_reference as ref
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 from kqp.quotas.stats import TokenBucket as KqpBucket
 from kqp.quotas.stats import WindowedRate, throttle_time, token_bucket_throttle_time
-from tests.unit.helpers.simulator import kafka_reference as ref
+from tests.unit.helpers.simulator import broker as simulator_broker
 
 D = ref.DEFAULT
 Limits = dict[ref.Entity, float]
@@ -295,6 +296,20 @@ def b1_to_b6(b: Broker) -> None:
     assert b.throttle(100, 50, 10) == 9000
 
 
+# B3 and B1 once more, recorded through a manager's fresh sensor instead of given as an observed
+# rate (the vectors the integration tests' own byte-rate copy carried before it became this
+# reference): 200 B on a fresh sensor of 3 windows is 100 B/s over its 2 s against 50: 2000 ms;
+# 165 B on one of 11 windows is 16.5 B/s over its 10 s, at the bound: no throttle.
+def b3_recorded(b: Broker) -> None:
+    b.configure(PRODUCE, {("alice", None): 50}, window_num=3)
+    assert b.produce("alice", "c", 200, 0) == 2000
+
+
+def b1_recorded(b: Broker) -> None:
+    b.configure(PRODUCE, {("alice", None): 16.5}, window_num=11)
+    assert b.produce("alice", "c", 165, 0) == 0
+
+
 def c1_c2(b: Broker) -> None:
     bucket = b.bucket(10, 2000, 5.0)
     assert bucket.measure(0) == 100
@@ -482,6 +497,7 @@ def g_fetch(b: Broker) -> None:
 
 VECTORS: dict[str, Callable[[Broker], None]] = {
     "A1-A4": a1_to_a4, "A5": a5, "A6": a6, "A7": a7, "A8-A10": a8_to_a10, "A11": a11, "B1-B6": b1_to_b6,
+    "B1-recorded": b1_recorded, "B3-recorded": b3_recorded,
     "C1-C2": c1_c2, "D1": d1, "D2": d2, "D3-default-user": d3((D, None)), "D3-user": d3(("userA", None)),
     "D3-user-client": d3(("userA", "client1")), "D4": d4, "D5": d5, "E1": e1, "F1": f1, "F2": f2, "F3": f3,
     "F4": f4, "F5-F6-F9-CreateTopics": f5_to_f8(CREATE_TOPICS, 6, 5),
@@ -496,14 +512,16 @@ def test_the_spec_vector_gives_the_specs_numbers_on_both_sides(vector: str, side
     VECTORS[vector](side())
 
 
-REFERENCE_FILES = ("kafka_reference.py", "broker.py")
+# The reference (in harness/, imported by the simulator and the integration tests alike) and the
+# simulator's broker model that asks it.
+REFERENCE_FILES = {"kafka_reference.py": Path(ref.__file__), "broker.py": Path(simulator_broker.__file__)}
 
 
-@pytest.mark.parametrize("name", REFERENCE_FILES)
+@pytest.mark.parametrize("name", list(REFERENCE_FILES))
 def test_the_reference_imports_nothing_of_kqp_quotas(name: str) -> None:
     """The reference is the standard library alone; the broker model may frame Kafka's wire
     (kqp.protocol) and use the reference, never kqp.quotas or the proxy."""
-    path = Path(ref.__file__).with_name(name)
+    path = REFERENCE_FILES[name]
     imported: list[str] = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

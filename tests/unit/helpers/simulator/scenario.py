@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.kafka_reference import DEFAULT, Entity, KafkaQuotas
 from kqp.config import KqpConfig
 from kqp.config.models import FleetSection
 from kqp.proxy.app import ProxyApp, app_settings_from_config
@@ -26,7 +27,6 @@ from kqp.quotas import QuotaEngine
 from kqp.quotas.fleet import UsageDelta
 from tests.unit.helpers.simulator.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
 from tests.unit.helpers.simulator.clients import CLIENT_SHAPES, ClientConnection, ConnectionRecord
-from tests.unit.helpers.simulator.kafka_reference import DEFAULT, Entity, KafkaQuotas
 from tests.unit.helpers.simulator.virtual_loop import Faults, MemoryTransport, run
 
 KIB = 1024

@@ -1,7 +1,10 @@
-"""Kafka's client quotas, written from Kafka's own source: the simulator's independent figure.
+"""Kafka's client quotas, written from Kafka's own source: the project's one independent figure.
 
-The modelled broker (broker.py) asks this module, not kqp.quotas, what Kafka would record,
-throttle and answer, so an error in kqp.quotas cannot also be in "Kafka's figure". It shares
+Two suites ask this module, not kqp.quotas, what Kafka would record, throttle and answer, so an
+error in kqp.quotas cannot also be in "Kafka's figure": the simulator's modelled broker
+(tests/unit/helpers/simulator/broker.py) and the integration tests that replay a capture's
+`quota_*` columns to check each response's ThrottleTimeMs (test_oauthbearer_through_proxy.py's
+assert_kafka_throttles). It lives in harness/ so that both, and bench/, import it as it is. It shares
 no code with kqp (tests/unit/simulator/test_kafka_reference.py fails if it imports anything
 but the standard library) and it is written per rule from these files of apache/kafka
 (read at trunk 1eb7644, checked against the 4.3.1 jars where the code moved: Rate.windowSize,
