@@ -319,10 +319,9 @@ class FleetSection(Section):
     # share of its quota divided by the number of instances, so the fleet under-counts any
     # client by less than this share of its quota; 0 reports every client with a quota.
     max_unreported_share: Annotated[float, Field(ge=0.0, le=0.5, allow_inf_nan=False)] = 0.02
-    # Beyond Kafka (docs/quotas.md): a produce throttle also counts, for each other live
-    # instance serving the client, as much as this instance has not reported yet, as a fetch
-    # throttle always does. Holds several instances' producers of one client-id to the quota
-    # (Kafka lets about 12% more through); longer throttles, more client request time-outs.
+    # Accepted and without effect since issue 39: what it turned on (a produce throttle counting
+    # what the other instances serving the client may have admitted meanwhile, as a fetch
+    # throttle does) is how every fleet holds one budget now (docs/scaling.md).
     count_other_instances: bool = False
     # -1: 3, or the number of brokers when there are fewer.
     replication_factor: Annotated[int, Field(ge=-1)] = -1

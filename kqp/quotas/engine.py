@@ -252,9 +252,9 @@ class QuotaManagers:
         """Produce: record the request size, then compute the (unbounded) throttle
         (KafkaApis.handleProduceRequest: quotas.produce.maybeRecordAndGetThrottleTimeMs).
 
-        Beyond Kafka, a fleet that counts its other instances (`fleet.count_other_instances`)
-        adds what they may admit meanwhile to the total the throttle is computed from, as for
-        a fetch (see kqp.quotas.fleet). With the cluster guard on, the guard's sensor records
+        Beyond Kafka, a fleet adds what its other instances serving the client may admit
+        meanwhile to the total the throttle is computed from, as for a fetch (see
+        kqp.quotas.fleet). With the cluster guard on, the guard's sensor records
         too, and the larger throttle is the answer (the lower of the two limits binds)."""
         manager = self._produce
         throttle = 0

@@ -22,11 +22,16 @@ How far a fleet's figure can be from one broker's:
   the usage happened, so the rate an instance measures misses at most the fraction
   (I + L) / W of the fleet's usage, W being the quota window (samples x sample size): about
   1% with the defaults (100 ms against 11 s), and the fleet admits about that much over one
-  broker. That holds for traffic spread over time. Consumers that come back from a throttle
-  together fetch together, a whole fetch each, and every instance would see room the others
-  are taking at that moment; so an instance that knows other live instances serve a client
-  counts its own unreported fetch bytes once for each of them before throttling a fetch
-  (`FleetSharing.pending_elsewhere`). docs/scaling.md gives the measured figures.
+  broker. That holds for traffic spread over time. Throttled clients come back together when
+  their burst leaves the window, and every instance would see room the others are taking at
+  that moment; so an instance that knows other live instances serve a client counts, before
+  throttling a produce or a fetch, its own usage of that client that the others may not have
+  matched in their reports yet, once for each of them (`FleetSharing.pending_elsewhere`): what
+  it recorded since its last report, and what its last report carried for an instance whose
+  report has not arrived since; a client nobody has reported yet, first seen here within two
+  report intervals, counts every live instance. That covers the others' unknown usage while
+  the topic's round trip L stays under one report interval I; docs/scaling.md gives the
+  measured figures and where they stop holding.
 * Quiet clients. A client far from its quota costs the exchange nothing: a sensor whose rate,
   as this instance measures it, is below `quiet_below` x quota is left out of the report
   (byte rates and request time). With `quiet_below` = e / N (fleet option
@@ -75,10 +80,11 @@ REPORT_FORMAT = 1
 
 # Entries FleetSharing keeps for fetch sensors before it first looks for dropped ones.
 _MIN_SERVING_ENTRIES = 1024
-# Quota types whose throttle always counts what the other instances serving the client may
-# have served meanwhile (FleetSharing.pending_elsewhere); produce only with the opt-in.
-_ALWAYS_COUNTED: frozenset[QuotaType] = frozenset({"consumer_byte_rate"})
-_WITH_PRODUCE: frozenset[QuotaType] = frozenset({"consumer_byte_rate", "producer_byte_rate"})
+# Quota types whose throttle counts what the other instances serving the client may have
+# admitted meanwhile (FleetSharing.pending_elsewhere): byte rates, produce as well as fetch.
+# Without produce, throttled producers that come back together when their burst leaves the
+# window are each admitted into the whole room by their own instance (docs/scaling.md).
+_COUNTED: frozenset[QuotaType] = frozenset({"consumer_byte_rate", "producer_byte_rate"})
 
 FailurePolicy = Literal["local", "share"]
 ExchangeState = Literal["starting", "ok", "local", "share"]
@@ -355,9 +361,25 @@ class FleetSharing:
     """
 
     __slots__ = (
-        "_claimed_on_host", "_claimed_on_topic", "_for_topic", "_forget_above", "_host_instances", "_pending",
-        "_pending_host", "_report_ms", "_serving", "_serving_types", "kept_quiet", "limit_scale", "mutations_claimed",
-        "on_host_pending", "records_host_usage", "records_usage",
+        "_before_last_report_ms",
+        "_claimed_on_host",
+        "_claimed_on_topic",
+        "_first_seen",
+        "_for_topic",
+        "_forget_above",
+        "_host_instances",
+        "_last_report_ms",
+        "_pending",
+        "_pending_host",
+        "_previous_report",
+        "_report_ms",
+        "_serving",
+        "kept_quiet",
+        "limit_scale",
+        "mutations_claimed",
+        "on_host_pending",
+        "records_host_usage",
+        "records_usage",
     )
 
     def __init__(self) -> None:
@@ -381,12 +403,18 @@ class FleetSharing:
         self.kept_quiet = 0
         # What each sensor recorded since the last report, in the order sensors first recorded.
         self._pending: dict[QuotaSensor, tuple[QuotaType, float]] = {}
+        # What the last report carried per sensor, quiet deltas included, and when it was
+        # taken: what an instance whose report has not come back since then has not matched.
+        self._previous_report: dict[QuotaSensor, float] = {}
+        self._last_report_ms = 0
+        self._before_last_report_ms = 0
+        # When this instance first throttled each client no other instance has reported yet
+        # (the time of its last report then): a client new to the fleet.
+        self._first_seen: dict[RateSensor, int] = {}
         # When each other instance last reported (heartbeats included).
         self._report_ms: dict[str, int] = {}
-        # Fetch sensors (and produce sensors when `count_other_instances`): the other
-        # instances that reported this client's usage.
+        # Fetch and produce sensors: the other instances that reported this client's usage.
         self._serving: dict[RateSensor, set[str]] = {}
-        self._serving_types: frozenset[QuotaType] = _ALWAYS_COUNTED
         self._forget_above = _MIN_SERVING_ENTRIES
 
     def share_usage(self, enabled: bool, *, mutations_claimed: bool = False, count_other_instances: bool = False
@@ -395,10 +423,9 @@ class FleetSharing:
         self.records_usage = enabled or self.records_host_usage
         self._claimed_on_topic = enabled and mutations_claimed
         self.mutations_claimed = self._claimed_on_topic or self._claimed_on_host
-        counted = _WITH_PRODUCE if enabled and count_other_instances else _ALWAYS_COUNTED
-        if counted != self._serving_types:
-            self._serving_types = counted
-            self._serving.clear()  # only the types counted now are looked up
+        # `count_other_instances` is accepted for the configs that name it: produce is counted
+        # either way since the default must hold a fleet to one broker's figure (issue 39).
+        del count_other_instances
         if not enabled:
             self.take_local_usage()
 
@@ -433,26 +460,50 @@ class FleetSharing:
             host[sensor] = (quota_type, (0.0 if pending is None else pending[1]) + amount)
 
     def pending_elsewhere(self, sensor: RateSensor, amount: float, now_ms: int) -> float | None:
-        """Other instances serve this client too, and what they served since their last report
-        is not known here yet: until this instance's usage is reported, each live one is taken
-        to have served as much, as one broker would have seen all of it."""
-        instances = self._serving.get(sensor)
-        if not instances:
-            return None
+        """Other instances serve this client too, and what they admitted since the last report
+        of theirs that reached here is not known yet: each live one is taken to have admitted
+        as much as this instance did over the same span, as one broker would have seen all of it.
+
+        That span is this instance's current report interval for an instance whose report came
+        back after this instance's last one (their reports cross the topic alike), and the last
+        interval too for one whose report has not: while the exchange lag stays under a report
+        interval, that is what the other had admitted before the report now on its way."""
         # Live: reported within the sensor's whole window; a throttled client's instance
         # stays, as it sends heartbeats.
         horizon_ms = now_ms - sensor.rate.samples * sensor.rate.window_ms
         reported = self._report_ms
-        instances -= {i for i in instances if reported.get(i, horizon_ms - 1) < horizon_ms}
+        instances = self._serving.get(sensor)
+        if instances:
+            instances -= {i for i in instances if reported.get(i, horizon_ms - 1) < horizon_ms}
+        elif self._for_topic and self._new_to_the_fleet(sensor):
+            # A client that appears on every instance at once (a fleet starting, clients
+            # reconnecting) is served by instances that cannot know of each other before a
+            # report has crossed the topic: each live instance is taken to serve it until then.
+            # (Only with the topic: its report intervals date a client's first use here.)
+            instances = {i for i, at in reported.items() if at >= horizon_ms}
         if not instances:
             return None
         # A sibling on this host has seen this instance's usage up to the last loop tick; an
         # instance elsewhere, up to the last topic report.
-        siblings = len(instances & self._host_instances)
+        siblings = instances & self._host_instances
         pending = self._pending.get(sensor)
         pending_host = self._pending_host.get(sensor)
-        return (siblings * ((0.0 if pending_host is None else pending_host[1]) + amount)
-                + (len(instances) - siblings) * ((0.0 if pending is None else pending[1]) + amount))
+        elsewhere = (len(instances) - len(siblings)) * ((0.0 if pending is None else pending[1]) + amount)
+        previous = self._previous_report.get(sensor)
+        if previous:
+            last_report_ms = self._last_report_ms
+            elsewhere += previous * sum(1 for i in instances - siblings if reported[i] < last_report_ms)
+        return len(siblings) * ((0.0 if pending_host is None else pending_host[1]) + amount) + elsewhere
+
+    def _new_to_the_fleet(self, sensor: RateSensor) -> bool:
+        """No other instance has reported this client yet, and this instance began throttling it
+        within its last two report intervals: too soon for another's usage to have come back."""
+        first = self._first_seen.get(sensor)
+        if first is None:
+            first = self._first_seen[sensor] = self._last_report_ms
+            if len(self._first_seen) > self._forget_above:
+                self._forget_dropped_sensors()
+        return first >= self._before_last_report_ms
 
     # -- the exchange's side ------------------------------------------------------------------
 
@@ -465,8 +516,10 @@ class FleetSharing:
         header for the error bound this gives).
         """
         pending, self._pending = self._pending, {}
-        usage = []
         t = int(now_ms)
+        self._previous_report = {sensor: amount for sensor, (_, amount) in pending.items()}
+        self._before_last_report_ms, self._last_report_ms = self._last_report_ms, t
+        usage = []
         for sensor, (quota_type, amount) in pending.items():
             if not amount:
                 continue
@@ -507,7 +560,7 @@ class FleetSharing:
             sensor = manager.sensor_for_tags(delta.broker, dict(delta.tags), t)
             sensor.record(delta.amount, t)
             sensor.last_record_ms = t
-            if delta.quota_type in self._serving_types and instance is not None:
+            if delta.quota_type in _COUNTED and instance is not None:
                 serving = self._serving.get(sensor)
                 if serving is None:
                     serving = self._serving[sensor] = set()
@@ -521,4 +574,6 @@ class FleetSharing:
         # a constant cost per new entry rather than a scan per report.
         for dropped in [sensor for sensor in self._serving if sensor.expired]:
             del self._serving[dropped]
-        self._forget_above = 2 * len(self._serving) + _MIN_SERVING_ENTRIES
+        for dropped in [sensor for sensor in self._first_seen if sensor.expired]:
+            del self._first_seen[dropped]
+        self._forget_above = 2 * max(len(self._serving), len(self._first_seen)) + _MIN_SERVING_ENTRIES

@@ -36,8 +36,9 @@ class QuotaEngine(QuotaManagers):
                     ) -> None:
         """Start (or stop) keeping what each sensor records until `take_local_usage` asks;
         `mutations_claimed`: partition mutations are shared as claims, not as usage;
-        `count_other_instances`: a produce throttle counts what the other instances serving the
-        client may admit meanwhile, as a fetch throttle always does (beyond Kafka, opt-in)."""
+        `count_other_instances`: accepted, without effect since issue 39 (a produce throttle
+        counts what the other instances serving the client may admit meanwhile, as a fetch
+        throttle does, in every fleet: kqp.quotas.fleet)."""
         self.fleet.share_usage(enabled, mutations_claimed=mutations_claimed,
                                count_other_instances=count_other_instances)
 

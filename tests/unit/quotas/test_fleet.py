@@ -298,7 +298,14 @@ def test_three_instances_sharing_usage_admit_what_one_broker_would() -> None:
     # Kafka's throttle delays each of the three clients, so one broker admits a little less
     # than the quota here (the same formula, the same shortfall through the fleet).
     assert 0.8 * QUOTA < one_broker <= QUOTA
-    assert _aggregate_rate(3, exchange=True) == pytest.approx(one_broker, rel=0.05)
+    fleet = _aggregate_rate(3, exchange=True)
+    # Never more than one broker + 2 % (issue 39) ...
+    assert fleet <= 1.02 * one_broker
+    # ... and short of it by what counting the others' unreported usage costs producers that
+    # send evenly: each throttle takes the others to have admitted as much as this instance did
+    # since its last report, also while they were waiting out theirs (measured: 0.949x one
+    # broker at this zero lag; the bound was rel=0.05 while produce was not counted by default).
+    assert fleet >= 0.94 * one_broker
     # Without the exchange each instance admits a budget of its own.
     assert _aggregate_rate(3, exchange=False) > 2.5 * QUOTA
 
@@ -403,21 +410,16 @@ def _producers_engine(count_other_instances: bool) -> QuotaEngine:
     return engine
 
 
-def test_by_default_a_produce_throttle_counts_only_what_the_fleet_recorded_as_kafka_would() -> None:
-    a, b = _producers_engine(False), _producers_engine(False)
+@pytest.mark.parametrize("count_other_instances", [False, True])
+def test_a_produce_throttle_counts_the_unreported_bytes_once_for_each_other_instance(
+        count_other_instances: bool) -> None:
+    """b serves the client too, so a takes b to admit as much as a has not reported yet before
+    a's throttle is over (2 x 950,000 + 1,000 > 1,000,000): by default, as with the option
+    `fleet.count_other_instances` that asked for it before it was the default."""
+    a, b = _producers_engine(count_other_instances), _producers_engine(count_other_instances)
     b.record_produce("1", "u", "c", 1_000, 0)
     a.record_remote_usage(b.take_local_usage(), 0, "b")
-    # 1,000 known + 950,000: within the 10 windows' worth (1,000,000) a fresh sensor admits.
-    assert a.record_produce("1", "u", "c", 950_000, 0) == 0
-
-
-def test_counting_other_instances_a_produce_throttle_counts_the_unreported_bytes_once_for_each() -> None:
-    """`fleet.count_other_instances`: b serves the client too, so a takes b to admit as much as
-    a has not reported yet before a's throttle is over (2 x 950,000 + 1,000 > 1,000,000)."""
-    a, b = _producers_engine(True), _producers_engine(True)
-    b.record_produce("1", "u", "c", 1_000, 0)
-    a.record_remote_usage(b.take_local_usage(), 0, "b")
-    alone = _producers_engine(True)
+    alone = _producers_engine(count_other_instances)
     throttle = a.record_produce("1", "u", "c", 950_000, 0)
     # (1,000 + 2 x 950,000) / 10 s is 1.901 x the quota: 9.01 s to wait.
     assert throttle == 9_010
@@ -477,3 +479,40 @@ def test_a_sibling_is_taken_to_have_served_only_what_this_worker_has_not_relayed
     assert engine.fleet.pending_elsewhere(sensor, 100, 1) == 100
     engine.record_remote_usage([UsageDelta(CONSUME, None, tags, 1.0)], 1, "other-host")
     assert engine.fleet.pending_elsewhere(sensor, 100, 1) == 100 + 10_100
+
+
+def test_a_client_new_to_the_fleet_is_taken_to_be_served_by_every_live_instance_until_a_report_crosses() -> None:
+    """Clients that appear on every instance at once (a fleet starting, clients reconnecting
+    after a failure) are each admitted into the whole room unless each instance takes every
+    live one to serve them until a report has had time to say otherwise."""
+    a = _producers_engine(False)
+    a.record_remote_usage([], 0, "b")  # b's heartbeat: b is alive, nothing known of the client
+    # (600,000 + 600,000 counted for b) / 10 s is 1.2 x the quota: 2 s to wait.
+    assert a.record_produce("1", "u", "c", 600_000, 10) == 2_000
+    alone = _producers_engine(False)
+    assert alone.record_produce("1", "u", "c", 600_000, 10) == 0
+    # Two reports later b has said nothing of the client: only this instance serves it.
+    a.take_local_usage(100)
+    a.record_remote_usage([], 150, "b")
+    a.take_local_usage(200)
+    a.record_remote_usage([], 250, "b")
+    assert a.record_produce("1", "u", "c", 1_000, 260) == java_round_throttle(a, 260)
+
+
+def test_until_the_others_report_after_this_instances_last_one_its_last_report_counts_too() -> None:
+    """b's report sent with a's last one is still on its way (the topic's lag): b is taken to
+    have admitted what a's last report carried as well as what a admitted since."""
+    a, b = _producers_engine(False), _producers_engine(False)
+    b.record_produce("1", "u", "c", 1_000, 0)
+    a.record_remote_usage(b.take_local_usage(0), 50, "b")
+    a.record_produce("1", "u", "c", 300_000, 60)
+    assert [d.amount for d in a.take_local_usage(100)] == [300_000.0]
+    # At 120 b's report of 100 has not come: recorded 1,000 + 300,000 + 400,000, and for b what a
+    # reported at 100 and what it admits now, 300,000 + 400,000: 1,401,000 over Kafka's 10.07 s
+    # (the first sample began at 50, nine whole windows added).
+    assert a.record_produce("1", "u", "c", 400_000, 120) == round((1_401_000 / 10.07 - QUOTA) / QUOTA * 10_070)
+    # b's report of 100 arrives at 150 (nothing more from b): a's last report no longer counts,
+    # only what a admitted since: 702,000 + (400,000 + 1,000) = 1,103,000 over 10.11 s (920 ms,
+    # where counting the last report as well would give 3,920).
+    a.record_remote_usage([], 150, "b")
+    assert a.record_produce("1", "u", "c", 1_000, 160) == round((1_103_000 / 10.11 - QUOTA) / QUOTA * 10_110)

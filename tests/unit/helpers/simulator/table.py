@@ -256,70 +256,33 @@ def _rows() -> list[Row]:
     add(Row(Scenario("admin", 2, client_ids=2, quota=50, request_bytes=80), 8))
     # Fleets of 2-5 instances and --workers (instances a few ms apart) sharing one budget through
     # the usage exchange, a client's connections spread over them; Kafka's figure is one broker's.
-    add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=2), 3, finding=Finding(
-        "a fleet of 2 (exchange lag 50 ms), 10 librdkafka connections of one client-id: kqp admits "
-        "1.054-1.094x the quota, one Kafka broker 1.026x; poorest connection 0.23 of an equal share (Kafka "
-        "0.48) in seed 0",
-        seeds=frozenset({0, 1}),
-        bands=(
-            Band("over", kqp=(1.093, 1.094), kafka=(1.026, 1.027)),
-            Band("fairness", kqp=(0.22, 0.53), kafka=(0.47, 0.49)),
-        ))))
-    add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=5), 2, finding=Finding(
-        "a fleet of 5 (exchange lag 50 ms), 10 librdkafka connections of one client-id: kqp admits "
-        "1.139-1.142x the quota, one Kafka broker 1.026x (count_other_instances holds it: 0.985-1.000x)",
-        seeds=frozenset({0, 1}),
-        bands=(
-            Band("over", kqp=(1.138, 1.142), kafka=(1.026, 1.027)),
-        ))))
+    add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=2), 3))
+    add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=5), 2))
     add(Row(Scenario("librdkafka", 10, quota=1 * MIB, request_bytes=64 * KIB, instances=5,
                      count_other_instances=True), 3))
+    # An exchange slower than its report interval (100 ms) is where the fleet's estimate of what
+    # the others admitted meanwhile stops covering the lag (kqp.quotas.fleet, docs/scaling.md).
     add(Row(Scenario("librdkafka", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2,
                      exchange_lag_s=0.5), 3, finding=Finding(
-        "a fleet of 2 with a slow exchange (lag 500 ms), 4 librdkafka connections: kqp admits 1.070-1.097x "
-        "the quota, one Kafka broker 0.935x; poorest connection 0.32-0.37 (Kafka 0.67)",
+        "a fleet of 2 with a slow exchange (lag 500 ms, five report intervals), 4 librdkafka connections: kqp "
+        "admits 1.095-1.188x the quota, one Kafka broker 0.935x; poorest connection 0.28-0.69 (Kafka 0.67-0.68)",
         seeds=frozenset({0, 1, 2}),
         bands=(
-            Band("over", kqp=(1.069, 1.097), kafka=(0.934, 0.935)),
-            Band("fairness", kqp=(0.32, 0.8), kafka=(0.67, 0.68)),
+            Band("over", kqp=(1.094, 1.188), kafka=(0.934, 0.935)),
+            Band("fairness", kqp=(0.28, 0.69), kafka=(0.67, 0.68)),
         ))))
-    add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=4), 3, finding=Finding(
-        "a fleet of 4, one Java producer connection on each: kqp admits 0.999-1.277x the quota (1.190x, "
-        "1.277x in seeds 0, 1), one Kafka broker 0.935x",
-        seeds=frozenset({0, 1}),
-        bands=(
-            Band("over", kqp=(1.189, 1.277), kafka=(0.934, 0.935)),
-        ))))
+    add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=4), 3))
     add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=4,
-                     count_other_instances=True), 3, finding=Finding(
-        "a fleet of 4 with count_other_instances, one Java producer connection on each: kqp admits 1.121x the "
-        "quota in seed 2 (0.957x and 0.961x in the others), one Kafka broker 0.935x",
-        seeds=frozenset({2}),
-        bands=(
-            Band("over", kqp=(1.12, 1.121), kafka=(0.934, 0.935)),
-        ))))
+                     count_other_instances=True), 3))
     add(Row(Scenario("consumer", 4, quota=1 * MIB, request_bytes=256 * KIB, instances=2), 4))
     add(Row(Scenario("librdkafka", 6, quota=1 * MIB, request_bytes=64 * KIB, instances=3,
-                     exchange_lag_s=0.002), 3, finding=Finding(
-        "--workers 3 (exchange lag 2 ms), 6 librdkafka connections of one client-id: kqp admits 0.981-1.127x "
-        "the quota, one Kafka broker 1.005x; poorest connection 0.24-0.50 (Kafka 0.75-0.84)",
-        seeds=frozenset({0, 1, 2}),
-        bands=(
-            Band("over", kqp=(0.981, 1.128), kafka=(1.005, 1.006)),
-            Band("fairness", kqp=(0.23, 0.5), kafka=(0.74, 0.84)),
-        ))))
+                     exchange_lag_s=0.002), 3))
     # An instance that dies 40 s in (its connections drop, its reports stop; clients reconnect to
     # the others).
     add(Row(Scenario("librdkafka", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=2, count_other_instances=True,
                      instance_dies_at_s=40), 6))
     add(Row(Scenario("java-producer", 4, quota=1 * MIB, request_bytes=64 * KIB, instances=3,
-                     count_other_instances=True, instance_dies_at_s=40), 3, finding=Finding(
-        "a fleet of 3 with count_other_instances, one instance dying 40 s in, 4 Java producer connections: "
-        "kqp admits 1.150x the quota in seed 2 (0.961x, 0.979x in the others), one Kafka broker 0.935x",
-        seeds=frozenset({2}),
-        bands=(
-            Band("over", kqp=(1.149, 1.15), kafka=(0.934, 0.935)),
-        ))))
+                     count_other_instances=True, instance_dies_at_s=40), 3))
     # An instance that stalls 40 s in (reads and reports nothing) for 2 s or 5 s. A stall of 20 s
     # starves its own connections for a third of the span, which the fairness check would
     # (rightly) count against the fault, not the product: not a row.
