@@ -75,12 +75,16 @@ def test_metrics_show_fetch_throttle_byte_rate_and_proxy_latency_of_a_throttled_
     assert sum(sample_values(text, "kqp_throttles_total", **throttle_labels)) >= 1
     assert sum(sample_values(later, "kqp_throttle_duration_seconds_count", quota_type="consumer_byte_rate",
                              source="proxy")) >= 1
-    # The byte rate Kafka's Fetch byte-rate sensor reports, and the quota it is held to: a
-    # throttle means the rate was over the quota when the scrape saw the first one.
+    # The byte rate Kafka's Fetch byte-rate sensor reports, and the quota it is held to. The
+    # sensor is not over the quota after a throttle: as KafkaApis.handleFetchRequest does, a
+    # fetch that is throttled is unrecorded (unrecordQuotaSensor) and answered empty, so the
+    # sensor holds what the consumer was given, the fetches admitted before it. (Before kqp
+    # answered throttled fetches as Kafka does, it delivered and kept them, and this read over
+    # the quota.) What it must show is the client's traffic, read against its quota.
     usage = sample_values(text, "kqp_quota_usage", quota_type="consumer_byte_rate", client_id=CLIENT)
     limit = sample_values(text, "kqp_quota_limit", quota_type="consumer_byte_rate", client_id=CLIENT)
     assert limit == [QUOTA]
-    assert usage and usage[0] > QUOTA, text[-3000:]
+    assert usage and usage[0] > 0, text[-3000:]
     assert sum(sample_values(later, "kqp_client_response_bytes_total", client_id=CLIENT)) > QUOTA
     # The proxy-added latency histogram for Fetch, next to the broker time.
     added = sample_values(later, "kqp_request_proxy_latency_seconds_count", api="Fetch")

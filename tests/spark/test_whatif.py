@@ -83,8 +83,9 @@ def sequential_replay(rows: pd.DataFrame, settings: Any) -> pd.DataFrame:
 
     The inputs follow the capture contract and the proxy's recording rules (Produce: frame
     less the size prefix, at the response or, for acks=0, at the request; Fetch: 4 + the
-    response body, delivered even when throttled; request time: broker round trip less a
-    long-poll's wait).
+    response body, recorded after the request time and unrecorded when either throttles, as
+    KafkaApis does for the empty answer; request time: broker round trip less a long-poll's
+    wait).
     """
     from kqp.quotas import QuotaEngine
 
@@ -99,18 +100,21 @@ def sequential_replay(rows: pd.DataFrame, settings: Any) -> pd.DataFrame:
     for row in frame.itertuples():
         broker = "bootstrap" if pd.isna(row.upstream_node_id) else str(int(row.upstream_node_id))
         principal, client = row.principal, row.client_id
-        delays = [0]
+        request_throttle = 0
+        if not pd.isna(row.ts_response_received_us):
+            round_trip = (row.ts_response_received_us - row.ts_request_sent_us) / 1000.0
+            if row.api_key == 1 and round_trip >= row.fetch_max_wait_ms:
+                round_trip -= row.fetch_max_wait_ms
+            request_throttle = engine.record_request_time(broker, principal, client, row.api_key, round_trip,
+                                                          row.ts_ms)
+        delays = [request_throttle]
         if row.api_key == 0:
             delays.append(engine.record_produce(broker, principal, client, int(row.request_bytes) - 4, row.ts_ms))
         elif row.api_key == 1:
             header = 5 if row.api_version >= 12 else 4
             body = int(row.response_bytes) - 4 - header
-            delays.append(engine.record_fetch(broker, principal, client, 4 + body, row.ts_ms, delivered=True))
-        if not pd.isna(row.ts_response_received_us):
-            round_trip = (row.ts_response_received_us - row.ts_request_sent_us) / 1000.0
-            if row.api_key == 1 and round_trip >= row.fetch_max_wait_ms:
-                round_trip -= row.fetch_max_wait_ms
-            delays.append(engine.record_request_time(broker, principal, client, row.api_key, round_trip, row.ts_ms))
+            # A throttled Fetch is answered empty and its bytes unrecorded, whichever quota throttled it.
+            delays.append(engine.record_fetch(broker, principal, client, 4 + body, row.ts_ms, request_throttle))
         throttles.append(max(delays))
     frame["throttle_ms"] = throttles
     return frame
