@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import struct
 
+from kqp.protocol.api_keys import ApiKey
+from kqp.protocol.apis import API_SPECS
 from kqp.protocol.errors import ProtocolDecodeError
 
 Buffer = bytes | bytearray | memoryview
 
-# First Fetch versions with ErrorCode and SessionId (KIP-227) and with flexible encoding (KIP-482).
+# First Fetch version with ErrorCode and SessionId (KIP-227). Which versions are flexible
+# (KIP-482) the generated API table says (`ApiSpec.is_flexible`).
 FETCH_SESSION_SINCE = 7
-FETCH_FLEXIBLE_SINCE = 12
+_FETCH = API_SPECS[ApiKey.FETCH]
 
 _INT32 = struct.Struct(">i")
 _ERROR_AND_SESSION = struct.Struct(">hi")
@@ -49,6 +52,6 @@ def throttled_fetch_response(head: Buffer, body_offset: int, api_version: int, t
     out += _INT32.pack(throttle_ms)
     if api_version >= FETCH_SESSION_SINCE:
         out += head[body_offset + 4 : needed]  # the broker's ErrorCode and SessionId, as they are
-    out += _EMPTY_RESPONSES_FLEXIBLE if api_version >= FETCH_FLEXIBLE_SINCE else _EMPTY_RESPONSES
+    out += _EMPTY_RESPONSES_FLEXIBLE if _FETCH.is_flexible(api_version) else _EMPTY_RESPONSES
     return bytes(out)
 
