@@ -19,11 +19,11 @@ from confluent_kafka.admin import AdminClient
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
+from tests.conftest import LEFT_OPEN_PROPERTY
 from tests.integration.helpers.proxies import ProxyFactory
 from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 _PROXIES = pytest.StashKey[list[ProxyProcess]]()
-_LEFT_OPEN: list[str] = []
 _CLIENT_TYPES = (Producer, Consumer, AdminClient)
 
 
@@ -101,7 +101,9 @@ def close_clients_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
             _close_if_open(client)
         except RuntimeError:
             continue  # the test had closed it: the object merely outlived the test
-        _LEFT_OPEN.append(f"{request.node.nodeid}: {type(client).__name__}")
+        # A user property travels with the test's report to the controller of an xdist run,
+        # where tests/conftest.py prints the summary; a module-level list would stay in the worker.
+        request.node.user_properties.append((LEFT_OPEN_PROPERTY, type(client).__name__))
 
 
 def _close_if_open(client: object) -> None:
@@ -132,10 +134,3 @@ def mutation_proxy(kafka_1node: KafkaCluster, tmp_path: Path) -> Iterator[tuple[
         yield proxy, config
     finally:
         assert proxy.stop() == 0, proxy.log_tail()
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if _LEFT_OPEN:
-        terminalreporter.section("librdkafka clients left open by tests (closed after them)")
-        for line in _LEFT_OPEN:
-            terminalreporter.line(line)
