@@ -62,6 +62,12 @@ class ConnectionRecord:
     timeouts: int = 0
     reconnects: int = 0
     max_wait_s: float = 0.0  # the longest a request waited for its answer
+    # For the per-second trace (`python -m kqpsim run --trace`): (virtual time, ThrottleTimeMs)
+    # of each throttled answer, the time of each time-out, and the server's end of each
+    # connection this client opened (its `read_pauses` are the mutes and back-pressure).
+    throttles: list[tuple[float, int]] = field(default_factory=list)
+    timeout_times: list[float] = field(default_factory=list)
+    server_ends: list[asyncio.Transport] = field(default_factory=list)
 
     def bytes_between(self, start: float, end: float) -> int:
         return sum(size for at, size in self.acks if start <= at < end)
@@ -122,6 +128,9 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        peer = getattr(transport, "peer", None)
+        if isinstance(peer, asyncio.Transport):
+            self.record.server_ends.append(peer)
         self.decoder = FrameDecoder(1 << 30)
         self._send_more()
 
@@ -188,6 +197,7 @@ class ClientConnection(asyncio.Protocol):
         # The oldest request was not answered in time: the client fails it and reconnects
         # (librdkafka and Java both close the connection on an in-flight time-out).
         self.record.timeouts += 1
+        self.record.timeout_times.append(self.loop.time())
         self.transport.close()
 
     # ---- receiving -----------------------------------------------------------------------
@@ -209,6 +219,8 @@ class ClientConnection(asyncio.Protocol):
             self.record.acks.append((now, wire.partitions_created(response)))
         else:
             self.record.acks.append((now, wire.fetch_charge(response, prefixed=False)))
+        if throttle_ms > 0:
+            self.record.throttles.append((now, throttle_ms))
         if throttle_ms > 0 and self.shape.honours_throttle:
             self.blocked_until = max(self.blocked_until, now + throttle_ms / 1000.0)
         self._arm_timeout()

@@ -27,7 +27,7 @@ from kqp.quotas.fleet import UsageDelta
 from kqpsim.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
 from kqpsim.clients import CLIENT_SHAPES, ClientConnection, ConnectionRecord
 from kqpsim.kafka_reference import DEFAULT, Entity, KafkaQuotas
-from kqpsim.virtual_loop import Faults, MemoryTransport, run
+from kqpsim.virtual_loop import Faults, MemoryServer, MemoryTransport, run
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -149,7 +149,7 @@ class Scenario:
         # Strings bare (no quotes to fight the shell's), everything else as a Python literal.
         fields = ",".join(f"{f.name}={_field_text(getattr(self, f.name))}" for f in dataclasses.fields(self)
                           if getattr(self, f.name) != f.default)
-        return f".venv/bin/python bench/simulator.py --replay '{fields}' --seed {seed}"
+        return f".venv/bin/python -m kqpsim run '{fields}' --seed {seed} --trace"
 
 
 def _size(n: float) -> str:
@@ -285,15 +285,19 @@ async def _through_kqp(scenario: Scenario, engine_factory: EngineFactory) -> Fig
     proxy = settings.proxy.model_copy(update={"bootstrap_port": 0, "node_ports": {NODE_ID: 0}})
     settings = dataclasses.replace(settings, proxy=proxy)
     apps = []
+    listeners: dict[ProxyApp, list[MemoryServer]] = {}
+    network = loop.network  # type: ignore[attr-defined]
     for _ in range(scenario.instances):
         app = ProxyApp(settings, engine_factory(config), config=config, clock_ms=lambda: loop.time() * 1000.0)
+        opened = len(network.servers)
         await app.start()
         apps.append(app)
+        listeners[app] = network.servers[opened:]  # the listeners this instance opened
     alive = list(apps)
     stalled: set[ProxyApp] = set()
     exchange = loop.create_task(_exchange(scenario, alive, stalled)) if len(apps) > 1 else None
     if scenario.instance_dies_at_s:
-        loop.call_later(scenario.instance_dies_at_s, _die, apps[0], alive)
+        loop.call_later(scenario.instance_dies_at_s, _die, apps[0], listeners[apps[0]], alive)
     if scenario.instance_stalls_at_s:
         loop.call_later(scenario.instance_stalls_at_s, _stall, apps[0], stalled, scenario.stall_s)
     addresses = []
@@ -329,13 +333,14 @@ def _stall(app: ProxyApp, stalled: set[ProxyApp], seconds: float) -> None:
     loop.call_later(seconds, resume)
 
 
-def _die(app: ProxyApp, alive: list[ProxyApp]) -> None:
+def _die(app: ProxyApp, listeners: list[MemoryServer], alive: list[ProxyApp]) -> None:
     """An instance dies: nothing more is accepted, its connections drop, its reports stop."""
     alive.remove(app)
     server = app.server
     assert server is not None
-    # Abrupt, not ProxyServer.stop()'s graceful drain: the process is gone.
-    for listener in server._servers:
+    # Abrupt, not ProxyServer.stop()'s graceful drain: the process is gone. Its listeners are
+    # the in-memory network's (the proxy's own stop() closes them again at the end, a no-op).
+    for listener in listeners:
         listener.close()
     # In connection order: the server keeps a set, whose order is the objects' addresses.
     for connection in sorted(server.connections, key=lambda c: c.connection_id):

@@ -44,7 +44,7 @@ def test_every_finding_names_seeds_that_make_test_runs_and_a_band_for_each_figur
 
 def test_every_rows_replay_command_names_its_scenario_exactly() -> None:
     for row in ROWS:
-        argument = shlex.split(row.scenario.replay_command(3))[3]
+        argument = shlex.split(row.scenario.replay_command(3))[4]
         assert parse_scenario(argument) == row.scenario
 
 
