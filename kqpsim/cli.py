@@ -3,7 +3,7 @@
     python -m kqpsim list                                   # the table's rows, their seeds, their findings
     python -m kqpsim run ROW --seed N                       # both figures and the verdict
     python -m kqpsim run ROW --seed N --trace               # ... and every second of both runs
-    python -m kqpsim run 'client=consumer,connections=3' --seed 3   # a scenario that is not a row
+    python -m kqpsim run 'model=consumer,connections=3' --seed 3   # a scenario that is not a row
 
 ROW is a row's name as `list` prints it, or a scenario as `field=value,...` (what a failing
 test's replay command gives). The verdict is the one `make test` gives the same seed: a row's
@@ -113,20 +113,21 @@ def trace(outcome: Outcome) -> list[str]:
     end = scenario.warmup + scenario.measure
     seconds = math.ceil(end)
     kqp, kafka = _Columns(outcome.kqp, seconds, end), _Columns(outcome.kafka, seconds, end)
-    unit = "partitions" if scenario.client == "admin" else "KiB"
+    unit = "partitions" if scenario.clients.model == "admin" else "KiB"
     header = f"{unit:>8} thr. thr-ms unread t/o"
     lines = [f"each second (measured from {scenario.warmup:g} s to {end:g} s), per connection: "
              f"{unit} admitted, throttled answers (thr.), their ThrottleTimeMs (thr-ms), ms the server's end "
              "did not read it (unread: a mute, back-pressure), request time-outs (t/o)",
              f"{'s':>4} {'conn':>4} {'client-id':>10} | kqp {header} | Kafka {header}"]
-    quota = scenario.quota if scenario.client == "admin" else scenario.quota / 1024
+    quota = scenario.quota.rate if scenario.clients.model == "admin" else scenario.quota.rate / 1024
+    client_ids = scenario.clients.client_ids
     for second in range(seconds):
         for index, record in enumerate(outcome.kqp.records):
             lines.append(f"{second:>4} {index:>4} {record.client_id:>10} |     {kqp.cell(index, second)} |       "
                          f"{kafka.cell(index, second)}")
         mark = " (measured)" if scenario.warmup <= second < end else ""
-        lines.append(f"{second:>4}  all {'':>10} | kqp {kqp.total(second) / quota / scenario.client_ids:.3f}x the "
-                     f"quota, Kafka {kafka.total(second) / quota / scenario.client_ids:.3f}x{mark}")
+        lines.append(f"{second:>4}  all {'':>10} | kqp {kqp.total(second) / quota / client_ids:.3f}x the "
+                     f"quota, Kafka {kafka.total(second) / quota / client_ids:.3f}x{mark}")
     return lines
 
 

@@ -39,13 +39,13 @@ def test_the_trace_adds_up_to_the_measured_figures() -> None:
 
 def test_a_scenario_given_as_fields_gets_its_rows_verdict(capsys: pytest.CaptureFixture[str]) -> None:
     # The fields of the row of librdkafka's 3-second requests, on its finding's seed.
-    assert cli.main(["run", "quota=65536,request_bytes=196608", "--seed", "8"]) == 0
+    assert cli.main(["run", "rate=65536,request_bytes=196608", "--seed", "8"]) == 0
     assert "KNOWN FINDING, its figures in their bands (over kqp" in capsys.readouterr().out
 
 
 def test_a_scenario_that_is_not_a_row_passes_on_no_violation(capsys: pytest.CaptureFixture[str]) -> None:
-    assert parse_scenario("quota=65536,request_bytes=2048") not in [row.scenario for row in ROWS]
-    assert cli.main(["run", "quota=65536,request_bytes=2048", "--seed", "0"]) == 0
+    assert parse_scenario("rate=65536,request_bytes=2048") not in [row.scenario for row in ROWS]
+    assert cli.main(["run", "rate=65536,request_bytes=2048", "--seed", "0"]) == 0
     assert "PASS (not a row of the table: no violation)" in capsys.readouterr().out
 
 

@@ -11,7 +11,7 @@ import shlex
 import pytest
 
 from kqpsim import table
-from kqpsim.scenario import KIB, Scenario, parse_scenario, simulate
+from kqpsim.scenario import KIB, Clients, Quota, Scenario, parse_scenario, simulate
 from kqpsim.table import ROWS, Band, Finding, Row, Violation, figures, unexplained
 
 
@@ -53,7 +53,7 @@ def test_a_seed_of_a_finding_fails_on_another_violation_a_figure_out_of_band_or_
 ) -> None:
     # Any scenario-seed will do (this one is cheap); the violations are planted, so the test
     # does not hang on what kqp does in it today.
-    scenario = Scenario("librdkafka", 1, quota=64 * KIB, request_bytes=192 * KIB)
+    scenario = Scenario(Clients("librdkafka", 1, request_bytes=192 * KIB), Quota(64 * KIB))
     outcome = simulate(scenario, 1)
     kqp, kafka = figures("over", outcome)
     measured = Band("over", kqp=(kqp, kqp), kafka=(kafka, kafka))
