@@ -72,8 +72,8 @@ def _unread_per_second(record: ConnectionRecord, seconds: int, end: float) -> li
     """Seconds within each second that the server's end of this client's connections did not
     read it: kqp's mute of a throttled connection, Kafka's muted channel, back-pressure."""
     totals = [0.0] * seconds
-    for transport in record.server_ends:
-        for start, stop in getattr(transport, "read_pauses", ()):
+    for pauses in record.server_read_pauses:
+        for start, stop in pauses:
             stop = end if stop is None else stop
             second = int(start)
             while second < seconds and second < stop:

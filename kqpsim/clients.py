@@ -17,7 +17,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, PRODUCE_KEY
-from kqp.protocol.framing import FrameDecoder
 from kqpsim import wire
 
 
@@ -63,11 +62,11 @@ class ConnectionRecord:
     reconnects: int = 0
     max_wait_s: float = 0.0  # the longest a request waited for its answer
     # For the per-second trace (`python -m kqpsim run --trace`): (virtual time, ThrottleTimeMs)
-    # of each throttled answer, the time of each time-out, and the server's end of each
-    # connection this client opened (its `read_pauses` are the mutes and back-pressure).
+    # of each throttled answer, the time of each time-out, and for each connection this client
+    # opened, when the server's end of it did not read it (its mutes and back-pressure).
     throttles: list[tuple[float, int]] = field(default_factory=list)
     timeout_times: list[float] = field(default_factory=list)
-    server_ends: list[asyncio.Transport] = field(default_factory=list)
+    server_read_pauses: list[list[tuple[float, float | None]]] = field(default_factory=list)
 
     def bytes_between(self, start: float, end: float) -> int:
         return sum(size for at, size in self.acks if start <= at < end)
@@ -91,7 +90,7 @@ class ClientConnection(asyncio.Protocol):
         self.record = record
         self.index = index  # the connection's number in its scenario (names its topics)
         self.transport: asyncio.Transport | None = None
-        self.decoder = FrameDecoder(1 << 30)
+        self.decoder = wire.FrameReader()
         self.in_flight: deque[tuple[int, float]] = deque()  # (correlation id, sent at)
         self.next_correlation = 1
         self.blocked_until = 0.0
@@ -129,9 +128,9 @@ class ClientConnection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         peer = getattr(transport, "peer", None)
-        if isinstance(peer, asyncio.Transport):
-            self.record.server_ends.append(peer)
-        self.decoder = FrameDecoder(1 << 30)
+        if peer is not None:
+            self.record.server_read_pauses.append(peer.read_pauses)
+        self.decoder = wire.FrameReader()
         self._send_more()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -175,7 +174,7 @@ class ClientConnection(asyncio.Protocol):
             self.topics_created += 1
             name = f"{self.client_id}-{self.index}-{self.topics_created}"
             return wire.create_topics_request(self.client_id, correlation, [name], self.request_bytes)
-        return bytes(wire.with_correlation(self.template, correlation, request=True))
+        return wire.with_correlation(self.template, correlation, request=True)
 
     def _woken(self) -> None:
         self._wake = None
@@ -204,9 +203,9 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for response in self.decoder.feed(data):
-            self._answered(bytes(response))
+            self._answered(response)
 
-    def _answered(self, response: bytes) -> None:
+    def _answered(self, response: memoryview) -> None:
         correlation = wire.response_correlation(response)
         expected, sent_at = self.in_flight.popleft()
         assert correlation == expected, f"answered {correlation}, expected {expected}"

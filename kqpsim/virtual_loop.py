@@ -329,18 +329,19 @@ class MemoryTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing or self.peer is None or not data:
             return
-        chunk = bytes(data)
-        self._in_transit += len(chunk)
-        self.bytes_written += len(chunk)
+        chunk = bytes(data)  # no copy of bytes; a caller may reuse a bytearray or a view's buffer
+        size = len(chunk)
+        self._in_transit += size
+        self.bytes_written += size
         self._loop.call_at(self._arrival_time(), self.peer._arrive, chunk)
-        if not self._writing_paused and self.get_write_buffer_size() > self._high:
+        if not self._writing_paused and self._in_transit - SOCKET_BUFFERS_BYTES > self._high:
             self._writing_paused = True
             protocol = self._protocol
             if protocol is not None:
                 protocol.pause_writing()
 
     def writelines(self, list_of_data: Any) -> None:
-        self.write(b"".join(bytes(d) for d in list_of_data))
+        self.write(b"".join(list_of_data))  # one copy: join takes views and bytearrays as they are
 
     def _read_by_peer(self, nbytes: int) -> None:
         self._in_transit -= nbytes
