@@ -3,12 +3,13 @@ few seeds of each row (tests/unit/simulator/test_scenarios.py), this runs thousa
 
     .venv/bin/python bench/simulator.py                      # 100 seeds of every row, progress per row
     .venv/bin/python bench/simulator.py --seeds 500 --rows consumer
-    .venv/bin/python bench/simulator.py --replay 'connections=5' --seed 7   # one scenario-seed, figures in full
+
+One scenario-seed, its figures in full and second by second: `python -m kqpsim run ROW --seed N --trace`.
 
 Each scenario-seed runs the modelled clients through the real proxy and against the broker
 model that enforces the quota itself (Kafka's figure), on virtual time: the same seed gives the
 same numbers on any machine and under any load. What a seed must show is
-tests/unit/helpers/simulator/table.py's `violations`. A seed whose violations are all of the
+kqpsim/table.py's `violations`. A seed whose violations are all of the
 kinds its row's `Finding` shows is counted as that finding, apart from new failures (`make test`
 also asserts each finding's figures in their measured bands on its own seeds); the exit status
 is 1 when any seed fails otherwise. A report goes to out/simulator.md.
@@ -21,20 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.unit.helpers.simulator.scenario import parse_scenario, simulate
-from tests.unit.helpers.simulator.table import ROWS, violations
-
-
-def replay(text: str, seed: int) -> int:
-    outcome = simulate(parse_scenario(text), seed)
-    print(outcome.describe())
-    found = violations(outcome)
-    for violation in found:
-        print("  VIOLATION:", violation)
-    print(f"  digest {outcome.digest()}")
-    return 1 if found else 0
+from kqpsim.scenario import simulate
+from kqpsim.table import ROWS, violations
 
 
 def main() -> int:
@@ -42,12 +31,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=100, help="seeds per row (0 .. N-1)")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--rows", default="", help="only rows whose name contains this")
-    parser.add_argument("--replay", default=None, help="a scenario as the failing test printed it")
-    parser.add_argument("--seed", type=int, default=0, help="with --replay: the seed")
     parser.add_argument("--out", default="out/simulator.md")
     args = parser.parse_args()
-    if args.replay is not None:
-        return replay(args.replay, args.seed)
     rows = [row for row in ROWS if args.rows in row.scenario.name]
     started = time.perf_counter()
     lines = ["| scenario | seeds | failing | of which known findings | kqp admitted (min-max) | "

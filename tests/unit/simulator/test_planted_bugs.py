@@ -13,15 +13,15 @@ from kqp.proxy.policies.chain import POLICIES, EnforcementPolicies
 from kqp.proxy.policies.fair_turns import FairTurns
 from kqp.proxy.policies.kafka_charging import KafkaCharging
 from kqp.proxy.policies.tables import PolicyFactory
-from tests.unit.helpers.simulator.scenario import KIB, MIB, Scenario, simulate
-from tests.unit.helpers.simulator.table import violations
+from kqpsim.scenario import KIB, MIB, Clients, Quota, Scenario, Topology, simulate
+from kqpsim.table import violations
 
 # A broker slow to answer (100 ms) bounds what an unthrottled connection sends, so that a
 # planted bug costs seconds of simulation, not minutes.
-FIVE_PRODUCERS = Scenario("librdkafka", connections=5, quota=1 * MIB, request_bytes=64 * KIB, broker_latency_s=0.1,
-                          warmup_s=12, measure_s=24)
-FIVE_JAVA_PRODUCERS_TAKING_TURNS = Scenario("java-producer", connections=5, quota=1 * MIB, request_bytes=64 * KIB,
-                                            fair_connection_turns=True)
+FIVE_PRODUCERS = Scenario(Clients("librdkafka", 5, request_bytes=64 * KIB), Quota(1 * MIB),
+                          topology=Topology(broker_latency_s=0.1), warmup_s=12, measure_s=24)
+FIVE_JAVA_PRODUCERS_TAKING_TURNS = Scenario(Clients("java-producer", 5, request_bytes=64 * KIB),
+                                            Quota(1 * MIB, fair_connection_turns=True))
 
 
 class ForgetsOneConnection(KafkaCharging):

@@ -1,6 +1,6 @@
 """The scenario table, seed by seed: kqp's admitted rate against the quota and against Kafka's
 figure for the same clients, fairness between a client's connections, and no request time-out
-that Kafka would not also cause (tests/unit/helpers/simulator/table.py). A seed that shows a
+that Kafka would not also cause (kqpsim/table.py). A seed that shows a
 known finding asserts that finding's figures, each in its measured band, and nothing else. A
 failure prints both figures and the one command that replays the seed."""
 
@@ -10,9 +10,9 @@ import shlex
 
 import pytest
 
-from tests.unit.helpers.simulator import table
-from tests.unit.helpers.simulator.scenario import KIB, Scenario, parse_scenario, simulate
-from tests.unit.helpers.simulator.table import ROWS, Band, Finding, Row, Violation, figures, unexplained
+from kqpsim import table
+from kqpsim.scenario import KIB, Clients, Quota, Scenario, parse_scenario, simulate
+from kqpsim.table import ROWS, Band, Finding, Row, Violation, figures, unexplained
 
 
 def _cases() -> list[object]:
@@ -44,7 +44,7 @@ def test_every_finding_names_seeds_that_make_test_runs_and_a_band_for_each_figur
 
 def test_every_rows_replay_command_names_its_scenario_exactly() -> None:
     for row in ROWS:
-        argument = shlex.split(row.scenario.replay_command(3))[3]
+        argument = shlex.split(row.scenario.replay_command(3))[4]
         assert parse_scenario(argument) == row.scenario
 
 
@@ -53,7 +53,7 @@ def test_a_seed_of_a_finding_fails_on_another_violation_a_figure_out_of_band_or_
 ) -> None:
     # Any scenario-seed will do (this one is cheap); the violations are planted, so the test
     # does not hang on what kqp does in it today.
-    scenario = Scenario("librdkafka", 1, quota=64 * KIB, request_bytes=192 * KIB)
+    scenario = Scenario(Clients("librdkafka", 1, request_bytes=192 * KIB), Quota(64 * KIB))
     outcome = simulate(scenario, 1)
     kqp, kafka = figures("over", outcome)
     measured = Band("over", kqp=(kqp, kqp), kafka=(kafka, kafka))

@@ -16,12 +16,12 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from harness.kafka_reference import KafkaQuotas
 from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, METADATA_KEY, PRODUCE_KEY
-from kqp.protocol.framing import FrameDecoder, frame
+from kqp.protocol.framing import frame
 from kqp.protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from kqp.protocol.mutations import THROTTLING_QUOTA_EXCEEDED
-from tests.unit.helpers.simulator import wire
+from kqpsim import wire
+from kqpsim.kafka_reference import KafkaQuotas
 
 BROKER_HOST = "broker-1.sim"
 BROKER_PORT = 9092
@@ -53,8 +53,8 @@ class _BrokerConnection(asyncio.Protocol):
     def __init__(self, broker: BrokerModel, loop: asyncio.AbstractEventLoop) -> None:
         self.broker = broker
         self.loop = loop
-        self.decoder = FrameDecoder(1 << 30)
-        self.queue: deque[bytes] = deque()
+        self.decoder = wire.FrameReader()
+        self.queue: deque[memoryview] = deque()
         self.transport: asyncio.Transport | None = None
         self.busy = False  # handling a request, or muted after a throttled response
 
@@ -63,7 +63,7 @@ class _BrokerConnection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.queue.extend(bytes(f) for f in self.decoder.feed(data))
+        self.queue.extend(self.decoder.feed(data))
         self._next()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -82,14 +82,14 @@ class _BrokerConnection(asyncio.Protocol):
         request = self.queue.popleft()
         self.loop.call_later(self.broker.latency_s, self._answer, request)
 
-    def _answer(self, request: bytes) -> None:
+    def _answer(self, request: memoryview) -> None:
         transport = self.transport
         if transport is None:
             return
         header = parse_request_header(request)
         response, throttle_ms = self._respond(header, request)
         if response is not None:
-            transport.write(bytes(response))
+            transport.write(response)
         if throttle_ms > 0:
             self.broker.throttles.append(throttle_ms)
             # KIP-219: the channel stays muted for the throttle after the response is sent.
@@ -101,7 +101,7 @@ class _BrokerConnection(asyncio.Protocol):
         self.busy = False
         self._next()
 
-    def _respond(self, header: RequestHeader, request: bytes) -> tuple[bytearray | bytes | None, int]:
+    def _respond(self, header: RequestHeader, request: memoryview) -> tuple[bytes | None, int]:
         broker = self.broker
         kafka = broker.kafka
         now_ms = broker.now_ms(self.loop)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import selectors
 import socket
 from collections import deque
 from collections.abc import Callable
@@ -38,33 +39,47 @@ class Faults:
     loop_delay_chance: float = 0.0  # ... on this fraction of the waits
 
 
-class _VirtualSelector:
-    """Stands where asyncio's selector does: "waiting" `timeout` moves the clock by it."""
+class _VirtualSelector(selectors.BaseSelector):
+    """The selector a `SelectorEventLoop` is given (its public `selector=` argument): "waiting"
+    `timeout` moves the virtual clock by it, and nothing is ever ready. What the loop registers
+    (its self-pipe, which only threads write to) is kept and never reported."""
 
-    def __init__(self, loop: VirtualLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        self.loop: VirtualLoop | None = None
+        self._keys: dict[Any, selectors.SelectorKey] = {}
 
-    def select(self, timeout: float | None) -> list[Any]:
-        loop = self._loop
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        key = selectors.SelectorKey(fileobj, fileobj if isinstance(fileobj, int) else fileobj.fileno(), events, data)
+        self._keys[fileobj] = key
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._keys.pop(fileobj)
+
+    def get_map(self) -> dict[Any, selectors.SelectorKey]:
+        return self._keys
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        loop = self.loop
+        assert loop is not None
         if timeout is None:
             raise Deadlock(f"nothing ready and no timer set at t={loop.time():.6f}")
         if timeout > 0:
             loop.advance(timeout + loop.busy_delay())
         return []
 
-    def close(self) -> None:
-        return
 
-
-class VirtualLoop(asyncio.BaseEventLoop):
-    """asyncio's loop on virtual time and an in-memory network (see the module docstring)."""
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """asyncio's loop on virtual time and an in-memory network (see the module docstring):
+    `SelectorEventLoop` as asyncio ships it, given a selector that does not wait, with `time`
+    and the two connection calls answered here."""
 
     def __init__(self, seed: int, faults: Faults | None = None) -> None:
-        super().__init__()
         self._now = 0.0
         self.jumps = 0  # how many times the clock moved (each a wait the loop did not do)
-        self._selector = _VirtualSelector(self)
-        self._clock_resolution = 1e-9
+        selector = _VirtualSelector()
+        super().__init__(selector)
+        selector.loop = self
         self.faults = faults or Faults()
         # One generator per concern, so adding draws to one does not move the others.
         self.net_random = random.Random(f"net-{seed}")
@@ -84,18 +99,6 @@ class VirtualLoop(asyncio.BaseEventLoop):
         if f.loop_delay_s <= 0 or self.loop_random.random() >= f.loop_delay_chance:
             return 0.0
         return self.loop_random.uniform(0.0, f.loop_delay_s)
-
-    # ---- what BaseEventLoop leaves to a subclass ---------------------------------------
-
-    def _process_events(self, event_list: list[Any]) -> None:
-        return
-
-    def _write_to_self(self) -> None:
-        return
-
-    def close(self) -> None:
-        self._selector.close()
-        super().close()
 
     # ---- the in-memory network ---------------------------------------------------------
 
@@ -143,6 +146,8 @@ class Network:
     def __init__(self, loop: VirtualLoop) -> None:
         self.loop = loop
         self.listeners: dict[tuple[str, int], Callable[[], asyncio.BaseProtocol]] = {}
+        # Every server opened on this network, in order: what a dying process closes.
+        self.servers: list[MemoryServer] = []
         self._next_client_port = 40000
 
     def listen(self, address: tuple[str, int], protocol_factory: Callable[[], asyncio.BaseProtocol],
@@ -150,7 +155,9 @@ class Network:
         if address in self.listeners:
             raise OSError(f"{address} is already listening")
         self.listeners[address] = protocol_factory
-        return MemoryServer(self, address, sock)
+        server = MemoryServer(self, address, sock)
+        self.servers.append(server)
+        return server
 
     def connect(self, address: tuple[str, int], protocol_factory: Callable[[], asyncio.BaseProtocol],
                 client_ip: str = "10.0.0.1") -> tuple[MemoryTransport, asyncio.BaseProtocol]:
@@ -203,6 +210,9 @@ class MemoryTransport(asyncio.Transport):
         self._writing_paused = False
         self._frozen = False  # a stalled process: nothing it receives is read until it thaws
         self.bytes_written = 0
+        # (from, to) virtual times while this end did not read (a mute, back-pressure); the
+        # last one open (to = None) while it is still paused. For the per-second trace.
+        self.read_pauses: list[tuple[float, float | None]] = []
 
     # ---- asyncio.BaseTransport ----------------------------------------------------------
 
@@ -238,11 +248,14 @@ class MemoryTransport(asyncio.Transport):
         return self._reading and not self._closing
 
     def pause_reading(self) -> None:
+        if self._reading:
+            self.read_pauses.append((self._loop.time(), None))
         self._reading = False
 
     def resume_reading(self) -> None:
         if not self._reading:
             self._reading = True
+            self.read_pauses[-1] = (self.read_pauses[-1][0], self._loop.time())
             if self._inbox:
                 self._loop.call_soon(self._drain_inbox)
 
@@ -316,18 +329,19 @@ class MemoryTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing or self.peer is None or not data:
             return
-        chunk = bytes(data)
-        self._in_transit += len(chunk)
-        self.bytes_written += len(chunk)
+        chunk = bytes(data)  # no copy of bytes; a caller may reuse a bytearray or a view's buffer
+        size = len(chunk)
+        self._in_transit += size
+        self.bytes_written += size
         self._loop.call_at(self._arrival_time(), self.peer._arrive, chunk)
-        if not self._writing_paused and self.get_write_buffer_size() > self._high:
+        if not self._writing_paused and self._in_transit - SOCKET_BUFFERS_BYTES > self._high:
             self._writing_paused = True
             protocol = self._protocol
             if protocol is not None:
                 protocol.pause_writing()
 
     def writelines(self, list_of_data: Any) -> None:
-        self.write(b"".join(bytes(d) for d in list_of_data))
+        self.write(b"".join(list_of_data))  # one copy: join takes views and bytearrays as they are
 
     def _read_by_peer(self, nbytes: int) -> None:
         self._in_transit -= nbytes

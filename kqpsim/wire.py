@@ -23,7 +23,7 @@ from kqp.protocol.headers import (
     encode_response_header,
     response_body_offset,
 )
-from kqp.protocol.throttle_field import patch_throttle_time, read_throttle_time
+from kqp.protocol.throttle_field import read_throttle_time, throttle_field_offset, write_throttle_time
 
 PRODUCE_VERSION = 9
 CREATE_TOPICS_VERSION = 7  # strict (KIP-599): topics over the quota are refused one by one
@@ -105,7 +105,7 @@ def fetch_response_template(data_bytes: int) -> bytes:
     return frame(encode_response_header(FETCH_KEY, FETCH_VERSION, 0) + bytes(body))
 
 
-def fetch_charge(response: bytes, *, prefixed: bool = True) -> int:
+def fetch_charge(response: bytes | memoryview, *, prefixed: bool = True) -> int:
     """What a Fetch response charges its consumer quota: size prefix and body, not the header
     (kqp.quotas.recording.response_charges, as KafkaApis records the response size)."""
     unprefixed = memoryview(response)[4:] if prefixed else memoryview(response)
@@ -118,29 +118,71 @@ def metadata_response_body(version: int, node_id: int, host: str, port: int) -> 
                                            controller_id=node_id, topics=[]).encode())
 
 
-def with_correlation(template: bytes, correlation_id: int, *, request: bool) -> bytearray:
-    out = bytearray(template)
-    _CORRELATION.pack_into(out, _REQUEST_CORRELATION_AT if request else _RESPONSE_CORRELATION_AT, correlation_id)
-    return out
+def with_correlation(template: bytes, correlation_id: int, *, request: bool) -> bytes:
+    """The template with this correlation id, in one copy (a Produce's or a Fetch's payload is
+    most of the bytes the simulator moves)."""
+    at = _REQUEST_CORRELATION_AT if request else _RESPONSE_CORRELATION_AT
+    view = memoryview(template)
+    return b"".join((view[:at], _CORRELATION.pack(correlation_id), view[at + 4:]))
 
 
-def response_with(template: bytes, api_key: int, version: int, correlation_id: int, throttle_ms: int) -> bytearray:
-    out = with_correlation(template, correlation_id, request=False)
-    if throttle_ms:
-        body_offset = response_body_offset(memoryview(out)[4:], api_key, version)
-        view = bytearray(out[4:])
-        patch_throttle_time(view, body_offset, api_key, version, throttle_ms)
-        out[4:] = view
-    return out
+@functools.lru_cache(maxsize=256)
+def _framed_throttle_at(template: bytes, api_key: int, version: int) -> int | None:
+    """Where a response template's ThrottleTimeMs is, counted in the framed template; None for
+    a version without one. The same for every copy of the template (its fields before the
+    throttle do not change), so found once."""
+    unprefixed = memoryview(template)[4:]
+    offset = throttle_field_offset(unprefixed, response_body_offset(unprefixed, api_key, version), api_key, version)
+    return None if offset is None else offset + 4
 
 
-def response_throttle(response_frame: bytes, api_key: int, version: int) -> int:
+def response_with(template: bytes, api_key: int, version: int, correlation_id: int, throttle_ms: int) -> bytes:
+    """A response from its template: this correlation id and ThrottleTimeMs (Kafka's clamp to
+    int32), in one copy."""
+    at = _framed_throttle_at(template, api_key, version) if throttle_ms else None
+    if at is None:
+        return with_correlation(template, correlation_id, request=False)
+    throttle = bytearray(4)
+    write_throttle_time(throttle, 0, throttle_ms)
+    view = memoryview(template)
+    return b"".join((view[:4], _CORRELATION.pack(correlation_id), view[8:at], throttle, view[at + 4:]))
+
+
+class FrameReader:
+    """Frames out of one direction of an in-memory connection, for the modelled clients and
+    broker. The network delivers each write as one chunk, and a write of a client or of the
+    broker is usually exactly one frame: that frame is handed on as a view of the chunk, with
+    no copy. Anything else (several frames in a chunk, a frame over several) is assembled."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+
+    def feed(self, data: bytes) -> list[memoryview]:
+        if not self._pending and len(data) >= 4 and _CORRELATION.unpack_from(data, 0)[0] == len(data) - 4:
+            return [memoryview(data)[4:]]
+        pending = self._pending
+        pending += data
+        frames: list[memoryview] = []
+        start = 0
+        while len(pending) - start >= 4:
+            size = _CORRELATION.unpack_from(pending, start)[0]
+            if len(pending) - start - 4 < size:
+                break
+            frames.append(memoryview(bytes(pending[start + 4:start + 4 + size])))
+            start += 4 + size
+        del pending[:start]
+        return frames
+
+
+def response_throttle(response_frame: bytes | memoryview, api_key: int, version: int) -> int:
     """ThrottleTimeMs of a response frame (without its size prefix)."""
     offset = response_body_offset(response_frame, api_key, version)
     return read_throttle_time(response_frame, offset, api_key, version) or 0
 
 
-def response_correlation(response_frame: bytes) -> int:
+def response_correlation(response_frame: bytes | memoryview) -> int:
     value: int = _CORRELATION.unpack_from(response_frame, 0)[0]
     return value
 
@@ -153,7 +195,7 @@ def create_topics_request(client_id: str, correlation_id: int, names: list[str],
     return frame(encode_request_header(CREATE_TOPICS_KEY, CREATE_TOPICS_VERSION, correlation_id, client_id) + body)
 
 
-def create_topics_asked(header: RequestHeader, request: bytes) -> list[tuple[str, int]]:
+def create_topics_asked(header: RequestHeader, request: bytes | memoryview) -> list[tuple[str, int]]:
     """The (topic, partitions) a CreateTopics request (no size prefix) asks for, in order."""
     message = decode_body(CREATE_TOPICS_KEY, header.api_version, memoryview(request)[header.body_offset:],
                           is_request=True)
@@ -172,7 +214,7 @@ def create_topics_response(header: RequestHeader, asked: list[tuple[str, int]], 
     return frame(encode_response_header(CREATE_TOPICS_KEY, header.api_version, header.correlation_id) + body)
 
 
-def partitions_created(response_frame: bytes) -> int:
+def partitions_created(response_frame: bytes | memoryview) -> int:
     """The partitions a CreateTopics response (no size prefix) says were created."""
     offset = response_body_offset(response_frame, CREATE_TOPICS_KEY, CREATE_TOPICS_VERSION)
     message = decode_body(CREATE_TOPICS_KEY, CREATE_TOPICS_VERSION, memoryview(response_frame)[offset:],

@@ -17,8 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, PRODUCE_KEY
-from kqp.protocol.framing import FrameDecoder
-from tests.unit.helpers.simulator import wire
+from kqpsim import wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +61,12 @@ class ConnectionRecord:
     timeouts: int = 0
     reconnects: int = 0
     max_wait_s: float = 0.0  # the longest a request waited for its answer
+    # For the per-second trace (`python -m kqpsim run --trace`): (virtual time, ThrottleTimeMs)
+    # of each throttled answer, the time of each time-out, and for each connection this client
+    # opened, when the server's end of it did not read it (its mutes and back-pressure).
+    throttles: list[tuple[float, int]] = field(default_factory=list)
+    timeout_times: list[float] = field(default_factory=list)
+    server_read_pauses: list[list[tuple[float, float | None]]] = field(default_factory=list)
 
     def bytes_between(self, start: float, end: float) -> int:
         return sum(size for at, size in self.acks if start <= at < end)
@@ -85,7 +90,7 @@ class ClientConnection(asyncio.Protocol):
         self.record = record
         self.index = index  # the connection's number in its scenario (names its topics)
         self.transport: asyncio.Transport | None = None
-        self.decoder = FrameDecoder(1 << 30)
+        self.decoder = wire.FrameReader()
         self.in_flight: deque[tuple[int, float]] = deque()  # (correlation id, sent at)
         self.next_correlation = 1
         self.blocked_until = 0.0
@@ -122,7 +127,10 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.decoder = FrameDecoder(1 << 30)
+        peer = getattr(transport, "peer", None)
+        if peer is not None:
+            self.record.server_read_pauses.append(peer.read_pauses)
+        self.decoder = wire.FrameReader()
         self._send_more()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -166,7 +174,7 @@ class ClientConnection(asyncio.Protocol):
             self.topics_created += 1
             name = f"{self.client_id}-{self.index}-{self.topics_created}"
             return wire.create_topics_request(self.client_id, correlation, [name], self.request_bytes)
-        return bytes(wire.with_correlation(self.template, correlation, request=True))
+        return wire.with_correlation(self.template, correlation, request=True)
 
     def _woken(self) -> None:
         self._wake = None
@@ -188,15 +196,16 @@ class ClientConnection(asyncio.Protocol):
         # The oldest request was not answered in time: the client fails it and reconnects
         # (librdkafka and Java both close the connection on an in-flight time-out).
         self.record.timeouts += 1
+        self.record.timeout_times.append(self.loop.time())
         self.transport.close()
 
     # ---- receiving -----------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
         for response in self.decoder.feed(data):
-            self._answered(bytes(response))
+            self._answered(response)
 
-    def _answered(self, response: bytes) -> None:
+    def _answered(self, response: memoryview) -> None:
         correlation = wire.response_correlation(response)
         expected, sent_at = self.in_flight.popleft()
         assert correlation == expected, f"answered {correlation}, expected {expected}"
@@ -209,6 +218,8 @@ class ClientConnection(asyncio.Protocol):
             self.record.acks.append((now, wire.partitions_created(response)))
         else:
             self.record.acks.append((now, wire.fetch_charge(response, prefixed=False)))
+        if throttle_ms > 0:
+            self.record.throttles.append((now, throttle_ms))
         if throttle_ms > 0 and self.shape.honours_throttle:
             self.blocked_until = max(self.blocked_until, now + throttle_ms / 1000.0)
         self._arm_timeout()

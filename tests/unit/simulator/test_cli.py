@@ -1,0 +1,54 @@
+"""`python -m kqpsim`: one scenario-seed's verdict, and its per-second trace adding up to the
+figures the verdict is computed from."""
+
+from __future__ import annotations
+
+import pytest
+
+from kqpsim import cli
+from kqpsim.scenario import parse_scenario, simulate
+from kqpsim.table import ROWS
+
+# A cheap row with no finding: 1 KiB requests at 64 KiB/s.
+CHEAP_ROW = "librdkafka-1x1conn-q64K-r1K-jitter0.2ms"
+
+
+def test_list_names_every_row_and_the_seed_count(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(row.scenario.name in out for row in ROWS)
+    assert f"{sum(row.seeds for row in ROWS)} scenario-seeds" in out
+
+
+def test_run_prints_the_verdict_of_make_test_and_the_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", CHEAP_ROW, "--seed", "1", "--trace"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "PASS" in out
+    # One line per connection per second, then the second's total, for 75 virtual seconds.
+    assert sum(1 for line in out if line.split()[1:2] == ["all"]) == 75
+
+
+def test_the_trace_adds_up_to_the_measured_figures() -> None:
+    outcome = simulate(next(row.scenario for row in ROWS if row.scenario.name == CHEAP_ROW), 1)
+    start, end = outcome.kqp.span
+    for figures, side in ((outcome.kqp, "kqp"), (outcome.kafka, "kafka")):
+        columns = cli._Columns(figures, int(end), end)
+        traced = sum(columns.total(second) for second in range(int(start), int(end))) * 1024
+        assert traced == pytest.approx(figures.rate_of("client-0") * (end - start)), side
+
+
+def test_a_scenario_given_as_fields_gets_its_rows_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    # The fields of the row of librdkafka's 3-second requests, on its finding's seed.
+    assert cli.main(["run", "rate=65536,request_bytes=196608", "--seed", "8"]) == 0
+    assert "KNOWN FINDING, its figures in their bands (over kqp" in capsys.readouterr().out
+
+
+def test_a_scenario_that_is_not_a_row_passes_on_no_violation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_scenario("rate=65536,request_bytes=2048") not in [row.scenario for row in ROWS]
+    assert cli.main(["run", "rate=65536,request_bytes=2048", "--seed", "0"]) == 0
+    assert "PASS (not a row of the table: no violation)" in capsys.readouterr().out
+
+
+def test_an_unknown_row_is_named_back() -> None:
+    with pytest.raises(SystemExit, match="no row is named 'nope'"):
+        cli.main(["run", "nope"])
