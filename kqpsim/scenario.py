@@ -67,7 +67,9 @@ class Topology:
     instances: int = 1
     exchange_lag_s: float = 0.05  # a report's way from one instance to the others (the topic's round trip)
     report_interval_s: float = 0.1  # fleet.report_interval_seconds
-    count_other_instances: bool = False  # fleet.count_other_instances
+    # fleet.count_other_instances: accepted and without effect since issue 39 (every fleet
+    # counts the other instances); kept so that the rows that name it stay as they were.
+    count_other_instances: bool = False
     broker_latency_s: float = 0.002  # the broker's time to handle a request
 
 
@@ -399,7 +401,7 @@ async def _exchange(scenario: Scenario, apps: list[ProxyApp], stalled: set[Proxy
     for app in apps:
         engine = app.engine
         assert engine is not None
-        engine.share_usage(True, mutations_claimed=True, count_other_instances=scenario.topology.count_other_instances)
+        engine.share_usage(True, mutations_claimed=True)
     unreported_share = FleetSection().max_unreported_share / len(apps)
     names = {app: f"instance-{index}" for index, app in enumerate(apps)}
 

@@ -39,6 +39,7 @@ _INT8 = struct.Struct(">b")
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _THREE_INT32 = struct.Struct(">iii")
+_TWO_INT32 = struct.Struct(">ii")
 _INT64 = struct.Struct(">q")
 _PARTITION_HEAD = struct.Struct(">ihq")  # partition, error code, high watermark
 _UUID_SIZE = 16
@@ -139,6 +140,11 @@ class FetchRequestSummary:
     max_bytes_offset: int | None
     isolation_level: int
     partitions: list[FetchPartitionRequest]
+    # KIP-227's fetch session, as the request names it: SessionEpoch 0 (a full fetch that asks
+    # for a session) or -1 (sessionless, and every version before v7, Kafka's LEGACY
+    # metadata) is a full fetch; above 0, an incremental fetch of session `session_id`.
+    session_id: int = 0
+    session_epoch: int = -1
 
 
 def parse_share_fetch_request(body: Buffer, api_version: int) -> FetchRequestSummary:
@@ -357,8 +363,10 @@ def _parse_fetch_request(body: Buffer, version: int) -> FetchRequestSummary:
     if version >= 4:  # IsolationLevel (KIP-98)
         (isolation_level,) = _INT8.unpack_from(body, offset)
         offset += 1
-    if version >= 7:
-        offset += 8  # session id, session epoch (KIP-227)
+    session_id, session_epoch = 0, -1
+    if version >= 7:  # session id, session epoch (KIP-227)
+        session_id, session_epoch = _TWO_INT32.unpack_from(body, offset)
+        offset += 8
     partitions: list[FetchPartitionRequest] = []
     topic_count, offset = read_array_length(body, offset, flexible)
     for _ in range(topic_count):
@@ -382,7 +390,8 @@ def _parse_fetch_request(body: Buffer, version: int) -> FetchRequestSummary:
         if flexible:
             offset = skip_tagged_fields(body, offset)
     # ForgottenTopicsData and RackId follow; the proxy has no use for them.
-    return FetchRequestSummary(max_wait_ms, min_bytes, max_bytes, max_bytes_offset, isolation_level, partitions)
+    return FetchRequestSummary(max_wait_ms, min_bytes, max_bytes, max_bytes_offset, isolation_level, partitions,
+                               session_id, session_epoch)
 
 
 def patch_fetch_max_bytes(buf: bytearray, offset: int, value: int) -> None:

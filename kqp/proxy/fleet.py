@@ -171,8 +171,7 @@ class FleetExchange:
         never the proxy (which enforces the fallback policy meanwhile)."""
         # From here the engine keeps what each sensor records for the next report, and partition
         # mutations (KIP-599's controller_mutation_rate) are shared as claims through the topic, not as usage.
-        self.engine.share_usage(True, mutations_claimed=True,
-                                count_other_instances=self.options.count_other_instances)
+        self.engine.share_usage(True, mutations_claimed=True)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run(), name="kqp-fleet")]
         self._tasks[0].add_done_callback(_log_unexpected_end)

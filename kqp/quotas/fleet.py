@@ -417,15 +417,11 @@ class FleetSharing:
         self._serving: dict[RateSensor, set[str]] = {}
         self._forget_above = _MIN_SERVING_ENTRIES
 
-    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False, count_other_instances: bool = False
-                    ) -> None:
+    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
         self._for_topic = enabled
         self.records_usage = enabled or self.records_host_usage
         self._claimed_on_topic = enabled and mutations_claimed
         self.mutations_claimed = self._claimed_on_topic or self._claimed_on_host
-        # `count_other_instances` is accepted for the configs that name it: produce is counted
-        # either way since the default must hold a fleet to one broker's figure (issue 39).
-        del count_other_instances
         if not enabled:
             self.take_local_usage()
 

@@ -32,15 +32,10 @@ class QuotaEngine(QuotaManagers):
         self.fleet = FleetSharing()
         super().__init__(settings, callback, on_throttle, sharing=self.fleet)
 
-    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False, count_other_instances: bool = False
-                    ) -> None:
+    def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
         """Start (or stop) keeping what each sensor records until `take_local_usage` asks;
-        `mutations_claimed`: partition mutations are shared as claims, not as usage;
-        `count_other_instances`: accepted, without effect since issue 39 (a produce throttle
-        counts what the other instances serving the client may admit meanwhile, as a fetch
-        throttle does, in every fleet: kqp.quotas.fleet)."""
-        self.fleet.share_usage(enabled, mutations_claimed=mutations_claimed,
-                               count_other_instances=count_other_instances)
+        `mutations_claimed`: partition mutations are shared as claims, not as usage."""
+        self.fleet.share_usage(enabled, mutations_claimed=mutations_claimed)
 
     def take_local_usage(self, now_ms: float = 0.0, quiet_below: float = 0.0) -> list[UsageDelta]:
         """This instance's usage report since the last call (FleetSharing.take_local_usage)."""

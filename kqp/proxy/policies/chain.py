@@ -244,9 +244,13 @@ class EnforcementPolicies(TrafficHooks):
         if not header.known:
             return None  # a version the definitions do not describe (never advertised: ApiVersions is capped)
         broker_throttle = _broker_throttle(exchange, frame, body_offset)
+        # The request's fetch context picks the session id Kafka answers with. The fetch quota
+        # that throttled it had the request read (KafkaCharging._cap_fetch); if it was not
+        # (a quota enabled between request and response), the request is taken as a full fetch.
+        session_epoch = exchange.fetch.request.session_epoch if exchange.fetch is not None else -1
         try:
             return throttled_fetch_response(frame, body_offset, header.api_version,
-                                            max(throttle, broker_throttle or 0))
+                                            max(throttle, broker_throttle or 0), session_epoch)
         except ProtocolError:
             return None
 

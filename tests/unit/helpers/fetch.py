@@ -25,13 +25,15 @@ def records(total_bytes: int) -> bytes:
 DATA = records(600_000)
 
 
-def fetch_request(correlation_id: int) -> bytes:
+def fetch_request(correlation_id: int, session_id: int = 0, session_epoch: int = -1) -> bytes:
+    """A Fetch of one partition; sessionless unless a session and its epoch are given (KIP-227)."""
     partition = FetchRequest.FetchTopic.FetchPartition(
         partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1, log_start_offset=-1,
         partition_max_bytes=1 << 20, replica_directory_id=None, high_watermark=-1)
     body = FetchRequest[FETCH_VERSION](
         cluster_id=None, replica_id=-1, replica_state=FetchRequest.ReplicaState(replica_id=-1, replica_epoch=-1),
-        max_wait_ms=500, min_bytes=1, max_bytes=52_428_800, isolation_level=0, session_id=0, session_epoch=-1,
+        max_wait_ms=500, min_bytes=1, max_bytes=52_428_800, isolation_level=0, session_id=session_id,
+        session_epoch=session_epoch,
         topics=[FetchRequest.FetchTopic(topic="t", topic_id=TOPIC_ID, partitions=[partition])],
         forgotten_topics_data=[], rack_id="").encode()
     return encode_request_header(FETCH_KEY, FETCH_VERSION, correlation_id, "consumer") + bytes(body)

@@ -20,11 +20,18 @@ def decode(frame: bytes, version: int) -> FetchResponse:
     return FetchResponse[version].decode(frame[offset:])
 
 
+# A request's SessionEpoch: 0 a full fetch that asks for a session, -1 sessionless (and every
+# version before v7), above 0 an incremental fetch of an existing session.
+FULL, SESSIONLESS, INCREMENTAL = 0, -1, 5
+
+
 @pytest.mark.parametrize("version", VERSIONS)
-def test_the_answer_has_no_partitions_the_throttle_and_the_brokers_session(version: int) -> None:
+def test_the_answer_to_an_incremental_fetch_has_no_partitions_the_throttle_and_the_brokers_session(
+    version: int,
+) -> None:
     frame = broker_response(version, correlation_id=31, session_id=987_654)
     offset = response_body_offset(frame, FETCH_KEY, version)
-    answer = throttled_fetch_response(frame, offset, version, 1_234)
+    answer = throttled_fetch_response(frame, offset, version, 1_234, INCREMENTAL)
     assert answer[:offset] == frame[:offset]  # correlation id (and header tags) as the broker wrote them
     message = decode(answer, version)
     assert message.throttle_time_ms == 1_234
@@ -37,19 +44,48 @@ def test_the_answer_has_no_partitions_the_throttle_and_the_brokers_session(versi
     assert bytes(message.encode()) == answer[offset:]
 
 
+@pytest.mark.parametrize("session_epoch", [FULL, SESSIONLESS])
+@pytest.mark.parametrize("version", [v for v in VERSIONS if v >= 7])
+def test_a_full_or_sessionless_fetch_gets_no_session_though_the_broker_made_one(
+    version: int, session_epoch: int,
+) -> None:
+    # FetchContext.getThrottledResponse's default (FullFetchContext, SessionlessFetchContext):
+    # NONE and INVALID_SESSION_ID; the session the broker created for its full answer is never
+    # handed to the client, so its next fetch is a full one again.
+    frame = broker_response(version, correlation_id=31, session_id=987_654)
+    offset = response_body_offset(frame, FETCH_KEY, version)
+    answer = throttled_fetch_response(frame, offset, version, 1_234, session_epoch)
+    assert answer[:offset] == frame[:offset]
+    message = decode(answer, version)
+    assert (message.throttle_time_ms, message.error_code, message.session_id, message.responses) == (1_234, 0, 0, [])
+    assert bytes(message.encode()) == answer[offset:]
+
+
 def test_the_head_of_a_streamed_response_is_enough() -> None:
     frame = broker_response(17, correlation_id=5, session_id=77)
     offset = response_body_offset(frame, FETCH_KEY, 17)
     head = bytearray(frame[:64])  # what the session hands over when a response starts streaming
-    assert throttled_fetch_response(head, offset, 17, 10) == throttled_fetch_response(frame, offset, 17, 10)
+    for epoch in (FULL, INCREMENTAL):
+        assert (throttled_fetch_response(head, offset, 17, 10, epoch)
+                == throttled_fetch_response(frame, offset, 17, 10, epoch))
 
 
-def test_a_top_level_error_is_the_brokers() -> None:
-    # A session error comes with no partitions: the client must still see it (INVALID_FETCH_SESSION_EPOCH).
+def test_an_incremental_fetch_keeps_the_brokers_epoch_error() -> None:
+    # IncrementalFetchContext.getThrottledResponse answers INVALID_FETCH_SESSION_EPOCH (71)
+    # with the session's id when the epoch moved: the client must still see it.
     frame = broker_response(12, correlation_id=5, session_id=77, error_code=71)
     offset = response_body_offset(frame, FETCH_KEY, 12)
-    message = decode(throttled_fetch_response(frame, offset, 12, 10), 12)
+    message = decode(throttled_fetch_response(frame, offset, 12, 10, INCREMENTAL), 12)
     assert (message.error_code, message.session_id, message.throttle_time_ms) == (71, 77, 10)
+
+
+def test_an_incremental_fetch_of_a_session_the_broker_did_not_find_gets_the_default_answer() -> None:
+    # SessionErrorContext (FETCH_SESSION_ID_NOT_FOUND, 70, session id 0) throttled: Kafka
+    # answers with FetchContext's default, NONE and no session.
+    frame = broker_response(12, correlation_id=5, session_id=0, error_code=70)
+    offset = response_body_offset(frame, FETCH_KEY, 12)
+    message = decode(throttled_fetch_response(frame, offset, 12, 10, INCREMENTAL), 12)
+    assert (message.error_code, message.session_id, message.throttle_time_ms) == (0, 0, 10)
 
 
 def test_a_response_too_short_for_its_session_id_is_refused() -> None:

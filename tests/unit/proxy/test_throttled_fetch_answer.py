@@ -26,6 +26,9 @@ from tests.unit.helpers.fetch import FETCH_VERSION, TOPIC_ID, decode, fetch_requ
 from tests.unit.helpers.proxy import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request, start_proxy
 
 SESSION_ID = 424_242
+# The consumer's fetches are incremental in SESSION_ID, so Kafka's throttled answer keeps
+# the session's id (IncrementalFetchContext.getThrottledResponse).
+INCREMENTAL_EPOCH = 3
 LARGE = records(600_000)  # streamed: over CUT_THROUGH_MIN_BYTES
 SMALL = records(30_000)  # forwarded whole
 
@@ -105,7 +108,7 @@ async def throttled_answer_then_heartbeat(broker: FakeBroker, rate: float) -> tu
     to the heartbeat's, and what was recorded and seen."""
     proxy, engine, seen = await proxy_with(broker, rate)
     client = await RawClient.connect(proxy.directory.listeners[broker.node_id].port)
-    client.send(fetch_request(1))
+    client.send(fetch_request(1, SESSION_ID, INCREMENTAL_EPOCH))
     answer = await client.receive()
     answered_at = asyncio.get_running_loop().time()
     client.send(heartbeat_request(2))
@@ -155,7 +158,7 @@ async def test_a_throttled_whole_fetch_is_answered_empty_and_muted(small: FakeBr
 async def test_a_fetch_within_the_quota_gets_its_data_and_stays_recorded(large: FakeBroker) -> None:
     proxy, engine, _ = await proxy_with(large, 10_000_000.0)
     client = await RawClient.connect(proxy.directory.listeners[large.node_id].port)
-    client.send(fetch_request(1))
+    client.send(fetch_request(1, SESSION_ID, INCREMENTAL_EPOCH))
     message = decode(await client.receive())
     assert message.responses[0].partitions[0].records == LARGE
     assert (message.throttle_time_ms, message.session_id) == (0, SESSION_ID)
@@ -169,7 +172,7 @@ async def test_a_response_pipelined_behind_a_dropped_stream_comes_whole_and_in_o
     # broker's 600 kB, which the proxy reads and drops after sending the empty answer.
     proxy, _, _ = await proxy_with(large, 57_000.0)
     client = await RawClient.connect(proxy.directory.listeners[large.node_id].port)
-    client.send(fetch_request(1))
+    client.send(fetch_request(1, SESSION_ID, INCREMENTAL_EPOCH))
     client.send(heartbeat_request(2))
     assert_kafkas_empty_answer(await client.receive())
     heartbeat = await client.receive()

@@ -404,22 +404,20 @@ def test_three_instances_hold_consumers_that_fetch_together_to_the_quota() -> No
     assert _consumers_rate(exchange=False) > 1.3 * QUOTA
 
 
-def _producers_engine(count_other_instances: bool) -> QuotaEngine:
+def _producers_engine() -> QuotaEngine:
     engine = QuotaEngine(settings_for(PRODUCE, {(None, D): QUOTA}, scope="cluster"))
-    engine.share_usage(True, count_other_instances=count_other_instances)
+    engine.share_usage(True)
     return engine
 
 
-@pytest.mark.parametrize("count_other_instances", [False, True])
-def test_a_produce_throttle_counts_the_unreported_bytes_once_for_each_other_instance(
-        count_other_instances: bool) -> None:
+def test_a_produce_throttle_counts_the_unreported_bytes_once_for_each_other_instance() -> None:
     """b serves the client too, so a takes b to admit as much as a has not reported yet before
-    a's throttle is over (2 x 950,000 + 1,000 > 1,000,000): by default, as with the option
-    `fleet.count_other_instances` that asked for it before it was the default."""
-    a, b = _producers_engine(count_other_instances), _producers_engine(count_other_instances)
+    a's throttle is over (2 x 950,000 + 1,000 > 1,000,000), in every fleet since issue 39
+    (`fleet.count_other_instances`, which asked for it before, is accepted and changes nothing)."""
+    a, b = _producers_engine(), _producers_engine()
     b.record_produce("1", "u", "c", 1_000, 0)
     a.record_remote_usage(b.take_local_usage(), 0, "b")
-    alone = _producers_engine(count_other_instances)
+    alone = _producers_engine()
     throttle = a.record_produce("1", "u", "c", 950_000, 0)
     # (1,000 + 2 x 950,000) / 10 s is 1.901 x the quota: 9.01 s to wait.
     assert throttle == 9_010
@@ -485,11 +483,11 @@ def test_a_client_new_to_the_fleet_is_taken_to_be_served_by_every_live_instance_
     """Clients that appear on every instance at once (a fleet starting, clients reconnecting
     after a failure) are each admitted into the whole room unless each instance takes every
     live one to serve them until a report has had time to say otherwise."""
-    a = _producers_engine(False)
+    a = _producers_engine()
     a.record_remote_usage([], 0, "b")  # b's heartbeat: b is alive, nothing known of the client
     # (600,000 + 600,000 counted for b) / 10 s is 1.2 x the quota: 2 s to wait.
     assert a.record_produce("1", "u", "c", 600_000, 10) == 2_000
-    alone = _producers_engine(False)
+    alone = _producers_engine()
     assert alone.record_produce("1", "u", "c", 600_000, 10) == 0
     # Two reports later b has said nothing of the client: only this instance serves it.
     a.take_local_usage(100)
@@ -502,7 +500,7 @@ def test_a_client_new_to_the_fleet_is_taken_to_be_served_by_every_live_instance_
 def test_until_the_others_report_after_this_instances_last_one_its_last_report_counts_too() -> None:
     """b's report sent with a's last one is still on its way (the topic's lag): b is taken to
     have admitted what a's last report carried as well as what a admitted since."""
-    a, b = _producers_engine(False), _producers_engine(False)
+    a, b = _producers_engine(), _producers_engine()
     b.record_produce("1", "u", "c", 1_000, 0)
     a.record_remote_usage(b.take_local_usage(0), 50, "b")
     a.record_produce("1", "u", "c", 300_000, 60)

@@ -7,6 +7,7 @@ test_mutation_throttle_adjusted."""
 from __future__ import annotations
 
 import pytest
+from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.producer import ProduceResponse
 
 from kqp.config.models import EnforcementSection
@@ -149,6 +150,36 @@ def test_a_throttled_fetch_response_is_replaced_by_kafkas_empty_answer(version: 
     assert verdict.mute_ms == verdict.throttle_ms == exchange.proxy_throttle_ms
     fetched = [s.value for s in engine.snapshot(0) if s.quota_type == "consumer_byte_rate"]
     assert fetched == [0]  # recorded, then unrecorded: the consumer got none of it
+
+
+def fetch_request_frame(version: int, session_id: int, session_epoch: int) -> bytes:
+    request_cls = FetchRequest[version]
+    fields = {"replica_id": -1, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 50 << 20, "isolation_level": 0,
+              "session_id": session_id, "session_epoch": session_epoch, "topics": [], "forgotten_topics_data": [],
+              "rack_id": ""}
+    message = request_cls(**{name: value for name, value in fields.items() if name in request_cls.fields})
+    return encode_request_header(FETCH_KEY, version, 7, "consumer") + bytes(message.encode())
+
+
+@pytest.mark.parametrize(("session_epoch", "answered_session"), [(0, 0), (-1, 0), (3, 555)])
+def test_a_throttled_fetch_answers_with_the_session_its_fetch_context_has(
+    session_epoch: int, answered_session: int,
+) -> None:
+    # FetchContext.getThrottledResponse: a full (epoch 0) or sessionless (-1) fetch gets no
+    # session, though the broker made one for its full answer; an incremental one keeps its own.
+    engine = QuotaEngine(QuotaSettings(entries=(
+        QuotaEntry(QuotaEntity(client_id="consumer"), {"consumer_byte_rate": 100.0}),)))
+    enforcement = EnforcementPolicies(engine, EnforcementSection(), lambda: 0.0, TopicDirectory())
+    request = fetch_request_frame(12, 555 if session_epoch > 0 else 0, session_epoch)
+    exchange = Exchange(header=parse_request_header(request), request_bytes=len(request) + 4, received_at=0.0)
+    enforcement.request(client_view(), exchange, request)  # reads the request's limits and session
+    frame = fetch_response_frame(12, correlation_id=7, session_id=555)
+    offset = response_body_offset(frame, FETCH_KEY, 12)
+    verdict = enforcement.response(client_view(), exchange, frame, offset)
+    assert verdict is not None and verdict.empty and verdict.frame is not None
+    message = FetchResponse[12].decode(verdict.frame[offset:])
+    assert (message.error_code, message.session_id, message.responses) == (0, answered_session, [])
+    assert message.throttle_time_ms == verdict.throttle_ms > 0
 
 
 def test_a_fetch_within_the_quota_is_left_as_the_broker_sent_it() -> None:
