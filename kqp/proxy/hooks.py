@@ -61,7 +61,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypedDict
 
 from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.close_reason import CloseReason
@@ -84,9 +84,10 @@ class ConnectionHookState:
     `ClientView`s that replace each other when the principal changes. One field per use,
     named by the hook that owns it."""
 
-    # Enforcement: the connection's own policy objects (kqp.proxy.policies.chain, typed there:
-    # this module sits below the policies), made by their factories on first use.
-    policies: Any = None
+    # Enforcement: the connection's own policy objects (a kqp.proxy.policies.tables
+    # ConnectionPolicies, which the chain checks it is: this module sits below the policies),
+    # made by their factories on first use.
+    policies: object = None
     # Observation, when the connection opens: whether the capture keeps this connection's
     # exchanges (None: not known, as when no observation hook runs). Enforcement keeps the
     # engine's inputs for the capture (`Exchange.quota`) unless it is False.
@@ -140,14 +141,36 @@ class MutationFindings:
     claim: asyncio.Future[FleetCharge | None] | None = None
 
 
+class RequestColumns(TypedDict, total=False):
+    """The capture record's columns read from a request (kqp.capture's schema names them)."""
+
+    acks: int
+    fetch_max_wait_ms: int
+    fetch_min_bytes: int
+    fetch_max_bytes: int | None
+    group_id: str
+
+
+class PartitionColumns(TypedDict):
+    """One topic-partition of a captured Produce or Fetch (an entry of the `partitions` column)."""
+
+    topic: str | None
+    partition: int
+    bytes: int
+    records: int
+    batches: int
+    compression: int
+    error_code: int
+
+
 @dataclass(slots=True)
 class CaptureFindings:
     """What the capture reads from a request while it is at hand (sampled connections only)."""
 
     # Columns of the record (acks, fetch limits, group id).
-    details: dict[str, Any]
+    details: RequestColumns
     # Produce partitions as read from the request, completed with the response's error codes.
-    produce_partitions: list[dict[str, Any]] | None = None
+    produce_partitions: list[PartitionColumns] | None = None
 
 
 @dataclass(slots=True)
@@ -181,8 +204,9 @@ class Exchange:
     fetch: FetchFindings | None = None
     # Partition mutations (enforcement).
     mutation: MutationFindings | None = None
-    # A quota-admin request the proxy applies once the brokers have authorized it.
-    quota_admin_request: Any = None
+    # A quota-admin request the proxy applies once the brokers have authorized it (the quota
+    # admin hook's own record, kqp.proxy.quota_admin, which checks its type: it sits above).
+    quota_admin_request: object = None
     # Sampled connections: what the capture read from the request.
     capture: CaptureFindings | None = None
 
