@@ -47,6 +47,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
+from kqp.config.capacity_file import load_capacity
 from kqp.config.models import entity_text as entity_label
 from kqp.protocol.api_keys import ApiKey
 from kqp.quotas import capacity as cap
@@ -600,7 +601,7 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         raise ValueError(f"headroom stat must be one of {STATS}")
     if options.headroom_resolution not in ADVISE_RESOLUTIONS:
         raise ValueError(f"headroom resolution must be one of {ADVISE_RESOLUTIONS}")
-    capacity_file = cap.load_capacity(options.capacity)
+    capacity_file = load_capacity(options.capacity)
     current = load_quota_settings(options.current) if options.current else None
 
     fit_shuffle_partitions(spark, options.capture)

@@ -48,6 +48,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from kqp.config.capacity_file import load_capacity
 from kqp.quotas import capacity as cap
 from kqp.spark_jobs.analyze_transform import (
     BATCH_BUCKET_LAST,
@@ -416,7 +417,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
         raise ValueError(f"headroom stat must be one of {STATS}")
     if options.headroom_resolution not in RESOLUTIONS:
         raise ValueError(f"headroom resolution must be one of {tuple(RESOLUTIONS)}")
-    capacity_file = cap.load_capacity(options.capacity) if options.capacity else None
+    capacity_file = load_capacity(options.capacity) if options.capacity else None
     thresholds = {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold}
 
     data = extract(spark, options)
