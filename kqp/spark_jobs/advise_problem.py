@@ -24,7 +24,8 @@ from kqp.spark_jobs.advice_math import (
     Problem,
     Resource,
 )
-from kqp.spark_jobs.analyze_transform import RESOLUTIONS, throughput_series
+from kqp.spark_jobs.analyze_tables import RESOLUTIONS
+from kqp.spark_jobs.analyze_transform import throughput_series
 from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.advise/1"
