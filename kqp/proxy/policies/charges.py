@@ -28,8 +28,8 @@ def quota_client(client: ClientView, exchange: Exchange) -> QuotaClient:
 
 
 def trace_engine_call(
-    registry: PolicyRegistry, client: ClientView, exchange: Exchange, charges: RequestCharges | ResponseCharges,
-    now_ms: float,
+    registry: PolicyRegistry, client: ClientView, exchange: Exchange, now_ms: float, *,
+    request: RequestCharges | None = None, response: ResponseCharges | None = None,
 ) -> None:
     """Number an engine call and keep its inputs in the exchange's trace (`Exchange.quota`),
     which the capture stores so that a replay can make the same calls in the same order
@@ -44,10 +44,10 @@ def trace_engine_call(
     record = exchange.quota
     if record is None:
         record = exchange.quota = QuotaTrace(broker_label(client.broker))
-    if isinstance(charges, ResponseCharges):
-        record.response_seq, record.response_now_ms, record.response = registry.engine_calls, now_ms, charges
+    if response is not None:
+        record.response_seq, record.response_now_ms, record.response = registry.engine_calls, now_ms, response
     else:
-        record.request_seq, record.request_now_ms, record.request = registry.engine_calls, now_ms, charges
+        record.request_seq, record.request_now_ms, record.request = registry.engine_calls, now_ms, request
 
 
 def charge_request_now(
@@ -57,7 +57,7 @@ def charge_request_now(
     """Charge the request now, or record the charge the fleet already made (`charged`), and
     trace it (`trace_engine_call`)."""
     now = now_ms if charged is None else charged.charged_at_ms
-    trace_engine_call(registry, client, exchange, charges, now)
+    trace_engine_call(registry, client, exchange, now, request=charges)
     return charge_request(registry.engine, who, charges, now) if charged is None else charged.outcome
 
 

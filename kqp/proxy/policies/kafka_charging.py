@@ -133,7 +133,7 @@ class KafkaCharging(Policy):
         charges = response_charges(header.api_key, exchange.request_bytes - 4, body_size, round_trip_ms,
                                    exchange.fetch_max_wait_ms)
         registry = self._registry
-        trace_engine_call(registry, client, exchange, charges, now_ms)
+        trace_engine_call(registry, client, exchange, now_ms, response=charges)
         throttle = charge_response(registry.engine, self._client(client, exchange), charges, now_ms)
         if throttle <= 0:
             return None
