@@ -11,7 +11,8 @@ enabled under the live settings (kqp.proxy.policies.tables), in phases
   1. decide: every policy's `request` or `response` verdict, folded by
      `RequestVerdict.fold` / `ResponseVerdict.fold`: the largest throttle, mute and
      one-at-a-time span (a broker returns the largest of its quotas' throttles, never the
-     sum), the later frame or answer;
+     sum), the later frame or answer; a policy is given the request frame as the earlier
+     ones replaced it, so the later frame is made from theirs;
   2. follow: if the folded throttle is > 0, every policy's `throttled` is told it
      (one_at_a_time notes it, cluster_hold mutes the client's other connections);
   3. pace (responses): a policy's `turn` replaces the folded mute with its budget's turn
