@@ -12,11 +12,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kqp.config.capacity_file import load_capacity
 from kqp.config.errors import ConfigError
 from kqp.config.loader import line_of, load_config, read_config_file
 from kqp.config.models import KqpConfig, ListenerSaslSection, ProxySection, entity_text
 from kqp.config.quota_sections import GuardSection
-from kqp.quotas.capacity import DEFAULT_BROKER_ID, load_capacity
+from kqp.quotas.capacity import DEFAULT_BROKER_ID
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaType
 
 # Each quota type's unit, as Kafka defines it: byte rates in bytes per second (per broker),

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from kqp.config.capacity_file import load_capacity
 from kqp.config.section import (
     DoubleQuota,
     EntityName,
@@ -32,7 +33,7 @@ from kqp.config.section import (
     Section,
     nested_error,
 )
-from kqp.quotas.capacity import DEFAULT_NETWORK_THRESHOLD, NW_IN, NW_OUT, CapacityFile, CapacityFileError, load_capacity
+from kqp.quotas.capacity import DEFAULT_NETWORK_THRESHOLD, NW_IN, NW_OUT, CapacityFile, CapacityFileError
 from kqp.quotas.guard_inputs import GuardSettings
 from kqp.quotas.settings import (
     DEFAULT_ENTITY,

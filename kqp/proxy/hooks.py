@@ -20,6 +20,23 @@ Every exchange ends in exactly one of `response`, `response_streamed` or `unansw
 (a Fetch's limits, a mutation's topics, the engine's inputs for the capture) it keeps on the
 exchange's typed `Exchange` fields, read once and reused by later hooks and calls.
 
+What one hook (or policy) leaves for another on an exchange is a typed record with one
+writer per field, named where the field is declared; nothing else passes between them but
+verdicts:
+
+  field                               written by                read by
+  proxy_throttle_ms                   the policy chain          observation
+  broker_throttle_ms                  the policy chain          observation
+  quota (QuotaTrace)                  kafka_charging, kafka_mutations (policies.charges)
+                                                                observation (capture)
+  fetch.forwarded_*_bytes             kafka_charging            observation (capture)
+  mutation.claim                      fleet_mutation_order      kafka_mutations
+  mutation.outcome, .rejected         kafka_mutations           kafka_mutations
+  mutation.notes                      kafka_mutations           observation
+  capture (CaptureFindings)           observation               observation
+  quota_admin_request                 quota_admin               quota_admin
+  ClientView.state.captured           observation               the policies (whether to trace)
+
 Verdicts are data, not actions: a hook says "answer with these bytes", "mute for this long"
 or "throttled this long", and the connection carries it out in its own order (see
 kqp.proxy.connection), so a hook can be tested by calling it, without sockets. Decisions
@@ -61,7 +78,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypedDict
 
 from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.close_reason import CloseReason
@@ -84,9 +101,10 @@ class ConnectionHookState:
     `ClientView`s that replace each other when the principal changes. One field per use,
     named by the hook that owns it."""
 
-    # Enforcement: the connection's own policy objects (kqp.proxy.policies.chain, typed there:
-    # this module sits below the policies), made by their factories on first use.
-    policies: Any = None
+    # Enforcement: the connection's own policy objects (a kqp.proxy.policies.tables
+    # ConnectionPolicies, which the chain checks it is: this module sits below the policies),
+    # made by their factories on first use.
+    policies: object = None
     # Observation, when the connection opens: whether the capture keeps this connection's
     # exchanges (None: not known, as when no observation hook runs). Enforcement keeps the
     # engine's inputs for the capture (`Exchange.quota`) unless it is False.
@@ -118,26 +136,59 @@ class MutationNote:
 
 @dataclass(slots=True)
 class FetchFindings:
-    """A Fetch or ShareFetch request's limits as read (once), and MaxBytes as forwarded."""
+    """A Fetch or ShareFetch request's limits as read (once, by the first hook that needs
+    them: `read_fetch_request`), and MinBytes and MaxBytes as forwarded."""
 
     request: FetchRequestSummary
-    # MinBytes and MaxBytes in the request sent upstream: the quota may have capped them.
+    # Written by kafka_charging alone (the quota's cap of the request sent upstream), read by
+    # observation for the capture; the request's own until capped.
     forwarded_min_bytes: int
     forwarded_max_bytes: int | None
 
 
 @dataclass(slots=True)
 class MutationFindings:
-    """A CreateTopics/CreatePartitions/DeleteTopics request as read, and what it got."""
+    """A CreateTopics/CreatePartitions/DeleteTopics request as read (once, by whichever policy
+    reads it first: kqp.proxy.policies.charges.mutation_charges), and what the policies that
+    act on it recorded. Each field after `request` has one writer, named with it."""
 
     request: MutationRequest
-    # The topics refused here (THROTTLING_QUOTA_EXCEEDED) before the rest was forwarded.
-    rejected: list[TopicMutation] = field(default_factory=list)
-    # Per topic, what the client got (for metrics and capture); None until decided.
-    notes: list[MutationNote] | None = None
-    # The charge the fleet makes in its own order (kqp.proxy.fleet), made before the request
-    # hooks run; its result is None when the fleet did not answer in time.
+    # Written by fleet_mutation_order (its hold), read by kafka_mutations, which records this
+    # charge instead of charging again: the charge the fleet makes in its own order
+    # (kqp.proxy.fleet), made before the request hooks run; its result is None when the fleet
+    # did not answer in time.
     claim: asyncio.Future[FleetCharge | None] | None = None
+    # Written and read by kafka_mutations: its charge's outcome when it throttled, combined
+    # with the response's own throttle, as a broker returns the larger of its quotas'.
+    outcome: RequestOutcome | None = None
+    # Written and read by kafka_mutations: the topics refused here (THROTTLING_QUOTA_EXCEEDED)
+    # before the rest was forwarded, merged into the broker's answer.
+    rejected: list[TopicMutation] = field(default_factory=list)
+    # Written by kafka_mutations, read by observation (metrics and capture): per topic, what
+    # the client got; None until decided.
+    notes: list[MutationNote] | None = None
+
+
+class RequestColumns(TypedDict, total=False):
+    """The capture record's columns read from a request (kqp.capture's schema names them)."""
+
+    acks: int
+    fetch_max_wait_ms: int
+    fetch_min_bytes: int
+    fetch_max_bytes: int | None
+    group_id: str
+
+
+class PartitionColumns(TypedDict):
+    """One topic-partition of a captured Produce or Fetch (an entry of the `partitions` column)."""
+
+    topic: str | None
+    partition: int
+    bytes: int
+    records: int
+    batches: int
+    compression: int
+    error_code: int
 
 
 @dataclass(slots=True)
@@ -145,9 +196,9 @@ class CaptureFindings:
     """What the capture reads from a request while it is at hand (sampled connections only)."""
 
     # Columns of the record (acks, fetch limits, group id).
-    details: dict[str, Any]
+    details: RequestColumns
     # Produce partitions as read from the request, completed with the response's error codes.
-    produce_partitions: list[dict[str, Any]] | None = None
+    produce_partitions: list[PartitionColumns] | None = None
 
 
 @dataclass(slots=True)
@@ -172,8 +223,6 @@ class Exchange:
     # for observation to read; and the one the broker put in its response (ms).
     proxy_throttle_ms: int = 0
     broker_throttle_ms: int = 0
-    # What the quotas charged when the request arrived gave (a mutation throttle), if anything.
-    request_outcome: RequestOutcome | None = None
     # Where ThrottleTimeMs sits in the response frame the hooks are given, when the session
     # already found it (None: not known; read it from the frame's layout).
     response_throttle_offset: int | None = None
@@ -181,8 +230,9 @@ class Exchange:
     fetch: FetchFindings | None = None
     # Partition mutations (enforcement).
     mutation: MutationFindings | None = None
-    # A quota-admin request the proxy applies once the brokers have authorized it.
-    quota_admin_request: Any = None
+    # A quota-admin request the proxy applies once the brokers have authorized it (the quota
+    # admin hook's own record, kqp.proxy.quota_admin, which checks its type: it sits above).
+    quota_admin_request: object = None
     # Sampled connections: what the capture read from the request.
     capture: CaptureFindings | None = None
 

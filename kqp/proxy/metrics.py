@@ -1,16 +1,11 @@
 """Prometheus metrics of the proxy, shaped after the figures Kafka's broker exposes.
 
-Strategy: the per-request figures (`request_completed`, `throttled`) are on the data path,
-so they go into plain Python accumulators (a dict lookup, a few integer additions and a
-C-level `bisect` per histogram) and a custom collector turns them into metric families at
-scrape time. prometheus-client's own metric objects, which take a lock per update, are
-kept for the rare events (connections, reloads, capture counters, rejected frames).
-
-Label cardinality is bounded. A user or client-id appears as a label value only when an
-operator configured a quota naming it (`set_labelled_entities`) or the (user, client-id)
-pair is among the `top_n_client_ids` pairs by bytes; everything else is added up under
-`__other__`. The top N are re-ranked every `rerank_interval_s` from a bounded traffic tally;
-a pair that falls out loses its series (Prometheus marks it stale; `rate()` stays right).
+Two kinds of figures, two modules. The per-request figures are on the data path, so they go
+into plain accumulators with a bounded label policy (kqp.proxy.traffic_metrics), which a
+custom collector turns into metric families at scrape time, with the quota engine's figures
+(kqp.proxy.quota_metrics). prometheus-client's own metric objects, which take a lock per
+update, are kept here for the rare events (connections, reloads, capture counters, rejected
+frames, the fleet and the guard).
 
 Methods are meant to be called from the event loop thread; `capture_written` and
 `capture_dropped` may also be called from the capture writer thread.
@@ -20,142 +15,21 @@ docs/metrics.md maps every metric to the Kafka broker metric it mirrors.
 
 from __future__ import annotations
 
-import heapq
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from kqp.protocol.apis import api_name
-from kqp.protocol.generated import ERROR_NAMES
+from kqp.proxy.quota_metrics import QuotaStatsSource, quota_families
+from kqp.proxy.traffic_metrics import DEFAULT_RERANK_INTERVAL_S, TrafficMetrics
 
-OTHER = "__other__"
-
-# Broker round trips range from sub-millisecond metadata calls to Fetch long polls that wait
-# fetch.max.wait.ms (500 ms by default, often configured higher).
-BROKER_LATENCY_BUCKETS_S = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-)  # fmt: skip
 # A claim's round trip through the usage topic: a produce and a fetch, then the fallback timeout.
 FLEET_CLAIM_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, float("inf"))
-# Time the proxy adds should be tens of microseconds; the upper buckets catch event-loop stalls.
-PROXY_LATENCY_BUCKETS_S = (
-    0.00002, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5,
-)  # fmt: skip
-# Kafka's throttles are bounded by the quota window (11 s by default for byte rates) but
-# controller mutation throttles can be longer.
-THROTTLE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-
-DEFAULT_RERANK_INTERVAL_S = 60.0
-# The clock is read once per this many requests, not on every one.
-_RERANK_CHECK_EVERY = 1024
-# Bound on the resolved-label cache; cleared when full (a flood of one-off client-ids).
-_LABEL_CACHE_LIMIT = 100_000
 
 
-@dataclass(frozen=True, slots=True)
-class QuotaStatSample:
-    """One quota entity's current figures, as the quota engine reports them.
-
-    Units follow Kafka per quota type: produce/fetch bytes per second, request percent of
-    one thread, controller_mutation partitions per second. The collector only reads these
-    attributes, so any object with the same attribute names works.
-    """
-
-    quota_type: str
-    user: str
-    client_id: str
-    value: float
-    limit: float | None
-    tokens: float | None = None
-
-
-class QuotaStatLike(Protocol):
-    @property
-    def quota_type(self) -> str: ...
-    @property
-    def user(self) -> str: ...
-    @property
-    def client_id(self) -> str: ...
-    @property
-    def value(self) -> float: ...
-    @property
-    def limit(self) -> float | None: ...
-    @property
-    def tokens(self) -> float | None: ...
-
-
-QuotaStatsSource = Callable[[], Iterable[QuotaStatLike]]
-
-
-class _Histogram:
-    """A Prometheus histogram kept as per-bucket (not cumulative) counts, so an observation
-    is one increment; `cumulative` builds the `le` series at scrape time. No lock: updated
-    from the event loop thread only."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        # bisect_left finds the first bound >= value, i.e. Prometheus' "le" bucket.
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    def cumulative(self) -> tuple[list[tuple[str, float]], float]:
-        buckets: list[tuple[str, float]] = []
-        running = 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += count
-            buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
-        return buckets, self.total
-
-
-class _ApiStats:
-    """Per API key: Kafka's RequestsPerSec (by version), byte totals, ErrorsPerSec (by error
-    code) and the two latency histograms (broker round trip, time the proxy added)."""
-
-    __slots__ = ("broker", "errors", "name", "proxy", "request_bytes", "requests_by_version", "response_bytes")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.requests_by_version: dict[int, int] = {}
-        self.request_bytes = 0
-        self.response_bytes = 0
-        self.errors: dict[int, int] = {}
-        self.broker = _Histogram(BROKER_LATENCY_BUCKETS_S)
-        self.proxy = _Histogram(PROXY_LATENCY_BUCKETS_S)
-
-
-class _ClientStats:
-    """Per (user, client-id) label pair, after cardinality folding: many real pairs may add
-    into the one `__other__` entry."""
-
-    __slots__ = ("request_bytes", "requests", "response_bytes")
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.request_bytes = 0
-        self.response_bytes = 0
-
-
-def _error_name(code: int) -> str:
-    """Kafka's name for an error code (e.g. NOT_LEADER_OR_FOLLOWER), as the broker's
-    ErrorsPerSec `error` tag spells it (generated from Kafka's Errors by harness/kafka_codegen.py);
-    a code newer than the bundled definitions keeps its number."""
-    name = ERROR_NAMES.get(code)
-    return f"UNRECOGNIZED_{code}" if name is None else name
-
-
-class ProxyMetrics:
+class ProxyMetrics(TrafficMetrics):
     """The proxy's metrics, registered on `registry` (a fresh one with process metrics if None).
 
     Args:
@@ -177,33 +51,15 @@ class ProxyMetrics:
         tally_capacity: int | None = None,
         quota_stats: QuotaStatsSource | None = None,
     ) -> None:
+        super().__init__(
+            top_n_client_ids, clock=clock, rerank_interval_s=rerank_interval_s, tally_capacity=tally_capacity
+        )
         if registry is None:
             registry = CollectorRegistry()
             ProcessCollector(registry=registry)
             PlatformCollector(registry=registry)
         self.registry = registry
-        self.top_n = max(0, top_n_client_ids)
-        self._clock = clock
-        self._rerank_interval_s = rerank_interval_s
-        self._tally_capacity = tally_capacity if tally_capacity is not None else max(1000, 20 * self.top_n)
         self._quota_stats = quota_stats
-
-        self._apis: dict[int, _ApiStats] = {}
-        self._clients: dict[tuple[str, str], _ClientStats] = {}
-        # (quota_type, user, client_id, source, enforced) -> [throttled responses, seconds]
-        self._throttles: dict[tuple[str, str, str, str, str], list[float]] = {}
-        self._throttle_histograms: dict[tuple[str, str, str], _Histogram] = {}
-
-        self._labelled_users: frozenset[str] = frozenset()
-        self._labelled_client_ids: frozenset[str] = frozenset()
-        self._top: set[tuple[str, str]] = set()
-        self._label_cache: dict[tuple[str, str], tuple[str, str]] = {}
-        # Real pair -> the _ClientStats its labels add into; cleared with _label_cache, and
-        # whenever an entry of _clients is dropped (re-rank), so it never holds a dropped one.
-        self._client_cache: dict[tuple[str, str], _ClientStats] = {}
-        self._tally: dict[tuple[str, str], int] = {}
-        self._ops_since_check = 0
-        self._last_rerank = clock()
 
         self._connections_open = Gauge(
             "kqp_connections_open",
@@ -344,110 +200,8 @@ class ProxyMetrics:
 
     # ---- configuration ----------------------------------------------------------------
 
-    def set_labelled_entities(self, users: Iterable[str] = (), client_ids: Iterable[str] = ()) -> None:
-        """Users and client-ids named by a configured quota; they always keep their own label."""
-        self._labelled_users = frozenset(users)
-        self._labelled_client_ids = frozenset(client_ids)
-        self._label_cache.clear()
-        self._client_cache.clear()
-
     def set_quota_stats_source(self, source: QuotaStatsSource | None) -> None:
         self._quota_stats = source
-
-    # ---- data path ---------------------------------------------------------------------
-
-    def request_completed(
-        self,
-        api_key: int,
-        api_version: int,
-        request_bytes: int,
-        response_bytes: int,
-        broker_seconds: float | None,
-        proxy_seconds: float,
-        error_codes: Iterable[int] = (),
-        *,
-        user: str = "",
-        client_id: str = "",
-    ) -> None:
-        """One request/response pair finished.
-
-        Args:
-            broker_seconds: from forwarding the request to receiving the response; None when
-                there was no response (Produce with acks=0) or the proxy answered itself.
-            proxy_seconds: time the proxy itself added (decode, hooks, queueing), excluding
-                deliberate throttle delays.
-            error_codes: every error code in the response (top level and per partition);
-                zeros are ignored. Each occurrence counts, as in Kafka's ErrorsPerSec.
-        """
-        stats = self._apis.get(api_key)
-        if stats is None:
-            stats = self._apis[api_key] = _ApiStats(api_name(api_key))
-        versions = stats.requests_by_version
-        versions[api_version] = versions.get(api_version, 0) + 1
-        stats.request_bytes += request_bytes
-        stats.response_bytes += response_bytes
-        # _Histogram.observe, inlined (two calls less per request).
-        if broker_seconds is not None:
-            histogram = stats.broker
-            histogram.counts[bisect_left(histogram.bounds, broker_seconds)] += 1
-            histogram.total += broker_seconds
-        histogram = stats.proxy
-        histogram.counts[bisect_left(histogram.bounds, proxy_seconds)] += 1
-        histogram.total += proxy_seconds
-        if error_codes:
-            for code in error_codes:
-                if code:
-                    stats.errors[code] = stats.errors.get(code, 0) + 1
-
-        # The real pair's folded entry, found in one lookup: this runs for every request.
-        pair = (user, client_id)
-        client = self._client_cache.get(pair)
-        if client is None:
-            client = self._client_for(pair)
-        client.requests += 1
-        client.request_bytes += request_bytes
-        client.response_bytes += response_bytes
-
-        # The ranking tally follows real pairs (not folded labels) but only up to its
-        # capacity: pairs first seen while it is full wait for the next re-rank's decay.
-        tally = self._tally
-        if pair in tally:
-            tally[pair] += request_bytes + response_bytes
-        elif len(tally) < self._tally_capacity:
-            tally[pair] = request_bytes + response_bytes
-        self._ops_since_check += 1
-        if self._ops_since_check >= _RERANK_CHECK_EVERY:
-            self._ops_since_check = 0
-            if self._clock() - self._last_rerank >= self._rerank_interval_s:
-                self.rerank_top_entities()
-
-    def throttled(
-        self, quota_type: str, user: str, client_id: str, throttle_ms: float, enforced: bool, source: str
-    ) -> None:
-        """A response carried a throttle: `source` "proxy" (ours) or "broker" (the broker's own).
-
-        `enforced` is False when the proxy only computed the throttle (observe-only mode).
-        """
-        pair = (user, client_id)
-        labels = self._label_cache.get(pair)
-        if labels is None:
-            labels = self._resolve_labels(pair)
-        enforced_label = "true" if enforced else "false"
-        # Counts and seconds per labelled client (Kafka's throttle-time sensor per entity);
-        # the histogram is per quota type only, so its cardinality does not grow with clients.
-        key = (quota_type, labels[0], labels[1], source, enforced_label)
-        seconds = throttle_ms / 1000.0
-        entry = self._throttles.get(key)
-        if entry is None:
-            self._throttles[key] = [1, seconds]
-        else:
-            entry[0] += 1
-            entry[1] += seconds
-        histogram_key = (quota_type, source, enforced_label)
-        histogram = self._throttle_histograms.get(histogram_key)
-        if histogram is None:
-            histogram = self._throttle_histograms[histogram_key] = _Histogram(THROTTLE_BUCKETS_S)
-        histogram.observe(seconds)
 
     # ---- rare events -------------------------------------------------------------------
 
@@ -539,205 +293,12 @@ class ProxyMetrics:
         # Bounded: counted only once the broker accepted the login, so only mechanisms it enables.
         self._unreadable_logins.labels(mechanism).inc()
 
-    # ---- label policy ------------------------------------------------------------------
-
-    def _configured_labels(self, pair: tuple[str, str]) -> tuple[str, str]:
-        # User and client-id fold independently: a configured user keeps its label even
-        # with an unconfigured client-id, as a `user`-only quota entity would be reported.
-        user, client_id = pair
-        return (
-            user if user in self._labelled_users else OTHER,
-            client_id if client_id in self._labelled_client_ids else OTHER,
-        )
-
-    def _client_for(self, pair: tuple[str, str]) -> _ClientStats:
-        """The accumulator a real pair's requests add into (its labels' entry), remembered in
-        `_client_cache` until the labels may change (every `_label_cache` clear clears it)."""
-        labels = self._label_cache.get(pair)
-        if labels is None:
-            labels = self._resolve_labels(pair)
-        client = self._clients.get(labels)
-        if client is None:
-            client = self._clients[labels] = _ClientStats()
-        if len(self._client_cache) >= _LABEL_CACHE_LIMIT:
-            self._client_cache.clear()
-        self._client_cache[pair] = client
-        return client
-
-    def _resolve_labels(self, pair: tuple[str, str]) -> tuple[str, str]:
-        if pair in self._top:
-            labels = pair
-        elif len(self._top) < self.top_n:
-            # Until N pairs have been seen, each gets its own labels at once, so a small
-            # deployment shows every client without waiting for the first re-rank.
-            self._top.add(pair)
-            labels = pair
-        else:
-            labels = self._configured_labels(pair)
-        # Clear rather than evict: simple, and a refill costs one resolution per live pair.
-        if len(self._label_cache) >= _LABEL_CACHE_LIMIT:
-            self._label_cache.clear()
-        self._label_cache[pair] = labels
-        return labels
-
-    def _labels_for_snapshot(self, user: str, client_id: str) -> tuple[str, str]:
-        pair = (user, client_id)
-        return pair if pair in self._top else self._configured_labels(pair)
-
-    def rerank_top_entities(self) -> None:
-        """Recompute the top N pairs by bytes since the previous re-rank (older traffic halved)."""
-        tally = self._tally
-        new_top = set(heapq.nlargest(self.top_n, tally, key=tally.__getitem__)) if self.top_n else set()
-        for pair in self._top - new_top:
-            if self._configured_labels(pair) == pair:
-                continue  # configured entities keep their series
-            self._clients.pop(pair, None)
-            for key in [key for key in self._throttles if (key[1], key[2]) == pair]:
-                del self._throttles[key]
-        self._top = new_top
-        self._label_cache.clear()
-        self._client_cache.clear()
-        # Decay instead of forgetting: a steady heavy client stays ranked, while room is
-        # made for pairs that were not followed when the tally was full.
-        keep = heapq.nlargest(self._tally_capacity // 2, tally.items(), key=lambda item: item[1])
-        self._tally = {pair: total // 2 for pair, total in keep}
-        self._last_rerank = self._clock()
-
     # ---- exposition --------------------------------------------------------------------
 
     def families(self, *, read_quota_source: bool = True) -> Iterator[Metric]:
         """The accumulated figures as metric families (what the custom collector yields)."""
-        requests = CounterMetricFamily(
-            "kqp_requests", "Requests forwarded, per API and version.", labels=["api", "api_version"]
-        )
-        errors = CounterMetricFamily(
-            "kqp_request_errors", "Error codes seen in responses, per API and error.", labels=["api", "error"]
-        )
-        request_bytes = CounterMetricFamily("kqp_request_bytes", "Request bytes received from clients.", labels=["api"])
-        response_bytes = CounterMetricFamily("kqp_response_bytes", "Response bytes sent to clients.", labels=["api"])
-        broker_latency = HistogramMetricFamily(
-            "kqp_request_broker_latency_seconds",
-            "Time from forwarding a request to the broker until its response arrived.",
-            labels=["api"],
-        )
-        proxy_latency = HistogramMetricFamily(
-            "kqp_request_proxy_latency_seconds",
-            "Time the proxy added to a request/response pair, throttle delays excluded.",
-            labels=["api"],
-        )
-        for stats in list(self._apis.values()):
-            for version, count in sorted(stats.requests_by_version.items()):
-                requests.add_metric([stats.name, str(version)], count)
-            for code, count in sorted(stats.errors.items()):
-                errors.add_metric([stats.name, _error_name(code)], count)
-            request_bytes.add_metric([stats.name], stats.request_bytes)
-            response_bytes.add_metric([stats.name], stats.response_bytes)
-            buckets, total = stats.broker.cumulative()
-            broker_latency.add_metric([stats.name], buckets, total)
-            buckets, total = stats.proxy.cumulative()
-            proxy_latency.add_metric([stats.name], buckets, total)
-        yield from (requests, errors, request_bytes, response_bytes, broker_latency, proxy_latency)
-
-        client_labels = ["user", "client_id"]
-        client_requests = CounterMetricFamily(
-            "kqp_client_requests", "Requests per user and client-id (bounded labels).", labels=client_labels
-        )
-        client_in = CounterMetricFamily(
-            "kqp_client_request_bytes", "Request bytes per user and client-id.", labels=client_labels
-        )
-        client_out = CounterMetricFamily(
-            "kqp_client_response_bytes", "Response bytes per user and client-id.", labels=client_labels
-        )
-        for (user, client_id), client in list(self._clients.items()):
-            client_requests.add_metric([user, client_id], client.requests)
-            client_in.add_metric([user, client_id], client.request_bytes)
-            client_out.add_metric([user, client_id], client.response_bytes)
-        yield from (client_requests, client_in, client_out)
-
-        throttle_labels = ["quota_type", "user", "client_id", "source", "enforced"]
-        throttles = CounterMetricFamily("kqp_throttles", "Responses that carried a throttle.", labels=throttle_labels)
-        throttle_time = CounterMetricFamily(
-            "kqp_throttle_time_seconds", "Total throttle time given to clients.", labels=throttle_labels
-        )
-        for throttle_key, (throttled_responses, seconds) in list(self._throttles.items()):
-            throttles.add_metric(list(throttle_key), throttled_responses)
-            throttle_time.add_metric(list(throttle_key), seconds)
-        throttle_histogram = HistogramMetricFamily(
-            "kqp_throttle_duration_seconds",
-            "Distribution of throttle times given to clients.",
-            labels=["quota_type", "source", "enforced"],
-        )
-        for histogram_key, histogram in list(self._throttle_histograms.items()):
-            buckets, total = histogram.cumulative()
-            throttle_histogram.add_metric(list(histogram_key), buckets, total)
-        yield from (throttles, throttle_time, throttle_histogram)
-        yield from self._quota_families(read_quota_source)
-
-    def _quota_families(self, read_source: bool) -> Iterator[Metric]:
-        labels = ["quota_type", "user", "client_id"]
-        usage = GaugeMetricFamily(
-            "kqp_quota_usage",
-            "Measured quota usage: bytes/s (produce, fetch), percent of a thread (request), "
-            "partitions/s (controller_mutation).",
-            labels=labels,
-        )
-        limit = GaugeMetricFamily(
-            "kqp_quota_limit", "Configured quota limit, in the unit of kqp_quota_usage.", labels=labels
-        )
-        tokens = GaugeMetricFamily(
-            "kqp_quota_tokens", "Controller mutation tokens left (negative while in debt).", labels=labels
-        )
-        ratio_max = GaugeMetricFamily(
-            "kqp_quota_usage_ratio_max",
-            "Highest usage/limit among all entities of a quota type, labelled or not.",
-            labels=["quota_type"],
-        )
-        entities = GaugeMetricFamily(
-            "kqp_quota_entities", "Quota entities the engine currently tracks.", labels=["quota_type"]
-        )
-        if read_source and self._quota_stats is not None:
-            grouped: dict[tuple[str, str, str], _QuotaGroup] = {}
-            highest: dict[str, float] = {}
-            counts: dict[str, int] = {}
-            for sample in self._quota_stats():
-                quota_type = sample.quota_type
-                counts[quota_type] = counts.get(quota_type, 0) + 1
-                if sample.limit:
-                    highest[quota_type] = max(highest.get(quota_type, 0.0), sample.value / sample.limit)
-                user, client_id = self._labels_for_snapshot(sample.user, sample.client_id)
-                key = (quota_type, user, client_id)
-                group = grouped.get(key)
-                if group is None:
-                    grouped[key] = _QuotaGroup(sample.value, sample.limit, sample.tokens)
-                else:
-                    group.add(sample.value)
-            for key, group in grouped.items():
-                usage.add_metric(list(key), group.usage)
-                # A limit or token count only means something for one entity, not for a sum.
-                if group.samples == 1:
-                    if group.limit is not None:
-                        limit.add_metric(list(key), group.limit)
-                    if group.tokens is not None:
-                        tokens.add_metric(list(key), group.tokens)
-            for quota_type, ratio in highest.items():
-                ratio_max.add_metric([quota_type], ratio)
-            for quota_type, count in counts.items():
-                entities.add_metric([quota_type], count)
-        yield from (usage, limit, tokens, ratio_max, entities)
-
-
-class _QuotaGroup:
-    __slots__ = ("limit", "samples", "tokens", "usage")
-
-    def __init__(self, usage: float, limit: float | None, tokens: float | None) -> None:
-        self.usage = usage
-        self.limit = limit
-        self.tokens = tokens
-        self.samples = 1
-
-    def add(self, usage: float) -> None:
-        self.usage += usage
-        self.samples += 1
+        yield from self.traffic_families()
+        yield from quota_families(self._quota_stats if read_quota_source else None, self._labels_for_snapshot)
 
 
 class _AccumulatorCollector(Collector):

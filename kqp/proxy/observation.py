@@ -42,6 +42,8 @@ from kqp.proxy.hooks import (
     CaptureFindings,
     ClientView,
     Exchange,
+    PartitionColumns,
+    RequestColumns,
     ResponseVerdict,
     TrafficHooks,
     read_fetch_request,
@@ -115,11 +117,11 @@ class ObservationHooks(TrafficHooks):
         # when the exchange ends (`_observe`), with the response.
         if not self._captured(client) or exchange.header.api_key in _SASL_APIS:
             return None
-        exchange.capture = CaptureFindings({})
+        exchange.capture = CaptureFindings(RequestColumns())
         exchange.capture.details = self._request_details(exchange, frame)
         return None
 
-    def _request_details(self, exchange: Exchange, frame: bytes) -> dict[str, Any]:
+    def _request_details(self, exchange: Exchange, frame: bytes) -> RequestColumns:
         header = exchange.header
         body = memoryview(frame)[header.body_offset:]
         if header.api_key == PRODUCE_KEY:
@@ -252,7 +254,7 @@ class ObservationHooks(TrafficHooks):
 
     def _data_partitions(
         self, exchange: Exchange, frame: bytes | None, body_offset: int
-    ) -> tuple[list[dict[str, Any]] | None, int]:
+    ) -> tuple[list[PartitionColumns] | None, int]:
         """Per topic-partition figures (Produce from its request, Fetch from its response) and
         the response's top-level error code."""
         header = exchange.header
@@ -276,7 +278,7 @@ class ObservationHooks(TrafficHooks):
         # An id it has not seen stays visible as its UUID rather than vanishing.
         return self._topics.name_of(topic_id) or str(topic_id)
 
-    def _partition_entry(self, summary: PartitionSummary) -> dict[str, Any]:
+    def _partition_entry(self, summary: PartitionSummary) -> PartitionColumns:
         return {
             "topic": self._topic_name(summary.topic, summary.topic_id),
             "partition": summary.partition,
@@ -306,7 +308,7 @@ def _quota_fields(trace: QuotaTrace) -> dict[str, Any]:
     return fields
 
 
-def _add_produce_errors(partitions: list[dict[str, Any]], frame: bytes, body_offset: int, api_version: int) -> None:
+def _add_produce_errors(partitions: list[PartitionColumns], frame: bytes, body_offset: int, api_version: int) -> None:
     """Copy the per-partition error codes of a Produce response onto the request's entries.
 
     The partition figures (bytes, records, compression) come from the request, since a

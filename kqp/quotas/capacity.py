@@ -4,8 +4,8 @@ Pure Python, no Spark, no numpy: two callers share this one copy. The Spark jobs
 advise) aggregate traffic into per-second figures and this module turns them into verdicts;
 the proxy's cluster guard (kqp.config's guard section, kqp.proxy.guard) reads the same capacity
 file for its limits. It lives in kqp.quotas, below both, so that the configuration never
-imports Spark-side code. Its one IO is `load_capacity`, a local file read when a
-configuration is loaded or a job starts; never on a hot path.
+imports Spark-side code. It reads no file: kqp.config.capacity_file reads the capacity file
+when a configuration is loaded or reloaded, and when a job starts, and hands its text here.
 
 Capacity file: Cruise Control's `capacity.json` format, so operators reuse theirs:
 ``{"brokerCapacities": [{"brokerId": "-1", "capacity": {"DISK": "100000", "CPU": "100",
@@ -22,7 +22,6 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 # The network resources of a broker, named as in Cruise Control's capacity file: the one copy
@@ -121,12 +120,13 @@ def parse_capacity(document: Mapping[str, Any]) -> CapacityFile:
     return CapacityFile(brokers=brokers, default=default)
 
 
-def load_capacity(path: str | Path) -> CapacityFile:
-    """Read and parse a capacity JSON file."""
+def parse_capacity_json(text: str, source: str) -> CapacityFile:
+    """Parse a capacity file's text; `source` (its path) names it in the error. The file is
+    read above this package (kqp.config.capacity_file), which stays free of IO."""
     try:
-        document = json.loads(Path(path).read_text())
+        document = json.loads(text)
     except json.JSONDecodeError as error:
-        raise CapacityFileError(f"{path}: not JSON ({error})") from error
+        raise CapacityFileError(f"{source}: not JSON ({error})") from error
     return parse_capacity(document)
 
 

@@ -13,8 +13,8 @@ Run on a cluster (ship the package as a zip; the entry point is this module)::
         --capacity capacity.json --replication-factor 3
 
 Structure: `extract` (capture_source.read_capture) -> the steps of `run_analyze`, each made
-of pure transforms (analyze_transform: a few Spark aggregations, then driver-side pandas shaping
-of their small results) -> `load` (report.write_analyze_outputs). The Spark work is one pass
+of pure transforms (analyze_transform: a few Spark aggregations, then analyze_tables: driver-side
+pandas shaping of their small results) -> `load` (report.write_analyze_outputs). The Spark work is one pass
 building the per-second traffic sums (cached: six small aggregations read them), and one pass
 each for the partitions, the Produce batches and the latencies, reading only their columns;
 every series, percentile and share is computed on the driver from rows per (broker, second),
@@ -24,9 +24,9 @@ per entity or per partition. Figures:
     Produce request bytes in, Fetch response bytes out, all request/response bytes,
     requests (also per API key) and distinct connections; 1 min values are per-second
     averages over the captured seconds of the minute. Gaps are filled with zeros so percentiles count idle seconds.
-  * p50/p95/p99/p99.9/max (exact: Spark's `percentile`, as analyze_transform.exact_percentiles
+  * p50/p95/p99/p99.9/max (exact: Spark's `percentile`, as analyze_tables.exact_percentiles
     reproduces it) with the time of the max, and seconds above the capacity limit;
-  * replication-aware network load from the replication factor (analyze_transform.with_replication);
+  * replication-aware network load from the replication factor (analyze_tables.with_replication);
   * shares (top-N, Pareto) of principals, client-ids, (principal, client-id) and topics;
   * partition hot spots and skew; Produce batch-size mix; latency percentiles by API
     (approximate, `percentile_approx`); errors; observed broker vs proxy throttles;
@@ -48,37 +48,28 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from kqp.config.capacity_file import load_capacity
 from kqp.quotas import capacity as cap
-from kqp.spark_jobs.analyze_transform import (
+from kqp.spark_jobs.analyze_tables import (
     BATCH_BUCKET_LAST,
     BATCH_BUCKETS,
     RESOLUTIONS,
     RESOURCE_OF_METRIC,
     STATS,
-    aggregate_traffic,
-    api_error_totals,
     api_mix,
     api_names,
     api_stats,
     batch_tables,
-    broker_second_totals,
-    bucket_connections,
     bucket_series,
     client_broker_totals,
-    client_burstiness,
-    client_totals,
     cluster_series,
     entity_totals,
     error_counts,
     headroom_loads,
-    latency_by_api,
     network_limits,
     network_stats,
     ordered_stats,
     pareto_summary,
-    partition_totals,
-    prepare_requests,
-    produce_batches_by_client,
     rank_shares,
     resolve_lost_broker,
     skew,
@@ -87,6 +78,18 @@ from kqp.spark_jobs.analyze_transform import (
     topic_totals,
     with_replication,
     without_broker,
+)
+from kqp.spark_jobs.analyze_transform import (
+    aggregate_traffic,
+    api_error_totals,
+    broker_second_totals,
+    bucket_connections,
+    client_burstiness,
+    client_totals,
+    latency_by_api,
+    partition_totals,
+    prepare_requests,
+    produce_batches_by_client,
 )
 from kqp.spark_jobs.capture_source import FooterCoverage, read_capture, read_footer_coverage
 from kqp.spark_jobs.common import BUDGET_EXIT_CODE, HelpFormatter, Progress
@@ -416,7 +419,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
         raise ValueError(f"headroom stat must be one of {STATS}")
     if options.headroom_resolution not in RESOLUTIONS:
         raise ValueError(f"headroom resolution must be one of {tuple(RESOLUTIONS)}")
-    capacity_file = cap.load_capacity(options.capacity) if options.capacity else None
+    capacity_file = load_capacity(options.capacity) if options.capacity else None
     thresholds = {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold}
 
     data = extract(spark, options)

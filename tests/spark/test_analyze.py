@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kqp.quotas import capacity as cap
+from kqp.config.capacity_file import load_capacity
 from kqp.spark_jobs.analyze import AnalyzeOptions, run_analyze
 from kqp.spark_jobs.common import Progress
 from kqp.spark_jobs.report import write_analyze_outputs
@@ -127,7 +127,7 @@ def test_replication_aware_network_load(analysis: Any, capture_rows: pd.DataFram
 
 def test_headroom_binding_constraint_and_broker_loss(analysis: Any, capture_rows: pd.DataFrame) -> None:
     result, _ = analysis
-    capacity = cap.load_capacity(CAPACITY)
+    capacity = load_capacity(CAPACITY)
     brokers = list(range(SPEC.brokers))
     produce = per_second(capture_rows, capture_rows["request_bytes"].where(capture_rows["api_key"] == 0, 0), brokers)
     bytes_in = per_second(capture_rows, capture_rows["request_bytes"], brokers)

@@ -320,7 +320,7 @@ def test_user_granularity_uses_the_user_default() -> None:
 
 def test_the_rendered_file_loads_as_kqp_config_whatever_the_names(tmp_path: Any) -> None:
     from kqp.config import load_config
-    from kqp.spark_jobs.advise import render_quotas_yaml
+    from kqp.spark_jobs.advise_yaml import render_quotas_yaml
 
     names = ['quote"d', "colon: and # hash", "ünï-çødé", "<not-default>"]
     # 5 + 2L + 3L = 605 -> L = 120: the first name (weight 2) gets its own entry of 240.

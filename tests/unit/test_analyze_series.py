@@ -1,4 +1,4 @@
-"""analyze's driver-side series and statistics (kqp/spark_jobs/analyze_transform.py) on cases
+"""analyze's driver-side series and statistics (kqp/spark_jobs/analyze_tables.py) on cases
 worked out by hand; the Spark test (tests/spark/test_analyze.py) checks them on a capture."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kqp.spark_jobs.analyze_transform import (
+from kqp.spark_jobs.analyze_tables import (
     bucket_series,
     exact_percentiles,
     series_stats,

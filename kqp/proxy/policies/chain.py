@@ -11,7 +11,8 @@ enabled under the live settings (kqp.proxy.policies.tables), in phases
   1. decide: every policy's `request` or `response` verdict, folded by
      `RequestVerdict.fold` / `ResponseVerdict.fold`: the largest throttle, mute and
      one-at-a-time span (a broker returns the largest of its quotas' throttles, never the
-     sum), the later frame or answer;
+     sum), the later frame or answer; a policy is given the request frame as the earlier
+     ones replaced it, so the later frame is made from theirs;
   2. follow: if the folded throttle is > 0, every policy's `throttled` is told it
      (one_at_a_time notes it, cluster_hold mutes the client's other connections);
   3. pace (responses): a policy's `turn` replaces the folded mute with its budget's turn
@@ -107,13 +108,25 @@ class EnforcementPolicies(TrafficHooks):
         """Housekeeping off the data path (the app calls it periodically)."""
         self.registry.forget_expired(now_ms)
 
-    def _calls(self, client: ClientView, api_key: int) -> ApiCalls:
-        """The connection's calls for `api_key`, its policies made on first use. The hot
-        calls (`request`, `response`) test the table they hold first, inline."""
-        policies: ConnectionPolicies | None = client.state.policies
-        if policies is None or policies.registry is not self.registry:
+    def _policies(self, client: ClientView) -> ConnectionPolicies:
+        """The connection's policy objects, made on first use (or anew for another registry)."""
+        policies = client.state.policies
+        if not isinstance(policies, ConnectionPolicies) or policies.registry is not self.registry:
             policies = client.state.policies = ConnectionPolicies(self.registry, self._factories)
-        return policies.calls(api_key)
+        return policies
+
+    def _calls(self, client: ClientView, api_key: int) -> ApiCalls:
+        """The connection's calls for `api_key` under the live settings: the table it holds
+        while that is current (one lookup, the per-request case), else its policies made or
+        the table refilled (kqp.proxy.policies.tables)."""
+        registry = self.registry
+        policies = client.state.policies
+        # `__class__ is`, not isinstance: the same test without a call, on every request and response.
+        if (policies.__class__ is ConnectionPolicies and policies.registry is registry
+                and policies.settings is registry.settings and policies.quotas is registry.engine.settings
+                and (calls := policies.by_api.get(api_key)) is not None):
+            return calls
+        return self._policies(client).calls(api_key)
 
     def takes(self, call: str, api_key: int) -> bool:
         """Whether any policy could take part in the hook call `call` for `api_key` (asked
@@ -121,13 +134,11 @@ class EnforcementPolicies(TrafficHooks):
         return any_takes_part(self._factories, call, api_key)
 
     def connection_opened(self, client: ClientView) -> None:
-        policies: ConnectionPolicies | None = client.state.policies
-        if policies is None or policies.registry is not self.registry:
-            client.state.policies = ConnectionPolicies(self.registry, self._factories)
+        self._policies(client)
 
     def connection_closed(self, client: ClientView, reason: CloseReason) -> None:
-        policies: ConnectionPolicies | None = client.state.policies
-        if policies is not None and policies.registry is self.registry:
+        policies = client.state.policies
+        if isinstance(policies, ConnectionPolicies) and policies.registry is self.registry:
             for policy in policies.policies:
                 policy.closed(client)
 
@@ -139,13 +150,7 @@ class EnforcementPolicies(TrafficHooks):
         return None
 
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
-        api_key = exchange.header.api_key
-        registry = self.registry
-        policies: ConnectionPolicies | None = client.state.policies
-        if (policies is None or policies.registry is not registry or policies.settings is not registry.settings
-                or policies.quotas is not registry.engine.settings
-                or (calls := policies.by_api.get(api_key)) is None):
-            calls = self._calls(client, api_key)
+        calls = self._calls(client, exchange.header.api_key)
         now_ms = self._now_ms()
         folded: RequestVerdict | None = None
         for request in calls.request:
@@ -155,6 +160,8 @@ class EnforcementPolicies(TrafficHooks):
                     folded = verdict
                 else:
                     folded.fold(verdict)
+                if verdict.frame is not None:
+                    frame = verdict.frame  # later policies see the request as it will be sent
         if folded is not None and folded.throttle_ms > 0:
             exchange.proxy_throttle_ms = max(exchange.proxy_throttle_ms, folded.throttle_ms)
             for throttled in calls.throttled:
@@ -168,13 +175,7 @@ class EnforcementPolicies(TrafficHooks):
         """A whole response, or with `frame_size` the head of a streamed one: the phases,
         then the folded throttle into ThrottleTimeMs (a copy of a whole frame, the head in
         place) and on the exchange."""
-        api_key = exchange.header.api_key
-        registry = self.registry
-        policies: ConnectionPolicies | None = client.state.policies
-        if (policies is None or policies.registry is not registry or policies.settings is not registry.settings
-                or policies.quotas is not registry.engine.settings
-                or (calls := policies.by_api.get(api_key)) is None):
-            calls = self._calls(client, api_key)
+        calls = self._calls(client, exchange.header.api_key)
         now_ms = self._now_ms()
         body_size = (len(frame) if frame_size is None else frame_size) - body_offset
         folded: ResponseVerdict | None = None

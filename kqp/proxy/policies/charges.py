@@ -14,6 +14,7 @@ from kqp.quotas.recording import (
     QuotaTrace,
     RequestCharges,
     RequestOutcome,
+    ResponseCharges,
     broker_label,
     charge_request,
     request_charges,
@@ -26,34 +27,38 @@ def quota_client(client: ClientView, exchange: Exchange) -> QuotaClient:
     return QuotaClient(broker_label(client.broker), client.principal, exchange.header.client_id or "")
 
 
-def trace(client: ClientView, exchange: Exchange) -> QuotaTrace:
-    """The record of this exchange's engine calls, which the capture stores so that a replay
-    can make the same calls in the same order (kqp.quotas.recording)."""
-    if exchange.quota is None:
-        exchange.quota = QuotaTrace(broker_label(client.broker))
-    return exchange.quota
+def trace_engine_call(
+    registry: PolicyRegistry, client: ClientView, exchange: Exchange, now_ms: float, *,
+    request: RequestCharges | None = None, response: ResponseCharges | None = None,
+) -> None:
+    """Number an engine call and keep its inputs in the exchange's trace (`Exchange.quota`),
+    which the capture stores so that a replay can make the same calls in the same order
+    (kqp.quotas.recording). The one place the trace is written, for requests and responses.
+
+    The trace is kept unless the connection is known not to be captured
+    (`ConnectionHookState.captured`); the calls are numbered either way, so the numbers a
+    capture holds stay the process's."""
+    registry.engine_calls += 1
+    if client.state.captured is False:
+        return
+    record = exchange.quota
+    if record is None:
+        record = exchange.quota = QuotaTrace(broker_label(client.broker))
+    if response is not None:
+        record.response_seq, record.response_now_ms, record.response = registry.engine_calls, now_ms, response
+    else:
+        record.request_seq, record.request_now_ms, record.request = registry.engine_calls, now_ms, request
 
 
 def charge_request_now(
     registry: PolicyRegistry, client: ClientView, exchange: Exchange, who: QuotaClient, charges: RequestCharges,
     now_ms: float, charged: FleetCharge | None = None,
 ) -> RequestOutcome:
-    """Charge the request now, or record the charge the fleet already made (`charged`).
-
-    The trace is kept unless the connection is known not to be captured
-    (`ConnectionHookState.captured`); the calls are numbered either way, so the numbers a
-    capture holds stay the process's."""
+    """Charge the request now, or record the charge the fleet already made (`charged`), and
+    trace it (`trace_engine_call`)."""
     now = now_ms if charged is None else charged.charged_at_ms
-    registry.engine_calls += 1
-    if client.state.captured is not False:
-        record = trace(client, exchange)
-        record.request_seq, record.request_now_ms, record.request = registry.engine_calls, now, charges
-    outcome = charge_request(registry.engine, who, charges, now) if charged is None else charged.outcome
-    # Kept for the response: a request-time throttle (a mutation's) is combined with the
-    # response's own, as the broker returns the larger of its quotas' throttles.
-    if outcome.throttle_ms:
-        exchange.request_outcome = outcome
-    return outcome
+    trace_engine_call(registry, client, exchange, now, request=charges)
+    return charge_request(registry.engine, who, charges, now) if charged is None else charged.outcome
 
 
 def mutation_charges(registry: PolicyRegistry, exchange: Exchange, frame: bytes) -> RequestCharges | None:

@@ -32,7 +32,7 @@ from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.fast_path import patch_fetch_max_bytes
 from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, read_fetch_request
-from kqp.proxy.policies.charges import charge_request_now, trace
+from kqp.proxy.policies.charges import charge_request_now, trace_engine_call
 from kqp.proxy.policies.policy import Policy
 from kqp.proxy.policies.registry import PolicyRegistry
 from kqp.quotas.recording import (
@@ -133,10 +133,7 @@ class KafkaCharging(Policy):
         charges = response_charges(header.api_key, exchange.request_bytes - 4, body_size, round_trip_ms,
                                    exchange.fetch_max_wait_ms)
         registry = self._registry
-        registry.engine_calls += 1
-        if client.state.captured is not False:
-            record = trace(client, exchange)
-            record.response_seq, record.response_now_ms, record.response = registry.engine_calls, now_ms, charges
+        trace_engine_call(registry, client, exchange, now_ms, response=charges)
         throttle = charge_response(registry.engine, self._client(client, exchange), charges, now_ms)
         if throttle <= 0:
             return None

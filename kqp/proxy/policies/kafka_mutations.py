@@ -48,8 +48,13 @@ class KafkaMutations(Policy):
         # A fleet's claim (kqp.proxy.policies.fleet_mutation_order) that timed out or failed
         # leaves `charged` None: the proxy then charges locally, as one outside a fleet would.
         charged = claim.result() if claim is not None and claim.done() and not claim.cancelled() else None
-        outcome = charge_request_now(self._registry, client, exchange, quota_client(client, exchange), charges,
-                                     now_ms, charged).mutation
+        charge = charge_request_now(self._registry, client, exchange, quota_client(client, exchange), charges,
+                                    now_ms, charged)
+        if charge.throttle_ms:
+            # Kept for the response: the mutation's throttle is combined with the response's
+            # own, as the broker returns the larger of its quotas' throttles.
+            findings.outcome = charge
+        outcome = charge.mutation
         assert outcome is not None  # a mutation API with topics to charge
         rejected = [t for t, accepted in zip(request.topics, outcome.accepted, strict=True) if not accepted]
         findings.rejected = rejected
@@ -72,7 +77,7 @@ class KafkaMutations(Policy):
         self, client: ClientView, exchange: Exchange, frame: bytes | bytearray, body_offset: int, body_size: int,
         now_ms: float,
     ) -> ResponseVerdict | None:
-        outcome = exchange.request_outcome
+        outcome = exchange.mutation.outcome if exchange.mutation is not None else None
         if exchange.local_response is not None:
             # Answered by the proxy (every topic rejected): the throttle is already in it.
             throttle = outcome.throttle_ms if outcome is not None else 0

@@ -10,8 +10,9 @@ phases, each only for the API keys it declares and only if its class overrides t
   throttled -> told the throttle the verdicts folded to, when there is one (> 0);
   turn      -> the mute of a budget's turn, given the folded throttle (fair turns).
 
-The first two and `response` see no other policy's verdict; `throttled` and `turn` see the
-folded throttle and nothing else. Time comes in as an argument (`now_ms`, the engine's ms):
+The first two and `response` see no other policy's verdict (`request` is given the frame as
+the earlier policies replaced it); `throttled` and `turn` see the folded throttle and nothing
+else. Adding a policy: docs/design.md, "Adding a policy". Time comes in as an argument (`now_ms`, the engine's ms):
 the chain reads the clock once per call, so every policy of one call sees one instant.
 """
 

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kqp.proxy.metrics import OTHER, ProxyMetrics, QuotaStatSample
+from kqp.proxy.metrics import ProxyMetrics
+from kqp.proxy.quota_metrics import QuotaStatSample
+from kqp.proxy.traffic_metrics import OTHER
 from tests.unit.helpers.metrics import registered_metric_names
 
 

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from kqp.config.capacity_file import load_capacity
 from kqp.quotas import capacity as cap
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def test_example_capacity_file_parses_in_cruise_control_units() -> None:
-    parsed = cap.load_capacity(REPO / "config" / "capacity.json")
+    parsed = load_capacity(REPO / "config" / "capacity.json")
     assert parsed.for_broker(0).nw_in_bytes_per_s == 12_500 * 1024
     assert parsed.for_broker(7).nw_out_bytes_per_s == 10_000 * 1024  # from the -1 default
     assert parsed.for_broker(7).disk_mb == 500_000

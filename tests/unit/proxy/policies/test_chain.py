@@ -169,3 +169,35 @@ def test_a_quota_with_cluster_scope_brings_the_cluster_hold_in_for_open_connecti
     engine.update(QuotaSettings(scope="cluster"))
     names = [type(call.__self__).__name__ for call in client.state.policies.calls(ApiKey.PRODUCE).request]
     assert names == ["KafkaCharging", "OneAtATime", "ClusterHold"]
+
+
+class Rewrites(Policy):
+    """Replaces the request's last byte with 0xAA, on the frame it is given."""
+
+    def __init__(self, registry: PolicyRegistry) -> None:
+        pass
+
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes, now_ms: float) -> RequestVerdict | None:
+        return RequestVerdict(frame=frame[:-1] + b"\xaa")
+
+
+class AppendsAndRecords(Policy):
+    """Records the frame it is given and appends a byte to it."""
+
+    SEEN: list[bytes] = []
+
+    def __init__(self, registry: PolicyRegistry) -> None:
+        pass
+
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes, now_ms: float) -> RequestVerdict | None:
+        AppendsAndRecords.SEEN.append(frame)
+        return RequestVerdict(frame=frame + b"\xbb")
+
+
+def test_a_later_policy_is_given_the_frame_an_earlier_one_replaced_and_its_replacement_is_sent() -> None:
+    AppendsAndRecords.SEEN.clear()
+    exchange, _, _ = produce_exchange()
+    original = request_frame(PRODUCE_KEY, 9, produce_pair(9, {"name": "orders"}, (0, 0))[0])
+    verdict = chain_of(Rewrites, AppendsAndRecords).request(client_view(1), exchange, original)
+    assert [original[:-1] + b"\xaa"] == AppendsAndRecords.SEEN
+    assert verdict is not None and verdict.frame == original[:-1] + b"\xaa\xbb"
