@@ -15,11 +15,16 @@ longer window, as a longer real capture would be.
 `floor` is the floor the jobs are measured against: the plain Spark SQL query analyze's headline
 figures need (per broker and second: NW_IN, NW_OUT, requests; p50/p99/max of each per broker;
 bytes per client-id), run the same way (a fresh process, `--master` alike, Spark start-up
-included). The table gives analyze's time relative to it (target: 2.5x).
+included). The table gives analyze's time relative to it (target: 2.5x); naming `floor` twice in
+`--jobs` (before and after the others) shows how much the machine moved meanwhile.
 
-`advise` runs against ADVISE_CAPACITY (NW_IN/NW_OUT low enough that the heavy clients of the
-synthetic capture are limited, so the water-filling and the verification replay both work),
-and the table gives its time relative to `analyze` on the same capture (target: 1.5x).
+`whatif` replays QUOTAS_YAML in `--whatif-mode` (deferral by default, the mode advise's
+verification runs). `advise` runs against ADVISE_CAPACITY (NW_IN/NW_OUT low enough that the
+heavy clients of the synthetic capture are limited, so the water-filling and the verification
+replay both work). The table gives both relative to `analyze` on the same capture (target: 1.5x).
+
+Every run records the load average (/proc/loadavg, 1 min) when it starts and ends: on a shared
+machine a ratio is only as good as the loads of its two runs were alike.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CAPACITY_FILE = REPO / "config" / "capacity.json"
 TARGET_10M_ANALYZE_S = 180.0
-TARGET_ADVISE_OVER_ANALYZE = 1.5
+# whatif --mode deferral and advise, each against analyze on the same capture (issue 43).
+TARGET_REPLAY_OVER_ANALYZE = 1.5
 TARGET_ANALYZE_OVER_FLOOR = 2.5
 JOBS = ("floor", "analyze", "whatif", "advise")
 # The floor query, in Spark SQL over the capture's own columns (docs/capture-schema.md).
@@ -83,6 +89,13 @@ class Measurement:
     seconds: float
     rows_per_s: float
     exit_code: int
+    load_before: float  # 1 min load average when the job started
+    load_after: float
+
+
+def load_average() -> float:
+    """The machine's 1 min load average, read from the kernel."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def log(message: str) -> None:
@@ -128,25 +141,28 @@ def floor_query(capture: str, master: str) -> int:
     return 0
 
 
-def job_command(job: str, capture: Path, output: Path, master: str, quotas: Path) -> list[str]:
+def job_command(job: str, capture: Path, output: Path, master: str, quotas: Path, whatif_mode: str) -> list[str]:
     if job == "floor":
         return [sys.executable, str(Path(__file__).resolve()), "--floor-query", str(capture), "--master", master]
     command = [sys.executable, "-m", f"kqp.spark_jobs.{job}", str(capture), "--output", str(output), "--master", master]
     if job == "analyze":
         command += ["--capacity", str(CAPACITY_FILE)]
     elif job == "whatif":
-        command += ["--quotas", str(quotas)]
+        command += ["--quotas", str(quotas), "--mode", whatif_mode]
     elif job == "advise":
         command += ["--capacity", str(quotas.parent / "advise-capacity.json")]
     return command
 
 
-def run_job(job: str, rows: int, capture: Path, output: Path, master: str, quotas: Path) -> Measurement:
+def run_job(
+    job: str, rows: int, capture: Path, output: Path, master: str, quotas: Path, whatif_mode: str
+) -> Measurement:
     """Run one job in a fresh process, relaying its progress lines; wall time includes start-up."""
-    log(f"{job} on {rows:,} requests ({master})")
+    load_before = load_average()
+    log(f"{job} on {rows:,} requests ({master}), load average {load_before:.2f}")
     started = time.monotonic()
     process = subprocess.Popen(
-        job_command(job, capture, output, master, quotas),
+        job_command(job, capture, output, master, quotas, whatif_mode),
         cwd=REPO,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -163,10 +179,19 @@ def run_job(job: str, rows: int, capture: Path, output: Path, master: str, quota
             log(f"  {line}")
     code = process.wait()
     elapsed = time.monotonic() - started
+    load_after = load_average()
     if code not in (0, 3):  # 3 = a budget was violated, still a complete run
         log(f"{job} failed with exit code {code}; last lines:\n" + "\n".join(tail))
-    log(f"{job} on {rows:,}: {elapsed:.1f} s, {rows / elapsed:,.0f} rows/s")
-    return Measurement(job=job, rows=rows, seconds=elapsed, rows_per_s=rows / elapsed, exit_code=code)
+    log(f"{job} on {rows:,}: {elapsed:.1f} s, {rows / elapsed:,.0f} rows/s, load {load_before:.2f} -> {load_after:.2f}")
+    return Measurement(
+        job=job,
+        rows=rows,
+        seconds=elapsed,
+        rows_per_s=rows / elapsed,
+        exit_code=code,
+        load_before=load_before,
+        load_after=load_after,
+    )
 
 
 def growth_exponents(measurements: list[Measurement]) -> dict[str, list[dict[str, float]]]:
@@ -186,12 +211,37 @@ def growth_exponents(measurements: list[Measurement]) -> dict[str, list[dict[str
     return result
 
 
+def ratio_lines(measurements: list[Measurement]) -> list[str]:
+    """The issue's targets: analyze against every floor run of its size, whatif and advise against analyze."""
+    completed = [m for m in measurements if m.exit_code in (0, 3)]
+    lines = []
+    for analyze in (m for m in completed if m.job == "analyze"):
+        for floor in (m for m in completed if m.job == "floor" and m.rows == analyze.rows):
+            ratio = analyze.seconds / floor.seconds
+            lines.append(
+                f"analyze / floor on {analyze.rows:,} rows: x{ratio:.2f} ({analyze.seconds:.1f} s vs"
+                f" {floor.seconds:.1f} s, loads {analyze.load_before:.2f}-{analyze.load_after:.2f} vs"
+                f" {floor.load_before:.2f}-{floor.load_after:.2f}; target x{TARGET_ANALYZE_OVER_FLOOR}):"
+                f" {'met' if ratio <= TARGET_ANALYZE_OVER_FLOOR else 'MISSED'}"
+            )
+        for replay in (m for m in completed if m.job in ("whatif", "advise") and m.rows == analyze.rows):
+            ratio = replay.seconds / analyze.seconds
+            lines.append(
+                f"{replay.job} / analyze on {analyze.rows:,} rows: x{ratio:.2f} ({replay.seconds:.1f} s vs"
+                f" {analyze.seconds:.1f} s, loads {replay.load_before:.2f}-{replay.load_after:.2f} vs"
+                f" {analyze.load_before:.2f}-{analyze.load_after:.2f}; target x{TARGET_REPLAY_OVER_ANALYZE}):"
+                f" {'met' if ratio <= TARGET_REPLAY_OVER_ANALYZE else 'MISSED'}"
+            )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument(
-        "--jobs", nargs="+", choices=JOBS, default=["floor", "analyze", "whatif"], help="jobs to time, in this order"
+        "--jobs", nargs="+", choices=JOBS, default=list(JOBS), help="jobs to time, in this order (a job may repeat)"
     )
+    parser.add_argument("--whatif-mode", choices=("deferral", "open_loop"), default="deferral")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rate", type=int, default=2_000, help="requests/s of the synthetic capture")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kqp-bench"))
@@ -212,12 +262,17 @@ def main(argv: list[str] | None = None) -> int:
         capture = args.workdir / f"capture-{rows}"
         generate(rows, args.rate, capture)
         for job in args.jobs:
-            measurements.append(run_job(job, rows, capture, args.workdir / f"{job}-{rows}", args.master, quotas))
+            output = args.workdir / f"{job}-{rows}"
+            measurements.append(run_job(job, rows, capture, output, args.master, quotas, args.whatif_mode))
 
     print(f"\nSpark replay jobs, master {args.master}, {os.cpu_count()} CPUs visible; wall time incl. Spark start-up")
-    print(f"{'job':<8} {'requests':>12} {'seconds':>9} {'rows/s':>10}  exit")
+    print(f"whatif mode: {args.whatif_mode}; load: 1 min load average at the job's start -> end")
+    print(f"{'job':<8} {'requests':>12} {'seconds':>9} {'rows/s':>10}  exit  load")
     for m in measurements:
-        print(f"{m.job:<8} {m.rows:>12,} {m.seconds:>9.1f} {m.rows_per_s:>10,.0f}  {m.exit_code}")
+        print(
+            f"{m.job:<8} {m.rows:>12,} {m.seconds:>9.1f} {m.rows_per_s:>10,.0f}  {m.exit_code:>4}"
+            f"  {m.load_before:.2f} -> {m.load_after:.2f}"
+        )
     exponents = growth_exponents(measurements)
     for job, steps in exponents.items():
         for step in steps:
@@ -229,21 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     if ten_million:
         verdict = "met" if ten_million[0].seconds < TARGET_10M_ANALYZE_S else "MISSED"
         print(f"target: 10M analysed in < {TARGET_10M_ANALYZE_S:.0f} s: {verdict} ({ten_million[0].seconds:.1f} s)")
-    analyze_times = {m.rows: m.seconds for m in measurements if m.job == "analyze"}
-    for m in measurements:
-        if m.job == "floor" and m.rows in analyze_times:
-            ratio = analyze_times[m.rows] / m.seconds
-            verdict = "met" if ratio <= TARGET_ANALYZE_OVER_FLOOR else "MISSED"
-            print(
-                f"analyze / floor on {m.rows:,} rows: x{ratio:.2f} ({analyze_times[m.rows]:.1f} s vs {m.seconds:.1f} s;"
-                f" target x{TARGET_ANALYZE_OVER_FLOOR}): {verdict}"
-            )
-    for m in measurements:
-        if m.job == "advise" and m.rows in analyze_times:
-            ratio = m.seconds / analyze_times[m.rows]
-            verdict = "met" if ratio <= TARGET_ADVISE_OVER_ANALYZE else "MISSED"
-            target = TARGET_ADVISE_OVER_ANALYZE
-            print(f"advise / analyze on {m.rows:,} rows: x{ratio:.2f} (target x{target}): {verdict}")
+    for line in ratio_lines(measurements):
+        print(line)
     if args.json:
         document = {"master": args.master, "runs": [asdict(m) for m in measurements], "growth": exponents}
         args.json.write_text(json.dumps(document, indent=2))

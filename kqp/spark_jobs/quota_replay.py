@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -80,37 +80,61 @@ _RESPONSE_HEADER_BYTES = 4
 def charged_inputs(requests: pd.DataFrame) -> pd.DataFrame:
     """Add `nbytes` and `request_time_ms`: what each request charged, by the proxy's own rules.
 
-    A row the proxy recorded (capture v2) carries the charges themselves; otherwise they are
-    derived from the raw sizes and times through kqp.quotas.recording.response_charges.
-    Needs api_key, api_version, request_bytes, response_bytes, round_trip_ms and
-    fetch_max_wait_ms (and the v2 quota_* columns when present).
+    A row the proxy recorded (capture v2) carries the charges themselves: they are copied column
+    by column. Otherwise they are derived from the raw sizes and times through
+    kqp.quotas.recording.response_charges, called once per such row on plain Python values (the
+    columns converted to lists once): the rule stays the proxy's one copy, and what a row costs
+    is the rule, not pandas' per-cell access. Needs api_key, api_version, request_bytes,
+    response_bytes, round_trip_ms and fetch_max_wait_ms (and the v2 quota_* columns when present).
     """
     frame = requests.copy()
-    recorded = frame["quota_broker"].notna() if "quota_broker" in frame.columns else None
-    nbytes = np.zeros(len(frame), dtype=np.int64)
-    request_ms = np.full(len(frame), np.nan)
-    for position, row in enumerate(frame.itertuples(index=False)):
-        if recorded is not None and recorded.iat[position]:
-            produce, fetch, took = row.quota_produce_bytes, row.quota_fetch_bytes, row.quota_request_time_ms
-        else:
+    n = len(frame)
+    nbytes = np.zeros(n, dtype=np.int64)
+    request_ms = np.full(n, np.nan)
+    has_recorded = "quota_broker" in frame.columns
+    recorded = frame["quota_broker"].notna().to_numpy() if has_recorded else np.zeros(n, dtype=bool)
+    if recorded.any():
+        # At most one of the two byte charges is set (Produce or Fetch), as in the rule below.
+        for column in ("quota_produce_bytes", "quota_fetch_bytes"):
+            charged = frame[column].to_numpy(dtype=np.float64, na_value=np.nan)
+            present = recorded & ~np.isnan(charged)
+            nbytes[present] = np.maximum(charged[present], 0).astype(np.int64)
+        took = frame["quota_request_time_ms"].to_numpy(dtype=np.float64, na_value=np.nan)
+        request_ms[recorded] = took[recorded]
+    derived = np.flatnonzero(~recorded)
+    if len(derived):
+        # Plain Python values, NaN for a missing one (`x != x`), so the loop touches no pandas.
+        def values(column: str) -> list[Any]:
+            return list(frame[column].to_numpy(dtype=np.float64, na_value=np.nan)[derived].tolist())
+
+        api_keys = frame["api_key"].to_numpy(dtype=np.int64)[derived].tolist()
+        versions = frame["api_version"].to_numpy(dtype=np.int64)[derived].tolist()
+        request_sizes = frame["request_bytes"].to_numpy(dtype=np.int64)[derived].tolist()
+        response_sizes = values("response_bytes")
+        round_trips = values("round_trip_ms")
+        waits = values("fetch_max_wait_ms")
+        for position, api_key, version, request_size, response_size, round_trip, wait in zip(
+            derived.tolist(), api_keys, versions, request_sizes, response_sizes, round_trips, waits, strict=True
+        ):
             response_body = None
-            if _present(row.response_bytes):
+            if response_size == response_size:
                 # ShareFetch is flexible in every version.
-                flexible_fetch = row.api_key == ApiKey.SHARE_FETCH or (
-                    row.api_key == ApiKey.FETCH and row.api_version >= FETCH_FIRST_FLEXIBLE
+                flexible_fetch = api_key == ApiKey.SHARE_FETCH or (
+                    api_key == ApiKey.FETCH and version >= FETCH_FIRST_FLEXIBLE
                 )
-                response_body = int(row.response_bytes) - _SIZE_PREFIX_BYTES - _RESPONSE_HEADER_BYTES - flexible_fetch
-            round_trip = float(row.round_trip_ms) if _present(row.round_trip_ms) else None
-            wait = int(row.fetch_max_wait_ms) if _present(row.fetch_max_wait_ms) else None
+                response_body = int(response_size) - _SIZE_PREFIX_BYTES - _RESPONSE_HEADER_BYTES - flexible_fetch
             charges = response_charges(
-                int(row.api_key), int(row.request_bytes) - _SIZE_PREFIX_BYTES, response_body, round_trip, wait
+                api_key,
+                request_size - _SIZE_PREFIX_BYTES,
+                response_body,
+                round_trip if round_trip == round_trip else None,
+                int(wait) if wait == wait else None,
             )
-            produce, fetch, took = charges.produce_bytes, charges.fetch_bytes, charges.request_time_ms
-        for charged in (produce, fetch):
-            if _present(charged):
-                nbytes[position] = max(int(charged), 0)
-        if _present(took):
-            request_ms[position] = float(took)
+            for charged in (charges.produce_bytes, charges.fetch_bytes):
+                if charged is not None:
+                    nbytes[position] = max(charged, 0)
+            if charges.request_time_ms is not None:
+                request_ms[position] = charges.request_time_ms
     frame["nbytes"] = nbytes
     frame["request_time_ms"] = request_ms
     return frame
@@ -204,12 +228,14 @@ def replay_group(
     sim_ts = np.zeros(n, dtype=np.int64)
     throttles = np.zeros(n, dtype=np.float64)
     ts = frame["ts_ms"].to_numpy(dtype=np.int64)
-    api = frame["api_key"].to_numpy()
-    broker = frame["broker"].to_numpy()
-    principal = frame["principal"].to_numpy()
-    client = frame["client_id"].to_numpy()
-    nbytes = frame["nbytes"].to_numpy(dtype=np.int64)
-    request_ms = frame["request_time_ms"].to_numpy(dtype=np.float64)
+    # The engine's inputs as plain Python values, converted once per group: the per-request
+    # loop then reads list items, not numpy scalars it would convert one by one.
+    api = frame["api_key"].to_numpy(dtype=np.int64).tolist()
+    broker = frame["broker"].to_numpy(dtype=np.int64).tolist()
+    principal = frame["principal"].tolist()
+    client = frame["client_id"].tolist()
+    nbytes = frame["nbytes"].to_numpy(dtype=np.int64).tolist()
+    request_ms = frame["request_time_ms"].to_numpy(dtype=np.float64).tolist()
 
     mutations = frame["mutations"].to_numpy() if mutation is not None else None
     # The proxy charges mutations when the request arrives, before the response it records at.
@@ -217,9 +243,7 @@ def replay_group(
     versions = frame["api_version"].to_numpy() if mutation is not None else None
 
     def decide(i: int, now: int) -> float:
-        delay = throttle(
-            int(api[i]), int(broker[i]), principal[i], client[i], int(nbytes[i]), float(request_ms[i]), now
-        )
+        delay = throttle(api[i], broker[i], principal[i], client[i], nbytes[i], request_ms[i], now)
         if mutation is not None and mutations is not None and mutations[i] is not None and len(mutations[i]):
             assert lead is not None and versions is not None
             topics = [(str(entry["topic"]), int(entry["partitions"])) for entry in mutations[i]]

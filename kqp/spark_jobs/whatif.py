@@ -161,6 +161,8 @@ def engine_throttle_function(settings: QuotaSettings, engine: Any = None) -> Thr
     from kqp.quotas import QuotaEngine
 
     engine = engine if engine is not None else QuotaEngine(settings)
+    # A task replays a handful of (broker, principal, client-id): one QuotaClient each, not one per request.
+    clients: dict[tuple[int, str, str], QuotaClient] = {}
 
     def throttle(
         api_key: int, broker: int, principal: str, client_id: str, nbytes: int, request_ms: float, now_ms: int
@@ -172,7 +174,11 @@ def engine_throttle_function(settings: QuotaSettings, engine: Any = None) -> Thr
             # The same ResponseCharges the proxy builds when a response passes: one rule set, two callers.
             request_time_ms=request_ms if request_ms == request_ms else None,  # NaN: no response
         )
-        return float(charge_response(engine, QuotaClient(broker_label(broker), principal, client_id), charges, now_ms))
+        key = (broker, principal, client_id)
+        client = clients.get(key)
+        if client is None:
+            client = clients[key] = QuotaClient(broker_label(broker), principal, client_id)
+        return float(charge_response(engine, client, charges, now_ms))
 
     # The engine itself, for an exact replay of a capture that recorded its inputs. An
     # attribute rather than a second return value keeps the ThrottleFunction signature that

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kqp.protocol.api_keys import ApiKey
 from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 from kqp.quotas.recording import (
     QuotaClient,
@@ -14,8 +15,9 @@ from kqp.quotas.recording import (
     charge_response,
     exchange_throttle,
     request_charges,
+    response_charges,
 )
-from kqp.spark_jobs.quota_replay import is_recorded, quota_groups, replay_group, replay_recorded
+from kqp.spark_jobs.quota_replay import charged_inputs, is_recorded, quota_groups, replay_group, replay_recorded
 
 
 def requests(rows: list[tuple[int, int]]) -> pd.DataFrame:
@@ -184,3 +186,53 @@ def test_rows_without_recorded_inputs_are_not_replayed_exactly() -> None:
     frame = pd.DataFrame([_recorded_row(ts_ms=1), _recorded_row(ts_ms=2, quota_broker=None)])
     assert not is_recorded(frame)
     assert not is_recorded(frame.drop(columns=["quota_broker"]))
+
+
+# ---- the charges of each row: recorded ones copied, the others by the proxy's rule -------------
+
+
+def test_charged_inputs_apply_the_proxys_response_rule_to_every_row() -> None:
+    """Every branch of kqp.quotas.recording.response_charges, against the rule called by hand on
+    the sizes the proxy would have passed (frame less size prefix and response header), and a
+    recorded row whose charges are taken as recorded."""
+    nan = float("nan")
+    rows = [
+        # api_key, version, request_bytes, response_bytes, round_trip_ms, fetch_max_wait_ms
+        (ApiKey.PRODUCE, 9, 1_004, 60.0, 3.5, nan),
+        (ApiKey.PRODUCE, 9, 1_004, nan, nan, nan),  # acks=0: no response
+        (ApiKey.FETCH, 11, 80, 5_000.0, 620.0, 500.0),  # long poll: its wait is not counted
+        (ApiKey.FETCH, 12, 80, 5_000.0, 120.0, 500.0),  # flexible: one more header byte
+        (ApiKey.FETCH, 12, 80, 5_000.0, 620.0, 0.0),  # no wait asked
+        (ApiKey.FETCH, 12, 80, 5_000.0, 620.0, nan),  # wait not read
+        (ApiKey.SHARE_FETCH, 0, 80, 3_000.0, 700.0, 500.0),  # flexible in every version
+        (ApiKey.SASL_AUTHENTICATE, 2, 40, 30.0, 9.0, nan),  # the authenticator's time is free
+        (ApiKey.METADATA, 12, 40, 300.0, 2.25, nan),
+    ]
+    columns = ["api_key", "api_version", "request_bytes", "response_bytes", "round_trip_ms", "fetch_max_wait_ms"]
+    # The last row was recorded by the proxy (capture v2): its charges are taken as they are.
+    recorded = (ApiKey.FETCH, 12, 80, 9_999.0, 1.0, nan)
+    frame = pd.DataFrame([*rows, recorded], columns=columns)
+    frame["quota_broker"] = [None] * len(rows) + ["1"]
+    frame["quota_produce_bytes"] = [None] * (len(rows) + 1)
+    frame["quota_fetch_bytes"] = [None] * len(rows) + [777]
+    frame["quota_request_time_ms"] = [None] * len(rows) + [0.5]
+    charged = charged_inputs(frame)
+    for index, (api_key, version, request_bytes, response_bytes, round_trip, wait) in enumerate(rows):
+        header = 4 + 4 + (api_key == ApiKey.SHARE_FETCH or (api_key == ApiKey.FETCH and version >= 12))
+        body = None if response_bytes != response_bytes else int(response_bytes) - header
+        expected = response_charges(
+            api_key,
+            request_bytes - 4,
+            body,
+            None if round_trip != round_trip else round_trip,
+            None if wait != wait else int(wait),
+        )
+        charged_bytes = expected.produce_bytes if expected.produce_bytes is not None else expected.fetch_bytes
+        assert charged["nbytes"].iat[index] == (charged_bytes or 0), rows[index]
+        took = charged["request_time_ms"].iat[index]
+        if expected.request_time_ms is None:
+            assert took != took, rows[index]
+        else:
+            assert took == expected.request_time_ms, rows[index]
+    assert charged["nbytes"].iat[-1] == 777
+    assert charged["request_time_ms"].iat[-1] == 0.5
