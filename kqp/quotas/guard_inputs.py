@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kqp.quotas.capacity import Resource
+from kqp.quotas.guard_control import TrimGains
 from kqp.quotas.settings import ByteRateType, QuotaEntity
 
 FlowKey = tuple[QuotaEntity, ByteRateType]
@@ -23,6 +24,9 @@ DEFAULT_RAISE_PER_S = 0.05
 # A flow whose measured rate is at least this share of its guard limit is held back by it.
 # Under 1 because the windowed rate of a throttled client sits just under its quota.
 DEFAULT_SATURATION = 0.95
+# Kafka's default quota window (quota.window.num 11 x quota.window.size.seconds 1): the proxy
+# sets the engine's own.
+DEFAULT_RELEASE_AFTER_S = 11.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class GuardSettings:
         release_margin: a resource releases at load <= limit x (1 - release_margin).
         raise_per_s: a guard limit rises by at most this share of itself per second.
         saturation: a flow at >= this share of its guard limit is held back by it.
+        release_after_s: while clients on an engaged resource are held back, it releases only
+            once its load has stayed at or under its release level this long (the quota window).
+        trim: how the feedback on the carried load moves (kqp.quotas.guard_control).
     """
 
     limits: Mapping[Resource, float]
@@ -49,6 +56,8 @@ class GuardSettings:
     release_margin: float = DEFAULT_RELEASE_MARGIN
     raise_per_s: float = DEFAULT_RAISE_PER_S
     saturation: float = DEFAULT_SATURATION
+    release_after_s: float = DEFAULT_RELEASE_AFTER_S
+    trim: TrimGains = field(default_factory=TrimGains)
 
     @property
     def brokers(self) -> tuple[int, ...]:
@@ -62,7 +71,11 @@ class MeasuredFlow:
     `configured_quota` is the quota the entity already has from the quota entries (per broker,
     bytes/s), None without one: the guard never gives a limit at or above it. `throttled`: its
     guard limit throttled it within the last quota window (dry run: would have), the sign that
-    it wants more than its limit.
+    it wants more than its limit. `carried`: per broker, the bytes recorded over the last quota
+    window divided by the window's length (None: as `rates`): what the flow put on the broker,
+    which the guard's feedback closes on. Kafka's rate divides by the time since the oldest
+    sample's start, which for a client sending a large request every few seconds counts the
+    first request's bytes over less than their span and reads up to a request high.
     """
 
     entity: QuotaEntity
@@ -70,6 +83,7 @@ class MeasuredFlow:
     rates: Mapping[int, float]
     configured_quota: float | None = None
     throttled: bool = False
+    carried: Mapping[int, float] | None = None
 
     @property
     def key(self) -> FlowKey:

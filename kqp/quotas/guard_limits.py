@@ -164,7 +164,10 @@ class GuardQuotas:
         and whether its guard limit throttled it within the last quota window."""
         configured = self._configured_bounds()
         rates: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
+        carried: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
         counts: dict[RateSensor, int] = {}
+        window_s = self.engine.settings.window_num * self.engine.settings.window_size_s
+        window_ms = window_s * 1000
         for quota_type, manager in self.managers.items():
             for sensor in list(manager.sensors.values()):
                 key = (self.callback.entity(sensor.identity.tags), quota_type)
@@ -176,12 +179,15 @@ class GuardQuotas:
                     continue  # `bootstrap`: before the proxy knew the node; not a broker to judge
                 per_broker = rates.setdefault(key, {})
                 per_broker[int(broker)] = per_broker.get(int(broker), 0.0) + sensor.rate.peek(now_ms)
+                over_window = carried.setdefault(key, {})
+                over_window[int(broker)] = (over_window.get(int(broker), 0.0)
+                                            + sensor.rate.recent_total(now_ms, window_ms) / window_s)
         self._throttle_counts = counts  # live sensors only: an expired one is forgotten here
-        window_ms = self.engine.settings.window_num * self.engine.settings.window_size_s * 1000
         self._throttled_at = {key: at for key, at in self._throttled_at.items() if now_ms - at <= window_ms}
         return [
             MeasuredFlow(entity, quota_type, per_broker, configured.get((entity, quota_type)),
-                         throttled=(entity, quota_type) in self._throttled_at)
+                         throttled=(entity, quota_type) in self._throttled_at,
+                         carried=carried.get((entity, quota_type)))
             for (entity, quota_type), per_broker in rates.items()
         ]
 
