@@ -192,7 +192,8 @@ def step(
     targets: dict[FlowKey, float | None] = dict.fromkeys((flow.key for flow in flows), None)
     if engaged or state.limits:
         ceiling = max(shared.values(), default=0.0)
-        demand = [_flow(settings, flow, _demand(flow, brokers, held_back[flow.key], ceiling)) for flow in flows]
+        demand = [_flow(settings, flow, _demand(settings, state, flow, held_back[flow.key], ceiling))
+                  for flow in flows]
         advice = water_fill(_problem(settings, background, demand, shared))
         for flow, advised in zip(flows, advice.flows, strict=True):
             quota = advised.quota
@@ -202,6 +203,7 @@ def step(
 
     # 5. Bounded rate of change: down at once, up by at most raise_per_s of the limit per second.
     raise_factor = 1.0 + settings.raise_per_s * span
+    fall_factor = max(0.0, 1.0 - settings.fall_per_s * max(span, 1.0 if state.last_step_s is None else span))
     ceiling = max(shared.values(), default=0.0)
     usage = {flow.key: flow.peak for flow in flows}
     limits: dict[FlowKey, float] = {}
@@ -211,7 +213,12 @@ def step(
         target = targets.get(key)
         if current is None or (target is not None and target <= current):
             if target is not None:
-                limits[key] = target
+                # Down by at most fall_per_s of itself per second, from the flow's own rate for
+                # a new limit: a limit far under the windowed rate mutes the client for most of
+                # a window (Kafka's throttle is (rate - limit) / limit x window), after which it
+                # sends at full rate for as long, a sawtooth Kafka's windowed throttle keeps up.
+                start = current if current is not None else max(usage.get(key, 0.0), target)
+                limits[key] = max(target, start * fall_factor) if settings.fall_per_s > 0 else target
             continue
         raised = current * raise_factor
         if target is not None:
@@ -292,19 +299,30 @@ def _touched(settings: GuardSettings, flow: MeasuredFlow) -> set[Resource]:
     return touched
 
 
-def _demand(flow: MeasuredFlow, brokers: Sequence[int], held_back: bool, ceiling: float) -> np.ndarray:
+def _demand(settings: GuardSettings, state: GuardState, flow: MeasuredFlow, held_back: bool,
+            ceiling: float) -> np.ndarray:
     """What the water-filling is told the flow wants, per broker.
 
     Under its limit, its measured rate (capped by its configured quota, which holds it there
     anyway). Held back, more than any resource can take (`ceiling`, or its configured quota if
-    lower), spread over its brokers as its measured traffic is, so it takes whatever share the
-    others leave.
+    lower) on the brokers where its limit holds it back (throttled there within the window, or
+    its rate there at the limit), so it takes whatever share the others leave; on its other
+    brokers it is under its limit, and wants what it sends there. When no broker is named
+    (a flow measured without them), on every broker, in proportion to its traffic.
     """
+    brokers = settings.brokers
     rates = _rates(flow, brokers)
     cap = math.inf if flow.configured_quota is None else flow.configured_quota
     peak = float(rates.max()) if rates.size else 0.0
     if held_back and peak > 0:
-        rates = rates * (min(ceiling, cap) / peak)
+        limit = state.limits.get(flow.key, math.inf)
+        held = [index for index, broker in enumerate(brokers)
+                if broker in flow.throttled_brokers or rates[index, 0] >= settings.saturation * limit]
+        if held:
+            rates = rates.copy()
+            rates[held, :] = min(ceiling, cap)
+        else:
+            rates = rates * (min(ceiling, cap) / peak)
     capped: np.ndarray = np.minimum(rates, cap)
     return capped
 

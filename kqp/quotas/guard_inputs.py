@@ -21,6 +21,7 @@ FlowKey = tuple[QuotaEntity, ByteRateType]
 # Defaults, each a documented setting of the `guard` section (docs/configuration.md).
 DEFAULT_RELEASE_MARGIN = 0.1
 DEFAULT_RAISE_PER_S = 0.05
+DEFAULT_FALL_PER_S = 0.1
 # A flow whose measured rate is at least this share of its guard limit is held back by it.
 # Under 1 because the windowed rate of a throttled client sits just under its quota.
 DEFAULT_SATURATION = 0.95
@@ -42,6 +43,8 @@ class GuardSettings:
         floor: no guard limit below this many bytes/s.
         release_margin: a resource releases at load <= limit x (1 - release_margin).
         raise_per_s: a guard limit rises by at most this share of itself per second.
+        fall_per_s: a guard limit falls by at most this share of itself per second (a new
+            one from the flow's rate); 0: at once.
         saturation: a flow at >= this share of its guard limit is held back by it.
         release_after_s: while clients on an engaged resource are held back, it releases only
             once its load has stayed at or under its release level this long (the quota window).
@@ -57,6 +60,7 @@ class GuardSettings:
     raise_per_s: float = DEFAULT_RAISE_PER_S
     saturation: float = DEFAULT_SATURATION
     release_after_s: float = DEFAULT_RELEASE_AFTER_S
+    fall_per_s: float = DEFAULT_FALL_PER_S
     trim: TrimGains = field(default_factory=TrimGains)
 
     @property
@@ -76,6 +80,7 @@ class MeasuredFlow:
     which the guard's feedback closes on. Kafka's rate divides by the time since the oldest
     sample's start, which for a client sending a large request every few seconds counts the
     first request's bytes over less than their span and reads up to a request high.
+    `throttled_brokers`: the brokers on which its guard limit throttled it within the window.
     """
 
     entity: QuotaEntity
@@ -84,6 +89,7 @@ class MeasuredFlow:
     configured_quota: float | None = None
     throttled: bool = False
     carried: Mapping[int, float] | None = None
+    throttled_brokers: frozenset[int] = frozenset()
 
     @property
     def key(self) -> FlowKey:

@@ -113,7 +113,7 @@ class GuardQuotas:
         # Per sensor, the throttle count seen at the last measurement; per flow, when a throttle was
         # last seen (ms): what tells the guard a flow wants more than its limit.
         self._throttle_counts: dict[RateSensor, int] = {}
-        self._throttled_at: dict[tuple[QuotaEntity, ByteRateType], int] = {}
+        self._throttled_at: dict[tuple[QuotaEntity, ByteRateType, int | None], int] = {}
         self.configure()
 
     @property
@@ -171,10 +171,11 @@ class GuardQuotas:
         for quota_type, manager in self.managers.items():
             for sensor in list(manager.sensors.values()):
                 key = (self.callback.entity(sensor.identity.tags), quota_type)
+                broker = sensor.identity.broker
+                node = int(broker) if broker is not None and broker.isdigit() else None
                 counts[sensor] = sensor.throttle_count
                 if sensor.throttle_count > self._throttle_counts.get(sensor, 0):
-                    self._throttled_at[key] = now_ms
-                broker = sensor.identity.broker
+                    self._throttled_at[(*key, node)] = now_ms
                 if broker is None or not broker.isdigit():
                     continue  # `bootstrap`: before the proxy knew the node; not a broker to judge
                 per_broker = rates.setdefault(key, {})
@@ -184,10 +185,15 @@ class GuardQuotas:
                                             + sensor.rate.recent_total(now_ms, window_ms) / window_s)
         self._throttle_counts = counts  # live sensors only: an expired one is forgotten here
         self._throttled_at = {key: at for key, at in self._throttled_at.items() if now_ms - at <= window_ms}
+        throttled_on: dict[tuple[QuotaEntity, ByteRateType], set[int | None]] = {}
+        for entity, quota_type, node in self._throttled_at:
+            throttled_on.setdefault((entity, quota_type), set()).add(node)
         return [
             MeasuredFlow(entity, quota_type, per_broker, configured.get((entity, quota_type)),
-                         throttled=(entity, quota_type) in self._throttled_at,
-                         carried=carried.get((entity, quota_type)))
+                         throttled=(entity, quota_type) in throttled_on,
+                         carried=carried.get((entity, quota_type)),
+                         throttled_brokers=frozenset(
+                             node for node in throttled_on.get((entity, quota_type), ()) if node is not None))
             for (entity, quota_type), per_broker in rates.items()
         ]
 

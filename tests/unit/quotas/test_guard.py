@@ -32,6 +32,8 @@ def fetch(name: str, rates: Mapping[int, float]) -> MeasuredFlow:
 
 
 def one_broker(nw_in: float = 1200.0, **options: object) -> GuardSettings:
+    # Limits fall at once unless a test says otherwise: the cases below are about the targets.
+    options.setdefault("fall_per_s", 0.0)
     return GuardSettings(limits={(1, NW_IN): nw_in, (1, NW_OUT): BIG}, **options)  # type: ignore[arg-type]
 
 
@@ -179,7 +181,7 @@ def test_several_brokers_with_different_binding_resources() -> None:
     # Limits: broker 1 NW_IN 900, broker 2 NW_OUT 1100 (the others out of reach).
     settings = GuardSettings(
         limits={(1, NW_IN): 900, (1, NW_OUT): BIG, (2, NW_IN): BIG, (2, NW_OUT): 1100},
-        replication_factor=2,
+        replication_factor=2, fall_per_s=0.0,
     )
     flows = [
         produce("p", {1: 600}),  # produce to broker 1
@@ -276,3 +278,17 @@ def test_a_flow_its_limit_throttled_is_held_back_though_its_windowed_rate_dipped
     # (1060 B/s is under 1200 x 0.9, so the resource releases too).
     fell = step(one_broker(), state, [*quiet, produce("n1", 380), produce("n2", 380)], now_s=1)
     assert fell.limits == {}
+
+
+def test_a_new_limit_starts_at_the_flows_rate_and_falls_by_at_most_fall_per_s() -> None:
+    # n1 at 900 over a limit of 1200 with three quiet at 100: target 900. By default (fall_per_s 0.1)
+    # its first limit is its own rate less 10 %, then 10 % of the limit per second, down to the target.
+    flows = [produce("q1", 100), produce("q2", 100), produce("q3", 100), produce("n1", 1000)]
+    settings = GuardSettings(limits={(1, NW_IN): 1200.0, (1, NW_OUT): BIG})
+    first = step(settings, GuardState(), flows, now_s=0)
+    assert limit_of(first, "n1") == pytest.approx(900)  # max(target 900, 1000 x 0.9)
+    flows = [produce("q1", 100), produce("q2", 100), produce("q3", 100), produce("n1", 2000)]
+    first = step(settings, GuardState(), flows, now_s=0)
+    assert limit_of(first, "n1") == pytest.approx(1800)
+    second = step(settings, first.state, flows, now_s=1)
+    assert limit_of(second, "n1") == pytest.approx(1620)
