@@ -292,3 +292,27 @@ def test_a_new_limit_starts_at_the_flows_rate_and_falls_by_at_most_fall_per_s() 
     assert limit_of(first, "n1") == pytest.approx(1800)
     second = step(settings, first.state, flows, now_s=1)
     assert limit_of(second, "n1") == pytest.approx(1620)
+
+
+def test_a_held_back_flow_wants_more_only_on_the_brokers_its_limit_holds_it_on() -> None:
+    # Two brokers, NW_IN limit 1000 on broker 1 only. n1 is throttled on broker 1 (held back there)
+    # and sends 100 B/s to broker 2, under its limit: it wants more on broker 1 only. With RF 2 its
+    # broker-2 traffic reaches broker 1's NW_IN as follower traffic at what it sends there (100),
+    # where the old scaling (every broker x ceiling / peak) counted it at the ceiling's share.
+    limits = {(1, NW_IN): 1000.0, (1, NW_OUT): BIG, (2, NW_IN): BIG, (2, NW_OUT): BIG}
+    state = GuardState(engaged={(1, NW_IN): 0.0}, limits={(client("n1"), PRODUCE): 500.0}, last_step_s=0.0)
+    n1 = MeasuredFlow(client("n1"), PRODUCE, {1: 480.0, 2: 100.0}, throttled=True, throttled_brokers=frozenset({1}))
+    flows = [produce("q1", {1: 100.0}), n1]
+
+    def share_and_room(replication_factor: int) -> tuple[float, float]:
+        settings = GuardSettings(limits=limits, replication_factor=replication_factor, fall_per_s=0.0)
+        decision = step(settings, state, flows, now_s=1)
+        room = 1000.0 * decision.resources[0].trim  # the limit x the loop's feedback on the carried load
+        return float(status_of(decision, "n1").target), room  # type: ignore[attr-defined]
+
+    # RF 1: broker 1 carries q1 (100) and n1's broker-1 traffic: n1's share is the room less 100.
+    share, room = share_and_room(1)
+    assert share == pytest.approx(room - 100, abs=1)
+    # RF 2: broker 1's NW_IN also carries n1's broker-2 traffic as a follower (100): less 200.
+    share, room = share_and_room(2)
+    assert share == pytest.approx(room - 200, abs=1)
