@@ -64,7 +64,9 @@ class GuardLoop:
         known = tuple(sorted({*self.brokers(), *(broker for flow in measured for broker in flow.rates)}))
         if self._settings is None or self._settings[0] != known:
             window_s = self.engine.settings.window_num * self.engine.settings.window_size_s
-            self._settings = (known, replace(self.section.settings(known), release_after_s=float(window_s)))
+            # Dry run enforces nothing: the load does not answer the limits, so no feedback on it.
+            self._settings = (known, replace(self.section.settings(known), release_after_s=float(window_s),
+                                             feedback=not self.section.dry_run))
         decision = step(self._settings[1], self.state, measured, now_ms / 1000.0)
         self.state = decision.state
         guard.set_limits(decision.limits)

@@ -181,7 +181,7 @@ def step(
     span = 0.0 if state.last_step_s is None else min(max(now_s - state.last_step_s, 0.0), _MAX_RAISE_SPAN_S)
     trims: dict[Resource, float] = {}
     for resource, limit in settings.limits.items():
-        closing = resource in engaged and resource in holding and resource not in settling
+        closing = settings.feedback and resource in engaged and resource in holding and resource not in settling
         trim = next_trim(state.trims.get(resource, 1.0), limit, carried.get(resource, 0.0), closing, span,
                          settings.trim)
         if trim != 1.0:

@@ -49,6 +49,8 @@ class GuardSettings:
         release_after_s: while clients on an engaged resource are held back, it releases only
             once its load has stayed at or under its release level this long (the quota window).
         trim: how the feedback on the carried load moves (kqp.quotas.guard_control).
+        feedback: close the loop on the carried load (the trim). Off in dry run: the limits are
+            not enforced, so the load does not answer them and the trim would only wind up.
     """
 
     limits: Mapping[Resource, float]
@@ -62,6 +64,7 @@ class GuardSettings:
     release_after_s: float = DEFAULT_RELEASE_AFTER_S
     fall_per_s: float = DEFAULT_FALL_PER_S
     trim: TrimGains = field(default_factory=TrimGains)
+    feedback: bool = True
 
     @property
     def brokers(self) -> tuple[int, ...]:

@@ -316,3 +316,13 @@ def test_a_held_back_flow_wants_more_only_on_the_brokers_its_limit_holds_it_on()
     # RF 2: broker 1's NW_IN also carries n1's broker-2 traffic as a follower (100): less 200.
     share, room = share_and_room(2)
     assert share == pytest.approx(room - 200, abs=1)
+
+
+def test_without_feedback_the_trim_stays_at_one() -> None:
+    # Dry run: nothing is enforced, so the load (1860 of 1200) says nothing of the limits.
+    state = GuardState(engaged={(1, NW_IN): 0.0},
+                       limits={(client("n1"), PRODUCE): 450.0, (client("n2"), PRODUCE): 450.0}, last_step_s=0.0)
+    flows = [produce("q1", 300), *(MeasuredFlow(client(n), PRODUCE, {1: 780.0}, throttled=True) for n in ("n1", "n2"))]
+    decision = step(one_broker(feedback=False), state, flows, now_s=5)
+    assert decision.resources[0].trim == 1.0
+    assert limit_of(decision, "n1") == pytest.approx(450)
