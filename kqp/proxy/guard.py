@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from kqp.config.quota_sections import GuardSection
 from kqp.proxy.metrics import ProxyMetrics
@@ -62,7 +63,10 @@ class GuardLoop:
         measured = guard.measured(int(now_ms))
         known = tuple(sorted({*self.brokers(), *(broker for flow in measured for broker in flow.rates)}))
         if self._settings is None or self._settings[0] != known:
-            self._settings = (known, self.section.settings(known))
+            window_s = self.engine.settings.window_num * self.engine.settings.window_size_s
+            # Dry run enforces nothing: the load does not answer the limits, so no feedback on it.
+            self._settings = (known, replace(self.section.settings(known), release_after_s=float(window_s),
+                                             feedback=not self.section.dry_run))
         decision = step(self._settings[1], self.state, measured, now_ms / 1000.0)
         self.state = decision.state
         guard.set_limits(decision.limits)

@@ -11,7 +11,13 @@ Every interval, per broker and network resource (NW_IN, NW_OUT):
   are the broker's NW_OUT; traffic no byte-rate quota charges is the resource's background.
 * The *limit* is capacity x threshold (the Cruise Control capacity file, as analyze reads it).
 * A resource *engages* when its load is above its limit and *releases* when its load is at or
-  under limit x (1 - release_margin): between the two it keeps its state (hysteresis).
+  under limit x (1 - release_margin): between the two it keeps its state (hysteresis). While
+  clients on it are held back by their guard limits, it releases only after a quota window
+  there: their windowed rates dip by a whole request between throttles.
+* Each resource has a *trim* (kqp.quotas.guard_control): the integral of how far the load it
+  carried was from its limit while held-back clients decided it. The shares are of limit x trim,
+  so the throttle's granularity (one large request per client per window) does not leave the
+  broker short of, or over, its limit on average.
 * While any resource is engaged, or any guard limit is still in force, the *target* of every
   flow (one entity's produce or fetch) is its max-min fair share from `water_fill`, the same
   function `advise` uses, with weights, protected entities and the floor. A flow whose measured
@@ -24,11 +30,11 @@ Every interval, per broker and network resource (NW_IN, NW_OUT):
   in use rises at that bounded rate and disappears when it no longer bounds anything (above every
   resource's limit).
 
-Why this does not oscillate (docs/quotas.md, "The cluster guard"): with demand constant, the
-target depends only on the flows' rates under their limits and on which flows are held back,
-not on how far the held-back ones are over, so one step reaches it and the next steps repeat it;
-Kafka's windowed throttle then holds each held-back flow's rate at its limit, which puts the
-load at the limit, inside the hysteresis band, where nothing changes state.
+Why this does not oscillate (docs/quotas.md, "Why the loop is stable"): with demand constant, the
+target depends only on the flows' rates under their limits, on which flows are held back and on
+the trim, not on how far the held-back ones are over; the trim, the only term that integrates the
+load, moves by at most 1 % of the limit per second with a gain that makes it slower than a quota
+window, the lag through which a change of the shares shows in the load.
 
 The guard limit is per broker (each broker's sensor enforces it, as Kafka's quotas do). The
 entity's effective quota is the lower of its configured quota and its guard limit.
@@ -43,7 +49,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kqp.quotas.fair_share import (
+    FETCH,
     NETWORK_RESOURCES,
+    NW_IN,
+    NW_OUT,
     ByteRateType,
     Flow,
     Problem,
@@ -51,6 +60,7 @@ from kqp.quotas.fair_share import (
     unquoted_loads,
     water_fill,
 )
+from kqp.quotas.guard_control import next_trim
 from kqp.quotas.guard_inputs import FlowKey, GuardSettings, MeasuredFlow
 from kqp.quotas.settings import QuotaEntity
 
@@ -60,11 +70,16 @@ _MAX_RAISE_SPAN_S = 60.0
 @dataclass(frozen=True)
 class GuardState:
     """What the guard carries from one step to the next: the engaged resources (with the time
-    each engaged), the guard limits in force, and the time of the last step."""
+    each engaged), the guard limits in force, the time of the last step, each resource's trim
+    (kqp.quotas.guard_control; 1.0 when absent) and, for an engaged resource whose load is under
+    its release level while clients on it are still held back, since when it has been."""
 
     engaged: Mapping[Resource, float] = field(default_factory=dict)
     limits: Mapping[FlowKey, float] = field(default_factory=dict)
     last_step_s: float | None = None
+    trims: Mapping[Resource, float] = field(default_factory=dict)
+    below_since: Mapping[Resource, float] = field(default_factory=dict)
+    rising: frozenset[FlowKey] = frozenset()  # limits the raise rate held under their target
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,8 @@ class ResourceStatus:
     load: float
     limit: float
     engaged: bool
+    trim: float = 1.0  # the water-filling shares limit x trim (kqp.quotas.guard_control)
+    carried: float = 0.0  # what the flows put on it over the quota window, bytes/s (the feedback's load)
 
 
 @dataclass(frozen=True)
@@ -131,51 +148,93 @@ def step(
     # 1. The load each resource carries now, modelled from the measured rates.
     as_measured = [_flow(settings, flow, _rates(flow, brokers)) for flow in flows]
     loads = unquoted_loads(_problem(settings, background, as_measured))
+    # The load the feedback closes on: what the flows put on each resource over the quota window.
+    as_carried = [_flow(settings, flow, _rates(flow, brokers, carried=True)) for flow in flows]
+    carried = unquoted_loads(_problem(settings, background, as_carried))
 
-    # 2. Hysteresis: engage above the limit, release at or under limit x (1 - margin).
+    # 2. Hysteresis: engage above the limit; release at or under limit x (1 - margin), and while
+    # clients on the resource are still held back by their guard limits, only once the load has
+    # stayed there for `release_after_s` (a quota window): a held-back client's windowed rate
+    # dips by a whole request between throttles, which is no sign that the demand fell.
+    held_back = {flow.key: _held_back(settings, state, flow) for flow in flows}
+    holding = {resource for flow in flows if held_back[flow.key] for resource in _touched(settings, flow)}
+    # Resources whose held-back clients' limits are still rising to their targets: their load is
+    # under the limit because of that bounded rise, which the trim must not integrate (windup).
+    settling = {resource for flow in flows if held_back[flow.key] and flow.key in state.rising
+                for resource in _touched(settings, flow)}
     engaged: dict[Resource, float] = {}
+    below_since: dict[Resource, float] = {}
     for resource, limit in settings.limits.items():
         load = loads.get(resource, 0.0)
-        if load > limit or (resource in state.engaged and load > limit * (1 - settings.release_margin)):
-            engaged[resource] = state.engaged.get(resource, now_s)
+        if resource not in state.engaged:
+            if load > limit:
+                engaged[resource] = now_s
+        elif load > limit * (1 - settings.release_margin):
+            engaged[resource] = state.engaged[resource]
+        elif resource in holding:
+            since = state.below_since.get(resource, now_s)
+            if now_s - since < settings.release_after_s:
+                engaged[resource] = state.engaged[resource]
+                below_since[resource] = since
 
-    # 3. Targets: every flow's max-min fair share, while there is anything to guard.
-    held_back = {flow.key: _held_back(settings, state, flow) for flow in flows}
+    # 3. The feedback: each resource's trim, from the load it carried (kqp.quotas.guard_control).
+    span = 0.0 if state.last_step_s is None else min(max(now_s - state.last_step_s, 0.0), _MAX_RAISE_SPAN_S)
+    trims: dict[Resource, float] = {}
+    for resource, limit in settings.limits.items():
+        closing = settings.feedback and resource in engaged and resource in holding and resource not in settling
+        trim = next_trim(state.trims.get(resource, 1.0), limit, carried.get(resource, 0.0), closing, span,
+                         settings.trim)
+        if trim != 1.0:
+            trims[resource] = trim
+    shared = {resource: limit * trims.get(resource, 1.0) for resource, limit in settings.limits.items()}
+
+    # 4. Targets: every flow's max-min fair share of the trimmed limits, while there is anything to guard.
     targets: dict[FlowKey, float | None] = dict.fromkeys((flow.key for flow in flows), None)
     if engaged or state.limits:
-        ceiling = max(settings.limits.values(), default=0.0)
-        demand = [_flow(settings, flow, _demand(flow, brokers, held_back[flow.key], ceiling)) for flow in flows]
-        advice = water_fill(_problem(settings, background, demand))
+        ceiling = max(shared.values(), default=0.0)
+        demand = [_flow(settings, flow, _demand(settings, state, flow, held_back[flow.key], ceiling))
+                  for flow in flows]
+        advice = water_fill(_problem(settings, background, demand, shared))
         for flow, advised in zip(flows, advice.flows, strict=True):
             quota = advised.quota
             if quota is not None and flow.configured_quota is not None and quota >= flow.configured_quota:
                 quota = None  # the configured quota already holds the flow at or under its share
             targets[flow.key] = quota
 
-    # 4. Bounded rate of change: down at once, up by at most raise_per_s of the limit per second.
-    span = 0.0 if state.last_step_s is None else min(max(now_s - state.last_step_s, 0.0), _MAX_RAISE_SPAN_S)
+    # 5. Bounded rate of change: down at once, up by at most raise_per_s of the limit per second.
     raise_factor = 1.0 + settings.raise_per_s * span
-    ceiling = max(settings.limits.values(), default=0.0)
+    fall_factor = max(0.0, 1.0 - settings.fall_per_s * max(span, 1.0 if state.last_step_s is None else span))
+    ceiling = max(shared.values(), default=0.0)
     usage = {flow.key: flow.peak for flow in flows}
     limits: dict[FlowKey, float] = {}
+    rising: set[FlowKey] = set()
     for key in sorted({*targets, *state.limits}, key=_order):
         current = state.limits.get(key)
         target = targets.get(key)
         if current is None or (target is not None and target <= current):
             if target is not None:
-                limits[key] = target
+                # Down by at most fall_per_s of itself per second, from the flow's own rate for
+                # a new limit: a limit far under the windowed rate mutes the client for most of
+                # a window (Kafka's throttle is (rate - limit) / limit x window), after which it
+                # sends at full rate for as long, a sawtooth Kafka's windowed throttle keeps up.
+                start = current if current is not None else max(usage.get(key, 0.0), target)
+                limits[key] = max(target, start * fall_factor) if settings.fall_per_s > 0 else target
             continue
         raised = current * raise_factor
         if target is not None:
             limits[key] = min(target, raised)
+            if raised < target:
+                rising.add(key)
         elif not held_back.get(key, False) and not engaged:
             continue  # its flow is under the limit and no broker is near its own: it goes
         elif raised < ceiling:
             limits[key] = raised
+            rising.add(key)
         # else: a limit above every resource's limit bounds nothing: it goes
 
     resources = [
-        ResourceStatus(broker, resource, loads.get((broker, resource), 0.0), limit, (broker, resource) in engaged)
+        ResourceStatus(broker, resource, loads.get((broker, resource), 0.0), limit, (broker, resource) in engaged,
+                       trims.get((broker, resource), 1.0), carried.get((broker, resource), 0.0))
         for (broker, resource), limit in sorted(settings.limits.items())
     ]
     by_key = {flow.key: flow for flow in flows}
@@ -192,7 +251,8 @@ def step(
         for key in sorted({*targets, *limits}, key=_order)
     ]
     return GuardDecision(
-        state=GuardState(engaged=engaged, limits=limits, last_step_s=now_s),
+        state=GuardState(engaged=engaged, limits=limits, last_step_s=now_s, trims=trims, below_since=below_since,
+                         rising=frozenset(rising)),
         resources=resources,
         flows=statuses,
         engaged_now=sorted(set(engaged) - set(state.engaged)),
@@ -205,9 +265,11 @@ def _order(key: FlowKey) -> tuple[str, str, str]:
     return (entity.user or "", entity.client_id or "", quota_type)
 
 
-def _rates(flow: MeasuredFlow, brokers: Sequence[int]) -> np.ndarray:
-    """The flow's measured rate per broker of the problem, as a (brokers, 1) demand matrix."""
-    return np.array([[max(flow.rates.get(broker, 0.0), 0.0)] for broker in brokers], dtype=np.float64)
+def _rates(flow: MeasuredFlow, brokers: Sequence[int], carried: bool = False) -> np.ndarray:
+    """The flow's measured rate per broker of the problem, as a (brokers, 1) demand matrix
+    (`carried`: what it carried over the window, its `carried` when measured)."""
+    rates = flow.carried if carried and flow.carried is not None else flow.rates
+    return np.array([[max(rates.get(broker, 0.0), 0.0)] for broker in brokers], dtype=np.float64)
 
 
 def _held_back(settings: GuardSettings, state: GuardState, flow: MeasuredFlow) -> bool:
@@ -224,19 +286,43 @@ def _held_back(settings: GuardSettings, state: GuardState, flow: MeasuredFlow) -
     return flow.throttled or flow.peak >= settings.saturation * limit
 
 
-def _demand(flow: MeasuredFlow, brokers: Sequence[int], held_back: bool, ceiling: float) -> np.ndarray:
+def _touched(settings: GuardSettings, flow: MeasuredFlow) -> set[Resource]:
+    """The resources a flow's traffic loads, as the load model counts it: a fetch its brokers'
+    NW_OUT; a produce its brokers' NW_IN and, replicated, their NW_OUT and the others' NW_IN."""
+    brokers = [broker for broker, rate in flow.rates.items() if rate > 0 and broker in settings.brokers]
+    if flow.quota_type == FETCH:
+        return {(broker, NW_OUT) for broker in brokers}
+    touched = {(broker, NW_IN) for broker in brokers}
+    if settings.replication_factor > 1 and brokers:
+        touched |= {(broker, NW_OUT) for broker in brokers}
+        touched |= {(broker, NW_IN) for broker in settings.brokers}
+    return touched
+
+
+def _demand(settings: GuardSettings, state: GuardState, flow: MeasuredFlow, held_back: bool,
+            ceiling: float) -> np.ndarray:
     """What the water-filling is told the flow wants, per broker.
 
     Under its limit, its measured rate (capped by its configured quota, which holds it there
     anyway). Held back, more than any resource can take (`ceiling`, or its configured quota if
-    lower), spread over its brokers as its measured traffic is, so it takes whatever share the
-    others leave.
+    lower) on the brokers where its limit holds it back (throttled there within the window, or
+    its rate there at the limit), so it takes whatever share the others leave; on its other
+    brokers it is under its limit, and wants what it sends there. When no broker is named
+    (a flow measured without them), on every broker, in proportion to its traffic.
     """
+    brokers = settings.brokers
     rates = _rates(flow, brokers)
     cap = math.inf if flow.configured_quota is None else flow.configured_quota
     peak = float(rates.max()) if rates.size else 0.0
     if held_back and peak > 0:
-        rates = rates * (min(ceiling, cap) / peak)
+        limit = state.limits.get(flow.key, math.inf)
+        held = [index for index, broker in enumerate(brokers)
+                if broker in flow.throttled_brokers or rates[index, 0] >= settings.saturation * limit]
+        if held:
+            rates = rates.copy()
+            rates[held, :] = min(ceiling, cap)
+        else:
+            rates = rates * (min(ceiling, cap) / peak)
     capped: np.ndarray = np.minimum(rates, cap)
     return capped
 
@@ -251,14 +337,19 @@ def _flow(settings: GuardSettings, flow: MeasuredFlow, demand: np.ndarray) -> Fl
     )
 
 
-def _problem(settings: GuardSettings, background: Mapping[Resource, float], flows: Sequence[Flow]) -> Problem:
-    """One bucket (this interval), judged at its value: the measured rates are already windowed."""
+def _problem(settings: GuardSettings, background: Mapping[Resource, float], flows: Sequence[Flow],
+             limits: Mapping[Resource, float] | None = None) -> Problem:
+    """One bucket (this interval), judged at its value: the measured rates are already windowed.
+
+    `limits`: what each resource may carry (the trimmed limits), settings.limits if None.
+    """
     brokers = settings.brokers
+    limits = settings.limits if limits is None else limits
     return Problem(
         brokers=brokers,
         # Both resources of every guarded broker: one the file leaves out is never judged (no limit).
         limits={
-            (broker, resource): settings.limits.get((broker, resource), math.inf)
+            (broker, resource): limits.get((broker, resource), math.inf)
             for broker in brokers
             for resource in NETWORK_RESOURCES
         },

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kqp.quotas.capacity import Resource
+from kqp.quotas.guard_control import TrimGains
 from kqp.quotas.settings import ByteRateType, QuotaEntity
 
 FlowKey = tuple[QuotaEntity, ByteRateType]
@@ -20,9 +21,13 @@ FlowKey = tuple[QuotaEntity, ByteRateType]
 # Defaults, each a documented setting of the `guard` section (docs/configuration.md).
 DEFAULT_RELEASE_MARGIN = 0.1
 DEFAULT_RAISE_PER_S = 0.05
+DEFAULT_FALL_PER_S = 0.1
 # A flow whose measured rate is at least this share of its guard limit is held back by it.
 # Under 1 because the windowed rate of a throttled client sits just under its quota.
 DEFAULT_SATURATION = 0.95
+# Kafka's default quota window (quota.window.num 11 x quota.window.size.seconds 1): the proxy
+# sets the engine's own.
+DEFAULT_RELEASE_AFTER_S = 11.0
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,14 @@ class GuardSettings:
         floor: no guard limit below this many bytes/s.
         release_margin: a resource releases at load <= limit x (1 - release_margin).
         raise_per_s: a guard limit rises by at most this share of itself per second.
+        fall_per_s: a guard limit falls by at most this share of itself per second (a new
+            one from the flow's rate); 0: at once.
         saturation: a flow at >= this share of its guard limit is held back by it.
+        release_after_s: while clients on an engaged resource are held back, it releases only
+            once its load has stayed at or under its release level this long (the quota window).
+        trim: how the feedback on the carried load moves (kqp.quotas.guard_control).
+        feedback: close the loop on the carried load (the trim). Off in dry run: the limits are
+            not enforced, so the load does not answer them and the trim would only wind up.
     """
 
     limits: Mapping[Resource, float]
@@ -49,6 +61,10 @@ class GuardSettings:
     release_margin: float = DEFAULT_RELEASE_MARGIN
     raise_per_s: float = DEFAULT_RAISE_PER_S
     saturation: float = DEFAULT_SATURATION
+    release_after_s: float = DEFAULT_RELEASE_AFTER_S
+    fall_per_s: float = DEFAULT_FALL_PER_S
+    trim: TrimGains = field(default_factory=TrimGains)
+    feedback: bool = True
 
     @property
     def brokers(self) -> tuple[int, ...]:
@@ -62,7 +78,12 @@ class MeasuredFlow:
     `configured_quota` is the quota the entity already has from the quota entries (per broker,
     bytes/s), None without one: the guard never gives a limit at or above it. `throttled`: its
     guard limit throttled it within the last quota window (dry run: would have), the sign that
-    it wants more than its limit.
+    it wants more than its limit. `carried`: per broker, the bytes recorded over the last quota
+    window divided by the window's length (None: as `rates`): what the flow put on the broker,
+    which the guard's feedback closes on. Kafka's rate divides by the time since the oldest
+    sample's start, which for a client sending a large request every few seconds counts the
+    first request's bytes over less than their span and reads up to a request high.
+    `throttled_brokers`: the brokers on which its guard limit throttled it within the window.
     """
 
     entity: QuotaEntity
@@ -70,6 +91,8 @@ class MeasuredFlow:
     rates: Mapping[int, float]
     configured_quota: float | None = None
     throttled: bool = False
+    carried: Mapping[int, float] | None = None
+    throttled_brokers: frozenset[int] = frozenset()
 
     @property
     def key(self) -> FlowKey:

@@ -113,7 +113,7 @@ class GuardQuotas:
         # Per sensor, the throttle count seen at the last measurement; per flow, when a throttle was
         # last seen (ms): what tells the guard a flow wants more than its limit.
         self._throttle_counts: dict[RateSensor, int] = {}
-        self._throttled_at: dict[tuple[QuotaEntity, ByteRateType], int] = {}
+        self._throttled_at: dict[tuple[QuotaEntity, ByteRateType, int | None], int] = {}
         self.configure()
 
     @property
@@ -164,24 +164,36 @@ class GuardQuotas:
         and whether its guard limit throttled it within the last quota window."""
         configured = self._configured_bounds()
         rates: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
+        carried: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
         counts: dict[RateSensor, int] = {}
+        window_s = self.engine.settings.window_num * self.engine.settings.window_size_s
+        window_ms = window_s * 1000
         for quota_type, manager in self.managers.items():
             for sensor in list(manager.sensors.values()):
                 key = (self.callback.entity(sensor.identity.tags), quota_type)
+                broker = sensor.identity.broker
+                node = int(broker) if broker is not None and broker.isdigit() else None
                 counts[sensor] = sensor.throttle_count
                 if sensor.throttle_count > self._throttle_counts.get(sensor, 0):
-                    self._throttled_at[key] = now_ms
-                broker = sensor.identity.broker
+                    self._throttled_at[(*key, node)] = now_ms
                 if broker is None or not broker.isdigit():
                     continue  # `bootstrap`: before the proxy knew the node; not a broker to judge
                 per_broker = rates.setdefault(key, {})
                 per_broker[int(broker)] = per_broker.get(int(broker), 0.0) + sensor.rate.peek(now_ms)
+                over_window = carried.setdefault(key, {})
+                over_window[int(broker)] = (over_window.get(int(broker), 0.0)
+                                            + sensor.rate.recent_total(now_ms, window_ms) / window_s)
         self._throttle_counts = counts  # live sensors only: an expired one is forgotten here
-        window_ms = self.engine.settings.window_num * self.engine.settings.window_size_s * 1000
         self._throttled_at = {key: at for key, at in self._throttled_at.items() if now_ms - at <= window_ms}
+        throttled_on: dict[tuple[QuotaEntity, ByteRateType], set[int | None]] = {}
+        for entity, quota_type, node in self._throttled_at:
+            throttled_on.setdefault((entity, quota_type), set()).add(node)
         return [
             MeasuredFlow(entity, quota_type, per_broker, configured.get((entity, quota_type)),
-                         throttled=(entity, quota_type) in self._throttled_at)
+                         throttled=(entity, quota_type) in throttled_on,
+                         carried=carried.get((entity, quota_type)),
+                         throttled_brokers=frozenset(
+                             node for node in throttled_on.get((entity, quota_type), ()) if node is not None))
             for (entity, quota_type), per_broker in rates.items()
         ]
 

@@ -252,6 +252,20 @@ class WindowedRate:
                 oldest = start
         return total / (self._padded_elapsed(now_ms - oldest) / 1000.0)
 
+    def recent_total(self, now_ms: int, span_ms: int) -> float:
+        """The bytes recorded over the last `span_ms`, without purging: each sample that started
+        inside the span whole, the one that straddles its start prorated over its events' time
+        (as if recorded evenly from its start to its last event; a sample of one event is at
+        that event's time, inside or not)."""
+        cut = now_ms - span_ms
+        total = 0.0
+        for start, last_event, value in zip(self._starts, self._last_events, self._values, strict=True):
+            if start >= cut:
+                total += value
+            elif last_event > cut:
+                total += value * (last_event - cut) / (last_event - start)
+        return total
+
     @property
     def sample_count(self) -> int:
         """Samples allocated so far (at most samples + 1)."""

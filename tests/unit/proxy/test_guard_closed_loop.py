@@ -12,7 +12,7 @@ client is muted for (rate - quota) / quota x window and then sends at its full r
 shorter than the window that holds its throttle cycle depends on the cycle's phase. Over 10 s
 the same run reaches 1.09x the limit early on while its 11 s means stay within 1.04x. That
 movement is Kafka's own sawtooth on a fixed quota, not the guard's: the test also asserts that
-the guard limits hold still once converged.
+the guard limits move by no more than the trim's integral once converged.
 """
 
 from __future__ import annotations
@@ -84,9 +84,15 @@ def test_the_issues_shape_converges_without_oscillation_and_releases(tmp_path: P
     sim.run(120, everyone)
     load = sim.load()
     fair = (LIMIT - 3 * QUIET) / 2
-    # Converged within three quota windows (33 s); judged from there on.
-    assert {name: round(limit) for name, limit in sim.limits[3 * WINDOW_S].items()} == {"n1": fair, "n2": fair}
-    assert all(limits == sim.limits[3 * WINDOW_S] for limits in sim.limits[3 * WINDOW_S:])  # the guard holds still
+    # Converged within three quota windows (33 s); judged from there on. The limits are the fair
+    # share of the limit x the trim (kqp.quotas.guard_control), which moves them by its integral
+    # of the carried load only: by less than 1 % of the limit (10,185 B/s in this run).
+    converged_limits = [limits for limits in sim.limits[3 * WINDOW_S:]]
+    assert all(set(limits) == {"n1", "n2"} for limits in converged_limits)
+    for name in ("n1", "n2"):
+        held = [limits[name] for limits in converged_limits]
+        assert fair * 0.85 <= min(held) and max(held) <= fair * 1.15  # the trim's bounds
+        assert max(held) - min(held) <= 0.01 * LIMIT, (min(held), max(held))
     converged = window_means(load, 3 * WINDOW_S, 120)
     assert max(converged) <= LIMIT * 1.05, max(converged)
     assert LIMIT * 0.95 <= sum(load[3 * WINDOW_S:120]) / (120 - 3 * WINDOW_S) <= LIMIT  # capacity used, not over

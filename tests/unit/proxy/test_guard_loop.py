@@ -58,7 +58,11 @@ def test_the_loop_engages_limits_the_noisy_and_logs_them(tmp_path: Path, caplog:
     with caplog.at_level(logging.INFO, logger="kqp.guard"):
         decision = loop.tick()
     assert decision.resources[0].load == pytest.approx(3 * QUIET + 2 * NOISY, rel=0.01)
-    assert decision.limits[(QuotaEntity(client_id="n1"), PRODUCE)] == pytest.approx(FAIR, rel=0.01)
+    # The target is the fair share; a new limit starts at the flow's rate less 10 % and falls from there.
+    n1 = next(f for f in decision.flows if f.entity == QuotaEntity(client_id="n1"))
+    assert n1.target == pytest.approx(FAIR, rel=0.01)
+    first = decision.limits[(QuotaEntity(client_id="n1"), PRODUCE)]
+    assert first == pytest.approx(0.9 * NOISY, rel=0.01)
     assert (QuotaEntity(client_id="q1"), PRODUCE) not in decision.limits
     assert "guard engaged on broker 1 NW_IN" in caplog.text
     assert "client-id=n1 producer_byte_rate" in caplog.text
@@ -68,7 +72,7 @@ def test_the_loop_engages_limits_the_noisy_and_logs_them(tmp_path: Path, caplog:
     assert sample("kqp_guard_limit_bytes_per_second", {"broker": "1", "resource": "NW_IN"}) == pytest.approx(LIMIT)
     assert sample("kqp_guard_entity_limit_bytes_per_second",
                   {"entity": "client-id=n1", "quota_type": "producer_byte_rate", "dry_run": "false"}
-                  ) == pytest.approx(FAIR, rel=0.01)
+                  ) == pytest.approx(first)
     # The engine now throttles the noisy producers and not the quiet ones.
     assert offer(engine, clock, 1, {"n1": NOISY}) > 0
     assert offer(engine, clock, 1, {"q1": QUIET}) == 0
@@ -79,11 +83,12 @@ def test_dry_run_reports_the_limits_and_throttles_nothing(tmp_path: Path) -> Non
     loop = GuardLoop(engine, section(tmp_path, dry_run=True), lambda: [1], clock, metrics)
     offer(engine, clock, 11, rates())
     decision = loop.tick()
-    assert decision.limits[(QuotaEntity(client_id="n2"), PRODUCE)] == pytest.approx(FAIR, rel=0.01)
+    limit = decision.limits[(QuotaEntity(client_id="n2"), PRODUCE)]
+    assert limit == pytest.approx(0.9 * NOISY, rel=0.01)  # falling to the fair share by 10 % a second
     assert metrics.registry.get_sample_value(
         "kqp_guard_entity_limit_bytes_per_second",
         {"entity": "client-id=n2", "quota_type": "producer_byte_rate", "dry_run": "true"},
-    ) == pytest.approx(FAIR, rel=0.01)
+    ) == pytest.approx(limit)
     assert offer(engine, clock, 5, rates()) == 0
 
 
@@ -117,4 +122,5 @@ def test_the_loop_reads_no_file_at_its_steps_the_capacity_is_read_at_load(tmp_pa
     brokers.append(2)
     decision = loop.tick()
     assert {(r.broker, r.resource) for r in decision.resources} >= {(1, "NW_IN"), (2, "NW_IN")}
-    assert decision.limits[(QuotaEntity(client_id="n1"), PRODUCE)] == pytest.approx(FAIR, rel=0.01)
+    n1 = next(f for f in decision.flows if f.entity == QuotaEntity(client_id="n1"))
+    assert n1.target == pytest.approx(FAIR, rel=0.01)

@@ -32,6 +32,8 @@ def fetch(name: str, rates: Mapping[int, float]) -> MeasuredFlow:
 
 
 def one_broker(nw_in: float = 1200.0, **options: object) -> GuardSettings:
+    # Limits fall at once unless a test says otherwise: the cases below are about the targets.
+    options.setdefault("fall_per_s", 0.0)
     return GuardSettings(limits={(1, NW_IN): nw_in, (1, NW_OUT): BIG}, **options)  # type: ignore[arg-type]
 
 
@@ -99,12 +101,78 @@ def test_a_noisy_producer_alone_gets_what_the_others_leave_at_a_bounded_rate() -
 
 
 def test_hysteresis_keeps_the_guard_on_inside_the_band_and_off_below_it() -> None:
-    limits = {(client("n1"), PRODUCE): 500.0}
-    inside = step(one_broker(1000), GuardState({(1, NW_IN): 0.0}, limits, 0.0), [produce("n1", 950)], now_s=1)
-    assert engaged(inside) == {(1, NW_IN)}  # 950 > 1000 x 0.9: still engaged
+    # n1 is under its limit of 1000 (not held back): its load alone decides.
+    limits = {(client("n1"), PRODUCE): 1000.0}
+    inside = step(one_broker(1000), GuardState({(1, NW_IN): 0.0}, limits, 0.0), [produce("n1", 910)], now_s=1)
+    assert engaged(inside) == {(1, NW_IN)}  # 910 > 1000 x 0.9: still engaged
     below = step(one_broker(1000), GuardState({(1, NW_IN): 0.0}, limits, 0.0), [produce("n1", 890)], now_s=1)
     assert engaged(below) == set()
     assert below.released_now == [(1, NW_IN)]
+
+
+def test_a_resource_whose_clients_are_held_back_releases_only_after_a_quota_window_under_the_band() -> None:
+    # n1 throttled by its limit of 500: its windowed rate dipping to 850 (under 1000 x 0.9) between
+    # two large requests is no sign its demand fell. The resource stays engaged for release_after_s
+    # (11 s) of such dips, and releases at the first step after, if the load is still under.
+    settings = one_broker(1000)
+    state = GuardState({(1, NW_IN): 0.0}, {(client("n1"), PRODUCE): 500.0}, 0.0)
+    held = [MeasuredFlow(client("n1"), PRODUCE, {1: 850.0}, throttled=True)]
+    seen = []
+    for second in range(1, 14):
+        decision = step(settings, state, held, now_s=float(second))
+        seen.append(bool(engaged(decision)))
+        state = decision.state
+    assert seen == [True] * 11 + [False, False]
+    # A step back over the band restarts the count.
+    state = GuardState({(1, NW_IN): 0.0}, {(client("n1"), PRODUCE): 500.0}, 0.0, below_since={(1, NW_IN): 0.0})
+    over = step(settings, state, [MeasuredFlow(client("n1"), PRODUCE, {1: 950.0}, throttled=True)], now_s=5)
+    assert engaged(over) == {(1, NW_IN)} and over.state.below_since == {}
+
+
+def test_the_trim_raises_the_shares_while_held_back_clients_leave_the_broker_under_its_limit() -> None:
+    # Two noisy throttled at 450, the load they and three quiet carried over the window 1100 of 1200
+    # (inside the hysteresis band, so the resource stays engaged):
+    # the trim rises by gain x error = 0.05 x 100/1200 per second.
+    state = GuardState(engaged={(1, NW_IN): 0.0},
+                       limits={(client("n1"), PRODUCE): 450.0, (client("n2"), PRODUCE): 450.0}, last_step_s=0.0)
+    quiet = [produce("q1", 100), produce("q2", 100), produce("q3", 100)]
+    throttled = [MeasuredFlow(client(n), PRODUCE, {1: 400.0}, throttled=True) for n in ("n1", "n2")]
+    decision = step(one_broker(), state, [*quiet, *throttled], now_s=1)
+    trim = 1 + 0.05 * 100 / 1200
+    assert decision.resources[0].trim == pytest.approx(trim)
+    assert limit_of(decision, "n1") == pytest.approx((1200 * trim - 300) / 2, abs=1)  # whole bytes/s
+    # Over the next ten seconds, as much again per second; then the bound: never above 1.15.
+    later = step(one_broker(), decision.state, [*quiet, *throttled], now_s=11)
+    assert later.resources[0].trim == pytest.approx(1 + 11 * 0.05 * 100 / 1200)
+    much_later = step(one_broker(), later.state, [*quiet, *throttled], now_s=71)
+    assert much_later.resources[0].trim == pytest.approx(1.15)
+    # A load far under (a window between two large requests): the change is capped at 0.01 per second.
+    dipped = [MeasuredFlow(client(n), PRODUCE, {1: 150.0}, throttled=True) for n in ("n1", "n2")]
+    capped = step(one_broker(), state, [*quiet, *dipped], now_s=2)
+    assert capped.resources[0].trim == pytest.approx(1.02)
+    assert engaged(capped) == {(1, NW_IN)}  # under the band since this step only
+
+
+def test_the_trim_closes_on_the_carried_load_not_on_kafkas_windowed_rate() -> None:
+    # Kafka's rate of a client sending a large request every few seconds reads up to a request high;
+    # `carried` is what it put on the broker over the window: the trim integrates that.
+    state = GuardState(engaged={(1, NW_IN): 0.0}, limits={(client("n1"), PRODUCE): 1000.0}, last_step_s=0.0)
+    flow = MeasuredFlow(client("n1"), PRODUCE, {1: 1250.0}, throttled=True, carried={1: 1140.0})
+    decision = step(one_broker(), state, [flow], now_s=1)
+    assert decision.resources[0].carried == pytest.approx(1140)
+    assert decision.resources[0].trim == pytest.approx(1 + 0.05 * 60 / 1200)
+
+
+def test_the_trim_does_not_wind_up_while_limits_rise_or_nobody_is_held_back() -> None:
+    # Nobody held back (demand under the limit): the trim returns toward 1 at 0.01 per second.
+    state = GuardState(engaged={(1, NW_IN): 0.0}, limits={}, last_step_s=0.0, trims={(1, NW_IN): 1.1})
+    decision = step(one_broker(), state, [produce("a", 1150)], now_s=2)
+    assert decision.resources[0].trim == pytest.approx(1.08)
+    # A held-back client whose limit the raise rate still holds under its target: no integration.
+    rising = GuardState(engaged={(1, NW_IN): 0.0}, limits={(client("n1"), PRODUCE): 450.0}, last_step_s=0.0,
+                        rising=frozenset({(client("n1"), PRODUCE)}))
+    decision = step(one_broker(), rising, [produce("n1", 450)], now_s=1)
+    assert decision.resources[0].trim == 1.0
 
 
 def test_several_brokers_with_different_binding_resources() -> None:
@@ -113,7 +181,7 @@ def test_several_brokers_with_different_binding_resources() -> None:
     # Limits: broker 1 NW_IN 900, broker 2 NW_OUT 1100 (the others out of reach).
     settings = GuardSettings(
         limits={(1, NW_IN): 900, (1, NW_OUT): BIG, (2, NW_IN): BIG, (2, NW_OUT): 1100},
-        replication_factor=2,
+        replication_factor=2, fall_per_s=0.0,
     )
     flows = [
         produce("p", {1: 600}),  # produce to broker 1
@@ -202,9 +270,59 @@ def test_a_flow_its_limit_throttled_is_held_back_though_its_windowed_rate_dipped
     quiet = [produce("q1", 100), produce("q2", 100), produce("q3", 100)]
     throttled = [MeasuredFlow(client(n), PRODUCE, {1: 380.0}, throttled=True) for n in ("n1", "n2")]
     held = step(one_broker(), state, [*quiet, *throttled], now_s=1)
-    assert limit_of(held, "n1") == pytest.approx(450)
-    assert limit_of(held, "n2") == pytest.approx(450)
+    # (The trim adds 0.05 x 140/1200 of the limit: the load they carried, 1060, was under it.)
+    share = (1200 * (1 + 0.05 * 140 / 1200) - 300) / 2
+    assert limit_of(held, "n1") == pytest.approx(share, abs=1)  # water_fill gives whole bytes/s
+    assert limit_of(held, "n2") == pytest.approx(share, abs=1)
     # ... while the same rates without a recent throttle say the demand fell: the limits go
     # (1060 B/s is under 1200 x 0.9, so the resource releases too).
     fell = step(one_broker(), state, [*quiet, produce("n1", 380), produce("n2", 380)], now_s=1)
     assert fell.limits == {}
+
+
+def test_a_new_limit_starts_at_the_flows_rate_and_falls_by_at_most_fall_per_s() -> None:
+    # n1 at 900 over a limit of 1200 with three quiet at 100: target 900. By default (fall_per_s 0.1)
+    # its first limit is its own rate less 10 %, then 10 % of the limit per second, down to the target.
+    flows = [produce("q1", 100), produce("q2", 100), produce("q3", 100), produce("n1", 1000)]
+    settings = GuardSettings(limits={(1, NW_IN): 1200.0, (1, NW_OUT): BIG})
+    first = step(settings, GuardState(), flows, now_s=0)
+    assert limit_of(first, "n1") == pytest.approx(900)  # max(target 900, 1000 x 0.9)
+    flows = [produce("q1", 100), produce("q2", 100), produce("q3", 100), produce("n1", 2000)]
+    first = step(settings, GuardState(), flows, now_s=0)
+    assert limit_of(first, "n1") == pytest.approx(1800)
+    second = step(settings, first.state, flows, now_s=1)
+    assert limit_of(second, "n1") == pytest.approx(1620)
+
+
+def test_a_held_back_flow_wants_more_only_on_the_brokers_its_limit_holds_it_on() -> None:
+    # Two brokers, NW_IN limit 1000 on broker 1 only. n1 is throttled on broker 1 (held back there)
+    # and sends 100 B/s to broker 2, under its limit: it wants more on broker 1 only. With RF 2 its
+    # broker-2 traffic reaches broker 1's NW_IN as follower traffic at what it sends there (100),
+    # where the old scaling (every broker x ceiling / peak) counted it at the ceiling's share.
+    limits = {(1, NW_IN): 1000.0, (1, NW_OUT): BIG, (2, NW_IN): BIG, (2, NW_OUT): BIG}
+    state = GuardState(engaged={(1, NW_IN): 0.0}, limits={(client("n1"), PRODUCE): 500.0}, last_step_s=0.0)
+    n1 = MeasuredFlow(client("n1"), PRODUCE, {1: 480.0, 2: 100.0}, throttled=True, throttled_brokers=frozenset({1}))
+    flows = [produce("q1", {1: 100.0}), n1]
+
+    def share_and_room(replication_factor: int) -> tuple[float, float]:
+        settings = GuardSettings(limits=limits, replication_factor=replication_factor, fall_per_s=0.0)
+        decision = step(settings, state, flows, now_s=1)
+        room = 1000.0 * decision.resources[0].trim  # the limit x the loop's feedback on the carried load
+        return float(status_of(decision, "n1").target), room  # type: ignore[attr-defined]
+
+    # RF 1: broker 1 carries q1 (100) and n1's broker-1 traffic: n1's share is the room less 100.
+    share, room = share_and_room(1)
+    assert share == pytest.approx(room - 100, abs=1)
+    # RF 2: broker 1's NW_IN also carries n1's broker-2 traffic as a follower (100): less 200.
+    share, room = share_and_room(2)
+    assert share == pytest.approx(room - 200, abs=1)
+
+
+def test_without_feedback_the_trim_stays_at_one() -> None:
+    # Dry run: nothing is enforced, so the load (1860 of 1200) says nothing of the limits.
+    state = GuardState(engaged={(1, NW_IN): 0.0},
+                       limits={(client("n1"), PRODUCE): 450.0, (client("n2"), PRODUCE): 450.0}, last_step_s=0.0)
+    flows = [produce("q1", 300), *(MeasuredFlow(client(n), PRODUCE, {1: 780.0}, throttled=True) for n in ("n1", "n2"))]
+    decision = step(one_broker(feedback=False), state, flows, now_s=5)
+    assert decision.resources[0].trim == 1.0
+    assert limit_of(decision, "n1") == pytest.approx(450)

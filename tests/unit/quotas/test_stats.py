@@ -214,3 +214,27 @@ def test_quota_utils_vectors_on_the_hot_path(
     rate = WindowedRate(samples=samples, window_ms=1000, bound=bound)
     throttle = rate.record_and_throttle(observed * (samples - 1), 0)
     assert (throttle if cap is None else min(throttle, cap)) == expected
+
+
+def test_recent_total_counts_what_was_recorded_over_the_span_not_since_the_oldest_sample() -> None:
+    # A client sending 1,000,000 bytes every 2,200 ms (a large request each time it is unmuted):
+    # Kafka's rate divides by the time since the oldest sample's start, which is a request's time,
+    # and reads high; the bytes over the last 11 s are the requests inside them.
+    rate = WindowedRate(samples=11, window_ms=1000)
+    for t in range(0, 30_001, 2200):
+        rate.record(1_000_000.0, t)
+    now = 30_000
+    inside = sum(1 for t in range(0, 30_001, 2200) if t >= now - 11_000)  # 19,800 ... 28,600: 5
+    assert rate.recent_total(now, 11_000) == 1_000_000.0 * inside
+    assert rate.peek(now) > rate.recent_total(now, 11_000) / 11  # Kafka's reading: over the carried rate
+
+
+def test_recent_total_prorates_the_sample_that_straddles_the_span_start() -> None:
+    # 100 bytes every 100 ms up to 19,500 ms. Over the last 11 s (from 8,500): the samples that
+    # started at 9,000 ... 18,000 whole (1,000 bytes each), the one of 19,000 (600 bytes so far),
+    # and of the one of 8,000 (events 8,000 ... 8,900) the share of its events' time after 8,500.
+    rate = WindowedRate(samples=11, window_ms=1000)
+    for t in range(0, 19_501, 100):
+        rate.record(100.0, t)
+    total = rate.recent_total(19_500, 11_000)
+    assert total == pytest.approx(10 * 1000.0 + 600.0 + 1000.0 * (8900 - 8500) / 900)

@@ -1,0 +1,69 @@
+"""The cluster guard's feedback: a trim per broker resource that closes the loop on the load carried.
+
+Pure: no clock (the step's span is an argument), no numpy.
+
+The guard's targets are max-min fair shares of each resource's limit (kqp.quotas.guard). Held at
+those shares by Kafka's after-the-fact throttle, backlogged clients do not carry exactly their
+share: a throttled client is muted until its windowed rate is back at its quota, then sends one
+whole request (librdkafka's default `batch.size` is 1 MB, two seconds of a 450 kB/s share), so
+each held-back client runs a request over or under in any quota window, and on average short of
+its share (the mute ends after the window has already slid on). On the wire that left a broker at
+0.92x its limit with the guard's limits held still.
+
+The trim is the loop's integral term: the water-filling shares `limit x trim` instead of `limit`,
+and the trim moves by `gain_per_s x (limit - load) / limit` per second of the step's span, the load
+being what the guard forwarded to that resource over the quota window. So a resource held under
+its limit by the throttle's granularity has its held-back clients' shares raised until the load
+they carry is at the limit, and one held over it has them lowered. docs/quotas.md ("Why the loop
+is stable") argues the gains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The trim's defaults, argued in docs/quotas.md ("Why the loop is stable").
+DEFAULT_GAIN_PER_S = 0.05
+DEFAULT_MAX_TRIM_CHANGE_PER_S = 0.01
+DEFAULT_TRIM_BOUNDS = (0.85, 1.15)
+
+
+@dataclass(frozen=True)
+class TrimGains:
+    """How the trim moves.
+
+    Attributes:
+        gain_per_s: the integral gain: the share of the relative error (limit - load) / limit
+            added to the trim per second.
+        max_change_per_s: the trim moves by at most this much per second, whatever the error
+            (one window's swing of large requests must not move the shares by its whole size).
+        bounds: the lowest and highest trim: the feedback corrects the throttle's granularity,
+            never more than this share of the limit whatever it measures.
+    """
+
+    gain_per_s: float = DEFAULT_GAIN_PER_S
+    max_change_per_s: float = DEFAULT_MAX_TRIM_CHANGE_PER_S
+    bounds: tuple[float, float] = DEFAULT_TRIM_BOUNDS
+
+
+def next_trim(trim: float, limit: float, load: float, closing: bool, span_s: float, gains: TrimGains) -> float:
+    """The resource's trim after a step of `span_s` seconds.
+
+    Args:
+        trim: the trim in force (1.0 when the loop has never closed on this resource).
+        limit: the resource's limit, bytes/s.
+        load: what the guard forwarded to the resource over the quota window, bytes/s.
+        closing: whether the loop closes on this resource now: it is engaged and clients on it are
+            held back by their guard limits, so their shares decide its load. Otherwise the
+            trim returns toward 1 at the rate limit (nothing to correct, and no windup while the
+            load is under the limit because the demand is).
+        span_s: seconds since the previous step.
+        gains: how the trim moves.
+    """
+    if limit <= 0 or span_s <= 0:
+        return trim
+    wanted = gains.gain_per_s * (limit - load) / limit * span_s if closing else 1.0 - trim
+    step_cap = gains.max_change_per_s * span_s
+    change = min(max(wanted, -step_cap), step_cap)
+    low, high = gains.bounds
+    return min(max(trim + change, low), high)
