@@ -59,6 +59,7 @@ class ConnectionRecord:
 
     client_id: str
     acks: list[tuple[float, int]] = field(default_factory=list)
+    throttles: list[tuple[float, int]] = field(default_factory=list)  # (virtual time, ThrottleTimeMs > 0)
     timeouts: int = 0
     reconnects: int = 0
     max_wait_s: float = 0.0  # the longest a request waited for its answer
@@ -209,6 +210,8 @@ class ClientConnection(asyncio.Protocol):
             self.record.acks.append((now, wire.partitions_created(response)))
         else:
             self.record.acks.append((now, wire.fetch_charge(response, prefixed=False)))
+        if throttle_ms > 0:
+            self.record.throttles.append((now, throttle_ms))
         if throttle_ms > 0 and self.shape.honours_throttle:
             self.blocked_until = max(self.blocked_until, now + throttle_ms / 1000.0)
         self._arm_timeout()

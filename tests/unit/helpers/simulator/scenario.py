@@ -383,6 +383,13 @@ async def _straight_to_kafka(scenario: Scenario) -> Figures:
     return _figures(scenario, records, len(broker.throttles))
 
 
+def straight_to_kafka(scenario: Scenario, seed: int) -> Figures:
+    """The scenario's clients straight to Kafka's model alone, no proxy: a client model's
+    calibration against the real client on a real broker (bench/calibration.py)."""
+    logging.getLogger("kqp").setLevel(logging.ERROR)
+    return run(lambda: _straight_to_kafka(scenario), seed, scenario.faults)
+
+
 def simulate(scenario: Scenario, seed: int, engine_factory: EngineFactory = default_engine) -> Outcome:
     """Run the scenario through kqp and straight to Kafka's model, each on its own virtual loop."""
     logging.getLogger("kqp").setLevel(logging.ERROR)  # warnings of closed connections are expected

@@ -1,0 +1,39 @@
+"""The calibration's model side (bench/calibration.py): a client model straight to Kafka's model,
+no proxy, and the report that sets it beside the real client's figure."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import calibration
+from bench.calibration import CALIBRATIONS, Side
+from tests.unit.helpers.simulator.scenario import KIB, Scenario, straight_to_kafka
+
+
+def test_straight_to_kafka_records_each_throttle_the_modelled_broker_sends() -> None:
+    # 192 KiB requests against 64 KiB/s: every few requests is throttled by Kafka's model.
+    scenario = Scenario(client="java-producer", quota=64 * KIB, request_bytes=192 * KIB, warmup_s=5.0,
+                        measure_s=20.0)
+    figures = straight_to_kafka(scenario, seed=1)
+    throttles = [ms for record in figures.records for _, ms in record.throttles]
+    assert throttles and all(ms > 0 for ms in throttles)
+    assert figures.throttles == len(throttles)  # the broker's count and the client's agree
+    assert 0.5 < figures.admitted < 1.5
+
+
+def test_every_calibration_names_a_model_and_a_quota_on_its_own_client_id() -> None:
+    assert len({c.client_id for c in CALIBRATIONS.values()}) == len(CALIBRATIONS)
+    assert {c.model.client for c in CALIBRATIONS.values()} == {"librdkafka", "java-producer", "aiokafka", "consumer",
+                                                               "admin"}
+    for c in CALIBRATIONS.values():
+        assert c.warmup < c.seconds
+
+
+@pytest.mark.parametrize(("real", "verdict"), [(1.0, "PASS"), (1.06, "FAIL"), (0.96, "PASS"), (0.95, "FAIL")])
+def test_report_passes_a_model_within_five_percent_of_the_real_client(
+        monkeypatch: pytest.MonkeyPatch, real: float, verdict: str) -> None:
+    monkeypatch.setattr(calibration, "run_model", lambda _c: [Side(0.999), Side(1.0), Side(1.001)])
+    text, passed = calibration.report({"calibrate-admin": [Side(real, 10, None, 0)]}, ["calibrate-admin"])
+    assert (verdict == "PASS") == passed
+    assert f"{verdict}  calibrate-admin" in text
+    assert f"ratio {1.0 / real:.3f}" in text
