@@ -8,7 +8,7 @@ few seeds of each row (tests/unit/simulator/test_scenarios.py), this runs thousa
 Each scenario-seed runs the modelled clients through the real proxy and against the broker
 model that enforces the quota itself (Kafka's figure), on virtual time: the same seed gives the
 same numbers on any machine and under any load. What a seed must show is
-tests/unit/helpers/simulator/table.py's `violations`. A seed whose violations are all of the
+kqpsim/table.py's `violations`. A seed whose violations are all of the
 kinds its row's `Finding` shows is counted as that finding, apart from new failures (`make test`
 also asserts each finding's figures in their measured bands on its own seeds); the exit status
 is 1 when any seed fails otherwise. A report goes to out/simulator.md.
@@ -21,10 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.unit.helpers.simulator.scenario import parse_scenario, simulate
-from tests.unit.helpers.simulator.table import ROWS, violations
+from kqpsim.scenario import parse_scenario, simulate
+from kqpsim.table import ROWS, violations
 
 
 def replay(text: str, seed: int) -> int:

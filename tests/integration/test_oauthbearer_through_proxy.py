@@ -34,9 +34,9 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 
 from harness import perf_tools
-from harness.kafka_reference import ClientQuotaManager
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
+from kqpsim.kafka_reference import ClientQuotaManager
 from tests.integration.helpers.quota_proxy import _WINDOW, RECORD_SIZE, TOLERANCE, steady_rate, throttle_avg
 
 pytestmark = pytest.mark.integration
@@ -287,7 +287,7 @@ def assert_kafka_throttles(rows: list[dict[str, Any]]) -> None:
     that request: her charges, as the capture says the proxy made them (`quota_produce_bytes`
     when the response came back, at the engine's clock, in the order of its calls), replayed
     through the reference written from Kafka's source apart from kqp.quotas
-    (harness/kafka_reference.py: ClientQuotaManager with her `{user: alice}` quota and
+    (kqpsim/kafka_reference.py: ClientQuotaManager with her `{user: alice}` quota and
     WINDOW_NUM windows of 1 s). Neither phase nor load moves this: the replay takes the times
     the proxy saw, whatever they were."""
     charged = sorted((row for row in rows if row["principal"] == "alice" and row["api_key"] == PRODUCE),

@@ -1,5 +1,6 @@
-"""What the installed package may import: only itself, the standard library and its declared
-dependencies. The checkout's harness/ and tests/ are not shipped, so no kqp module may need them."""
+"""What the installed packages may import: only themselves, the standard library and their declared
+dependencies. The checkout's harness/ and tests/ are not shipped, so no module of kqp, nor of the
+simulator kqpsim (installed beside it), may need them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ast
 from pathlib import Path
 
 KQP = Path(__file__).resolve().parents[2] / "kqp"
+KQPSIM = KQP.parent / "kqpsim"
 NOT_SHIPPED = ("harness", "tests", "bench")
 
 
@@ -20,10 +22,10 @@ def imported_top_levels(path: Path) -> set[str]:
     return names
 
 
-def test_no_kqp_module_imports_the_checkout_only_folders() -> None:
+def test_no_kqp_nor_kqpsim_module_imports_the_checkout_only_folders() -> None:
     offenders = {
         str(path.relative_to(KQP.parent)): sorted(imported_top_levels(path) & set(NOT_SHIPPED))
-        for path in sorted(KQP.rglob("*.py"))
+        for path in sorted([*KQP.rglob("*.py"), *KQPSIM.rglob("*.py")])
     }
     assert {path: names for path, names in offenders.items() if names} == {}
 
@@ -31,3 +33,4 @@ def test_no_kqp_module_imports_the_checkout_only_folders() -> None:
 def test_the_scan_sees_the_package() -> None:
     assert len(list(KQP.rglob("*.py"))) > 20
     assert "kqp" in imported_top_levels(KQP / "cli.py")
+    assert "kqp" in imported_top_levels(KQPSIM / "scenario.py")

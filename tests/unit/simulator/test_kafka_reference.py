@@ -1,7 +1,7 @@
 """The simulator's Kafka reference against kqp.quotas on the vectors of kafka-quota-spec.md §9.
 
 Each vector is written once, as steps against a `Broker` (the spec's operations), and runs on
-both: the reference (harness/kafka_reference.py, written from Kafka's
+both: the reference (kqpsim/kafka_reference.py, written from Kafka's
 source) and kqp.quotas. Both must give the spec's number, so they agree with each other and a
 difference names the side that left Kafka. The reference shares no code with kqp: the last
 test fails if it imports anything but the standard library.
@@ -22,11 +22,11 @@ from typing import Protocol
 
 import pytest
 
-from harness import kafka_reference as ref
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 from kqp.quotas.stats import TokenBucket as KqpBucket
 from kqp.quotas.stats import WindowedRate, throttle_time, token_bucket_throttle_time
-from tests.unit.helpers.simulator import broker as simulator_broker
+from kqpsim import broker as simulator_broker
+from kqpsim import kafka_reference as ref
 
 D = ref.DEFAULT
 Limits = dict[ref.Entity, float]
@@ -512,7 +512,7 @@ def test_the_spec_vector_gives_the_specs_numbers_on_both_sides(vector: str, side
     VECTORS[vector](side())
 
 
-# The reference (in harness/, imported by the simulator and the integration tests alike) and the
+# The reference (in kqpsim, imported by the simulator and the integration tests alike) and the
 # simulator's broker model that asks it.
 REFERENCE_FILES = {"kafka_reference.py": Path(ref.__file__), "broker.py": Path(simulator_broker.__file__)}
 

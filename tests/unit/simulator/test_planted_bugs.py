@@ -13,8 +13,8 @@ from kqp.proxy.policies.chain import POLICIES, EnforcementPolicies
 from kqp.proxy.policies.fair_turns import FairTurns
 from kqp.proxy.policies.kafka_charging import KafkaCharging
 from kqp.proxy.policies.tables import PolicyFactory
-from tests.unit.helpers.simulator.scenario import KIB, MIB, Scenario, simulate
-from tests.unit.helpers.simulator.table import violations
+from kqpsim.scenario import KIB, MIB, Scenario, simulate
+from kqpsim.table import violations
 
 # A broker slow to answer (100 ms) bounds what an unthrottled connection sends, so that a
 # planted bug costs seconds of simulation, not minutes.

@@ -1,6 +1,6 @@
 """The scenario table, seed by seed: kqp's admitted rate against the quota and against Kafka's
 figure for the same clients, fairness between a client's connections, and no request time-out
-that Kafka would not also cause (tests/unit/helpers/simulator/table.py). A seed that shows a
+that Kafka would not also cause (kqpsim/table.py). A seed that shows a
 known finding asserts that finding's figures, each in its measured band, and nothing else. A
 failure prints both figures and the one command that replays the seed."""
 
@@ -10,9 +10,9 @@ import shlex
 
 import pytest
 
-from tests.unit.helpers.simulator import table
-from tests.unit.helpers.simulator.scenario import KIB, Scenario, parse_scenario, simulate
-from tests.unit.helpers.simulator.table import ROWS, Band, Finding, Row, Violation, figures, unexplained
+from kqpsim import table
+from kqpsim.scenario import KIB, Scenario, parse_scenario, simulate
+from kqpsim.table import ROWS, Band, Finding, Row, Violation, figures, unexplained
 
 
 def _cases() -> list[object]:

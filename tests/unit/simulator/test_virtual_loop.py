@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from tests.unit.helpers.simulator.scenario import Scenario, simulate
-from tests.unit.helpers.simulator.virtual_loop import Deadlock, Faults, MemoryTransport, VirtualLoop, run
+from kqpsim.scenario import Scenario, simulate
+from kqpsim.virtual_loop import Deadlock, Faults, MemoryTransport, VirtualLoop, run
 
 
 class _Collect(asyncio.Protocol):
@@ -105,7 +105,7 @@ _ORDERING_SCENARIO = ("Scenario(connections=4, instances=3, count_other_instance
 def test_the_numbers_do_not_depend_on_the_process_its_hash_seed_or_the_host() -> None:
     # Another interpreter, another PYTHONHASHSEED (set and dict orders of strings change), other
     # addresses: the digest of every acknowledgement must not change.
-    code = ("from tests.unit.helpers.simulator.scenario import Scenario, simulate;"
+    code = ("from kqpsim.scenario import Scenario, simulate;"
             f"print(simulate({_ORDERING_SCENARIO}, 5).digest())")
     digests = set()
     for hash_seed in ("1", "2"):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, PRODUCE_KEY
 from kqp.protocol.framing import FrameDecoder
-from tests.unit.helpers.simulator import wire
+from kqpsim import wire
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tests.unit.helpers.simulator.clients import CLIENT_SHAPES
-from tests.unit.helpers.simulator.scenario import KIB, MIB, Outcome, Scenario
+from kqpsim.clients import CLIENT_SHAPES
+from kqpsim.scenario import KIB, MIB, Outcome, Scenario
 
 # What a violation is about; each kind has one figure, measured for kqp and for Kafka's model
 # (`figures`): "over"/"under": a client-id's admitted rate as a multiple of its quota (kqp's

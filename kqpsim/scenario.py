@@ -19,15 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.kafka_reference import DEFAULT, Entity, KafkaQuotas
 from kqp.config import KqpConfig
 from kqp.config.models import FleetSection
 from kqp.proxy.app import ProxyApp, app_settings_from_config
 from kqp.quotas import QuotaEngine
 from kqp.quotas.fleet import UsageDelta
-from tests.unit.helpers.simulator.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
-from tests.unit.helpers.simulator.clients import CLIENT_SHAPES, ClientConnection, ConnectionRecord
-from tests.unit.helpers.simulator.virtual_loop import Faults, MemoryTransport, run
+from kqpsim.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
+from kqpsim.clients import CLIENT_SHAPES, ClientConnection, ConnectionRecord
+from kqpsim.kafka_reference import DEFAULT, Entity, KafkaQuotas
+from kqpsim.virtual_loop import Faults, MemoryTransport, run
 
 KIB = 1024
 MIB = 1024 * 1024

@@ -16,12 +16,12 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from harness.kafka_reference import KafkaQuotas
 from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, METADATA_KEY, PRODUCE_KEY
 from kqp.protocol.framing import FrameDecoder, frame
 from kqp.protocol.headers import RequestHeader, encode_response_header, parse_request_header
 from kqp.protocol.mutations import THROTTLING_QUOTA_EXCEEDED
-from tests.unit.helpers.simulator import wire
+from kqpsim import wire
+from kqpsim.kafka_reference import KafkaQuotas
 
 BROKER_HOST = "broker-1.sim"
 BROKER_PORT = 9092

@@ -2,11 +2,11 @@
 
 Two suites ask this module, not kqp.quotas, what Kafka would record, throttle and answer, so an
 error in kqp.quotas cannot also be in "Kafka's figure": the simulator's modelled broker
-(tests/unit/helpers/simulator/broker.py) and the integration tests that replay a capture's
+(kqpsim/broker.py) and the integration tests that replay a capture's
 `quota_*` columns to check each response's ThrottleTimeMs (test_oauthbearer_through_proxy.py's
-assert_kafka_throttles). It lives in harness/ so that both, and bench/, import it as it is. It shares
-no code with kqp (tests/unit/simulator/test_kafka_reference.py fails if it imports anything
-but the standard library) and it is written per rule from these files of apache/kafka
+assert_kafka_throttles). It lives in the simulator's package, kqpsim, so that both, and bench/,
+import it as it is. It shares no code with kqp (tests/unit/simulator/test_kafka_reference.py
+fails if it imports anything but the standard library) and it is written per rule from these files of apache/kafka
 (read at trunk 1eb7644, checked against the 4.3.1 jars where the code moved: Rate.windowSize,
 SampledStat.purgeObsoleteSamples and Sample.isComplete compile to the same rules):
 
