@@ -4,7 +4,7 @@ test (issue 39, "calibrated client models"; `make system-test SHAPES=calibrate-l
 Calibration is client against Kafka, no proxy on either side: each real client, configured
 with its library's defaults (only bootstrap, client-id and what the shape names are set), runs
 against one real Kafka 4.3.1 broker that enforces a quota on its client-id; the simulator runs
-the client's model in the same shape straight to its modelled Kafka (harness/kafka_reference.py
+the client's model in the same shape straight to its modelled Kafka (kqpsim/kafka_reference.py
 in the modelled broker), over several seeds. Both are measured as an operator measures: what
 was acknowledged (produced), delivered (fetched) or created inside the measured seconds, the
 backlog left at the end dropped, not counted. A shape passes when the model's median admitted
@@ -51,8 +51,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.local_kafka import KafkaCluster
-from tests.unit.helpers.simulator.clients import ConnectionRecord
-from tests.unit.helpers.simulator.scenario import KIB, MIB, Figures, Scenario, straight_to_kafka
+from kqpsim.clients import CLIENT_SHAPES, ConnectionRecord
+from kqpsim.scenario import KIB, MIB, Figures, Scenario, straight_to_kafka
 
 CLIENTS_JAVA = Path(__file__).resolve().parent.parent / "harness" / "java" / "CalibrationClients.java"
 RECORD_SIZE = 1024
@@ -144,7 +144,6 @@ def model_side(figures: Figures, api: str) -> Side:
 
 
 def run_model(calibration: Calibration) -> list[Side]:
-    from tests.unit.helpers.simulator.clients import CLIENT_SHAPES
     api = CLIENT_SHAPES[calibration.model.client].api
     return [model_side(straight_to_kafka(calibration.model, seed), api) for seed in SEEDS]
 

@@ -7,7 +7,7 @@ import pytest
 
 from bench import calibration
 from bench.calibration import CALIBRATIONS, Side
-from tests.unit.helpers.simulator.scenario import KIB, Scenario, straight_to_kafka
+from kqpsim.scenario import KIB, Scenario, straight_to_kafka
 
 
 def test_straight_to_kafka_records_each_throttle_the_modelled_broker_sends() -> None:
