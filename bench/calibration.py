@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -64,7 +65,8 @@ ADMIN_SECONDS = 60
 ADMIN_WARMUP_S = 10
 OFFER = 1.5  # x quota, the producers' offer
 # aiokafka's default max_batch_size (16384) holds 15 records of 1 KiB: 15,556 batch bytes.
-AIOKAFKA_BATCH_BYTES_PER_VALUE_BYTE = 15556 / (15 * RECORD_SIZE)
+AIOKAFKA_BATCH_BYTES = 15556
+AIOKAFKA_BATCH_BYTES_PER_VALUE_BYTE = AIOKAFKA_BATCH_BYTES / (15 * RECORD_SIZE)
 
 
 @dataclass(frozen=True)
@@ -88,22 +90,22 @@ class Calibration:
 
 
 def _scenario(client: str, quota: float, request_bytes: int, warmup: int = WARMUP_S,
-              seconds: int = SECONDS) -> Scenario:
+              seconds: int = SECONDS, offer: float = 0.0) -> Scenario:
     return Scenario(client=client, quota=quota, request_bytes=request_bytes, warmup_s=float(warmup),
-                    measure_s=float(seconds - warmup))
+                    measure_s=float(seconds - warmup), offer=offer)
 
 
 CALIBRATIONS = {c.name: c for c in (
     # librdkafka's batch.size default (1,000,000 bytes) is what a backlog fills each request to.
     Calibration("calibrate-librdkafka", "calib-rdkafka", "producer_byte_rate", 256 * KIB,
-                _scenario("librdkafka", 256 * KIB, 1_000_000),
+                _scenario("librdkafka", 256 * KIB, 1_000_000, offer=OFFER),
                 "confluent-kafka producer, defaults, 1 KiB records offered at 1.5x"),
     # The Java producer's batch.size default (16,384 bytes): 15 records of 1 KiB and the header.
     Calibration("calibrate-java-producer", "calib-java-producer", "producer_byte_rate", 1 * MIB,
-                _scenario("java-producer", 1 * MIB, 16_384),
+                _scenario("java-producer", 1 * MIB, 16_384, offer=OFFER),
                 "Kafka's Java producer, defaults, 1 KiB records offered at 1.5x"),
     Calibration("calibrate-aiokafka", "calib-aiokafka", "producer_byte_rate", 256 * KIB,
-                _scenario("aiokafka", 256 * KIB, 16_384),
+                _scenario("aiokafka", 256 * KIB, 16_384, offer=OFFER),
                 "aiokafka producer, defaults, 1 KiB records offered at 1.5x"),
     # max.partition.fetch.bytes (1 MiB) bounds a one-partition fetch.
     Calibration("calibrate-consumer", "calib-consumer", "consumer_byte_rate", 512 * KIB,
@@ -121,6 +123,9 @@ class Side:
     """One run of one side, over the measured seconds."""
 
     admitted: float  # x quota, as Kafka charges it
+    # A producer's mean request (batch) size, what the model's requests are made of: it comes
+    # from the client's batching against the offer and the host's scheduling, not a setting.
+    request_bytes: float | None = None
     responses: int | None = None
     mean_throttle_ms: float | None = None
     timeouts: int = 0
@@ -139,13 +144,21 @@ def model_side(figures: Figures, api: str) -> Side:
     detail = f"{len(throttles)} of {len(responses)} responses throttled"
     if api == "create_topics":
         detail += f", {refused} refused with THROTTLING_QUOTA_EXCEEDED"
-    return Side(figures.admitted, len(responses), sum(throttles) / len(responses) if responses else None,
+    return Side(figures.admitted, None, len(responses), sum(throttles) / len(responses) if responses else None,
                 figures.timeouts, detail=detail)
 
 
-def run_model(calibration: Calibration) -> list[Side]:
-    api = CLIENT_SHAPES[calibration.model.client].api
-    return [model_side(straight_to_kafka(calibration.model, seed), api) for seed in SEEDS]
+def model_scenario(calibration: Calibration, real: list[Side]) -> Scenario:
+    """The calibration's scenario, its requests the size the real producer sent (median over rounds)."""
+    sizes = [s.request_bytes for s in real if s.request_bytes]
+    if not sizes:
+        return calibration.model
+    return dataclasses.replace(calibration.model, request_bytes=round(statistics.median(sizes)))
+
+
+def run_model(scenario: Scenario) -> list[Side]:
+    api = CLIENT_SHAPES[scenario.client].api
+    return [model_side(straight_to_kafka(scenario, seed), api) for seed in SEEDS]
 
 
 # ---- the real clients -----------------------------------------------------------------------
@@ -200,12 +213,18 @@ def real_librdkafka(bootstrap: str, topic: str, calibration: Calibration) -> Sid
     batch_bytes = sum(t["batchsize"]["sum"] for t in batches)
     batch_values = sum(t["batchcnt"]["sum"] for t in batches) * RECORD_SIZE
     factor = batch_bytes / batch_values if batch_values else 1.0
-    waiting = max((b.get("waitresp_cnt", 0) + b.get("outbuf_cnt", 0) for b in brokers), default=0)
+    in_flight = max((b.get("waitresp_cnt", 0) for b in brokers), default=0)
+    unsent = max((b.get("outbuf_cnt", 0) for b in brokers), default=0)
+    sizes = [t["batchsize"] for t in batches if t["batchsize"]["cnt"]]
+    spread = (f"{min(s['min'] for s in sizes)}-{max(s['max'] for s in sizes)} B, per-second p50 "
+              f"{statistics.median(s['p50'] for s in sizes):.0f} B, "
+              f"p99 {statistics.median(s['p99'] for s in sizes):.0f} B" if sizes else "none")
     admitted = counted[0] * factor / (seconds - warmup) / calibration.quota
-    return Side(admitted, responses, throttle_sum / responses if responses else None, timeouts, errors,
+    mean_batch = batch_bytes / max(1, sum(t["batchsize"]["cnt"] for t in batches))
+    return Side(admitted, mean_batch, responses, throttle_sum / responses if responses else None, timeouts, errors,
                 f"value bytes {counted[0] / (seconds - warmup) / calibration.quota:.3f}x, batch bytes per value byte "
-                f"{factor:.4f}, mean batch {batch_bytes / max(1, sum(t['batchsize']['cnt'] for t in batches)):.0f} B, "
-                f"most requests queued or in flight {waiting}")
+                f"{factor:.4f}, mean batch {mean_batch:.0f} B, "
+                f"batches {spread}, most requests awaiting a response {in_flight}, most not yet sent {unsent}")
 
 
 def real_aiokafka(bootstrap: str, topic: str, calibration: Calibration) -> Side:
@@ -252,7 +271,7 @@ def real_aiokafka(bootstrap: str, topic: str, calibration: Calibration) -> Side:
     asyncio.run(produce())
     admitted = counted[0] * AIOKAFKA_BATCH_BYTES_PER_VALUE_BYTE / (seconds - warmup) / calibration.quota
     timeouts = sum(n for name, n in errors.items() if "Timeout" in name or "TimedOut" in name)
-    return Side(admitted, None, None, timeouts, errors,
+    return Side(admitted, AIOKAFKA_BATCH_BYTES, None, None, timeouts, errors,
                 f"value bytes {counted[0] / (seconds - warmup) / calibration.quota:.3f}x, batch bytes per value byte "
                 f"{AIOKAFKA_BATCH_BYTES_PER_VALUE_BYTE:.4f} (its builder, full batches)")
 
@@ -291,7 +310,7 @@ def real_java_producer(cluster: KafkaCluster, topic: str, workdir: Path, calibra
     errors = out["errors"]
     assert isinstance(errors, dict)
     closes = end[group + "connection-close-total"] - start[group + "connection-close-total"]
-    return Side(counted * factor / seconds / calibration.quota,
+    return Side(counted * factor / seconds / calibration.quota, end[group + "request-size-avg"],
                 round(end[group + "request-total"] - start[group + "request-total"]),
                 end[group + "produce-throttle-time-avg"], int(closes), errors,
                 f"value bytes {counted / seconds / calibration.quota:.3f}x, request bytes per value byte "
@@ -311,7 +330,7 @@ def real_java_consumer(cluster: KafkaCluster, topic: str, workdir: Path, calibra
     errors = out["errors"]
     assert isinstance(errors, dict)
     closes = end["consumer-metrics:connection-close-total"] - start["consumer-metrics:connection-close-total"]
-    return Side(counted * factor / seconds / calibration.quota,
+    return Side(counted * factor / seconds / calibration.quota, None,
                 round(end[group + "fetch-total"] - start[group + "fetch-total"]),
                 end[group + "fetch-throttle-time-avg"], int(closes), errors,
                 f"value bytes {counted / seconds / calibration.quota:.3f}x, fetched bytes per value byte "
@@ -332,7 +351,7 @@ def real_java_admin(cluster: KafkaCluster, workdir: Path, calibration: Calibrati
     group = "admin-client-metrics:"
     requests = end.get(group + "request-total", 0.0) - start.get(group + "request-total", 0.0)
     closes = end.get(group + "connection-close-total", 0.0) - start.get(group + "connection-close-total", 0.0)
-    return Side(counted / seconds / calibration.quota, round(requests), None, int(closes), errors,
+    return Side(counted / seconds / calibration.quota, None, round(requests), None, int(closes), errors,
                 f"{counted // partitions} topics created in the measured seconds; responses: all the admin "
                 "client's requests (CreateTopics, Metadata); time-outs: connections closed")
 
@@ -390,7 +409,8 @@ def report(real: dict[str, list[Side]], names: list[str]) -> tuple[str, bool]:
     passed = True
     for name in names:
         calibration = CALIBRATIONS[name]
-        model = run_model(calibration)
+        scenario = model_scenario(calibration, real[name])
+        model = run_model(scenario)
         real_median = statistics.median(s.admitted for s in real[name])
         model_median = statistics.median(s.admitted for s in model)
         ratio = model_median / real_median if real_median else float("inf")
@@ -405,7 +425,7 @@ def report(real: dict[str, list[Side]], names: list[str]) -> tuple[str, bool]:
         verdicts.append(f"{'PASS' if ok else 'FAIL'}  {name}: model within {TOLERANCE:.0%} of the real client "
                         f"({model_median:.3f}x against {real_median:.3f}x, ratio {ratio:.3f})")
         verdicts.append(f"      real: {calibration.real_setup}; {first.detail}; errors {first.errors or 'none'}")
-        verdicts.append(f"      model (seed {SEEDS[0]}): {calibration.model.name}; {model[0].detail}")
+        verdicts.append(f"      model (seed {SEEDS[0]}): {scenario.name}; {model[0].detail}")
     return "\n".join([*lines, "", *verdicts]), passed
 
 

@@ -44,6 +44,9 @@ class Scenario:
     # client controller_mutation_rate, partitions/s
     quota: float = 1 * MIB
     request_bytes: int = 64 * KIB  # a Produce's size; a Fetch's MaxBytes; the admin's partitions per topic
+    # A producer's offer per client-id, x quota, spread over its connections; 0: saturating
+    # (every connection always has a full request ready).
+    offer: float = 0.0
     fair_connection_turns: bool = False
     # KIP-124 request_percentage (percent of one broker thread) for every client-id; 0: none.
     # The proxy charges the round trip it measures; Kafka's model the broker's handling time.
@@ -99,6 +102,8 @@ class Scenario:
     def name(self) -> str:
         parts = [f"{self.client}", f"{self.client_ids}x{self.connections}conn", f"q{_size(self.quota)}",
                  f"r{_size(self.request_bytes)}"]
+        if self.offer:
+            parts.append(f"offer{self.offer:g}x")
         if self.fair_connection_turns:
             parts.append("fair")
         if self.request_percentage:
@@ -248,7 +253,8 @@ async def _drive(scenario: Scenario, addresses: list[tuple[str, int]]) -> list[C
             record = ConnectionRecord(client_id(i))
             address = addresses[j % len(addresses)]
             client = ClientConnection(loop, shape, client_id(i), scenario.request_bytes, address, record,
-                                      index=len(clients), fallbacks=tuple(addresses))
+                                      index=len(clients), fallbacks=tuple(addresses),
+                                      offer_bps=scenario.offer * scenario.quota / scenario.connections)
             records.append(record)
             clients.append(client)
     # Connections open at seeded moments within the first second, as a client's do: the seed

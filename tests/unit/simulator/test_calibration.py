@@ -32,7 +32,7 @@ def test_every_calibration_names_a_model_and_a_quota_on_its_own_client_id() -> N
 @pytest.mark.parametrize(("real", "verdict"), [(1.0, "PASS"), (1.06, "FAIL"), (0.96, "PASS"), (0.95, "FAIL")])
 def test_report_passes_a_model_within_five_percent_of_the_real_client(
         monkeypatch: pytest.MonkeyPatch, real: float, verdict: str) -> None:
-    monkeypatch.setattr(calibration, "run_model", lambda _c: [Side(0.999), Side(1.0), Side(1.001)])
+    monkeypatch.setattr(calibration, "run_model", lambda _s: [Side(0.999), Side(1.0), Side(1.001)])
     text, passed = calibration.report({"calibrate-admin": [Side(real, 10, None, 0)]}, ["calibrate-admin"])
     assert (verdict == "PASS") == passed
     assert f"{verdict}  calibrate-admin" in text
