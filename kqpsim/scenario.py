@@ -393,7 +393,8 @@ def straight_to_kafka(scenario: Scenario, seed: int) -> Figures:
     """The scenario's clients straight to Kafka's model alone, no proxy: a client model's
     calibration against the real client on a real broker (bench/calibration.py)."""
     logging.getLogger("kqp").setLevel(logging.ERROR)
-    return run(lambda: _straight_to_kafka(scenario), seed, scenario.faults)
+    figures: Figures = run(lambda: _straight_to_kafka(scenario), seed, scenario.faults)
+    return figures
 
 
 def simulate(scenario: Scenario, seed: int, engine_factory: EngineFactory = default_engine) -> Outcome:
