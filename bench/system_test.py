@@ -38,6 +38,12 @@ queue, linger.ms 5, acks=all, 1 KB records, each pacing its offer; a 1 MiB/s quo
 * single: one librdkafka producer offering 3x through one proxy, 1 broker:
   test_quota_enforcement's muted client, whose rate left the suite. Bound: the suite's former
   one, within 10% of the quota.
+* calibrate-librdkafka, calibrate-java-producer, calibrate-aiokafka, calibrate-consumer,
+  calibrate-admin: no proxy; each real client with its library's defaults on the one broker
+  under a quota on its client-id, beside the simulator's model of it in the same shape against
+  the modelled Kafka (bench/calibration.py says how each is measured). Bound: the model's
+  median within 5% of the real client's figure. `--calibration-out FILE` keeps the real
+  figures, for `bench/calibration.py --real FILE` to run a changed model against them.
 
 Kafka's figure for the fleet, --workers and cluster-scope shapes is one broker's for the same
 clients (a broker quota on three brokers would be three quotas). Progress goes to stderr, the
@@ -63,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import Producer
 
+from bench import calibration
 from bench.quota_shapes import (
     QUOTA,
     busy_loops,
@@ -92,7 +99,7 @@ OAUTH_SECONDS = 40
 OAUTH_WARMUP_S = 10
 RECORD_SIZE = 1024
 SHAPE_NAMES = ("fleet", "fleet-count-other", "ten", "ten-fair", "consumer-3", "workers-busy", "oauthbearer",
-               "fleet-consumers", "single", "balancer")
+               "fleet-consumers", "single", "balancer", *calibration.NAMES)
 
 
 @dataclass
@@ -346,6 +353,9 @@ def clusters(workdir: Path, shapes: Sequence[str]) -> Iterator[tuple[KafkaCluste
                          "--add-config", setting, "--entity-type", entity_type, "--entity-name", name)
         if {"consumer-3", "fleet-consumers"} & set(shapes):
             preload(one, "consumed")
+        calibrations = [s for s in shapes if s in calibration.CALIBRATIONS]
+        if calibrations:
+            calibration.prepare(one, calibrations)
         three = None
         if {"fleet", "fleet-count-other", "workers-busy", "fleet-consumers", "balancer"} & set(shapes):
             three = stack.enter_context(KafkaCluster(nodes=3, workdir=workdir / "kafka-3"))
@@ -420,22 +430,43 @@ def main(argv: list[str] | None = None) -> int:
                         + ", ".join(SHAPE_NAMES))
     parser.add_argument("--seconds", type=float, default=90, help="producer shapes: seconds per run")
     parser.add_argument("--warmup", type=int, default=25, help="producer shapes: seconds not counted")
+    parser.add_argument("--calibration-out", type=Path, help="calibration shapes: keep the real figures here")
     args = parser.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
     unknown = set(shapes) - set(SHAPE_NAMES)
     if unknown:
         raise SystemExit(f"unknown shape(s) {sorted(unknown)}; known: {', '.join(SHAPE_NAMES)}")
+    calibrations = [s for s in shapes if s in calibration.CALIBRATIONS]
+    shapes = [s for s in shapes if s not in calibration.CALIBRATIONS]
     before = Path("/proc/loadavg").read_text().split()[0]
     rounds = []
-    with tempfile.TemporaryDirectory(prefix="kqp-system-test-") as tmp, clusters(Path(tmp), shapes) as (one, three):
+    real: dict[str, list[calibration.Side]] = {name: [] for name in calibrations}
+    with (tempfile.TemporaryDirectory(prefix="kqp-system-test-") as tmp,
+          clusters(Path(tmp), shapes + calibrations) as (one, three)):
         for index in range(args.rounds):
             workdir = Path(tmp) / f"round-{index}"
             workdir.mkdir()
             rounds.append(run_round(one, three, workdir, shapes, index, args.seconds, args.warmup))
-            text, _ = report(rounds, shapes, (before, Path("/proc/loadavg").read_text().split()[0]))
-            progress(f"after round {index + 1}:\n{text}")
-    text, passed = report(rounds, shapes, (before, Path("/proc/loadavg").read_text().split()[0]))
-    print(text, flush=True)
+            for name in calibrations:
+                progress(f"round {index + 1}, {name}: the real client straight to Kafka")
+                real[name].append(calibration.run_real(one, workdir, name))
+                progress(f"round {index + 1}, {name}: {real[name][-1]}")
+            if shapes:
+                text, _ = report(rounds, shapes, (before, Path("/proc/loadavg").read_text().split()[0]))
+                progress(f"after round {index + 1}:\n{text}")
+    load = (before, Path("/proc/loadavg").read_text().split()[0])
+    passed = True
+    if shapes:
+        text, passed = report(rounds, shapes, load)
+        print(text, flush=True)
+    if calibrations:
+        if args.calibration_out is not None:
+            calibration.save(real, args.calibration_out, load)
+        text, calibrated = calibration.report(real, calibrations)
+        print(f"calibration: {len(rounds)} round(s) of the real clients, load average {load[0]} before, "
+              f"{load[1]} after; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; models over seeds "
+              f"{calibration.SEEDS[0]}-{calibration.SEEDS[-1]}.\n\n{text}", flush=True)
+        passed = passed and calibrated
     return 0 if passed else 1
 
 

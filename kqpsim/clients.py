@@ -1,10 +1,14 @@
 """Modelled Kafka clients: what each real client does that decides how a quota throttles it.
 
 A model is a `ClientShape` (how it batches, pipelines, reacts to ThrottleTimeMs and times
-out) driven by one `ClientConnection` per connection. Demand is saturating: each connection
-always has a full request ready, so what it gets through is what the quota (and the
-throttling path) admits. Calibration of these shapes against the real clients is a later
-step (issue 33); the defaults below are the clients' documented defaults.
+out) driven by one `ClientConnection` per connection. Demand is saturating by default: each
+connection always has a full request ready, so what it gets through is what the quota (and
+the throttling path) admits. With an offer (bytes/s, a producer's application producing at
+that rate) a request is ready only once the offer has filled it, as a real producer's batch
+is: calibrated against the real clients (bench/calibration.py), a saturating producer bursts
+at line rate each time Kafka's window lets it and is then throttled for about a second per
+request for the rest of the window, 0.92-0.93x of the quota where the real Java producer and
+aiokafka offering 1.5x get 1.00x; with the offer modelled they agree (docs/testing.md).
 
 What an operator measures is kept per connection: the size and time of every acknowledged
 request (Produce) or delivered response (Fetch), and every request time-out.
@@ -78,7 +82,7 @@ class ClientConnection(asyncio.Protocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, shape: ClientShape, client_id: str, request_bytes: int,
                  address: tuple[str, int], record: ConnectionRecord, index: int = 0,
-                 fallbacks: tuple[tuple[str, int], ...] = ()) -> None:
+                 fallbacks: tuple[tuple[str, int], ...] = (), offer_bps: float = 0.0) -> None:
         self.loop = loop
         self.shape = shape
         self.client_id = client_id
@@ -98,6 +102,11 @@ class ClientConnection(asyncio.Protocol):
         self._wake: asyncio.TimerHandle | None = None
         self._timeout: asyncio.TimerHandle | None = None
         self.topics_created = 0
+        # The application's offer (0: saturating); what it has produced since the first open
+        # and not yet put into a request is the client's backlog.
+        self.offer_bps = offer_bps
+        self.offer_began: float | None = None
+        self.batched_bytes = 0
         if shape.api == "produce":
             self.template = wire.produce_request(client_id, request_bytes)
             self.api_key, self.version = PRODUCE_KEY, wire.PRODUCE_VERSION
@@ -112,6 +121,8 @@ class ClientConnection(asyncio.Protocol):
     # ---- connecting ----------------------------------------------------------------------
 
     def open(self) -> None:
+        if self.offer_began is None:
+            self.offer_began = self.loop.time()
         self.loop.create_task(self._connect())
 
     async def _connect(self) -> None:
@@ -135,6 +146,8 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        # An offered producer's requests that got no answer go back to its backlog (its retries).
+        self.batched_bytes -= len(self.in_flight) * self.request_bytes if self.offer_bps else 0
         self.in_flight.clear()
         if self._timeout is not None:
             self._timeout.cancel()
@@ -163,6 +176,8 @@ class ClientConnection(asyncio.Protocol):
                 self._wake = self.loop.call_at(self.blocked_until, self._woken)
             return
         while len(self.in_flight) < self.shape.max_in_flight:
+            if self.offer_bps and not self._batch_ready(now):
+                break
             correlation = self.next_correlation
             self.next_correlation += 1
             transport.write(self._request(correlation))
@@ -175,6 +190,17 @@ class ClientConnection(asyncio.Protocol):
             name = f"{self.client_id}-{self.index}-{self.topics_created}"
             return wire.create_topics_request(self.client_id, correlation, [name], self.request_bytes)
         return wire.with_correlation(self.template, correlation, request=True)
+
+    def _batch_ready(self, now: float) -> bool:
+        """Whether the offer has filled the next request; if not, wake when it will have."""
+        assert self.offer_began is not None
+        ready_at = self.offer_began + (self.batched_bytes + self.request_bytes) / self.offer_bps
+        if now >= ready_at:
+            self.batched_bytes += self.request_bytes
+            return True
+        if self._wake is None:
+            self._wake = self.loop.call_at(ready_at, self._woken)
+        return False
 
     def _woken(self) -> None:
         self._wake = None

@@ -38,12 +38,16 @@ MIB = 1024 * 1024
 @dataclass(frozen=True, slots=True)
 class Clients:
     """Who sends: one client model, its connections per client-id, how many client-ids, and how
-    much each request asks for. Demand saturates (every connection always has a request ready)."""
+    much each request asks for, and what the application offers (by default it saturates: every
+    connection always has a full request ready)."""
 
     model: str = "librdkafka"  # a key of CLIENT_SHAPES
     connections: int = 1  # per client-id
     client_ids: int = 1  # each with its own quota
     request_bytes: int = 64 * KIB  # a Produce's size; a Fetch's MaxBytes; the admin's partitions per topic
+    # A producer's offer per client-id, x the quota, spread over its connections; 0: saturating
+    # (every connection always has a full request ready).
+    offer: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,8 @@ class Scenario:
         clients, quota, topology, faults = self.clients, self.quota, self.topology, self.faults
         parts = [f"{clients.model}", f"{clients.client_ids}x{clients.connections}conn", f"q{_size(quota.rate)}",
                  f"r{_size(clients.request_bytes)}"]
+        if clients.offer:
+            parts.append(f"offer{clients.offer:g}x")
         if quota.fair_connection_turns:
             parts.append("fair")
         if quota.request_percentage:
@@ -291,7 +297,8 @@ async def _drive(scenario: Scenario, addresses: list[tuple[str, int]]) -> list[C
             record = ConnectionRecord(client_id(i))
             address = addresses[j % len(addresses)]
             client = ClientConnection(loop, shape, client_id(i), wanted.request_bytes, address, record,
-                                      index=len(clients), fallbacks=tuple(addresses))
+                                      index=len(clients), fallbacks=tuple(addresses),
+                                      offer_bps=wanted.offer * scenario.quota.rate / wanted.connections)
             records.append(record)
             clients.append(client)
     # Connections open at seeded moments within the first second, as a client's do: the seed
@@ -454,6 +461,14 @@ _KAFKA_RUNS_KEPT = 32
 def forget_kafka_runs() -> None:
     """Run Kafka's model afresh from now on (a test that checks the determinism itself)."""
     _KAFKA_RUNS.clear()
+
+
+def straight_to_kafka(scenario: Scenario, seed: int) -> Figures:
+    """The scenario's clients straight to Kafka's model alone, no proxy: a client model's
+    calibration against the real client on a real broker (bench/calibration.py)."""
+    logging.getLogger("kqp").setLevel(logging.ERROR)
+    figures: Figures = run(lambda: _straight_to_kafka(scenario), seed, scenario.faults.on_the_loop)
+    return figures
 
 
 def simulate(scenario: Scenario, seed: int, engine_factory: EngineFactory = default_engine) -> Outcome:
