@@ -69,6 +69,15 @@ def throttles(proxy: ProxyProcess, client_id: str, enforced: bool = True) -> flo
     return total
 
 
+def throttled_between(earlier: dict[str, float], later: dict[str, float]) -> dict[str, float]:
+    """Throttles per client between two readings of kqp_throttles. A counter that went down was
+    reset (the proxy drops an idle client-id's series, kqp/proxy/metrics.py rerank_top_entities,
+    and starts it again at 0 when the client comes back): all of its later value is new, as
+    Prometheus's increase() reads a reset."""
+    return {client: (later[client] - earlier[client] if later[client] >= earlier[client] else later[client])
+            for client in later}
+
+
 def guard_limits(proxy: ProxyProcess) -> dict[str, float]:
     limits = {}
     for line in proxy.metrics_text().splitlines():
@@ -117,11 +126,14 @@ def load_of(tallies: dict[str, ProducerTally]) -> list[int]:
 
 
 @pytest.mark.skip(reason=(
-    "issue 36 acceptance 3 not met yet (2026-11-26, load 1.02 before): guard limits held still at 433 kB/s "
-    "from 13 s on, quiet producers within 0.02 % of their offer, nobody throttled after the noisy stopped, "
-    "noisy-1 alone got 800 kB/s; but over seconds 33-75 the load was 0.917x the limit on average and 0.70x "
-    "to 1.149x over 11 s windows (0.66x to 1.24x over 10 s), and the noisy got 424 and 377 kB/s against an "
-    "equal 450 (-16 %): Kafka's throttle on 1 MB backlogged requests, with the limits constant"))
+    "issue 41 acceptance 2 not met yet (2026-11-27, closed loop on the carried load, heavy load before "
+    "10.14 13.77 14.98, after 8.55 11.96 14.08): over seconds 33-75 the load was 0.957x the limit (was 0.917x), "
+    "the noisy got 424 and 424 kB/s against an equal 450 (-5.8 %; were 424 and 377), the quiet within 0.02 % "
+    "of their offer, the guard engaged once and released once (it flapped before), nobody throttled after the "
+    "noisy stopped, noisy-1 alone got 800 kB/s; but over 11 s windows the load went 0.550x to 1.149x "
+    "(0.580x to 1.239x over 10 s): 1 MB requests, two seconds of a noisy producer's share each, land a "
+    "request over or under in any window, and the guard limits (367-413 kB/s, the trim holding the request "
+    "bytes at the limit) do not smooth that"))
 def test_the_guard_shares_the_limit_and_lets_go(kafka_1node: KafkaCluster, tmp_path: Path) -> None:
     kafka_1node.create_topic("guarded", partitions=1, replication=1)
     proxy = ConfiguredProxy(kafka_1node.bootstrap, tmp_path / "proxy.log", guard_config(tmp_path, dry_run=False))
@@ -159,15 +171,19 @@ def test_the_guard_shares_the_limit_and_lets_go(kafka_1node: KafkaCluster, tmp_p
     print("the guard's log:\n" + "\n".join(line for line in proxy.log_tail(400).splitlines() if "guard" in line))
     span = sum(load[CONVERGED_S:RUN_S]) / (RUN_S - CONVERGED_S)
     print(f"load over seconds {CONVERGED_S}-{RUN_S}: {span / LIMIT:.3f}x the limit")
-    assert span <= 1.05 * LIMIT, f"{span / LIMIT:.3f}x the limit once converged"
+    # Issue 41, acceptance 2: over the converged span within 0.95-1.05x, over every 11 s window 0.90-1.10x.
+    assert 0.95 * LIMIT <= span <= 1.05 * LIMIT, f"{span / LIMIT:.3f}x the limit once converged"
+    assert min(window) >= 0.90 * LIMIT and max(window) <= 1.10 * LIMIT, (min(window) / LIMIT, max(window) / LIMIT)
     for client_id in QUIET_IDS:
         assert abs(rates[client_id] - QUIET) <= 0.05 * QUIET, (client_id, rates[client_id])
     for client_id in NOISY_IDS:
         assert abs(rates[client_id] - left) <= 0.10 * left, (client_id, rates[client_id], left)
     assert any(name.startswith("client-id=noisy") for name in limits_seen), limits_seen
     assert not any(name.startswith("client-id=quiet") for name in limits_seen), limits_seen
-    assert after_30 == after_15, "a client was throttled 15 s after the noisy producers stopped"
-    assert after_alone == after_30, "a client was throttled while the load was under the limit"
+    assert not any(throttled_between(after_15, after_30).values()), \
+        "a client was throttled 15 s after the noisy producers stopped"
+    assert not any(throttled_between(after_30, after_alone).values()), \
+        "a client was throttled while the load was under the limit"
     assert alone["noisy-1"].rate(15, 40) >= 0.95 * NOISY
 
 
