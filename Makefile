@@ -8,14 +8,30 @@ PY := $(VENV)/bin/python
 KAFKA_VERSION := 4.3.1
 KAFKA_DIR := .cache/kafka-$(KAFKA_VERSION)
 
-.PHONY: demo test test-busy lint typecheck unit integration bench bench-simulator system-test setup kafka kafka-messages system-deps clean
+.PHONY: demo test test-busy lint typecheck unit integration bench bench-simulator system-test setup compiled kafka kafka-messages system-deps clean
 
-setup: $(VENV)/.installed kafka system-deps
+setup: $(VENV)/.installed compiled kafka system-deps
 
-$(VENV)/.installed: pyproject.toml
+# The editable install is pure (KQP_PURE=1); `compiled` below builds the compiled modules in place.
+$(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev,spark]'
+	$(VENV)/bin/pip install -q --upgrade pip 'setuptools>=77'
+	KQP_PURE=1 $(VENV)/bin/pip install -q -e '.[dev,spark]'
+	touch $@
+
+# The per-request modules (kqp/compiled_modules.py) compiled with mypyc from their own source, in
+# place (*.so, git-ignored; C sources under build/), rebuilt when a source of theirs changes;
+# the old ones go first, so that a module taken off the list leaves no extension behind.
+# Without a C compiler setup.py warns and the pure build runs (kqp/__init__.py picks it). About
+# 1.5 min on 2 loaded cores (docs/benchmarks.md, "Compiled build").
+COMPILED_STAMP := build/.compiled
+compiled: $(COMPILED_STAMP)
+
+$(COMPILED_STAMP): $(VENV)/.installed setup.py $(wildcard kqp/protocol/*.py kqp/quotas/*.py) kqp/compiled_modules.py
+	@mkdir -p build; rm -f kqp/*/*.so kqp_compiled__mypyc*.so; start=$$(date +%s); \
+	$(PY) setup.py -q build_ext --inplace > build/compile.log 2>&1 || { cat build/compile.log; exit 1; }; \
+	grep -i '^warning: kqp' build/compile.log >&2 || true; \
+	echo "compiled kqp's per-request modules in $$(( $$(date +%s) - start )) s; build: $$($(PY) -c 'import kqp; print(kqp.BUILD, kqp.PURE_BECAUSE or "")')"
 	touch $@
 
 # Kafka broker and CLI tools, assembled from Maven Central (no tarball, no Docker).
@@ -52,12 +68,21 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy kqp
 	$(VENV)/bin/lint-imports
 
+# The whole suite on the compiled build, then the protocol and quota unit tests on the pure one
+# (KQP_PURE=1: the same sources, interpreted); KQP_EXPECT_BUILD makes tests/unit/test_build.py
+# fail when the build that ran is not the one meant.
 # Two workers: one runs the real-time tests (tests/integration, tests/spark) one after another,
 # the other the unit tests beside them (tests/conftest.py says why that is safe and what it saves).
 # Bytecode is compiled once first: where PYTHONDONTWRITEBYTECODE is set (it is on this project's
 # build hosts) every `kqp serve` and Spark worker the tests start would otherwise compile kqp
 # again, 0.27 s of CPU per process.
-PYTEST_ALL := $(PY) -m compileall -q kqp harness > /dev/null && $(VENV)/bin/pytest -q --durations=15 -n 2 --dist loadgroup tests
+PYTEST_ALL = $(PY) -m compileall -q kqp harness > /dev/null && \
+	KQP_EXPECT_BUILD=$(EXPECT_BUILD) $(VENV)/bin/pytest -q --durations=15 -n 2 --dist loadgroup tests && \
+	KQP_PURE=1 KQP_EXPECT_BUILD=pure $(VENV)/bin/pytest -q -n 2 $(PURE_TESTS)
+PURE_TESTS := tests/unit/test_build.py tests/unit/protocol tests/unit/quotas
+# On a machine without a C compiler: `make test EXPECT_BUILD=pure`.
+EXPECT_BUILD ?= compiled
+
 test: setup lint
 	$(PYTEST_ALL)
 
@@ -97,4 +122,4 @@ system-test: setup
 	$(PY) bench/system_test.py --rounds $(ROUNDS) $(if $(SHAPES),--shapes $(SHAPES))
 
 clean:
-	rm -rf $(VENV) .cache
+	rm -rf $(VENV) .cache build kqp/*/*.so kqp_compiled__mypyc*.so

@@ -109,7 +109,12 @@ def test_proxy_is_built_here_and_reads_the_compose_config(services: dict[str, An
     assert proxy["build"]["context"] == "."
     dockerfile = (REPO / proxy["build"]["dockerfile"]).read_text()
     assert dockerfile.startswith("# ") and "\nFROM python:3.11-slim\n" in dockerfile
-    assert "pip install --no-cache-dir ." in dockerfile
+    # A build stage with the compiler makes the compiled wheel; the slim run stage installs it
+    # and refuses to be built with the pure one.
+    assert "\nFROM python:3.11-slim AS build\n" in dockerfile and "gcc" in dockerfile
+    assert "pip wheel --no-cache-dir --no-deps --wheel-dir /wheels ." in dockerfile
+    run_stage = dockerfile.split("\nFROM python:3.11-slim\n", 1)[1]
+    assert "COPY --from=build /wheels /wheels" in run_stage and "kqp.BUILD != 'compiled'" in run_stage
     config_path = proxy["command"][proxy["command"].index("--config") + 1]
     assert bind_mounts(proxy)[config_path] == "./config/compose/kqp.yaml"
     assert proxy["depends_on"]["kafka"]["condition"] == "service_healthy"

@@ -313,14 +313,14 @@ def test_three_instances_sharing_usage_admit_what_one_broker_would() -> None:
 def test_a_client_far_from_its_quota_is_kept_quiet_and_one_near_it_is_reported() -> None:
     engine = _sharing_engine(scope="cluster")
     for second in range(11):  # a whole window: the rate is what the client sends
-        engine.record_produce("1", "u", "far", 0.01 * QUOTA, second * 1000)
-        engine.record_produce("1", "u", "near", 0.5 * QUOTA, second * 1000)
+        engine.record_produce("1", "u", "far", round(0.01 * QUOTA), second * 1000)
+        engine.record_produce("1", "u", "near", round(0.5 * QUOTA), second * 1000)
     usage = engine.take_local_usage(11_000, quiet_below=0.02)
     assert [d.tags for d in usage] == [(("user", ""), ("client-id", "near"))]
     assert engine.deltas_kept_quiet == 1
     # Without the share, both are reported; a kept-quiet delta is dropped, not held back.
-    engine.record_produce("1", "u", "far", 0.01 * QUOTA, 11_000)
-    engine.record_produce("1", "u", "near", 0.5 * QUOTA, 11_000)
+    engine.record_produce("1", "u", "far", round(0.01 * QUOTA), 11_000)
+    engine.record_produce("1", "u", "near", round(0.5 * QUOTA), 11_000)
     assert sorted(d.amount for d in engine.take_local_usage(11_000)) == [0.01 * QUOTA, 0.5 * QUOTA]
 
 
@@ -336,7 +336,7 @@ def test_what_instances_keep_quiet_is_less_than_the_share_of_the_quota() -> None
     left unreported; a little more on one instance, and that instance reports it."""
     share, instances = 0.02, 3
     engines = [_sharing_engine(scope="cluster") for _ in range(instances)]
-    per_instance = 0.9 * share / instances * QUOTA  # bytes/s
+    per_instance = round(0.9 * share / instances * QUOTA)  # bytes/s: a request's size is whole bytes
     admitted, reported = 0.0, 0
     for second in range(30):
         for engine in engines:
@@ -345,7 +345,7 @@ def test_what_instances_keep_quiet_is_less_than_the_share_of_the_quota() -> None
         for engine in engines:
             reported += len(engine.take_local_usage(second * 1000 + 500, share / instances))
     assert reported == 0 and admitted / 30 < share * QUOTA
-    engines[0].record_produce("1", "u", "c", 0.2 * share / instances * QUOTA * 11, 30_000)
+    engines[0].record_produce("1", "u", "c", round(0.2 * share / instances * QUOTA * 11), 30_000)
     assert len(engines[0].take_local_usage(30_500, share / instances)) == 1
 
 

@@ -1,0 +1,37 @@
+"""Which modules of kqp's per-request path are compiled with mypyc, listed once: setup.py builds
+these and `kqp/__init__.py` loads them all compiled or all from source (docs/benchmarks.md,
+"Compiled build"). Each stays an ordinary `.py` file, the one source of both builds.
+
+mypyc compiles the modules of one build together: they call each other's functions and share
+classes directly in C, so a build is loaded whole or not at all, never mixed with sources.
+"""
+
+from __future__ import annotations
+
+# The top-level module, beside the kqp package, that holds the compiled code of all of them.
+SHARED_LIBRARY = "kqp_compiled__mypyc"
+
+COMPILED_MODULES: tuple[str, ...] = (
+    # The protocol on each request and response: frames, headers, the flow-control gate, the
+    # fast path's summaries and the throttle field's offset. kqp.protocol.session is not here
+    # yet: mypyc 2.4 builds no generic dataclass and resolves no builtin but the primitive
+    # ones (memoryview) in a compiled class's annotations; kqp.protocol.wire neither, since the
+    # generated codec's message classes subclass its Message, and interpreted classes cannot
+    # subclass compiled ones (docs/benchmarks.md, "Compiled build").
+    "kqp.protocol.framing",
+    "kqp.protocol.headers",
+    "kqp.protocol.correlation",
+    "kqp.protocol.throttle_field",
+    "kqp.protocol.gate",
+    "kqp.protocol.fast_path",
+    # The quota engine: each request's recording, its sensors' windows and the throttle time.
+    "kqp.quotas.stats",
+    "kqp.quotas.sensors",
+    "kqp.quotas.settings",
+    "kqp.quotas.managers",
+    "kqp.quotas.engine",
+    "kqp.quotas.quota_engine",
+    "kqp.quotas.recording",
+    # The guard's quota manager is a ClientQuotaManager: a compiled class has compiled subclasses only.
+    "kqp.quotas.guard_limits",
+)
