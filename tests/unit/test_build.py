@@ -1,8 +1,9 @@
 """Which build of kqp runs: the compiled modules (setup.py, mypyc) or their sources, never a mix.
 
-`make test` sets KQP_EXPECT_BUILD=compiled for the whole suite and KQP_EXPECT_BUILD=pure with
-KQP_PURE=1 for its second pass over the protocol and quota tests, so that a build that silently
-fell back to the sources (no compiler, a stale extension) fails CI instead of passing slower."""
+`make test` sets KQP_EXPECT_BUILD=compiled for the whole suite, and the last test here runs the
+protocol and quota tests again with KQP_PURE=1 and KQP_EXPECT_BUILD=pure, so that a build that
+silently fell back to the sources (no compiler, a stale extension) fails CI instead of passing
+slower, and both builds pass the same tests."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import subprocess
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +59,24 @@ def test_kqp_pure_loads_every_listed_module_from_its_source() -> None:
     build, because, files = json.loads(out.stdout)
     assert (build, because) == ("pure", "KQP_PURE=1")
     assert {name: path for name, path in files.items() if not path.endswith(".py")} == {}
+
+
+REPO = Path(__file__).resolve().parents[2]
+# The tests of what both builds must do alike: the compiled modules are all in kqp.protocol and
+# kqp.quotas (kqp/compiled_modules.py).
+PURE_PASS = ("tests/unit/test_build.py", "tests/unit/protocol", "tests/unit/quotas")
+
+
+# A test of its own rather than a second pytest run after the suite: under `make test`'s two
+# xdist workers it runs on the unit tests' worker beside the real-time tests, not after them.
+@pytest.mark.timeout(3600)
+def test_the_protocol_and_quota_tests_pass_on_the_pure_build_too() -> None:
+    if os.environ.get("KQP_EXPECT_BUILD") != "compiled":
+        pytest.skip("runs when the suite runs on the compiled build (make test)")
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("PYTEST_", "KQP_"))}  # no xdist worker's or caller's pytest settings
+    env.update(KQP_PURE="1", KQP_EXPECT_BUILD="pure")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PURE_PASS],
+                            cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+    assert "passed" in result.stdout.splitlines()[-1], result.stdout[-2000:]
