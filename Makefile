@@ -71,13 +71,12 @@ lint: $(VENV)/.installed
 # The whole suite on the compiled build; tests/unit/test_build.py fails when the build that ran is
 # not the one KQP_EXPECT_BUILD names, and runs the protocol and quota unit tests again on the
 # pure one (KQP_PURE=1: the same sources, interpreted).
-# Two workers: one runs the real-time tests (tests/integration, tests/spark) one after another,
-# the other the unit tests beside them (tests/conftest.py says why that is safe and what it saves).
+# tests/run_suite.sh: the real-time tests (tests/integration, tests/spark) one after another in
+# one pytest, the unit tests in a second pytest beside them (the script says why that is safe).
 # Bytecode is compiled once first: where PYTHONDONTWRITEBYTECODE is set (it is on this project's
 # build hosts) every `kqp serve` and Spark worker the tests start would otherwise compile kqp
 # again, 0.27 s of CPU per process.
-PYTEST_ALL = $(PY) -m compileall -q kqp harness > /dev/null && \
-	KQP_EXPECT_BUILD=$(EXPECT_BUILD) $(VENV)/bin/pytest -q --durations=15 -n 2 --dist loadgroup tests
+PYTEST_ALL = $(PY) -m compileall -q kqp harness > /dev/null && KQP_EXPECT_BUILD=$(EXPECT_BUILD) tests/run_suite.sh
 # On a machine without a C compiler: `make test EXPECT_BUILD=pure`.
 EXPECT_BUILD ?= compiled
 

@@ -67,14 +67,14 @@ REPO = Path(__file__).resolve().parents[2]
 PURE_PASS = ("tests/unit/test_build.py", "tests/unit/protocol", "tests/unit/quotas")
 
 
-# A test of its own rather than a second pytest run after the suite: under `make test`'s two
-# xdist workers it runs on the unit tests' worker beside the real-time tests, not after them.
+# A test of its own rather than a second pytest run after the suite: under `make test` it runs in
+# the unit tests' pytest, beside the real-time tests (tests/run_suite.sh), not after them.
 @pytest.mark.timeout(3600)
 def test_the_protocol_and_quota_tests_pass_on_the_pure_build_too() -> None:
     if os.environ.get("KQP_EXPECT_BUILD") != "compiled":
         pytest.skip("runs when the suite runs on the compiled build (make test)")
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("PYTEST_", "KQP_"))}  # no xdist worker's or caller's pytest settings
+           if not name.startswith(("PYTEST_", "KQP_"))}  # none of the caller's pytest or build settings
     env.update(KQP_PURE="1", KQP_EXPECT_BUILD="pure")
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PURE_PASS],
                             cwd=REPO, env=env, capture_output=True, text=True, check=False)
