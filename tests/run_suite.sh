@@ -16,13 +16,21 @@ beside_tmp=$(mktemp -d -t kqp-unit-tests-XXXXXX)
   > "$beside_log" 2>&1 &
 beside=$!
 trap 'kill "$beside" 2>/dev/null' EXIT
-"$pytest" -q --durations=15 tests/integration tests/spark
-real_time=$?
+real_time_log=$(mktemp -t kqp-real-time-tests-XXXXXX.log)
+"$pytest" -q --durations=15 tests/integration tests/spark 2>&1 | tee "$real_time_log"
+real_time=${PIPESTATUS[0]}
 wait "$beside"
 rest=$?
 trap - EXIT
 echo
 echo "==== beside them: tests/unit and tests/packaging (exit $rest) ===="
 cat "$beside_log"
-rm -rf "$beside_log" "$beside_tmp"
+if [ "$real_time" -ne 0 ]; then
+  # Last, where a reader of a long log (or of its tail) looks: what each failed real-time test
+  # asserted, the lines pytest marks "E", which the tracebacks above put far apart.
+  echo
+  echo "==== the real-time tests' failures, again (exit $real_time) ===="
+  grep -E '^(E  |FAILED |ERROR |_{3,} .* _{3,}$)' "$real_time_log" | cut -c1-400 | head -80
+fi
+rm -rf "$beside_log" "$beside_tmp" "$real_time_log"
 [ "$real_time" -eq 0 ] && [ "$rest" -eq 0 ]

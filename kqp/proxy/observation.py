@@ -86,14 +86,18 @@ class ObservationHooks(TrafficHooks):
         self._clock = clock  # the event loop's, which exchanges' times are read from
         self._topics = topics
         # Exchanges carry event-loop (monotonic) times; captures want wall-clock instants.
-        self._wall_offset: float | None = None
+        self._wall_offset_us: int | None = None
 
     def _wall_us(self, loop_time: float) -> int:
         # One offset for the process, taken at the first record: the timestamps of a capture
-        # stay ordered as the loop saw them even if the wall clock is stepped later.
-        if self._wall_offset is None:
-            self._wall_offset = time.time() - self._clock()
-        return int((loop_time + self._wall_offset) * 1_000_000)
+        # stay ordered as the loop saw them even if the wall clock is stepped later. The offset
+        # is whole microseconds and the loop time is rounded on its own, so two stamps differ
+        # by exactly the loop times' difference: truncating (loop_time + offset) * 1e6, a float
+        # near 1.8e15, put one stamp in 25 a microsecond early, and a request forwarded as its
+        # connection's mute ended then read as forwarded 1 us inside the mute.
+        if self._wall_offset_us is None:
+            self._wall_offset_us = round((time.time() - self._clock()) * 1_000_000)
+        return round(loop_time * 1_000_000) + self._wall_offset_us
 
     def connection_opened(self, client: ClientView) -> None:
         self._captured(client)  # decided now, for enforcement too (ConnectionHookState.captured)

@@ -169,3 +169,21 @@ def test_a_record_carries_the_exact_inputs_the_quota_engine_got() -> None:
     # 10 B/s is far below the request's size: the recorded inputs give the recorded throttle.
     replayed = QuotaEngine(settings).record_produce("1", "alice", "client-1", record["quota_produce_bytes"], 5_010.5)
     assert record["proxy_throttle_ms"] == replayed > 0
+
+
+def test_capture_stamps_differ_by_exactly_the_loop_times_difference(tmp_path: Path) -> None:
+    """A mute of T ms that starts at one loop instant and ends at another is T * 1000 us apart in
+    the capture, to the microsecond: the event loop's times are whole milliseconds (uvloop), and
+    the wall offset must not turn them into a stamp a microsecond early (the OAUTHBEARER test's
+    mute check read such a stamp as a request forwarded inside its throttle)."""
+    short = []
+    for clock_s in (0.001 * k * 7_919 for k in range(1, 41)):  # forty loop clocks: forty wall offsets
+        hooks = ObservationHooks(None, RecordingWriter(tmp_path), clock=lambda at=clock_s: at,
+                                 topics=TopicDirectory())
+        for start_ms in range(10_000_000, 10_001_000):
+            for throttle_ms in (1, 35, 1_234):
+                began = hooks._wall_us(start_ms / 1000)
+                ended = hooks._wall_us((start_ms + throttle_ms) / 1000)
+                if ended - began != throttle_ms * 1000:
+                    short.append((clock_s, start_ms, throttle_ms, ended - began))
+    assert not short, short[:5]
