@@ -8,11 +8,18 @@ its response size recorded, then unrecorded and answered empty when throttled), 
 ThrottleTimeMs in the response, and keeps the channel muted for the throttle after sending it
 (SocketServer's KIP-219 mute), so "Kafka's figure" of a scenario is the same clients in front
 of this broker instead of the proxy.
+
+Each request's handling time is `latency_s` plus up to `latency_spread_s`, drawn uniformly per
+request from the loop's `broker_random` (seeded by the seed alone, so a seed gives the same
+times on any machine). A broker whose handling never varies puts a throttled client in one
+phase of Kafka's arithmetic on every seed (docs/quotas.md, "The simulator's open findings"); a real
+broker's log append and fetch read vary by far more than the spread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -33,7 +40,8 @@ USER = "ANONYMOUS"  # the principal's name, the user tag of an unauthenticated c
 class BrokerModel:
     """One broker (node 1). `kafka`: enforce the quotas itself (Kafka's reference)."""
 
-    latency_s: float = 0.002  # time to handle a request (log append, fetch read)
+    latency_s: float = 0.002  # least time to handle a request (log append, fetch read)
+    latency_spread_s: float = 0.0  # up to this much more per request, uniformly (0: always latency_s)
     fetch_available_bytes: int = 1 << 20  # what a fetch finds per partition (a consumer that keeps up)
     kafka: KafkaQuotas | None = None
     produced_bytes: int = 0
@@ -43,6 +51,14 @@ class BrokerModel:
     def listen(self, loop: asyncio.AbstractEventLoop) -> None:
         network = loop.network  # type: ignore[attr-defined]
         network.listen((BROKER_HOST, BROKER_PORT), lambda: _BrokerConnection(self, loop))
+
+    def handling_time(self, loop: asyncio.AbstractEventLoop) -> float:
+        """One request's handling time: drawn only when it varies, so a broker that does not
+        vary draws nothing from the seed's generator."""
+        if self.latency_spread_s <= 0:
+            return self.latency_s
+        draws: random.Random = loop.broker_random  # type: ignore[attr-defined]
+        return self.latency_s + draws.uniform(0.0, self.latency_spread_s)
 
     def now_ms(self, loop: asyncio.AbstractEventLoop) -> int:
         """Kafka's time.milliseconds(): whole milliseconds."""
@@ -80,14 +96,15 @@ class _BrokerConnection(asyncio.Protocol):
         transport.pause_reading()
         self.busy = True
         request = self.queue.popleft()
-        self.loop.call_later(self.broker.latency_s, self._answer, request)
+        handling_s = self.broker.handling_time(self.loop)
+        self.loop.call_later(handling_s, self._answer, request, handling_s)
 
-    def _answer(self, request: memoryview) -> None:
+    def _answer(self, request: memoryview, handling_s: float) -> None:
         transport = self.transport
         if transport is None:
             return
         header = parse_request_header(request)
-        response, throttle_ms = self._respond(header, request)
+        response, throttle_ms = self._respond(header, request, handling_s)
         if response is not None:
             transport.write(response)
         if throttle_ms > 0:
@@ -101,14 +118,14 @@ class _BrokerConnection(asyncio.Protocol):
         self.busy = False
         self._next()
 
-    def _respond(self, header: RequestHeader, request: memoryview) -> tuple[bytes | None, int]:
+    def _respond(self, header: RequestHeader, request: memoryview, handling_s: float) -> tuple[bytes | None, int]:
         broker = self.broker
         kafka = broker.kafka
         now_ms = broker.now_ms(self.loop)
         client_id = header.client_id or ""
         # KIP-124: the request's time on a handler thread (requestThreadTimeNanos), here its
-        # handling latency.
-        thread_nanos = round(broker.latency_s * 1e9)
+        # handling time.
+        thread_nanos = round(handling_s * 1e9)
         if header.api_key == PRODUCE_KEY:
             size = len(request)  # request.sizeInBytes: header and body, no size prefix
             broker.produced_bytes += size

@@ -1,14 +1,18 @@
 """`python -m kqpsim`: run one scenario-seed and read it second by second.
 
     python -m kqpsim list                                   # the table's rows, their seeds, their findings
-    python -m kqpsim run ROW --seed N                       # both figures and the verdict
+    python -m kqpsim run ROW                                # every seed of the row and its verdict
+    python -m kqpsim run ROW --seed N                       # one seed: both figures, judged alone
     python -m kqpsim run ROW --seed N --trace               # ... and every second of both runs
-    python -m kqpsim run 'model=consumer,connections=3' --seed 3   # a scenario that is not a row
+    python -m kqpsim run 'model=consumer,connections=3' --seeds 5  # a scenario that is not a row
 
 ROW is a row's name as `list` prints it, or a scenario as `field=value,...` (what a failing
-test's replay command gives). The verdict is the one `make test` gives the same seed: a row's
-seed passes, shows its known finding with every figure in its band, or fails; a scenario that
-is not a row passes when it shows no violation. The exit status is 0 unless it fails.
+test's replay command gives). `make test` judges a row over its seeds, kqp's figures against
+Kafka's paired by rank (kqpsim/table.py): without `--seed` this runs the same seeds (`--seeds N`:
+0 .. N-1) and gives the same verdict: the row passes, shows its known finding with every figure
+in its band, or fails; a scenario that is not a row passes when it shows no violation. With
+`--seed N` the verdict is that seed's alone (a sample of one), which can differ from the row's.
+The exit status is 0 unless it fails.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 from kqpsim import table
 from kqpsim.clients import ConnectionRecord
 from kqpsim.scenario import Figures, Outcome, Scenario, parse_scenario, simulate
+from kqpsim.table import Sample
 
 
 def _find(text: str) -> tuple[Scenario, table.Row | None]:
@@ -35,24 +40,24 @@ def _find(text: str) -> tuple[Scenario, table.Row | None]:
 
 
 def list_rows() -> int:
-    print(f"{'seeds':>5}  {'finding on seeds':<16}  row")
+    print(f"{'seeds':>5}  {'finding':<7}  row")
     for row in table.ROWS:
-        finding = ",".join(str(s) for s in sorted(row.finding.seeds)) if row.finding is not None else "-"
-        print(f"{row.seeds:>5}  {finding:<16}  {row.scenario.name}")
+        finding = "yes" if row.finding is not None else "-"
+        print(f"{row.seeds:>5}  {finding:<7}  {row.scenario.name}")
     print(f"{len(table.ROWS)} rows, {sum(row.seeds for row in table.ROWS)} scenario-seeds in `make test`")
     return 0
 
 
-def verdict(outcome: Outcome, row: table.Row | None) -> tuple[bool, list[str]]:
-    """(passes, what to print): the verdict `make test` gives this scenario-seed."""
+def verdict(scenario: Scenario, samples: Sequence[Sample], row: table.Row | None) -> tuple[bool, list[str]]:
+    """(passes, what to print): the verdict `make test` gives these scenario-seeds."""
     if row is None:
-        found = [str(v) for v in table.violations(outcome)]
+        found = [str(v) for v in table.violations(scenario, samples)]
         return not found, (["PASS (not a row of the table: no violation)"] if not found
                            else ["FAIL (not a row of the table)", *(f"  {v}" for v in found)])
-    problems = table.unexplained(row, outcome.seed, outcome)
+    problems = table.unexplained(row, samples)
     if problems:
         return False, ["FAIL", *(f"  {p}" for p in problems)]
-    if row.finding is not None and outcome.seed in row.finding.seeds:
+    if row.finding is not None:
         bands = "; ".join(f"{b.kind} kqp {b.kqp[0]}-{b.kqp[1]}, Kafka {b.kafka[0]}-{b.kafka[1]}"
                           for b in row.finding.bands)
         return True, [f"KNOWN FINDING, its figures in their bands ({bands}): {row.finding.text}"]
@@ -131,15 +136,23 @@ def trace(outcome: Outcome) -> list[str]:
     return lines
 
 
-def run(text: str, seed: int, with_trace: bool) -> int:
+def run(text: str, seed: int | None, seeds: int | None, with_trace: bool) -> int:
     scenario, row = _find(text)
-    outcome = simulate(scenario, seed)
-    if with_trace:
-        print("\n".join(trace(outcome)))
-    print(outcome.describe())
-    passes, lines = verdict(outcome, row)
-    print("\n".join(lines))
-    print(f"  digest {outcome.digest()}")
+    if seed is not None:
+        chosen = [seed]
+    else:
+        chosen = list(range(seeds if seeds is not None else row.seeds if row is not None else 1))
+    samples = []
+    for one in chosen:
+        outcome = simulate(scenario, one)
+        if with_trace:
+            print("\n".join(trace(outcome)))
+        print(outcome.describe())
+        print(f"  digest {outcome.digest()}")
+        samples.append(table.sample(outcome))
+    passes, lines = verdict(scenario, samples, row)
+    judged = f"seed {seed} alone" if seed is not None else f"seeds 0-{len(chosen) - 1}"
+    print(f"verdict over {judged}: " + "\n".join(lines))
     return 0 if passes else 1
 
 
@@ -150,9 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser("list", help="the scenario table's rows")
     one = commands.add_parser("run", help="run one scenario-seed through kqp and Kafka's model")
     one.add_argument("row", help="a row's name (see `list`), or a scenario as field=value,...")
-    one.add_argument("--seed", type=int, default=0)
+    which = one.add_mutually_exclusive_group()
+    which.add_argument("--seed", type=int, help="one seed, judged alone")
+    which.add_argument("--seeds", type=int, help="seeds 0 .. N-1, judged together (default: the row's)")
     one.add_argument("--trace", action="store_true", help="print every second of both runs")
     args = parser.parse_args(argv)
     if args.command == "list":
         return list_rows()
-    return run(args.row, args.seed, args.trace)
+    return run(args.row, args.seed, args.seeds, args.trace)

@@ -75,7 +75,11 @@ class Topology:
     # fleet.count_other_instances: accepted and without effect since issue 39 (every fleet
     # counts the other instances); kept so that the rows that name it stay as they were.
     count_other_instances: bool = False
-    broker_latency_s: float = 0.002  # the broker's time to handle a request
+    broker_latency_s: float = 0.002  # the broker's least time to handle a request
+    # Up to this much more per request, drawn uniformly from the seed's own generator (broker.py):
+    # 2.0-2.5 ms by default. With no spread every seed locks into one phase of Kafka's throttle
+    # arithmetic (docs/quotas.md, "The simulator's open findings").
+    broker_latency_spread_s: float = 0.0005
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +332,8 @@ def default_engine(config: KqpConfig) -> QuotaEngine:
 
 async def _through_kqp(scenario: Scenario, engine_factory: EngineFactory) -> Figures:
     loop = asyncio.get_running_loop()
-    BrokerModel(latency_s=scenario.topology.broker_latency_s).listen(loop)
+    topology = scenario.topology
+    BrokerModel(latency_s=topology.broker_latency_s, latency_spread_s=topology.broker_latency_spread_s).listen(loop)
     config = scenario.config()
     settings = app_settings_from_config(config)
     # Ports the OS picks (ProxyOptions allows 0 where the config file does not).
@@ -433,7 +438,9 @@ async def _exchange(scenario: Scenario, apps: list[ProxyApp], stalled: set[Proxy
 
 async def _straight_to_kafka(scenario: Scenario) -> Figures:
     loop = asyncio.get_running_loop()
-    broker = BrokerModel(latency_s=scenario.topology.broker_latency_s, kafka=scenario.kafka_quotas())
+    topology = scenario.topology
+    broker = BrokerModel(latency_s=topology.broker_latency_s, latency_spread_s=topology.broker_latency_spread_s,
+                         kafka=scenario.kafka_quotas())
     broker.listen(loop)
     records = await _drive(scenario, [(BROKER_HOST, BROKER_PORT)])
     return _figures(scenario, records, len(broker.throttles))
@@ -445,7 +452,8 @@ def kafka_sees(scenario: Scenario) -> Scenario:
     differ only in those have the same Kafka figure for a seed."""
     return dataclasses.replace(
         scenario, quota=dataclasses.replace(scenario.quota, fair_connection_turns=False),
-        topology=Topology(broker_latency_s=scenario.topology.broker_latency_s),
+        topology=Topology(broker_latency_s=scenario.topology.broker_latency_s,
+                          broker_latency_spread_s=scenario.topology.broker_latency_spread_s),
         faults=dataclasses.replace(scenario.faults, instance_dies_at_s=0.0, instance_stalls_at_s=0.0, stall_s=0.0))
 
 

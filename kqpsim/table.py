@@ -1,17 +1,31 @@
-"""The scenario table (shape x settings) and what every scenario-seed must show.
+"""The scenario table (shape x settings) and what every row must show over its seeds.
 
 `make test` runs each row for its seeds (tests/unit/simulator/test_scenarios.py);
-`bench/simulator.py` runs the same rows for thousands of seeds. A row that shows a known
-difference from Kafka carries a `Finding`: the seeds of `make test` that show it, and for each
-kind of violation it shows, the band kqp's figure and Kafka's figure were measured in. On those
-seeds the test asserts exactly that (the violations are of the finding's kinds, each figure in
-its band); any other violation, a figure out of its band, a crash, or a finding that no longer
-shows fails the suite. Every other seed must show no violation at all.
+`bench/simulator.py` runs the same rows for thousands of seeds.
+
+kqp's figures are compared with Kafka's as two distributions over the row's seeds, not seed by
+seed. Seed s through kqp and seed s straight to Kafka's model share the clients' start times
+and nothing after the first request: the proxy's hop and the broker's varied handling time put
+each run in its own phase of Kafka's throttle arithmetic, so pairing them by seed grades phase,
+whichever side is right (docs/quotas.md, "The simulator's open findings"). Each check that compares
+with Kafka is applied to the figures paired by rank instead: kqp's lowest seed with Kafka's
+lowest, its median with Kafka's median, its highest with Kafka's highest (a quantile-quantile
+comparison, each pair held to the same bound and tolerance a seed was held to). For a one-sided
+bound that is the same as: some one-to-one matching of kqp's seeds to Kafka's passes every
+per-seed check. A check of kqp alone (fair turns' share) stays seed by seed.
+
+A row that shows a known difference from Kafka carries a `Finding`: for each kind of violation
+it shows, the band kqp's figures and Kafka's figures were measured in over the row's seeds. The
+test asserts exactly that (the violations are of the finding's kinds, every figure in its band);
+any other violation, a figure out of its band, a crash, or a finding that no longer shows fails
+the suite. Every other row must show no violation at all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import fmean
 from typing import Literal
 
 from kqpsim.clients import CLIENT_SHAPES
@@ -34,18 +48,47 @@ class Violation:
         return self.text
 
 
-def figures(kind: Kind, outcome: Outcome) -> tuple[float, float]:
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """What the checks read of one scenario-seed, each side: small enough to keep for thousands
+    of seeds (an `Outcome` keeps every acknowledgement)."""
+
+    seed: int
+    quota: float
+    kqp_rates: tuple[float, ...]  # each client-id's admitted bytes/s (partitions/s for the admin)
+    kafka_rates: tuple[float, ...]
+    kqp_fairness: float
+    kafka_fairness: float
+    kqp_timeouts: int
+    kafka_timeouts: int
+    kqp_max_wait_s: float
+    kafka_max_wait_s: float
+
+    def describe(self) -> str:
+        return (f"seed {self.seed}: kqp {max(self.kqp_rates) / self.quota:.3f}x (lowest client-id "
+                f"{min(self.kqp_rates) / self.quota:.3f}x), fairness {self.kqp_fairness:.2f}, time-outs "
+                f"{self.kqp_timeouts}; Kafka {fmean(self.kafka_rates) / self.quota:.3f}x, fairness "
+                f"{self.kafka_fairness:.2f}, time-outs {self.kafka_timeouts}")
+
+
+def sample(outcome: Outcome) -> Sample:
+    kqp, kafka = outcome.kqp, outcome.kafka
+    return Sample(outcome.seed, outcome.scenario.quota.rate, tuple(kqp.client_rates), tuple(kafka.client_rates),
+                  kqp.fairness, kafka.fairness, kqp.timeouts, kafka.timeouts, kqp.max_wait_s, kafka.max_wait_s)
+
+
+def figures(kind: Kind, sample: Sample) -> tuple[float, float]:
     """kqp's figure and Kafka's for a kind of violation."""
-    kqp, kafka, quota = outcome.kqp, outcome.kafka, outcome.scenario.quota.rate
+    quota = sample.quota
     if kind == "over":
-        return max(kqp.client_rates) / quota, kafka.admitted
+        return max(sample.kqp_rates) / quota, fmean(sample.kafka_rates) / quota
     if kind == "under":
-        return min(kqp.client_rates) / quota, kafka.admitted
+        return min(sample.kqp_rates) / quota, fmean(sample.kafka_rates) / quota
     if kind == "fairness":
-        return kqp.fairness, kafka.fairness
+        return sample.kqp_fairness, sample.kafka_fairness
     if kind == "timeouts":
-        return kqp.timeouts, kafka.timeouts
-    return max(kqp.client_rates) / KIB, max(kafka.client_rates) / KIB
+        return sample.kqp_timeouts, sample.kafka_timeouts
+    return max(sample.kqp_rates) / KIB, max(sample.kafka_rates) / KIB
 
 # With fair_connection_turns the connections of one budget take turns: none may get less than
 # this share of an equal split.
@@ -57,84 +100,121 @@ FAIR_TURNS_SHARE = 0.9
 FAIRNESS_SLACK = 0.25
 
 
-def violations(outcome: Outcome) -> list[Violation]:
-    """What an operator would object to in this scenario-seed; empty when kqp behaves."""
-    scenario, kqp, kafka = outcome.scenario, outcome.kqp, outcome.kafka
+@dataclass(frozen=True, slots=True)
+class RankPair:
+    """kqp's k-th lowest figure over the row's seeds and Kafka's k-th lowest (ties by seed)."""
+
+    rank: int  # 1: the lowest
+    of: int
+    kqp: float
+    kafka: float
+    kqp_seed: int
+    kafka_seed: int
+
+    def where(self) -> str:
+        place = "the lowest" if self.rank == 1 else "the highest" if self.rank == self.of else f"rank {self.rank}"
+        return (f"{place} of {self.of} seeds (kqp's seed {self.kqp_seed}, Kafka's seed {self.kafka_seed})"
+                if self.of > 1 else f"seed {self.kqp_seed}")
+
+
+def rank_pairs(samples: Sequence[Sample], figure: Callable[[Sample], tuple[float, float]]) -> list[RankPair]:
+    """Each side's figures sorted on their own, paired by rank: the quantiles of the two
+    distributions over the same seeds, side by side."""
+    kqp = sorted((figure(s)[0], s.seed) for s in samples)
+    kafka = sorted((figure(s)[1], s.seed) for s in samples)
+    return [RankPair(rank, len(samples), k, f, ks, fs)
+            for rank, ((k, ks), (f, fs)) in enumerate(zip(kqp, kafka, strict=True), 1)]
+
+
+def violations(scenario: Scenario, samples: Sequence[Sample]) -> list[Violation]:
+    """What an operator would object to in this scenario over these seeds; empty when kqp behaves."""
     tolerance = scenario.tolerance
     found: list[Violation] = []
     if scenario.quota.request_percentage:
-        found.extend(_request_quota_violations(outcome))
-    kafka_rate = kafka.admitted
-    for index, rate in enumerate(kqp.client_rates if not scenario.quota.request_percentage else ()):
-        admitted = rate / scenario.quota.rate
-        # Over: beyond the quota only as far as Kafka itself goes beyond it.
-        ceiling = max(1.0, kafka_rate) + tolerance
-        if admitted > ceiling:
-            found.append(Violation("over", f"client-{index} admitted {admitted:.3f}x the quota, over max(quota, "
-                                   f"Kafka's {kafka_rate:.3f}x) + {tolerance:.3f}"))
-        # Under: short of the quota only as far as Kafka itself falls short (demand saturates).
-        floor = min(1.0, kafka_rate) - tolerance
-        if admitted < floor:
-            found.append(Violation("under", f"client-{index} admitted {admitted:.3f}x the quota, under min(quota, "
-                                   f"Kafka's {kafka_rate:.3f}x) - {tolerance:.3f}"))
+        found.extend(_request_quota_violations(scenario, samples))
+    else:
+        for pair in rank_pairs(samples, lambda s: figures("over", s)):
+            # Over: beyond the quota only as far as Kafka itself goes beyond it.
+            ceiling = max(1.0, pair.kafka) + tolerance
+            if pair.kqp > ceiling:
+                found.append(Violation("over", f"{pair.where()}: a client-id admitted {pair.kqp:.3f}x the quota, "
+                                       f"over max(quota, Kafka's {pair.kafka:.3f}x) + {tolerance:.3f}"))
+        for pair in rank_pairs(samples, lambda s: figures("under", s)):
+            # Under: short of the quota only as far as Kafka itself falls short (demand saturates).
+            floor = min(1.0, pair.kafka) - tolerance
+            if pair.kqp < floor:
+                found.append(Violation("under", f"{pair.where()}: a client-id admitted {pair.kqp:.3f}x the quota, "
+                                       f"under min(quota, Kafka's {pair.kafka:.3f}x) - {tolerance:.3f}"))
     if scenario.clients.connections > 1:
         if scenario.quota.fair_connection_turns:
-            if kqp.fairness < FAIR_TURNS_SHARE:
-                found.append(Violation("fairness", f"with fair_connection_turns the poorest connection got "
-                                       f"{kqp.fairness:.2f} of an equal share (< {FAIR_TURNS_SHARE})"))
-        elif kqp.fairness < kafka.fairness - FAIRNESS_SLACK:
-            found.append(Violation("fairness", f"the poorest connection got {kqp.fairness:.2f} of an equal share, "
-                                   f"Kafka's {kafka.fairness:.2f} (slack {FAIRNESS_SLACK})"))
-    if kqp.timeouts > kafka.timeouts:
-        found.append(Violation("timeouts", f"{kqp.timeouts} request time-outs through kqp, {kafka.timeouts} against "
-                               f"Kafka (longest waits {kqp.max_wait_s:.1f} s and {kafka.max_wait_s:.1f} s)"))
+            # kqp's own promise, no Kafka figure to pair with: seed by seed.
+            found.extend(Violation("fairness", f"seed {s.seed}: with fair_connection_turns the poorest connection "
+                                   f"got {s.kqp_fairness:.2f} of an equal share (< {FAIR_TURNS_SHARE})")
+                         for s in samples if s.kqp_fairness < FAIR_TURNS_SHARE)
+        else:
+            found.extend(Violation("fairness", f"{pair.where()}: the poorest connection got {pair.kqp:.2f} of an "
+                                   f"equal share, Kafka's {pair.kafka:.2f} (slack {FAIRNESS_SLACK})")
+                         for pair in rank_pairs(samples, lambda s: figures("fairness", s))
+                         if pair.kqp < pair.kafka - FAIRNESS_SLACK)
+    waits = {s.seed: (s.kqp_max_wait_s, s.kafka_max_wait_s) for s in samples}
+    found.extend(Violation("timeouts", f"{pair.where()}: {pair.kqp:g} request time-outs through kqp, {pair.kafka:g} "
+                           f"against Kafka (longest waits {waits[pair.kqp_seed][0]:.1f} s and "
+                           f"{waits[pair.kafka_seed][1]:.1f} s)")
+                 for pair in rank_pairs(samples, lambda s: figures("timeouts", s)) if pair.kqp > pair.kafka)
     return found
 
 
-def _request_quota_violations(outcome: Outcome) -> list[Violation]:
+def _request_quota_violations(scenario: Scenario, samples: Sequence[Sample]) -> list[Violation]:
     """With a request quota (KIP-124) binding, the byte rate is what the request time allows:
     kqp's must be Kafka's, within 5 % and what one request per connection at each edge of the
-    span is worth at Kafka's rate."""
-    scenario, kqp, kafka = outcome.scenario, outcome.kqp, outcome.kafka
+    span is worth at Kafka's rate; each client-id's rates paired by rank over the seeds."""
     found: list[Violation] = []
-    for index, (rate, kafka_rate) in enumerate(zip(kqp.client_rates, kafka.client_rates, strict=True)):
-        if kafka_rate <= 0:
-            found.append(Violation("request-rate", f"client-{index}: Kafka's model admitted nothing"))
-            continue
-        clients = scenario.clients
-        edges = 2.0 * clients.connections * clients.request_bytes / (kafka_rate * scenario.measure)
-        ratio = rate / kafka_rate
-        if abs(ratio - 1.0) > 0.05 + edges:
-            found.append(Violation("request-rate", f"client-{index} admitted {ratio:.3f}x Kafka's rate under the "
-                                   f"request quota ({rate / 1024:.1f} KiB/s, Kafka {kafka_rate / 1024:.1f} KiB/s; "
-                                   f"tolerance {0.05 + edges:.3f})"))
+    clients = scenario.clients
+    for index in range(clients.client_ids):
+        for pair in rank_pairs(samples, _client_rates(index)):
+            if pair.kafka <= 0:
+                found.append(Violation("request-rate", f"{pair.where()}: client-{index}: Kafka's model admitted "
+                                       "nothing"))
+                continue
+            edges = 2.0 * clients.connections * clients.request_bytes / (pair.kafka * scenario.measure)
+            ratio = pair.kqp / pair.kafka
+            if abs(ratio - 1.0) > 0.05 + edges:
+                found.append(Violation("request-rate", f"{pair.where()}: client-{index} admitted {ratio:.3f}x Kafka's "
+                                       f"rate under the request quota ({pair.kqp / KIB:.1f} KiB/s, Kafka "
+                                       f"{pair.kafka / KIB:.1f} KiB/s; tolerance {0.05 + edges:.3f})"))
     return found
+
+
+def _client_rates(index: int) -> Callable[[Sample], tuple[float, float]]:
+    return lambda s: (s.kqp_rates[index], s.kafka_rates[index])
 
 
 @dataclass(frozen=True, slots=True)
 class Band:
-    """A figure of a finding (see `figures`) as measured on its seeds: kqp's within `kqp`,
+    """A figure of a finding (see `figures`) as measured over its row's seeds: kqp's within `kqp`,
     Kafka's model's within `kafka` (inclusive bounds, the measured extremes rounded outwards)."""
 
     kind: Kind
     kqp: tuple[float, float]
     kafka: tuple[float, float]
 
-    def misses(self, outcome: Outcome) -> str | None:
-        kqp, kafka = figures(self.kind, outcome)
-        if self.kqp[0] <= kqp <= self.kqp[1] and self.kafka[0] <= kafka <= self.kafka[1]:
+    def misses(self, samples: Sequence[Sample]) -> str | None:
+        pairs = [figures(self.kind, s) for s in samples]
+        kqp = [k for k, _ in pairs]
+        kafka = [f for _, f in pairs]
+        if self.kqp[0] <= min(kqp) and max(kqp) <= self.kqp[1] and self.kafka[0] <= min(kafka) \
+                and max(kafka) <= self.kafka[1]:
             return None
-        return (f"{self.kind}: kqp {kqp:.3f} (band {self.kqp[0]}-{self.kqp[1]}), Kafka {kafka:.3f} "
-                f"(band {self.kafka[0]}-{self.kafka[1]})")
+        return (f"{self.kind}: kqp {min(kqp):.3f}-{max(kqp):.3f} (band {self.kqp[0]}-{self.kqp[1]}), Kafka "
+                f"{min(kafka):.3f}-{max(kafka):.3f} (band {self.kafka[0]}-{self.kafka[1]})")
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """A known difference from Kafka: what it is, the seeds of `make test` that show it (the
-    simulation is deterministic, so exactly these), and the band of each figure it shows."""
+    """A known difference from Kafka over a row's seeds: what it is, and the band of each figure
+    it shows (the simulation is deterministic, so exactly these)."""
 
     text: str
-    seeds: frozenset[int]
     bands: tuple[Band, ...]
 
     @property
@@ -146,23 +226,23 @@ class Finding:
 class Row:
     scenario: Scenario
     seeds: int  # how many seeds `make test` runs (0 .. seeds-1); the bench runs more
-    finding: Finding | None = None  # None: every seed must show no violation
+    finding: Finding | None = None  # None: the row must show no violation
 
 
-def unexplained(row: Row, seed: int, outcome: Outcome) -> list[str]:
-    """What this scenario-seed shows that its row does not expect; empty when it is as expected.
+def unexplained(row: Row, samples: Sequence[Sample]) -> list[str]:
+    """What the row shows over these seeds that it does not expect; empty when it is as expected.
 
-    Outside the finding's seeds: every violation. On them: a violation of another kind, a
-    figure out of its band, or no violation at all (the finding is gone: take it off the row)."""
-    found = violations(outcome)
+    Without a finding: every violation. With one: a violation of another kind, a figure out of
+    its band, or no violation at all (the finding is gone: take it off the row)."""
+    found = violations(row.scenario, samples)
     finding = row.finding
-    if finding is None or seed not in finding.seeds:
+    if finding is None:
         return [str(v) for v in found]
     problems = [f"not the finding's kind: {v}" for v in found if v.kind not in finding.kinds]
     problems.extend(f"out of the finding's band: {miss}" for band in finding.bands
-                    if (miss := band.misses(outcome)) is not None)
+                    if (miss := band.misses(samples)) is not None)
     if not found:
-        problems.append(f"the finding no longer shows on seed {seed}: take it off the row ({finding.text})")
+        problems.append(f"the finding no longer shows: take it off the row ({finding.text})")
     return problems
 
 
@@ -187,55 +267,26 @@ def _rows() -> list[Row]:
     add(Row(Scenario(Clients("aiokafka", 4, request_bytes=16 * KIB), Quota(256 * KIB, fair_connection_turns=True)), 8))
     # Fetching consumers.
     add(Row(Scenario(Clients("consumer", 1, request_bytes=1 * MIB), Quota(1 * MIB)), 20))
-    add(Row(Scenario(Clients("consumer", 3, request_bytes=256 * KIB), Quota(1 * MIB)), 12, finding=Finding(
-        "fetch over 3 connections of one client-id, 256 KiB fetches: the poorest connection gets 0.52 of an "
-        "equal share through kqp, 0.82 against Kafka's model (seed 9; seeds 0 and 6 agree since a throttled "
-        "fetch is answered empty). (a) in docs/quotas.md: phase, the modelled broker's timing never varies",
-        seeds=frozenset({9}),
-        bands=(
-            Band("fairness", kqp=(0.49, 0.52), kafka=(0.78, 0.82)),
-        ))))
+    add(Row(Scenario(Clients("consumer", 3, request_bytes=256 * KIB), Quota(1 * MIB)), 12))
     add(Row(Scenario(Clients("consumer", 3, request_bytes=1 * MIB), Quota(1 * MIB)), 12))
     add(Row(Scenario(Clients("consumer", 3, request_bytes=256 * KIB), Quota(1 * MIB, fair_connection_turns=True)), 12))
     add(Row(Scenario(Clients("consumer", 2, request_bytes=4 * MIB), Quota(10 * MIB)), 4))
     # Several client-ids on one broker, each with its own quota.
-    add(Row(Scenario(Clients("librdkafka", 2, client_ids=3, request_bytes=128 * KIB),
-                     Quota(1 * MIB)), 8, finding=Finding(
-        "3 client-ids x 2 librdkafka connections, 128 KiB requests: the poorest connection gets 0.58 of an "
-        "equal share through kqp, 0.86 against Kafka's model. (b) in docs/quotas.md: which connection wins the "
-        "window's burst is phase, and the modelled broker's timing never varies",
-        seeds=frozenset({0, 1, 3}),
-        bands=(
-            Band("fairness", kqp=(0.58, 0.59), kafka=(0.86, 0.87)),
-        ))))
+    add(Row(Scenario(Clients("librdkafka", 2, client_ids=3, request_bytes=128 * KIB), Quota(1 * MIB)), 8))
     add(Row(Scenario(Clients("java-producer", 1, client_ids=4, request_bytes=64 * KIB), Quota(512 * KIB)), 8))
     # Quotas from 64 KiB/s to 100 MiB/s, requests from 1 KB to several seconds of the quota.
     add(Row(Scenario(Clients("librdkafka", 1, request_bytes=1 * KIB), Quota(64 * KIB)), 2))
     add(Row(Scenario(Clients("librdkafka", 2, request_bytes=8 * KIB), Quota(64 * KIB)), 12))
     add(Row(Scenario(Clients("librdkafka", 2, request_bytes=128 * KIB), Quota(64 * KIB)), 12, finding=Finding(
-        "librdkafka over 2 connections at 64 KiB/s, requests of 2 s of quota: 1-2 request time-outs through "
-        "kqp (longest wait 27-30 s), none against Kafka's model (28 s). (c) in docs/quotas.md: kqp pipelines "
-        "before the first throttle, where a broker handles one request at a time",
-        seeds=frozenset({2, 7}),
+        "librdkafka over 2 connections at 64 KiB/s, requests of 2 s of quota: 3 request time-outs over 12 seeds "
+        "through kqp (2 on seed 2), 2 against Kafka's model (at most 1 a seed); longest waits 27-29 s on both "
+        "sides. (c) in docs/quotas.md: kqp pipelines before the first throttle, where a broker handles one "
+        "request at a time",
         bands=(
-            Band("timeouts", kqp=(1, 2), kafka=(0, 0)),
+            Band("timeouts", kqp=(0, 2), kafka=(0, 1)),
         ))))
-    add(Row(Scenario(Clients("librdkafka", 1, request_bytes=192 * KIB), Quota(64 * KIB)), 12, finding=Finding(
-        "librdkafka, one connection at 64 KiB/s, requests of 3 s of quota: kqp admits 1.140x the quota where "
-        "Kafka's model admits 1.068x (tolerance 0.058). (d) in docs/quotas.md: the same arithmetic in another "
-        "cycle; with the jitter off kqp gives 1.068x, with the broker's timing varied Kafka gives 1.076-1.144x",
-        seeds=frozenset({8}),
-        bands=(
-            Band("over", kqp=(1.139, 1.14), kafka=(1.067, 1.068)),
-        ))))
-    add(Row(Scenario(Clients("java-producer", 2, request_bytes=192 * KIB), Quota(64 * KIB)), 8, finding=Finding(
-        "Java producer over 2 connections at 64 KiB/s, requests of 3 s of quota: 2-7 request time-outs "
-        "through kqp, 1 against Kafka's model. (e) in docs/quotas.md: with the broker's timing varied Kafka's "
-        "model times out 1-7 times",
-        seeds=frozenset({0, 3, 4, 5, 7}),
-        bands=(
-            Band("timeouts", kqp=(2, 7), kafka=(1, 1)),
-        ))))
+    add(Row(Scenario(Clients("librdkafka", 1, request_bytes=192 * KIB), Quota(64 * KIB)), 12))
+    add(Row(Scenario(Clients("java-producer", 2, request_bytes=192 * KIB), Quota(64 * KIB)), 8))
     add(Row(Scenario(Clients("librdkafka", 5, request_bytes=1 * MIB), Quota(10 * MIB)), 2))
     add(Row(Scenario(Clients("librdkafka", 4, request_bytes=1 * MIB), Quota(100 * MIB), warmup_s=12, measure_s=20), 1))
     # Timing faults: network jitter, a busy host whose loop runs late.
@@ -275,13 +326,13 @@ def _rows() -> list[Row]:
     add(Row(Scenario(Clients("librdkafka", 4, request_bytes=64 * KIB), Quota(1 * MIB),
                      topology=Topology(instances=2, exchange_lag_s=0.5)), 3, finding=Finding(
         "a fleet of 2 with a slow exchange (lag 500 ms, five report intervals), 4 librdkafka connections: kqp "
-        "admits 1.095-1.188x the quota, one Kafka broker 0.935x; poorest connection 0.28-0.69 (Kafka 0.67-0.68). "
-        "(f) in docs/quotas.md: no instance can act on usage it has not heard of; a report interval above the "
-        "lag (1 s) gives 0.938-1.024x",
-        seeds=frozenset({0, 1, 2}),
+        "admits 1.054-1.151x the quota, one Kafka broker 0.935x; poorest connection 0.30-0.71 (Kafka 0.55-0.68); "
+        "one request time-out on seed 0 (longest wait 25.9 s, Kafka's 9.3 s). (f) in docs/quotas.md: no "
+        "instance can act on usage it has not heard of; a report interval above the lag (1 s) gives 0.938-1.024x",
         bands=(
-            Band("over", kqp=(1.094, 1.188), kafka=(0.934, 0.935)),
-            Band("fairness", kqp=(0.28, 0.69), kafka=(0.67, 0.68)),
+            Band("over", kqp=(1.054, 1.151), kafka=(0.934, 0.935)),
+            Band("fairness", kqp=(0.29, 0.71), kafka=(0.55, 0.68)),
+            Band("timeouts", kqp=(0, 1), kafka=(0, 0)),
         ))))
     add(Row(Scenario(Clients("java-producer", 4, request_bytes=64 * KIB), Quota(1 * MIB),
                      topology=Topology(instances=4)), 3))
@@ -290,7 +341,13 @@ def _rows() -> list[Row]:
     add(Row(Scenario(Clients("consumer", 4, request_bytes=256 * KIB), Quota(1 * MIB),
                      topology=Topology(instances=2)), 4))
     add(Row(Scenario(Clients("librdkafka", 6, request_bytes=64 * KIB), Quota(1 * MIB),
-                     topology=Topology(instances=3, exchange_lag_s=0.002)), 3))
+                     topology=Topology(instances=3, exchange_lag_s=0.002)), 3, finding=Finding(
+        "a fleet of 3 (or --workers 3) with a 2 ms exchange, 6 librdkafka connections: kqp admits 0.932x the "
+        "quota on seed 0 where one Kafka broker admits 1.005-1.009x on every seed (tolerance 0.058). (g) in "
+        "docs/quotas.md: about one seed in twelve, with the broker's timing fixed as well (seed 7, 0.922x)",
+        bands=(
+            Band("under", kqp=(0.931, 1.004), kafka=(1.005, 1.01)),
+        ))))
     # An instance that dies 40 s in (its connections drop, its reports stop; clients reconnect to
     # the others).
     add(Row(Scenario(Clients("librdkafka", 4, request_bytes=64 * KIB), Quota(1 * MIB),

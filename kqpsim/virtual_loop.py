@@ -85,6 +85,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self.net_random = random.Random(f"net-{seed}")
         self.loop_random = random.Random(f"loop-{seed}")
         self.client_random = random.Random(f"clients-{seed}")
+        self.broker_random = random.Random(f"broker-{seed}")  # the modelled broker's handling times
         self.network = Network(self)
 
     def time(self) -> float:
