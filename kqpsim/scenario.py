@@ -65,9 +65,10 @@ class Quota:
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """What stands between the clients and Kafka: one proxy, or a fleet (or --workers) of
-    instances sharing one budget through the usage exchange, a client's connections spread over
-    them round-robin as a balancer would; and the one broker behind."""
+    """What stands between the clients and Kafka: one proxy, or a fleet of instances sharing one
+    budget through the usage topic (modelled by `_exchange`; `--workers`' host relay, which
+    shares every loop turn, is not modelled yet), a client's connections spread over them
+    round-robin as a balancer would; and the one broker behind."""
 
     instances: int = 1
     exchange_lag_s: float = 0.05  # a report's way from one instance to the others (the topic's round trip)
