@@ -46,6 +46,13 @@ serialises them), which would let a burst read before the throttle through. A mu
 this span at its end for ONE_AT_A_TIME_AFTER_THROTTLE_S (one default quota span); a hook
 starts it when the client is throttled on another of its connections.
 
+Before a client's first throttle its connections still pipeline, so an idle librdkafka can
+have more requests handled before the first throttle than a broker would (finding (c) in
+docs/quotas.md). Reading one at a time from the start instead, for every Produce under a
+quota or only once the bytes a connection has with the broker could throttle the client,
+gives Kafka's first seconds but not its figures: in the simulator both time out several
+times as often as Kafka's model and fail rows that pass as it is (the figures are there).
+
 The stream mute. A Fetch response cut through to the client (kqp.protocol.session) has its
 ThrottleTimeMs in its head, so its mute is decided when it starts but applies only once its
 last byte has gone: KIP-219 mutes after the throttled response is sent.
