@@ -34,4 +34,6 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kqp.quotas.recording",
     # The guard's quota manager is a ClientQuotaManager: a compiled class has compiled subclasses only.
     "kqp.quotas.guard_limits",
+    # The base of the frozen dataclasses above, which makes them picklable (Spark's workers).
+    "kqp.frozen_value",
 )

@@ -100,6 +100,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+from kqp.frozen_value import FrozenValue
+
 __all__ = [
     "FORWARD",
     "NOTHING",
@@ -178,7 +180,7 @@ _IN_HANDLING: Final = Blocker.IN_HANDLING.value
 
 
 @dataclass(frozen=True, slots=True)
-class Actions:
+class Actions(FrozenValue):
     """What the IO layer must do after telling the gate something. Most calls return one of
     the shared constants below, so the common path allocates nothing."""
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kqp.frozen_value import FrozenValue
 from kqp.protocol.api_keys import MUTATION_API_KEYS, ApiKey
 from kqp.quotas.engine import MutationOutcome, QuotaManagers
 
@@ -48,7 +49,7 @@ def broker_label(node_id: int | None) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class QuotaClient:
+class QuotaClient(FrozenValue):
     """Whose sensors a charge goes to: the broker label (`bootstrap`, `1`, ...) and the entity."""
 
     broker: str
@@ -57,7 +58,7 @@ class QuotaClient:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestCharges:
+class RequestCharges(FrozenValue):
     """What a request charges when it arrives."""
 
     api_key: int
@@ -71,7 +72,7 @@ class RequestCharges:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestOutcome:
+class RequestOutcome(FrozenValue):
     throttle_ms: int = 0
     fetch_max_bytes_cap: int | None = None
     mutation: MutationOutcome | None = None
@@ -125,7 +126,7 @@ def upstream_answer_ms(request_sent_us: int, response_received_us: int) -> float
 
 
 @dataclass(frozen=True, slots=True)
-class ResponseCharges:
+class ResponseCharges(FrozenValue):
     """What a response charges: bytes to the byte-rate quotas, time to the request quota."""
 
     api_key: int

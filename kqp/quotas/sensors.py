@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kqp.frozen_value import FrozenValue
 from kqp.quotas.callbacks import CLIENT_ID_TAG, USER_TAG
 from kqp.quotas.settings import Scope
 from kqp.quotas.stats import NO_QUOTA_BOUND, TokenBucket, WindowedRate
@@ -54,7 +55,7 @@ _DEFAULT_METRIC_WINDOW_MS = 30_000
 
 
 @dataclass(frozen=True, slots=True)
-class SensorSnapshot:
+class SensorSnapshot(FrozenValue):
     """One sensor's figures for metrics. Units per quota type: bytes/s, percent of a thread,
     partitions/s (mutation-rate), connections/s."""
 

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kqp.frozen_value import FrozenValue
+
 # Kafka's name for a default entity (ConfigEntityName.DEFAULT).
 DEFAULT_ENTITY = "<default>"
 
@@ -34,7 +36,7 @@ BYTE_RATE_TYPES: tuple[ByteRateType, ...] = (PRODUCE, FETCH)
 
 
 @dataclass(frozen=True, slots=True)
-class QuotaEntity:
+class QuotaEntity(FrozenValue):
     """A (user, client-id) entity as in KIP-55.
 
     None means the part is absent from the entity; DEFAULT_ENTITY means the default entity.
@@ -55,7 +57,7 @@ def entity_text(entity: QuotaEntity) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class QuotaEntry:
+class QuotaEntry(FrozenValue):
     entity: QuotaEntity
     limits: Mapping[QuotaType, float]
     # Compute and report throttles for clients matched by this entry, but do not enforce them.
@@ -65,7 +67,7 @@ class QuotaEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class IpQuotaEntry:
+class IpQuotaEntry(FrozenValue):
     """KIP-612 connection_creation_rate for one IP address, or DEFAULT_ENTITY for every IP."""
 
     ip: str
@@ -73,7 +75,7 @@ class IpQuotaEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class QuotaSettings:
+class QuotaSettings(FrozenValue):
     entries: tuple[QuotaEntry, ...] = ()
     ip_entries: tuple[IpQuotaEntry, ...] = ()
     # "broker": a budget per upstream broker, exactly as Kafka; "cluster": one budget across brokers.
