@@ -61,6 +61,7 @@ from kqp.spark_jobs.advice_math import (
     Problem,
     Resource,
     choose_entries,
+    next_planned_limit,
     replication_shares,
     water_fill,
 )
@@ -185,9 +186,7 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         if not over:
             break
         for res, load in over.items():
-            # In proportion: the replay's overshoot comes from bursts between throttles, which
-            # shrink with the quotas but not to nothing.
-            planned[res] = planned[res] * limits[res] / load
+            planned[res] = next_planned_limit(planned[res], limits[res], load, round_number)
     # The last round's advice is the one written, now with the replay's throttled share per entry.
     throttled = throttled_shares(verification.clients, options.entity) if verification is not None else {}
     quotas_yaml = render_quotas_yaml(
@@ -447,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-verify", action="store_true", help="skip the replay of the advice")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="replays at most, each planning for the overshoot the last one showed"
+        "--rounds", type=int, default=4, help="replays at most, each planning for the overshoot the last one showed"
     )
     parser.add_argument("--top-n", type=int, default=20, help="entities in the offered-vs-allowed plot")
     parser.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")

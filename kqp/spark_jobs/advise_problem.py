@@ -60,7 +60,7 @@ class AdviseOptions:
     # resolution a Kafka quota holds a throttled client to its quota; "1s" / "1min" as analyze.
     headroom_resolution: str = WINDOW_RESOLUTION
     verify: bool = True
-    rounds: int = 3
+    rounds: int = 4
     window_num: int | None = None
     window_size_seconds: int | None = None
     # None: the quota window over the bucket (docs/replay.md, advise); 1 plans throttled clients at

@@ -24,6 +24,7 @@ from kqp.spark_jobs.advice_math import (
     Flow,
     Problem,
     choose_entries,
+    next_planned_limit,
     water_fill,
 )
 
@@ -338,3 +339,27 @@ def test_the_rendered_file_loads_as_kqp_config_whatever_the_names(tmp_path: Any)
     }
     assert len(settings.entries) == 2
     assert settings.window_num == 2 and "throttled 25.0% of requests" in text
+
+
+def test_the_first_cut_is_in_proportion_to_the_overshoot() -> None:
+    assert next_planned_limit(1_000.0, 1_000.0, 1_250.0, 1) == pytest.approx(800.0)
+
+
+def test_a_round_still_over_after_a_cut_doubles_the_cut() -> None:
+    """The closed loop on real Kafka that stayed 0.2-0.5 % over through three proportional rounds:
+    the rounds after the first cut deeper than the overshoot they saw, doubling each time."""
+    limit = 1_228_800.0
+    second = next_planned_limit(limit, limit, 1_231_068.4, 1)
+    third = next_planned_limit(second, limit, 1_230_461.02, 2)
+    fourth = next_planned_limit(third, limit, 1_235_526.28, 3)
+    assert second == pytest.approx(limit * limit / 1_231_068.4)
+    assert third == pytest.approx(second * (limit / 1_230_461.02) ** 2)
+    assert fourth == pytest.approx(third * (limit / 1_235_526.28) ** 4)
+    # Proportional cuts would have planned 1,218,210 B/s for a fourth round (0.9 % under the
+    # limit); the doubled ones reach 1,196,806 (2.6 % under) in the same three steps.
+    assert fourth < 1_199_500
+
+
+def test_a_round_under_its_limit_is_never_planned_for() -> None:
+    """advise only calls it for resources the replay left over their limit; at the limit it is the identity."""
+    assert next_planned_limit(900.0, 1_000.0, 1_000.0, 3) == pytest.approx(900.0)
