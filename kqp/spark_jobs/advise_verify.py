@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from kqp.protocol.api_keys import ApiKey
 from kqp.quotas import capacity as cap
@@ -54,16 +53,21 @@ def verify(
     plus the seconds the deferred traffic spills into, less the first quota window (warm-up).
     """
     from kqp.spark_jobs.whatif import (
-        client_outcomes,
+        client_outcomes_from_partials,
         engine_replay_functions,
+        moved_bytes_from_partials,
         needs_cluster_wide_replay,
         sharing,
-        simulate,
+        simulate_partials,
     )
     from kqp.spark_jobs.whatif import prepare_requests as whatif_requests
 
+    unit = series.unit
     link_users, link_client_ids = sharing(settings)
-    simulated = simulate(
+    # Each replay task hands back its partial sums (per client, and per (broker, API, bucket)
+    # the bytes the deferral moved out of and into the bucket), not its rows; they are small,
+    # so cached for the two tables merged from them.
+    partials = simulate_partials(
         spark,
         whatif_requests(raw),
         functools.partial(engine_replay_functions, settings),
@@ -73,48 +77,14 @@ def verify(
         per_broker=not needs_cluster_wide_replay(settings),
         # Tasks the advice can never throttle keep their recorded timeline: no replay needed.
         passthrough=settings,
+        moved_unit=unit,
     ).persist()
-    clients = to_pandas(client_outcomes(simulated))
-    unit = series.unit
-    # Per (broker, API, bucket): the bytes the deferral moved out of it and into it. Summed in
-    # Spark so that the driver gets one row per bucket, not one per (from, to) pair of buckets
-    # (millions at 10M requests, when throttled clients run minutes behind their capture).
-    moved_rows = (
-        simulated.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
-        .select(
-            "broker",
-            "api_key",
-            F.floor(F.col("ts_ms") / (1000 * unit)).cast("long").alias("before"),
-            F.floor(F.col("sim_ts_ms") / (1000 * unit)).cast("long").alias("after"),
-            F.floor(F.col("sim_ts_ms") / 1000).cast("long").alias("sim_second"),
-            "nbytes",
-        )
-        .where(F.col("before") != F.col("after"))
-    )
-    zero = F.lit(0).cast("long")
-    moved = to_pandas(
-        moved_rows.groupBy("broker", "api_key", F.col("before").alias("bucket"))
-        .agg(
-            F.sum("nbytes").alias("moved_out"),
-            zero.alias("moved_in"),
-            zero.alias("arrivals"),
-            F.lit(None).cast("long").alias("last_second"),
-        )
-        .unionByName(
-            moved_rows.groupBy("broker", "api_key", F.col("after").alias("bucket")).agg(
-                zero.alias("moved_out"),
-                F.sum("nbytes").alias("moved_in"),
-                F.count("*").alias("arrivals"),
-                F.max("sim_second").alias("last_second"),
-            )
-        )
-        .groupBy("broker", "api_key", "bucket")
-        .agg(
-            *[F.sum(c).alias(c) for c in ("moved_out", "moved_in", "arrivals")],
-            F.max("last_second").alias("last_second"),
-        )
-    )
-    simulated.unpersist()
+    clients = to_pandas(client_outcomes_from_partials(partials))
+    # Per (broker, API, bucket): the bytes the deferral moved out of it and into it, one row per
+    # bucket, not one per (from, to) pair of buckets (millions at 10M requests, when throttled
+    # clients run minutes behind their capture).
+    moved = to_pandas(moved_bytes_from_partials(partials))
+    partials.unpersist()
     # The replay spills past the capture up to the last bucket a deferred request reaches.
     arrived = moved.loc[moved["arrivals"] > 0, "bucket"]
     last = int(arrived.max()) if len(arrived) else series.first_bucket

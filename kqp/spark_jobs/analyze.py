@@ -335,8 +335,8 @@ def _latency_errors_throttles(
     data: Extracted, coverage: Coverage, clients: pd.DataFrame, result: AnalyzeResult
 ) -> None:
     names = coverage.names
-    # latency_by_api computes both groupings in one pass (a rollup); rows with no broker
-    # are the all-brokers totals.
+    # latency_by_api computes both groupings in one pass (two grouping sets); rows with no
+    # broker are the all-brokers totals.
     latencies = to_pandas(latency_by_api(data.requests))
     latency = latencies[latencies["broker"].isna()].drop(columns="broker").sort_values("api_key").reset_index(drop=True)
     latency.insert(1, "api", latency["api_key"].map(names))

@@ -217,11 +217,14 @@ def _batch_bucket(batch_bytes: Any) -> Any:
 def latency_by_api(requests: DataFrame) -> DataFrame:
     """Latency percentiles at the proxy and to the broker, per (API key, broker) and per API key.
 
-    One pass (a rollup): rows with a null broker are the API-wide figures.
+    One pass (two grouping sets): rows with a null broker are the API-wide figures. Not a
+    rollup: its third set, the grand total, was computed (two percentile sketches fed every
+    request) only to be dropped. Each set is aggregated on its own, so leaving one out changes
+    nothing in the others.
     """
     answered = requests.where(F.col("latency_ms").isNotNull())
     return (
-        answered.rollup("api_key", "broker")
+        answered.groupingSets([["api_key", "broker"], ["api_key"]], "api_key", "broker")
         .agg(
             F.count("*").alias("responses"),
             F.percentile_approx("latency_ms", list(PERCENTILES), LATENCY_ACCURACY).alias("q"),

@@ -70,6 +70,7 @@ from kqp.spark_jobs.quota_replay import (
     replay_recorded,
 )
 from kqp.spark_jobs.replay_filter import ByteQuotaType, passthrough_tasks, task_quotas
+from kqp.spark_jobs.replay_partials import PARTIALS_SCHEMA, task_partials
 from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.whatif/1"
@@ -263,6 +264,7 @@ def simulate(
     link_client_ids: bool = True,
     per_broker: bool = True,
     passthrough: QuotaSettings | None = None,
+    summarise: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
 ) -> DataFrame:
     """Every request with its simulated send time and throttle (applyInPandas per quota group).
 
@@ -276,6 +278,10 @@ def simulate(
     the shuffle and the engine: their rows come back as the replay would return them, at their
     recorded times with no throttle. Not in open-loop mode, whose exact replay of recorded
     engine inputs runs on the proxy's engine clock rather than on ts_ms.
+
+    `summarise`: applied to each task's replayed rows (and to each batch of passed-through ones)
+    before they leave the Python worker; its result, in PARTIALS_SCHEMA, is then the output
+    instead of the rows (simulate_partials: each task's partial sums).
     """
     # Grouping is done on the driver: the distinct (principal, client-id) pairs are few
     # (thousands), and the linking is a union-find over them, not a DataFrame operation.
@@ -304,22 +310,27 @@ def simulate(
             if mutation is not None and not set(MUTATION_COLUMNS) <= set(frame.columns):
                 mutation = None
             result = replay_group(charged_inputs(frame), throttle, mode, mutation)
-        return result[[name.split()[0] for name in SIMULATED_SCHEMA.split(", ")]]
+        rows = result[list(SIMULATED_COLUMNS)]
+        return rows if summarise is None else summarise(rows)
 
     # With every budget per broker (Kafka's way), a group's brokers share no sensor, so each broker
     # of a group is its own task: more parallelism, same throttles. A cluster-wide budget needs the
     # whole group in one task, in one time order.
     keys = ("broker", "quota_group") if per_broker else ("quota_group",)
+    schema = SIMULATED_SCHEMA if summarise is None else PARTIALS_SCHEMA
     if passthrough is None or mode != "deferral":
-        return grouped.groupBy(*keys).applyInPandas(replay, SIMULATED_SCHEMA)
+        return grouped.groupBy(*keys).applyInPandas(replay, schema)
     flagged = passthrough_condition(spark, grouped, keys, groups, passthrough)
     if flagged is None:
-        return grouped.groupBy(*keys).applyInPandas(replay, SIMULATED_SCHEMA)
-    replayed = (
-        flagged.where(~F.col(_PASSTHROUGH)).drop(_PASSTHROUGH).groupBy(*keys).applyInPandas(replay, SIMULATED_SCHEMA)
-    )
+        return grouped.groupBy(*keys).applyInPandas(replay, schema)
+    replayed = flagged.where(~F.col(_PASSTHROUGH)).drop(_PASSTHROUGH).groupBy(*keys).applyInPandas(replay, schema)
+
+    def passed_through(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for rows in _passed_through(frames):
+            yield rows if summarise is None else summarise(rows)
+
     # No shuffle and no engine: only the proxy's recording rules, for the charged bytes.
-    unchanged = flagged.where(F.col(_PASSTHROUGH)).drop(_PASSTHROUGH).mapInPandas(_passed_through, SIMULATED_SCHEMA)
+    unchanged = flagged.where(F.col(_PASSTHROUGH)).drop(_PASSTHROUGH).mapInPandas(passed_through, schema)
     return replayed.unionByName(unchanged)
 
 
@@ -420,7 +431,12 @@ def client_outcomes(simulated: DataFrame) -> DataFrame:
         .groupBy("principal", "client_id")
         .agg(F.percentile("sim_throttle_ms", [0.5, 0.95, 0.99], F.col("times")).alias("q"))
     )
-    return totals.join(quantiles, ["principal", "client_id"]).select(
+    return _client_outcome_columns(totals.join(quantiles, ["principal", "client_id"]))
+
+
+def _client_outcome_columns(joined: DataFrame) -> DataFrame:
+    """The per-client table from its sums and its throttle percentiles (`q`), in its column order."""
+    return joined.select(
         "principal",
         "client_id",
         "requests",
@@ -477,6 +493,111 @@ def calibration(simulated: DataFrame) -> DataFrame:
     )
 
 
+def simulate_partials(
+    spark: SparkSession,
+    requests: DataFrame,
+    throttle_factory: Callable[[], ThrottleFunction | tuple[ThrottleFunction, MutationFunction]],
+    mode: Mode,
+    link_users: bool = True,
+    link_client_ids: bool = True,
+    per_broker: bool = True,
+    passthrough: QuotaSettings | None = None,
+    peaks: bool = False,
+    moved_unit: int | None = None,
+) -> DataFrame:
+    """simulate's replay, each task returning its partial sums (kqp.spark_jobs.replay_partials)
+    instead of its rows: the figures below are merged from them, the same as from the rows."""
+    return simulate(
+        spark,
+        requests,
+        throttle_factory,
+        mode,
+        link_users=link_users,
+        link_client_ids=link_client_ids,
+        per_broker=per_broker,
+        passthrough=passthrough,
+        summarise=functools.partial(task_partials, peaks=peaks, moved_unit=moved_unit),
+    )
+
+
+def _part(partials: DataFrame, name: str) -> DataFrame:
+    return partials.where(F.col("part") == name)
+
+
+def client_outcomes_from_partials(partials: DataFrame) -> DataFrame:
+    """client_outcomes, from simulate_partials' sums."""
+    span_s = F.greatest((F.max("last_ms") - F.min("first_ms")) / 1000.0, F.lit(1.0))
+    totals = (
+        _part(partials, "client")
+        .groupBy("principal", "client_id")
+        .agg(
+            F.sum("requests").alias("requests"),
+            F.sum("throttled").alias("throttled_requests"),
+            F.sum("throttle_ms").alias("throttle_ms_total"),
+            F.max("throttle_ms_max").alias("throttle_ms_max"),
+            F.sum("bytes_delayed").alias("bytes_delayed"),
+            F.sum("bytes").alias("bytes"),
+            (F.sum("bytes") / span_s).alias("effective_bytes_per_s"),
+            F.max("max_shift_ms").alias("max_shift_ms"),
+        )
+    )
+    quantiles = (
+        _part(partials, "throttle")
+        .groupBy("principal", "client_id", F.col("throttle_ms").alias("sim_throttle_ms"))
+        .agg(F.sum("requests").alias("times"))
+        .groupBy("principal", "client_id")
+        .agg(F.percentile("sim_throttle_ms", [0.5, 0.95, 0.99], F.col("times")).alias("q"))
+    )
+    return _client_outcome_columns(totals.join(quantiles, ["principal", "client_id"]))
+
+
+def broker_peaks_from_partials(partials: DataFrame) -> DataFrame:
+    """broker_peaks, from simulate_partials' per-second bytes (made with `peaks=True`)."""
+
+    def peak(part: str, name: str) -> DataFrame:
+        per_second = _part(partials, part).groupBy("broker", "api_key", "bucket").agg(F.sum("bytes").alias("bps"))
+        return per_second.groupBy("broker", "api_key").agg(F.max("bps").alias(name))
+
+    return peak("recorded_second", "recorded_peak_bytes_per_s").join(
+        peak("simulated_second", "simulated_peak_bytes_per_s"), ["broker", "api_key"]
+    )
+
+
+def moved_bytes_from_partials(partials: DataFrame) -> DataFrame:
+    """Per (broker, API, bucket): the Produce and Fetch bytes the deferral moved out of it and
+    into it, the requests arriving in it and the last second they reach (simulate_partials made
+    with `moved_unit`; advise's verification reads it)."""
+    moved_in = F.col("part") == "moved_in"
+    return (
+        partials.where(F.col("part").isin("moved_out", "moved_in"))
+        .groupBy("broker", "api_key", "bucket")
+        .agg(
+            F.sum(F.coalesce(F.col("moved_out"), F.lit(0))).alias("moved_out"),
+            F.sum(F.coalesce(F.col("moved_in"), F.lit(0))).alias("moved_in"),
+            F.sum(F.when(moved_in, F.col("requests")).otherwise(0)).alias("arrivals"),
+            F.max("last_second").alias("last_second"),
+        )
+    )
+
+
+def calibration_from_partials(partials: DataFrame) -> DataFrame:
+    """calibration, from simulate_partials' sums."""
+    return (
+        _part(partials, "client")
+        .groupBy("principal", "client_id")
+        .agg(
+            F.sum("requests").alias("requests"),
+            F.sum("recorded_throttled").alias("recorded_throttled"),
+            F.sum("throttled").alias("simulated_throttled"),
+            F.sum("agreeing").alias("agreeing_requests"),
+            F.sum("recorded_throttle_ms").alias("recorded_throttle_ms_total"),
+            F.sum("throttle_ms").alias("simulated_throttle_ms_total"),
+            (F.sum("abs_error_ms") / F.sum("requests")).alias("mean_abs_error_ms"),
+            F.max("abs_error_ms_max").alias("max_abs_error_ms"),
+        )
+    )
+
+
 def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Simulate and shape the results; returns {"summary": ..., "tables": {...}}."""
     progress = progress or Progress("whatif", 2 + options.calibrate)
@@ -484,7 +605,9 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
     link_users, link_client_ids = sharing(settings)
     requests = prepare_requests(read_capture(spark, options.capture))
     factory = functools.partial(engine_replay_functions, settings)
-    simulated = simulate(
+    # Each replay task hands back its partial sums, not its rows: the tables are merged from
+    # them (small, so cached: the three tables read them).
+    partials = simulate_partials(
         spark,
         requests,
         factory,
@@ -493,12 +616,14 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
         link_client_ids=link_client_ids,
         per_broker=not needs_cluster_wide_replay(settings),
         passthrough=settings,
+        peaks=True,
     ).persist()
-    rows = simulated.count()
+    clients = to_pandas(client_outcomes_from_partials(partials))
+    rows = int(clients["requests"].sum())
     progress.step(f"replayed {rows} requests through kqp.quotas ({options.mode})")
-    clients = to_pandas(client_outcomes(simulated)).sort_values("throttle_ms_total", ascending=False)
+    clients = clients.sort_values("throttle_ms_total", ascending=False)
     clients = with_quota_limits(clients, settings)
-    peaks = to_pandas(broker_peaks(simulated)).sort_values(["broker", "api_key"])
+    peaks = to_pandas(broker_peaks_from_partials(partials)).sort_values(["broker", "api_key"])
     tables = {"clients": clients.reset_index(drop=True), "broker_peaks": peaks.reset_index(drop=True)}
     progress.step("per-client throttling and broker peaks")
     summary: dict[str, Any] = {
@@ -516,7 +641,11 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
         "not_simulated": ["connection creation rate (KIP-612)"],
     }
     if options.calibrate:
-        calibrated = to_pandas(calibration(simulated)).sort_values(["principal", "client_id"]).reset_index(drop=True)
+        calibrated = (
+            to_pandas(calibration_from_partials(partials))
+            .sort_values(["principal", "client_id"])
+            .reset_index(drop=True)
+        )
         tables["calibration"] = calibrated
         recorded_total = float(calibrated["recorded_throttle_ms_total"].sum())
         simulated_total = float(calibrated["simulated_throttle_ms_total"].sum())
@@ -537,7 +666,7 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
             f"{r.principal} / {r.client_id}: {r.throttled_share:.1%} of requests throttled" for r in worst.itertuples()
         ]
     summary["budget"] = {"max_throttled_share": options.budget_max_throttled_share, "violations": violations}
-    simulated.unpersist()
+    partials.unpersist()
     return {"summary": summary, "tables": tables}
 
 

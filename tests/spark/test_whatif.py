@@ -314,3 +314,83 @@ def test_deferral_passes_through_what_the_quotas_never_throttle_and_changes_noth
     # bound), and so may be a light client's default; no client the replay throttles is passed.
     assert {"app-8", "app-9"} <= passed
     assert passed.isdisjoint(full.loc[full["sim_throttle_ms"] > 0, "client_id"])
+
+
+def _sorted(frame: Any, keys: list[str]) -> pd.DataFrame:
+    return frame.toPandas().sort_values(keys).reset_index(drop=True)
+
+
+def _moved_from_rows(simulated: Any, unit: int) -> pd.DataFrame:
+    """Per (broker, API, bucket of `unit` s): the bytes the deferral moved out and in, from the rows."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        simulated.where(F.col("api_key").isin(0, 1))
+        .select(
+            "broker",
+            "api_key",
+            F.floor(F.col("ts_ms") / (1000 * unit)).cast("long").alias("before"),
+            F.floor(F.col("sim_ts_ms") / (1000 * unit)).cast("long").alias("after"),
+            F.floor(F.col("sim_ts_ms") / 1000).cast("long").alias("sim_second"),
+            "nbytes",
+        )
+        .where(F.col("before") != F.col("after"))
+        .toPandas()
+    )
+    out = rows.groupby(["broker", "api_key", "before"])["nbytes"].sum().rename("moved_out")
+    arrived = rows.groupby(["broker", "api_key", "after"]).agg(
+        moved_in=("nbytes", "sum"), arrivals=("nbytes", "size"), last_second=("sim_second", "max")
+    )
+    out.index.names = arrived.index.names = ["broker", "api_key", "bucket"]
+    return pd.concat([out, arrived], axis=1).fillna({"moved_out": 0, "moved_in": 0, "arrivals": 0}).sort_index()
+
+
+@pytest.mark.parametrize("mode", ["deferral", "open_loop"])
+def test_partial_sums_give_the_tables_the_rows_give(spark: Any, capture_dir: Path, tmp_path: Path, mode: str) -> None:
+    """Each task's partial sums (simulate_partials), merged by Spark, give every table the rows
+    give, value for value: the per-client outcomes with their exact percentiles, the broker
+    peaks, the calibration and advise's moved bytes; in deferral mode with the pre-filter on, so
+    passed-through batches are summed too."""
+    from kqp.config import load_config
+    from kqp.spark_jobs.whatif import (
+        broker_peaks_from_partials,
+        calibration_from_partials,
+        client_outcomes_from_partials,
+        engine_replay_functions,
+        moved_bytes_from_partials,
+        sharing,
+        simulate_partials,
+    )
+
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(PASSTHROUGH_QUOTAS_YAML)
+    settings = load_config([str(quotas)]).quota_settings()
+    requests = prepare_requests(read_capture(spark, str(capture_dir)))
+    link_users, link_client_ids = sharing(settings)
+    common: dict[str, Any] = {
+        "throttle_factory": functools.partial(engine_replay_functions, settings),
+        "mode": mode,
+        "link_users": link_users,
+        "link_client_ids": link_client_ids,
+        "passthrough": settings,
+    }
+    rows = simulate(spark, requests, **common)
+    unit = 3
+    partials = simulate_partials(spark, requests, peaks=True, moved_unit=unit, **common)
+    client = ["principal", "client_id"]
+    pd.testing.assert_frame_equal(
+        _sorted(client_outcomes_from_partials(partials), client), _sorted(client_outcomes(rows), client)
+    )
+    peaks = ["broker", "api_key"]
+    pd.testing.assert_frame_equal(
+        _sorted(broker_peaks_from_partials(partials), peaks), _sorted(broker_peaks(rows), peaks)
+    )
+    pd.testing.assert_frame_equal(
+        _sorted(calibration_from_partials(partials), client), _sorted(calibration(rows), client)
+    )
+    moved = moved_bytes_from_partials(partials).toPandas().set_index(["broker", "api_key", "bucket"]).sort_index()
+    expected = _moved_from_rows(rows, unit)
+    pd.testing.assert_frame_equal(moved.astype(float), expected.astype(float))
+    # Not vacuous: the quotas throttle some requests, and in deferral mode move bytes across buckets.
+    assert (rows.toPandas()["sim_throttle_ms"] > 0).any()
+    assert mode == "open_loop" or len(expected) > 0
