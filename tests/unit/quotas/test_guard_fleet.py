@@ -102,3 +102,21 @@ def test_a_malformed_guard_entry_is_named() -> None:
     body = {"format": 1, "instance": "i1", "seq": 1, "usage": [], "guard": [["producer_byte_rate", "1", [], "x", 0]]}
     with pytest.raises(ReportError, match="malformed guard entry 0"):
         decode_report(json.dumps(body).encode())
+
+
+def test_the_others_bytes_throttle_this_instances_clients_as_the_fleets_rate() -> None:
+    """The remote bytes land in the very sensor a local request records into (not a twin that
+    only the measurement adds up), so the guard limit throttles on the fleet's rate."""
+    a, b = instance(), instance()
+    for engine in (a, b):
+        assert engine.guard is not None
+        engine.guard.set_limits({(APP, PRODUCE): 50_000})
+    a.record_produce("1", "alice", "app", 400_000, 0)  # under the limit over Kafka's 10 s: 40 kB/s
+    exchange(a, b, 100)
+    b.record_produce("1", "bob", "app", 1_000, 200)  # b's own first request
+    assert b.record_produce("1", "bob", "app", 200_000, 300) > 0  # 601 kB in the fleet's window: over
+    alone = instance()
+    assert alone.guard is not None
+    alone.guard.set_limits({(APP, PRODUCE): 50_000})
+    alone.record_produce("1", "bob", "app", 1_000, 200)
+    assert alone.record_produce("1", "bob", "app", 200_000, 300) == 0  # 201 kB alone: under
