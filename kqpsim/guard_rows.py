@@ -18,6 +18,15 @@ after the noisy stop on, while the offer is under the limits. The same traffic u
 quota of the fair shares (configured quotas, no guard) is run beside and its figures printed
 next to the guard's.
 
+A fleet row (`instances` > 1, guard.fleet_wide) runs one engine and one guard loop per instance,
+each client's connections through the instances it names, the instances stepping out of phase;
+every REPORT_MS each instance takes its usage report and its guard deltas, and every other
+instance applies them EXCHANGE_LAG_MS later, as the fleet exchange does through its topic
+(kqp.proxy.fleet). Judged as every row, on the fleet's whole load per broker, and, beside it,
+the instances' limits must agree within LIMITS_AGREE. Its static run shares the static quotas
+through the same exchange (a fleet's configured quotas). A row may have an instance die: its
+reports stop and its clients reconnect through another.
+
 The clients behave as librdkafka's do at their defaults, as the wire test's producers:
 a backlogged producer queues its offer (up to 64 MB, what the wire harness's queue holds) and,
 whenever its connection to a broker is not muted, sends what is queued in one request of at most
@@ -63,6 +72,8 @@ from kqp.quotas.fair_share import (
     replication_shares,
     water_fill,
 )
+from kqp.quotas.fleet import GuardDelta, UsageDelta
+from kqp.quotas.guard_inputs import FlowKey
 from kqp.quotas.settings import QuotaEntity, QuotaEntry, QuotaType
 
 TICK_MS = 20
@@ -77,11 +88,18 @@ QUEUE_CAP = 64 * 1024 * 1024  # the wire harness's producer queue
 LIBRDKAFKA_BATCH = 1_000_000  # librdkafka's batch.size default
 FETCH_MAX = 1024 * 1024  # max.partition.fetch.bytes default
 SMALL_REQUEST = 65_536  # at most this per request: small batches, as linger.ms sends when keeping up
+REPORT_MS = 100  # fleet.report_interval_seconds' default
+EXCHANGE_LAG_MS = 20  # the usage topic's round trip, on a cluster at hand
 
 # The issue's acceptance 1.
 LOAD_BAND = (0.95, 1.05)
 OSCILLATION = 0.10
 FAIR_SHARE_MIN = 0.9
+# A fleet's instances compute the same limits (issue 41), within this share of the limit once
+# converged: each measures the others a report interval plus the exchange's lag late (about 1 %
+# of a quota window's bytes) and steps up to a second apart, while the trim moves the limits by
+# at most 1 % a second.
+LIMITS_AGREE = 0.05
 
 Kind = Literal["produce", "fetch"]
 
@@ -95,6 +113,9 @@ class GuardClient:
     kind: Kind = "produce"
     request_bytes: int = SMALL_REQUEST
     noisy: bool = False  # stops in the `stop` phase; the first noisy one comes back in `under`
+    # The fleet's instances its connections go through (a fleet row): a client scaled out over
+    # several has one connection per broker through each, its offer split evenly between them.
+    via: tuple[int, ...] = (0,)
     # Queues what it cannot send while muted (librdkafka's queue) and sends it when unmuted; without
     # a backlog, what it would have sent while muted is lost (an offered rate: a sensor, a paced
     # application that drops or blocks upstream).
@@ -111,6 +132,14 @@ class GuardRow:
     protected: frozenset[str] = frozenset()
     floor: float = 0.0
     seeds: int = 5
+    # A fleet of instances (guard.fleet_wide), each with its own engine and guard loop, sharing
+    # their usage and their guard's measurements through the exchange every REPORT_MS.
+    instances: int = 1
+    # (instance, second): that instance dies then (its loop stops, its reports stop, what it had
+    # not reported yet is lost) and its clients reconnect through the first instance still alive.
+    dies: tuple[int, int] | None = None
+    # guard.fleet_wide: the instances share the guard's measurements (off: each guards what it forwards).
+    fleet_wide: bool = True
 
     @property
     def brokers(self) -> tuple[int, ...]:
@@ -124,7 +153,10 @@ class Run:
     seconds: int = 0
     sent: dict[tuple[str, int], list[float]] = field(default_factory=dict)
     throttles: list[int] = field(default_factory=list)  # throttle ms given, per second
-    limits: list[dict[str, float]] = field(default_factory=list)  # guard limits after each step
+    limits: list[dict[str, float]] = field(default_factory=list)  # the first instance's guard limits, each second
+    # A fleet: per second, the largest spread of one entity's guard limit between the instances
+    # (max - min) / max, 0 when they agree (or one instance alone).
+    spread: list[float] = field(default_factory=list)
 
 
 def _offers(row: GuardRow, phase: str, jitter: Mapping[str, float]) -> dict[str, dict[int, float]]:
@@ -138,7 +170,7 @@ def _offers(row: GuardRow, phase: str, jitter: Mapping[str, float]) -> dict[str,
 
 
 class GuardSimulation:
-    """One scenario-seed in virtual time: the engine, the clients and (with `guard`) the loop."""
+    """One scenario-seed in virtual time: per instance its engine and (with `guard`) its loop, and the clients."""
 
     def __init__(self, row: GuardRow, seed: int, guard: bool, static: Mapping[str, Mapping[QuotaType, float]],
                  workdir: Path) -> None:
@@ -149,14 +181,22 @@ class GuardSimulation:
         entries = tuple(
             QuotaEntry(QuotaEntity(client_id=name), dict(limits)) for name, limits in static.items() if limits
         )
-        self.engine = QuotaEngine(QuotaSettings(entries=entries))
+        self.engines = [QuotaEngine(QuotaSettings(entries=entries)) for _ in range(row.instances)]
         self.now_ms = 0
-        self.loop: GuardLoop | None = None
+        self.loops: list[GuardLoop] = []
         if guard:
-            self.loop = GuardLoop(self.engine, _section(row, workdir), lambda: list(row.brokers),
-                                  lambda: float(self.now_ms))
-        self.queue: dict[tuple[str, int], float] = {}
-        self.muted_until: dict[tuple[str, int], int] = {}
+            self.loops = [GuardLoop(engine, _section(row, workdir), lambda: list(row.brokers),
+                                    lambda: float(self.now_ms)) for engine in self.engines]
+        if row.instances > 1:
+            for engine in self.engines:
+                # As FleetExchange.start and guard.fleet_wide set them: the quotas' usage, and the guard's.
+                engine.share_usage(True)
+                engine.share_guard_usage(guard and row.fleet_wide)
+        # Reports on their way through the exchange: (due ms, sender, quota usage, guard deltas).
+        self.in_flight: list[tuple[int, int, list[UsageDelta], list[GuardDelta]]] = []
+        self.queue: dict[tuple[str, int, int], float] = {}
+        self.muted_until: dict[tuple[str, int, int], int] = {}
+        self.dead: set[int] = set()
         self.run = Run()
 
     def play(self, seconds: int, offers: Mapping[str, Mapping[int, float]]) -> None:
@@ -165,9 +205,13 @@ class GuardSimulation:
         for name, offer in offers.items():
             for broker, rate in offer.items():
                 if rate <= 0:
-                    self.queue[(name, broker)] = 0.0  # a stopped producer's backlog goes with it
+                    for via in clients[name].via:
+                        self.queue[(name, broker, via)] = 0.0  # a stopped producer's backlog goes with it
+        instances = self.row.instances
         for _ in range(seconds):
             second = run.seconds
+            if self.row.dies is not None and second == self.row.dies[1]:
+                self.dead.add(self.row.dies[0])
             run.throttles.append(0)
             for row in run.sent.values():
                 row.append(0.0)
@@ -177,37 +221,80 @@ class GuardSimulation:
                     if self.now_ms < self.phase_ms[name]:
                         continue
                     for broker, rate in offer.items():
-                        self._tick(client, broker, rate, second)
+                        for via in client.via:
+                            self._tick(client, broker, via, rate / len(client.via), second)
                 self.now_ms += TICK_MS
+                if instances > 1:
+                    self._exchange()
+                    # Each instance steps its guard every second, the instances out of phase.
+                    for index, loop in enumerate(self.loops):
+                        if index and index not in self.dead and \
+                                (self.now_ms - index * 1000 // instances) % 1000 < TICK_MS:
+                            loop.tick()
             run.seconds += 1
-            if self.loop is not None:
-                decision = self.loop.tick()
+            if self.loops:
+                decision = self.loops[0].tick()
                 run.limits.append({key[0].client_id or "": limit for key, limit in decision.limits.items()})
+                run.spread.append(_spread([loop.state.limits for index, loop in enumerate(self.loops)
+                                           if index not in self.dead]))
 
-    def _tick(self, client: GuardClient, broker: int, rate: float, second: int) -> None:
-        key = (client.name, broker)
+    def _exchange(self) -> None:
+        """Every REPORT_MS each instance takes its report (FleetExchange._publish's calls); every
+        other instance applies it EXCHANGE_LAG_MS later (FleetExchange._apply's calls)."""
+        now = self.now_ms
+        if now % REPORT_MS < TICK_MS:
+            for index, engine in enumerate(self.engines):
+                if index not in self.dead:
+                    self.in_flight.append((now + EXCHANGE_LAG_MS, index, engine.take_local_usage(now),
+                                           engine.take_guard_usage()))
+        due = [report for report in self.in_flight if report[0] <= now]
+        if not due:
+            return
+        self.in_flight = [report for report in self.in_flight if report[0] > now]
+        for _, sender, usage, guard in due:
+            for index, engine in enumerate(self.engines):
+                if index != sender and index not in self.dead:
+                    engine.record_remote_usage(usage, now, f"instance-{sender}")
+                    engine.record_remote_guard(guard, now)
+
+    def _tick(self, client: GuardClient, broker: int, via: int, rate: float, second: int) -> None:
+        key = (client.name, broker, via)  # the client's own queue, for its connection through `via`
         queued = min(self.queue.get(key, 0.0) + rate * TICK_MS / 1000,
                      QUEUE_CAP if client.backlog else rate * PACED_MS / 1000)
         self.queue[key] = queued
-        if queued < 1 or self.muted_until.get(key, 0) > self.now_ms:
+        if via in self.dead:  # reconnected through the first instance alive
+            via = min(set(range(self.row.instances)) - self.dead)
+        connection = (client.name, broker, via)
+        if queued < 1 or self.muted_until.get(connection, 0) > self.now_ms:
             return
         if not client.backlog and (self.now_ms - self.phase_ms[client.name]) % PACED_MS:
             return  # a paced client sends every PACED_MS
         # A paced client sends what it offered since its last request; a backlogged one at most a batch.
         nbytes = int(min(queued, client.request_bytes) if client.backlog else queued)
+        engine = self.engines[via]
         if client.kind == "produce":
-            throttle = self.engine.record_produce(str(broker), "", client.name, nbytes, self.now_ms)
+            throttle = engine.record_produce(str(broker), "", client.name, nbytes, self.now_ms)
             delivered = nbytes  # the broker took the request; the throttle applies to what follows
         else:
-            throttle = self.engine.record_fetch(str(broker), "", client.name, nbytes, self.now_ms)
+            throttle = engine.record_fetch(str(broker), "", client.name, nbytes, self.now_ms)
             delivered = 0 if throttle > 0 else nbytes  # a throttled fetch is answered empty
         if delivered:
             self.queue[key] = queued - delivered
-            sent = self.run.sent.setdefault(key, [0.0] * (second + 1))
+            sent = self.run.sent.setdefault((client.name, broker), [0.0] * (second + 1))
             sent[second] += delivered
         if throttle > 0:
-            self.muted_until[key] = self.now_ms + throttle
+            self.muted_until[connection] = self.now_ms + throttle
             self.run.throttles[second] += throttle
+
+
+def _spread(limits: Sequence[Mapping[FlowKey, float]]) -> float:
+    """The largest (max - min) / max of one flow's guard limit over the instances (a missing limit is
+    a disagreement as large as the limit)."""
+    worst = 0.0
+    for key in {key for per_instance in limits for key in per_instance}:
+        values = [per_instance.get(key, 0.0) for per_instance in limits]
+        worst = max(worst, (max(values) - min(values)) / max(values))
+    return worst
 
 
 def _section(row: GuardRow, workdir: Path) -> GuardSection:
@@ -286,12 +373,16 @@ class Figures:
     shares: dict[tuple[str, int], float]  # received / fair share, for flows whose offer is above it
     throttled_when_under: int | None  # throttle ms from QUIET_AFTER_S after the noisy stop to the end
     under_offer: float | None  # the returning noisy client's received / offer in the `under` phase
+    # A fleet's guard: the largest spread of one entity's limit between the instances over the converged span.
+    spread: float | None = None
 
     def text(self) -> str:
         load = "; ".join(f"broker {b} {r} {lo:.3f}-{hi:.3f}x (mean {mean:.3f})"
                          for (b, r), (lo, hi, mean) in sorted(self.load.items()))
         shares = ", ".join(f"{name}@{broker} {share:.3f}" for (name, broker), share in sorted(self.shares.items()))
         text = f"11 s load {load}; share of fair share {shares or '-'}"
+        if self.spread is not None:
+            text += f"; the instances' limits at most {self.spread:.3f} apart"
         if self.throttled_when_under is None or self.under_offer is None:
             return text
         return (f"{text}; throttle ms while under {self.throttled_when_under}; returning noisy got "
@@ -316,14 +407,15 @@ def figures(row: GuardRow, run: Run, offers: Mapping[str, Mapping[int, float]],
             if rate > share:
                 series = run.sent.get((client.name, broker), [])
                 received[(client.name, broker)] = sum(series[start:end]) / (end - start) / share
+    spread = max(run.spread[start:end]) if len(run.spread) >= end and row.instances > 1 else None
     if run.seconds <= OVER_S:  # the static run: the `over` phase only
-        return Figures(load, received, None, None)
+        return Figures(load, received, None, None, spread)
     quiet_from = OVER_S + QUIET_AFTER_S
     returning = next(client for client in row.clients if client.noisy)
     under_start = OVER_S + STOP_S + QUIET_AFTER_S  # judged once its own rise has settled
     got = sum(sum(run.sent.get((returning.name, b), [])[under_start:]) for b in returning.offer)
     offered = sum(returning.offer.values()) * (run.seconds - under_start)
-    return Figures(load, received, sum(run.throttles[quiet_from:]), got / offered if offered else 1.0)
+    return Figures(load, received, sum(run.throttles[quiet_from:]), got / offered if offered else 1.0, spread)
 
 
 def violations(guarded: Figures) -> list[str]:
@@ -338,6 +430,8 @@ def violations(guarded: Figures) -> list[str]:
     for (name, broker), share in sorted(guarded.shares.items()):
         if share < FAIR_SHARE_MIN:
             found.append(f"{name} on broker {broker} got {share:.3f} of its fair share, under {FAIR_SHARE_MIN}")
+    if guarded.spread is not None and guarded.spread > LIMITS_AGREE:
+        found.append(f"the instances' guard limits {guarded.spread:.3f} apart, over {LIMITS_AGREE}")
     if guarded.throttled_when_under:
         found.append(f"{guarded.throttled_when_under} ms of throttles while the offer was under the limits")
     return found
@@ -433,6 +527,33 @@ GUARD_ROWS: tuple[GuardRow, ...] = (
         GuardClient("noisy-1", {1: 900_000}, noisy=True), GuardClient("noisy-2", {1: 700_000}, noisy=True),
         GuardClient("bulk-1", {1: 1_000_000}, kind="fetch", request_bytes=FETCH_MAX, noisy=True, backlog=True),
         GuardClient("bulk-2", {1: 900_000}, kind="fetch", request_bytes=FETCH_MAX, noisy=True, backlog=True))),
+    # A fleet (guard.fleet_wide): the issue's shape through three instances, each quiet client on
+    # one, noisy-1 scaled out over two of them (a connection through each), noisy-2 on the third.
+    GuardRow("fleet-of-3-one-broker", _one_broker(), (
+        GuardClient("quiet-1", {1: 100_000}, via=(0,)), GuardClient("quiet-2", {1: 100_000}, via=(1,)),
+        GuardClient("quiet-3", {1: 100_000}, via=(2,)),
+        GuardClient("noisy-1", {1: 800_000}, noisy=True, via=(0, 1)),
+        GuardClient("noisy-2", {1: 800_000}, noisy=True, via=(2,))), instances=3),
+    # Two instances in front of two brokers, one binding, every noisy client through both.
+    GuardRow("fleet-of-2-two-brokers",
+             {(1, NW_IN): LIMIT, (1, NW_OUT): 1e12, (2, NW_IN): LIMIT, (2, NW_OUT): 1e12}, (
+        GuardClient("quiet-1", {1: 100_000, 2: 100_000}, via=(0,)), GuardClient("quiet-2", {2: 300_000}, via=(1,)),
+        GuardClient("noisy-1", {1: 800_000, 2: 200_000}, noisy=True, via=(0, 1)),
+        GuardClient("noisy-2", {1: 700_000}, noisy=True, via=(1,))), instances=2),
+    # Three instances in front of three brokers, replication factor 3 (acceptance 3's shape).
+    GuardRow("fleet-of-3-three-brokers-replicated",
+             {(b, r): (2_400_000 if r == NW_IN else 3_000_000) for b in (1, 2, 3) for r in (NW_IN, NW_OUT)}, (
+        GuardClient("quiet-1", {1: 100_000, 2: 100_000, 3: 100_000}, via=(0, 1, 2)),
+        GuardClient("noisy-1", {1: 1_000_000, 2: 300_000}, noisy=True, via=(0, 1)),
+        GuardClient("noisy-2", {1: 900_000, 3: 200_000}, noisy=True, via=(1, 2))),
+        replication_factor=3, instances=3),
+    # The first row's fleet, its third instance dying 50 s into the overload: noisy-2 and quiet-3
+    # reconnect through the first; what the dead one forwarded stays in the others' windows.
+    GuardRow("fleet-of-3-one-dies", _one_broker(), (
+        GuardClient("quiet-1", {1: 100_000}, via=(0,)), GuardClient("quiet-2", {1: 100_000}, via=(1,)),
+        GuardClient("quiet-3", {1: 100_000}, via=(2,)),
+        GuardClient("noisy-1", {1: 800_000}, noisy=True, via=(0, 1)),
+        GuardClient("noisy-2", {1: 800_000}, noisy=True, via=(2,))), instances=3, dies=(2, 50)),
 )
 
 # Acceptance 1 is not met on these scenario-seeds (issue 41): the 11 s windows of the guarded
@@ -460,4 +581,9 @@ KNOWN: dict[str, dict[int, tuple[float, float]]] = {
                                         4: (0.61, 1.33)},
     "produce-and-fetch-both-bind": {0: (0.76, 1.09), 1: (0.76, 1.09), 2: (0.83, 1.09), 3: (0.76, 1.09),
                                     4: (0.82, 1.09)},
+    # The fleet rows: the paced clients' sawtooth, as on one instance (one-broker-issue-shape seed 3),
+    # crossing the band's edge by at most 0.006.
+    "fleet-of-3-one-broker": {2: (0.95, 1.06), 4: (0.96, 1.06)},
+    "fleet-of-3-three-brokers-replicated": {1: (0.96, 1.06)},
+    "fleet-of-3-one-dies": {1: (0.94, 1.05), 2: (0.95, 1.06), 3: (0.95, 1.06)},
 }

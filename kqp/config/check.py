@@ -228,7 +228,8 @@ def guard_summary(guard: GuardSection) -> list[str]:
     lines = [
         "",
         f"Guard: {'DRY RUN (limits computed and reported, nothing throttled)' if guard.dry_run else 'on'}, "
-        f"per {guard.granularity}, every {guard.interval_seconds:g} s, replication factor {guard.replication_factor}",
+        f"per {guard.granularity}, every {guard.interval_seconds:g} s, replication factor {guard.replication_factor}"
+        f"{', the fleet load shared through the fleet exchange' if guard.fleet_wide else ''}",
         f"  thresholds NW_IN {guard.nw_in_threshold:g}, NW_OUT {guard.nw_out_threshold:g} of {guard.capacity_file}; "
         f"releases at {1 - guard.release_margin:g} x the limit; limits rise by at most "
         f"{guard.raise_per_second:.0%} a second; floor {format_limit('producer_byte_rate', guard.floor)}",

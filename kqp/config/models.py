@@ -384,6 +384,13 @@ class KqpConfig(Section):
     workers: WorkersSection = WorkersSection()
     guard: GuardSection = GuardSection()
 
+    @model_validator(mode="after")
+    def _guard_fleet_wide_needs_the_fleet(self) -> KqpConfig:
+        if self.guard.enabled and self.guard.fleet_wide and not self.fleet.enabled:
+            raise nested_error("guard_fleet_wide", "guard.fleet_wide shares the guard's measurements over the "
+                               "fleet exchange: it needs the fleet section enabled", ("guard", "fleet_wide"))
+        return self
+
     def with_command_line(self, options: CommandLine) -> KqpConfig:
         """This configuration with `kqp serve`'s options on top, validated as a file would be.
 

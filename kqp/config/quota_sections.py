@@ -238,6 +238,10 @@ class GuardSection(Section):
     raise_per_second: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 0.05
     # Compute, log and report the guard limits; throttle nothing for them.
     dry_run: bool = False
+    # Share the guard's measurements over the fleet exchange (the `fleet` section's usage topic):
+    # every instance's guard measures the fleet's load per broker and entity, and so computes
+    # the same limits. Every instance of the fleet needs the same `guard` section.
+    fleet_wide: bool = False
     # The capacity file as read when this section was validated: the guard's loop computes its
     # limits from it, so the event loop never reads a file at a control step.
     _capacity: CapacityFile | None = PrivateAttr(default=None)

@@ -191,7 +191,12 @@ class ProxyApp:
             if self.guard is not None:
                 self.guard.close()  # off: no more steps, and the engine drops the guard's limits
                 self.guard = None
+            if self.engine is not None:
+                self.engine.share_guard_usage(False)
             return
+        # guard.fleet_wide: the guard's sensors measure the fleet's load through the fleet exchange.
+        # (The configuration refuses guard.fleet_wide without the fleet section.)
+        self.engine.share_guard_usage(section.fleet_wide and self.fleet is not None)
         if self.guard is not None:
             self.guard.update(section)
             return

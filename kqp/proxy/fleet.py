@@ -286,16 +286,19 @@ class FleetExchange:
             # A client whose rate is below max_unreported_share / instances of its quota is left out of
             # this report: the fleet under-counts any client by less than that share of its quota.
             usage = self.engine.take_local_usage(now, o.max_unreported_share / instances)
+            # The cluster guard's deltas (guard.fleet_wide; none otherwise): one per guarded entity and
+            # broker, so a few, all in the first record.
+            guard = tuple(self.engine.take_guard_usage()) if self.engine.fleet.records_guard else ()
             if self._metrics is not None:
                 self._metrics.fleet_usage_deltas(len(usage), self.engine.deltas_kept_quiet - quiet_before)
-            if not usage and loop.time() - last_sent < heartbeat_s:
+            if not usage and not guard and loop.time() - last_sent < heartbeat_s:
                 self._update_state()
                 continue
             last_sent = loop.time()
             # An empty usage still sends one empty report: the heartbeat.
-            for chunk in split_usage(usage, _DELTAS_PER_REPORT) or [()]:
+            for index, chunk in enumerate(split_usage(usage, _DELTAS_PER_REPORT) or [()]):
                 self._seq += 1
-                report = encode_report(UsageReport(o.instance_id, self._seq, chunk))
+                report = encode_report(UsageReport(o.instance_id, self._seq, chunk, guard if index == 0 else ()))
                 self.records_sent += 1
                 self.bytes_sent += len(report)
                 try:
@@ -369,6 +372,10 @@ class FleetExchange:
         if report.instance != own and not (self._same_host is not None and self._same_host(report.instance)):
             self.engine.record_remote_usage(report.usage, now, report.instance)
             self.deltas_applied += len(report.usage)
+        if report.instance != own and report.guard:
+            # A sibling's too: the host's relay carries quota usage, not the guard's.
+            self.engine.record_remote_guard(report.guard, now)
+            self.deltas_applied += len(report.guard)
         if self._metrics is not None:
             self._metrics.fleet_report_received(accepted=True)
 

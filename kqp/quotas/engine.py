@@ -47,7 +47,7 @@ from kqp.quotas.managers import (
     ControllerMutationQuotaManager,
 )
 from kqp.quotas.sensors import MutationSensor, QuotaSensor, RateSensor, SensorSnapshot
-from kqp.quotas.settings import QUOTA_TYPES, QuotaEntity, QuotaEntry, QuotaSettings, QuotaType
+from kqp.quotas.settings import QUOTA_TYPES, ByteRateType, QuotaEntity, QuotaEntry, QuotaSettings, QuotaType
 from kqp.quotas.stats import NO_QUOTA_BOUND, java_int
 
 CONNECTION_CREATION_RATE = "connection_creation_rate"
@@ -79,14 +79,25 @@ class UsageSharing(Protocol):
         asks for it, a produce) of `amount`: what the other engines serving this client may
         have served meanwhile. None: nobody else does, or the seam leaves this sensor alone."""
 
+    @property
+    def records_guard(self) -> bool: ...
+
+    def guard_recorded(self, quota_type: ByteRateType, sensor: RateSensor, amount: float) -> None:
+        """This engine recorded `amount` (net of an unrecorded fetch) into one of the cluster
+        guard's sensors (kqp.quotas.guard_limits); called only while `records_guard`."""
+
 
 class NoSharing:
     """The default seam: nothing shared, every limit whole."""
 
     limit_scale = 1.0
     records_usage = False
+    records_guard = False
 
     def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float) -> None:
+        return
+
+    def guard_recorded(self, quota_type: ByteRateType, sensor: RateSensor, amount: float) -> None:
         return
 
     def pending_elsewhere(self, sensor: RateSensor, amount: float, now_ms: int) -> float | None:
@@ -274,6 +285,8 @@ class QuotaManagers:
         t = int(now_ms)
         guard_sensor = guard.sensor("producer_byte_rate", broker, user, client_id, t)
         guarded = guard.managers["producer_byte_rate"].record(guard_sensor, nbytes, t)
+        if self.sharing.records_guard:
+            self.sharing.guard_recorded("producer_byte_rate", guard_sensor, nbytes)
         if guarded > 0:
             guarded = self._throttled("producer_byte_rate", guard_sensor, guarded)
         return guarded if guarded > throttle else throttle
@@ -322,8 +335,12 @@ class QuotaManagers:
         guarded = guard.managers["consumer_byte_rate"].record(sensor, nbytes, t)
         throttle = self._record_configured_fetch(broker, user, client_id, nbytes, now_ms,
                                                  max(request_throttle_ms, guarded), delivered=delivered)
-        if (guarded > 0 or throttle > 0 or request_throttle_ms > 0) and not delivered and not sensor.identity.dry_run:
+        unrecorded = (guarded > 0 or throttle > 0 or request_throttle_ms > 0) and not delivered \
+            and not sensor.identity.dry_run
+        if unrecorded:
             sensor.record(-nbytes, t)
+        if self.sharing.records_guard:
+            self.sharing.guard_recorded("consumer_byte_rate", sensor, 0.0 if unrecorded else nbytes)
         if guarded > 0:
             guarded = self._throttled("consumer_byte_rate", sensor, guarded)
         return guarded if guarded > throttle else throttle

@@ -73,7 +73,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, Val
 from kqp.protocol.api_keys import MUTATION_API_KEYS
 from kqp.quotas.engine import QuotaManagers
 from kqp.quotas.sensors import QuotaSensor, RateSensor
-from kqp.quotas.settings import QuotaType
+from kqp.quotas.settings import ByteRateType, QuotaType
 from kqp.quotas.stats import NO_QUOTA_BOUND
 
 REPORT_FORMAT = 1
@@ -110,15 +110,35 @@ class UsageDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class GuardDelta:
+    """What one instance recorded into one of the cluster guard's sensors since its previous
+    report (`guard.fleet_wide`; kqp.quotas.guard_limits): the tags are the guard's entity at its
+    granularity, the broker the upstream broker, the amount bytes (net of unrecorded fetches),
+    and `throttles` how many times the guard limit throttled that flow there meanwhile."""
+
+    quota_type: ByteRateType
+    broker: str | None
+    tags: tuple[tuple[str, str], ...]
+    amount: float
+    throttles: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class UsageReport:
     instance: str
     seq: int
     usage: tuple[UsageDelta, ...] = ()
+    guard: tuple[GuardDelta, ...] = ()
 
 
 def encode_report(report: UsageReport) -> bytes:
     usage = [[d.quota_type, d.broker, [list(pair) for pair in d.tags], d.amount] for d in report.usage]
-    body = {"format": REPORT_FORMAT, "instance": report.instance, "seq": report.seq, "usage": usage}
+    body: dict[str, object] = {"format": REPORT_FORMAT, "instance": report.instance, "seq": report.seq,
+                               "usage": usage}
+    if report.guard:
+        # A key of its own, which a kqp without the fleet's guard ignores (extra keys are).
+        body["guard"] = [[d.quota_type, d.broker, [list(pair) for pair in d.tags], d.amount, d.throttles]
+                         for d in report.guard]
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -135,9 +155,13 @@ class _ReportWire(BaseModel):
     seq: int
     # Each delta as [quota type, broker or null, [[tag, value], ...], amount].
     usage: list[tuple[QuotaType, str | None, tuple[tuple[str, str], ...], float]]
+    # The cluster guard's deltas (guard.fleet_wide), each as [byte-rate type, broker or null, [[tag, value], ...],
+    # amount, throttles]; absent from a report without them.
+    guard: list[tuple[ByteRateType, str | None, tuple[tuple[str, str], ...], float, int]] = []
 
     def report(self) -> UsageReport:
-        return UsageReport(self.instance, self.seq, tuple(UsageDelta(*delta) for delta in self.usage))
+        return UsageReport(self.instance, self.seq, tuple(UsageDelta(*delta) for delta in self.usage),
+                           tuple(GuardDelta(*delta) for delta in self.guard))
 
 
 def _report_error(error: ValidationError, within: int = 0) -> ReportError:
@@ -149,8 +173,8 @@ def _report_error(error: ValidationError, within: int = 0) -> ReportError:
         return ReportError(f"not JSON: {first['msg'].removeprefix('Invalid JSON: ')}")
     if not where or where[0] == "format":
         return ReportError(f"not a format {REPORT_FORMAT} usage report")
-    if where[0] == "usage" and len(where) > 1:
-        return ReportError(f"malformed usage entry {where[1]}: {first['msg']}")
+    if where[0] in ("usage", "guard") and len(where) > 1:
+        return ReportError(f"malformed {where[0]} entry {where[1]}: {first['msg']}")
     return ReportError(f"instance, seq or usage missing or of the wrong type ({where[0]}: {first['msg']})")
 
 
@@ -367,9 +391,11 @@ class FleetSharing:
         "_first_seen",
         "_for_topic",
         "_forget_above",
+        "_guard_throttles",
         "_host_instances",
         "_last_report_ms",
         "_pending",
+        "_pending_guard",
         "_pending_host",
         "_previous_report",
         "_report_ms",
@@ -378,6 +404,7 @@ class FleetSharing:
         "limit_scale",
         "mutations_claimed",
         "on_host_pending",
+        "records_guard",
         "records_host_usage",
         "records_usage",
     )
@@ -416,6 +443,11 @@ class FleetSharing:
         # Fetch and produce sensors: the other instances that reported this client's usage.
         self._serving: dict[RateSensor, set[str]] = {}
         self._forget_above = _MIN_SERVING_ENTRIES
+        # The cluster guard's sensors (guard.fleet_wide): what each recorded since the last report, and
+        # each one's throttle count at the last report.
+        self.records_guard = False
+        self._pending_guard: dict[RateSensor, tuple[ByteRateType, float]] = {}
+        self._guard_throttles: dict[RateSensor, int] = {}
 
     def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
         self._for_topic = enabled
@@ -501,7 +533,46 @@ class FleetSharing:
                 self._forget_dropped_sensors()
         return first >= self._before_last_report_ms
 
+    def share_guard(self, enabled: bool) -> None:
+        """Keep what the cluster guard's sensors record for the fleet's reports (`guard.fleet_wide`)."""
+        self.records_guard = enabled
+        if not enabled:
+            self._pending_guard, self._guard_throttles = {}, {}
+
+    def guard_recorded(self, quota_type: ByteRateType, sensor: RateSensor, amount: float) -> None:
+        # Every guard sensor, limited or not: the guard must see the fleet's load before it
+        # limits anyone, which is when it decides whether to.
+        pending = self._pending_guard.get(sensor)
+        self._pending_guard[sensor] = (quota_type, amount + (0.0 if pending is None else pending[1]))
+
     # -- the exchange's side ------------------------------------------------------------------
+
+    def take_guard_usage(self) -> list[GuardDelta]:
+        """What this instance recorded into each of the guard's sensors since the last call, with
+        the throttles its guard limits gave meanwhile: the report's `guard` part."""
+        pending, self._pending_guard = self._pending_guard, {}
+        counts = self._guard_throttles
+        deltas = []
+        for sensor, (quota_type, amount) in pending.items():
+            throttles = sensor.throttle_count - counts.get(sensor, 0)
+            counts[sensor] = sensor.throttle_count
+            if amount or throttles:
+                identity = sensor.identity
+                deltas.append(GuardDelta(quota_type, identity.broker, tuple(identity.tags.items()), amount,
+                                         throttles))
+        if len(counts) > 2 * len(pending) + _MIN_SERVING_ENTRIES:
+            self._guard_throttles = {sensor: count for sensor, count in counts.items() if not sensor.expired}
+        return deltas
+
+    def record_remote_guard(self, engine: QuotaManagers, deltas: Iterable[GuardDelta], now_ms: float) -> None:
+        """Another instance's guard deltas into `engine`'s guard sensors (none without the guard)."""
+        guard = engine.guard
+        if guard is None:
+            return
+        t = int(now_ms)
+        for delta in deltas:
+            guard.record_remote(delta.quota_type, delta.broker, dict(delta.tags), delta.amount, delta.throttles, t)
+
 
     def take_local_usage(self, now_ms: float = 0.0, quiet_below: float = 0.0) -> list[UsageDelta]:
         """What this instance recorded into each sensor since the last call: its usage report.

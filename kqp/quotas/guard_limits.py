@@ -11,6 +11,8 @@ also what the guard measures: each entity's windowed rate per broker, as Kafka m
 
 Guard sensors are always per broker (each Kafka broker enforces its quota alone) and take
 the guard's `dry_run`, whatever the quota entries say; the fleet's sharing does not scale them.
+With `guard.fleet_wide`, the other instances' use of them is added to them (`record_remote`), so
+that they measure the fleet's rate, as the fleet's quotas do (kqp.quotas.fleet).
 """
 
 from __future__ import annotations
@@ -154,6 +156,20 @@ class GuardQuotas:
             return None
         cap = sensor.bound * (manager.samples - 1) * (manager.window_ms // 1000)
         return int(cap) if cap < INT_MAX else INT_MAX
+
+    def record_remote(self, quota_type: ByteRateType, broker: str | None, tags: Mapping[str, str], amount: float,
+                      throttles: int, now_ms: int) -> None:
+        """Another instance's use of one guard sensor (guard.fleet_wide: kqp.quotas.fleet.GuardDelta): its
+        bytes go into this instance's sensor for the same entity and broker, so that every instance
+        measures, and throttles on, the fleet's rate; its throttles mark the flow held back here too,
+        so that every instance's step sees the same flows held back and computes the same limits."""
+        sensor = self.managers[quota_type].sensor_for_tags(broker, tags, now_ms)
+        if amount:
+            sensor.record(amount, now_ms)
+        sensor.last_record_ms = now_ms
+        if throttles > 0:
+            node = int(broker) if broker is not None and broker.isdigit() else None
+            self._throttled_at[(self.callback.entity(tags), quota_type, node)] = now_ms
 
     def expire(self, now_ms: int, expiry_ms: float) -> int:
         return sum(manager.expire(now_ms, expiry_ms) for manager in self.managers.values())

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from kqp.quotas.callbacks import ClientQuotaCallback
 from kqp.quotas.engine import QuotaManagers, ThrottleObserver
-from kqp.quotas.fleet import FleetSharing, UsageDelta
+from kqp.quotas.fleet import FleetSharing, GuardDelta, UsageDelta
 from kqp.quotas.settings import QuotaSettings
 
 
@@ -61,6 +61,19 @@ class QuotaEngine(QuotaManagers):
         through the supervisor at a loop tick's lag rather than through the topic.
         """
         self.fleet.record_remote_usage(self, usage, now_ms, instance, via_host)
+
+    def share_guard_usage(self, enabled: bool) -> None:
+        """Start (or stop) keeping what the cluster guard's sensors record for the fleet's reports."""
+        self.fleet.share_guard(enabled)
+
+    def take_guard_usage(self) -> list[GuardDelta]:
+        """This instance's guard deltas since the last call (FleetSharing.take_guard_usage)."""
+        return self.fleet.take_guard_usage()
+
+    def record_remote_guard(self, deltas: Iterable[GuardDelta], now_ms: float) -> None:
+        """Another instance's guard deltas: its use of the guard's sensors counts in this one's, so
+        that the guard measures the fleet's load (nothing is throttled here)."""
+        self.fleet.record_remote_guard(self, deltas, now_ms)
 
     @property
     def deltas_kept_quiet(self) -> int:

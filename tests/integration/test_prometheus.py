@@ -7,38 +7,34 @@ and alerting rules, and runs the rules' unit tests.
 
 from __future__ import annotations
 
-import json
-import re
 import socket
 import struct
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from harness.local_kafka import KafkaCluster, free_ports
+from harness.local_kafka import KafkaCluster
+from tests.integration.helpers.prometheus import (
+    PROMETHEUS_YML,
+    REPO,
+    SCRAPE_INTERVAL_S,
+    Prometheus,
+    dashboard_queries,
+    scraping,
+)
 from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-PROMETHEUS_YML = REPO / "config" / "prometheus.yml"
 RULES_DIR = REPO / "config" / "prometheus"
-DASHBOARD = REPO / "config" / "grafana" / "dashboards" / "kqp-overview.json"
 THROTTLED = "prom-throttled"
 ADMIN = "prom-admin"
 PRODUCE_QUOTA = 64 * 1024  # bytes/s: a 1 MiB burst is over it at once
-SCRAPE_INTERVAL_S = 1
-# Grafana's $__rate_interval is at least four scrape intervals.
-RATE_INTERVAL = "15s"
 
 
 def promtool(*args: str, cwd: Path = REPO) -> str:
@@ -54,62 +50,6 @@ def test_promtool_accepts_the_shipped_config_and_its_rules() -> None:
 
 def test_promtool_runs_the_alerting_rules_unit_tests() -> None:
     assert "SUCCESS" in promtool("test", "rules", "kqp-alerts.test.yml", cwd=RULES_DIR)
-
-
-def dashboard_queries() -> list[str]:
-    """Every panel target and templating query of the dashboard, with Grafana's variables filled in."""
-    board = json.loads(DASHBOARD.read_text())
-    panels = list(board["panels"])
-    exprs = []
-    while panels:
-        panel = panels.pop(0)
-        panels.extend(panel.get("panels", []))
-        exprs.extend(target["expr"] for target in panel.get("targets", []) if target.get("expr"))
-    for variable in board.get("templating", {}).get("list", []):
-        match = re.fullmatch(r"label_values\((\w+), *(\w+)\)", variable["definition"])
-        if match:  # Grafana asks for the label's values among the metric's series
-            exprs.append(f"count by ({match[2]}) ({match[1]})")
-    # The cluster guard's row charts series that exist only while the opt-in guard runs (and its
-    # per-entity ones only while it limits someone); tests/integration/test_guard.py reads them
-    # from a proxy running the guard. Every other panel must be answered here.
-    exprs = [expr for expr in exprs if "kqp_guard_" not in expr]
-    return [expr.replace("$client_id", ".*").replace("$__rate_interval", RATE_INTERVAL) for expr in exprs]
-
-
-class Prometheus:
-    """Debian's prometheus on 127.0.0.1 at a free port, its data in a temp dir."""
-
-    def __init__(self, config: Path, data: Path, log: Path) -> None:
-        [self.port] = free_ports(1)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(
-                ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"],
-                stdout=out, stderr=subprocess.STDOUT)
-
-    def get(self, path: str, **params: str) -> Any:
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=5) as response:
-            return json.loads(response.read())
-
-    def wait_ready(self, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            assert self.process.poll() is None, f"prometheus exited:\n{self.log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"prometheus not ready:\n{self.log.read_text()[-3000:]}"
-            time.sleep(0.2)
-
-    def stop(self) -> int:
-        self.process.terminate()
-        return self.process.wait(timeout=30)
 
 
 @pytest.fixture
@@ -133,19 +73,8 @@ def throttling_proxy(kafka_1node: KafkaCluster, tmp_path: Path) -> Iterator[Conf
 @pytest.fixture
 def prometheus(throttling_proxy: ConfiguredProxy, tmp_path: Path) -> Iterator[Prometheus]:
     """The shipped config, pointed at the test's proxy, scraping every second."""
-    config = yaml.safe_load(PROMETHEUS_YML.read_text())
-    config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = f"{SCRAPE_INTERVAL_S}s"
-    config["rule_files"] = [str(PROMETHEUS_YML.parent / name) for name in config["rule_files"]]
-    [job] = config["scrape_configs"]
-    job["static_configs"] = [{"targets": [f"127.0.0.1:{throttling_proxy.metrics_port}"]}]
-    path = tmp_path / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    server = Prometheus(path, tmp_path / "prometheus-data", tmp_path / "prometheus.log")
-    try:
-        server.wait_ready()
+    with scraping(throttling_proxy.metrics_port, tmp_path) as server:
         yield server
-    finally:
-        assert server.stop() == 0, server.log.read_text()[-3000:]
 
 
 def drive_traffic(proxy: ConfiguredProxy, topic: str) -> None:
@@ -175,7 +104,10 @@ def test_prometheus_answers_every_dashboard_query(
     throttling_proxy: ConfiguredProxy, prometheus: Prometheus, topic_name: str
 ) -> None:
     drive_traffic(throttling_proxy, topic_name)
-    queries = dashboard_queries()
+    # The cluster guard's row charts series that exist only while the opt-in guard runs (and its
+    # per-entity ones only while it limits someone): tests/integration/test_guard.py queries them
+    # from a proxy running the guard. Every other panel must be answered here.
+    queries = [expr for expr in dashboard_queries() if "kqp_guard_" not in expr]
     assert len(queries) >= 20
     unanswered = queries
     deadline = time.monotonic() + 60

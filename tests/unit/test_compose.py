@@ -191,3 +191,20 @@ def test_dashboard_covers_what_operators_need(dashboard: dict[str, Any]) -> None
         assert needed in queries
     panel_ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(panel_ids) == len(set(panel_ids))
+
+
+def test_the_dashboard_has_a_guard_row_charting_every_guard_metric_the_proxy_exports(
+        dashboard: dict[str, Any]) -> None:
+    """Issue 41: the cluster guard's row names the guard's metrics as the proxy registers them, all of
+    them (tests/integration/test_guard.py queries the row through Prometheus while the guard limits)."""
+    panels = dashboard["panels"]
+    [row] = [index for index, panel in enumerate(panels)
+             if panel["type"] == "row" and panel["title"].startswith("Cluster guard")]
+    following = [index for index, panel in enumerate(panels) if panel["type"] == "row" and index > row]
+    in_row = panels[row + 1:following[0] if following else len(panels)]
+    queries = [target["expr"] for panel in in_row for target in panel.get("targets", [])]
+    charted = {name for query in queries for name in re.findall(r"\bkqp_guard_[a-z0-9_]+", query)}
+    exported = {name for name in registered_metric_names(ProxyMetrics(CollectorRegistry()))
+                if name.startswith("kqp_guard_")}
+    assert charted == exported
+    assert {"kqp_guard_active", "kqp_guard_load_bytes_per_second"} <= charted

@@ -67,6 +67,17 @@ def test_enabled_without_a_capacity_file_names_the_field(tmp_path: Path) -> None
     assert "guard.capacity_file: the guard needs capacity_file" in found[0]
 
 
+def test_guard_fleet_wide_needs_the_fleet_section(tmp_path: Path) -> None:
+    path = capacity(tmp_path)
+    found = problems(tmp_path, f"guard:\n  enabled: true\n  capacity_file: {path}\n  fleet_wide: true\n")
+    assert len(found) == 1
+    assert "kqp.yaml" in found[0]
+    assert "guard.fleet_wide: guard.fleet_wide shares the guard's measurements over the fleet exchange" in found[0]
+    config = load_config([write(tmp_path, "kqp.yaml", (
+        f"guard:\n  enabled: true\n  capacity_file: {path}\n  fleet_wide: true\nfleet:\n  enabled: true\n"))])
+    assert config.guard.fleet_wide and config.fleet.enabled
+
+
 def test_a_capacity_file_that_is_not_cruise_controls(tmp_path: Path) -> None:
     bad = write(tmp_path, "capacity.json", json.dumps({"brokers": []}))
     found = problems(tmp_path, f"guard:\n  enabled: true\n  capacity_file: {bad}\n")

@@ -6,9 +6,11 @@ oscillation; the same traffic under static quotas of the fair shares printed bes
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from kqpsim.guard_rows import GUARD_ROWS, KNOWN, GuardRow, simulate, violations
+from kqpsim.guard_rows import GUARD_ROWS, KNOWN, LIMITS_AGREE, GuardRow, simulate, violations
 
 
 def _cases() -> list[object]:
@@ -39,3 +41,23 @@ def test_at_least_fifty_scenario_seeds_and_every_known_seed_is_run() -> None:
     rows = {row.name: row for row in GUARD_ROWS}
     for name, seeds in KNOWN.items():
         assert name in rows and all(seed < rows[name].seeds for seed in seeds), name
+
+
+def test_a_fleet_of_two_or_three_instances_is_guarded_and_one_dies() -> None:
+    fleets = [row for row in GUARD_ROWS if row.instances > 1]
+    assert {row.instances for row in fleets} == {2, 3}
+    assert sum(row.seeds for row in fleets) >= 15
+    assert any(row.dies is not None for row in fleets)
+
+
+def test_without_fleet_wide_no_instance_sees_enough_of_the_load_to_guard_it() -> None:
+    """What the exchange of the guard's measurements buys: the same fleet, each instance guarding
+    only what it forwards, never engages and lets the broker carry the whole offer."""
+    row = next(row for row in GUARD_ROWS if row.name == "fleet-of-3-one-broker")
+    shared, alone = simulate(row, 0), simulate(replace(row, fleet_wide=False), 0)
+    print(shared.describe(), alone.describe(), sep="\n")
+    [(_, high_shared, mean_shared)] = shared.guarded.load.values()
+    [(low_alone, _, _)] = alone.guarded.load.values()
+    assert mean_shared == pytest.approx(1.0, abs=0.05) and high_shared < 1.1
+    assert low_alone > 1.3  # 1.9 MB/s offered against 1.2 MB/s: each instance sees a third of it
+    assert shared.guarded.spread is not None and shared.guarded.spread <= LIMITS_AGREE
