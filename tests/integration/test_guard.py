@@ -24,6 +24,7 @@ what the producers had acknowledged), and a fleet of two instances with `guard.f
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -131,7 +132,7 @@ def load_of(tallies: dict[str, ProducerTally]) -> list[int]:
     return [sum(t.per_second[s] for t in tallies.values()) for s in range(seconds)]
 
 
-@pytest.mark.skip(reason=(
+@pytest.mark.skipif(os.environ.get("KQP_GUARD_FLEET_WIRE") != "1", reason=(
     "issue 41 acceptance 2 not met yet (2026-11-27, closed loop on the carried load, heavy load before "
     "10.14 13.77 14.98, after 8.55 11.96 14.08): over seconds 33-75 the load was 0.957x the limit (was 0.917x), "
     "the noisy got 424 and 424 kB/s against an equal 450 (-5.8 %; were 424 and 377), the quiet within 0.02 % "
@@ -322,6 +323,12 @@ def test_the_guard_metrics_an_operator_reads(kafka_1node: KafkaCluster, tmp_path
 FLEET_RUN_S = 60
 
 
+@pytest.mark.skipif(os.environ.get("KQP_GUARD_FLEET_WIRE") != "1", reason=(
+    "issue 41 acceptance 3, not yet in make test (2026-11-27): passed its one run (heavy, load 2.54 before: "
+    "the broker at 0.899x the limit over seconds 33-60, 11 s windows 0.691-1.066x, both instances engaged, "
+    "noisy limits 456 and 445 kB/s), but its check that the two instances' load gauges agree within 10 % "
+    "compares two windowed rates at one instant, whose spread over runs with 1 MB requests is not known; "
+    "KQP_GUARD_FLEET_WIRE=1 runs it, until it has had several runs"))
 def test_a_fleet_of_two_guards_the_load_both_forward(kafka_1node: KafkaCluster, tmp_path: Path) -> None:
     """Issue 41 (fleet): two instances with guard.fleet_wide, each forwarding one quiet and one noisy
     producer (900 kB/s each, under the 1.2 MB/s limit alone; 1.8 MB/s together). Each instance's
