@@ -11,10 +11,7 @@ compiled build. Reduced to `(class, field values)`, an instance is rebuilt by it
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import TYPE_CHECKING, cast
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+from typing import Any, cast
 
 
 class FrozenValue:
@@ -26,5 +23,8 @@ class FrozenValue:
     __slots__ = ()
 
     def __reduce__(self) -> tuple[type[FrozenValue], tuple[object, ...]]:
-        values = tuple(getattr(self, field.name) for field in fields(cast("DataclassInstance", self)))
+        # Typed as Any for `fields`: its stubs name the dataclass protocol in `_typeshed`, a
+        # module that exists only for type checkers, and kqp imports nothing that is not
+        # installed (tests/packaging/test_spark_extra.py reads every import, TYPE_CHECKING ones too).
+        values = tuple(getattr(self, field.name) for field in fields(cast(Any, self)))
         return type(self), values
