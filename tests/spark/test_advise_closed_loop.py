@@ -121,31 +121,27 @@ def wait_for_capture(capture: Path, after_us: int, timeout_s: float = 20.0) -> N
     raise AssertionError(f"no capture file with requests after {after_us} in {timeout_s} s")
 
 
-def nw_in_at_window_p99(capture: Path, window: tuple[int, int], warm_up_s: int = WINDOW_SECONDS) -> float:
-    """NW_IN (every request's bytes: one broker, replication factor 1) at the p99 of the quota
-    window's buckets, as advise judges it; only the buckets wholly inside the run, less its first
-    quota window, as advise's verification judges its replay: the producers were idle between the
-    runs, so their sensors hold nothing and each may send a window's allowance at once when it
-    starts (measured: 820 KB in one second against a 462 KB/s quota), which a running cluster's
-    warm sensors do not let through. warm_up_s=0 keeps it (printed beside)."""
+def nw_in_per_second(capture: Path, window: tuple[int, int], warm_up_s: int = WINDOW_SECONDS) -> pd.Series:
+    """NW_IN (every request's bytes: one broker, replication factor 1) per whole second inside
+    the run, less its first quota window, as advise's verification judges its replay: the
+    producers were idle between the runs, so their sensors hold nothing and each may send a
+    window's allowance at once when it starts (measured: 820 KB in one second against a 462 KB/s
+    quota), which a running cluster's warm sensors do not let through. warm_up_s=0 keeps it
+    (printed beside)."""
     rows = ds.dataset(str(capture), format="parquet", partitioning="hive").to_table().to_pandas()
     seconds = rows["ts_request_received_us"] // 1_000_000
-    # Whole seconds inside the run, after the warm-up.
     first, last = -(-(window[0] + warm_up_s * 1_000_000) // 1_000_000), window[1] // 1_000_000
     inside = rows[(seconds >= first) & (seconds < last)]
-    bucket = seconds[inside.index] // WINDOW_SECONDS
-    full = range(-(-first // WINDOW_SECONDS), last // WINDOW_SECONDS)
-    per_bucket = inside.groupby(bucket)["request_bytes"].sum().reindex(full, fill_value=0) / WINDOW_SECONDS
-    return float(np.percentile(per_bucket, 99))
-
-
-def nw_in_per_second_after_warm_up(capture: Path, window: tuple[int, int]) -> pd.Series:
-    """NW_IN per whole second inside the run, less its first quota window (nw_in_at_window_p99)."""
-    rows = ds.dataset(str(capture), format="parquet", partitioning="hive").to_table().to_pandas()
-    seconds = rows["ts_request_received_us"] // 1_000_000
-    first, last = -(-(window[0] + WINDOW_SECONDS * 1_000_000) // 1_000_000), window[1] // 1_000_000
-    inside = rows[(seconds >= first) & (seconds < last)]
     return inside.groupby(seconds[inside.index])["request_bytes"].sum().reindex(range(first, last), fill_value=0)
+
+
+def nw_in_at_window_p99(per_second: pd.Series) -> float:
+    """NW_IN at the p99 of the quota window's buckets, as advise judges it: only the buckets
+    wholly inside `per_second` (nw_in_per_second)."""
+    first, last = int(per_second.index[0]), int(per_second.index[-1]) + 1
+    full = range(-(-first // WINDOW_SECONDS), last // WINDOW_SECONDS)
+    per_bucket = per_second.groupby(per_second.index // WINDOW_SECONDS).sum().reindex(full, fill_value=0)
+    return float(np.percentile(per_bucket / WINDOW_SECONDS, 99))
 
 
 def window_buckets_at_both_alignments(per_second: pd.Series) -> tuple[float, float]:
@@ -227,20 +223,20 @@ def test_the_advice_holds_on_real_kafka(spark: Any, kafka: KafkaCluster, tmp_pat
     )
     analyzed.release()
     headroom = [row for row in analyzed.summary["headroom"]["rows"] if row["resource"] == "NW_IN"]
+    per_second = nw_in_per_second(capture, second)
     busiest = (
         max(row["load_bytes_per_s"] for row in headroom)
         if resolution == "1s"
-        else nw_in_at_window_p99(capture, second)
+        else nw_in_at_window_p99(per_second)
     )
     shares = analyzed.tables["shares"].query("dimension == 'client_id'").set_index("entity")
     second_rates = shares["produce_bytes"] / RUN_SECONDS
-    per_second = nw_in_per_second_after_warm_up(capture, second)
     report = {
         "limit": LIMIT,
         "resolution": resolution,
         "nw_in_p99_after": busiest,
         "nw_in_1s_p99_after": max(row["load_bytes_per_s"] for row in headroom),
-        "nw_in_window_p99_after_with_start": nw_in_at_window_p99(capture, second, warm_up_s=0),
+        "nw_in_window_p99_after_with_start": nw_in_at_window_p99(nw_in_per_second(capture, second, warm_up_s=0)),
         "nw_in_window_busiest_even_odd_after": window_buckets_at_both_alignments(per_second),
         "nw_in_mean_after": float(per_second.mean()),
         "quota": quota,
