@@ -85,10 +85,11 @@ class ProducerTally:
 
 
 def produce_through(bootstrap: str, topic: str, seconds: float, per_second: list[int], lock: threading.Lock,
-                    start: float, offer: float = QUOTA, tally: ProducerTally | None = None) -> None:
+                    start: float, offer: float = QUOTA, tally: ProducerTally | None = None,
+                    stop: threading.Event | None = None) -> None:
     """One librdkafka producer offering `offer` bytes/s with librdkafka's default queue;
     acknowledged bytes are added to `per_second` (and to `tally`) by the second they were
-    acknowledged in.
+    acknowledged in. It stops after `seconds`, or earlier when `stop` is set.
 
     An application that produces faster than it is acknowledged fills its queue and then
     waits for room (a full queue raises BufferError): the producer waits too, and catches up
@@ -116,7 +117,7 @@ def produce_through(bootstrap: str, topic: str, seconds: float, per_second: list
 
     sent = 0
     began = time.monotonic()  # the offer starts when this producer does
-    while time.monotonic() - start < seconds:
+    while time.monotonic() - start < seconds and not (stop is not None and stop.is_set()):
         if sent * RECORD_SIZE < (time.monotonic() - began) * offer:
             try:
                 producer.produce(topic, payload, on_delivery=on_delivery)
