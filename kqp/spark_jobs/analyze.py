@@ -15,10 +15,11 @@ Run on a cluster (ship the package as a zip; the entry point is this module)::
 Structure: `extract` (capture_source.read_capture) -> the steps of `run_analyze`, each made
 of pure transforms (analyze_transform: a few Spark aggregations, then analyze_tables: driver-side
 pandas shaping of their small results) -> `load` (report.write_analyze_outputs). The Spark work is one pass
-building the per-second traffic sums (cached: six small aggregations read them), and one pass
-each for the partitions, the Produce batches and the latencies, reading only their columns;
-every series, percentile and share is computed on the driver from rows per (broker, second),
-per entity or per partition. Figures:
+building the per-second traffic sums (cached: six small aggregations read them), one pass
+decoding the Produce and Fetch partition entries (cached: the partition and the batch figures
+read them), and one for the latencies, each reading only its columns; every series,
+percentile and share is computed on the driver from rows per (broker, second), per entity or
+per partition. Figures:
 
   * throughput series per broker (`upstream_node_id`) and cluster-wide at 1 s and 1 min:
     Produce request bytes in, Fetch response bytes out, all request/response bytes,
@@ -87,6 +88,7 @@ from kqp.spark_jobs.analyze_transform import (
     client_burstiness,
     client_totals,
     latency_by_api,
+    partition_entries,
     partition_totals,
     prepare_requests,
     produce_batches_by_client,
@@ -158,9 +160,9 @@ class Extracted:
 def extract(spark: SparkSession, options: AnalyzeOptions) -> Extracted:
     """The capture's requests, and their per-second traffic sums, cached: the sums are far
     smaller than the capture (a connection sends many requests of one API per second) and six
-    aggregations read them. The requests themselves are not cached: the three passes that need
-    single requests (partitions, Produce batches, latency) each read different columns of the
-    Parquet files, which is cheaper than building and reading back a copy of the capture."""
+    aggregations read them. The requests themselves are not cached: the two passes that need
+    single requests (the partition entries, the latencies) read different columns of the Parquet
+    files, which is cheaper than building and reading back a copy of the capture."""
     requests = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us))
     return Extracted(requests, aggregate_traffic(requests.drop("partitions")).persist())
 
@@ -317,11 +319,11 @@ def _partitions(partitions: pd.DataFrame, stats: pd.DataFrame, result: AnalyzeRe
     return broker_bytes
 
 
-def _batch_mix(data: Extracted, result: AnalyzeResult) -> None:
+def _batch_mix(entries: DataFrame, result: AnalyzeResult) -> None:
     """Produce batch sizes by bucket, overall and per client: small batches cost a broker
     far more per byte (a request and a log append each), so they point at linger.ms and
-    batch.size settings worth changing. One pass over the Produce requests gives both."""
-    mix, by_client = batch_tables(to_pandas(produce_batches_by_client(data.requests)))
+    batch.size settings worth changing. One pass over the Produce partition entries gives both."""
+    mix, by_client = batch_tables(to_pandas(produce_batches_by_client(entries)))
     order = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
     mix["order"] = mix["bucket"].map(order.index)
     mix = mix.sort_values("order").drop(columns="order").reset_index(drop=True)
@@ -428,12 +430,16 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     result = AnalyzeResult(summary={}, cached=[data.traffic])
     limits = network_limits(capacity_file, coverage.brokers, thresholds)
     stats, lost_broker = _throughput(data, coverage, options, limits, result, progress)
-    partitions = to_pandas(partition_totals(data.requests, coverage.duration_s))
+    # The Produce and Fetch partition entries, decoded from the nested column once for the
+    # partition and batch figures (two passes), then released.
+    entries = partition_entries(data.requests).persist()
+    partitions = to_pandas(partition_totals(entries, coverage.duration_s))
     pareto, clients = _shares(data, partitions, options, result)
     progress.step("shares of principals, client-ids and topics")
     broker_bytes = _partitions(partitions, stats, result)
     progress.step("partition hot spots and skew")
-    _batch_mix(data, result)
+    _batch_mix(entries, result)
+    entries.unpersist()
     progress.step("batch-size mix")
     _latency_errors_throttles(data, coverage, clients, result)
     progress.step("latency, errors and throttles")
