@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -334,12 +335,11 @@ def _batch_mix(entries: DataFrame, result: AnalyzeResult) -> None:
 
 
 def _latency_errors_throttles(
-    data: Extracted, coverage: Coverage, clients: pd.DataFrame, result: AnalyzeResult
+    latencies: pd.DataFrame, coverage: Coverage, clients: pd.DataFrame, result: AnalyzeResult
 ) -> None:
+    """`latencies`: latency_by_api's rows, both groupings of one pass (two grouping sets);
+    rows with no broker are the all-brokers totals."""
     names = coverage.names
-    # latency_by_api computes both groupings in one pass (two grouping sets); rows with no
-    # broker are the all-brokers totals.
-    latencies = to_pandas(latency_by_api(data.requests))
     latency = latencies[latencies["broker"].isna()].drop(columns="broker").sort_values("api_key").reset_index(drop=True)
     latency.insert(1, "api", latency["api_key"].map(names))
     result.tables["latency_by_api"] = latency
@@ -425,6 +425,26 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     thresholds = {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold}
 
     data = extract(spark, options)
+    # The latency pass reads the capture on its own (no cache, no other pass's result), so a
+    # second driver thread runs it: its tasks take the cores whenever this thread's queries
+    # leave them idle (planning, collecting, the pandas work between them: a third of the
+    # job at 1M requests). Its figures are the same: a query's result does not depend on what
+    # else the session runs.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kqp-analyze-latency") as pool:
+        latencies = pool.submit(to_pandas, latency_by_api(data.requests))
+        result = _transform(data, options, capacity_file, thresholds, latencies, progress)
+    return result
+
+
+def _transform(
+    data: Extracted,
+    options: AnalyzeOptions,
+    capacity_file: cap.CapacityFile | None,
+    thresholds: dict[str, float],
+    latencies: Future[pd.DataFrame],
+    progress: Progress,
+) -> AnalyzeResult:
+    """run_analyze's steps after the extract, the latency figures arriving from `latencies`."""
     coverage = coverage_of(data, options)
     progress.step(f"read capture: {coverage.row['rows']} requests")
     result = AnalyzeResult(summary={}, cached=[data.traffic])
@@ -441,7 +461,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     _batch_mix(entries, result)
     entries.unpersist()
     progress.step("batch-size mix")
-    _latency_errors_throttles(data, coverage, clients, result)
+    _latency_errors_throttles(latencies.result(), coverage, clients, result)
     progress.step("latency, errors and throttles")
     headroom = _headroom(stats, capacity_file, thresholds, lost_broker, coverage.brokers, options, result)
     topics = int(partitions["topic"].nunique())
