@@ -17,7 +17,8 @@ of pure transforms (analyze_transform: a few Spark aggregations, then analyze_ta
 pandas shaping of their small results) -> `load` (report.write_analyze_outputs). The Spark work is one pass
 building the per-second traffic sums (cached: six small aggregations read them), one pass
 decoding the Produce and Fetch partition entries (cached: the partition and the batch figures
-read them), and one for the latencies, each reading only its columns; every series,
+read them), and one for the latencies, each reading only its columns (the last two from a
+second driver thread, filling the cores the first one's small queries leave idle); every series,
 percentile and share is computed on the driver from rows per (broker, second), per entity or
 per partition. Figures:
 
@@ -320,11 +321,22 @@ def _partitions(partitions: pd.DataFrame, stats: pd.DataFrame, result: AnalyzeRe
     return broker_bytes
 
 
-def _batch_mix(entries: DataFrame, result: AnalyzeResult) -> None:
+def _entry_figures(requests: DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(partition_totals, produce_batches_by_client) rows: the Produce and Fetch partition
+    entries decoded from the nested column once, cached for the two aggregations, released."""
+    entries = partition_entries(requests).persist()
+    try:
+        return to_pandas(partition_totals(entries)), to_pandas(produce_batches_by_client(entries))
+    finally:
+        entries.unpersist()
+
+
+def _batch_mix(batches: pd.DataFrame, result: AnalyzeResult) -> None:
     """Produce batch sizes by bucket, overall and per client: small batches cost a broker
     far more per byte (a request and a log append each), so they point at linger.ms and
-    batch.size settings worth changing. One pass over the Produce partition entries gives both."""
-    mix, by_client = batch_tables(to_pandas(produce_batches_by_client(entries)))
+    batch.size settings worth changing. One pass over the Produce partition entries gives both
+    (`batches`: produce_batches_by_client's rows)."""
+    mix, by_client = batch_tables(batches)
     order = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
     mix["order"] = mix["bucket"].map(order.index)
     mix = mix.sort_values("order").drop(columns="order").reset_index(drop=True)
@@ -425,14 +437,16 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     thresholds = {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold}
 
     data = extract(spark, options)
-    # The latency pass reads the capture on its own (no cache, no other pass's result), so a
-    # second driver thread runs it: its tasks take the cores whenever this thread's queries
-    # leave them idle (planning, collecting, the pandas work between them: a third of the
-    # job at 1M requests). Its figures are the same: a query's result does not depend on what
-    # else the session runs.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kqp-analyze-latency") as pool:
+    # The passes over single requests (the partition entries, the latencies) read the capture
+    # on their own, needing no cache and no other pass's result, so a second driver thread
+    # runs them, one after the other: their tasks take the cores whenever this thread's
+    # queries leave them idle (planning, collecting, the pandas work between them: a third of
+    # the job at 1M requests). Their figures are the same: a query's result does not depend
+    # on what else the session runs.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kqp-analyze-passes") as pool:
+        entry_figures = pool.submit(_entry_figures, data.requests)
         latencies = pool.submit(to_pandas, latency_by_api(data.requests))
-        result = _transform(data, options, capacity_file, thresholds, latencies, progress)
+        result = _transform(data, options, capacity_file, thresholds, entry_figures, latencies, progress)
     return result
 
 
@@ -441,25 +455,23 @@ def _transform(
     options: AnalyzeOptions,
     capacity_file: cap.CapacityFile | None,
     thresholds: dict[str, float],
+    entry_figures: Future[tuple[pd.DataFrame, pd.DataFrame]],
     latencies: Future[pd.DataFrame],
     progress: Progress,
 ) -> AnalyzeResult:
-    """run_analyze's steps after the extract, the latency figures arriving from `latencies`."""
+    """run_analyze's steps after the extract, the other thread's passes arriving as futures."""
     coverage = coverage_of(data, options)
     progress.step(f"read capture: {coverage.row['rows']} requests")
     result = AnalyzeResult(summary={}, cached=[data.traffic])
     limits = network_limits(capacity_file, coverage.brokers, thresholds)
     stats, lost_broker = _throughput(data, coverage, options, limits, result, progress)
-    # The Produce and Fetch partition entries, decoded from the nested column once for the
-    # partition and batch figures (two passes), then released.
-    entries = partition_entries(data.requests).persist()
-    partitions = to_pandas(partition_totals(entries, coverage.duration_s))
+    partitions, batches = entry_figures.result()
+    partitions["mean_bytes_per_s"] = partitions["bytes"] / max(coverage.duration_s, 1.0)
     pareto, clients = _shares(data, partitions, options, result)
     progress.step("shares of principals, client-ids and topics")
     broker_bytes = _partitions(partitions, stats, result)
     progress.step("partition hot spots and skew")
-    _batch_mix(entries, result)
-    entries.unpersist()
+    _batch_mix(batches, result)
     progress.step("batch-size mix")
     _latency_errors_throttles(latencies.result(), coverage, clients, result)
     progress.step("latency, errors and throttles")

@@ -319,8 +319,9 @@ def api_error_totals(traffic: DataFrame) -> DataFrame:
     return traffic.groupBy("api_key", "api_version", "error_code").agg(F.sum("requests").alias("requests"))
 
 
-def partition_totals(entries: DataFrame, duration_s: float) -> DataFrame:
-    """Per topic-partition: leader, requests, bytes in/out, records produced, mean and peak bytes/s.
+def partition_totals(entries: DataFrame) -> DataFrame:
+    """Per topic-partition: leader, requests, bytes in/out, records produced, peak bytes/s (the
+    mean over the capture is the driver's: analyze runs this before it knows the capture's span).
 
     One pass over the Produce and Fetch partition entries (partition_entries): per (partition,
     second) sums, then per partition their sums and the peak second. Topic totals are sums of
@@ -355,7 +356,6 @@ def partition_totals(entries: DataFrame, duration_s: float) -> DataFrame:
             earliest_max_by("second", "bps").alias("peak_second"),
         )
         .withColumn("bytes", F.col("produce_bytes") + F.col("fetch_bytes"))
-        .withColumn("mean_bytes_per_s", F.col("bytes") / F.lit(max(duration_s, 1.0)))
     )
 
 
