@@ -348,8 +348,8 @@ def simulate(
     their recorded times with no throttle. Not in open-loop mode, whose exact replay of recorded
     engine inputs runs on the proxy's engine clock rather than on ts_ms.
 
-    `summarise`: applied to each task's replayed rows (and to each batch of passed-through ones)
-    before they leave the Python worker; its result, in PARTIALS_SCHEMA, is then the output
+    `summarise`: applied to each task's replayed rows (and to the passed-through ones,
+    _SUMMARY_ROWS at a time) before they leave the Python worker; its result, in PARTIALS_SCHEMA, is then the output
     instead of the rows (simulate_partials: each task's partial sums).
 
     `traffic`: replay_traffic(requests), when the caller has it already (advise's rounds).
