@@ -40,11 +40,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from kqp.config.capacity_file import load_capacity
 from kqp.config.models import entity_text as entity_label
@@ -86,6 +86,9 @@ from kqp.spark_jobs.capture_source import read_capture
 from kqp.spark_jobs.common import BUDGET_EXIT_CODE, HelpFormatter, Progress
 from kqp.spark_jobs.session import fit_shuffle_partitions
 
+if TYPE_CHECKING:
+    from kqp.spark_jobs.whatif import ReplayTraffic
+
 
 def _before_series(series: Series, problem: Problem) -> dict[Resource, np.ndarray]:
     """The brokers' NW_IN / NW_OUT as captured (analyze's nw_in / nw_out)."""
@@ -115,7 +118,8 @@ def _windows(current: QuotaSettings | None, options: AdviseOptions) -> dict[str,
 
 def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress | None = None) -> AdviseResult:
     """Aggregate, optimise, write and load the advised file, verify it; returns what `load` writes."""
-    from kqp.spark_jobs.whatif import load_quota_settings
+    from kqp.spark_jobs.whatif import load_quota_settings, replay_traffic
+    from kqp.spark_jobs.whatif import prepare_requests as whatif_requests
 
     progress = progress or Progress("advise", 3 + 2 * options.rounds)
     if options.headroom_stat not in STATS:
@@ -155,6 +159,7 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
     # the next round plans for the limit less that overshoot.
     planned = dict(limits)
     rounds: list[dict[str, Any]] = []
+    replay_input: tuple[DataFrame, ReplayTraffic] | None = None
     for round_number in range(1, options.rounds + 1):
         advice = water_fill(replace(problem, limits=planned))
         entries = choose_entries(advice.flows, options.entity)
@@ -172,7 +177,12 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         # The replay's sensors start empty: its first quota window is warm-up (a bucket longer than
         # the window is kept, or a short capture judged at 1 min would be judged on its spill alone).
         warm_up = windows["window_num"] * windows["window_size_seconds"] // series.unit
-        verification = verify(spark, raw, settings, series, options, before, warm_up)
+        if replay_input is None:
+            requests = whatif_requests(raw)
+            # The pairs and the per-second byte bounds the replay plans with depend on the
+            # capture alone: one pass for every round.
+            replay_input = (requests, replay_traffic(requests))
+        verification = verify(spark, replay_input[0], settings, series, options, before, warm_up, replay_input[1])
         over = {res: load for res, load in verification.loads.items() if load > limits[res] * (1 + 1e-9)}
         rounds.append(
             {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,9 @@ from kqp.spark_jobs.advice_math import (
 from kqp.spark_jobs.advise_problem import ENTITY_COLUMNS, AdviseOptions, Series, bucket_coverage, entity_of
 from kqp.spark_jobs.session import to_pandas
 
+if TYPE_CHECKING:
+    from kqp.spark_jobs.whatif import ReplayTraffic
+
 
 @dataclass
 class Verification:
@@ -38,14 +42,18 @@ class Verification:
 
 def verify(
     spark: SparkSession,
-    raw: DataFrame,
+    requests: DataFrame,
     settings: QuotaSettings,
     series: Series,
     options: AdviseOptions,
     before: Mapping[Resource, np.ndarray],
     warm_up_buckets: int,
+    traffic: ReplayTraffic | None = None,
 ) -> Verification:
     """Replay the advised quotas through kqp.quotas (whatif's simulate, deferral mode).
+
+    `requests`: whatif.prepare_requests of the capture; `traffic`: whatif.replay_traffic of
+    them, which depends on the capture alone, so the rounds compute it once.
 
     The charged bytes of each Produce and Fetch move from the second they were recorded in
     to the second the replay sends them; the brokers' series change by that difference
@@ -56,28 +64,22 @@ def verify(
         client_outcomes_from_partials,
         engine_replay_functions,
         moved_bytes_from_partials,
-        needs_cluster_wide_replay,
-        sharing,
+        replay_options,
         simulate_partials,
     )
-    from kqp.spark_jobs.whatif import prepare_requests as whatif_requests
 
     unit = series.unit
-    link_users, link_client_ids = sharing(settings)
     # Each replay task hands back its partial sums (per client, and per (broker, API, bucket)
     # the bytes the deferral moved out of and into the bucket), not its rows; they are small,
-    # so cached for the two tables merged from them.
+    # so cached for the two tables merged from them. Tasks the advice can never throttle keep
+    # their recorded timeline: no replay needed (replay_options' pre-filter).
     partials = simulate_partials(
         spark,
-        whatif_requests(raw),
+        requests,
         functools.partial(engine_replay_functions, settings),
-        "deferral",
-        link_users=link_users,
-        link_client_ids=link_client_ids,
-        per_broker=not needs_cluster_wide_replay(settings),
-        # Tasks the advice can never throttle keep their recorded timeline: no replay needed.
-        passthrough=settings,
+        replay_options(settings, "deferral"),
         moved_unit=unit,
+        traffic=traffic,
     ).persist()
     clients = to_pandas(client_outcomes_from_partials(partials))
     # Per (broker, API, bucket): the bytes the deferral moved out of it and into it, one row per

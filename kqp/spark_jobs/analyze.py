@@ -15,10 +15,12 @@ Run on a cluster (ship the package as a zip; the entry point is this module)::
 Structure: `extract` (capture_source.read_capture) -> the steps of `run_analyze`, each made
 of pure transforms (analyze_transform: a few Spark aggregations, then analyze_tables: driver-side
 pandas shaping of their small results) -> `load` (report.write_analyze_outputs). The Spark work is one pass
-building the per-second traffic sums (cached: six small aggregations read them), and one pass
-each for the partitions, the Produce batches and the latencies, reading only their columns;
-every series, percentile and share is computed on the driver from rows per (broker, second),
-per entity or per partition. Figures:
+building the per-second traffic sums (cached: six small aggregations read them), one pass
+decoding the Produce and Fetch partition entries (cached: the partition and the batch figures
+read them), and one for the latencies, each reading only its columns (the last two from a
+second driver thread, filling the cores the first one's small queries leave idle); every series,
+percentile and share is computed on the driver from rows per (broker, second), per entity or
+per partition. Figures:
 
   * throughput series per broker (`upstream_node_id`) and cluster-wide at 1 s and 1 min:
     Produce request bytes in, Fetch response bytes out, all request/response bytes,
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +90,7 @@ from kqp.spark_jobs.analyze_transform import (
     client_burstiness,
     client_totals,
     latency_by_api,
+    partition_entries,
     partition_totals,
     prepare_requests,
     produce_batches_by_client,
@@ -158,9 +162,9 @@ class Extracted:
 def extract(spark: SparkSession, options: AnalyzeOptions) -> Extracted:
     """The capture's requests, and their per-second traffic sums, cached: the sums are far
     smaller than the capture (a connection sends many requests of one API per second) and six
-    aggregations read them. The requests themselves are not cached: the three passes that need
-    single requests (partitions, Produce batches, latency) each read different columns of the
-    Parquet files, which is cheaper than building and reading back a copy of the capture."""
+    aggregations read them. The requests themselves are not cached: the two passes that need
+    single requests (the partition entries, the latencies) read different columns of the Parquet
+    files, which is cheaper than building and reading back a copy of the capture."""
     requests = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us))
     return Extracted(requests, aggregate_traffic(requests.drop("partitions")).persist())
 
@@ -317,11 +321,22 @@ def _partitions(partitions: pd.DataFrame, stats: pd.DataFrame, result: AnalyzeRe
     return broker_bytes
 
 
-def _batch_mix(data: Extracted, result: AnalyzeResult) -> None:
+def _entry_figures(requests: DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(partition_totals, produce_batches_by_client) rows: the Produce and Fetch partition
+    entries decoded from the nested column once, cached for the two aggregations, released."""
+    entries = partition_entries(requests).persist()
+    try:
+        return to_pandas(partition_totals(entries)), to_pandas(produce_batches_by_client(entries))
+    finally:
+        entries.unpersist()
+
+
+def _batch_mix(batches: pd.DataFrame, result: AnalyzeResult) -> None:
     """Produce batch sizes by bucket, overall and per client: small batches cost a broker
     far more per byte (a request and a log append each), so they point at linger.ms and
-    batch.size settings worth changing. One pass over the Produce requests gives both."""
-    mix, by_client = batch_tables(to_pandas(produce_batches_by_client(data.requests)))
+    batch.size settings worth changing. One pass over the Produce partition entries gives both
+    (`batches`: produce_batches_by_client's rows)."""
+    mix, by_client = batch_tables(batches)
     order = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
     mix["order"] = mix["bucket"].map(order.index)
     mix = mix.sort_values("order").drop(columns="order").reset_index(drop=True)
@@ -332,12 +347,11 @@ def _batch_mix(data: Extracted, result: AnalyzeResult) -> None:
 
 
 def _latency_errors_throttles(
-    data: Extracted, coverage: Coverage, clients: pd.DataFrame, result: AnalyzeResult
+    latencies: pd.DataFrame, coverage: Coverage, clients: pd.DataFrame, result: AnalyzeResult
 ) -> None:
+    """`latencies`: latency_by_api's rows, both groupings of one pass (two grouping sets);
+    rows with no broker are the all-brokers totals."""
     names = coverage.names
-    # latency_by_api computes both groupings in one pass (two grouping sets); rows with no
-    # broker are the all-brokers totals.
-    latencies = to_pandas(latency_by_api(data.requests))
     latency = latencies[latencies["broker"].isna()].drop(columns="broker").sort_values("api_key").reset_index(drop=True)
     latency.insert(1, "api", latency["api_key"].map(names))
     result.tables["latency_by_api"] = latency
@@ -423,19 +437,43 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     thresholds = {cap.NW_IN: options.nw_in_threshold, cap.NW_OUT: options.nw_out_threshold}
 
     data = extract(spark, options)
+    # The passes over single requests (the partition entries, the latencies) read the capture
+    # on their own, needing no cache and no other pass's result, so a second driver thread
+    # runs them, one after the other: their tasks take the cores whenever this thread's
+    # queries leave them idle (planning, collecting, the pandas work between them: a third of
+    # the job at 1M requests). Their figures are the same: a query's result does not depend
+    # on what else the session runs.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kqp-analyze-passes") as pool:
+        entry_figures = pool.submit(_entry_figures, data.requests)
+        latencies = pool.submit(to_pandas, latency_by_api(data.requests))
+        result = _transform(data, options, capacity_file, thresholds, entry_figures, latencies, progress)
+    return result
+
+
+def _transform(
+    data: Extracted,
+    options: AnalyzeOptions,
+    capacity_file: cap.CapacityFile | None,
+    thresholds: dict[str, float],
+    entry_figures: Future[tuple[pd.DataFrame, pd.DataFrame]],
+    latencies: Future[pd.DataFrame],
+    progress: Progress,
+) -> AnalyzeResult:
+    """run_analyze's steps after the extract, the other thread's passes arriving as futures."""
     coverage = coverage_of(data, options)
     progress.step(f"read capture: {coverage.row['rows']} requests")
     result = AnalyzeResult(summary={}, cached=[data.traffic])
     limits = network_limits(capacity_file, coverage.brokers, thresholds)
     stats, lost_broker = _throughput(data, coverage, options, limits, result, progress)
-    partitions = to_pandas(partition_totals(data.requests, coverage.duration_s))
+    partitions, batches = entry_figures.result()
+    partitions["mean_bytes_per_s"] = partitions["bytes"] / max(coverage.duration_s, 1.0)
     pareto, clients = _shares(data, partitions, options, result)
     progress.step("shares of principals, client-ids and topics")
     broker_bytes = _partitions(partitions, stats, result)
     progress.step("partition hot spots and skew")
-    _batch_mix(data, result)
+    _batch_mix(batches, result)
     progress.step("batch-size mix")
-    _latency_errors_throttles(data, coverage, clients, result)
+    _latency_errors_throttles(latencies.result(), coverage, clients, result)
     progress.step("latency, errors and throttles")
     headroom = _headroom(stats, capacity_file, thresholds, lost_broker, coverage.brokers, options, result)
     topics = int(partitions["topic"].nunique())

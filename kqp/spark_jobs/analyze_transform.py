@@ -78,20 +78,38 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
     )
 
 
-def explode_partitions(requests: DataFrame) -> DataFrame:
-    """One row per (request, topic-partition) for Produce and Fetch."""
-    carried = ("second", "broker", "weight", "api_key", "principal", "client_id", "ts_us")
+def partition_entries(requests: DataFrame) -> DataFrame:
+    """One row per partition entry of each Produce and Fetch request, with the columns the
+    partition and batch figures read; a request without entries stays as one row with a null
+    `position` (`posexplode_outer`).
+
+    analyze caches it for its two readers (partition_totals, produce_batches_by_client), so the
+    capture's nested `partitions` column, the costliest to decode, is decoded once, not twice.
+    """
     return (
         requests.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
-        .select(*carried, F.explode("partitions").alias("p"))
         .select(
-            *carried,
+            "second",
+            "broker",
+            "weight",
+            "api_key",
+            "client_id",
+            "records",
+            F.posexplode_outer("partitions").alias("position", "p"),
+        )
+        .select(
+            "second",
+            "broker",
+            "weight",
+            "api_key",
+            "client_id",
+            "records",
+            "position",
             F.col("p.topic").alias("topic"),
             F.col("p.partition").alias("partition"),
-            F.col("p.bytes").cast("double").alias("bytes"),
-            F.coalesce(F.col("p.records"), F.lit(0)).cast("double").alias("records"),
-            F.coalesce(F.col("p.batches"), F.lit(0)).alias("batches"),
-            F.col("p.compression").alias("compression"),
+            F.col("p.bytes").alias("entry_bytes"),
+            F.col("p.records").alias("entry_records"),
+            F.col("p.batches").alias("entry_batches"),
         )
     )
 
@@ -301,13 +319,24 @@ def api_error_totals(traffic: DataFrame) -> DataFrame:
     return traffic.groupBy("api_key", "api_version", "error_code").agg(F.sum("requests").alias("requests"))
 
 
-def partition_totals(requests: DataFrame, duration_s: float) -> DataFrame:
-    """Per topic-partition: leader, requests, bytes in/out, records produced, mean and peak bytes/s.
+def partition_totals(entries: DataFrame) -> DataFrame:
+    """Per topic-partition: leader, requests, bytes in/out, records produced, peak bytes/s (the
+    mean over the capture is the driver's: analyze runs this before it knows the capture's span).
 
-    One pass over the exploded Produce and Fetch partitions: per (partition, second) sums, then
-    per partition their sums and the peak second. Topic totals are sums of these rows.
+    One pass over the Produce and Fetch partition entries (partition_entries): per (partition,
+    second) sums, then per partition their sums and the peak second. Topic totals are sums of
+    these rows.
     """
-    parts = explode_partitions(requests)
+    parts = entries.where(F.col("position").isNotNull()).select(
+        "second",
+        "broker",
+        "weight",
+        "api_key",
+        "topic",
+        "partition",
+        F.col("entry_bytes").cast("double").alias("bytes"),
+        F.coalesce(F.col("entry_records"), F.lit(0)).cast("double").alias("records"),
+    )
     weighted = F.col("bytes") * F.col("weight")
     produce = F.col("api_key") == ApiKey.PRODUCE
     per_second = parts.groupBy("topic", "partition", "second").agg(
@@ -327,25 +356,22 @@ def partition_totals(requests: DataFrame, duration_s: float) -> DataFrame:
             earliest_max_by("second", "bps").alias("peak_second"),
         )
         .withColumn("bytes", F.col("produce_bytes") + F.col("fetch_bytes"))
-        .withColumn("mean_bytes_per_s", F.col("bytes") / F.lit(max(duration_s, 1.0)))
     )
 
 
-def produce_batches_by_client(requests: DataFrame) -> DataFrame:
+def produce_batches_by_client(entries: DataFrame) -> DataFrame:
     """Per client-id, from its Produce requests in one pass: requests, records per request
     (p50/p95), mean/median batch size, share of small batches, and its batches and bytes in
     each BATCH_BUCKETS class (weighted; the overall batch mix is their sum).
 
-    Each request becomes one row per partition entry (`posexplode_outer`: a request without
-    partitions stays as one row); the request-level figures read the first row of each request
-    only, the batch figures the entries with batches.
+    Reads partition_entries' rows, one per partition entry (a request without partitions is one
+    row): the request-level figures read the first row of each request only, the batch figures
+    the entries with batches.
     """
-    produce = requests.where(F.col("api_key") == ApiKey.PRODUCE).select(
-        "client_id", "weight", "records", F.posexplode_outer("partitions").alias("position", "p")
-    )
+    produce = entries.where(F.col("api_key") == ApiKey.PRODUCE)
     first_of_request = F.col("position").isNull() | (F.col("position") == 0)
-    batches = F.coalesce(F.col("p.batches"), F.lit(0))
-    batch_bytes_total = F.col("p.bytes").cast("double")
+    batches = F.coalesce(F.col("entry_batches"), F.lit(0))
+    batch_bytes_total = F.col("entry_bytes").cast("double")
     with_batches = batches > 0
     batch_bytes = batch_bytes_total / batches
     bucket = _batch_bucket(batch_bytes)

@@ -62,8 +62,6 @@ PARTIAL_COLUMNS: dict[str, str] = {
     "last_second": "long",
 }
 PARTIALS_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in PARTIAL_COLUMNS.items())
-# Nullable pandas types, so a part's unset columns travel as nulls, not as NaN-filled floats.
-_PANDAS_TYPES = {"string": "object", "int": "Int32", "long": "Int64", "double": "float64"}
 _CLIENT = ["principal", "client_id"]
 _BYTES_APIS = (ApiKey.PRODUCE, ApiKey.FETCH)
 
@@ -153,18 +151,46 @@ def task_partials(frame: pd.DataFrame, peaks: bool, moved_unit: int | None) -> p
 
 
 def _in_schema(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """The parts stacked into PARTIAL_COLUMNS, each column in its nullable type."""
-    columns = {}
+    """The parts stacked into PARTIAL_COLUMNS, each column in its nullable type.
+
+    Built from numpy arrays and masks, column by column: a pass-through batch is summed on its
+    own, so this runs once per batch, and pandas' per-piece casts and concatenations cost
+    more than the sums themselves on batches of a few thousand rows.
+    """
+    lengths = [len(part) for part in parts]
+    columns: dict[str, pd.Series] = {}
     for name, kind in PARTIAL_COLUMNS.items():
-        pieces = [
-            part[name].astype(_PANDAS_TYPES[kind]) if name in part.columns else _nulls(len(part), kind)
-            for part in parts
-        ]
-        columns[name] = pd.concat(pieces, ignore_index=True) if pieces else _nulls(0, kind)
+        present = [name in part.columns for part in parts]
+        if kind == "string":
+            values = np.concatenate(
+                [
+                    part[name].to_numpy(dtype=object) if has else np.full(n, None, dtype=object)
+                    for part, has, n in zip(parts, present, lengths, strict=True)
+                ]
+                or [np.zeros(0, dtype=object)]
+            )
+            columns[name] = pd.Series(values, dtype=object)
+        elif kind == "double":
+            values = np.concatenate(
+                [
+                    part[name].to_numpy(dtype=np.float64) if has else np.full(n, np.nan)
+                    for part, has, n in zip(parts, present, lengths, strict=True)
+                ]
+                or [np.zeros(0)]
+            )
+            columns[name] = pd.Series(values)
+        else:
+            integer = np.int32 if kind == "int" else np.int64
+            # Every value a part sets is a whole number with no gap (counts, sums, keys).
+            values = np.concatenate(
+                [
+                    part[name].to_numpy(dtype=integer) if has else np.zeros(n, dtype=integer)
+                    for part, has, n in zip(parts, present, lengths, strict=True)
+                ]
+                or [np.zeros(0, dtype=integer)]
+            )
+            missing = np.concatenate(
+                [np.full(n, not has) for has, n in zip(present, lengths, strict=True)] or [np.zeros(0, dtype=bool)]
+            )
+            columns[name] = pd.Series(pd.arrays.IntegerArray(values, missing))
     return pd.DataFrame(columns)
-
-
-def _nulls(length: int, kind: str) -> pd.Series:
-    if kind == "double":
-        return pd.Series(np.full(length, np.nan))
-    return pd.Series(pd.array([None] * length, dtype=_PANDAS_TYPES[kind]))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -231,14 +232,31 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
         "fetch_max_wait_ms",
         F.coalesce(F.col("proxy_throttle_ms"), F.lit(0)).cast("double").alias("recorded_throttle_ms"),
         F.floor(F.col("ts_request_received_us") / 1000).cast("long").alias("request_ts_ms"),
+        # As JSON text, decoded by the replay (decode_mutations): Spark 4's Arrow writer spends
+        # most of the replay's JVM time on a list-of-struct column (ListVector.setValueCount, by
+        # a JFR profile of a 1M-request whatif: 69 % of the task threads' samples), even when
+        # nearly every value is null.
         F.when(
             F.col("api_key").isin(*MUTATION_API_KEYS),
-            F.transform(
-                "mutations", lambda m: F.struct(m["topic"].alias("topic"), m["partitions"].alias("partitions"))
+            F.to_json(
+                F.transform(
+                    "mutations", lambda m: F.struct(m["topic"].alias("topic"), m["partitions"].alias("partitions"))
+                )
             ),
         ).alias("mutations"),
         *[name for name in RECORDED_COLUMNS if name not in ("api_version", "mutations")],
     )
+
+
+def decode_mutations(frame: pd.DataFrame) -> pd.DataFrame:
+    """prepare_requests' `mutations` (JSON text) as quota_replay reads them: a list of
+    {"topic", "partitions"} per mutation request, None for the others."""
+    if "mutations" not in frame.columns:
+        return frame
+    decoded = [json.loads(text) if isinstance(text, str) else None for text in frame["mutations"].tolist()]
+    frame = frame.copy()
+    frame["mutations"] = pd.Series(decoded, index=frame.index, dtype=object)
+    return frame
 
 
 def sharing(settings: QuotaSettings) -> tuple[bool, bool]:
@@ -255,38 +273,111 @@ def sharing(settings: QuotaSettings) -> tuple[bool, bool]:
     return users, client_ids
 
 
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How `simulate` replays a capture.
+
+    `mode`: quota_replay's open_loop or deferral. `link_users` / `link_client_ids`: which
+    (principal, client-id) pairs may share a sensor, so go to one task (`sharing`). `per_broker`:
+    every budget is per broker (Kafka's way), so each broker's traffic of a group is its own task.
+    `passthrough`: the settings the engines are built from; in deferral mode, the tasks they
+    provably never throttle (kqp.spark_jobs.replay_filter) skip the engine (see `simulate`).
+    """
+
+    mode: Mode
+    link_users: bool = True
+    link_client_ids: bool = True
+    per_broker: bool = True
+    passthrough: QuotaSettings | None = None
+
+
+def replay_options(settings: QuotaSettings, mode: Mode) -> ReplayOptions:
+    """The options replaying `settings` takes: its sharing, its scope, and the pre-filter."""
+    link_users, link_client_ids = sharing(settings)
+    return ReplayOptions(
+        mode,
+        link_users=link_users,
+        link_client_ids=link_client_ids,
+        per_broker=not needs_cluster_wide_replay(settings),
+        passthrough=settings,
+    )
+
+
+@dataclass(frozen=True)
+class ReplayTraffic:
+    """What the replay plans with, from one pass over its input: every (principal, client-id)
+    pair, and per (broker, principal, client-id, byte quota type, second) an upper bound of the
+    bytes charged (`charged`; the pre-filter's input).
+
+    None of it depends on the quota settings, so advise's rounds, which replay the same capture
+    under different advice, compute it once.
+    """
+
+    pairs: list[tuple[str, str]]
+    charged: pd.DataFrame
+
+
+def replay_traffic(requests: DataFrame, bounds: bool = True) -> ReplayTraffic:
+    """One aggregation over `requests` (prepare_requests' rows) giving a ReplayTraffic (with
+    `bounds=False`, the pairs alone: `charged` is then empty).
+
+    The bound is what a Produce (Fetch) can charge at most: the largest of its raw request
+    (response) size, which the recording rules only shrink, and the charges the proxy recorded.
+    Requests of other APIs charge no bytes: they leave one row per (broker, pair) with no type,
+    so that every pair is seen. A few rows per client and second: the driver holds them.
+    """
+    is_bytes = F.col("api_key").isin(ApiKey.PRODUCE, *FETCH_QUOTA_API_KEYS) & F.lit(bounds)
+    quota_type = (
+        F.when(is_bytes & (F.col("api_key") == ApiKey.PRODUCE), F.lit(PRODUCER_BYTE_RATE))
+        .when(is_bytes, F.lit(CONSUMER_BYTE_RATE))
+        .alias("quota_type")
+    )
+    upper = F.greatest(*[F.coalesce(F.col(c).cast("double"), F.lit(0.0)) for c in _CHARGE_BOUND_COLUMNS])
+    second = F.when(is_bytes, F.floor(F.col("ts_ms") / 1000).cast("long")).alias("second")
+    charged = to_pandas(
+        requests.groupBy("broker", "principal", "client_id", quota_type, second).agg(
+            F.sum(F.when(is_bytes, upper)).alias("bytes")
+        )
+    )
+    pairs = sorted(set(zip(charged["principal"], charged["client_id"], strict=True)))
+    charged = charged[charged["quota_type"].notna()].astype({"second": "int64"}).reset_index(drop=True)
+    return ReplayTraffic(pairs=pairs, charged=charged)
+
+
 def simulate(
     spark: SparkSession,
     requests: DataFrame,
     throttle_factory: Callable[[], ThrottleFunction | tuple[ThrottleFunction, MutationFunction]],
-    mode: Mode,
-    link_users: bool = True,
-    link_client_ids: bool = True,
-    per_broker: bool = True,
-    passthrough: QuotaSettings | None = None,
+    options: ReplayOptions,
     summarise: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
+    traffic: ReplayTraffic | None = None,
 ) -> DataFrame:
     """Every request with its simulated send time and throttle (applyInPandas per quota group).
 
     `throttle_factory` runs on the executors, once per group, and returns a fresh engine's
     throttle function (a group owns its sensors), or that and its mutation function. With
-    `per_broker` (every budget is per broker, Kafka's way) each broker's traffic of a group is
-    replayed separately; otherwise a group's traffic on all brokers goes through one engine.
+    `options.per_broker` (every budget is per broker, Kafka's way) each broker's traffic of a
+    group is replayed separately; otherwise a group's traffic on all brokers goes through one
+    engine.
 
-    `passthrough`: the settings `throttle_factory` builds its engines from. In deferral mode,
-    the tasks those settings provably never throttle (kqp.spark_jobs.replay_filter) then skip
-    the shuffle and the engine: their rows come back as the replay would return them, at their
-    recorded times with no throttle. Not in open-loop mode, whose exact replay of recorded
+    `options.passthrough`: the settings `throttle_factory` builds its engines from. In deferral
+    mode, the tasks those settings provably never throttle (kqp.spark_jobs.replay_filter) then
+    skip the shuffle and the engine: their rows come back as the replay would return them, at
+    their recorded times with no throttle. Not in open-loop mode, whose exact replay of recorded
     engine inputs runs on the proxy's engine clock rather than on ts_ms.
 
-    `summarise`: applied to each task's replayed rows (and to each batch of passed-through ones)
-    before they leave the Python worker; its result, in PARTIALS_SCHEMA, is then the output
+    `summarise`: applied to each task's replayed rows (and to the passed-through ones,
+    _SUMMARY_ROWS at a time) before they leave the Python worker; its result, in PARTIALS_SCHEMA, is then the output
     instead of the rows (simulate_partials: each task's partial sums).
+
+    `traffic`: replay_traffic(requests), when the caller has it already (advise's rounds).
     """
+    mode = options.mode
+    filtering = options.passthrough is not None and mode == "deferral"
+    traffic = traffic if traffic is not None else replay_traffic(requests, bounds=filtering)
     # Grouping is done on the driver: the distinct (principal, client-id) pairs are few
     # (thousands), and the linking is a union-find over them, not a DataFrame operation.
-    pairs = [(r["principal"], r["client_id"]) for r in requests.select("principal", "client_id").distinct().collect()]
-    groups = quota_groups(pairs, link_users, link_client_ids)
+    groups = quota_groups(traffic.pairs, options.link_users, options.link_client_ids)
     mapping = spark.createDataFrame(
         [(p, c, g) for (p, c), g in groups.items()], "principal string, client_id string, quota_group int"
     )
@@ -296,6 +387,7 @@ def simulate(
     grouped = requests.join(F.broadcast(mapping), ["principal", "client_id"])
 
     def replay(frame: pd.DataFrame) -> pd.DataFrame:
+        frame = decode_mutations(frame)
         # A fresh engine per group: groups share no sensor by construction, and a group's
         # sensors must start empty to reproduce the proxy's from the capture's start.
         made = throttle_factory()
@@ -316,18 +408,32 @@ def simulate(
     # With every budget per broker (Kafka's way), a group's brokers share no sensor, so each broker
     # of a group is its own task: more parallelism, same throttles. A cluster-wide budget needs the
     # whole group in one task, in one time order.
-    keys = ("broker", "quota_group") if per_broker else ("quota_group",)
+    keys = ("broker", "quota_group") if options.per_broker else ("quota_group",)
     schema = SIMULATED_SCHEMA if summarise is None else PARTIALS_SCHEMA
-    if passthrough is None or mode != "deferral":
+    if not filtering or options.passthrough is None:
         return grouped.groupBy(*keys).applyInPandas(replay, schema)
-    flagged = passthrough_condition(spark, grouped, keys, groups, passthrough)
+    flagged = passthrough_condition(spark, grouped, keys, groups, options.passthrough, traffic)
     if flagged is None:
         return grouped.groupBy(*keys).applyInPandas(replay, schema)
     replayed = flagged.where(~F.col(_PASSTHROUGH)).drop(_PASSTHROUGH).groupBy(*keys).applyInPandas(replay, schema)
 
     def passed_through(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        if summarise is None:
+            yield from _passed_through(frames)
+            return
+        # Summed per _SUMMARY_ROWS rows, not per Arrow batch: a summary costs tens of ms
+        # whatever its size (pandas' fixed costs), more than the sums of a batch of a few
+        # thousand rows. Partial sums add up the same however the rows are split.
+        pending: list[pd.DataFrame] = []
+        count = 0
         for rows in _passed_through(frames):
-            yield rows if summarise is None else summarise(rows)
+            pending.append(rows)
+            count += len(rows)
+            if count >= _SUMMARY_ROWS:
+                yield summarise(pd.concat(pending, ignore_index=True))
+                pending, count = [], 0
+        if pending:
+            yield summarise(pd.concat(pending, ignore_index=True))
 
     # No shuffle and no engine: only the proxy's recording rules, for the charged bytes.
     unchanged = flagged.where(F.col(_PASSTHROUGH)).drop(_PASSTHROUGH).mapInPandas(passed_through, schema)
@@ -335,6 +441,8 @@ def simulate(
 
 
 _PASSTHROUGH = "_kqp_passthrough"
+# Passed-through rows summed at a time (simulate): about 25 MB of pandas frame.
+_SUMMARY_ROWS = 200_000
 SIMULATED_COLUMNS = tuple(name.split()[0] for name in SIMULATED_SCHEMA.split(", "))
 
 
@@ -353,12 +461,13 @@ def passthrough_condition(
     keys: tuple[str, ...],
     groups: Mapping[tuple[str, str], int],
     settings: QuotaSettings,
+    traffic: ReplayTraffic,
 ) -> DataFrame | None:
     """`grouped` with a boolean column: whether its task is provably never throttled (None: no task is).
 
     Groups whose clients have no byte quota at all pass whole, without looking at their traffic;
     groups with one are judged per task from an upper bound of the bytes they charge per second
-    (the raw request or response size, never less than the recorded charge), by replay_filter.
+    (`traffic.charged`, summed over the task's clients), by replay_filter.
     """
     from kqp.quotas import QuotaEngine
 
@@ -371,25 +480,26 @@ def passthrough_condition(
     judged = sorted(g for g, q in quotas.items() if q.bounded and g not in free)
     passed_tasks: list[tuple[int, ...]] = []
     if judged:
-        quota_type = (
-            F.when(F.col("api_key") == ApiKey.PRODUCE, F.lit(PRODUCER_BYTE_RATE))
-            .when(F.col("api_key").isin(*FETCH_QUOTA_API_KEYS), F.lit(CONSUMER_BYTE_RATE))
-            .alias("quota_type")
+        charged = traffic.charged.assign(
+            quota_group=[
+                groups[pair] for pair in zip(traffic.charged["principal"], traffic.charged["client_id"], strict=True)
+            ]
         )
-        upper = F.greatest(*[F.coalesce(F.col(c).cast("double"), F.lit(0.0)) for c in _CHARGE_BOUND_COLUMNS])
-        per_second = to_pandas(
-            grouped.where(F.col("quota_group").isin(*judged))
-            .where(F.col("api_key").isin(ApiKey.PRODUCE, *FETCH_QUOTA_API_KEYS))
-            .groupBy(*keys, quota_type, F.floor(F.col("ts_ms") / 1000).cast("long").alias("second"))
-            .agg(F.sum(upper).alias("bytes"))
+        # Whole bytes summed in doubles: exact in any order, so a task's seconds are the same
+        # sums whether its clients were added up here or request by request.
+        per_second = (
+            charged[charged["quota_group"].isin(judged)]
+            .groupby([*keys, "quota_type", "second"], sort=False)["bytes"]
+            .sum()
+            .reset_index()
         )
         task_pairs: dict[tuple[int, ...], list[tuple[str, str]]] = {}
-        charged: dict[tuple[tuple[int, ...], ByteQuotaType], tuple[np.ndarray, np.ndarray]] = {}
+        per_task: dict[tuple[tuple[int, ...], ByteQuotaType], tuple[np.ndarray, np.ndarray]] = {}
         for (*task, kind), rows in per_second.groupby([*keys, "quota_type"]):
             key = tuple(int(k) for k in task)
             task_pairs[key] = pairs_of[key[-1]]  # quota_group is the last key
-            charged[(key, kind)] = (rows["second"].to_numpy(), rows["bytes"].to_numpy(dtype=np.float64))
-        passed_tasks = sorted(passthrough_tasks(settings, task_pairs, charged))
+            per_task[(key, kind)] = (rows["second"].to_numpy(), rows["bytes"].to_numpy(dtype=np.float64))
+        passed_tasks = sorted(passthrough_tasks(settings, task_pairs, per_task))
     if not free and not passed_tasks:
         return None
     flag = F.col("quota_group").isin(*free) if free else F.lit(False)
@@ -497,27 +607,15 @@ def simulate_partials(
     spark: SparkSession,
     requests: DataFrame,
     throttle_factory: Callable[[], ThrottleFunction | tuple[ThrottleFunction, MutationFunction]],
-    mode: Mode,
-    link_users: bool = True,
-    link_client_ids: bool = True,
-    per_broker: bool = True,
-    passthrough: QuotaSettings | None = None,
+    options: ReplayOptions,
     peaks: bool = False,
     moved_unit: int | None = None,
+    traffic: ReplayTraffic | None = None,
 ) -> DataFrame:
     """simulate's replay, each task returning its partial sums (kqp.spark_jobs.replay_partials)
     instead of its rows: the figures below are merged from them, the same as from the rows."""
-    return simulate(
-        spark,
-        requests,
-        throttle_factory,
-        mode,
-        link_users=link_users,
-        link_client_ids=link_client_ids,
-        per_broker=per_broker,
-        passthrough=passthrough,
-        summarise=functools.partial(task_partials, peaks=peaks, moved_unit=moved_unit),
-    )
+    summarise = functools.partial(task_partials, peaks=peaks, moved_unit=moved_unit)
+    return simulate(spark, requests, throttle_factory, options, summarise=summarise, traffic=traffic)
 
 
 def _part(partials: DataFrame, name: str) -> DataFrame:
@@ -602,22 +700,11 @@ def run_whatif(spark: SparkSession, options: WhatIfOptions, progress: Progress |
     """Simulate and shape the results; returns {"summary": ..., "tables": {...}}."""
     progress = progress or Progress("whatif", 2 + options.calibrate)
     settings = load_quota_settings(options.quotas)
-    link_users, link_client_ids = sharing(settings)
     requests = prepare_requests(read_capture(spark, options.capture))
     factory = functools.partial(engine_replay_functions, settings)
     # Each replay task hands back its partial sums, not its rows: the tables are merged from
     # them (small, so cached: the three tables read them).
-    partials = simulate_partials(
-        spark,
-        requests,
-        factory,
-        options.mode,
-        link_users=link_users,
-        link_client_ids=link_client_ids,
-        per_broker=not needs_cluster_wide_replay(settings),
-        passthrough=settings,
-        peaks=True,
-    ).persist()
+    partials = simulate_partials(spark, requests, factory, replay_options(settings, options.mode), peaks=True).persist()
     clients = to_pandas(client_outcomes_from_partials(partials))
     rows = int(clients["requests"].sum())
     progress.step(f"replayed {rows} requests through kqp.quotas ({options.mode})")

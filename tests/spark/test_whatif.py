@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,14 @@ import pytest
 from pyspark import cloudpickle
 
 from kqp.spark_jobs.capture_source import read_capture
-from kqp.spark_jobs.whatif import broker_peaks, calibration, client_outcomes, prepare_requests, simulate
+from kqp.spark_jobs.whatif import (
+    ReplayOptions,
+    broker_peaks,
+    calibration,
+    client_outcomes,
+    prepare_requests,
+    simulate,
+)
 from tests.spark.helpers import QUOTAS_YAML
 
 pytestmark = pytest.mark.spark
@@ -37,7 +45,7 @@ def every_produce_of_one_client():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def simulated(spark: Any, capture_dir: Path) -> pd.DataFrame:
     requests = prepare_requests(read_capture(spark, str(capture_dir)))
-    frame = simulate(spark, requests, every_produce_of_one_client, "open_loop")
+    frame = simulate(spark, requests, every_produce_of_one_client, ReplayOptions("open_loop"))
     return frame
 
 
@@ -65,7 +73,7 @@ def test_calibration_against_recorded_throttles(simulated: Any, capture_rows: pd
 
 def test_deferral_moves_throttled_traffic_later(spark: Any, capture_dir: Path, capture_rows: pd.DataFrame) -> None:
     requests = prepare_requests(read_capture(spark, str(capture_dir)))
-    deferred = simulate(spark, requests, every_produce_of_one_client, "deferral")
+    deferred = simulate(spark, requests, every_produce_of_one_client, ReplayOptions("deferral"))
     shifts = deferred.where("client_id = 'app-0'").selectExpr("max(sim_ts_ms - ts_ms) as shift").first()
     others = deferred.where("client_id != 'app-0'").selectExpr("max(abs(sim_ts_ms - ts_ms)) as shift").first()
     produce_per_connection = capture_rows[capture_rows["client_id"] == THROTTLED_CLIENT].groupby("connection_id").size()
@@ -203,7 +211,7 @@ def test_controller_mutations_are_charged_when_they_arrived(spark: Any, tmp_path
 
     requests = prepare_requests(read_capture(spark, str(capture)))
     factory = functools.partial(engine_replay_functions, settings)
-    simulated = simulate(spark, requests, factory, "open_loop").toPandas().sort_values("ts_ms")
+    simulated = simulate(spark, requests, factory, ReplayOptions("open_loop")).toPandas().sort_values("ts_ms")
 
     engine = QuotaEngine(settings)
     expected = [
@@ -249,26 +257,22 @@ def test_deferral_passes_through_what_the_quotas_never_throttle_and_changes_noth
     from kqp.spark_jobs.whatif import (
         SIMULATED_COLUMNS,
         engine_replay_functions,
-        needs_cluster_wide_replay,
         passthrough_condition,
-        sharing,
+        replay_options,
+        replay_traffic,
     )
 
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(PASSTHROUGH_QUOTAS_YAML)
     settings = load_config([str(quotas)]).quota_settings()
     requests = prepare_requests(read_capture(spark, str(capture_dir)))
-    link_users, link_client_ids = sharing(settings)
+    options = replay_options(settings, "deferral")
     runs = {
         name: simulate(
             spark,
             requests,
             functools.partial(engine_replay_functions, settings),
-            "deferral",
-            link_users=link_users,
-            link_client_ids=link_client_ids,
-            per_broker=not needs_cluster_wide_replay(settings),
-            passthrough=passthrough,
+            replace(options, passthrough=passthrough),
         )
         for name, passthrough in (("full", None), ("filtered", settings))
     }
@@ -301,12 +305,20 @@ def test_deferral_passes_through_what_the_quotas_never_throttle_and_changes_noth
     pairs = [(r["principal"], r["client_id"]) for r in requests.select("principal", "client_id").distinct().collect()]
     from kqp.spark_jobs.quota_replay import quota_groups
 
-    groups = quota_groups(pairs, link_users, link_client_ids)
+    groups = quota_groups(pairs, options.link_users, options.link_client_ids)
     mapping = spark.createDataFrame(
         [(p, c, g) for (p, c), g in groups.items()], "principal string, client_id string, quota_group int"
     )
+    traffic = replay_traffic(requests)
+    # The one pass that plans the replay sees every pair the capture holds.
+    assert traffic.pairs == sorted(pairs)
     flagged = passthrough_condition(
-        spark, requests.join(mapping, ["principal", "client_id"]), ("broker", "quota_group"), groups, settings
+        spark,
+        requests.join(mapping, ["principal", "client_id"]),
+        ("broker", "quota_group"),
+        groups,
+        settings,
+        traffic,
     )
     assert flagged is not None
     passed = {r["client_id"] for r in flagged.where("_kqp_passthrough").select("client_id").distinct().collect()}
@@ -358,7 +370,7 @@ def test_partial_sums_give_the_tables_the_rows_give(spark: Any, capture_dir: Pat
         client_outcomes_from_partials,
         engine_replay_functions,
         moved_bytes_from_partials,
-        sharing,
+        replay_options,
         simulate_partials,
     )
 
@@ -366,13 +378,9 @@ def test_partial_sums_give_the_tables_the_rows_give(spark: Any, capture_dir: Pat
     quotas.write_text(PASSTHROUGH_QUOTAS_YAML)
     settings = load_config([str(quotas)]).quota_settings()
     requests = prepare_requests(read_capture(spark, str(capture_dir)))
-    link_users, link_client_ids = sharing(settings)
     common: dict[str, Any] = {
         "throttle_factory": functools.partial(engine_replay_functions, settings),
-        "mode": mode,
-        "link_users": link_users,
-        "link_client_ids": link_client_ids,
-        "passthrough": settings,
+        "options": replay_options(settings, mode),  # type: ignore[arg-type]  # mode: a parametrised str
     }
     rows = simulate(spark, requests, **common)
     unit = 3
