@@ -3,23 +3,39 @@ against Kafka's figures for the same clients, fairness between a client's connec
 request time-out that Kafka would not also cause, kqp's figures and Kafka's compared as
 distributions over the row's seeds, paired by rank (kqpsim/table.py). A row that shows a known
 finding asserts that finding's figures, each in its measured band, and nothing else. A failure
-prints every seed's figures and the command that replays a seed."""
+prints every seed's figures and the command that replays a seed.
+
+The selected rows run in two worker processes at the lowest priority from the first row's test on
+(kqpsim/pool.py says why; KQP_SIM_PROCESSES=1 runs each row in its own test instead)."""
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
+from typing import cast
 
 import pytest
 
 from kqpsim import table
+from kqpsim.pool import Background, table_rows
 from kqpsim.scenario import KIB, Clients, Quota, Scenario, parse_scenario, simulate
 from kqpsim.table import ROWS, Band, Finding, Row, Sample, Violation, figures, sample, unexplained
 
 
+@pytest.fixture(scope="module")
+def row_runs(request: pytest.FixtureRequest) -> Iterator[Background[Row, list[Sample]]]:
+    # Every row this session will test (after -k), started at once, in the order they are tested.
+    selected = [cast(Row, item.callspec.params["row"]) for item in request.session.items
+                if isinstance(item, pytest.Function) and item.originalname == "test_scenario_row"]
+    runs = table_rows(selected)
+    yield runs
+    runs.close()
+
+
 @pytest.mark.parametrize("row", [pytest.param(row, id=f"{row.scenario.name}{'-finding' if row.finding else ''}")
                                  for row in ROWS])
-def test_scenario_row(row: Row) -> None:
-    samples = [sample(simulate(row.scenario, seed)) for seed in range(row.seeds)]
+def test_scenario_row(row: Row, row_runs: Background[Row, list[Sample]]) -> None:
+    samples = row_runs.get(row)
     problems = unexplained(row, samples)
     finding = [f"  known finding: {row.finding.text}"] if row.finding is not None else []
     assert not problems, "\n".join([row.scenario.name, *(f"  {s.describe()}" for s in samples), *finding,
