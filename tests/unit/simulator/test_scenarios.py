@@ -42,6 +42,12 @@ def test_scenario_row(row: Row, row_runs: Background[Row, list[Sample]]) -> None
                                     f"  replay: {row.scenario.replay_command(0)}", *problems])
 
 
+def test_make_test_runs_at_least_400_scenario_seeds() -> None:
+    # Issue 39, acceptance 1: at least 400 scenario-seeds in make test (and in under 2 minutes:
+    # docs/testing.md, "What it costs").
+    assert sum(row.seeds for row in ROWS) >= 400
+
+
 def test_every_finding_has_a_band_for_each_figure() -> None:
     for row in ROWS:
         if row.finding is None:
