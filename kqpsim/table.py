@@ -8,7 +8,8 @@ seed. Seed s through kqp and seed s straight to Kafka's model share the clients'
 and nothing after the first request: the proxy's hop and the broker's varied handling time put
 each run in its own phase of Kafka's throttle arithmetic, so pairing them by seed grades phase,
 whichever side is right (docs/quotas.md, "The simulator's open findings"). Each check that compares
-with Kafka is applied to the figures paired by rank instead: kqp's lowest seed with Kafka's
+with Kafka, save request time-outs (counts, compared with their sampling error: `_timeout_violations`),
+is applied to the figures paired by rank instead: kqp's lowest seed with Kafka's
 lowest, its median with Kafka's median, its highest with Kafka's highest (a quantile-quantile
 comparison, each pair held to the same bound and tolerance a seed was held to). For a one-sided
 bound that is the same as: some one-to-one matching of kqp's seeds to Kafka's passes every
