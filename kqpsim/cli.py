@@ -5,6 +5,7 @@
     python -m kqpsim run ROW --seed N                       # one seed: both figures, judged alone
     python -m kqpsim run ROW --seed N --trace               # ... and every second of both runs
     python -m kqpsim run 'model=consumer,connections=3' --seeds 5  # a scenario that is not a row
+    python -m kqpsim digests > before.txt                   # every scenario-seed of make test, fingerprinted
 
 ROW is a row's name as `list` prints it, or a scenario as `field=value,...` (what a failing
 test's replay command gives). `make test` judges a row over its seeds, kqp's figures against
@@ -18,6 +19,7 @@ The exit status is 0 unless it fails.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 from collections.abc import Sequence
 
@@ -62,6 +64,24 @@ def verdict(scenario: Scenario, samples: Sequence[Sample], row: table.Row | None
                           for b in row.finding.bands)
         return True, [f"KNOWN FINDING, its figures in their bands ({bands}): {row.finding.text}"]
     return True, ["PASS"]
+
+
+def digests(rows_containing: str) -> int:
+    """Every scenario-seed `make test` runs (the rows whose name contains `rows_containing`), one
+    line each: its digest (every acknowledgement of both runs) and its figures. Two runs of this
+    that print the same lines ran the same simulation: what a change meant to be only faster
+    (docs/testing.md, "What it costs") is checked with it, before and after."""
+    whole = hashlib.sha256()
+    for row in table.ROWS:
+        if rows_containing not in row.scenario.name:
+            continue
+        for seed in range(row.seeds):
+            outcome = simulate(row.scenario, seed)
+            line = f"{row.scenario.name} {outcome.digest()} {table.sample(outcome).describe()}"
+            whole.update(line.encode())
+            print(line, flush=True)
+    print(f"all: {whole.hexdigest()[:16]}")
+    return 0
 
 
 def _per_second(times: Sequence[float], values: Sequence[float], seconds: int) -> list[float]:
@@ -167,7 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     which.add_argument("--seed", type=int, help="one seed, judged alone")
     which.add_argument("--seeds", type=int, help="seeds 0 .. N-1, judged together (default: the row's)")
     one.add_argument("--trace", action="store_true", help="print every second of both runs")
+    fingerprints = commands.add_parser("digests", help="every scenario-seed of make test: its digest and figures")
+    fingerprints.add_argument("--rows", default="", help="only rows whose name contains this")
     args = parser.parse_args(argv)
     if args.command == "list":
         return list_rows()
+    if args.command == "digests":
+        return digests(args.rows)
     return run(args.row, args.seed, args.seeds, args.trace)

@@ -8,7 +8,8 @@ seed. Seed s through kqp and seed s straight to Kafka's model share the clients'
 and nothing after the first request: the proxy's hop and the broker's varied handling time put
 each run in its own phase of Kafka's throttle arithmetic, so pairing them by seed grades phase,
 whichever side is right (docs/quotas.md, "The simulator's open findings"). Each check that compares
-with Kafka is applied to the figures paired by rank instead: kqp's lowest seed with Kafka's
+with Kafka, save request time-outs (counts, compared with their sampling error: `_timeout_violations`),
+is applied to the figures paired by rank instead: kqp's lowest seed with Kafka's
 lowest, its median with Kafka's median, its highest with Kafka's highest (a quantile-quantile
 comparison, each pair held to the same bound and tolerance a seed was held to). For a one-sided
 bound that is the same as: some one-to-one matching of kqp's seeds to Kafka's passes every
@@ -23,6 +24,8 @@ the suite. Every other row must show no violation at all.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import fmean
@@ -156,12 +159,65 @@ def violations(scenario: Scenario, samples: Sequence[Sample]) -> list[Violation]
                                    f"equal share, Kafka's {pair.kafka:.2f} (slack {FAIRNESS_SLACK})")
                          for pair in rank_pairs(samples, lambda s: figures("fairness", s))
                          if pair.kqp < pair.kafka - FAIRNESS_SLACK)
-    waits = {s.seed: (s.kqp_max_wait_s, s.kafka_max_wait_s) for s in samples}
-    found.extend(Violation("timeouts", f"{pair.where()}: {pair.kqp:g} request time-outs through kqp, {pair.kafka:g} "
-                           f"against Kafka (longest waits {waits[pair.kqp_seed][0]:.1f} s and "
-                           f"{waits[pair.kafka_seed][1]:.1f} s)")
-                 for pair in rank_pairs(samples, lambda s: figures("timeouts", s)) if pair.kqp > pair.kafka)
+    found.extend(_timeout_violations(samples))
     return found
+
+
+# Time-outs through kqp beyond Kafka's model's, where that model times out too: how unlikely
+# kqp's total must be if kqp's seeds and Kafka's were the same distribution (docs/testing.md,
+# "Time-outs are counts").
+TIMEOUT_SIGNIFICANCE = 0.01
+
+
+def _timeout_violations(samples: Sequence[Sample]) -> list[Violation]:
+    """Request time-outs are small whole numbers, compared as counts.
+
+    Where Kafka's model has none over the seeds, the shape does not time out at these seeds:
+    any through kqp is one Kafka does not give (a request the proxy holds). Where it has some,
+    time-outs are a chance event of the shape (requests of seconds of quota, waits near the
+    time-out), and kqp's total over the seeds is held to Kafka's with its sampling error: an
+    exact one-sided permutation test on the seeds' counts (`excess_chance`), failing under
+    TIMEOUT_SIGNIFICANCE. Counts paired by rank cross by one at some rank for two samples of
+    one distribution, once there are enough seeds (row (e) at 48 seeds)."""
+    kqp = [s.kqp_timeouts for s in samples]
+    kafka = [s.kafka_timeouts for s in samples]
+    if sum(kqp) == 0:
+        return []
+    waits = (f"longest waits {max(s.kqp_max_wait_s for s in samples):.1f} s and "
+             f"{max(s.kafka_max_wait_s for s in samples):.1f} s")
+    seeds = ", ".join(f"{s.seed}: {s.kqp_timeouts}" for s in samples if s.kqp_timeouts)
+    if sum(kafka) == 0:
+        return [Violation("timeouts", f"{sum(kqp)} request time-outs through kqp over {len(samples)} seeds "
+                          f"(seed: count {seeds}), none against Kafka ({waits})")]
+    chance = excess_chance(kqp, kafka)
+    if chance >= TIMEOUT_SIGNIFICANCE:
+        return []
+    return [Violation("timeouts", f"{sum(kqp)} request time-outs through kqp over {len(samples)} seeds, "
+                      f"{sum(kafka)} against Kafka: as many or more by chance {chance:.4f} < "
+                      f"{TIMEOUT_SIGNIFICANCE} (seed: count {seeds}; {waits})")]
+
+
+def excess_chance(kqp: Sequence[int], kafka: Sequence[int]) -> float:
+    """The exact one-sided permutation test of two samples of counts: of every way to deal the
+    pooled counts of both samples into two groups of len(kqp), the fraction whose first group
+    totals at least kqp's total. Seeds are dealt whole, so a chain of time-outs on one seed
+    counts as the one seed it is (no assumption that time-outs are independent)."""
+    pooled = Counter([*kqp, *kafka])
+    zeros = pooled.pop(0, 0)
+    size, total = len(kqp), sum(kqp)
+    # ways[(taken, sum)]: the ways to take `taken` of the non-zero counts seen so far with that
+    # sum (few: time-outs are rare); the zeros fill each group up to `size` at the end.
+    ways: dict[tuple[int, int], int] = {(0, 0): 1}
+    for value, available in pooled.items():
+        grown: dict[tuple[int, int], int] = {}
+        for (taken, summed), count in ways.items():
+            for more in range(min(available, size - taken) + 1):
+                key = (taken + more, summed + value * more)
+                grown[key] = grown.get(key, 0) + count * math.comb(available, more)
+        ways = grown
+    at_least = sum(count * math.comb(zeros, size - taken) for (taken, summed), count in ways.items()
+                   if summed >= total)
+    return at_least / math.comb(len(kqp) + len(kafka), size)
 
 
 def _request_quota_violations(scenario: Scenario, samples: Sequence[Sample]) -> list[Violation]:
@@ -277,16 +333,10 @@ def _rows() -> list[Row]:
     # Quotas from 64 KiB/s to 100 MiB/s, requests from 1 KB to several seconds of the quota.
     add(Row(Scenario(Clients("librdkafka", 1, request_bytes=1 * KIB), Quota(64 * KIB)), 2))
     add(Row(Scenario(Clients("librdkafka", 2, request_bytes=8 * KIB), Quota(64 * KIB)), 12))
-    add(Row(Scenario(Clients("librdkafka", 2, request_bytes=128 * KIB), Quota(64 * KIB)), 12, finding=Finding(
-        "librdkafka over 2 connections at 64 KiB/s, requests of 2 s of quota: 3 request time-outs over 12 seeds "
-        "through kqp (2 on seed 2), 2 against Kafka's model (at most 1 a seed); longest waits 27-29 s on both "
-        "sides. (c) in docs/quotas.md: kqp pipelines before the first throttle, where a broker handles one "
-        "request at a time: 15 requests handled in 0.35 s on seed 2, a 20 s throttle, time-outs at 30 s and "
-        "48 s (a chain on 7 of 400 seeds; as many seeds with a time-out as Kafka's model over 400, 36 and 36). "
-        "Reading one at a time from the start, always or predictively, times out on 86-93 of 400",
-        bands=(
-            Band("timeouts", kqp=(0, 2), kafka=(0, 1)),
-        ))))
+    # Finding (c) until 2026-11-27, closed as a count (docs/quotas.md): 3 request time-outs over the
+    # 12 seeds through kqp (2 on seed 2, a chain after the burst pipelined before the first
+    # throttle), 2 against Kafka's model; as many or more by chance 0.5 (0.21 over 400 seeds).
+    add(Row(Scenario(Clients("librdkafka", 2, request_bytes=128 * KIB), Quota(64 * KIB)), 12))
     add(Row(Scenario(Clients("librdkafka", 1, request_bytes=192 * KIB), Quota(64 * KIB)), 12))
     add(Row(Scenario(Clients("java-producer", 2, request_bytes=192 * KIB), Quota(64 * KIB)), 8))
     add(Row(Scenario(Clients("librdkafka", 5, request_bytes=1 * MIB), Quota(10 * MIB)), 2))
@@ -328,14 +378,19 @@ def _rows() -> list[Row]:
     # An exchange slower than its report interval (100 ms) is where the fleet's estimate of what
     # the others admitted meanwhile stops covering the lag (kqp.quotas.fleet, docs/scaling.md).
     add(Row(Scenario(Clients("librdkafka", 4, request_bytes=64 * KIB), Quota(1 * MIB),
-                     topology=Topology(instances=2, exchange_lag_s=0.5)), 3, finding=Finding(
+                     topology=Topology(instances=2, exchange_lag_s=0.5)), 12, finding=Finding(
         "a fleet of 2 with a slow exchange (lag 500 ms, five report intervals), 4 librdkafka connections: kqp "
-        "admits 1.054-1.151x the quota, one Kafka broker 0.935x; poorest connection 0.30-0.71 (Kafka 0.55-0.68); "
-        "one request time-out on seed 0 (longest wait 25.9 s, Kafka's 9.3 s). (f) in docs/quotas.md: no "
-        "instance can act on usage it has not heard of; a report interval above the lag (1 s) gives 0.938-1.024x",
+        "admits 0.836-1.171x the quota over 12 seeds (over one Kafka broker's 0.935-0.939x on 11, under it on "
+        "seed 11), poorest connection 0.19-0.73 (Kafka 0.44-0.79); one request time-out on seed 0 (longest "
+        "wait 25.9 s, Kafka's 9.3 s). (f) in docs/quotas.md: no instance can act on usage it has not heard of, "
+        "so both instances take the room a burst leaves (a doubled burst: over), and after one the instance that "
+        "recorded the other's half 0.6 s late throttles its connections for 9 s, so the next room goes to the "
+        "other's two connections alone, over two of the quota's samples, and the cycle stretches from 11.5 s to "
+        "12.5 s (seed 11: under); a report interval above the lag (1 s) gives 0.912-1.022x over the 12 seeds",
         bands=(
-            Band("over", kqp=(1.054, 1.151), kafka=(0.934, 0.935)),
-            Band("fairness", kqp=(0.29, 0.71), kafka=(0.55, 0.68)),
+            Band("over", kqp=(0.835, 1.172), kafka=(0.934, 0.94)),
+            Band("under", kqp=(0.835, 1.172), kafka=(0.934, 0.94)),
+            Band("fairness", kqp=(0.19, 0.74), kafka=(0.44, 0.8)),
             Band("timeouts", kqp=(0, 1), kafka=(0, 0)),
         ))))
     add(Row(Scenario(Clients("java-producer", 4, request_bytes=64 * KIB), Quota(1 * MIB),

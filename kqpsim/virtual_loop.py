@@ -19,9 +19,11 @@ import asyncio
 import random
 import selectors
 import socket
+from asyncio import events
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 
@@ -60,6 +62,8 @@ class _VirtualSelector(selectors.BaseSelector):
         return self._keys
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        # What asyncio's own turn of the loop would call; VirtualLoop._run_once jumps the clock
+        # itself, the same way, and does not call it.
         loop = self.loop
         assert loop is not None
         if timeout is None:
@@ -69,10 +73,30 @@ class _VirtualSelector(selectors.BaseSelector):
         return []
 
 
+# BaseEventLoop's constants for its timer heap (asyncio/base_events.py, 3.11-3.13).
+_MAX_WAIT_S = 24 * 3600.0
+_MIN_SCHEDULED_TIMER_HANDLES = 100
+_MIN_CANCELLED_TIMER_HANDLES_FRACTION = 0.5
+
+
 class VirtualLoop(asyncio.SelectorEventLoop):
     """asyncio's loop on virtual time and an in-memory network (see the module docstring):
     `SelectorEventLoop` as asyncio ships it, given a selector that does not wait, with `time`
-    and the two connection calls answered here."""
+    and the two connection calls answered here.
+
+    One turn of the loop (`_run_once`) and the timer heap (`call_at`) are also the loop's own,
+    for speed alone: a simulated run is a million turns of about one callback each, and
+    asyncio's heap of `TimerHandle`s compares them with a Python `__lt__` (7.5 million calls for
+    one seed of each row). A turn here costs a fifth less CPU (a bench of 200,000 timers and
+    67,000 ready callbacks: 1.62 s against asyncio's 2.00 s). Here the heap holds `(when,
+    handle)` pairs, which compare as floats in C; on equal times the pair falls back to the
+    handles' own `==` and `<`, so every comparison gives what comparing the handles gives, the
+    heap keeps the same shape, and the timers fire in exactly asyncio's order (`python -m kqpsim
+    digests` is unchanged by it). The turn is asyncio's, step for step: cancelled timers dropped
+    as it drops them, the wait (the selector's `select`: the clock jumps) only when nothing is
+    ready, every timer due within the clock's resolution made ready, then the ready callbacks
+    that were there run. Debug mode's slow-callback warnings, which read the wall clock, are not
+    kept."""
 
     def __init__(self, seed: int, faults: Faults | None = None) -> None:
         self._now = 0.0
@@ -94,6 +118,55 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def advance(self, seconds: float) -> None:
         self._now += seconds
         self.jumps += 1
+
+    def call_at(  # type: ignore[override]
+        self, when: float, callback: Callable[..., object], *args: Any, context: Any = None,
+    ) -> asyncio.TimerHandle:
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        timer = events.TimerHandle(when, callback, args, self, context)
+        heappush(self._scheduled, (when, timer))
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
+
+    def _run_once(self) -> None:
+        scheduled: list[tuple[float, asyncio.TimerHandle]] = self._scheduled  # type: ignore[has-type]
+        count = len(scheduled)
+        if count > _MIN_SCHEDULED_TIMER_HANDLES and \
+                self._timer_cancelled_count / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION:  # type: ignore[has-type]
+            kept = []
+            for entry in scheduled:
+                if entry[1]._cancelled:
+                    entry[1]._scheduled = False  # type: ignore[attr-defined]
+                else:
+                    kept.append(entry)
+            heapify(kept)
+            self._scheduled = scheduled = kept
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0][1]._cancelled:
+                self._timer_cancelled_count -= 1
+                heappop(scheduled)[1]._scheduled = False  # type: ignore[attr-defined]
+        ready: deque[events.Handle] = self._ready  # type: ignore[attr-defined]
+        if not ready and not self._stopping:  # type: ignore[attr-defined]
+            # The selector's wait: the clock jumps to the next timer.
+            if not scheduled:
+                raise Deadlock(f"nothing ready and no timer set at t={self._now:.6f}")
+            timeout = min(max(0, scheduled[0][0] - self._now), _MAX_WAIT_S)
+            if timeout > 0:
+                self.advance(timeout + self.busy_delay())
+        end_time = self._now + self._clock_resolution  # type: ignore[attr-defined]
+        while scheduled:
+            when, timer = scheduled[0]
+            if when >= end_time:
+                break
+            heappop(scheduled)
+            timer._scheduled = False  # type: ignore[attr-defined]
+            ready.append(timer)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
 
     def busy_delay(self) -> float:
         f = self.faults

@@ -5,8 +5,10 @@
 # exactly as a serial run would, so no two of them ever share the machine. Everything else (the
 # unit tests, the packaging test) runs in a second pytest beside them: CPU-bound work beside the
 # wire tests is a condition they must stand anyway (issue 39 asks the suite to pass with a busy
-# loop on the host), and it takes the unit tests' minutes off the suite's length. Its output is
-# printed when both have ended; the exit status fails if either failed.
+# loop on the host), and it takes the unit tests' minutes off the suite's length. The simulator's
+# scenario-seeds among them run in two worker processes at nice 19 (kqpsim/pool.py): they take
+# only the CPU the real-time tests leave. Its output is printed when both have ended; the exit
+# status fails if either failed.
 set -u
 cd "$(dirname "$0")/.."
 pytest=.venv/bin/pytest

@@ -58,3 +58,11 @@ def test_a_scenario_that_is_not_a_row_passes_on_no_violation(capsys: pytest.Capt
 def test_an_unknown_row_is_named_back() -> None:
     with pytest.raises(SystemExit, match="no row is named 'nope'"):
         cli.main(["run", "nope"])
+
+
+def test_digests_fingerprint_every_seed_of_make_test(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["digests", "--rows", CHEAP_ROW]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(row for row in ROWS if row.scenario.name == CHEAP_ROW)
+    assert len(lines) == row.seeds + 1 and lines[-1].startswith("all: ")
+    assert lines[1].split()[:4] == [CHEAP_ROW, simulate(row.scenario, 1).digest(), "seed", "1:"]

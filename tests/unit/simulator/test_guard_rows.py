@@ -2,15 +2,20 @@
 kqpsim/guard_rows.py): the load held at the limit over every 11 s window
 once converged, fair shares, nobody throttled while the offer is under the limits, no
 oscillation; the same traffic under static quotas of the fair shares printed beside. A seed in
-`KNOWN` does not meet the load band yet: it asserts its measured band and nothing else fails."""
+`KNOWN` does not meet the load band yet: it asserts its measured band and nothing else fails.
+The selected scenario-seeds run in two worker processes at the lowest priority from the first
+one's test on (kqpsim/pool.py; KQP_SIM_PROCESSES=1 runs each in its own test instead)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import cast
 
 import pytest
 
-from kqpsim.guard_rows import GUARD_ROWS, KNOWN, LIMITS_AGREE, GuardRow, simulate, violations
+from kqpsim.guard_rows import GUARD_ROWS, KNOWN, LIMITS_AGREE, GuardRow, Outcome, simulate, violations
+from kqpsim.pool import Background, GuardCase, guard_cases
 
 
 def _cases() -> list[object]:
@@ -18,9 +23,20 @@ def _cases() -> list[object]:
             for row in GUARD_ROWS for seed in range(row.seeds)]
 
 
+@pytest.fixture(scope="module")
+def guard_runs(request: pytest.FixtureRequest) -> Iterator[Background[GuardCase, Outcome]]:
+    # Every scenario-seed this session will test (after -k), started at once, in test order.
+    selected = [cast(GuardCase, (item.callspec.params["row"], item.callspec.params["seed"]))
+                for item in request.session.items
+                if isinstance(item, pytest.Function) and item.originalname == "test_guard_scenario_seed"]
+    runs = guard_cases(selected)
+    yield runs
+    runs.close()
+
+
 @pytest.mark.parametrize(("row", "seed"), _cases())
-def test_guard_scenario_seed(row: GuardRow, seed: int) -> None:
-    outcome = simulate(row, seed)
+def test_guard_scenario_seed(row: GuardRow, seed: int, guard_runs: Background[GuardCase, Outcome]) -> None:
+    outcome = guard_runs.get((row, seed))
     print(outcome.describe())  # the guard's figures beside the static quota's (pytest -rP shows them)
     found = violations(outcome.guarded)
     known = KNOWN.get(row.name, {}).get(seed)
