@@ -36,4 +36,6 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kqp.quotas.guard_limits",
     # The base of the frozen dataclasses above, which makes them picklable (Spark's workers).
     "kqp.frozen_value",
+    # The proxy's per-request metric accumulators (each response's counts, bytes and histograms).
+    "kqp.proxy.traffic_metrics",
 )

@@ -29,8 +29,12 @@ from kqp.proxy.traffic_metrics import DEFAULT_RERANK_INTERVAL_S, TrafficMetrics
 FLEET_CLAIM_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, float("inf"))
 
 
-class ProxyMetrics(TrafficMetrics):
+class ProxyMetrics:
     """The proxy's metrics, registered on `registry` (a fresh one with process metrics if None).
+
+    The per-request figures are a TrafficMetrics' (`traffic`); its data-path and label-policy
+    methods are this object's own attributes, the compiled methods themselves, so a call from
+    the data path costs no extra Python frame.
 
     Args:
         registry: where to register; pass a fresh CollectorRegistry in tests.
@@ -51,9 +55,14 @@ class ProxyMetrics(TrafficMetrics):
         tally_capacity: int | None = None,
         quota_stats: QuotaStatsSource | None = None,
     ) -> None:
-        super().__init__(
+        self.traffic = traffic = TrafficMetrics(
             top_n_client_ids, clock=clock, rerank_interval_s=rerank_interval_s, tally_capacity=tally_capacity
         )
+        self.top_n = traffic.top_n
+        self.request_completed = traffic.request_completed
+        self.throttled = traffic.throttled
+        self.set_labelled_entities = traffic.set_labelled_entities
+        self.rerank_top_entities = traffic.rerank_top_entities
         if registry is None:
             registry = CollectorRegistry()
             ProcessCollector(registry=registry)
@@ -297,8 +306,8 @@ class ProxyMetrics(TrafficMetrics):
 
     def families(self, *, read_quota_source: bool = True) -> Iterator[Metric]:
         """The accumulated figures as metric families (what the custom collector yields)."""
-        yield from self.traffic_families()
-        yield from quota_families(self._quota_stats if read_quota_source else None, self._labels_for_snapshot)
+        yield from self.traffic.traffic_families()
+        yield from quota_families(self._quota_stats if read_quota_source else None, self.traffic.labels_for_snapshot)
 
 
 class _AccumulatorCollector(Collector):
