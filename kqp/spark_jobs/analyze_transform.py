@@ -78,6 +78,10 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
     )
 
 
+# The request columns each partition entry keeps beside its own.
+_PER_ENTRY_KEPT = ("second", "broker", "weight", "api_key", "client_id", "records")
+
+
 def partition_entries(requests: DataFrame) -> DataFrame:
     """One row per partition entry of each Produce and Fetch request, with the columns the
     partition and batch figures read; a request without entries stays as one row with a null
@@ -88,22 +92,9 @@ def partition_entries(requests: DataFrame) -> DataFrame:
     """
     return (
         requests.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
+        .select(*_PER_ENTRY_KEPT, F.posexplode_outer("partitions").alias("position", "p"))
         .select(
-            "second",
-            "broker",
-            "weight",
-            "api_key",
-            "client_id",
-            "records",
-            F.posexplode_outer("partitions").alias("position", "p"),
-        )
-        .select(
-            "second",
-            "broker",
-            "weight",
-            "api_key",
-            "client_id",
-            "records",
+            *_PER_ENTRY_KEPT,
             "position",
             F.col("p.topic").alias("topic"),
             F.col("p.partition").alias("partition"),
