@@ -264,6 +264,11 @@ class KafkaSession(Generic[C]):
         return len(self._in_flight)
 
     @property
+    def forwarded_in_flight(self) -> bool:
+        """Some request in flight went to the broker (its answer is still to come)."""
+        return any(entry.local_answer is None for entry in self._in_flight)
+
+    @property
     def local_answer_waiting(self) -> bool:
         """The newest request is answered locally and waits for the responses ahead of it: a
         broker reads nothing more from a connection while a request of it is unanswered."""

@@ -75,6 +75,17 @@ __all__ = ["ClientSide", "ConnectionServices", "ProxiedConnection", "TruncatedFr
 
 log = logging.getLogger(__name__)
 
+# The client went away while the broker side is sound. A broker records a request it was
+# handling when its client left (the produce response callback records, then finds the
+# channel gone), so the proxy waits for the broker's answers to what it forwarded, charges
+# them through the hooks and drops them, before it closes the broker connection.
+_CLIENT_LEFT = frozenset({
+    CloseReason.CLIENT_DISCONNECTED, CloseReason.CLIENT_CONNECTION_LOST, CloseReason.TRUNCATED_FRAME_FROM_CLIENT,
+})
+# How long those answers are waited for at most: a client's default request.timeout.ms.
+DEPARTED_CLIENT_ANSWERS_WAIT_S = 30.0
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionServices:
     """What a connection works with, shared by all connections of a proxy server."""
@@ -138,6 +149,10 @@ class ProxiedConnection:
         self._stream_answered_size: int | None = None
         # Set when a graceful shutdown may end; made by `drain()`, the only one to wait on it.
         self._drained: asyncio.Event | None = None
+        # Set while the broker's answers to a departed client's forwarded requests are awaited:
+        # how the connection then closes (reason, detail, problem) and the timer bounding it.
+        self._departure: tuple[CloseReason, str, bool] | None = None
+        self._departure_timer: asyncio.TimerHandle | None = None
         # What hooks see of this connection's client: replaced where the peer or principal changes.
         self.view = ClientView(connection_id, self.peer, listener.name, self.upstream_node_id, ANONYMOUS, self)
 
@@ -255,9 +270,15 @@ class ProxiedConnection:
         """Close both sides, once; `problem` logs it as a warning (a fault, not an ending).
         `detail` (an address, a limit, the error) goes to the log only: the metric's label is
         the reason's, so it stays bounded."""
+        if (reason in _CLIENT_LEFT and self._departure is None and self.upstream is not None
+                and self.session.forwarded_in_flight and not self.closed):
+            self._await_departed_client_answers(reason, detail, problem)
+            return
         actions = self._gate.close()
         if actions is NOTHING:
             return  # closed already
+        if self._departure_timer is not None:
+            self._departure_timer.cancel()
         level = logging.WARNING if problem else logging.DEBUG
         log.log(level, "connection %d from %s via %s closed: %s%s", self.connection_id, self.peer,
                 self.listener.name, reason.label, f" ({detail})" if detail else "")
@@ -271,6 +292,29 @@ class ProxiedConnection:
             if transport is not None:
                 transport.close()
         self.services.closed(self, reason)
+
+    def _await_departed_client_answers(self, reason: CloseReason, detail: str, problem: bool) -> None:
+        """The client left with requests at the broker: charge their answers, then close.
+
+        Kafka's broker records the request it is handling even when the client has gone, so
+        its bytes count against the quota; the proxy forwarded them, so the broker handles
+        them too, and only their answers tell the proxy what Kafka would have recorded. The
+        requests read but not forwarded are dropped, as a broker drops the unread bytes of a
+        closed socket."""
+        self._departure = (reason, detail, problem)
+        self.session.drop_queued_requests()
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        # Nobody will read what the client is owed: its backlog no longer holds the broker back.
+        self.unblock_upstream_reads("client-backlog")
+        self._departure_timer = self._loop.call_later(DEPARTED_CLIENT_ANSWERS_WAIT_S, self._close_departed)
+
+    def _close_departed(self) -> None:
+        departure = self._departure
+        if departure is not None:
+            reason, detail, problem = departure
+            self.close(reason, detail, problem=problem)
 
     async def drain(self) -> None:
         """Stop taking requests and wait for the ones in flight to be answered."""
@@ -461,7 +505,7 @@ class ProxiedConnection:
         # A local answer leaves in its place among the forwarded responses, and its verdict
         # (throttle time, mute) applies exactly as for a forwarded one: requests pipelined
         # behind a throttled local answer wait out the mute, as on a broker (KIP-219).
-        if self.client is not None:
+        if self.client is not None or self._departure is not None:
             for response in self.session.local_answers():
                 mute_ms = self._send_response(response)
                 if mute_ms:
@@ -589,6 +633,10 @@ class ProxiedConnection:
         session = self.session
         if session.local_answer_due:
             self._flush_local_answers()
+        if self._departure is not None:
+            if not session.forwarded_in_flight:
+                self._close_departed()
+            return
         gate = self._gate
         now = self._loop.time()
         actions = gate.stream_ended(now, session.in_flight) if streamed else gate.response_sent(
