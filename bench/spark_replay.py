@@ -195,10 +195,15 @@ def run_job(
 
 
 def growth_exponents(measurements: list[Measurement]) -> dict[str, list[dict[str, float]]]:
-    """Per job, k in time ~ size^k between each pair of consecutive sizes."""
+    """Per job, k in time ~ size^k between each pair of consecutive sizes (a job run twice at a
+    size, as `--jobs floor ... floor` does, counts with its first run there)."""
     result: dict[str, list[dict[str, float]]] = {}
     for job in sorted({m.job for m in measurements}):
-        runs = sorted((m for m in measurements if m.job == job and m.exit_code in (0, 3)), key=lambda m: m.rows)
+        first_at: dict[int, Measurement] = {}
+        for m in measurements:
+            if m.job == job and m.exit_code in (0, 3):
+                first_at.setdefault(m.rows, m)
+        runs = sorted(first_at.values(), key=lambda m: m.rows)
         result[job] = [
             {
                 "from_rows": a.rows,

@@ -38,6 +38,7 @@ import argparse
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,6 +132,30 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
 
     fit_shuffle_partitions(spark, options.capture)
     raw = read_capture(spark, options.capture)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kqp-advise-replay-traffic") as pool:
+        # What the verification plans its replay with (the pairs and the per-second byte bounds)
+        # depends on the capture alone: a second driver thread reads it while this one
+        # aggregates the capture and solves, so its pass fills the cores the small queries here
+        # leave idle. Its result is the same: a query's result does not depend on what else the
+        # session runs.
+        requests = whatif_requests(raw)
+        planned_traffic = pool.submit(replay_traffic, requests) if options.verify else None
+        return _run_advise(spark, options, progress, capacity_file, current, raw, requests, planned_traffic)
+
+
+def _run_advise(
+    spark: SparkSession,
+    options: AdviseOptions,
+    progress: Progress,
+    capacity_file: cap.CapacityFile,
+    current: QuotaSettings | None,
+    raw: DataFrame,
+    requests: DataFrame,
+    planned_traffic: Future[ReplayTraffic] | None,
+) -> AdviseResult:
+    """run_advise's steps after the capture is read, the verification's replay plan arriving as a future."""
+    from kqp.spark_jobs.whatif import load_quota_settings
+
     traffic = aggregate_traffic(prepare_requests(raw).drop("partitions")).persist()
     windows = _windows(current, options)
     series = aggregate(spark, traffic, options, bucket_seconds(options, windows))
@@ -159,7 +184,6 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
     # the next round plans for the limit less that overshoot.
     planned = dict(limits)
     rounds: list[dict[str, Any]] = []
-    replay_input: tuple[DataFrame, ReplayTraffic] | None = None
     for round_number in range(1, options.rounds + 1):
         advice = water_fill(replace(problem, limits=planned))
         entries = choose_entries(advice.flows, options.entity)
@@ -177,12 +201,9 @@ def run_advise(spark: SparkSession, options: AdviseOptions, progress: Progress |
         # The replay's sensors start empty: its first quota window is warm-up (a bucket longer than
         # the window is kept, or a short capture judged at 1 min would be judged on its spill alone).
         warm_up = windows["window_num"] * windows["window_size_seconds"] // series.unit
-        if replay_input is None:
-            requests = whatif_requests(raw)
-            # The pairs and the per-second byte bounds the replay plans with depend on the
-            # capture alone: one pass for every round.
-            replay_input = (requests, replay_traffic(requests))
-        verification = verify(spark, replay_input[0], settings, series, options, before, warm_up, replay_input[1])
+        assert planned_traffic is not None  # submitted whenever options.verify
+        # The same plan for every round: it does not depend on the quota file.
+        verification = verify(spark, requests, settings, series, options, before, warm_up, planned_traffic.result())
         over = {res: load for res, load in verification.loads.items() if load > limits[res] * (1 + 1e-9)}
         rounds.append(
             {

@@ -16,11 +16,12 @@ Structure: `extract` (capture_source.read_capture) -> the steps of `run_analyze`
 of pure transforms (analyze_transform: a few Spark aggregations, then analyze_tables: driver-side
 pandas shaping of their small results) -> `load` (report.write_analyze_outputs). The Spark work is one pass
 building the per-second traffic sums (cached: six small aggregations read them), one pass
-decoding the Produce and Fetch partition entries (cached: the partition and the batch figures
-read them), and one for the latencies, each reading only its columns (the last two from a
-second driver thread, filling the cores the first one's small queries leave idle); every series,
-percentile and share is computed on the driver from rows per (broker, second), per entity or
-per partition. Figures:
+decoding the Produce and Fetch partition entries into the per-partition-second sums and the
+per-client counts of records and batch sizes (its small result cached: the partition and the
+batch figures read it), and one counting the latencies per value, each reading only its columns
+(the last two from a second driver thread, filling the cores the first one's small queries leave
+idle); every series, percentile and share is computed from rows per (broker, second), per
+entity, per partition or per distinct value, never by feeding a sketch per request. Figures:
 
   * throughput series per broker (`upstream_node_id`) and cluster-wide at 1 s and 1 min:
     Produce request bytes in, Fetch response bytes out, all request/response bytes,
@@ -31,7 +32,8 @@ per partition. Figures:
   * replication-aware network load from the replication factor (analyze_tables.with_replication);
   * shares (top-N, Pareto) of principals, client-ids, (principal, client-id) and topics;
   * partition hot spots and skew; Produce batch-size mix; latency percentiles by API
-    (approximate, `percentile_approx`); errors; observed broker vs proxy throttles;
+    (exact: Spark's `percentile` over the count of each latency); errors; observed broker vs
+    proxy throttles;
   * headroom against a Cruise Control capacity file, the binding constraint, headroom if
     the busiest broker is lost, and months of growth runway.
 
@@ -89,6 +91,7 @@ from kqp.spark_jobs.analyze_transform import (
     bucket_connections,
     client_burstiness,
     client_totals,
+    entry_aggregates,
     latency_by_api,
     partition_entries,
     partition_totals,
@@ -323,12 +326,13 @@ def _partitions(partitions: pd.DataFrame, stats: pd.DataFrame, result: AnalyzeRe
 
 def _entry_figures(requests: DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(partition_totals, produce_batches_by_client) rows: the Produce and Fetch partition
-    entries decoded from the nested column once, cached for the two aggregations, released."""
-    entries = partition_entries(requests).persist()
+    entries decoded from the nested column once and aggregated in one pass (entry_aggregates),
+    whose rows, few, are cached for the two tables computed from them, then released."""
+    aggregates = entry_aggregates(partition_entries(requests)).persist()
     try:
-        return to_pandas(partition_totals(entries)), to_pandas(produce_batches_by_client(entries))
+        return to_pandas(partition_totals(aggregates)), to_pandas(produce_batches_by_client(aggregates))
     finally:
-        entries.unpersist()
+        aggregates.unpersist()
 
 
 def _batch_mix(batches: pd.DataFrame, result: AnalyzeResult) -> None:

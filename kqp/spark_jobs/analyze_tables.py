@@ -17,8 +17,8 @@ import pandas as pd
 from kqp.quotas import capacity as cap
 
 # Exact percentiles for the throughput series (one value per second or minute: few enough
-# rows for Spark's exact `percentile`), approximate ones for per-request latency
-# (analyze_transform.LATENCY_ACCURACY).
+# rows for Spark's exact `percentile`) and for per-request latency (Spark's `percentile` over
+# the count of each latency value: analyze_transform.latency_by_api).
 PERCENTILES = (0.5, 0.95, 0.99, 0.999)
 PERCENTILE_NAMES = ("p50", "p95", "p99", "p99_9")
 STATS = (*PERCENTILE_NAMES, "max")

@@ -28,9 +28,6 @@ from kqp.spark_jobs.capture_source import US_PER_SECOND
 from kqp.spark_jobs.common import ANONYMOUS
 
 SMALL_BATCH_BYTES = 10_000
-# Approximate percentiles for request latency: rank error 1/accuracy.
-LATENCY_ACCURACY = 10_000
-
 
 
 def prepare_requests(raw: DataFrame) -> DataFrame:
@@ -85,9 +82,7 @@ _PER_ENTRY_KEPT = ("second", "broker", "weight", "api_key", "client_id", "record
 def partition_entries(requests: DataFrame) -> DataFrame:
     """One row per partition entry of each Produce and Fetch request, with the columns the
     partition and batch figures read; a request without entries stays as one row with a null
-    `position` (`posexplode_outer`).
-
-    analyze caches it for its two readers (partition_totals, produce_batches_by_client), so the
+    `position` (`posexplode_outer`). entry_aggregates reads it once for both figures, so the
     capture's nested `partitions` column, the costliest to decode, is decoded once, not twice.
     """
     return (
@@ -226,19 +221,34 @@ def _batch_bucket(batch_bytes: Any) -> Any:
 def latency_by_api(requests: DataFrame) -> DataFrame:
     """Latency percentiles at the proxy and to the broker, per (API key, broker) and per API key.
 
-    One pass (two grouping sets): rows with a null broker are the API-wide figures. Not a
-    rollup: its third set, the grand total, was computed (two percentile sketches fed every
-    request) only to be dropped. Each set is aggregated on its own, so leaving one out changes
-    nothing in the others.
+    Exact (Spark's `percentile`), from counts: one pass counts the requests of each (API key,
+    broker, latency) and of each (API key, broker, broker round trip), two grouping sets of a
+    hash aggregation; the percentiles, maxima and response counts are then taken over those
+    counts, per (API key, broker) and per API key (two grouping sets again: rows with a null
+    broker are the API-wide figures). Latencies are whole microseconds over 1,000, so a few
+    thousand distinct values per API and broker stand for millions of requests: feeding two
+    percentile sketches per request, per grouping, cost more than the rest of analyze's passes
+    together. The figures are the exact percentiles of the requests (percentile with the counts
+    as frequencies is the percentile of the rows the counts stand for).
     """
     answered = requests.where(F.col("latency_ms").isNotNull())
+    # Set one's rows have a latency and no round trip, set two's the other way round (every
+    # answered request has a latency), so the columns tell the sets apart.
+    counted = answered.groupingSets(
+        [["api_key", "broker", "latency_ms"], ["api_key", "broker", "broker_latency_ms"]],
+        "api_key",
+        "broker",
+        "latency_ms",
+        "broker_latency_ms",
+    ).agg(F.count("*").alias("n"))
     return (
-        answered.groupingSets([["api_key", "broker"], ["api_key"]], "api_key", "broker")
+        counted.groupingSets([["api_key", "broker"], ["api_key"]], "api_key", "broker")
         .agg(
-            F.count("*").alias("responses"),
-            F.percentile_approx("latency_ms", list(PERCENTILES), LATENCY_ACCURACY).alias("q"),
+            F.sum(F.when(F.col("latency_ms").isNotNull(), F.col("n"))).alias("responses"),
+            # Null values (the other set's rows) are skipped, as percentile skips them.
+            F.percentile("latency_ms", list(PERCENTILES), F.col("n")).alias("q"),
             F.max("latency_ms").alias("max_ms"),
-            F.percentile_approx("broker_latency_ms", list(PERCENTILES), LATENCY_ACCURACY).alias("bq"),
+            F.percentile("broker_latency_ms", list(PERCENTILES), F.col("n")).alias("bq"),
             F.max("broker_latency_ms").alias("broker_max_ms"),
         )
         .where(F.col("api_key").isNotNull())
@@ -310,33 +320,91 @@ def api_error_totals(traffic: DataFrame) -> DataFrame:
     return traffic.groupBy("api_key", "api_version", "error_code").agg(F.sum("requests").alias("requests"))
 
 
-def partition_totals(entries: DataFrame) -> DataFrame:
+def entry_aggregates(entries: DataFrame) -> DataFrame:
+    """One aggregation over partition_entries' rows giving everything the partition and batch
+    figures are computed from, in three grouping sets told apart by which keys are set:
+
+    * `entry_second` set: per (topic, partition, second) of the Produce and Fetch entries, the
+      partition's sums (partition_totals);
+    * `first` set: per (Produce client-id, first row of a request or not, the request's
+      records), the rows (produce_batches_by_client: requests and records per request);
+    * `with_batches` set: per (Produce client-id, entry has batches, mean batch size of the
+      entry), the rows and their batch and byte sums (produce_batches_by_client: the batch mix).
+
+    A hash aggregation over the entries, decoded once; the grouping sets' rows are few (one per
+    partition and second, per distinct value per client), so their readers need no cache of the
+    entries. Every sum is of whole bytes, records or batches (x the whole sampling factor):
+    exact in doubles in any order, so summing the groups gives what summing the entries gave.
+    """
+    produce = F.col("api_key") == ApiKey.PRODUCE
+    batches = F.coalesce(F.col("entry_batches"), F.lit(0))
+    entry_bytes = F.col("entry_bytes").cast("double")
+    weighted = entry_bytes * F.col("weight")
+    records = F.coalesce(F.col("entry_records"), F.lit(0)).cast("double")
+    first_of_request = F.col("position").isNull() | (F.col("position") == 0)
+    keyed = entries.select(
+        "topic",
+        "partition",
+        F.when(F.col("position").isNotNull(), F.col("second")).alias("entry_second"),
+        F.when(produce, F.col("client_id")).alias("produce_client"),
+        F.when(produce, first_of_request).alias("first"),
+        F.when(produce & first_of_request, F.col("records")).alias("request_records"),
+        F.when(produce, batches > 0).alias("with_batches"),
+        F.when(produce & (batches > 0), entry_bytes / batches).alias("batch_bytes"),
+        "broker",
+        "weight",
+        F.when(produce, weighted).otherwise(0.0).alias("produce_weighted"),
+        F.when(F.col("api_key") == ApiKey.FETCH, weighted).otherwise(0.0).alias("fetch_weighted"),
+        F.when(produce, records * F.col("weight")).otherwise(0.0).alias("produced_records"),
+        weighted.alias("weighted"),
+        batches.alias("batches"),
+        entry_bytes.alias("bytes"),
+    )
+    return keyed.groupingSets(
+        [
+            ["topic", "partition", "entry_second"],
+            ["produce_client", "first", "request_records"],
+            ["produce_client", "with_batches", "batch_bytes"],
+        ],
+        "topic",
+        "partition",
+        "entry_second",
+        "produce_client",
+        "first",
+        "request_records",
+        "with_batches",
+        "batch_bytes",
+    ).agg(
+        F.count("*").alias("n"),
+        F.max("broker").alias("leader"),
+        F.sum("weight").alias("requests"),
+        F.sum("produce_weighted").alias("produce_bytes"),
+        F.sum("fetch_weighted").alias("fetch_bytes"),
+        F.sum("produced_records").alias("produced_records"),
+        F.sum("weighted").alias("bps"),
+        F.sum(F.col("batches") * F.col("weight")).alias("weighted_batches"),
+        F.sum("batches").alias("batches"),
+        F.sum("bytes").alias("bytes"),
+    )
+
+
+def partition_totals(aggregates: DataFrame) -> DataFrame:
     """Per topic-partition: leader, requests, bytes in/out, records produced, peak bytes/s (the
     mean over the capture is the driver's: analyze runs this before it knows the capture's span).
 
-    One pass over the Produce and Fetch partition entries (partition_entries): per (partition,
-    second) sums, then per partition their sums and the peak second. Topic totals are sums of
-    these rows.
+    From entry_aggregates' per (partition, second) rows: their sums and the peak second. Topic
+    totals are sums of these rows.
     """
-    parts = entries.where(F.col("position").isNotNull()).select(
-        "second",
-        "broker",
-        "weight",
-        "api_key",
+    per_second = aggregates.where(F.col("entry_second").isNotNull()).select(
         "topic",
         "partition",
-        F.col("entry_bytes").cast("double").alias("bytes"),
-        F.coalesce(F.col("entry_records"), F.lit(0)).cast("double").alias("records"),
-    )
-    weighted = F.col("bytes") * F.col("weight")
-    produce = F.col("api_key") == ApiKey.PRODUCE
-    per_second = parts.groupBy("topic", "partition", "second").agg(
-        F.max("broker").alias("leader"),
-        F.sum("weight").alias("requests"),
-        F.sum(F.when(produce, weighted).otherwise(0.0)).alias("produce_bytes"),
-        F.sum(F.when(F.col("api_key") == ApiKey.FETCH, weighted).otherwise(0.0)).alias("fetch_bytes"),
-        F.sum(F.when(produce, F.col("records") * F.col("weight")).otherwise(0.0)).alias("produced_records"),
-        F.sum(weighted).alias("bps"),
+        F.col("entry_second").alias("second"),
+        "leader",
+        "requests",
+        "produce_bytes",
+        "fetch_bytes",
+        "produced_records",
+        "bps",
     )
     return (
         per_second.groupBy("topic", "partition")
@@ -350,60 +418,57 @@ def partition_totals(entries: DataFrame) -> DataFrame:
     )
 
 
-def produce_batches_by_client(entries: DataFrame) -> DataFrame:
-    """Per client-id, from its Produce requests in one pass: requests, records per request
-    (p50/p95), mean/median batch size, share of small batches, and its batches and bytes in
-    each BATCH_BUCKETS class (weighted; the overall batch mix is their sum).
+def produce_batches_by_client(aggregates: DataFrame) -> DataFrame:
+    """Per client-id, from its Produce requests: requests, records per request (p50/p95), mean
+    and median batch size, share of small batches, and its batches and bytes in each
+    BATCH_BUCKETS class (weighted; the overall batch mix is their sum).
 
-    Reads partition_entries' rows, one per partition entry (a request without partitions is one
-    row): the request-level figures read the first row of each request only, the batch figures
-    the entries with batches.
+    From entry_aggregates' rows: the request figures from the first entry of each request
+    (counted per records value), the batch figures from the entries with batches (counted per
+    mean batch size). The percentiles are exact: Spark's `percentile` with the counts as
+    frequencies.
     """
-    produce = entries.where(F.col("api_key") == ApiKey.PRODUCE)
-    first_of_request = F.col("position").isNull() | (F.col("position") == 0)
-    batches = F.coalesce(F.col("entry_batches"), F.lit(0))
-    batch_bytes_total = F.col("entry_bytes").cast("double")
-    with_batches = batches > 0
-    batch_bytes = batch_bytes_total / batches
+    first = F.col("first")
+    with_batches = F.col("with_batches")
+    batch_bytes = F.col("batch_bytes")
     bucket = _batch_bucket(batch_bytes)
     labels = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
     per_bucket = [
         aggregate
         for label in labels
         for aggregate in (
-            F.sum(F.when(with_batches & (bucket == label), batches * F.col("weight"))).alias(
+            F.sum(F.when(with_batches & (bucket == label), F.col("weighted_batches"))).alias(
                 bucket_column(label, "batches")
             ),
-            F.sum(F.when(with_batches & (bucket == label), batch_bytes_total * F.col("weight"))).alias(
-                bucket_column(label, "bytes")
-            ),
+            F.sum(F.when(with_batches & (bucket == label), F.col("bps"))).alias(bucket_column(label, "bytes")),
         )
     ]
-    return (
-        produce.groupBy("client_id")
+    batch_count = F.sum(F.when(with_batches, F.col("batches")))
+    # One aggregation over both sets' rows (a set's own key is null in the other's rows, so each
+    # figure reads its set alone), not a join of two: the second reader of the cached rows in a
+    # self-join was planned from the capture again (measured at 10M: a second pass over it).
+    by_client = (
+        aggregates.where(F.col("produce_client").isNotNull() & (first | with_batches))
+        .groupBy(F.col("produce_client").alias("client_id"))
         .agg(
-            F.count(F.when(first_of_request, 1)).alias("produce_requests"),
-            F.percentile_approx(F.when(first_of_request, F.col("records")), [0.5, 0.95], LATENCY_ACCURACY).alias("q"),
-            (F.sum(F.when(with_batches, batch_bytes_total)) / F.sum(F.when(with_batches, batches))).alias(
-                "mean_batch_bytes"
-            ),
-            F.percentile_approx(F.when(with_batches, batch_bytes), 0.5, LATENCY_ACCURACY).alias("median_batch_bytes"),
+            F.sum(F.when(first, F.col("n"))).alias("produce_requests"),
+            F.percentile(F.when(first, F.col("request_records")), [0.5, 0.95], F.col("n")).alias("q"),
+            (F.sum(F.when(with_batches, F.col("bytes"))) / batch_count).alias("mean_batch_bytes"),
+            F.percentile(F.when(with_batches, batch_bytes), 0.5, F.col("n")).alias("median_batch_bytes"),
             (
-                F.sum(F.when(with_batches, F.when(batch_bytes < SMALL_BATCH_BYTES, batches).otherwise(0)))
-                / F.sum(F.when(with_batches, batches))
+                F.sum(F.when(with_batches, F.when(batch_bytes < SMALL_BATCH_BYTES, F.col("batches")).otherwise(0)))
+                / batch_count
             ).alias("small_batch_share"),
             *per_bucket,
         )
-        .select(
-            "client_id",
-            "produce_requests",
-            F.col("q")[0].alias("p50_records_per_request"),
-            F.col("q")[1].alias("p95_records_per_request"),
-            "mean_batch_bytes",
-            "median_batch_bytes",
-            "small_batch_share",
-            *[bucket_column(label, what) for label in labels for what in ("batches", "bytes")],
-        )
     )
-
-
+    return by_client.select(
+        "client_id",
+        "produce_requests",
+        F.col("q")[0].alias("p50_records_per_request"),
+        F.col("q")[1].alias("p95_records_per_request"),
+        "mean_batch_bytes",
+        "median_batch_bytes",
+        "small_batch_share",
+        *[bucket_column(label, what) for label in labels for what in ("batches", "bytes")],
+    )

@@ -12,6 +12,7 @@ import pytest
 
 from kqp.config.capacity_file import load_capacity
 from kqp.spark_jobs.analyze import AnalyzeOptions, run_analyze
+from kqp.spark_jobs.analyze_tables import PERCENTILES, exact_percentiles
 from kqp.spark_jobs.common import Progress
 from kqp.spark_jobs.report import write_analyze_outputs
 from tests.spark.helpers import SPEC, exploded
@@ -226,18 +227,53 @@ def test_batch_mix(analysis: Any, capture_rows: pd.DataFrame) -> None:
     assert mix["batches"].sum() == produce["batches"].sum()
 
 
+def test_batch_figures_per_client(analysis: Any, capture_rows: pd.DataFrame) -> None:
+    result, _ = analysis
+    parts = exploded(capture_rows)
+    produce_rows = capture_rows[capture_rows["api_key"] == 0]
+    by_client = result.tables["batch_mix_by_client"].set_index("client_id")
+    assert sorted(by_client.index) == sorted(produce_rows["client_id"].unique())
+    for client, row in by_client.iterrows():
+        requests = produce_rows[produce_rows["client_id"] == client]
+        # A request's records: the sum over its entries (a request without a list has none).
+        lists = [entries for entries in requests["partitions"] if entries is not None]
+        records = np.array([sum(p["records"] or 0 for p in entries) for entries in lists], float)
+        entries = parts[(parts["api_key"] == 0) & (parts["client_id"] == client) & (parts["batches"] > 0)]
+        per_batch = (entries["bytes"] / entries["batches"]).to_numpy()
+        assert row["produce_requests"] == len(requests)
+        # Exact percentiles (Spark's percentile over the counted values), to the last bits.
+        assert [row["p50_records_per_request"], row["p95_records_per_request"]] == pytest.approx(
+            exact_percentiles(records, [0.5, 0.95]), rel=1e-12
+        )
+        assert row["median_batch_bytes"] == pytest.approx(exact_percentiles(per_batch, [0.5])[0], rel=1e-12)
+        assert row["mean_batch_bytes"] == entries["bytes"].sum() / entries["batches"].sum()
+        small = entries["batches"][per_batch < 10_000].sum() / entries["batches"].sum()
+        assert row["small_batch_share"] == pytest.approx(small, rel=1e-12)
+
+
 def test_latency_percentiles_by_api(analysis: Any, capture_rows: pd.DataFrame) -> None:
     result, _ = analysis
     answered = capture_rows[capture_rows["ts_response_sent_us"].notna()]
     latency = (answered["ts_response_sent_us"] - answered["ts_request_received_us"]) / 1000.0
-    produce = np.sort(latency[answered["api_key"] == 0].to_numpy())
+    round_trip = (answered["ts_response_received_us"] - answered["ts_request_sent_us"]) / 1000.0
+    produce = answered["api_key"] == 0
     row = result.tables["latency_by_api"].set_index("api").loc["Produce"]
-    assert row["responses"] == len(produce)
-    # percentile_approx returns an element whose rank is within n/accuracy of the target rank.
-    for quantile, column in ((0.5, "p50_ms"), (0.99, "p99_ms")):
-        rank = np.searchsorted(produce, row[column], side="right")
-        assert abs(rank - quantile * len(produce)) <= len(produce) / 1_000 + 2
-    assert row["max_ms"] == pytest.approx(produce.max())
+    assert row["responses"] == produce.sum()
+    # Exact percentiles of every answered Produce (Spark's percentile over the counts of each
+    # latency value), to the last bits.
+    columns = ["p50_ms", "p95_ms", "p99_ms", "p99_9_ms"]
+    assert list(row[columns]) == pytest.approx(exact_percentiles(latency[produce].to_numpy(), PERCENTILES), rel=1e-12)
+    broker_columns = [f"broker_{c}" for c in columns]
+    assert list(row[broker_columns]) == pytest.approx(
+        exact_percentiles(round_trip[produce].dropna().to_numpy(), PERCENTILES), rel=1e-12
+    )
+    assert row["max_ms"] == pytest.approx(latency[produce].max())
+    # Per broker: the same figures over the broker's own requests.
+    per_broker = result.tables["latency_by_broker_api"]
+    first = per_broker[per_broker["api"] == "Produce"].iloc[0]
+    mine = produce & (answered["upstream_node_id"] == first["broker"])
+    assert first["responses"] == mine.sum()
+    assert list(first[columns]) == pytest.approx(exact_percentiles(latency[mine].to_numpy(), PERCENTILES), rel=1e-12)
 
 
 def test_errors_and_throttles(analysis: Any, capture_rows: pd.DataFrame) -> None:
