@@ -490,6 +490,11 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"proxy on {proxy.bootstrap} (pid {proxy.pid}), relay on {relay.bootstrap}, "
                  + (f"Kroxylicious on {kroxylicious.bootstrap} (pid {kroxylicious.pid}), " if kroxylicious else "")
                  + f"broker on {cluster.bootstrap}")
+        for name, process in (("kqp", proxy), ("baseline kqp", baseline)):
+            if process is not None:
+                # Which build each `kqp serve` runs: the compiled one maps mypyc's shared library.
+                compiled = "__mypyc" in Path(f"/proc/{process.pid}/maps").read_text()
+                progress(f"{name} (pid {process.pid}) runs the {'compiled' if compiled else 'pure'} build")
         bench = Bench(cluster, proxy, relay, args.partitions, kroxylicious, baseline,
                       tuple(args.paths.split(",")))
         if kroxylicious is not None:
