@@ -69,8 +69,10 @@ T = TypeVar("T")
 DIRECT = "direct"
 RELAY = "relay"
 PROXY = "proxy"
+# `kqp serve` from another source tree (--baseline-tree), beside this tree's, in the same rounds.
+BASELINE = "proxy-baseline"
 KROXYLICIOUS = "kroxylicious"
-PATHS = (DIRECT, RELAY, PROXY, KROXYLICIOUS)
+PATHS = (DIRECT, RELAY, PROXY, BASELINE, KROXYLICIOUS)
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -176,7 +178,8 @@ def measured(hop: Watched | None, run: Callable[[], T], output: Callable[[T], st
 
 class Bench:
     def __init__(self, cluster: KafkaCluster, proxy: ProxyProcess, relay: BareRelay, partitions: int,
-                 kroxylicious: KroxyliciousProcess | None = None) -> None:
+                 kroxylicious: KroxyliciousProcess | None = None, baseline: ProxyProcess | None = None,
+                 only_paths: tuple[str, ...] = PATHS) -> None:
         self.cluster = cluster
         self.proxy = proxy
         self.relay = relay
@@ -189,10 +192,14 @@ class Bench:
         if kroxylicious is not None:
             self.hops[KROXYLICIOUS] = Watched(kroxylicious.cpu_seconds, kroxylicious.requests)
             self.bootstraps[KROXYLICIOUS] = kroxylicious.bootstrap
+        if baseline is not None:
+            self.hops[BASELINE] = Watched(baseline.cpu_seconds, lambda: proxy_requests(baseline))
+            self.bootstraps[BASELINE] = baseline.bootstrap
+        self.only_paths = only_paths
 
     @property
     def paths(self) -> tuple[str, ...]:
-        return tuple(path for path in PATHS if path in self.bootstraps)
+        return tuple(path for path in PATHS if path in self.bootstraps and path in self.only_paths)
 
     def bootstrap(self, path: str) -> str:
         return self.bootstraps[path]
@@ -425,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="runs of every path per workload")
     parser.add_argument("--batched-records", type=int, default=200_000, help="1 KB records per run")
     parser.add_argument("--unbatched-records", type=int, default=300_000, help="100-byte records per run")
-    parser.add_argument("--half-rate-seconds", type=float, default=10.0, help="length of the half-rate runs")
+    parser.add_argument("--half-rate-seconds", type=float, default=10.0, help="length of the half-rate runs (0: none)")
     parser.add_argument("--output", type=Path, default=REPO / "out" / "proxy_throughput.md")
     parser.add_argument("--proxy-config", type=Path, default=None,
                         help="a kqp config file for the proxy (e.g. to try proxy.socket_receive_buffer_bytes: -1)")
@@ -433,13 +440,22 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"leave out the Kroxylicious {KROXYLICIOUS_VERSION} path (and its download)")
     parser.add_argument("--kroxylicious-warmup-seconds", type=float, default=180.0,
                         help="how long to push the workloads through Kroxylicious before the measured rounds")
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="a second `kqp serve` run from this source tree (e.g. an older commit, built), "
+                             f"as the path {BASELINE!r}: two versions of kqp in the same rounds")
+    parser.add_argument("--workloads", default="batched-1KB,unbatched-100B",
+                        help="which workloads to run, comma-separated")
+    parser.add_argument("--paths", default=",".join(PATHS),
+                        help="which of the started paths to measure, comma-separated (a shorter run)")
     args = parser.parse_args(argv)
 
-    workloads = [
+    every_workload = [
         Workload("batched-1KB", 1024, args.batched_records,
                  {"acks": "all", "batch.size": "65536", "linger.ms": "5"}),
         Workload("unbatched-100B", 100, args.unbatched_records, {"acks": "all", "linger.ms": "0"}),
     ]
+    chosen = args.workloads.split(",")
+    workloads = [w for w in every_workload if w.name in chosen]
     load_before = os.getloadavg()
     progress(f"starting a {args.nodes}-node Kafka cluster")
     results: list[Measurement] = []
@@ -457,10 +473,30 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.bootstrap, list(cluster.nodes), args.output.parent / "proxy_throughput-kroxylicious"))
         proxy = stack.enter_context(ProxyProcess(cluster.bootstrap, proxy_log) if args.proxy_config is None
                                     else ConfiguredProxy(cluster.bootstrap, proxy_log, args.proxy_config))
+        baseline = None
+        if args.baseline_tree is not None:
+            # The child imports kqp from the first entry of its PYTHONPATH, inherited at start.
+            here = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = str(args.baseline_tree.resolve())
+            try:
+                baseline = stack.enter_context(ProxyProcess(
+                    cluster.bootstrap, args.output.parent / "proxy_throughput-baseline.log"))
+            finally:
+                if here is None:
+                    del os.environ["PYTHONPATH"]
+                else:
+                    os.environ["PYTHONPATH"] = here
+            progress(f"baseline kqp from {args.baseline_tree} on {baseline.bootstrap} (pid {baseline.pid})")
         progress(f"proxy on {proxy.bootstrap} (pid {proxy.pid}), relay on {relay.bootstrap}, "
                  + (f"Kroxylicious on {kroxylicious.bootstrap} (pid {kroxylicious.pid}), " if kroxylicious else "")
                  + f"broker on {cluster.bootstrap}")
-        bench = Bench(cluster, proxy, relay, args.partitions, kroxylicious)
+        for name, process in (("kqp", proxy), ("baseline kqp", baseline)):
+            if process is not None:
+                # Which build each `kqp serve` runs: the compiled one maps mypyc's shared library.
+                compiled = "__mypyc" in Path(f"/proc/{process.pid}/maps").read_text()
+                progress(f"{name} (pid {process.pid}) runs the {'compiled' if compiled else 'pure'} build")
+        bench = Bench(cluster, proxy, relay, args.partitions, kroxylicious, baseline,
+                      tuple(args.paths.split(",")))
         if kroxylicious is not None:
             progress(f"warming Kroxylicious for at least {args.kroxylicious_warmup_seconds:.0f} s")
             warm_up = bench.warm_kroxylicious(workloads, args.kroxylicious_warmup_seconds)
@@ -476,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(m)
                     progress(f"  produce {m.producer.records_per_s:,.0f} rec/s {m.producer.mb_per_s:.1f} MB/s "
                              f"p99 {m.producer.p99_ms:.0f} ms; consume {m.consumer.records_per_s:,.0f} rec/s")
+            if args.half_rate_seconds <= 0 or DIRECT not in paths:
+                continue
             direct_max = _median([m.producer.records_per_s for m in results
                                   if m.workload == workload.name and m.path == DIRECT])
             half_rate = int(direct_max / 2)

@@ -38,4 +38,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kqp.frozen_value",
     # The proxy's per-request metric accumulators (each response's counts, bytes and histograms).
     "kqp.proxy.traffic_metrics",
+    # The connection: each request's and response's way between the sockets, the session, the
+    # gate and the hooks (strictly type-checked, as the modules above). Its two asyncio
+    # protocol classes subclass asyncio.Protocol, so mypyc leaves them ordinary classes.
+    "kqp.proxy.connection",
 )

@@ -413,14 +413,17 @@ class ProxiedConnection:
         elif completed or self.frame_started_at is None:
             self.frame_started_at = now
         if completed:
-            self._process_pending()
+            self._process_pending(now)
 
-    def _process_pending(self) -> None:
+    def _process_pending(self, now: float | None = None) -> None:
+        """Hand on the queued requests the gate lets through. `now`: the event loop's time,
+        when the caller has just read it (the loop's clock stands still within one callback)."""
         # Requests already read stay queued while the gate says no, so a muted client gets
         # nothing through even if it had pipelined requests.
         session = self.session
         gate = self._gate
-        now = self._loop.time()
+        if now is None:
+            now = self._loop.time()
         while session.requests_queued:
             actions = gate.next_request(now, session.in_flight, session.local_answer_waiting)
             if actions is not FORWARD:
@@ -428,7 +431,7 @@ class ProxiedConnection:
                     self._apply(actions)
                 return
             try:
-                self._handle_request(session.next_request())
+                self._handle_request(session.next_request(), now)
             except ProtocolError as exc:
                 self.services.frame_rejected(self, "client", exc)
                 self.close(CloseReason.BAD_REQUEST_FROM_CLIENT, str(exc), problem=True)
@@ -447,13 +450,13 @@ class ProxiedConnection:
         else:
             self.close(CloseReason.CLIENT_CONNECTION_LOST, str(exc))
 
-    def _handle_request(self, request: Request) -> None:
+    def _handle_request(self, request: Request, now: float) -> None:
         header = request.header
         frame = request.frame
         exchange = Exchange(
             header=header,
             request_bytes=len(frame) + 4,  # Kafka's request size includes the size prefix
-            received_at=self._loop.time(),
+            received_at=now,
             expects_response=request.expects_response,
         )
         wait = self._hooks.hold(self.view, exchange, frame)
@@ -518,24 +521,24 @@ class ProxiedConnection:
         return not self._hooks.needs_whole_response(self.view, exchange)
 
     def upstream_data(self, data: bytes) -> None:
-        self.last_activity = self._loop.time()
+        # Every response in this chunk arrived now (KIP-124's round trip ends here).
+        now = self.last_activity = self._loop.time()
         try:
             events = self.session.broker_bytes(data)
             if self._held_events is not None:
                 self._held_events.extend(events)  # behind the held response, in order
             else:
-                self._deliver(events)
+                self._deliver(events, now)
         except ProtocolError as exc:
             self.services.frame_rejected(self, "broker", exc)
             self.close(CloseReason.BAD_RESPONSE_FROM_BROKER, str(exc), problem=True)
 
-    def _deliver(self, events: Iterable[BrokerEvent[Exchange]]) -> None:
-        """The broker's events to the client, in order, until a hook holds a response."""
+    def _deliver(self, events: Iterable[BrokerEvent[Exchange]], now: float | None = None) -> None:
+        """The broker's events to the client, in order, until a hook holds a response. `now`:
+        when they arrived, if the caller has just read the loop's clock."""
         pending = iter(events)
         for event in pending:
-            if isinstance(event, StreamData):
-                self._write_client(event.data)
-            elif isinstance(event, Response):
+            if isinstance(event, Response):
                 wait = self._hooks.hold_response(self.view, event.context, event.frame, event.body_offset)
                 if wait is not None:
                     # The hook's work runs off the loop: this connection sends nothing behind the
@@ -546,7 +549,9 @@ class ProxiedConnection:
                     self.block_upstream_reads("response-held")
                     wait.add_done_callback(lambda _done: self._release_responses())
                     return
-                self._after_response(self._send_response(event))
+                self._after_response(self._send_response(event, now), now=now)
+            elif isinstance(event, StreamData):
+                self._write_client(event.data)
             elif isinstance(event, StreamStarted):
                 self._stream_started(event)
             else:
@@ -570,11 +575,11 @@ class ProxiedConnection:
         if self.client is not None:
             self.client.write(data)
 
-    def _send_response(self, response: Response[Exchange]) -> int:
+    def _send_response(self, response: Response[Exchange], now: float | None = None) -> int:
         """A whole response, forwarded or local: through the hooks, then to the client.
-        Returns how long to mute the client after it (ms)."""
+        Returns how long to mute the client after it (ms). `now`: when it arrived, if known."""
         exchange = response.context
-        exchange.response_received_at = self._loop.time()
+        exchange.response_received_at = self._loop.time() if now is None else now
         header = response.header
         if response.endpoints_rewritten:
             self.services.node_endpoints_rewritten(header.api_key)
@@ -626,7 +631,7 @@ class ProxiedConnection:
         self._hooks.response_streamed(self.view, event.context, frame_size, event.body_offset)
         self._after_response(streamed=True)
 
-    def _after_response(self, mute_ms: int = 0, *, streamed: bool = False) -> None:
+    def _after_response(self, mute_ms: int = 0, *, streamed: bool = False, now: float | None = None) -> None:
         """A response went out: local answers that were waiting behind it follow, then its
         mute starts (a streamed one's, kept by the gate since it started), then queued
         requests go on if nothing blocks them."""
@@ -638,13 +643,14 @@ class ProxiedConnection:
                 self._close_departed()
             return
         gate = self._gate
-        now = self._loop.time()
+        if now is None:
+            now = self._loop.time()
         actions = gate.stream_ended(now, session.in_flight) if streamed else gate.response_sent(
             now, session.in_flight, mute_ms)
         if actions is not NOTHING:
             self._apply(actions)
         if session.requests_queued:
-            self._process_pending()
+            self._process_pending(now)
 
 
 class ClientSide(asyncio.Protocol):

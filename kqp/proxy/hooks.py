@@ -397,6 +397,26 @@ _PER_API_CALLS = (
 )
 
 
+class _CallsByApi(dict[int, tuple[Callable[..., Any], ...]]):
+    """One hook call's bound methods by API key, for `HookChain`: an API's entry is made the
+    first time it is looked up (`__missing__`), from the hooks that override the call and take
+    part in it for that API."""
+
+    def __init__(self, hooks: list[TrafficHooks], name: str) -> None:
+        super().__init__()
+        self._hooks = hooks
+        self._name = name
+
+    def __missing__(self, api_key: int) -> tuple[Callable[..., Any], ...]:
+        name = self._name
+        base = getattr(TrafficHooks, name)
+        calls = self[api_key] = tuple(
+            getattr(hook, name) for hook in self._hooks
+            if getattr(type(hook), name) is not base and hook.takes(name, api_key)
+        )
+        return calls
+
+
 class HookChain(TrafficHooks):
     """Several hooks in order; the first to answer a request wins, later ones see its changes.
 
@@ -407,31 +427,24 @@ class HookChain(TrafficHooks):
 
     Each per-API call goes only to the hooks that declared the exchange's API and override
     that call: `_calls[name][api_key]` holds their bound methods, in chain order, filled the
-    first time an API is seen (API keys are few, and an unknown one costs one entry).
+    first time an API is seen (API keys are few, and an unknown one costs one entry). The
+    lookup is two dict subscripts, no Python call: it runs for every request and response.
     """
 
     def __init__(self, hooks: list[TrafficHooks]) -> None:
         self.hooks = hooks
-        self._calls: dict[str, dict[int, tuple[Callable[..., Any], ...]]] = {name: {} for name in _PER_API_CALLS}
+        self._calls: dict[str, _CallsByApi] = {name: _CallsByApi(hooks, name) for name in _PER_API_CALLS}
 
     def calls_for(self, name: str, api_key: int) -> tuple[Callable[..., Any], ...]:
         """The bound `name` methods of the hooks that want `api_key`, in chain order."""
-        table = self._calls[name]
-        calls = table.get(api_key)
-        if calls is None:
-            base = getattr(TrafficHooks, name)
-            calls = table[api_key] = tuple(
-                getattr(hook, name) for hook in self.hooks
-                if getattr(type(hook), name) is not base and hook.takes(name, api_key)
-            )
-        return calls
+        return self._calls[name][api_key]
 
     def connection_opened(self, client: ClientView) -> None:
         for hook in self.hooks:
             hook.connection_opened(client)
 
     def hold(self, client: ClientView, exchange: Exchange, frame: bytes) -> asyncio.Future[Any] | None:
-        for hold in self.calls_for("hold", exchange.header.api_key):
+        for hold in self._calls["hold"][exchange.header.api_key]:
             wait: asyncio.Future[Any] | None = hold(client, exchange, frame)
             if wait is not None:
                 return wait
@@ -439,7 +452,7 @@ class HookChain(TrafficHooks):
 
     def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
         combined: RequestVerdict | None = None
-        for request in self.calls_for("request", exchange.header.api_key):
+        for request in self._calls["request"][exchange.header.api_key]:
             verdict: RequestVerdict | None = request(client, exchange, frame)
             if verdict is None:
                 continue
@@ -456,7 +469,7 @@ class HookChain(TrafficHooks):
     def hold_response(
         self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> asyncio.Future[Any] | None:
-        for hold in self.calls_for("hold_response", exchange.header.api_key):
+        for hold in self._calls["hold_response"][exchange.header.api_key]:
             wait: asyncio.Future[Any] | None = hold(client, exchange, frame, body_offset)
             if wait is not None:
                 return wait
@@ -466,7 +479,7 @@ class HookChain(TrafficHooks):
         self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
     ) -> ResponseVerdict | None:
         combined: ResponseVerdict | None = None
-        for response in self.calls_for("response", exchange.header.api_key):
+        for response in self._calls["response"][exchange.header.api_key]:
             verdict: ResponseVerdict | None = response(client, exchange, frame, body_offset)
             if verdict is None:
                 continue
@@ -479,18 +492,17 @@ class HookChain(TrafficHooks):
         return combined
 
     def unanswered(self, client: ClientView, exchange: Exchange) -> None:
-        for unanswered in self.calls_for("unanswered", exchange.header.api_key):
+        for unanswered in self._calls["unanswered"][exchange.header.api_key]:
             unanswered(client, exchange)
 
     def needs_whole_response(self, client: ClientView, exchange: Exchange) -> bool:
-        return any(needs(client, exchange) for needs in self.calls_for("needs_whole_response",
-                                                                        exchange.header.api_key))
+        return any(needs(client, exchange) for needs in self._calls["needs_whole_response"][exchange.header.api_key])
 
     def response_started(
         self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
     ) -> ResponseVerdict | None:
         combined: ResponseVerdict | None = None
-        for started in self.calls_for("response_started", exchange.header.api_key):
+        for started in self._calls["response_started"][exchange.header.api_key]:
             verdict: ResponseVerdict | None = started(client, exchange, head, body_offset, frame_size)
             if verdict is not None:
                 combined = combined or ResponseVerdict()
@@ -502,7 +514,7 @@ class HookChain(TrafficHooks):
     def response_streamed(
         self, client: ClientView, exchange: Exchange, frame_size: int, body_offset: int
     ) -> None:
-        for streamed in self.calls_for("response_streamed", exchange.header.api_key):
+        for streamed in self._calls["response_streamed"][exchange.header.api_key]:
             streamed(client, exchange, frame_size, body_offset)
 
     def connection_closed(self, client: ClientView, reason: CloseReason) -> None:
