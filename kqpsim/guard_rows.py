@@ -98,7 +98,7 @@ FAIR_SHARE_MIN = 0.9
 # A fleet's instances compute the same limits (issue 41), within this share of the limit once
 # converged: each measures the others a report interval plus the exchange's lag late (about 1 %
 # of a quota window's bytes) and steps up to a second apart, while the trim moves the limits by
-# at most 1 % a second.
+# at most 1 % a second and the damping by what the last 4 s, seen that late, differ.
 LIMITS_AGREE = 0.05
 
 Kind = Literal["produce", "fetch"]
