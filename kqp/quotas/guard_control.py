@@ -26,7 +26,9 @@ a sample restarts at the first record after a mute), and the load over the quota
 by up to a tenth of the limit at that period. The damping lowers the shares while the held-back
 clients burst (the last seconds above the window's mean), so that they meet their limit sooner,
 and raises them while the clients are muted, spreading each burst over the window; over a window
-its mean is zero, so it moves neither the load's mean nor the trim.
+its mean is zero, so it moves neither the load's mean nor the trim, as long as a request is small
+against what the clients send over the span (with 1 MB requests against a 450 kB/s share it sees
+single requests, and in the simulator moved the mean up to 1.058x the limit).
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ class TrimGains:
         bounds: the lowest and highest trim: the feedback corrects the throttle's granularity,
             never more than this share of the limit whatever it measures.
         damping: the proportional gain on (carried - recent) / limit added to the trim, where
-            `recent` is the load over the last `damping_span_s` (the sensors measure it:
-            kqp.quotas.guard_limits).
+            `recent` is the load over the last DEFAULT_DAMPING_SPAN_S (the span the guard's
+            sensors measure it over: kqp.quotas.guard_limits).
         max_damping: the damping adds or takes at most this share of the limit.
     """
 
