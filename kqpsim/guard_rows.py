@@ -98,7 +98,7 @@ FAIR_SHARE_MIN = 0.9
 # A fleet's instances compute the same limits (issue 41), within this share of the limit once
 # converged: each measures the others a report interval plus the exchange's lag late (about 1 %
 # of a quota window's bytes) and steps up to a second apart, while the trim moves the limits by
-# at most 1 % a second.
+# at most 1 % a second and the damping by what the last 4 s, seen that late, differ.
 LIMITS_AGREE = 0.05
 
 Kind = Literal["produce", "fetch"]
@@ -565,25 +565,16 @@ GUARD_ROWS: tuple[GuardRow, ...] = (
 # What they have in common: requests that are a large part of a share (1 MB produce requests or
 # 1 MiB fetches from backlogged clients, two seconds of a 450 kB/s share), where Kafka's
 # after-the-fact throttle lets each window run over or under by about one request per
-# held-back client; and paced clients (each sends its whole offer when unmuted) whose sawtooth
-# under Kafka's throttle is about 10 % of the limit wide, so that the band's edges are crossed
-# by 0.01-0.07 on some seeds. The static quota of the same values, printed beside, moves as far
-# or further on most of the same seeds.
+# held-back client, which no limit the guard sets smooths (static quotas of the same values,
+# printed beside, move about as far). The paced clients' sawtooth, which Kafka's windowed throttle
+# repeats about every window and which left 18 more seeds 0.01-0.07 outside the band, the
+# guard's damping spreads (kqp/quotas/guard_control.py): those seeds meet the acceptance now.
 KNOWN: dict[str, dict[int, tuple[float, float]]] = {
-    "one-broker-issue-shape": {3: (0.95, 1.06)},
-    "one-broker-librdkafka-defaults": {0: (0.78, 1.24), 1: (0.7, 1.17), 2: (0.78, 1.17), 3: (0.7, 1.24),
-                                       4: (0.54, 1.31)},
-    "weights": {2: (0.94, 1.03), 4: (0.95, 1.06)},
-    "protected": {1: (0.94, 1.06), 2: (0.93, 1.04), 3: (0.93, 1.04), 4: (0.94, 1.04)},
-    "floor": {0: (0.91, 1.07), 1: (0.94, 1.07), 2: (0.94, 1.05), 3: (0.96, 1.06), 4: (0.95, 1.07)},
-    "fetch-binds-nw-out": {0: (0.82, 1.07), 1: (0.77, 1.06), 2: (0.92, 1.07), 3: (0.81, 1.06), 4: (0.71, 1.06)},
-    "two-brokers-librdkafka-defaults": {0: (0.54, 1.23), 1: (0.61, 1.22), 2: (0.61, 1.23), 3: (0.61, 1.22),
-                                        4: (0.61, 1.33)},
-    "produce-and-fetch-both-bind": {0: (0.76, 1.09), 1: (0.76, 1.09), 2: (0.83, 1.09), 3: (0.76, 1.09),
+    "one-broker-librdkafka-defaults": {0: (0.86, 1.09), 1: (0.78, 1.17), 2: (0.85, 1.17), 3: (0.85, 1.16),
+                                       4: (0.77, 1.16)},
+    "fetch-binds-nw-out": {0: (0.87, 1.07), 1: (0.86, 1.06), 2: (0.92, 1.07), 3: (0.86, 1.06), 4: (0.9, 1.1)},
+    "two-brokers-librdkafka-defaults": {0: (0.69, 1.33), 1: (0.81, 1.22), 2: (0.54, 1.33), 3: (0.71, 1.15),
+                                        4: (0.81, 1.33)},
+    "produce-and-fetch-both-bind": {0: (0.89, 1.09), 1: (0.83, 1.09), 2: (0.76, 1.09), 3: (0.82, 1.09),
                                     4: (0.82, 1.09)},
-    # The fleet rows: the paced clients' sawtooth, as on one instance (one-broker-issue-shape seed 3),
-    # crossing the band's edge by at most 0.006.
-    "fleet-of-3-one-broker": {2: (0.95, 1.06), 4: (0.96, 1.06)},
-    "fleet-of-3-three-brokers-replicated": {1: (0.96, 1.06)},
-    "fleet-of-3-one-dies": {1: (0.94, 1.05), 2: (0.95, 1.06), 3: (0.95, 1.06)},
 }

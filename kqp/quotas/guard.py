@@ -15,9 +15,11 @@ Every interval, per broker and network resource (NW_IN, NW_OUT):
   clients on it are held back by their guard limits, it releases only after a quota window
   there: their windowed rates dip by a whole request between throttles.
 * Each resource has a *trim* (kqp.quotas.guard_control): the integral of how far the load it
-  carried was from its limit while held-back clients decided it. The shares are of limit x trim,
-  so the throttle's granularity (one large request per client per window) does not leave the
-  broker short of, or over, its limit on average.
+  carried was from its limit while held-back clients decided it, and a *damping*, proportional
+  to how far the load of the last few seconds is from the window's. The shares are of
+  limit x (trim + damping): the trim keeps the throttle's granularity (one large request per
+  client per window) from leaving the broker short of, or over, its limit on average; the
+  damping spreads the bursts Kafka's windowed throttle repeats every window.
 * While any resource is engaged, or any guard limit is still in force, the *target* of every
   flow (one entity's produce or fetch) is its max-min fair share from `water_fill`, the same
   function `advise` uses, with weights, protected entities and the floor. A flow whose measured
@@ -60,7 +62,7 @@ from kqp.quotas.fair_share import (
     unquoted_loads,
     water_fill,
 )
-from kqp.quotas.guard_control import next_trim
+from kqp.quotas.guard_control import damping, next_trim
 from kqp.quotas.guard_inputs import FlowKey, GuardSettings, MeasuredFlow
 from kqp.quotas.settings import QuotaEntity
 
@@ -89,8 +91,9 @@ class ResourceStatus:
     load: float
     limit: float
     engaged: bool
-    trim: float = 1.0  # the water-filling shares limit x trim (kqp.quotas.guard_control)
+    trim: float = 1.0  # the water-filling shares limit x (trim + damping) (kqp.quotas.guard_control)
     carried: float = 0.0  # what the flows put on it over the quota window, bytes/s (the feedback's load)
+    damping: float = 0.0  # the loop's fast term this step (kqp.quotas.guard_control)
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,9 @@ def step(
     # The load the feedback closes on: what the flows put on each resource over the quota window.
     as_carried = [_flow(settings, flow, _rates(flow, brokers, carried=True)) for flow in flows]
     carried = unquoted_loads(_problem(settings, background, as_carried))
+    # The damping's: what they put on it over the last few seconds (kqp.quotas.guard_control).
+    as_recent = [_flow(settings, flow, _rates(flow, brokers, recent=True)) for flow in flows]
+    recent = unquoted_loads(_problem(settings, background, as_recent))
 
     # 2. Hysteresis: engage above the limit; release at or under limit x (1 - margin), and while
     # clients on the resource are still held back by their guard limits, only once the load has
@@ -180,13 +186,17 @@ def step(
     # 3. The feedback: each resource's trim, from the load it carried (kqp.quotas.guard_control).
     span = 0.0 if state.last_step_s is None else min(max(now_s - state.last_step_s, 0.0), _MAX_RAISE_SPAN_S)
     trims: dict[Resource, float] = {}
+    dampings: dict[Resource, float] = {}
     for resource, limit in settings.limits.items():
         closing = settings.feedback and resource in engaged and resource in holding and resource not in settling
         trim = next_trim(state.trims.get(resource, 1.0), limit, carried.get(resource, 0.0), closing, span,
                          settings.trim)
         if trim != 1.0:
             trims[resource] = trim
-    shared = {resource: limit * trims.get(resource, 1.0) for resource, limit in settings.limits.items()}
+        dampings[resource] = damping(limit, carried.get(resource, 0.0), recent.get(resource, 0.0), closing,
+                                     settings.trim)
+    shared = {resource: limit * (trims.get(resource, 1.0) + dampings[resource])
+              for resource, limit in settings.limits.items()}
 
     # 4. Targets: every flow's max-min fair share of the trimmed limits, while there is anything to guard.
     targets: dict[FlowKey, float | None] = dict.fromkeys((flow.key for flow in flows), None)
@@ -234,7 +244,8 @@ def step(
 
     resources = [
         ResourceStatus(broker, resource, loads.get((broker, resource), 0.0), limit, (broker, resource) in engaged,
-                       trims.get((broker, resource), 1.0), carried.get((broker, resource), 0.0))
+                       trims.get((broker, resource), 1.0), carried.get((broker, resource), 0.0),
+                       dampings[(broker, resource)])
         for (broker, resource), limit in sorted(settings.limits.items())
     ]
     by_key = {flow.key: flow for flow in flows}
@@ -265,10 +276,15 @@ def _order(key: FlowKey) -> tuple[str, str, str]:
     return (entity.user or "", entity.client_id or "", quota_type)
 
 
-def _rates(flow: MeasuredFlow, brokers: Sequence[int], carried: bool = False) -> np.ndarray:
+def _rates(flow: MeasuredFlow, brokers: Sequence[int], carried: bool = False, recent: bool = False) -> np.ndarray:
     """The flow's measured rate per broker of the problem, as a (brokers, 1) demand matrix
-    (`carried`: what it carried over the window, its `carried` when measured)."""
-    rates = flow.carried if carried and flow.carried is not None else flow.rates
+    (`carried`: what it carried over the window, its `carried` when measured; `recent`: over the
+    last few seconds, its `recent` when measured, else as `carried`)."""
+    rates = flow.rates
+    if recent and flow.recent is not None:
+        rates = flow.recent
+    elif (carried or recent) and flow.carried is not None:
+        rates = flow.carried
     return np.array([[max(rates.get(broker, 0.0), 0.0)] for broker in brokers], dtype=np.float64)
 
 

@@ -84,6 +84,8 @@ class MeasuredFlow:
     sample's start, which for a client sending a large request every few seconds counts the
     first request's bytes over less than their span and reads up to a request high.
     `throttled_brokers`: the brokers on which its guard limit throttled it within the window.
+    `recent`: per broker, the bytes recorded over the last DEFAULT_DAMPING_SPAN_S divided by that
+    span (None: as `carried`), what the guard's damping compares with `carried`.
     """
 
     entity: QuotaEntity
@@ -93,6 +95,7 @@ class MeasuredFlow:
     throttled: bool = False
     carried: Mapping[int, float] | None = None
     throttled_brokers: frozenset[int] = frozenset()
+    recent: Mapping[int, float] | None = None
 
     @property
     def key(self) -> FlowKey:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote
 
 from kqp.quotas.callbacks import CLIENT_ID_TAG, USER_TAG, ClusterMetadata, sanitize_user
+from kqp.quotas.guard_control import DEFAULT_DAMPING_SPAN_S
 from kqp.quotas.guard_inputs import MeasuredFlow
 from kqp.quotas.managers import ClientQuotaManager, QuotaHost
 from kqp.quotas.sensors import RateSensor
@@ -181,6 +182,8 @@ class GuardQuotas:
         configured = self._configured_bounds()
         rates: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
         carried: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
+        recent: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
+        recent_ms = int(DEFAULT_DAMPING_SPAN_S * 1000)
         counts: dict[RateSensor, int] = {}
         window_s = self.engine.settings.window_num * self.engine.settings.window_size_s
         window_ms = window_s * 1000
@@ -199,6 +202,9 @@ class GuardQuotas:
                 over_window = carried.setdefault(key, {})
                 over_window[int(broker)] = (over_window.get(int(broker), 0.0)
                                             + sensor.rate.recent_total(now_ms, window_ms) / window_s)
+                lately = recent.setdefault(key, {})
+                lately[int(broker)] = (lately.get(int(broker), 0.0)
+                                       + sensor.rate.recent_total(now_ms, recent_ms) / DEFAULT_DAMPING_SPAN_S)
         self._throttle_counts = counts  # live sensors only: an expired one is forgotten here
         self._throttled_at = {key: at for key, at in self._throttled_at.items() if now_ms - at <= window_ms}
         throttled_on: dict[tuple[QuotaEntity, ByteRateType], set[int | None]] = {}
@@ -208,6 +214,7 @@ class GuardQuotas:
             MeasuredFlow(entity, quota_type, per_broker, configured.get((entity, quota_type)),
                          throttled=(entity, quota_type) in throttled_on,
                          carried=carried.get((entity, quota_type)),
+                         recent=recent.get((entity, quota_type)),
                          throttled_brokers=frozenset(
                              node for node in throttled_on.get((entity, quota_type), ()) if node is not None))
             for (entity, quota_type), per_broker in rates.items()

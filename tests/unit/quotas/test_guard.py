@@ -132,18 +132,18 @@ def test_a_resource_whose_clients_are_held_back_releases_only_after_a_quota_wind
 def test_the_trim_raises_the_shares_while_held_back_clients_leave_the_broker_under_its_limit() -> None:
     # Two noisy throttled at 450, the load they and three quiet carried over the window 1100 of 1200
     # (inside the hysteresis band, so the resource stays engaged):
-    # the trim rises by gain x error = 0.05 x 100/1200 per second.
+    # the trim rises by gain x error = 0.1 x 100/1200 per second.
     state = GuardState(engaged={(1, NW_IN): 0.0},
                        limits={(client("n1"), PRODUCE): 450.0, (client("n2"), PRODUCE): 450.0}, last_step_s=0.0)
     quiet = [produce("q1", 100), produce("q2", 100), produce("q3", 100)]
     throttled = [MeasuredFlow(client(n), PRODUCE, {1: 400.0}, throttled=True) for n in ("n1", "n2")]
     decision = step(one_broker(), state, [*quiet, *throttled], now_s=1)
-    trim = 1 + 0.05 * 100 / 1200
+    trim = 1 + 0.1 * 100 / 1200
     assert decision.resources[0].trim == pytest.approx(trim)
     assert limit_of(decision, "n1") == pytest.approx((1200 * trim - 300) / 2, abs=1)  # whole bytes/s
     # Over the next ten seconds, as much again per second; then the bound: never above 1.15.
     later = step(one_broker(), decision.state, [*quiet, *throttled], now_s=11)
-    assert later.resources[0].trim == pytest.approx(1 + 11 * 0.05 * 100 / 1200)
+    assert later.resources[0].trim == pytest.approx(1 + 11 * 0.1 * 100 / 1200)
     much_later = step(one_broker(), later.state, [*quiet, *throttled], now_s=71)
     assert much_later.resources[0].trim == pytest.approx(1.15)
     # A load far under (a window between two large requests): the change is capped at 0.01 per second.
@@ -160,7 +160,35 @@ def test_the_trim_closes_on_the_carried_load_not_on_kafkas_windowed_rate() -> No
     flow = MeasuredFlow(client("n1"), PRODUCE, {1: 1250.0}, throttled=True, carried={1: 1140.0})
     decision = step(one_broker(), state, [flow], now_s=1)
     assert decision.resources[0].carried == pytest.approx(1140)
-    assert decision.resources[0].trim == pytest.approx(1 + 0.05 * 60 / 1200)
+    assert decision.resources[0].trim == pytest.approx(1 + 0.1 * 60 / 1200)
+
+
+def test_the_damping_lowers_the_shares_while_the_held_back_burst_and_raises_them_while_they_are_muted() -> None:
+    # Two noisy held back at 450 and three quiet at 100 carried the limit over the window (the trim
+    # stays at 1); over the last few seconds the noisy sent 600 each (a burst after a mute): the
+    # damping takes 0.1 x (1200 - 1500) / 1200 = 0.025 of the limit from their shares.
+    state = GuardState(engaged={(1, NW_IN): 0.0},
+                       limits={(client("n1"), PRODUCE): 450.0, (client("n2"), PRODUCE): 450.0}, last_step_s=0.0)
+    quiet = [produce("q1", 100), produce("q2", 100), produce("q3", 100)]
+
+    def noisy(recent: float) -> list[MeasuredFlow]:
+        return [MeasuredFlow(client(n), PRODUCE, {1: 450.0}, throttled=True, carried={1: 450.0}, recent={1: recent})
+                for n in ("n1", "n2")]
+
+    burst = step(one_broker(), state, [*quiet, *noisy(600)], now_s=1)
+    assert burst.resources[0].trim == 1.0
+    assert burst.resources[0].damping == pytest.approx(-0.025)
+    assert limit_of(burst, "n1") == pytest.approx((1200 * 0.975 - 300) / 2, abs=1)
+    # Muted (nothing sent lately): the damping gives back, and the limits rise toward their new
+    # target, (1200 x 1.075 - 300) / 2 = 495, by at most raise_per_s (5 % a second) as any rise.
+    muted = step(one_broker(), state, [*quiet, *noisy(0)], now_s=1)
+    assert muted.resources[0].damping == pytest.approx(0.1 * 900 / 1200)
+    assert limit_of(muted, "n1") == pytest.approx(450 * 1.05)
+    assert step(one_broker(), state, [*quiet, *noisy(3000)], now_s=1).resources[0].damping == pytest.approx(-0.1)
+    # Without feedback (dry run), or nobody held back, no damping.
+    assert step(one_broker(feedback=False), state, [*quiet, *noisy(600)], now_s=1).resources[0].damping == 0.0
+    free = [MeasuredFlow(client("a"), PRODUCE, {1: 1150.0}, carried={1: 1150.0}, recent={1: 1500.0})]
+    assert step(one_broker(), GuardState(engaged={(1, NW_IN): 0.0}), free, now_s=1).resources[0].damping == 0.0
 
 
 def test_the_trim_does_not_wind_up_while_limits_rise_or_nobody_is_held_back() -> None:
@@ -270,8 +298,9 @@ def test_a_flow_its_limit_throttled_is_held_back_though_its_windowed_rate_dipped
     quiet = [produce("q1", 100), produce("q2", 100), produce("q3", 100)]
     throttled = [MeasuredFlow(client(n), PRODUCE, {1: 380.0}, throttled=True) for n in ("n1", "n2")]
     held = step(one_broker(), state, [*quiet, *throttled], now_s=1)
-    # (The trim adds 0.05 x 140/1200 of the limit: the load they carried, 1060, was under it.)
-    share = (1200 * (1 + 0.05 * 140 / 1200) - 300) / 2
+    # (The trim adds 0.01 of the limit, the most it moves in a second: the load they carried, 1060,
+    # was under it, and 0.1 x 140/1200 is more than that.)
+    share = (1200 * 1.01 - 300) / 2
     assert limit_of(held, "n1") == pytest.approx(share, abs=1)  # water_fill gives whole bytes/s
     assert limit_of(held, "n2") == pytest.approx(share, abs=1)
     # ... while the same rates without a recent throttle say the demand fell: the limits go

@@ -54,6 +54,8 @@ def test_guard_scenario_seed(row: GuardRow, seed: int, guard_runs: Background[Gu
 
 def test_at_least_fifty_scenario_seeds_and_every_known_seed_is_run() -> None:
     assert sum(row.seeds for row in GUARD_ROWS) >= 50
+    # Acceptance 1: at least 50 of them meet it whole (every seed not in KNOWN is asserted to).
+    assert sum(row.seeds for row in GUARD_ROWS) - sum(len(seeds) for seeds in KNOWN.values()) >= 50
     rows = {row.name: row for row in GUARD_ROWS}
     for name, seeds in KNOWN.items():
         assert name in rows and all(seed < rows[name].seeds for seed in seeds), name
