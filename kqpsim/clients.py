@@ -25,6 +25,7 @@ request (Produce) or delivered response (Fetch), and every request time-out.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -298,12 +299,23 @@ class ClientConnection(asyncio.Protocol):
         produced = int((now - self.offer_began) / interval + 1e-9)
         waiting = produced - self.batched_records
         most = max(1, (self.request_bytes - RECORD_BATCH_HEADER_BYTES) // LIBRDKAFKA_RECORD_BYTES)
-        first_at = self.offer_began + (self.batched_records + 1) * interval
-        if waiting >= most or (waiting > 0 and now >= first_at + batching.linger_s - 1e-9):
+        linger_ends = self.offer_began + (self.batched_records + 1) * interval + batching.linger_s
+        if waiting >= most or (waiting > 0 and now >= linger_ends - 1e-9):
             return min(waiting, most)
-        if self._wake is None:
-            full_at = self.offer_began + (self.batched_records + most) * interval
-            self._wake = self.loop.call_at(min(first_at + batching.linger_s, full_at), self._woken)
+        # librdkafka's broker thread waits for the linger's end in whole milliseconds rounded up
+        # from when it last served (rd_timeout_ms), so each serve (a response, a resumed write)
+        # sets the wait anew; a record produced after the end wakes it at once (the producer
+        # signals once the queue's wake-up time has passed), and so does a full batch. With no
+        # record waiting, the first one's produce wakes it and it waits linger.ms exactly.
+        wake = linger_ends
+        if waiting > 0:
+            wake = now + math.ceil((linger_ends - now) * 1000.0 - 1e-6) / 1000.0
+            produced_after = math.ceil((linger_ends - self.offer_began) / interval - 1e-9)
+            wake = min(wake, self.offer_began + produced_after * interval)
+        wake = min(wake, self.offer_began + (self.batched_records + most) * interval)
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake = self.loop.call_at(wake, self._woken)
         return 0
 
     def _batch_request(self, records: int, correlation: int) -> bytes:
