@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, PRODUCE_KEY
 from kqpsim import wire
-from kqpsim.virtual_loop import SOCKET_BUFFERS_BYTES
+from kqpsim.virtual_loop import SOCKET_BUFFERS_BYTES, MemoryTransport
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,9 @@ class Batching:
     # mute): the client's send buffer and the broker's receive buffer. A request that does not
     # fit waits in the client (its outbuf) until the broker has read enough.
     socket_buffer_bytes: int
+    # ... of which each request takes this much more than its bytes (the kernel's cost of a
+    # write that went out on its own): the buffers hold fewer small requests than large ones.
+    socket_write_overhead_bytes: int
     request_timeout_s: float  # the client's own time-out of a request, from when it was made
 
 
@@ -71,12 +74,16 @@ LIBRDKAFKA_RECORD_BYTES = 1035
 # A v2 record batch's header (baseOffset to recordCount).
 RECORD_BATCH_HEADER_BYTES = 61
 # What the kernel holds between librdkafka and a muted Kafka broker on the calibration host
-# (Linux, loopback): librdkafka leaves socket.send.buffer.bytes at 0, so the kernel grows the
-# send buffer towards tcp_wmem's maximum (4 MiB), and Kafka sets socket.receive.buffer.bytes
-# (102,400, doubled by Linux) on its end. Measured on that host (docs/testing.md, "librdkafka's
-# batching"): a socket with Kafka's receive buffer, read at 256 KiB/s and then not at all,
-# took 4,042,776 bytes in 3.2 KB writes before its writer blocked (send buffer 3,939,840).
+# (Linux, loopback; docs/testing.md, "librdkafka's batching"). librdkafka leaves
+# socket.send.buffer.bytes at 0, so Linux grows the send buffer towards tcp_wmem's maximum
+# (4 MiB); Kafka sets socket.receive.buffer.bytes (102,400) on its end. Measured: a socket with
+# Kafka's receive buffer, read at 256 KiB/s and then not at all, took 4,042,776 bytes before its
+# writer blocked; the real producer of calibrate-librdkafka had 3-5 requests of up to 1 MB
+# awaiting a response once its batches were that large, but only 991 of about 2.5 KB (2.5 MB)
+# when the socket first filled, at 21 s: each small request took about 1.55 KB more of the
+# buffers than its bytes ((4,040,000 - 991 x 2,530) / 991).
 LIBRDKAFKA_SOCKET_BUFFER_BYTES = 4_040_000
+LIBRDKAFKA_SOCKET_WRITE_OVERHEAD_BYTES = 1_550
 
 # librdkafka: ignores ThrottleTimeMs (it only reports it). Saturating (no offer): max.in.flight
 # 5 per connection (idempotent), request.timeout.ms 30 s, one request size; on a time-out it
@@ -86,6 +93,7 @@ LIBRDKAFKA_SOCKET_BUFFER_BYTES = 4_040_000
 LIBRDKAFKA = ClientShape("librdkafka", "produce", max_in_flight=5, honours_throttle=False, request_timeout_s=30.0,
                          batching=Batching(linger_s=0.005, backpressure_threshold=1,
                                            socket_buffer_bytes=LIBRDKAFKA_SOCKET_BUFFER_BYTES,
+                                           socket_write_overhead_bytes=LIBRDKAFKA_SOCKET_WRITE_OVERHEAD_BYTES,
                                            request_timeout_s=60.0))
 LIBRDKAFKA_BATCHING_MAX_IN_FLIGHT = 1_000_000
 # Kafka's Java producer: max.in.flight.requests.per.connection 5, honours ThrottleTimeMs
@@ -210,6 +218,8 @@ class ClientConnection(asyncio.Protocol):
             # soon as the request that did not fit has gone in whole.
             above = max(0, self.batching.socket_buffer_bytes - SOCKET_BUFFERS_BYTES)
             transport.set_write_buffer_limits(high=above, low=above)
+            if isinstance(transport, MemoryTransport):
+                transport.set_write_overhead(self.batching.socket_write_overhead_bytes)
             self.socket_full = False
         self._send_more()
 

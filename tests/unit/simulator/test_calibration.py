@@ -74,12 +74,13 @@ def test_librdkafka_under_its_quota_sends_linger_sized_batches_and_is_never_thro
 
 
 def test_librdkafka_over_its_quota_batches_up_to_batch_size_once_the_socket_is_full() -> None:
-    # Offering 1.5x, the socket fills behind the broker's mute after about 30 s: until then
-    # linger-sized batches, from then on batches that grow up to batch.size and no further, with
-    # never more in the kernel than its buffers hold and one request that did not fit.
+    # Offering 1.5x, the socket fills behind the broker's mute after about 20 s (the real client's
+    # did at 21 s, docs/testing.md): until then linger-sized batches, then batches of what the
+    # offer built while the one before waited for room, up to batch.size and no further; Kafka
+    # answers the first of them once the small requests ahead have drained, near 29 s.
     figures = straight_to_kafka(_librdkafka_offering(1.5), seed=1)
     acks = [(at, size) for record in figures.records for at, size in record.acks]
-    assert max(size for at, size in acks if at < 30.0) < 5_000
+    assert max(size for at, size in acks if at < 25.0) < 5_000
     large = [size for at, size in acks if size > 100_000]
     assert large and max(large) <= 1_000_000 + wire.produce_overhead("client-0")
     assert figures.timeouts == 0
