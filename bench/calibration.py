@@ -137,7 +137,8 @@ class Side:
 
 
 TRACE_COLUMNS = ("second", "awaiting response", "their records", "not yet written", "their records",
-                 "batches", "largest batch B", "mean batch B", "responses", "mean ThrottleTimeMs")
+                 "batches", "largest batch B", "mean batch B", "throttled responses", "their mean ThrottleTimeMs",
+                 "requests sent (all so far)", "responses (all so far)")
 
 
 # ---- the models -----------------------------------------------------------------------------
@@ -148,7 +149,8 @@ def model_side(figures: Figures, api: str) -> Side:
     responses = [size for r in records for at, size in r.acks if start <= at < end]
     throttles = [ms for r in records for at, ms in r.throttles if start <= at < end]
     refused = sum(1 for size in responses if size == 0) if api == "create_topics" else 0
-    detail = f"{len(throttles)} of {len(responses)} responses throttled"
+    detail = (f"{len(throttles)} of {len(responses)} responses throttled (their mean ThrottleTimeMs "
+              f"{sum(throttles) / len(throttles) if throttles else 0:.0f})")
     if api == "create_topics":
         detail += f", {refused} refused with THROTTLING_QUOTA_EXCEEDED"
     return Side(figures.admitted, None, len(responses), sum(throttles) / len(responses) if responses else None,
@@ -212,12 +214,17 @@ def real_librdkafka(bootstrap: str, topic: str, calibration: Calibration) -> Sid
     # Each statistics snapshot's window stats cover the second before it.
     inside = [stats for at, stats in snapshots if warmup < at <= seconds]
     brokers = [b for stats in inside for b in stats["brokers"].values() if b.get("nodeid", -1) >= 0]  # type: ignore[attr-defined]
-    responses = sum(b["throttle"]["cnt"] for b in brokers)
+    # librdkafka's throttle window counts only the responses that carried a throttle
+    # (rd_kafka_op_throttle_time); every response is in the broker's rx counter.
+    throttled = sum(b["throttle"]["cnt"] for b in brokers)
     throttle_sum = sum(b["throttle"]["sum"] for b in brokers)
 
     def total(key: str, stats: dict[str, object]) -> int:
         return sum(int(b.get(key, 0)) for b in stats["brokers"].values())  # type: ignore[attr-defined]
 
+    before = [stats for at, stats in snapshots if at <= warmup]
+    base = before[-1] if before else (inside[0] if inside else None)
+    responses = total("rx", inside[-1]) - total("rx", base) if inside and base else 0
     timeouts = total("req_timeouts", inside[-1]) - total("req_timeouts", inside[0]) if inside else 0
     batches = [stats["topics"][topic] for stats in inside if topic in stats["topics"]]  # type: ignore[operator,index]
     batch_bytes = sum(t["batchsize"]["sum"] for t in batches)
@@ -233,6 +240,8 @@ def real_librdkafka(bootstrap: str, topic: str, calibration: Calibration) -> Sid
     admitted = counted[0] * factor / (seconds - warmup) / calibration.quota
     mean_batch = batch_bytes / max(1, sum(t["batchsize"]["cnt"] for t in batches))
     return Side(admitted, mean_batch, responses, throttle_sum / responses if responses else None, timeouts, errors,
+                f"{throttled} of {responses} responses throttled (their mean ThrottleTimeMs "
+                f"{throttle_sum / throttled if throttled else 0:.0f}), "
                 f"value bytes {counted[0] / (seconds - warmup) / calibration.quota:.3f}x, batch bytes per value byte "
                 f"{factor:.4f}, mean batch {mean_batch:.0f} B, "
                 f"batches {spread}, most requests awaiting a response {in_flight}, most not yet sent {unsent}",
@@ -252,7 +261,8 @@ def _trace_row(at: float, stats: dict[str, Any], topic: str) -> list[float]:
     throttle = sum(b["throttle"]["sum"] for b in brokers)
     return [round(at, 1), total("waitresp_cnt"), total("waitresp_msgcnt"), total("outbuf_cnt"),
             total("outbuf_msgcnt"), float(batch.get("cnt", 0)), float(batch.get("max", 0)),
-            float(batch.get("avg", 0)), float(responses), round(throttle / responses, 1) if responses else 0.0]
+            float(batch.get("avg", 0)), float(responses), round(throttle / responses, 1) if responses else 0.0,
+            total("tx"), total("rx")]
 
 
 def real_aiokafka(bootstrap: str, topic: str, calibration: Calibration) -> Side:
