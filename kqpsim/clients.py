@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, PRODUCE_KEY
 from kqpsim import wire
-from kqpsim.virtual_loop import SOCKET_BUFFERS_BYTES, MemoryTransport
+from kqpsim.virtual_loop import SOCKET_BUFFERS_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +46,6 @@ class Batching:
     # mute): the client's send buffer and the broker's receive buffer. A request that does not
     # fit waits in the client (its outbuf) until the broker has read enough.
     socket_buffer_bytes: int
-    # ... of which each request takes this much more than its bytes (the kernel's cost of a
-    # write that went out on its own): the buffers hold fewer small requests than large ones.
-    socket_write_overhead_bytes: int
     request_timeout_s: float  # the client's own time-out of a request, from when it was made
 
 
@@ -73,17 +70,15 @@ RECORD_VALUE_BYTES = 1024
 LIBRDKAFKA_RECORD_BYTES = 1035
 # A v2 record batch's header (baseOffset to recordCount).
 RECORD_BATCH_HEADER_BYTES = 61
-# What the kernel holds between librdkafka and a muted Kafka broker on the calibration host
-# (Linux, loopback; docs/testing.md, "librdkafka's batching"). librdkafka leaves
-# socket.send.buffer.bytes at 0, so Linux grows the send buffer towards tcp_wmem's maximum
-# (4 MiB); Kafka sets socket.receive.buffer.bytes (102,400) on its end. Measured: a socket with
-# Kafka's receive buffer, read at 256 KiB/s and then not at all, took 4,042,776 bytes before its
-# writer blocked; the real producer of calibrate-librdkafka had 3-5 requests of up to 1 MB
-# awaiting a response once its batches were that large, but only 991 of about 2.5 KB (2.5 MB)
-# when the socket first filled, at 21 s: each small request took about 1.55 KB more of the
-# buffers than its bytes ((4,040,000 - 991 x 2,530) / 991).
-LIBRDKAFKA_SOCKET_BUFFER_BYTES = 4_040_000
-LIBRDKAFKA_SOCKET_WRITE_OVERHEAD_BYTES = 1_550
+# What the kernel holds between librdkafka and a muted Kafka broker, as the real producer of
+# calibrate-librdkafka found it (docs/testing.md, "librdkafka's batching"): its socket first
+# filled at 21 s with 990 requests of about 2,540 bytes awaiting a response, 2.51 MB.
+# (librdkafka leaves socket.send.buffer.bytes at 0, so Linux sizes the send buffer itself, up
+# to tcp_wmem's 4 MiB; Kafka's end has socket.receive.buffer.bytes, 102,400.) The real buffers
+# then grew: the client wrote its whole offer for 10 s more and later had 3-5 requests of up
+# to 1 MB awaiting; the model keeps 2.51 MB, which changes how long a request waits in the
+# socket, not what Kafka admits (a full socket has a request ready whenever the mute ends).
+LIBRDKAFKA_SOCKET_BUFFER_BYTES = 2_510_000
 
 # librdkafka: ignores ThrottleTimeMs (it only reports it). Saturating (no offer): max.in.flight
 # 5 per connection (idempotent), request.timeout.ms 30 s, one request size; on a time-out it
@@ -93,7 +88,6 @@ LIBRDKAFKA_SOCKET_WRITE_OVERHEAD_BYTES = 1_550
 LIBRDKAFKA = ClientShape("librdkafka", "produce", max_in_flight=5, honours_throttle=False, request_timeout_s=30.0,
                          batching=Batching(linger_s=0.005, backpressure_threshold=1,
                                            socket_buffer_bytes=LIBRDKAFKA_SOCKET_BUFFER_BYTES,
-                                           socket_write_overhead_bytes=LIBRDKAFKA_SOCKET_WRITE_OVERHEAD_BYTES,
                                            request_timeout_s=60.0))
 LIBRDKAFKA_BATCHING_MAX_IN_FLIGHT = 1_000_000
 # Kafka's Java producer: max.in.flight.requests.per.connection 5, honours ThrottleTimeMs
@@ -218,8 +212,6 @@ class ClientConnection(asyncio.Protocol):
             # soon as the request that did not fit has gone in whole.
             above = max(0, self.batching.socket_buffer_bytes - SOCKET_BUFFERS_BYTES)
             transport.set_write_buffer_limits(high=above, low=above)
-            if isinstance(transport, MemoryTransport):
-                transport.set_write_overhead(self.batching.socket_write_overhead_bytes)
             self.socket_full = False
         self._send_more()
 

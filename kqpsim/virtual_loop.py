@@ -278,9 +278,6 @@ class MemoryTransport(asyncio.Transport):
         self._lost = False
         self._inbox: deque[bytes] = deque()  # arrived, not yet given to the protocol (paused)
         self._in_transit = 0  # bytes written by this end and not yet read by the peer's protocol
-        # What each write takes of the kernel's buffers besides its bytes (0: nothing; see
-        # `set_write_overhead`).
-        self._write_overhead = 0
         self._last_arrival = 0.0
         self._high = 64 * 1024
         self._low = 16 * 1024
@@ -408,7 +405,7 @@ class MemoryTransport(asyncio.Transport):
             return
         chunk = bytes(data)  # no copy of bytes; a caller may reuse a bytearray or a view's buffer
         size = len(chunk)
-        self._in_transit += size + self._write_overhead
+        self._in_transit += size
         self.bytes_written += size
         self._loop.call_at(self._arrival_time(), self.peer._arrive, chunk)
         if not self._writing_paused and self._in_transit - SOCKET_BUFFERS_BYTES > self._high:
@@ -420,14 +417,8 @@ class MemoryTransport(asyncio.Transport):
     def writelines(self, list_of_data: Any) -> None:
         self.write(b"".join(list_of_data))  # one copy: join takes views and bytearrays as they are
 
-    def set_write_overhead(self, nbytes: int) -> None:
-        """Each write takes `nbytes` more of the buffers than its own bytes until the peer reads
-        it: a kernel keeps each write that arrives in pieces as a buffer of its own, with its
-        bookkeeping (a client model sets it; by default 0)."""
-        self._write_overhead = nbytes
-
     def _read_by_peer(self, nbytes: int) -> None:
-        self._in_transit -= nbytes + self._write_overhead
+        self._in_transit -= nbytes
         if self._writing_paused and self.get_write_buffer_size() <= self._low:
             self._writing_paused = False
             if self._protocol is not None and not self._lost:
