@@ -222,8 +222,8 @@ def real_librdkafka(bootstrap: str, topic: str, calibration: Calibration) -> Sid
     def total(key: str, stats: dict[str, object]) -> int:
         return sum(int(b.get(key, 0)) for b in stats["brokers"].values())  # type: ignore[attr-defined]
 
-    before = [stats for at, stats in snapshots if at <= warmup]
-    base = before[-1] if before else (inside[0] if inside else None)
+    # The snapshot nearest the measured span's start (they come about a second apart).
+    base = min(snapshots, key=lambda snapshot: abs(snapshot[0] - warmup))[1] if snapshots else None
     responses = total("rx", inside[-1]) - total("rx", base) if inside and base else 0
     timeouts = total("req_timeouts", inside[-1]) - total("req_timeouts", inside[0]) if inside else 0
     batches = [stats["topics"][topic] for stats in inside if topic in stats["topics"]]  # type: ignore[operator,index]
