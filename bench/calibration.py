@@ -125,7 +125,8 @@ class Side:
 
     admitted: float  # x quota, as Kafka charges it
     # A producer's mean request (batch) size, what the model's requests are made of: it comes
-    # from the client's batching against the offer and the host's scheduling, not a setting.
+    # from the client's batching against the offer and the host's scheduling, not a setting
+    # (librdkafka's model batches as the client does and makes its own sizes).
     request_bytes: float | None = None
     responses: int | None = None
     mean_throttle_ms: float | None = None
