@@ -48,6 +48,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -124,13 +125,21 @@ class Side:
 
     admitted: float  # x quota, as Kafka charges it
     # A producer's mean request (batch) size, what the model's requests are made of: it comes
-    # from the client's batching against the offer and the host's scheduling, not a setting.
+    # from the client's batching against the offer and the host's scheduling, not a setting
+    # (librdkafka's model batches as the client does and makes its own sizes).
     request_bytes: float | None = None
     responses: int | None = None
     mean_throttle_ms: float | None = None
     timeouts: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     detail: str = ""
+    # librdkafka's statistics, one row a second from its start: TRACE_COLUMNS.
+    trace: list[list[float]] = field(default_factory=list)
+
+
+TRACE_COLUMNS = ("second", "awaiting response", "their records", "not yet written", "their records",
+                 "batches", "largest batch B", "mean batch B", "throttled responses", "their mean ThrottleTimeMs",
+                 "requests sent (all so far)", "responses (all so far)")
 
 
 # ---- the models -----------------------------------------------------------------------------
@@ -141,7 +150,8 @@ def model_side(figures: Figures, api: str) -> Side:
     responses = [size for r in records for at, size in r.acks if start <= at < end]
     throttles = [ms for r in records for at, ms in r.throttles if start <= at < end]
     refused = sum(1 for size in responses if size == 0) if api == "create_topics" else 0
-    detail = f"{len(throttles)} of {len(responses)} responses throttled"
+    detail = (f"{len(throttles)} of {len(responses)} responses throttled (their mean ThrottleTimeMs "
+              f"{sum(throttles) / len(throttles) if throttles else 0:.0f})")
     if api == "create_topics":
         detail += f", {refused} refused with THROTTLING_QUOTA_EXCEEDED"
     return Side(figures.admitted, None, len(responses), sum(throttles) / len(responses) if responses else None,
@@ -149,9 +159,10 @@ def model_side(figures: Figures, api: str) -> Side:
 
 
 def model_scenario(calibration: Calibration, real: list[Side]) -> Scenario:
-    """The calibration's scenario, its requests the size the real producer sent (median over rounds)."""
+    """The calibration's scenario, its requests the size the real producer sent (median over rounds);
+    a model that batches as its client does (librdkafka's) makes its own sizes."""
     sizes = [s.request_bytes for s in real if s.request_bytes]
-    if not sizes:
+    if not sizes or CLIENT_SHAPES[calibration.model.clients.model].batching is not None:
         return calibration.model
     model = calibration.model
     return dataclasses.replace(model, clients=dataclasses.replace(model.clients,
@@ -204,12 +215,17 @@ def real_librdkafka(bootstrap: str, topic: str, calibration: Calibration) -> Sid
     # Each statistics snapshot's window stats cover the second before it.
     inside = [stats for at, stats in snapshots if warmup < at <= seconds]
     brokers = [b for stats in inside for b in stats["brokers"].values() if b.get("nodeid", -1) >= 0]  # type: ignore[attr-defined]
-    responses = sum(b["throttle"]["cnt"] for b in brokers)
+    # librdkafka's throttle window counts only the responses that carried a throttle
+    # (rd_kafka_op_throttle_time); every response is in the broker's rx counter.
+    throttled = sum(b["throttle"]["cnt"] for b in brokers)
     throttle_sum = sum(b["throttle"]["sum"] for b in brokers)
 
     def total(key: str, stats: dict[str, object]) -> int:
         return sum(int(b.get(key, 0)) for b in stats["brokers"].values())  # type: ignore[attr-defined]
 
+    # The snapshot nearest the measured span's start (they come about a second apart).
+    base = min(snapshots, key=lambda snapshot: abs(snapshot[0] - warmup))[1] if snapshots else None
+    responses = total("rx", inside[-1]) - total("rx", base) if inside and base else 0
     timeouts = total("req_timeouts", inside[-1]) - total("req_timeouts", inside[0]) if inside else 0
     batches = [stats["topics"][topic] for stats in inside if topic in stats["topics"]]  # type: ignore[operator,index]
     batch_bytes = sum(t["batchsize"]["sum"] for t in batches)
@@ -217,6 +233,7 @@ def real_librdkafka(bootstrap: str, topic: str, calibration: Calibration) -> Sid
     factor = batch_bytes / batch_values if batch_values else 1.0
     in_flight = max((b.get("waitresp_cnt", 0) for b in brokers), default=0)
     unsent = max((b.get("outbuf_cnt", 0) for b in brokers), default=0)
+    trace = [_trace_row(at, stats, topic) for at, stats in snapshots if at <= seconds]
     sizes = [t["batchsize"] for t in batches if t["batchsize"]["cnt"]]
     spread = (f"{min(s['min'] for s in sizes)}-{max(s['max'] for s in sizes)} B, per-second p50 "
               f"{statistics.median(s['p50'] for s in sizes):.0f} B, "
@@ -224,9 +241,29 @@ def real_librdkafka(bootstrap: str, topic: str, calibration: Calibration) -> Sid
     admitted = counted[0] * factor / (seconds - warmup) / calibration.quota
     mean_batch = batch_bytes / max(1, sum(t["batchsize"]["cnt"] for t in batches))
     return Side(admitted, mean_batch, responses, throttle_sum / responses if responses else None, timeouts, errors,
+                f"{throttled} of {responses} responses throttled (their mean ThrottleTimeMs "
+                f"{throttle_sum / throttled if throttled else 0:.0f}), "
                 f"value bytes {counted[0] / (seconds - warmup) / calibration.quota:.3f}x, batch bytes per value byte "
                 f"{factor:.4f}, mean batch {mean_batch:.0f} B, "
-                f"batches {spread}, most requests awaiting a response {in_flight}, most not yet sent {unsent}")
+                f"batches {spread}, most requests awaiting a response {in_flight}, most not yet sent {unsent}",
+                trace)
+
+
+def _trace_row(at: float, stats: dict[str, Any], topic: str) -> list[float]:
+    """One statistics snapshot as a row of TRACE_COLUMNS (the broker's queues now; the batches and
+    responses of the second before it)."""
+    brokers = [b for b in stats["brokers"].values() if b.get("nodeid", -1) >= 0]
+    batch = stats["topics"].get(topic, {}).get("batchsize", {})
+
+    def total(key: str) -> float:
+        return float(sum(b.get(key, 0) for b in brokers))
+
+    responses = sum(b["throttle"]["cnt"] for b in brokers)
+    throttle = sum(b["throttle"]["sum"] for b in brokers)
+    return [round(at, 1), total("waitresp_cnt"), total("waitresp_msgcnt"), total("outbuf_cnt"),
+            total("outbuf_msgcnt"), float(batch.get("cnt", 0)), float(batch.get("max", 0)),
+            float(batch.get("avg", 0)), float(responses), round(throttle / responses, 1) if responses else 0.0,
+            total("tx"), total("rx")]
 
 
 def real_aiokafka(bootstrap: str, topic: str, calibration: Calibration) -> Side:
@@ -341,7 +378,7 @@ def real_java_consumer(cluster: KafkaCluster, topic: str, workdir: Path, calibra
 
 
 def real_java_admin(cluster: KafkaCluster, workdir: Path, calibration: Calibration) -> Side:
-    partitions = calibration.model.request_bytes
+    partitions = calibration.model.clients.request_bytes
     out = _java(cluster, workdir, calibration, "admin", cluster.bootstrap, calibration.client_id, str(partitions),
                 str(calibration.seconds), str(calibration.warmup))
     start, end = out["start"], out["end"]

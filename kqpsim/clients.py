@@ -10,6 +10,14 @@ at line rate each time Kafka's window lets it and is then throttled for about a 
 request for the rest of the window, 0.92-0.93x of the quota where the real Java producer and
 aiokafka offering 1.5x get 1.00x; with the offer modelled they agree (docs/testing.md).
 
+librdkafka offered a rate batches as the real one does (`Batching`, read from librdkafka's
+rdkafka_broker.c producer serve and rdkafka_msgset_writer.c): records wait for `linger.ms`, a
+batch is made only while no request waits for the socket (`queue.buffering.backpressure.threshold`
+1), and without idempotence nothing else bounds what is in flight. While the socket takes them it
+sends linger-sized batches; once the kernel's buffers are full behind the broker's mute, each
+batch is what the offer built while the one before it waited for room, up to `batch.size`. The
+saturating rows (no offer) keep the five-in-flight model of one request size.
+
 What an operator measures is kept per connection: the size and time of every acknowledged
 request (Produce) or delivered response (Fetch), and every request time-out.
 """
@@ -17,11 +25,28 @@ request (Produce) or delivered response (Fetch), and every request time-out.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 from kqp.protocol.apis import CREATE_TOPICS_KEY, FETCH_KEY, PRODUCE_KEY
 from kqpsim import wire
+from kqpsim.virtual_loop import SOCKET_BUFFERS_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """How a producer offered a rate (`Clients.offer`) forms its requests, as librdkafka does."""
+
+    linger_s: float  # linger.ms: a batch is ready once its first record is this old ...
+    # ... or when the records waiting fill `Clients.request_bytes` (batch.size, the record
+    # batch's bytes with its header).
+    backpressure_threshold: int  # queue.buffering.backpressure.threshold: requests not yet written
+    # What the kernel holds between the client's writes and a broker that does not read (its
+    # mute): the client's send buffer and the broker's receive buffer. A request that does not
+    # fit waits in the client (its outbuf) until the broker has read enough.
+    socket_buffer_bytes: int
+    request_timeout_s: float  # the client's own time-out of a request, from when it was made
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +59,37 @@ class ClientShape:
     honours_throttle: bool  # KIP-219 client side: send nothing on the connection until the throttle ends
     request_timeout_s: float
     reconnect_backoff_s: float = 0.1
+    batching: Batching | None = None  # with an offer: how it batches (None: one request size)
 
 
-# librdkafka: max.in.flight 5 per connection (idempotent), ignores ThrottleTimeMs (it only
-# reports it), request.timeout.ms 30 s; on a time-out it fails the request and reconnects.
-LIBRDKAFKA = ClientShape("librdkafka", "produce", max_in_flight=5, honours_throttle=False, request_timeout_s=30.0)
+# The application's record, as the calibration's real producer sends them: a 1 KiB value, no
+# key; the offer (x the quota) counts their values, as the application does. In a batch each
+# takes 1,035 bytes: the value and the record's own varints (length, attributes, timestamp and
+# offset deltas, key and value lengths, headers).
+RECORD_VALUE_BYTES = 1024
+LIBRDKAFKA_RECORD_BYTES = 1035
+# A v2 record batch's header (baseOffset to recordCount).
+RECORD_BATCH_HEADER_BYTES = 61
+# What the kernel holds between librdkafka and a muted Kafka broker, as the real producer of
+# calibrate-librdkafka found it (docs/testing.md, "librdkafka's batching"): its socket first
+# filled at 21 s with 990 requests of about 2,540 bytes awaiting a response, 2.51 MB.
+# (librdkafka leaves socket.send.buffer.bytes at 0, so Linux sizes the send buffer itself, up
+# to tcp_wmem's 4 MiB; Kafka's end has socket.receive.buffer.bytes, 102,400.) The real buffers
+# then grew: the client wrote its whole offer for 10 s more and later had 3-5 requests of up
+# to 1 MB awaiting; the model keeps 2.51 MB, which changes how long a request waits in the
+# socket, not what Kafka admits (a full socket has a request ready whenever the mute ends).
+LIBRDKAFKA_SOCKET_BUFFER_BYTES = 2_510_000
+
+# librdkafka: ignores ThrottleTimeMs (it only reports it). Saturating (no offer): max.in.flight
+# 5 per connection (idempotent), request.timeout.ms 30 s, one request size; on a time-out it
+# fails the request and reconnects. Offered a rate: its defaults without idempotence
+# (`Batching`): max.in.flight 1,000,000, linger.ms 5, backpressure threshold 1, and a request
+# times out socket.timeout.ms (60 s) after it was made (rd_kafka_buf_calc_timeout at enqueue).
+LIBRDKAFKA = ClientShape("librdkafka", "produce", max_in_flight=5, honours_throttle=False, request_timeout_s=30.0,
+                         batching=Batching(linger_s=0.005, backpressure_threshold=1,
+                                           socket_buffer_bytes=LIBRDKAFKA_SOCKET_BUFFER_BYTES,
+                                           request_timeout_s=60.0))
+LIBRDKAFKA_BATCHING_MAX_IN_FLIGHT = 1_000_000
 # Kafka's Java producer: max.in.flight.requests.per.connection 5, honours ThrottleTimeMs
 # (KIP-219: the connection is muted on the client side too), request.timeout.ms 30 s.
 JAVA_PRODUCER = ClientShape("java-producer", "produce", max_in_flight=5, honours_throttle=True,
@@ -95,7 +146,9 @@ class ClientConnection(asyncio.Protocol):
         self.index = index  # the connection's number in its scenario (names its topics)
         self.transport: asyncio.Transport | None = None
         self.decoder = wire.FrameReader()
-        self.in_flight: deque[tuple[int, float]] = deque()  # (correlation id, sent at)
+        # (correlation id, made at, request size, records): made at is when it was sent, or
+        # for a batching producer when the batch was made (its time-out runs from then).
+        self.in_flight: deque[tuple[int, float, int, int]] = deque()
         self.next_correlation = 1
         self.blocked_until = 0.0
         self.stopped = False
@@ -107,6 +160,18 @@ class ClientConnection(asyncio.Protocol):
         self.offer_bps = offer_bps
         self.offer_began: float | None = None
         self.batched_bytes = 0
+        # A batching producer (librdkafka offered a rate): its records are numbered from the
+        # offer's start; those below `batched_records` are in requests. `outbuf`: requests made
+        # and not yet written; `socket_full`: the last one written did not fit in the kernel's
+        # buffers (it is still partly in the client, as librdkafka's partial send).
+        self.batching = shape.batching if offer_bps and shape.api == "produce" else None
+        self.max_in_flight = LIBRDKAFKA_BATCHING_MAX_IN_FLIGHT if self.batching else shape.max_in_flight
+        self.request_timeout_s = self.batching.request_timeout_s if self.batching else shape.request_timeout_s
+        self.record_interval_s = RECORD_VALUE_BYTES / offer_bps if offer_bps else 0.0
+        self.batched_records = 0
+        self.outbuf: deque[tuple[int, bytes, float, int]] = deque()  # (correlation, request, made at, records)
+        self.socket_full = False
+        self.requests: dict[int, bytes] = {}  # a batching producer's requests by their records
         if shape.api == "produce":
             self.template = wire.produce_request(client_id, request_bytes)
             self.api_key, self.version = PRODUCE_KEY, wire.PRODUCE_VERSION
@@ -142,12 +207,31 @@ class ClientConnection(asyncio.Protocol):
         if peer is not None:
             self.record.server_read_pauses.append(peer.read_pauses)
         self.decoder = wire.FrameReader()
+        if self.batching is not None:
+            # Writing pauses once the kernel's buffers hold `socket_buffer_bytes` and resumes as
+            # soon as the request that did not fit has gone in whole.
+            above = max(0, self.batching.socket_buffer_bytes - SOCKET_BUFFERS_BYTES)
+            transport.set_write_buffer_limits(high=above, low=above)
+            self.socket_full = False
         self._send_more()
+
+    def pause_writing(self) -> None:
+        if self.batching is not None:
+            self.socket_full = True
+
+    def resume_writing(self) -> None:
+        if self.batching is not None:
+            self.socket_full = False
+            self._send_more()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         # An offered producer's requests that got no answer go back to its backlog (its retries).
         self.batched_bytes -= len(self.in_flight) * self.request_bytes if self.offer_bps else 0
+        if self.batching is not None:
+            # Their records are produced again, first (librdkafka retries them in order).
+            self.batched_records -= sum(r[3] for r in self.in_flight) + sum(r[3] for r in self.outbuf)
+            self.outbuf.clear()
         self.in_flight.clear()
         if self._timeout is not None:
             self._timeout.cancel()
@@ -175,14 +259,74 @@ class ClientConnection(asyncio.Protocol):
             if self._wake is None:
                 self._wake = self.loop.call_at(self.blocked_until, self._woken)
             return
-        while len(self.in_flight) < self.shape.max_in_flight:
+        if self.batching is not None:
+            self._send_batches(transport, self.batching, now)
+            return
+        while len(self.in_flight) < self.max_in_flight:
             if self.offer_bps and not self._batch_ready(now):
                 break
             correlation = self.next_correlation
             self.next_correlation += 1
-            transport.write(self._request(correlation))
-            self.in_flight.append((correlation, now))
+            request = self._request(correlation)
+            transport.write(request)
+            self.in_flight.append((correlation, now, len(request) - 4, 0))
         self._arm_timeout()
+
+    def _send_batches(self, transport: asyncio.Transport, batching: Batching, now: float) -> None:
+        """librdkafka's producer serve: write what waits while the socket takes it; make a batch
+        of the records waiting only while fewer requests than the backpressure threshold wait to
+        be written, and only once it is ready (linger.ms, or batch.size filled)."""
+        while True:
+            while self.outbuf and not self.socket_full and len(self.in_flight) < self.max_in_flight:
+                correlation, request, made_at, records = self.outbuf.popleft()
+                transport.write(request)
+                self.in_flight.append((correlation, made_at, len(request) - 4, records))
+            waiting = len(self.outbuf) + (1 if self.socket_full else 0)
+            if waiting >= batching.backpressure_threshold:
+                break
+            records = self._records_ready(now, batching)
+            if not records:
+                break
+            correlation = self.next_correlation
+            self.next_correlation += 1
+            self.batched_records += records
+            self.outbuf.append((correlation, self._batch_request(records, correlation), now, records))
+        self._arm_timeout()
+
+    def _records_ready(self, now: float, batching: Batching) -> int:
+        """How many records the next batch takes now (0: none is ready; then wake when one is)."""
+        assert self.offer_began is not None
+        interval = self.record_interval_s
+        # Record k (from 0) is produced at offer_began + (k + 1) * interval.
+        produced = int((now - self.offer_began) / interval + 1e-9)
+        waiting = produced - self.batched_records
+        most = max(1, (self.request_bytes - RECORD_BATCH_HEADER_BYTES) // LIBRDKAFKA_RECORD_BYTES)
+        linger_ends = self.offer_began + (self.batched_records + 1) * interval + batching.linger_s
+        if waiting >= most or (waiting > 0 and now >= linger_ends - 1e-9):
+            return min(waiting, most)
+        # librdkafka's broker thread waits for the linger's end in whole milliseconds rounded up
+        # from when it last served (rd_timeout_ms), so each serve (a response, a resumed write)
+        # sets the wait anew; a record produced after the end wakes it at once (the producer
+        # signals once the queue's wake-up time has passed), and so does a full batch. With no
+        # record waiting, the first one's produce wakes it and it waits linger.ms exactly.
+        wake = linger_ends
+        if waiting > 0:
+            wake = now + math.ceil((linger_ends - now) * 1000.0 - 1e-6) / 1000.0
+            produced_after = math.ceil((linger_ends - self.offer_began) / interval - 1e-9)
+            wake = min(wake, self.offer_began + produced_after * interval)
+        wake = min(wake, self.offer_began + (self.batched_records + most) * interval)
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake = self.loop.call_at(wake, self._woken)
+        return 0
+
+    def _batch_request(self, records: int, correlation: int) -> bytes:
+        template = self.requests.get(records)
+        if template is None:
+            size = records * LIBRDKAFKA_RECORD_BYTES + RECORD_BATCH_HEADER_BYTES + wire.produce_overhead(self.client_id)
+            template = wire.produce_request(self.client_id, size)
+            self.requests[records] = template
+        return wire.with_correlation(template, correlation, request=True)
 
     def _request(self, correlation: int) -> bytes:
         if self.api_key == CREATE_TOPICS_KEY:
@@ -210,13 +354,13 @@ class ClientConnection(asyncio.Protocol):
         # One timer, at the oldest request's deadline; when it fires, a request answered since
         # only moves it on (cheaper than re-arming it on every response).
         if self._timeout is None and self.in_flight:
-            self._timeout = self.loop.call_at(self.in_flight[0][1] + self.shape.request_timeout_s, self._deadline)
+            self._timeout = self.loop.call_at(self.in_flight[0][1] + self.request_timeout_s, self._deadline)
 
     def _deadline(self) -> None:
         self._timeout = None
         if not self.in_flight or self.transport is None:
             return
-        if self.loop.time() < self.in_flight[0][1] + self.shape.request_timeout_s:
+        if self.loop.time() < self.in_flight[0][1] + self.request_timeout_s:
             self._arm_timeout()
             return
         # The oldest request was not answered in time: the client fails it and reconnects
@@ -233,13 +377,13 @@ class ClientConnection(asyncio.Protocol):
 
     def _answered(self, response: memoryview) -> None:
         correlation = wire.response_correlation(response)
-        expected, sent_at = self.in_flight.popleft()
+        expected, sent_at, size, _ = self.in_flight.popleft()
         assert correlation == expected, f"answered {correlation}, expected {expected}"
         now = self.loop.time()
         self.record.max_wait_s = max(self.record.max_wait_s, now - sent_at)
         throttle_ms = wire.response_throttle(response, self.api_key, self.version)
         if self.shape.api == "produce":
-            self.record.acks.append((now, len(self.template) - 4))
+            self.record.acks.append((now, size))
         elif self.shape.api == "create_topics":
             self.record.acks.append((now, wire.partitions_created(response)))
         else:

@@ -49,16 +49,25 @@ def _records(total_bytes: int) -> bytes:
 @functools.lru_cache(maxsize=256)
 def produce_request(client_id: str, size: int, acks: int = -1) -> bytes:
     """A framed Produce request of `size` bytes in all (Kafka's request size: with its prefix)."""
-    topic_cls = ProduceRequest.TopicProduceData
-
     def build(records_bytes: int) -> bytes:
-        body = ProduceRequest[PRODUCE_VERSION](transactional_id=None, acks=acks, timeout_ms=30_000, topic_data=[
-            topic_cls(name=TOPIC, partition_data=[
-                topic_cls.PartitionProduceData(index=0, records=_records(records_bytes))])]).encode()
-        return frame(encode_request_header(PRODUCE_KEY, PRODUCE_VERSION, 0, client_id) + bytes(body))
+        return _produce_frame(client_id, _records(records_bytes), acks)
 
     first = build(size)
     return build(max(100, size - (len(first) - size)))
+
+
+def _produce_frame(client_id: str, records: bytes, acks: int = -1) -> bytes:
+    topic_cls = ProduceRequest.TopicProduceData
+    body = ProduceRequest[PRODUCE_VERSION](transactional_id=None, acks=acks, timeout_ms=30_000, topic_data=[
+        topic_cls(name=TOPIC, partition_data=[topic_cls.PartitionProduceData(index=0, records=records)])]).encode()
+    return frame(encode_request_header(PRODUCE_KEY, PRODUCE_VERSION, 0, client_id) + bytes(body))
+
+
+@functools.lru_cache(maxsize=16)
+def produce_overhead(client_id: str, batch_bytes: int = 1 << 20) -> int:
+    """A framed one-partition Produce request's bytes besides its record batch of about
+    `batch_bytes` (size prefix, header, topic and partition fields, the batch's length)."""
+    return len(_produce_frame(client_id, bytes(batch_bytes))) - batch_bytes
 
 
 @functools.lru_cache(maxsize=16)
