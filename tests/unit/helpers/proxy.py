@@ -9,7 +9,7 @@ from kafka.protocol.metadata import MetadataRequest
 
 from kqp.protocol.apis import METADATA_KEY, PRODUCE_KEY
 from kqp.protocol.headers import encode_request_header
-from kqp.proxy.hooks import TrafficHooks
+from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
 from kqp.proxy.options import ProxyOptions
 from kqp.proxy.server import ProxyServer
 from tests.unit.helpers.fake_broker import FakeBroker
@@ -44,3 +44,22 @@ def produce_acks0_request(correlation_id: int) -> bytes:
     # Produce v9 body: null transactional id (compact), acks=0, timeout, empty topics, no tags.
     body = b"\x00" + struct.pack(">hi", 0, 30000) + b"\x01" + b"\x00"
     return encode_request_header(PRODUCE_KEY, 9, correlation_id, "test") + body
+
+
+class EventLog(TrafficHooks):
+    """Records when each request is forwarded and each response reaches the hooks; with
+    `one_at_a_time` every request asks the connection to forward one at a time (a throttled client)."""
+
+    def __init__(self, one_at_a_time: bool) -> None:
+        self.one_at_a_time = one_at_a_time
+        self.events: list[str] = []
+
+    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
+        self.events.append(f"request {exchange.header.correlation_id}")
+        return RequestVerdict(one_at_a_time_s=30.0) if self.one_at_a_time else None
+
+    def response(
+        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
+    ) -> ResponseVerdict | None:
+        self.events.append(f"response {exchange.header.correlation_id}")
+        return None

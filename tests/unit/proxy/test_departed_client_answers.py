@@ -13,28 +13,9 @@ from __future__ import annotations
 
 import asyncio
 
-from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
 from kqp.proxy.server import ProxyServer
 from tests.unit.helpers.fake_broker import FakeBroker, RawClient
-from tests.unit.helpers.proxy import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request, start_proxy
-
-
-class Charges(TrafficHooks):
-    """Records which requests were forwarded and which answers reached the hooks."""
-
-    def __init__(self, one_at_a_time: bool) -> None:
-        self.one_at_a_time = one_at_a_time
-        self.events: list[str] = []
-
-    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
-        self.events.append(f"request {exchange.header.correlation_id}")
-        return RequestVerdict(one_at_a_time_s=30.0) if self.one_at_a_time else None
-
-    def response(
-        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
-    ) -> ResponseVerdict | None:
-        self.events.append(f"response {exchange.header.correlation_id}")
-        return None
+from tests.unit.helpers.proxy import HEARTBEAT_KEY, EventLog, answer_heartbeat, heartbeat_request, start_proxy
 
 
 async def wait_until_closed(proxy: ProxyServer, timeout_s: float = 5.0) -> None:
@@ -44,20 +25,27 @@ async def wait_until_closed(proxy: ProxyServer, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_answers_to_a_departed_clients_forwarded_requests_reach_the_hooks() -> None:
+async def leave_with_requests_at_a_slow_broker(count: int, one_at_a_time: bool) -> tuple[EventLog, list[int]]:
+    """A client pipelines `count` Heartbeats to a broker that takes 0.3 s each and leaves 0.1 s
+    later; returns the hooks' events and the correlation ids the broker received, once closed."""
     broker = FakeBroker(handlers={HEARTBEAT_KEY: answer_heartbeat}, delay_s=0.3)
     await broker.start()
-    hooks = Charges(one_at_a_time=False)
+    hooks = EventLog(one_at_a_time)
     proxy = await start_proxy(broker, hooks)
     client = await RawClient.connect(proxy.bootstrap_port)
-    for correlation_id in (1, 2):
+    for correlation_id in range(1, count + 1):
         client.send(heartbeat_request(correlation_id))
-    await asyncio.sleep(0.1)  # both are with the broker now
+    await asyncio.sleep(0.1)
     client.close()
     await wait_until_closed(proxy)
-    assert hooks.events == ["request 1", "request 2", "response 1", "response 2"]
     await proxy.stop()
     await broker.stop()
+    return hooks, [header.correlation_id for header in broker.received if header.api_key == HEARTBEAT_KEY]
+
+
+async def test_answers_to_a_departed_clients_forwarded_requests_reach_the_hooks() -> None:
+    hooks, _ = await leave_with_requests_at_a_slow_broker(2, one_at_a_time=False)  # both with the broker
+    assert hooks.events == ["request 1", "request 2", "response 1", "response 2"]
 
 
 async def test_every_request_forwarded_for_a_departed_throttled_client_is_charged() -> None:
@@ -65,29 +53,17 @@ async def test_every_request_forwarded_for_a_departed_throttled_client_is_charge
     # read meanwhile, so the proxy learns that it left only when it reads again, as a broker
     # learns it only once it unmutes the channel. Whatever it forwarded by then, the broker
     # handled, and every one of those answers reaches the hooks.
-    broker = FakeBroker(handlers={HEARTBEAT_KEY: answer_heartbeat}, delay_s=0.3)
-    await broker.start()
-    hooks = Charges(one_at_a_time=True)
-    proxy = await start_proxy(broker, hooks)
-    client = await RawClient.connect(proxy.bootstrap_port)
-    for correlation_id in (1, 2, 3):
-        client.send(heartbeat_request(correlation_id))
-    await asyncio.sleep(0.1)
-    client.close()
-    await wait_until_closed(proxy)
-    forwarded = [header.correlation_id for header in broker.received if header.api_key == HEARTBEAT_KEY]
+    hooks, forwarded = await leave_with_requests_at_a_slow_broker(3, one_at_a_time=True)
     assert forwarded[0] == 1
     assert [event for event in hooks.events if event.startswith("response")] == [
         f"response {correlation_id}" for correlation_id in forwarded
     ]
-    await proxy.stop()
-    await broker.stop()
 
 
 async def test_a_client_leaving_with_nothing_at_the_broker_closes_at_once() -> None:
     broker = FakeBroker(handlers={HEARTBEAT_KEY: answer_heartbeat})
     await broker.start()
-    hooks = Charges(one_at_a_time=False)
+    hooks = EventLog(one_at_a_time=False)
     proxy = await start_proxy(broker, hooks)
     client = await RawClient.connect(proxy.bootstrap_port)
     client.send(heartbeat_request(1))

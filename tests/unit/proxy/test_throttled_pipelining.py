@@ -14,27 +14,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from kqp.protocol.headers import response_correlation_id
-from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, TrafficHooks
 from tests.unit.helpers.fake_broker import FakeBroker, RawClient
-from tests.unit.helpers.proxy import HEARTBEAT_KEY, answer_heartbeat, heartbeat_request, start_proxy
-
-
-class EventLog(TrafficHooks):
-    """Records when each request is forwarded and each response arrives."""
-
-    def __init__(self, one_at_a_time: bool) -> None:
-        self.one_at_a_time = one_at_a_time
-        self.events: list[str] = []
-
-    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
-        self.events.append(f"request {exchange.header.correlation_id}")
-        return RequestVerdict(one_at_a_time_s=30.0) if self.one_at_a_time else None
-
-    def response(
-        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
-    ) -> ResponseVerdict | None:
-        self.events.append(f"response {exchange.header.correlation_id}")
-        return None
+from tests.unit.helpers.proxy import HEARTBEAT_KEY, EventLog, answer_heartbeat, heartbeat_request, start_proxy
 
 
 @pytest.fixture
