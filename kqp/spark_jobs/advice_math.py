@@ -153,9 +153,9 @@ def _entries_with(
     return entries
 
 
-def next_planned_limit(planned: float, limit: float, replayed: float, round_number: int) -> float:
-    """The limit the round after `round_number` plans for, when that round's replay left the
-    resource at `replayed`, over its true `limit`.
+def next_planned_limit(planned: float, limit: float, worst_replayed: float, round_number: int) -> float:
+    """The limit the round after `round_number` plans for, when the replays so far left the
+    resource at most at `worst_replayed`, over its true `limit`.
 
     The first cut is in proportion: the replay's overshoot comes from bursts between throttles,
     which shrink with the quotas. A round that is still over after a cut shows that the
@@ -165,6 +165,12 @@ def next_planned_limit(planned: float, limit: float, replayed: float, round_numb
     over through three proportional rounds (1,231,068, 1,230,461, then 1,235,526 B/s against
     1,228,800). So each further round doubles the cut, in the exponent: the rounds reach a
     cut of any size in a few steps instead of creeping, and an overshoot that does shrink in
-    proportion is met as before."""
-    cut: float = (limit / replayed) ** (2 ** (round_number - 1))
+    proportion is met as before.
+
+    The cut is of the worst overshoot the rounds have seen, not the last one: a later round can
+    land just over the limit by a burst's placement (1,228,804 B/s against 1,228,800, after
+    1,230,780 twice, in a fresh clone on 2026-11-27), and doubling the exponent of a
+    3-parts-per-million overshoot cuts 17 B/s, which moved nothing: the fourth round replayed
+    the same 1,228,804 and the job failed."""
+    cut: float = (limit / worst_replayed) ** (2 ** (round_number - 1))
     return planned * cut

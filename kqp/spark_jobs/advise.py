@@ -183,6 +183,7 @@ def _run_advise(
     # still bursts above it within a window; when the replay shows a resource over its limit,
     # the next round plans for the limit less that overshoot.
     planned = dict(limits)
+    worst_replayed: dict[Resource, float] = {}
     rounds: list[dict[str, Any]] = []
     for round_number in range(1, options.rounds + 1):
         advice = water_fill(replace(problem, limits=planned))
@@ -217,7 +218,8 @@ def _run_advise(
         if not over:
             break
         for res, load in over.items():
-            planned[res] = next_planned_limit(planned[res], limits[res], load, round_number)
+            worst_replayed[res] = max(load, worst_replayed.get(res, load))
+            planned[res] = next_planned_limit(planned[res], limits[res], worst_replayed[res], round_number)
     # The last round's advice is the one written, now with the replay's throttled share per entry.
     throttled = throttled_shares(verification.clients, options.entity) if verification is not None else {}
     quotas_yaml = render_quotas_yaml(

@@ -360,6 +360,19 @@ def test_a_round_still_over_after_a_cut_doubles_the_cut() -> None:
     assert fourth < 1_199_500
 
 
+def test_a_round_just_over_after_a_worse_one_cuts_from_the_worst() -> None:
+    """A fresh clone's closed loop (2026-11-27): 1,230,780 B/s twice, then 1,228,804, then the
+    same again after a cut of 17 B/s. advise passes the worst replay seen, so the fourth round's
+    cut is of the 0.16 % overshoot to the fourth power, not of the 3 ppm one."""
+    limit = 1_228_800.0
+    third = 1_222_879.4489828823
+    creeping = third * (limit / 1_228_804.335) ** 4
+    from_the_worst = next_planned_limit(third, limit, 1_230_779.88, 3)
+    assert third - creeping < 20
+    assert from_the_worst == pytest.approx(third * (limit / 1_230_779.88) ** 4)
+    assert from_the_worst < 1_215_100
+
+
 def test_a_round_under_its_limit_is_never_planned_for() -> None:
     """advise only calls it for resources the replay left over their limit; at the limit it is the identity."""
     assert next_planned_limit(900.0, 1_000.0, 1_000.0, 3) == pytest.approx(900.0)
