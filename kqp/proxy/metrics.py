@@ -42,6 +42,8 @@ class ProxyMetrics:
         clock: monotonic seconds, for re-ranking; injected by tests.
         rerank_interval_s: how often the top N are recomputed.
         tally_capacity: how many pairs the traffic tally follows (default 20 x top N, min 1000).
+        retired_capacity: how many pairs out of the top N keep their totals for when they come
+            back (default: the tally's capacity).
         quota_stats: callable returning the quota engine's current samples; see QuotaStatSample.
     """
 
@@ -53,10 +55,15 @@ class ProxyMetrics:
         clock: Callable[[], float] = time.monotonic,
         rerank_interval_s: float = DEFAULT_RERANK_INTERVAL_S,
         tally_capacity: int | None = None,
+        retired_capacity: int | None = None,
         quota_stats: QuotaStatsSource | None = None,
     ) -> None:
         self.traffic = traffic = TrafficMetrics(
-            top_n_client_ids, clock=clock, rerank_interval_s=rerank_interval_s, tally_capacity=tally_capacity
+            top_n_client_ids,
+            clock=clock,
+            rerank_interval_s=rerank_interval_s,
+            tally_capacity=tally_capacity,
+            retired_capacity=retired_capacity,
         )
         self.top_n = traffic.top_n
         self.request_completed = traffic.request_completed

@@ -10,7 +10,13 @@ Label cardinality is bounded. A user or client-id appears as a label value only 
 operator configured a quota naming it (`set_labelled_entities`) or the (user, client-id)
 pair is among the `top_n_client_ids` pairs by bytes; everything else is added up under
 `__other__`. The top N are re-ranked every `rerank_interval_s` from a bounded traffic tally;
-a pair that falls out loses its series (Prometheus marks it stale; `rate()` stays right).
+a pair that falls out stops being exported (Prometheus marks its series stale) and its traffic
+adds into `__other__` from then on, but its totals are kept: when it is labelled again its
+series come back where they stopped, never lower. A counter that went down without the
+process restarting would read as a reset to `rate()`, and one that restarted from zero and
+climbed past its old value before the next scrape would hide that traffic from `rate()`
+altogether. Only the `retired_capacity` pairs that fell out most recently keep their totals;
+an older one that comes back starts from zero again, which Prometheus reads as a reset.
 
 Methods are meant to be called from the event loop thread only: nothing here takes a lock.
 
@@ -124,6 +130,9 @@ class TrafficMetrics:
         clock: monotonic seconds, for re-ranking; injected by tests.
         rerank_interval_s: how often the top N are recomputed.
         tally_capacity: how many pairs the traffic tally follows (default 20 x top N, min 1000).
+        retired_capacity: how many pairs that fell out of the top N keep their totals, unexported,
+            for when they come back (default: the tally's capacity). A re-rank retires at most
+            N pairs, so a retired pair's totals last at least retired_capacity / N re-ranks.
     """
 
     def __init__(
@@ -133,11 +142,13 @@ class TrafficMetrics:
         clock: Callable[[], float] = time.monotonic,
         rerank_interval_s: float = DEFAULT_RERANK_INTERVAL_S,
         tally_capacity: int | None = None,
+        retired_capacity: int | None = None,
     ) -> None:
         self.top_n = max(0, top_n_client_ids)
         self._clock = clock
         self._rerank_interval_s = rerank_interval_s
         self._tally_capacity = tally_capacity if tally_capacity is not None else max(1000, 20 * self.top_n)
+        self._retired_capacity = max(0, retired_capacity if retired_capacity is not None else self._tally_capacity)
 
         self._apis: dict[int, _ApiStats] = {}
         self._clients: dict[tuple[str, str], _ClientStats] = {}
@@ -152,6 +163,10 @@ class TrafficMetrics:
         # Real pair -> the _ClientStats its labels add into; cleared with _label_cache, and
         # whenever an entry of _clients is dropped (re-rank), so it never holds a dropped one.
         self._client_cache: dict[tuple[str, str], _ClientStats] = {}
+        # Pairs that fell out of the top N, the longest gone first. Their entries stay in _clients
+        # and _throttles, not exported, until the pair's labels are resolved again (it is back)
+        # or it is the oldest of more than _retired_capacity.
+        self._retired: dict[tuple[str, str], None] = {}
         self._tally: dict[tuple[str, str], int] = {}
         self._ops_since_check = 0
         self._last_rerank = clock()
@@ -290,11 +305,17 @@ class TrafficMetrics:
             labels = pair
         else:
             labels = self._configured_labels(pair)
+        self._back_in_use(labels)
         # Clear rather than evict: simple, and a refill costs one resolution per live pair.
         if len(self._label_cache) >= _LABEL_CACHE_LIMIT:
             self._label_cache.clear()
         self._label_cache[pair] = labels
         return labels
+
+    def _back_in_use(self, labels: tuple[str, str]) -> None:
+        """Labels that are given to traffic again, whichever way (re-ranked, a free top slot, a
+        quota naming them): their series are exported again, continuing from the kept totals."""
+        self._retired.pop(labels, None)
 
     def labels_for_snapshot(self, user: str, client_id: str) -> tuple[str, str]:
         """The labels the quota engine's figures of this pair are reported under (scrape time)."""
@@ -305,11 +326,25 @@ class TrafficMetrics:
         """Recompute the top N pairs by bytes since the previous re-rank (older traffic halved)."""
         tally = self._tally
         new_top = set(heapq.nlargest(self.top_n, tally, key=tally.__getitem__)) if self.top_n else set()
+        retired = self._retired
+        # Before retiring and forgetting: a pair back in the top N is no longer gone, however
+        # long it was, so this re-rank must not forget its totals.
+        for pair in new_top:
+            self._back_in_use(pair)
         for pair in self._top - new_top:
             if self._configured_labels(pair) == pair:
                 continue  # configured entities keep their series
-            self._clients.pop(pair, None)
-            for key in [key for key in self._throttles if (key[1], key[2]) == pair]:
+            retired.pop(pair, None)  # re-inserted last: the most recently gone
+            retired[pair] = None
+        forgotten: set[tuple[str, str]] = set()
+        while len(retired) > self._retired_capacity:
+            pair = next(iter(retired))
+            del retired[pair]
+            forgotten.add(pair)
+        if forgotten:
+            for pair in forgotten:
+                self._clients.pop(pair, None)
+            for key in [key for key in self._throttles if (key[1], key[2]) in forgotten]:
                 del self._throttles[key]
         self._top = new_top
         self._label_cache.clear()
@@ -365,7 +400,10 @@ class TrafficMetrics:
         client_out = CounterMetricFamily(
             "kqp_client_response_bytes", "Response bytes per user and client-id.", labels=client_labels
         )
+        retired = self._retired
         for (user, client_id), client in list(self._clients.items()):
+            if (user, client_id) in retired:
+                continue
             client_requests.add_metric([user, client_id], client.requests)
             client_in.add_metric([user, client_id], client.request_bytes)
             client_out.add_metric([user, client_id], client.response_bytes)
@@ -377,6 +415,8 @@ class TrafficMetrics:
             "kqp_throttle_time_seconds", "Total throttle time given to clients.", labels=throttle_labels
         )
         for throttle_key, (throttled_responses, seconds) in list(self._throttles.items()):
+            if (throttle_key[1], throttle_key[2]) in retired:
+                continue
             throttles.add_metric(list(throttle_key), throttled_responses)
             throttle_time.add_metric(list(throttle_key), seconds)
         throttle_histogram = HistogramMetricFamily(

@@ -178,6 +178,21 @@ def test_dashboard_queries_use_metrics_the_proxy_registers(dashboard: dict[str, 
     assert used <= known, f"unknown metrics in the dashboard: {sorted(used - known)}"
 
 
+def test_dashboard_and_alerts_take_each_counters_rate_before_summing(dashboard: dict[str, Any]) -> None:
+    """A per-client series pauses while its pair is out of the top N (docs/metrics.md, "Label
+    cardinality"), so only rates summed after the fact stay right across re-ranks: every counter
+    (and histogram bucket) a query names must be the argument of rate() or increase() itself."""
+    rules = load_yaml(REPO / "config/prometheus/kqp-alerts.yml")
+    queries = dashboard_queries(dashboard) + [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    counters = 0
+    for query in queries:
+        for match in re.finditer(r"\bkqp_[a-z0-9_]+_(?:total|bucket)\b", query):
+            counters += 1
+            # label_values() (the client_id variable) only lists label values.
+            assert re.search(r"\b(?:rate|increase|label_values)\(\s*$", query[: match.start()]), (match.group(), query)
+    assert counters > 0
+
+
 def test_dashboard_covers_what_operators_need(dashboard: dict[str, Any]) -> None:
     queries = "\n".join(dashboard_queries(dashboard))
     for needed in (

@@ -223,3 +223,96 @@ def test_default_registry_is_private_and_carries_process_metrics() -> None:
     assert "process_cpu_seconds_total" in names
     assert "kqp_requests_total" in names
     assert "kqp_request_proxy_latency_seconds_bucket" in names
+
+
+def monotonic_samples(metrics: ProxyMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample Prometheus requires never to decrease while the process runs: counters'
+    totals and histograms' buckets, counts and sums (all observations here are >= 0)."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in metrics.registry.collect()
+        if family.type in ("counter", "histogram")
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
+
+
+def test_a_pair_that_leaves_the_top_n_and_comes_back_continues_its_counters() -> None:
+    metrics = ProxyMetrics(CollectorRegistry(), top_n_client_ids=1)
+    scrapes: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]] = []
+
+    def traffic(client_id: str, requests: int, throttle_ms: float = 0.0) -> None:
+        for _ in range(requests):
+            metrics.request_completed(0, 9, 1000, 100, 0.001, 0.0, [], user="u", client_id=client_id)
+            if throttle_ms:
+                metrics.throttled("producer_byte_rate", "u", client_id, throttle_ms, True, "proxy")
+                metrics.throttled("producer_byte_rate", "u", client_id, throttle_ms, True, "broker")
+
+    traffic("a", 10, throttle_ms=500)  # a fills the one top slot; b is folded into __other__
+    traffic("b", 1, throttle_ms=500)
+    scrapes.append(monotonic_samples(metrics))
+    traffic("b", 100, throttle_ms=500)
+    metrics.rerank_top_entities()  # b outranks a: a's series go
+    traffic("a", 3, throttle_ms=500)  # a, out of the top N, adds into __other__
+    scrapes.append(monotonic_samples(metrics))
+    assert ("u", "a") not in client_series(metrics)
+    traffic("a", 1000)
+    metrics.rerank_top_entities()  # a outranks b again
+    traffic("a", 1, throttle_ms=10)
+    scrapes.append(monotonic_samples(metrics))
+    assert ("u", "a") in client_series(metrics)
+
+    # A series may be missing from a scrape, but a range query sees its value before and after:
+    # each value must be at least the last one the series showed, however long ago.
+    last_seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for scrape in scrapes:
+        decreased = {key: (last_seen[key], value) for key, value in scrape.items() if value < last_seen.get(key, 0.0)}
+        assert decreased == {}
+        last_seen.update(scrape)
+    # a's own series hold its traffic while it was in the top N; the 1003 requests it sent
+    # from outside are in __other__'s, with b's 101 from before b had a slot.
+    throttle = {"quota_type": "producer_byte_rate", "user": "u", "client_id": "a", "enforced": "true"}
+    assert sample(metrics, "kqp_throttle_time_seconds_total", source="proxy", **throttle) == 5.01
+    assert sample(metrics, "kqp_throttles_total", source="broker", **throttle) == 11
+    assert sample(metrics, "kqp_client_requests_total", user="u", client_id="a") == 11
+    assert sample(metrics, "kqp_client_request_bytes_total", user="u", client_id="a") == 11_000
+    assert sample(metrics, "kqp_client_response_bytes_total", user="u", client_id="a") == 1_100
+    assert sample(metrics, "kqp_client_requests_total", user=OTHER, client_id=OTHER) == 101 + 1003
+
+
+def test_only_the_pairs_gone_most_recently_keep_their_totals() -> None:
+    metrics = ProxyMetrics(CollectorRegistry(), top_n_client_ids=1, retired_capacity=1)
+
+    def request(client_id: str, request_bytes: int) -> None:
+        metrics.request_completed(0, 9, request_bytes, 0, 0.001, 0.0, [], user="u", client_id=client_id)
+
+    def take_the_top_slot(client_id: str, outranking_bytes: int) -> None:
+        request(client_id, outranking_bytes)  # into __other__, but counted by the ranking
+        metrics.rerank_top_entities()
+        request(client_id, 1)  # its own series
+
+    request("a", 10)  # a has the free slot
+    take_the_top_slot("b", 100)  # a out, keeping its totals
+    take_the_top_slot("c", 10_000)  # b out, keeping its totals; a, gone longer, forgets its own
+    take_the_top_slot("a", 1_000_000)  # c out, keeping its totals; b forgets its own
+    # The price of the bound: a came back after more pairs than retired_capacity left since it
+    # did, so its series starts again from zero, which Prometheus reads as a reset.
+    assert sample(metrics, "kqp_client_requests_total", user="u", client_id="a") == 1
+    take_the_top_slot("c", 100_000_000)
+    assert sample(metrics, "kqp_client_requests_total", user="u", client_id="c") == 2
+
+
+def test_a_pair_out_of_the_top_n_that_gets_a_quota_continues_its_counters() -> None:
+    metrics = ProxyMetrics(CollectorRegistry(), top_n_client_ids=1)
+    metrics.request_completed(0, 9, 1000, 0, 0.001, 0.0, [], user="u", client_id="a")
+    metrics.throttled("producer_byte_rate", "u", "a", 500, True, "proxy")
+    for _ in range(10):
+        metrics.request_completed(0, 9, 1000, 0, 0.001, 0.0, [], user="u", client_id="b")
+    metrics.rerank_top_entities()  # b in, a out
+    assert ("u", "a") not in client_series(metrics)
+
+    metrics.set_labelled_entities(users=["u"], client_ids=["a"])  # a quota names (u, a) now
+    metrics.request_completed(0, 9, 1000, 0, 0.001, 0.0, [], user="u", client_id="a")
+    assert sample(metrics, "kqp_client_requests_total", user="u", client_id="a") == 2
+    throttle = {"quota_type": "producer_byte_rate", "user": "u", "client_id": "a", "source": "proxy"}
+    assert sample(metrics, "kqp_throttle_time_seconds_total", enforced="true", **throttle) == 0.5
