@@ -334,8 +334,7 @@ class TrafficMetrics:
         for pair in self._top - new_top:
             if self._configured_labels(pair) == pair:
                 continue  # configured entities keep their series
-            retired.pop(pair, None)  # re-inserted last: the most recently gone
-            retired[pair] = None
+            retired[pair] = None  # last: the most recently gone (a top pair is never retired)
         forgotten: set[tuple[str, str]] = set()
         while len(retired) > self._retired_capacity:
             pair = next(iter(retired))
