@@ -111,9 +111,22 @@ class Figure:
     kqp_shares: list[float]  # per client, x quota
     kafka_shares: list[float]
     # Producer shapes: the mean over windows shifted across one throttling cycle (bench/
-    # quota_shapes.shifted_mean), which the burst's phase does not move. Printed, not a bound.
+    # quota_shapes.shifted_mean), which the burst's phase does not move. The bounds that set
+    # kqp beside Kafka judge it (`against_kafka`); the plain figures are printed beside it.
     kqp_shifted: float | None = None
     kafka_shifted: float | None = None
+
+
+def against_kafka(figure: Figure, margin: float) -> bool:
+    """kqp at or under Kafka's figure plus `margin`, over shifted windows where the shape has
+    them. Both sides admit a window's worth at once every 11-12 s, and which side of the
+    measured span's first second a burst lands on moved the plain means by up to 0.15x of the
+    quota (the `ten` finding in docs/quotas.md: Kafka's third burst fell at 23 s in four runs
+    of four, kqp's at 28-29 s; from second 20 instead of 25 the order flipped). A bound beside
+    Kafka judges what the two admit, not where second 25 cuts their cycles."""
+    if figure.kqp_shifted is not None and figure.kafka_shifted is not None:
+        return figure.kqp_shifted <= figure.kafka_shifted + margin
+    return figure.kqp <= figure.kafka + margin
 
 
 @dataclass(frozen=True)
@@ -125,9 +138,9 @@ class Bound:
 
 
 BOUNDS: dict[str, list[Bound]] = {
-    "fleet": [Bound("kqp <= Kafka + 0.02", lambda f: f.kqp <= f.kafka + 0.02)],
+    "fleet": [Bound("kqp <= Kafka + 0.02 over shifted windows", lambda f: against_kafka(f, 0.02))],
     "fleet-count-other": [Bound("kqp 0.95-1.05x", lambda f: 0.95 <= f.kqp <= 1.05)],
-    "ten": [Bound("kqp <= Kafka + 0.02", lambda f: f.kqp <= f.kafka + 0.02)],
+    "ten": [Bound("kqp <= Kafka + 0.02 over shifted windows", lambda f: against_kafka(f, 0.02))],
     "ten-fair": [Bound("kqp 0.95-1.05x", lambda f: 0.95 <= f.kqp <= 1.05),
                  Bound("no producer under half an equal share",
                        lambda f: min(f.kqp_shares) >= 0.5 * f.kqp / len(f.kqp_shares))],
@@ -416,7 +429,7 @@ def report(rounds: list[dict[str, Figure]], shapes: Sequence[str], load: tuple[s
     lines = [f"{len(rounds)} round(s); load average {load[0]} before, {load[1]} after; "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
              "| shape | kqp per round (x quota) | Kafka per round | kqp median (min-max) | Kafka median (min-max) "
-             "| kqp poorest share of an equal share | kqp / Kafka over shifted windows per round (not a bound) |",
+             "| kqp poorest share of an equal share | kqp / Kafka over shifted windows per round |",
              "|---|---|---|---|---|---|---|"]
     verdicts = []
     passed = True
