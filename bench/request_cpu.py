@@ -36,6 +36,7 @@ from bare_relay import _Side  # bench/ is on sys.path when this script runs
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record import MemoryRecordsBuilder
 
+import kqp
 from kqp.config.models import EnforcementSection
 from kqp.protocol import session
 from kqp.protocol.apis import PRODUCE_KEY
@@ -201,6 +202,10 @@ def protocol_for_free(requests: list[bytes], responses: list[bytes]) -> None:
     """Replace the session's header, acks, correlation, body-offset, ThrottleTimeMs and
     rewrite routines by lookups of their precomputed answers: the most a compiled extension
     of those routines could save (framing and everything around them stay as they are)."""
+    if kqp.PURE_BECAUSE is None:
+        # The compiled session calls the compiled routines directly: replacing the module's
+        # names would change nothing it calls, and the figures would say otherwise.
+        raise SystemExit("--protocol-for-free replaces the pure session's names: run it with KQP_PURE=1")
     real: Any = session  # the module's own names, before they are replaced
     headers = {frame[4:]: real.parse_request_header(frame[4:]) for frame in requests}
     body_offset = real.response_body_offset(responses[0][4:], PRODUCE_KEY, PRODUCE_VERSION)

@@ -13,17 +13,18 @@ SHARED_LIBRARY = "kqp_compiled__mypyc"
 
 COMPILED_MODULES: tuple[str, ...] = (
     # The protocol on each request and response: frames, headers, the flow-control gate, the
-    # fast path's summaries and the throttle field's offset. kqp.protocol.session is not here
-    # yet: mypyc 2.4 builds no generic dataclass and resolves no builtin but the primitive
-    # ones (memoryview) in a compiled class's annotations; kqp.protocol.wire neither, since the
-    # generated codec's message classes subclass its Message, and interpreted classes cannot
-    # subclass compiled ones (docs/benchmarks.md, "Compiled build").
+    # fast path's summaries, the throttle field's offset and the session that ties them
+    # together (its events are plain generic classes: mypyc 2.4 builds no generic dataclass).
+    # kqp.protocol.wire is not here: the generated codec's message classes subclass its
+    # Message, and interpreted classes cannot subclass compiled ones (docs/benchmarks.md,
+    # "Compiled build").
     "kqp.protocol.framing",
     "kqp.protocol.headers",
     "kqp.protocol.correlation",
     "kqp.protocol.throttle_field",
     "kqp.protocol.gate",
     "kqp.protocol.fast_path",
+    "kqp.protocol.session",
     # The quota engine: each request's recording, its sensors' windows and the throttle time.
     "kqp.quotas.stats",
     "kqp.quotas.sensors",

@@ -19,3 +19,7 @@ class UnsupportedApiError(ProtocolError):
 
 class CorrelationError(ProtocolError):
     """A response that does not answer the oldest in-flight request on its connection."""
+
+
+class TruncatedFrameError(ProtocolDecodeError):
+    """The peer went away in the middle of a frame."""

@@ -70,7 +70,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from kqp.protocol.address_rewrite import AddressMapper, client_response
@@ -84,7 +83,12 @@ from kqp.protocol.apis import (
 )
 from kqp.protocol.codec import decode_body
 from kqp.protocol.correlation import expects_response
-from kqp.protocol.errors import CorrelationError, ProtocolDecodeError, ProtocolError, UnsupportedApiError
+from kqp.protocol.errors import (
+    CorrelationError,
+    ProtocolDecodeError,
+    ProtocolError,
+    UnsupportedApiError,
+)
 from kqp.protocol.fetch_stream import FetchResponseStream, rewrite_fetch_tail
 from kqp.protocol.framing import FrameDecoder
 from kqp.protocol.headers import RequestHeader, parse_request_header, response_body_offset, response_correlation_id
@@ -112,93 +116,141 @@ def framed(frame: bytes | bytearray) -> Parts:
     return len(frame).to_bytes(4, "big"), frame
 
 
-class TruncatedFrameError(ProtocolDecodeError):
-    """The peer went away in the middle of a frame."""
+# The events and records below are plain classes, not dataclasses: mypyc compiles this module
+# (kqp/compiled_modules.py) and builds no generic dataclass. Callers only read their fields,
+# so they need none of a dataclass's generated equality or repr.
 
 
-@dataclass(slots=True)
 class Request:
     """A whole request frame from the client (no size prefix), its header read."""
 
-    header: RequestHeader
-    frame: bytes
-    expects_response: bool
+    __slots__ = ("expects_response", "frame", "header")
+
+    def __init__(self, header: RequestHeader, frame: bytes, expects_response: bool) -> None:
+        self.header = header
+        self.frame = frame
+        self.expects_response = expects_response
 
 
-@dataclass(slots=True)
 class _InFlight(Generic[C]):
     """One entry of the FIFO of requests awaiting their response, oldest first. The header
     is kept because responses carry only a correlation id: the API key and version that
     say how to read (and rewrite) a response come from the request."""
 
-    header: RequestHeader
-    context: C
-    local_answer: bytes | None  # a response frame the proxy gives itself, in this request's turn
+    __slots__ = ("context", "header", "local_answer")
+
+    def __init__(self, header: RequestHeader, context: C, local_answer: bytes | None) -> None:
+        self.header = header
+        self.context = context
+        self.local_answer = local_answer  # a response frame the proxy gives itself, in this request's turn
 
 
-@dataclass(slots=True)
 class Response(Generic[C]):
     """A whole response for the client, in its turn: forwarded from the broker (rewritten where
     it must be) or answered locally."""
 
-    context: C
-    header: RequestHeader  # the request's
-    frame: bytes  # no size prefix
-    body_offset: int
-    local: bool
-    endpoints_rewritten: bool = False  # KIP-951 NodeEndpoints pointed at the proxy
-    # Where ThrottleTimeMs sits in `frame`, when finding it took a walk the session already
-    # made (Produce: it follows the partitions); None: not known, find it yourself.
-    throttle_offset: int | None = None
+    __slots__ = ("body_offset", "context", "endpoints_rewritten", "frame", "header", "local", "throttle_offset")
+
+    def __init__(
+        self,
+        context: C,
+        header: RequestHeader,  # the request's
+        frame: bytes,  # no size prefix
+        body_offset: int,
+        local: bool,
+        endpoints_rewritten: bool = False,  # KIP-951 NodeEndpoints pointed at the proxy
+        # Where ThrottleTimeMs sits in `frame`, when finding it took a walk the session already
+        # made (Produce: it follows the partitions); None: not known, find it yourself.
+        throttle_offset: int | None = None,
+    ) -> None:
+        self.context = context
+        self.header = header
+        self.frame = frame
+        self.body_offset = body_offset
+        self.local = local
+        self.endpoints_rewritten = endpoints_rewritten
+        self.throttle_offset = throttle_offset
 
 
-@dataclass(slots=True)
 class StreamStarted(Generic[C]):
     """A large response began streaming: `head[:passed]` goes to the client now, after the
     caller patched it in place if it must (same length: ThrottleTimeMs)."""
 
-    context: C
-    header: RequestHeader
-    frame_size: int  # without the size prefix
-    body_offset: int
-    head: bytearray
-    passed: int
+    __slots__ = ("body_offset", "context", "frame_size", "head", "header", "passed")
+
+    def __init__(
+        self,
+        context: C,
+        header: RequestHeader,
+        frame_size: int,  # without the size prefix
+        body_offset: int,
+        head: bytearray,
+        passed: int,
+    ) -> None:
+        self.context = context
+        self.header = header
+        self.frame_size = frame_size
+        self.body_offset = body_offset
+        self.head = head
+        self.passed = passed
 
 
-@dataclass(slots=True)
 class StreamData:
     """More bytes of the streaming response, for the client as they are."""
 
-    data: memoryview
+    __slots__ = ("data",)
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
 
 
-@dataclass(slots=True)
 class StreamEnded(Generic[C]):
     """The streaming response's last bytes: its trailing tagged fields, rewritten to the
     same length."""
 
-    context: C
-    header: RequestHeader
-    frame_size: int
-    body_offset: int
-    tail: bytes
-    endpoints_rewritten: bool
+    __slots__ = ("body_offset", "context", "endpoints_rewritten", "frame_size", "header", "tail")
+
+    def __init__(
+        self,
+        context: C,
+        header: RequestHeader,
+        frame_size: int,
+        body_offset: int,
+        tail: bytes,
+        endpoints_rewritten: bool,
+    ) -> None:
+        self.context = context
+        self.header = header
+        self.frame_size = frame_size
+        self.body_offset = body_offset
+        self.tail = tail
+        self.endpoints_rewritten = endpoints_rewritten
 
 
 BrokerEvent = Response[C] | StreamStarted[C] | StreamData | StreamEnded[C]
 
 
-@dataclass(slots=True)
 class _Stream(Generic[C]):
     """The Fetch response being cut through; at most one, since responses are in order."""
 
-    entry: _InFlight[C]  # already popped from the FIFO: its response has begun
-    frame_size: int  # without the size prefix
-    body_offset: int
-    remaining: int  # bytes of the frame the broker has still to send
-    parser: FetchResponseStream  # says how far the bytes seen so far may be passed on
-    tail: bytearray  # bytes held back: the trailing tagged fields, rewritten at the end
-    dropped: bool = False  # the client got another answer: the rest goes nowhere (`drop_stream`)
+    __slots__ = ("body_offset", "dropped", "entry", "frame_size", "parser", "remaining", "tail")
+
+    def __init__(
+        self,
+        entry: _InFlight[C],  # already popped from the FIFO: its response has begun
+        frame_size: int,  # without the size prefix
+        body_offset: int,
+        remaining: int,  # bytes of the frame the broker has still to send
+        parser: FetchResponseStream,  # says how far the bytes seen so far may be passed on
+        tail: bytearray,  # bytes held back: the trailing tagged fields, rewritten at the end
+    ) -> None:
+        self.entry = entry
+        self.frame_size = frame_size
+        self.body_offset = body_offset
+        self.remaining = remaining
+        self.parser = parser
+        self.tail = tail
+        self.dropped = False  # the client got another answer: the rest goes nowhere (`drop_stream`)
 
 
 class KafkaSession(Generic[C]):

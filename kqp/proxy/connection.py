@@ -51,7 +51,7 @@ from typing import cast
 
 from kqp.protocol.apis import SASL_AUTHENTICATE_KEY
 from kqp.protocol.close_reason import CloseReason
-from kqp.protocol.errors import ProtocolError
+from kqp.protocol.errors import ProtocolError, TruncatedFrameError
 from kqp.protocol.gate import FORWARD, NOTHING, Actions, ClientGate
 from kqp.protocol.sasl import ANONYMOUS, SaslObserver
 from kqp.protocol.session import (
@@ -62,7 +62,6 @@ from kqp.protocol.session import (
     StreamData,
     StreamEnded,
     StreamStarted,
-    TruncatedFrameError,
     framed,
 )
 from kqp.proxy.cluster import BOOTSTRAP, ClusterDirectory, Listener

@@ -63,6 +63,8 @@ class UsageSharing(Protocol):
     `limit_scale`: the fraction of each configured quota this engine enforces (1 = all of it);
     call `QuotaManagers.refresh_limits` after changing it. `records_usage`: whether `recorded`
     wants to hear of this engine's records (the hot path skips the call when not).
+    `consults_others`: whether `pending_elsewhere` can answer anything but None (the hot path
+    skips that call when not: with no fleet, every byte charge would ask it for nothing).
     """
 
     @property
@@ -70,6 +72,9 @@ class UsageSharing(Protocol):
 
     @property
     def records_usage(self) -> bool: ...
+
+    @property
+    def consults_others(self) -> bool: ...
 
     def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float) -> None:
         """This engine recorded `amount` into `sensor` for one of its own clients' requests."""
@@ -92,6 +97,7 @@ class NoSharing:
 
     limit_scale = 1.0
     records_usage = False
+    consults_others = False
     records_guard = False
 
     def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float) -> None:
@@ -296,7 +302,8 @@ class QuotaManagers:
     ) -> int:
         """Record a byte-rate charge and return its throttle: Kafka's (the manager's) alone, or,
         when the fleet shares the budget, computed with what other instances may admit meanwhile."""
-        elsewhere = self.sharing.pending_elsewhere(sensor, nbytes, t)
+        sharing = self.sharing
+        elsewhere = sharing.pending_elsewhere(sensor, nbytes, t) if sharing.consults_others else None
         if elsewhere is None:
             return manager.record(sensor, nbytes, t)
         sensor.record(nbytes, t)

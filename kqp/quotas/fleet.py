@@ -400,6 +400,7 @@ class FleetSharing:
         "_previous_report",
         "_report_ms",
         "_serving",
+        "consults_others",
         "kept_quiet",
         "limit_scale",
         "mutations_claimed",
@@ -440,6 +441,10 @@ class FleetSharing:
         self._first_seen: dict[RateSensor, int] = {}
         # When each other instance last reported (heartbeats included).
         self._report_ms: dict[str, int] = {}
+        # pending_elsewhere answers None while no other instance ever reported and the topic's
+        # reports are off (it then knows no instance, nor dates a client's first use): the
+        # engine skips the call until then.
+        self.consults_others = False
         # Fetch and produce sensors: the other instances that reported this client's usage.
         self._serving: dict[RateSensor, set[str]] = {}
         self._forget_above = _MIN_SERVING_ENTRIES
@@ -451,6 +456,7 @@ class FleetSharing:
 
     def share_usage(self, enabled: bool, *, mutations_claimed: bool = False) -> None:
         self._for_topic = enabled
+        self.consults_others = enabled or bool(self._report_ms)
         self.records_usage = enabled or self.records_host_usage
         self._claimed_on_topic = enabled and mutations_claimed
         self.mutations_claimed = self._claimed_on_topic or self._claimed_on_host
@@ -618,6 +624,7 @@ class FleetSharing:
         t = int(now_ms)
         if instance is not None:
             self._report_ms[instance] = t
+            self.consults_others = True
             if via_host:
                 self._host_instances.add(instance)
         for delta in usage:

@@ -479,6 +479,26 @@ def test_a_sibling_is_taken_to_have_served_only_what_this_worker_has_not_relayed
     assert engine.fleet.pending_elsewhere(sensor, 100, 1) == 100 + 10_100
 
 
+def test_the_engine_asks_about_other_instances_only_once_one_could_answer() -> None:
+    """pending_elsewhere answers None until another instance reported or the topic's reports are
+    on: the engine skips the call until then (consults_others), and the throttles stay the same."""
+    tags = (("user", ""), ("client-id", "c"))
+    alone = QuotaEngine(settings_for(CONSUME, {(None, D): QUOTA}, scope="cluster"))
+    alone.record_fetch("1", "u", "c", 10_000, 0)
+    sensor = alone.manager(CONSUME).sensor_for_tags(None, dict(tags), 0)
+    assert not alone.fleet.consults_others
+    assert alone.fleet.pending_elsewhere(sensor, 100, 1) is None
+    alone.record_remote_usage([UsageDelta(CONSUME, None, tags, 1.0)], 1, "other-host")
+    assert alone.fleet.consults_others
+    assert alone.fleet.pending_elsewhere(sensor, 100, 1) is not None
+    with_topic = QuotaEngine(settings_for(CONSUME, {(None, D): QUOTA}, scope="cluster"))
+    assert not with_topic.fleet.consults_others
+    with_topic.share_usage(True)
+    assert with_topic.fleet.consults_others
+    with_topic.share_usage(False)
+    assert not with_topic.fleet.consults_others
+
+
 def test_a_client_new_to_the_fleet_is_taken_to_be_served_by_every_live_instance_until_a_report_crosses() -> None:
     """Clients that appear on every instance at once (a fleet starting, clients reconnecting
     after a failure) are each admitted into the whole room unless each instance takes every
