@@ -17,10 +17,11 @@ of pure transforms (analyze_transform: a few Spark aggregations, then analyze_ta
 pandas shaping of their small results) -> `load` (report.write_analyze_outputs). The Spark work is one pass
 building the per-second traffic sums (cached: six small aggregations read them), one pass
 decoding the Produce and Fetch partition entries into the per-partition-second sums and the
-per-client counts of records and batch sizes (its small result cached: the partition and the
-batch figures read it), and one counting the latencies per value, each reading only its columns
-(the last two from a second driver thread, filling the cores the first one's small queries leave
-idle); every series, percentile and share is computed from rows per (broker, second), per
+per-client counts of records and batch sizes (its small result collected: the partition and
+the batch figures are computed from it on the driver), and one counting the latencies per
+value, each reading only its columns (the last two from a second driver thread, filling the
+cores the first one's small queries leave idle); every series, percentile and share is
+computed from rows per (broker, second), per
 entity, per partition or per distinct value, never by feeding a sketch per request. Figures:
 
   * throughput series per broker (`upstream_node_id`) and cluster-wide at 1 s and 1 min:
@@ -75,6 +76,8 @@ from kqp.spark_jobs.analyze_tables import (
     network_stats,
     ordered_stats,
     pareto_summary,
+    partition_totals,
+    produce_batches_by_client,
     rank_shares,
     resolve_lost_broker,
     skew,
@@ -93,10 +96,7 @@ from kqp.spark_jobs.analyze_transform import (
     client_totals,
     entry_aggregates,
     latency_by_api,
-    partition_entries,
-    partition_totals,
     prepare_requests,
-    produce_batches_by_client,
 )
 from kqp.spark_jobs.capture_source import FooterCoverage, read_capture, read_footer_coverage
 from kqp.spark_jobs.common import BUDGET_EXIT_CODE, HelpFormatter, Progress
@@ -327,12 +327,9 @@ def _partitions(partitions: pd.DataFrame, stats: pd.DataFrame, result: AnalyzeRe
 def _entry_figures(requests: DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(partition_totals, produce_batches_by_client) rows: the Produce and Fetch partition
     entries decoded from the nested column once and aggregated in one pass (entry_aggregates),
-    whose rows, few, are cached for the two tables computed from them, then released."""
-    aggregates = entry_aggregates(partition_entries(requests)).persist()
-    try:
-        return to_pandas(partition_totals(aggregates)), to_pandas(produce_batches_by_client(aggregates))
-    finally:
-        aggregates.unpersist()
+    whose rows, few, come to the driver, where both tables are computed from them."""
+    entries = to_pandas(entry_aggregates(requests))
+    return partition_totals(entries), produce_batches_by_client(entries)
 
 
 def _batch_mix(batches: pd.DataFrame, result: AnalyzeResult) -> None:
