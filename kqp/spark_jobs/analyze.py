@@ -33,7 +33,8 @@ entity, per partition or per distinct value, never by feeding a sketch per reque
   * replication-aware network load from the replication factor (analyze_tables.with_replication);
   * shares (top-N, Pareto) of principals, client-ids, (principal, client-id) and topics;
   * partition hot spots and skew; Produce batch-size mix; latency percentiles by API
-    (exact: Spark's `percentile` over the count of each latency); errors; observed broker vs
+    (exact: Spark's `percentile` of the requests, from the count of each latency, on the
+    driver: analyze_tables.counted_percentiles); errors; observed broker vs
     proxy throttles;
   * headroom against a Cruise Control capacity file, the binding constraint, headroom if
     the busiest broker is lost, and months of growth runway.
@@ -72,6 +73,7 @@ from kqp.spark_jobs.analyze_tables import (
     entity_totals,
     error_counts,
     headroom_loads,
+    latency_by_api,
     network_limits,
     network_stats,
     ordered_stats,
@@ -95,7 +97,7 @@ from kqp.spark_jobs.analyze_transform import (
     client_burstiness,
     client_totals,
     entry_aggregates,
-    latency_by_api,
+    latency_counts,
     prepare_requests,
 )
 from kqp.spark_jobs.capture_source import FooterCoverage, read_capture, read_footer_coverage
@@ -332,6 +334,12 @@ def _entry_figures(requests: DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return partition_totals(entries), produce_batches_by_client(entries)
 
 
+def _latency_figures(requests: DataFrame) -> pd.DataFrame:
+    """latency_by_api's rows: the latencies counted per value in one pass (latency_counts), the
+    percentiles taken from the counts on the driver."""
+    return latency_by_api(to_pandas(latency_counts(requests)))
+
+
 def _batch_mix(batches: pd.DataFrame, result: AnalyzeResult) -> None:
     """Produce batch sizes by bucket, overall and per client: small batches cost a broker
     far more per byte (a request and a log append each), so they point at linger.ms and
@@ -446,7 +454,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     # on what else the session runs.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kqp-analyze-passes") as pool:
         entry_figures = pool.submit(_entry_figures, data.requests)
-        latencies = pool.submit(to_pandas, latency_by_api(data.requests))
+        latencies = pool.submit(_latency_figures, data.requests)
         result = _transform(data, options, capacity_file, thresholds, entry_figures, latencies, progress)
     return result
 

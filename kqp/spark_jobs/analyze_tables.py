@@ -17,8 +17,8 @@ import pandas as pd
 from kqp.quotas import capacity as cap
 
 # Exact percentiles for the throughput series (one value per second or minute: few enough
-# rows for Spark's exact `percentile`) and for per-request latency (Spark's `percentile` over
-# the count of each latency value: analyze_transform.latency_by_api).
+# rows for Spark's exact `percentile`) and for per-request latency (the same percentiles of
+# the requests, from the count of each latency value: latency_by_api).
 PERCENTILES = (0.5, 0.95, 0.99, 0.999)
 PERCENTILE_NAMES = ("p50", "p95", "p99", "p99_9")
 STATS = (*PERCENTILE_NAMES, "max")
@@ -372,6 +372,42 @@ def counted_percentiles(counted: pd.DataFrame, key: str, percentages: Sequence[f
         interpolated = low + (position - lower) * (high - low)
         result[percentage] = np.where((higher == lower) | (high == low), low, interpolated)
     return result
+
+
+LATENCY_COLUMNS = (
+    "api_key",
+    "broker",
+    "responses",
+    *[f"{name}_ms" for name in PERCENTILE_NAMES],
+    "max_ms",
+    *[f"broker_{name}_ms" for name in PERCENTILE_NAMES],
+    "broker_max_ms",
+)
+
+
+def latency_by_api(counts: pd.DataFrame) -> pd.DataFrame:
+    """Latency percentiles at the proxy and to the broker, per (API key, broker) and per API
+    key (the rows with a null broker), exact: counted_percentiles of analyze_transform.
+    latency_counts' rows, the percentiles Spark's `percentile` gives of the requests the
+    counts stand for."""
+    per_broker = _latency_figures(counts, ["api_key", "broker"])
+    per_api = _latency_figures(counts, ["api_key"]).assign(broker=np.nan)
+    return pd.concat([per_broker, per_api], ignore_index=True)[list(LATENCY_COLUMNS)]
+
+
+def _latency_figures(counts: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """latency_by_api's figures per `keys`, from the counts of both latencies."""
+    counts = counts.assign(group=counts.groupby(keys, sort=False).ngroup())
+    figures = counts.groupby("group", sort=False)[keys].first()
+    for column, prefix in (("latency_ms", ""), ("broker_latency_ms", "broker_")):
+        counted = counts[counts[column].notna()].rename(columns={column: "value"})
+        percentiles = counted_percentiles(counted, "group", PERCENTILES)
+        for percentage, name in zip(PERCENTILES, PERCENTILE_NAMES, strict=True):
+            figures[f"{prefix}{name}_ms"] = percentiles[percentage]
+        figures[f"{prefix}max_ms"] = counted.groupby("group")["value"].max()
+        if column == "latency_ms":
+            figures["responses"] = counted.groupby("group")["n"].sum()
+    return figures.reset_index(drop=True)
 
 
 PARTITION_COLUMNS = (

@@ -17,8 +17,6 @@ from kqp.spark_jobs.analyze_tables import (
     ADDITIVE_METRICS,
     ENTITY_SUMS,
     PARTITION_SECOND_SET,
-    PERCENTILE_NAMES,
-    PERCENTILES,
     PRODUCE_BATCH_SET,
     PRODUCE_REQUEST_SET,
     api_column,
@@ -182,50 +180,23 @@ def client_burstiness(traffic: DataFrame) -> DataFrame:
     )
 
 
-def latency_by_api(requests: DataFrame) -> DataFrame:
-    """Latency percentiles at the proxy and to the broker, per (API key, broker) and per API key.
-
-    Exact (Spark's `percentile`), from counts: one pass counts the requests of each (API key,
-    broker, latency) and of each (API key, broker, broker round trip), two grouping sets of a
-    hash aggregation; the percentiles, maxima and response counts are then taken over those
-    counts, per (API key, broker) and per API key (two grouping sets again: rows with a null
-    broker are the API-wide figures). Latencies are whole microseconds over 1,000, so a few
-    thousand distinct values per API and broker stand for millions of requests: feeding two
-    percentile sketches per request, per grouping, cost more than the rest of analyze's passes
-    together. The figures are the exact percentiles of the requests (percentile with the counts
-    as frequencies is the percentile of the rows the counts stand for).
+def latency_counts(requests: DataFrame) -> DataFrame:
+    """The answered requests counted per (API key, broker, latency at the proxy) and per (API
+    key, broker, broker round trip): two grouping sets of one hash aggregation, told apart by
+    which latency is set (every answered request has a latency at the proxy). Latencies are
+    whole microseconds over 1,000, so a few thousand distinct values per API and broker stand
+    for millions of requests (about 280,000 rows at 10M requests): the driver takes the exact
+    percentiles from these counts (analyze_tables.latency_by_api). Feeding a percentile sketch
+    per request, per grouping, cost more than the rest of analyze's passes together.
     """
     answered = requests.where(F.col("latency_ms").isNotNull())
-    # Set one's rows have a latency and no round trip, set two's the other way round (every
-    # answered request has a latency), so the columns tell the sets apart.
-    counted = answered.groupingSets(
+    return answered.groupingSets(
         [["api_key", "broker", "latency_ms"], ["api_key", "broker", "broker_latency_ms"]],
         "api_key",
         "broker",
         "latency_ms",
         "broker_latency_ms",
     ).agg(F.count("*").alias("n"))
-    return (
-        counted.groupingSets([["api_key", "broker"], ["api_key"]], "api_key", "broker")
-        .agg(
-            F.sum(F.when(F.col("latency_ms").isNotNull(), F.col("n"))).alias("responses"),
-            # Null values (the other set's rows) are skipped, as percentile skips them.
-            F.percentile("latency_ms", list(PERCENTILES), F.col("n")).alias("q"),
-            F.max("latency_ms").alias("max_ms"),
-            F.percentile("broker_latency_ms", list(PERCENTILES), F.col("n")).alias("bq"),
-            F.max("broker_latency_ms").alias("broker_max_ms"),
-        )
-        .where(F.col("api_key").isNotNull())
-        .select(
-            "api_key",
-            "broker",
-            "responses",
-            *[F.col("q")[i].alias(f"{name}_ms") for i, name in enumerate(PERCENTILE_NAMES)],
-            "max_ms",
-            *[F.col("bq")[i].alias(f"broker_{name}_ms") for i, name in enumerate(PERCENTILE_NAMES)],
-            "broker_max_ms",
-        )
-    )
 
 
 # ---------------------------------------------------------------- the aggregates analyze collects

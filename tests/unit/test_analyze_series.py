@@ -14,6 +14,7 @@ from kqp.spark_jobs.analyze_tables import (
     bucket_series,
     counted_percentiles,
     exact_percentiles,
+    latency_by_api,
     partition_totals,
     produce_batches_by_client,
     series_stats,
@@ -47,6 +48,32 @@ def test_counted_percentiles_are_those_of_the_values_repeated() -> None:
     for key, rows in counted[counted["key"] != "d"].groupby("key"):
         repeated = np.repeat(rows["value"].to_numpy(), rows["n"].to_numpy())
         assert list(result.loc[key]) == exact_percentiles(repeated, percentages)
+
+
+def test_latency_percentiles_per_broker_and_api_from_the_counts() -> None:
+    # latency_counts' rows: (API, broker, latency, broker round trip, requests); a row has one
+    # of the two latencies, and a request answered without a round trip has neither.
+    counts = pd.DataFrame(
+        [
+            (0, 1, 2.0, None, 3),
+            (0, 1, 6.0, None, 1),
+            (0, 1, None, 1.5, 4),
+            (0, 2, 4.0, None, 2),
+            (0, 2, None, 3.0, 1),
+            (0, 2, None, None, 1),
+        ],
+        columns=["api_key", "broker", "latency_ms", "broker_latency_ms", "n"],
+    ).astype({"api_key": "int32", "broker": "int32"})
+    rows = latency_by_api(counts)
+    broker_1 = rows[rows["broker"] == 1].iloc[0]
+    assert broker_1["responses"] == 4
+    assert [broker_1["p50_ms"], broker_1["p95_ms"]] == exact_percentiles(np.array([2.0, 2.0, 2.0, 6.0]), [0.5, 0.95])
+    assert broker_1["max_ms"] == 6.0 and broker_1["broker_max_ms"] == 1.5
+    api = rows[rows["broker"].isna()].iloc[0]
+    assert api["responses"] == 6
+    assert api["p50_ms"] == exact_percentiles(np.array([2.0, 2.0, 2.0, 6.0, 4.0, 4.0]), [0.5])[0]
+    assert api["broker_p50_ms"] == exact_percentiles(np.array([1.5] * 4 + [3.0]), [0.5])[0]
+    assert len(rows) == 3
 
 
 def _entries(rows: list[tuple[int, str, int | None, int | None, float | None, int, float, float]]) -> pd.DataFrame:
