@@ -17,10 +17,11 @@ of pure transforms (analyze_transform: a few Spark aggregations, then analyze_ta
 pandas shaping of their small results) -> `load` (report.write_analyze_outputs). The Spark work is one pass
 building the per-second traffic sums (cached: six small aggregations read them), one pass
 decoding the Produce and Fetch partition entries into the per-partition-second sums and the
-per-client counts of records and batch sizes (its small result cached: the partition and the
-batch figures read it), and one counting the latencies per value, each reading only its columns
-(the last two from a second driver thread, filling the cores the first one's small queries leave
-idle); every series, percentile and share is computed from rows per (broker, second), per
+per-client counts of records and batch sizes (its small result collected: the partition and
+the batch figures are computed from it on the driver), and one counting the latencies per
+value, each reading only its columns (the last two from a second driver thread, filling the
+cores the first one's small queries leave idle); every series, percentile and share is
+computed from rows per (broker, second), per
 entity, per partition or per distinct value, never by feeding a sketch per request. Figures:
 
   * throughput series per broker (`upstream_node_id`) and cluster-wide at 1 s and 1 min:
@@ -32,7 +33,8 @@ entity, per partition or per distinct value, never by feeding a sketch per reque
   * replication-aware network load from the replication factor (analyze_tables.with_replication);
   * shares (top-N, Pareto) of principals, client-ids, (principal, client-id) and topics;
   * partition hot spots and skew; Produce batch-size mix; latency percentiles by API
-    (exact: Spark's `percentile` over the count of each latency); errors; observed broker vs
+    (exact: Spark's `percentile` of the requests, from the count of each latency, on the
+    driver: analyze_tables.counted_percentiles); errors; observed broker vs
     proxy throttles;
   * headroom against a Cruise Control capacity file, the binding constraint, headroom if
     the busiest broker is lost, and months of growth runway.
@@ -71,10 +73,13 @@ from kqp.spark_jobs.analyze_tables import (
     entity_totals,
     error_counts,
     headroom_loads,
+    latency_by_api,
     network_limits,
     network_stats,
     ordered_stats,
     pareto_summary,
+    partition_totals,
+    produce_batches_by_client,
     rank_shares,
     resolve_lost_broker,
     skew,
@@ -92,11 +97,8 @@ from kqp.spark_jobs.analyze_transform import (
     client_burstiness,
     client_totals,
     entry_aggregates,
-    latency_by_api,
-    partition_entries,
-    partition_totals,
+    latency_counts,
     prepare_requests,
-    produce_batches_by_client,
 )
 from kqp.spark_jobs.capture_source import FooterCoverage, read_capture, read_footer_coverage
 from kqp.spark_jobs.common import BUDGET_EXIT_CODE, HelpFormatter, Progress
@@ -327,12 +329,15 @@ def _partitions(partitions: pd.DataFrame, stats: pd.DataFrame, result: AnalyzeRe
 def _entry_figures(requests: DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(partition_totals, produce_batches_by_client) rows: the Produce and Fetch partition
     entries decoded from the nested column once and aggregated in one pass (entry_aggregates),
-    whose rows, few, are cached for the two tables computed from them, then released."""
-    aggregates = entry_aggregates(partition_entries(requests)).persist()
-    try:
-        return to_pandas(partition_totals(aggregates)), to_pandas(produce_batches_by_client(aggregates))
-    finally:
-        aggregates.unpersist()
+    whose rows, few, come to the driver, where both tables are computed from them."""
+    entries = to_pandas(entry_aggregates(requests))
+    return partition_totals(entries), produce_batches_by_client(entries)
+
+
+def _latency_figures(requests: DataFrame) -> pd.DataFrame:
+    """latency_by_api's rows: the latencies counted per value in one pass (latency_counts), the
+    percentiles taken from the counts on the driver."""
+    return latency_by_api(to_pandas(latency_counts(requests)))
 
 
 def _batch_mix(batches: pd.DataFrame, result: AnalyzeResult) -> None:
@@ -449,7 +454,7 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
     # on what else the session runs.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kqp-analyze-passes") as pool:
         entry_figures = pool.submit(_entry_figures, data.requests)
-        latencies = pool.submit(to_pandas, latency_by_api(data.requests))
+        latencies = pool.submit(_latency_figures, data.requests)
         result = _transform(data, options, capacity_file, thresholds, entry_figures, latencies, progress)
     return result
 

@@ -17,8 +17,8 @@ import pandas as pd
 from kqp.quotas import capacity as cap
 
 # Exact percentiles for the throughput series (one value per second or minute: few enough
-# rows for Spark's exact `percentile`) and for per-request latency (Spark's `percentile` over
-# the count of each latency value: analyze_transform.latency_by_api).
+# rows for Spark's exact `percentile`) and for per-request latency (the same percentiles of
+# the requests, from the count of each latency value: latency_by_api).
 PERCENTILES = (0.5, 0.95, 0.99, 0.999)
 PERCENTILE_NAMES = ("p50", "p95", "p99", "p99_9")
 STATS = (*PERCENTILE_NAMES, "max")
@@ -36,11 +36,19 @@ RESOURCE_OF_METRIC = {"nw_in": cap.NW_IN, "nw_out": cap.NW_OUT}
 # as CPU-expensive; the edges are powers of ten around that.
 BATCH_BUCKETS = ((1_000, "<1KB"), (10_000, "1-10KB"), (100_000, "10-100KB"), (1_000_000, "100KB-1MB"))
 BATCH_BUCKET_LAST = ">=1MB"
+# A batch under this size counts in a client's small-batch share.
+SMALL_BATCH_BYTES = 10_000
 # The Pareto summary reports how few entities carry this share of the bytes.
 PARETO_SHARE = 0.8
 
 # The per-entity sums every share and throttle table is made of.
 ENTITY_SUMS = ("requests", "bytes_in", "bytes_out", "produce_bytes", "fetch_bytes")
+
+
+# analyze_transform.entry_aggregates' sets: which figure a row of its result is for.
+PARTITION_SECOND_SET = 0
+PRODUCE_REQUEST_SET = 1
+PRODUCE_BATCH_SET = 2
 
 
 # Column names the Spark aggregates write and the tables read.
@@ -337,6 +345,172 @@ def error_counts(api_errors: pd.DataFrame) -> pd.DataFrame:
 def api_mix(api_errors: pd.DataFrame) -> pd.DataFrame:
     """Requests per (API key, API version)."""
     return api_errors.groupby(["api_key", "api_version"], as_index=False)["requests"].sum()
+
+
+def counted_percentiles(counted: pd.DataFrame, key: str, percentages: Sequence[float]) -> pd.DataFrame:
+    """Per `key`: Spark's exact `percentile` of `value` with the counts `n` as frequencies, one
+    column per percentage (named by it), for every key with a non-null value.
+
+    Value for value what Spark gives (and exact_percentiles of the values repeated `n` times):
+    the order statistics at floor and ceil of (count - 1) x p, the first value whose running
+    count passes the rank, interpolated as low + fraction x (high - low). All keys at once:
+    the rows sorted by (key, value) and one running count over all of them, each key's ranks
+    offset by the counts of the keys before it.
+    """
+    rows = counted[counted["value"].notna()].sort_values([key, "value"], kind="stable")
+    values = rows["value"].to_numpy(dtype=float)
+    running = np.cumsum(rows["n"].to_numpy())
+    totals = rows.groupby(key, sort=False)["n"].sum()
+    before = np.cumsum(totals.to_numpy()) - totals.to_numpy()
+    max_position = totals.to_numpy() - 1
+    result = pd.DataFrame(index=totals.index)
+    for percentage in percentages:
+        position = max_position * percentage
+        lower, higher = np.floor(position), np.ceil(position)
+        low = values[np.searchsorted(running, before + lower, side="right")]
+        high = values[np.searchsorted(running, before + higher, side="right")]
+        interpolated = low + (position - lower) * (high - low)
+        result[percentage] = np.where((higher == lower) | (high == low), low, interpolated)
+    return result
+
+
+LATENCY_COLUMNS = (
+    "api_key",
+    "broker",
+    "responses",
+    *[f"{name}_ms" for name in PERCENTILE_NAMES],
+    "max_ms",
+    *[f"broker_{name}_ms" for name in PERCENTILE_NAMES],
+    "broker_max_ms",
+)
+
+
+def latency_by_api(counts: pd.DataFrame) -> pd.DataFrame:
+    """Latency percentiles at the proxy and to the broker, per (API key, broker) and per API
+    key (the rows with a null broker), exact: counted_percentiles of analyze_transform.
+    latency_counts' rows, the percentiles Spark's `percentile` gives of the requests the
+    counts stand for."""
+    per_broker = _latency_figures(counts, ["api_key", "broker"])
+    per_api = _latency_figures(counts, ["api_key"]).assign(broker=np.nan)
+    return pd.concat([per_broker, per_api], ignore_index=True)[list(LATENCY_COLUMNS)]
+
+
+def _latency_figures(counts: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """latency_by_api's figures per `keys`, from the counts of both latencies."""
+    counts = counts.assign(group=counts.groupby(keys, sort=False).ngroup())
+    figures = counts.groupby("group", sort=False)[keys].first()
+    for column, prefix in (("latency_ms", ""), ("broker_latency_ms", "broker_")):
+        counted = counts[counts[column].notna()].rename(columns={column: "value"})
+        percentiles = counted_percentiles(counted, "group", PERCENTILES)
+        for percentage, name in zip(PERCENTILES, PERCENTILE_NAMES, strict=True):
+            figures[f"{prefix}{name}_ms"] = percentiles[percentage]
+        figures[f"{prefix}max_ms"] = counted.groupby("group")["value"].max()
+        if column == "latency_ms":
+            figures["responses"] = counted.groupby("group")["n"].sum()
+    return figures.reset_index(drop=True)
+
+
+PARTITION_COLUMNS = (
+    "topic",
+    "partition",
+    "leader",
+    "requests",
+    "produce_bytes",
+    "fetch_bytes",
+    "produced_records",
+    "peak_bytes_per_s",
+    "peak_second",
+    "bytes",
+)
+
+
+def _whole(frame: pd.DataFrame, types: dict[str, str]) -> pd.DataFrame:
+    """Integer columns back to their Spark type where no value is missing (a column with a
+    missing value stays float, as Spark's toPandas gives it)."""
+    return frame.astype({column: kind for column, kind in types.items() if frame[column].notna().all()})
+
+
+def partition_totals(entries: pd.DataFrame) -> pd.DataFrame:
+    """Per topic-partition: leader, requests, bytes in/out, records produced, peak bytes/s and
+    its second (the earliest among ties); the mean over the capture is the caller's (analyze
+    computes this before it knows the capture's span).
+
+    From entry_aggregates' per (partition, second) rows (`entries`: its result), their sums
+    and the peak second. Topic totals are sums of these rows.
+    """
+    rows = entries[entries["set"] == PARTITION_SECOND_SET].rename(columns={"name": "topic"})
+    keys = ["topic", "partition"]
+    totals = (
+        rows.groupby(keys, dropna=False, sort=False)
+        .agg(
+            leader=("leader", "max"),
+            requests=("requests", "sum"),
+            produce_bytes=("produce_bytes", "sum"),
+            fetch_bytes=("fetch_bytes", "sum"),
+            produced_records=("produced_records", "sum"),
+            peak_bytes_per_s=("bps", "max"),
+        )
+        .reset_index()
+    )
+    # The peak's second: the earliest of the seconds at the partition's largest bytes/s.
+    at_peak = (
+        rows[rows["bps"].notna()]
+        .sort_values("second", kind="stable")
+        .sort_values([*keys, "bps"], ascending=[True, True, False], kind="stable")
+        .drop_duplicates(keys)
+    )
+    peaks = at_peak[[*keys, "second"]].rename(columns={"second": "peak_second"})
+    totals = totals.merge(peaks, on=keys, how="left")
+    totals["bytes"] = totals["produce_bytes"] + totals["fetch_bytes"]
+    return _whole(totals, {"partition": "int32", "leader": "int32", "peak_second": "int64"})[list(PARTITION_COLUMNS)]
+
+
+def batch_bucket(batch_bytes: pd.Series) -> pd.Series:
+    """The BATCH_BUCKETS class of each batch size: the first upper bound above it; a size at
+    or above every bound, or unknown, is in the last class (a comparison with a null is not
+    true)."""
+    labels = pd.Series(BATCH_BUCKET_LAST, index=batch_bytes.index, dtype=object)
+    for upper, label in reversed(BATCH_BUCKETS):
+        labels[batch_bytes < upper] = label
+    return labels
+
+
+def produce_batches_by_client(entries: pd.DataFrame) -> pd.DataFrame:
+    """Per client-id, from its Produce requests: requests, records per request (p50/p95), mean
+    and median batch size, share of small batches, and its batches and bytes in each
+    BATCH_BUCKETS class (weighted; the overall batch mix is their sum; none in a class: NaN).
+
+    From entry_aggregates' rows (`entries`: its result): the request figures from the
+    PRODUCE_REQUEST_SET rows (requests counted per records value), the batch figures from the
+    PRODUCE_BATCH_SET rows (entries counted per mean batch size). The percentiles are exact,
+    those Spark's `percentile` gives with the counts as frequencies (counted_percentiles).
+    """
+    labels = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
+    requests = entries[entries["set"] == PRODUCE_REQUEST_SET]
+    batches = entries[entries["set"] == PRODUCE_BATCH_SET]
+    clients = pd.Index(pd.concat([requests["name"], batches["name"]]).unique(), name="name")
+    by_client = pd.DataFrame(index=clients)
+    by_client["produce_requests"] = requests.groupby("name")["n"].sum()
+    records = counted_percentiles(requests, "name", [0.5, 0.95])
+    by_client["p50_records_per_request"] = records[0.5]
+    by_client["p95_records_per_request"] = records[0.95]
+    # Sums over a client's batch rows, NaN for a client with none.
+    batch_sums = batches.groupby("name")[["bytes", "batches"]].sum()
+    batch_count = batch_sums["batches"].reindex(clients)
+    by_client["mean_batch_bytes"] = batch_sums["bytes"].reindex(clients) / batch_count
+    by_client["median_batch_bytes"] = counted_percentiles(batches, "name", [0.5])[0.5]
+    small = batches[batches["value"] < SMALL_BATCH_BYTES].groupby("name")["batches"].sum()
+    by_client["small_batch_share"] = small.reindex(batch_sums.index, fill_value=0).reindex(clients) / batch_count
+    classes = batches.assign(bucket=batch_bucket(batches["value"])).groupby(["name", "bucket"])
+    per_class = {
+        what: classes[column].sum().unstack("bucket").reindex(index=clients, columns=labels).astype(float)
+        for what, column in (("batches", "weighted_batches"), ("bytes", "bps"))
+    }
+    for label in labels:
+        for what in ("batches", "bytes"):
+            by_client[bucket_column(label, what)] = per_class[what][label]
+    by_client = by_client.rename_axis("client_id").reset_index()
+    return _whole(by_client, {"produce_requests": "int64"})
 
 
 def topic_totals(partitions: pd.DataFrame) -> pd.DataFrame:

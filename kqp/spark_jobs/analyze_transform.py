@@ -8,7 +8,6 @@ the job's figures are tested on a local session against figures recomputed with 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -16,18 +15,14 @@ from pyspark.sql import functions as F
 from kqp.protocol.api_keys import ApiKey
 from kqp.spark_jobs.analyze_tables import (
     ADDITIVE_METRICS,
-    BATCH_BUCKET_LAST,
-    BATCH_BUCKETS,
     ENTITY_SUMS,
-    PERCENTILE_NAMES,
-    PERCENTILES,
+    PARTITION_SECOND_SET,
+    PRODUCE_BATCH_SET,
+    PRODUCE_REQUEST_SET,
     api_column,
-    bucket_column,
 )
 from kqp.spark_jobs.capture_source import US_PER_SECOND
 from kqp.spark_jobs.common import ANONYMOUS
-
-SMALL_BATCH_BYTES = 10_000
 
 
 def prepare_requests(raw: DataFrame) -> DataFrame:
@@ -72,31 +67,6 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
         F.coalesce(F.col("proxy_throttle_ms"), F.lit(0)).alias("proxy_throttle_ms"),
         "partitions",
         F.aggregate("partitions", F.lit(0.0), lambda acc, p: acc + F.coalesce(p["records"], F.lit(0))).alias("records"),
-    )
-
-
-# The request columns each partition entry keeps beside its own.
-_PER_ENTRY_KEPT = ("second", "broker", "weight", "api_key", "client_id", "records")
-
-
-def partition_entries(requests: DataFrame) -> DataFrame:
-    """One row per partition entry of each Produce and Fetch request, with the columns the
-    partition and batch figures read; a request without entries stays as one row with a null
-    `position` (`posexplode_outer`). entry_aggregates reads it once for both figures, so the
-    capture's nested `partitions` column, the costliest to decode, is decoded once, not twice.
-    """
-    return (
-        requests.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
-        .select(*_PER_ENTRY_KEPT, F.posexplode_outer("partitions").alias("position", "p"))
-        .select(
-            *_PER_ENTRY_KEPT,
-            "position",
-            F.col("p.topic").alias("topic"),
-            F.col("p.partition").alias("partition"),
-            F.col("p.bytes").alias("entry_bytes"),
-            F.col("p.records").alias("entry_records"),
-            F.col("p.batches").alias("entry_batches"),
-        )
     )
 
 
@@ -210,58 +180,23 @@ def client_burstiness(traffic: DataFrame) -> DataFrame:
     )
 
 
-def _batch_bucket(batch_bytes: Any) -> Any:
-    """A Spark expression labelling a batch size with its BATCH_BUCKETS class (first upper bound above it)."""
-    expression = F.lit(BATCH_BUCKET_LAST)
-    for upper, label in reversed(BATCH_BUCKETS):
-        expression = F.when(batch_bytes < upper, label).otherwise(expression)
-    return expression
-
-
-def latency_by_api(requests: DataFrame) -> DataFrame:
-    """Latency percentiles at the proxy and to the broker, per (API key, broker) and per API key.
-
-    Exact (Spark's `percentile`), from counts: one pass counts the requests of each (API key,
-    broker, latency) and of each (API key, broker, broker round trip), two grouping sets of a
-    hash aggregation; the percentiles, maxima and response counts are then taken over those
-    counts, per (API key, broker) and per API key (two grouping sets again: rows with a null
-    broker are the API-wide figures). Latencies are whole microseconds over 1,000, so a few
-    thousand distinct values per API and broker stand for millions of requests: feeding two
-    percentile sketches per request, per grouping, cost more than the rest of analyze's passes
-    together. The figures are the exact percentiles of the requests (percentile with the counts
-    as frequencies is the percentile of the rows the counts stand for).
+def latency_counts(requests: DataFrame) -> DataFrame:
+    """The answered requests counted per (API key, broker, latency at the proxy) and per (API
+    key, broker, broker round trip): two grouping sets of one hash aggregation, told apart by
+    which latency is set (every answered request has a latency at the proxy). Latencies are
+    whole microseconds over 1,000, so a few thousand distinct values per API and broker stand
+    for millions of requests (about 280,000 rows at 10M requests): the driver takes the exact
+    percentiles from these counts (analyze_tables.latency_by_api). Feeding a percentile sketch
+    per request, per grouping, cost more than the rest of analyze's passes together.
     """
     answered = requests.where(F.col("latency_ms").isNotNull())
-    # Set one's rows have a latency and no round trip, set two's the other way round (every
-    # answered request has a latency), so the columns tell the sets apart.
-    counted = answered.groupingSets(
+    return answered.groupingSets(
         [["api_key", "broker", "latency_ms"], ["api_key", "broker", "broker_latency_ms"]],
         "api_key",
         "broker",
         "latency_ms",
         "broker_latency_ms",
     ).agg(F.count("*").alias("n"))
-    return (
-        counted.groupingSets([["api_key", "broker"], ["api_key"]], "api_key", "broker")
-        .agg(
-            F.sum(F.when(F.col("latency_ms").isNotNull(), F.col("n"))).alias("responses"),
-            # Null values (the other set's rows) are skipped, as percentile skips them.
-            F.percentile("latency_ms", list(PERCENTILES), F.col("n")).alias("q"),
-            F.max("latency_ms").alias("max_ms"),
-            F.percentile("broker_latency_ms", list(PERCENTILES), F.col("n")).alias("bq"),
-            F.max("broker_latency_ms").alias("broker_max_ms"),
-        )
-        .where(F.col("api_key").isNotNull())
-        .select(
-            "api_key",
-            "broker",
-            "responses",
-            *[F.col("q")[i].alias(f"{name}_ms") for i, name in enumerate(PERCENTILE_NAMES)],
-            "max_ms",
-            *[F.col("bq")[i].alias(f"broker_{name}_ms") for i, name in enumerate(PERCENTILE_NAMES)],
-            "broker_max_ms",
-        )
-    )
 
 
 # ---------------------------------------------------------------- the aggregates analyze collects
@@ -320,37 +255,58 @@ def api_error_totals(traffic: DataFrame) -> DataFrame:
     return traffic.groupBy("api_key", "api_version", "error_code").agg(F.sum("requests").alias("requests"))
 
 
-def entry_aggregates(entries: DataFrame) -> DataFrame:
-    """One aggregation over partition_entries' rows giving everything the partition and batch
-    figures are computed from, in three grouping sets told apart by which keys are set:
+def entry_aggregates(requests: DataFrame) -> DataFrame:
+    """One aggregation over the Produce and Fetch partition entries giving the rows the
+    partition and batch figures are computed from (on the driver: analyze_tables.partition_totals
+    and produce_batches_by_client), in three sets told apart by `set`:
 
-    * `entry_second` set: per (topic, partition, second) of the Produce and Fetch entries, the
-      partition's sums (partition_totals);
-    * `first` set: per (Produce client-id, first row of a request or not, the request's
-      records), the rows (produce_batches_by_client: requests and records per request);
-    * `with_batches` set: per (Produce client-id, entry has batches, mean batch size of the
-      entry), the rows and their batch and byte sums (produce_batches_by_client: the batch mix).
+    * PARTITION_SECOND_SET: per (topic `name`, `partition`, `second`) of the Produce and Fetch
+      entries, the partition's sums;
+    * PRODUCE_REQUEST_SET: per (client-id `name`, the request's records `value`), the Produce
+      requests (`n`), one row each, a request without entries included (no records);
+    * PRODUCE_BATCH_SET: per (client-id `name`, the entry's mean batch size `value`), the
+      Produce entries with batches, and their batch and byte sums.
 
-    A hash aggregation over the entries, decoded once; the grouping sets' rows are few (one per
-    partition and second, per distinct value per client), so their readers need no cache of the
-    entries. Every sum is of whole bytes, records or batches (x the whole sampling factor):
-    exact in doubles in any order, so summing the groups gives what summing the entries gave.
+    The capture's nested `partitions` column, the costliest to decode, is decoded and exploded
+    once, and each entry feeds only the sets that count it. The result is small (about 600,000
+    rows at 10M requests: one per partition and second, per distinct value per client), so it
+    comes to the driver whole, where two Spark queries over a cache of it cost more than the
+    pandas work (docs/benchmarks.md, sixth round).
+
+    Every sum is of whole bytes, records or batches (x the whole sampling factor): exact in
+    doubles in any order, so summing the groups gives what summing the entries gave.
     """
     produce = F.col("api_key") == ApiKey.PRODUCE
-    batches = F.coalesce(F.col("entry_batches"), F.lit(0))
-    entry_bytes = F.col("entry_bytes").cast("double")
+    exploded = requests.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH)).select(
+        "second",
+        "broker",
+        "weight",
+        "api_key",
+        "client_id",
+        # Records per request are read for Produce requests alone: summing a request's
+        # entries is a higher-order function, which Spark evaluates row by row.
+        F.when(produce, F.col("records")).alias("records"),
+        F.posexplode_outer("partitions").alias("position", "p"),
+    )
+    batches = F.coalesce(F.col("p.batches"), F.lit(0))
+    in_set = F.array(
+        F.when(F.col("position").isNotNull(), F.lit(PARTITION_SECOND_SET)),
+        F.when(produce & (F.col("position").isNull() | (F.col("position") == 0)), F.lit(PRODUCE_REQUEST_SET)),
+        F.when(produce & (batches > 0), F.lit(PRODUCE_BATCH_SET)),
+    )
+    entry_bytes = F.col("p.bytes").cast("double")
     weighted = entry_bytes * F.col("weight")
-    records = F.coalesce(F.col("entry_records"), F.lit(0)).cast("double")
-    first_of_request = F.col("position").isNull() | (F.col("position") == 0)
-    keyed = entries.select(
-        "topic",
-        "partition",
-        F.when(F.col("position").isNotNull(), F.col("second")).alias("entry_second"),
-        F.when(produce, F.col("client_id")).alias("produce_client"),
-        F.when(produce, first_of_request).alias("first"),
-        F.when(produce & first_of_request, F.col("records")).alias("request_records"),
-        F.when(produce, batches > 0).alias("with_batches"),
-        F.when(produce & (batches > 0), entry_bytes / batches).alias("batch_bytes"),
+    records = F.coalesce(F.col("p.records"), F.lit(0)).cast("double")
+    per_set = exploded.select("*", F.explode(in_set).alias("set")).where(F.col("set").isNotNull())
+    partition_second = F.col("set") == PARTITION_SECOND_SET
+    keyed = per_set.select(
+        "set",
+        F.when(partition_second, F.col("p.topic")).otherwise(F.col("client_id")).alias("name"),
+        F.when(partition_second, F.col("p.partition")).alias("partition"),
+        F.when(partition_second, F.col("second")).alias("second"),
+        F.when(F.col("set") == PRODUCE_REQUEST_SET, F.col("records"))
+        .when(F.col("set") == PRODUCE_BATCH_SET, entry_bytes / batches)
+        .alias("value"),
         "broker",
         "weight",
         F.when(produce, weighted).otherwise(0.0).alias("produce_weighted"),
@@ -360,21 +316,7 @@ def entry_aggregates(entries: DataFrame) -> DataFrame:
         batches.alias("batches"),
         entry_bytes.alias("bytes"),
     )
-    return keyed.groupingSets(
-        [
-            ["topic", "partition", "entry_second"],
-            ["produce_client", "first", "request_records"],
-            ["produce_client", "with_batches", "batch_bytes"],
-        ],
-        "topic",
-        "partition",
-        "entry_second",
-        "produce_client",
-        "first",
-        "request_records",
-        "with_batches",
-        "batch_bytes",
-    ).agg(
+    return keyed.groupBy("set", "name", "partition", "second", "value").agg(
         F.count("*").alias("n"),
         F.max("broker").alias("leader"),
         F.sum("weight").alias("requests"),
@@ -385,90 +327,4 @@ def entry_aggregates(entries: DataFrame) -> DataFrame:
         F.sum(F.col("batches") * F.col("weight")).alias("weighted_batches"),
         F.sum("batches").alias("batches"),
         F.sum("bytes").alias("bytes"),
-    )
-
-
-def partition_totals(aggregates: DataFrame) -> DataFrame:
-    """Per topic-partition: leader, requests, bytes in/out, records produced, peak bytes/s (the
-    mean over the capture is the driver's: analyze runs this before it knows the capture's span).
-
-    From entry_aggregates' per (partition, second) rows: their sums and the peak second. Topic
-    totals are sums of these rows.
-    """
-    per_second = aggregates.where(F.col("entry_second").isNotNull()).select(
-        "topic",
-        "partition",
-        F.col("entry_second").alias("second"),
-        "leader",
-        "requests",
-        "produce_bytes",
-        "fetch_bytes",
-        "produced_records",
-        "bps",
-    )
-    return (
-        per_second.groupBy("topic", "partition")
-        .agg(
-            F.max("leader").alias("leader"),
-            *[F.sum(m).alias(m) for m in ("requests", "produce_bytes", "fetch_bytes", "produced_records")],
-            F.max("bps").alias("peak_bytes_per_s"),
-            earliest_max_by("second", "bps").alias("peak_second"),
-        )
-        .withColumn("bytes", F.col("produce_bytes") + F.col("fetch_bytes"))
-    )
-
-
-def produce_batches_by_client(aggregates: DataFrame) -> DataFrame:
-    """Per client-id, from its Produce requests: requests, records per request (p50/p95), mean
-    and median batch size, share of small batches, and its batches and bytes in each
-    BATCH_BUCKETS class (weighted; the overall batch mix is their sum).
-
-    From entry_aggregates' rows: the request figures from the first entry of each request
-    (counted per records value), the batch figures from the entries with batches (counted per
-    mean batch size). The percentiles are exact: Spark's `percentile` with the counts as
-    frequencies.
-    """
-    first = F.col("first")
-    with_batches = F.col("with_batches")
-    batch_bytes = F.col("batch_bytes")
-    bucket = _batch_bucket(batch_bytes)
-    labels = [label for _, label in BATCH_BUCKETS] + [BATCH_BUCKET_LAST]
-    per_bucket = [
-        aggregate
-        for label in labels
-        for aggregate in (
-            F.sum(F.when(with_batches & (bucket == label), F.col("weighted_batches"))).alias(
-                bucket_column(label, "batches")
-            ),
-            F.sum(F.when(with_batches & (bucket == label), F.col("bps"))).alias(bucket_column(label, "bytes")),
-        )
-    ]
-    batch_count = F.sum(F.when(with_batches, F.col("batches")))
-    # One aggregation over both sets' rows (a set's own key is null in the other's rows, so each
-    # figure reads its set alone), not a join of two: the second reader of the cached rows in a
-    # self-join was planned from the capture again (measured at 10M: a second pass over it).
-    by_client = (
-        aggregates.where(F.col("produce_client").isNotNull() & (first | with_batches))
-        .groupBy(F.col("produce_client").alias("client_id"))
-        .agg(
-            F.sum(F.when(first, F.col("n"))).alias("produce_requests"),
-            F.percentile(F.when(first, F.col("request_records")), [0.5, 0.95], F.col("n")).alias("q"),
-            (F.sum(F.when(with_batches, F.col("bytes"))) / batch_count).alias("mean_batch_bytes"),
-            F.percentile(F.when(with_batches, batch_bytes), 0.5, F.col("n")).alias("median_batch_bytes"),
-            (
-                F.sum(F.when(with_batches, F.when(batch_bytes < SMALL_BATCH_BYTES, F.col("batches")).otherwise(0)))
-                / batch_count
-            ).alias("small_batch_share"),
-            *per_bucket,
-        )
-    )
-    return by_client.select(
-        "client_id",
-        "produce_requests",
-        F.col("q")[0].alias("p50_records_per_request"),
-        F.col("q")[1].alias("p95_records_per_request"),
-        "mean_batch_bytes",
-        "median_batch_bytes",
-        "small_batch_share",
-        *[bucket_column(label, what) for label in labels for what in ("batches", "bytes")],
     )

@@ -8,8 +8,15 @@ import pandas as pd
 import pytest
 
 from kqp.spark_jobs.analyze_tables import (
+    PARTITION_SECOND_SET,
+    PRODUCE_BATCH_SET,
+    PRODUCE_REQUEST_SET,
     bucket_series,
+    counted_percentiles,
     exact_percentiles,
+    latency_by_api,
+    partition_totals,
+    produce_batches_by_client,
     series_stats,
     with_replication,
     without_broker,
@@ -24,6 +31,115 @@ def test_exact_percentiles_interpolate_between_order_statistics_as_spark_does() 
     # Equal neighbours need no interpolation; one value is every percentile.
     assert exact_percentiles(np.array([5.0, 5.0, 9.0]), [0.25]) == [5.0]
     assert exact_percentiles(np.array([7.0]), [0.5, 0.99]) == [7.0, 7.0]
+
+
+def test_counted_percentiles_are_those_of_the_values_repeated() -> None:
+    rng = np.random.default_rng(7)
+    frames = []
+    for key in ("a", "b", "c"):
+        values, counts = np.unique(rng.integers(0, 40, rng.integers(1, 300)) * 1.37, return_counts=True)
+        frames.append(pd.DataFrame({"key": key, "value": values, "n": counts}))
+    # A key whose values are all unknown has no percentile, as Spark's percentile skips nulls.
+    frames.append(pd.DataFrame({"key": ["d"], "value": [np.nan], "n": [3]}))
+    counted = pd.concat(frames).sample(frac=1, random_state=1)
+    percentages = [0.0, 0.5, 0.95, 0.999, 1.0]
+    result = counted_percentiles(counted, "key", percentages)
+    assert sorted(result.index) == ["a", "b", "c"]
+    for key, rows in counted[counted["key"] != "d"].groupby("key"):
+        repeated = np.repeat(rows["value"].to_numpy(), rows["n"].to_numpy())
+        assert list(result.loc[key]) == exact_percentiles(repeated, percentages)
+
+
+def test_latency_percentiles_per_broker_and_api_from_the_counts() -> None:
+    # latency_counts' rows: (API, broker, latency, broker round trip, requests); a row has one
+    # of the two latencies, and a request answered without a round trip has neither.
+    counts = pd.DataFrame(
+        [
+            (0, 1, 2.0, None, 3),
+            (0, 1, 6.0, None, 1),
+            (0, 1, None, 1.5, 4),
+            (0, 2, 4.0, None, 2),
+            (0, 2, None, 3.0, 1),
+            (0, 2, None, None, 1),
+        ],
+        columns=["api_key", "broker", "latency_ms", "broker_latency_ms", "n"],
+    ).astype({"api_key": "int32", "broker": "int32"})
+    rows = latency_by_api(counts)
+    broker_1 = rows[rows["broker"] == 1].iloc[0]
+    assert broker_1["responses"] == 4
+    assert [broker_1["p50_ms"], broker_1["p95_ms"]] == exact_percentiles(np.array([2.0, 2.0, 2.0, 6.0]), [0.5, 0.95])
+    assert broker_1["max_ms"] == 6.0 and broker_1["broker_max_ms"] == 1.5
+    api = rows[rows["broker"].isna()].iloc[0]
+    assert api["responses"] == 6
+    assert api["p50_ms"] == exact_percentiles(np.array([2.0, 2.0, 2.0, 6.0, 4.0, 4.0]), [0.5])[0]
+    assert api["broker_p50_ms"] == exact_percentiles(np.array([1.5] * 4 + [3.0]), [0.5])[0]
+    assert len(rows) == 3
+
+
+def _entries(rows: list[tuple[int, str, int | None, int | None, float | None, int, float, float]]) -> pd.DataFrame:
+    """entry_aggregates' rows: (set, name, partition, second, value, n, bps, batches); the rest derived."""
+    frame = pd.DataFrame(rows, columns=["set", "name", "partition", "second", "value", "n", "bps", "batches"])
+    frame["leader"] = np.int32(2)
+    frame["requests"] = frame["n"].astype(float)
+    frame["produce_bytes"] = frame["bps"]
+    frame["fetch_bytes"] = 0.0
+    frame["produced_records"] = frame["n"] * 10.0
+    frame["weighted_batches"] = frame["batches"] * 2.0
+    frame["bytes"] = frame["bps"] / 2
+    return frame
+
+
+def test_partition_totals_sum_the_seconds_and_take_the_earliest_peak() -> None:
+    entries = _entries(
+        [
+            (PARTITION_SECOND_SET, "t", 0, 100, None, 1, 500.0, 0),
+            (PARTITION_SECOND_SET, "t", 0, 102, None, 2, 900.0, 0),
+            (PARTITION_SECOND_SET, "t", 0, 101, None, 1, 900.0, 0),
+            (PARTITION_SECOND_SET, "t", 1, 100, None, 1, 50.0, 0),
+            # Other sets' rows are not partitions.
+            (PRODUCE_REQUEST_SET, "app", None, None, 3.0, 4, 0.0, 0),
+        ]
+    )
+    totals = partition_totals(entries).set_index(["topic", "partition"])
+    assert totals.loc[("t", 0), "bytes"] == 2300.0
+    assert totals.loc[("t", 0), "requests"] == 4.0
+    assert totals.loc[("t", 0), "peak_bytes_per_s"] == 900.0
+    # Tied peaks: the earliest second, as analyze_transform.earliest_max_by picks.
+    assert totals.loc[("t", 0), "peak_second"] == 101
+    assert totals.loc[("t", 1), "peak_second"] == 100
+    assert len(totals) == 2
+    assert partition_totals(entries)["peak_second"].dtype == np.int64
+
+
+def test_batch_figures_per_client_from_counted_rows() -> None:
+    entries = _entries(
+        [
+            # app: 3 requests of 1 record, 1 of 9; batches of 500 B (x2 entries) and 20,000 B.
+            (PRODUCE_REQUEST_SET, "app", None, None, 1.0, 3, 0.0, 0),
+            (PRODUCE_REQUEST_SET, "app", None, None, 9.0, 1, 0.0, 0),
+            (PRODUCE_BATCH_SET, "app", None, None, 500.0, 2, 2000.0, 2),
+            (PRODUCE_BATCH_SET, "app", None, None, 20_000.0, 1, 40_000.0, 1),
+            # quiet: one request without entries, so no batch figures at all.
+            (PRODUCE_REQUEST_SET, "quiet", None, None, None, 1, 0.0, 0),
+        ]
+    )
+    by_client = produce_batches_by_client(entries).set_index("client_id")
+    app = by_client.loc["app"]
+    assert app["produce_requests"] == 4
+    assert [app["p50_records_per_request"], app["p95_records_per_request"]] == exact_percentiles(
+        np.array([1.0, 1.0, 1.0, 9.0]), [0.5, 0.95]
+    )
+    assert app["median_batch_bytes"] == 500.0
+    assert app["mean_batch_bytes"] == (1000.0 + 20_000.0) / 3
+    assert app["small_batch_share"] == 2 / 3
+    assert app["batches:<1KB"] == 4.0 and app["bytes:<1KB"] == 2000.0
+    assert app["batches:10-100KB"] == 2.0 and app["bytes:10-100KB"] == 40_000.0
+    assert np.isnan(app["batches:1-10KB"])
+    quiet = by_client.loc["quiet"]
+    assert quiet["produce_requests"] == 1
+    assert np.isnan(quiet["p50_records_per_request"]) and np.isnan(quiet["median_batch_bytes"])
+    assert np.isnan(quiet["small_batch_share"]) and np.isnan(quiet["batches:<1KB"])
+    assert by_client["produce_requests"].dtype == np.int64
 
 
 def _per_second(rows: list[tuple[int, int, float, int, float]]) -> pd.DataFrame:
