@@ -139,8 +139,8 @@ def load_of(tallies: dict[str, ProducerTally]) -> list[int]:
     "each noisy producer sends one 1 MB request every 2.3 s (2-3 at once, then nothing, under the windowed "
     "throttle), about 4.7 a window. Passed with the two a second apart (11 s windows 0.924-1.000x; heavy load "
     "1.12 before, 0.77 after); failed twice with them locked in phase (windows 0.849x or 1.000x: 8 or 10 of "
-    "their requests; loads 1.03 and 1.06 before, 1.00 and 0.83 after). Nothing the guard sets for both moves one against the other; "
-    "KQP_GUARD_FLEET_WIRE=1 runs it"))
+    "their requests; loads 1.03 and 1.06 before, 1.00 and 0.83 after). Nothing the guard sets for both "
+    "moves one against the other; KQP_GUARD_FLEET_WIRE=1 runs it"))
 def test_the_guard_shares_the_limit_and_lets_go(kafka_1node: KafkaCluster, tmp_path: Path) -> None:
     kafka_1node.create_topic("guarded", partitions=1, replication=1)
     proxy = ConfiguredProxy(kafka_1node.bootstrap, tmp_path / "proxy.log", guard_config(tmp_path, dry_run=False))
