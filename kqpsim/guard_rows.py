@@ -562,19 +562,21 @@ GUARD_ROWS: tuple[GuardRow, ...] = (
 # outward to 0.01): the test asserts the seed shows no other violation and stays in its band, so
 # that a change that makes it worse fails and one that makes it meet the acceptance is seen
 # (a seed listed here that no longer violates fails too, to be removed from the list).
-# What they have in common: requests that are a large part of a share (1 MB produce requests or
-# 1 MiB fetches from backlogged clients, two seconds of a 450 kB/s share), where Kafka's
-# after-the-fact throttle lets each window run over or under by about one request per
-# held-back client, which no limit the guard sets smooths (static quotas of the same values,
-# printed beside, move about as far). The paced clients' sawtooth, which Kafka's windowed throttle
-# repeats about every window and which left 18 more seeds 0.01-0.07 outside the band, the
-# guard's damping spreads (kqp/quotas/guard_control.py): those seeds meet the acceptance now.
+# What the first three rows have in common: requests that are a large part of a share (1 MB
+# produce requests or 1 MiB fetches from backlogged clients, two seconds of a 450 kB/s share).
+# The guard's token bucket (kqp/quotas/guard_limits.py: GuardRate) spaces each such client's
+# requests evenly, but a window still holds a whole number of them, and clients that lock in
+# phase (the same limit, started together) run a request over or under together: 0.86-1.01x in
+# the one-broker row (0.77-1.17x under Kafka's windowed throttle, as static quotas of the same
+# values, printed beside, still give). produce-and-fetch-both-bind left the list with the bucket.
+# fleet-of-3-one-dies seed 0 joined it: when the instance dies, its noisy client reconnects
+# through another whose bucket holds the fleet's deficit, and sends nothing for about 1.5 s, a
+# request short in the windows that follow (0.936x; it met the band under the windowed throttle).
 KNOWN: dict[str, dict[int, tuple[float, float]]] = {
-    "one-broker-librdkafka-defaults": {0: (0.86, 1.09), 1: (0.78, 1.17), 2: (0.85, 1.17), 3: (0.85, 1.16),
-                                       4: (0.77, 1.16)},
-    "fetch-binds-nw-out": {0: (0.87, 1.07), 1: (0.86, 1.06), 2: (0.92, 1.07), 3: (0.86, 1.06), 4: (0.9, 1.1)},
-    "two-brokers-librdkafka-defaults": {0: (0.69, 1.33), 1: (0.81, 1.22), 2: (0.54, 1.33), 3: (0.71, 1.15),
-                                        4: (0.81, 1.33)},
-    "produce-and-fetch-both-bind": {0: (0.89, 1.09), 1: (0.83, 1.09), 2: (0.76, 1.09), 3: (0.82, 1.09),
-                                    4: (0.82, 1.09)},
+    "one-broker-librdkafka-defaults": {0: (0.85, 1.02), 1: (0.93, 1.02), 2: (0.85, 1.02),
+                                       3: (0.92, 1.01), 4: (0.92, 1.01)},
+    "fetch-binds-nw-out": {0: (0.96, 1.07), 1: (0.96, 1.07), 2: (0.97, 1.07), 3: (0.96, 1.06), 4: (0.95, 1.06)},
+    "two-brokers-librdkafka-defaults": {0: (0.91, 1.13), 1: (0.91, 1.12), 2: (0.91, 1.08),
+                                        3: (0.91, 1.12), 4: (0.91, 1.12)},
+    "fleet-of-3-one-dies": {0: (0.93, 1.04)},
 }

@@ -188,7 +188,11 @@ def step(
     trims: dict[Resource, float] = {}
     dampings: dict[Resource, float] = {}
     for resource, limit in settings.limits.items():
-        closing = settings.feedback and resource in engaged and resource in holding and resource not in settling
+        # Only once the quota window holds no time from before the engagement: until then the carried
+        # load is the overload the limits have not decided yet, and integrating it winds the trim
+        # down (to 0.93 in the closed-loop test) for the loop to climb back over the next windows.
+        closing = (settings.feedback and resource in holding and resource not in settling
+                   and now_s - engaged.get(resource, now_s) >= settings.release_after_s)
         trim = next_trim(state.trims.get(resource, 1.0), limit, carried.get(resource, 0.0), closing, span,
                          settings.trim)
         if trim != 1.0:

@@ -1,5 +1,6 @@
 """The cluster guard's limits inside the engine (kqp/quotas/guard_limits.py): a guard limit throttles
-exactly as a configured quota of the same value, and the lower of the two binds."""
+with KIP-599's token bucket, started at the room Kafka's window had left under it; beside a
+configured quota the larger throttle is the answer; the window still measures."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 from kqp.quotas.fair_share import FETCH, PRODUCE
+from kqp.quotas.guard_limits import GuardRate
+from kqp.quotas.stats import WindowedRate, token_bucket_throttle_time
 
 # One produce of 10 kB every 100 ms for 30 s: 100 kB/s offered.
 STEPS = [(index * 100, 10_000) for index in range(300)]
@@ -29,17 +32,51 @@ def produce_throttles(engine: QuotaEngine) -> list[int]:
     return [engine.record_produce("1", "alice", "app", size, at) for at, size in STEPS]
 
 
-@pytest.mark.parametrize(("guard_limit", "quota", "binding"), [
-    (40_000, None, 40_000),  # the guard alone
-    (40_000, 60_000, 40_000),  # the guard is lower
-    (60_000, 40_000, 40_000),  # the configured quota is lower
-])
-def test_the_lower_limit_throttles_exactly_as_a_configured_quota_of_that_value(
-    guard_limit: float, quota: float | None, binding: float
-) -> None:
-    expected = produce_throttles(configured(binding))
+def bucket_throttles(limit: float) -> list[int]:
+    """STEPS against a token bucket of `limit` bytes/s (burst: 11 s of it) that starts, at the
+    first request, with the room an empty window of 10 s leaves: limit x 10 s."""
+    tokens, last, throttles = limit * 10.0, 0, []
+    for at, size in STEPS:
+        tokens = min(11.0 * limit, tokens + limit * (at - last) / 1000.0) - size
+        last = at
+        throttles.append(token_bucket_throttle_time(tokens, limit) if tokens < 0 else 0)
+    return throttles
+
+
+def test_a_guard_limit_throttles_with_a_token_bucket_of_its_value() -> None:
+    expected = bucket_throttles(40_000)
     assert any(expected)  # 100 kB/s against 40 kB/s: throttled
+    assert produce_throttles(guarded(40_000)) == expected
+
+
+@pytest.mark.parametrize(("guard_limit", "quota"), [(40_000, 60_000), (60_000, 40_000)])
+def test_beside_a_configured_quota_the_larger_throttle_is_the_answer(guard_limit: float, quota: float) -> None:
+    expected = [max(guard, own) for guard, own in zip(bucket_throttles(guard_limit),
+                                                      produce_throttles(configured(quota)), strict=True)]
     assert produce_throttles(guarded(guard_limit, quota)) == expected
+
+
+def backlogged_requests(rate: WindowedRate, seconds: int) -> list[int]:
+    """A client with a backlog of 1 MB requests that obeys each throttle: requests per second."""
+    muted_until, per_second = 0, [0] * seconds
+    for now in range(0, seconds * 1000, 20):
+        if now >= muted_until:
+            muted_until = now + rate.record_and_throttle(1_000_000, now)
+            per_second[now // 1000] += 1
+    return per_second
+
+
+def test_a_backlogged_client_with_large_requests_is_paced_evenly() -> None:
+    """Why the guard throttles with a bucket: under Kafka's windowed throttle of the same constant
+    limit, a request's place in the window echoes a window later, and the requests in successive
+    11 s windows go from 2 to 7; under the bucket one request each 1 MB / 440 kB/s = 2.27 s, 4 or
+    5 in every window."""
+
+    def per_window(per_second: list[int]) -> set[int]:
+        return {sum(per_second[end - 11:end]) for end in range(60, len(per_second) + 1)}
+
+    assert per_window(backlogged_requests(GuardRate(11, 1000, 440_000), 200)) == {4, 5}
+    assert per_window(backlogged_requests(WindowedRate(11, 1000, 440_000), 200)) == {2, 3, 4, 5, 6, 7}
 
 
 def test_dry_run_computes_and_throttles_nothing() -> None:
@@ -58,10 +95,9 @@ def test_a_fetch_is_throttled_by_the_guard_and_its_max_bytes_capped() -> None:
     assert engine.quota_enabled("consumer_byte_rate")
     # maxValueInQuotaWindow: limit x (samples - 1) x window seconds = 50000 x 10 x 1.
     assert engine.fetch_max_bytes_cap("1", "alice", "app", 0) == 500_000
-    reference = configured(50_000, "consumer_byte_rate")
-    for at, size in STEPS:
-        expected = reference.record_fetch("1", "alice", "app", size, at, delivered=True)
-        assert engine.record_fetch("1", "alice", "app", size, at, delivered=True) == expected
+    # Delivered (a ShareFetch through the proxy), every fetch is charged: the bucket's throttles.
+    throttles = [engine.record_fetch("1", "alice", "app", size, at, delivered=True) for at, size in STEPS]
+    assert throttles == bucket_throttles(50_000)
 
 
 def test_the_guard_measures_each_entity_per_broker_with_its_configured_quota() -> None:
