@@ -29,7 +29,7 @@ from kqpsim.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
 from kqpsim.clients import CLIENT_SHAPES, ClientConnection, ClientShape, ConnectionRecord
 from kqpsim.kafka_reference import DEFAULT, Entity, KafkaQuotas
 from kqpsim.virtual_loop import Faults as LoopFaults
-from kqpsim.virtual_loop import MemoryServer, MemoryTransport, run
+from kqpsim.virtual_loop import Host, MemoryServer, MemoryTransport, run
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -81,6 +81,13 @@ class Topology:
     # 2.0-2.5 ms by default. With no spread every seed locks into one phase of Kafka's throttle
     # arithmetic (docs/quotas.md, "The simulator's open findings").
     broker_latency_spread_s: float = 0.0005
+    # The proxy's own handling time, per instance (one event loop: one frame at a time, across
+    # all its connections): of each request it reads from a client, and of each response it
+    # reads from the broker (virtual_loop.Host). 0 (the default): the proxy takes no time, the
+    # clock moving only while its loop waits. docs/testing.md, "The proxy's handling time",
+    # calibrates it from the wire.
+    proxy_request_s: float = 0.0
+    proxy_response_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +166,8 @@ class Scenario:
             parts.append("fair")
         if quota.request_percentage:
             parts.append(f"req{quota.request_percentage:g}pct")
+        if topology.proxy_request_s or topology.proxy_response_s:
+            parts.append(f"proxy{topology.proxy_request_s * 1000:g}+{topology.proxy_response_s * 1000:g}ms")
         if topology.instances > 1:
             parts.append(f"fleet{topology.instances}-lag{topology.exchange_lag_s * 1000:g}ms")
             if topology.count_other_instances:
@@ -349,6 +358,8 @@ async def _through_kqp(scenario: Scenario, engine_factory: EngineFactory) -> Fig
         await app.start()
         apps.append(app)
         listeners[app] = network.servers[opened:]  # the listeners this instance opened
+        if topology.proxy_request_s or topology.proxy_response_s:
+            network.run_on(Host(topology.proxy_request_s, topology.proxy_response_s), listeners[app])
     alive = list(apps)
     stalled: set[ProxyApp] = set()
     exchange = loop.create_task(_exchange(scenario, alive, stalled)) if len(apps) > 1 else None

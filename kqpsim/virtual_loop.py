@@ -11,11 +11,17 @@ on any machine.
 Timing faults are inputs (`Faults`): a one-way network latency with seeded jitter (FIFO per
 direction, as TCP keeps order) and, for a busy host, a seeded delay added to each wait of the
 loop (timers fire late, as on a loaded machine).
+
+A callback takes no virtual time: the clock moves only while the loop waits. A process that
+does take time to handle what it reads (the proxy: one event loop, one frame at a time) is a
+`Host`: its listeners' connections and the connections it opens hand each chunk they read to
+its protocol only once the host has handled it, one chunk at a time across all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import selectors
 import socket
@@ -39,6 +45,41 @@ class Faults:
     jitter_s: float = 0.0  # up to this much more per delivery, uniform
     loop_delay_s: float = 0.0  # busy host: up to this much added to each wait of the loop
     loop_delay_chance: float = 0.0  # ... on this fraction of the waits
+
+
+@dataclass(slots=True)
+class Host:
+    """A process whose handling of what it reads takes virtual time: one thing at a time, as one
+    event loop handles one callback at a time. Each chunk one of its connections reads (a write
+    of the peer: one Kafka frame, as the modelled clients and broker write them) costs
+    `accepted_read_s` on a connection to one of its listeners (for the proxy: a client's
+    request) and `opened_read_s` on a connection it opened (the broker's response). A chunk's
+    handling starts when it is readable and the host has finished the chunks before it, on any of
+    its connections; the protocol gets it (and what it writes in answer leaves) when its handling
+    ends. Nothing else the process does (its timers, its writes) costs time here."""
+
+    accepted_read_s: float
+    opened_read_s: float
+    busy_until: float = 0.0  # when the host has handled every chunk it has read so far
+
+    def handle(self, now: float, cost_s: float) -> float:
+        """When a chunk readable at `now` that costs `cost_s` has been handled."""
+        self.busy_until = max(now, self.busy_until) + cost_s
+        return self.busy_until
+
+
+# The host whose code is running (None: a modelled client or broker, whose handling is modelled
+# by its own timers). asyncio runs each callback and task in the context it was created in, so
+# what a host's protocol starts (the proxy's upstream connection, opened from the task its
+# accepted connection starts) runs as that host; each end of a connection sets its own host when
+# the network hands it something, so a delivery does not run as its writer.
+_RUNNING_HOST: contextvars.ContextVar[Host | None] = contextvars.ContextVar("kqpsim_running_host", default=None)
+
+
+def _run_as(host: Host | None) -> None:
+    """The callback running now runs as `host`'s code (and what it starts, too)."""
+    if _RUNNING_HOST.get() is not host:  # most runs have no host: nothing to set
+        _RUNNING_HOST.set(host)
 
 
 class _VirtualSelector(selectors.BaseSelector):
@@ -188,8 +229,9 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self, protocol_factory: Callable[[], asyncio.BaseProtocol], host: str | None = None,
         port: int | None = None, **_: Any,
     ) -> tuple[MemoryTransport, asyncio.BaseProtocol]:
+        opener = _RUNNING_HOST.get()
         await asyncio.sleep(self.faults.latency_s * 2)  # the TCP handshake's round trip
-        return self.network.connect((str(host), int(port or 0)), protocol_factory)
+        return self.network.connect((str(host), int(port or 0)), protocol_factory, opener=opener)
 
 
 class MemoryServer:
@@ -222,7 +264,15 @@ class Network:
         self.listeners: dict[tuple[str, int], Callable[[], asyncio.BaseProtocol]] = {}
         # Every server opened on this network, in order: what a dying process closes.
         self.servers: list[MemoryServer] = []
+        # The host behind a listener (`run_on`): its accepted connections cost it time to read.
+        self.hosts: dict[tuple[str, int], Host] = {}
         self._next_client_port = 40000
+
+    def run_on(self, host: Host, servers: list[MemoryServer]) -> None:
+        """These listeners are `host`'s: what their connections read, and what the connections
+        their protocols open read, takes that host's time (`Host`)."""
+        for server in servers:
+            self.hosts[server.address] = host
 
     def listen(self, address: tuple[str, int], protocol_factory: Callable[[], asyncio.BaseProtocol],
                sock: socket.socket | None = None) -> MemoryServer:
@@ -234,7 +284,9 @@ class Network:
         return server
 
     def connect(self, address: tuple[str, int], protocol_factory: Callable[[], asyncio.BaseProtocol],
-                client_ip: str = "10.0.0.1") -> tuple[MemoryTransport, asyncio.BaseProtocol]:
+                client_ip: str = "10.0.0.1", opener: Host | None = None,
+                ) -> tuple[MemoryTransport, asyncio.BaseProtocol]:
+        """A connection to `address`, opened by `opener` (None: not a host's code)."""
         accept = self.listeners.get(address)
         if accept is None:
             raise ConnectionRefusedError(f"nothing listens on {address[0]}:{address[1]}")
@@ -243,18 +295,36 @@ class Network:
         client = MemoryTransport(self.loop, sockname=client_address, peername=address)
         server = MemoryTransport(self.loop, sockname=address, peername=client_address)
         client.peer, server.peer = server, client
+        host = self.hosts.get(address)
+        if host is not None:
+            server.run_on(host, host.accepted_read_s)
+        if opener is not None:
+            client.run_on(opener, opener.opened_read_s)
         server_protocol = accept()
         client_protocol = protocol_factory()
         server.set_protocol(server_protocol)
         client.set_protocol(client_protocol)
-        server_protocol.connection_made(server)
-        client_protocol.connection_made(client)
+        # Each side's protocol learns of the connection as its own process (what it starts runs so).
+        running = _RUNNING_HOST.set(host)
+        try:
+            server_protocol.connection_made(server)
+        finally:
+            _RUNNING_HOST.reset(running)
+        running = _RUNNING_HOST.set(opener)
+        try:
+            client_protocol.connection_made(client)
+        finally:
+            _RUNNING_HOST.reset(running)
         return client, client_protocol
 
 
 # Bytes a direction holds in the kernel (both ends' socket buffers) before its writer's
 # transport starts to buffer: what a muted reader lets a writer send before TCP pushes back.
 SOCKET_BUFFERS_BYTES = 256 * 1024
+
+
+# What one read of a socket takes at most (asyncio's selector transports and uvloop read 256 KiB).
+READ_BYTES = 256 * 1024
 
 
 # What separates two deliveries due at once on one direction of a link.
@@ -283,12 +353,21 @@ class MemoryTransport(asyncio.Transport):
         self._low = 16 * 1024
         self._writing_paused = False
         self._frozen = False  # a stalled process: nothing it receives is read until it thaws
+        # The process reading this end, if its reads take time (`run_on`), and what each costs.
+        self.host: Host | None = None
+        self._read_cost_s = 0.0
+        self._handling = False  # a chunk read, its handling not yet over
         self.bytes_written = 0
         # (from, to) virtual times while this end did not read (a mute, back-pressure); the
         # last one open (to = None) while it is still paused. For the per-second trace.
         self.read_pauses: list[tuple[float, float | None]] = []
 
     # ---- asyncio.BaseTransport ----------------------------------------------------------
+
+    def run_on(self, host: Host, read_cost_s: float) -> None:
+        """This end is read by `host`'s process; each chunk it reads costs `read_cost_s` of it."""
+        self.host = host
+        self._read_cost_s = read_cost_s
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self._extra.get(name, default)
@@ -334,6 +413,7 @@ class MemoryTransport(asyncio.Transport):
                 self._loop.call_soon(self._drain_inbox)
 
     def _arrive(self, data: bytes) -> None:
+        _run_as(self.host)  # this end's process reads it, not the writer's
         if self._lost:
             return
         self._inbox.append(data)
@@ -350,6 +430,10 @@ class MemoryTransport(asyncio.Transport):
             self._loop.call_soon(self._drain_inbox)
 
     def _drain_inbox(self) -> None:
+        _run_as(self.host)
+        if self.host is not None and self._read_cost_s > 0:
+            self._read_on_host(self.host)
+            return
         while self._inbox and self._reading and not self._frozen and not self._lost:
             data = self._inbox.popleft()
             if self.peer is not None:
@@ -358,10 +442,42 @@ class MemoryTransport(asyncio.Transport):
             assert isinstance(protocol, asyncio.Protocol)
             protocol.data_received(data)
 
-    def _peer_closed(self) -> None:
+    def _read_on_host(self, host: Host) -> None:
+        """One read of this end by its host: what has arrived, up to the loop's read size, as
+        one recv takes it; the host handles its chunks one after another, each handed to the
+        protocol as its handling ends. The next read of this end comes only after the last."""
+        if self._handling or not self._inbox or not self._reading or self._frozen or self._lost:
+            return
+        chunks: list[bytes] = []
+        read = 0
+        while self._inbox and read < READ_BYTES:
+            data = self._inbox.popleft()
+            read += len(data)
+            chunks.append(data)
+        if self.peer is not None:
+            self.peer._read_by_peer(read)  # out of the kernel's buffers: the writer may go on
+        self._handling = True
+        now = self._loop.time()
+        for index, data in enumerate(chunks):
+            self._loop.call_at(host.handle(now, self._read_cost_s), self._handled, host, data,
+                               index == len(chunks) - 1)
+
+    def _handled(self, host: Host, data: bytes, last: bool) -> None:
+        _run_as(host)
         if self._lost:
             return
-        if self._inbox:
+        protocol = self._protocol
+        assert isinstance(protocol, asyncio.Protocol)
+        protocol.data_received(data)
+        if last:
+            self._handling = False
+            self._read_on_host(host)
+
+    def _peer_closed(self) -> None:
+        _run_as(self.host)
+        if self._lost:
+            return
+        if self._inbox or self._handling:
             # What arrived before the close is read first, once reading resumes.
             self._loop.call_later(0.001, self._peer_closed)
             return
@@ -371,6 +487,7 @@ class MemoryTransport(asyncio.Transport):
         self.close()
 
     def _connection_lost(self) -> None:
+        _run_as(self.host)
         if self._lost:
             return
         self._lost = True

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from kqpsim.scenario import Clients, Outcome, Scenario, forget_kafka_runs, simulate
-from kqpsim.virtual_loop import Deadlock, Faults, MemoryTransport, VirtualLoop, run
+from kqpsim.virtual_loop import Deadlock, Faults, Host, MemoryTransport, VirtualLoop, run
 
 
 class _Collect(asyncio.Protocol):
@@ -137,3 +137,64 @@ def test_a_frozen_end_reads_nothing_until_it_thaws_even_if_reading() -> None:
         return during, len(server.received)
 
     assert run(stall, seed=1) == (0, 1)
+
+
+def test_a_host_handles_what_its_connections_read_one_chunk_at_a_time_across_all_of_them() -> None:
+    async def two_clients() -> list[tuple[float, bytes]]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualLoop)
+        server = _Collect()
+        loop.network.run_on(Host(accepted_read_s=0.01, opened_read_s=0.0),
+                            [loop.network.listen(("proxy", 1), lambda: server)])
+        first, _ = await loop.create_connection(asyncio.Protocol, "proxy", 1)
+        second, _ = await loop.create_connection(asyncio.Protocol, "proxy", 1)
+        for i in range(3):
+            first.write(b"a%d" % i)
+            second.write(b"b%d" % i)
+        await asyncio.sleep(1)
+        return server.received
+
+    received = run(two_clients, seed=1, faults=Faults(latency_s=0.001))
+    # The first of each connection is read as it arrives (at 0.005: two handshakes, then the
+    # latency), and the host handles one chunk every 10 ms from then; each connection's next
+    # read comes once its last is handled, and takes all that arrived meanwhile.
+    assert [data for _at, data in received] == [b"a0", b"b0", b"a1", b"a2", b"b1", b"b2"]
+    assert [round(at - received[0][0], 6) for at, _ in received] == [0.0, 0.01, 0.02, 0.03, 0.04, 0.05]
+    assert received[0][0] == pytest.approx(0.005 + 0.01)
+
+
+class _Relay(asyncio.Protocol):
+    """A host's protocol: on each accepted connection it opens one to "broker" and relays to it."""
+
+    opened: list[MemoryTransport] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        asyncio.get_running_loop().create_task(self._open())
+
+    async def _open(self) -> None:
+        upstream, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, "broker", 1)
+        assert isinstance(upstream, MemoryTransport)
+        _Relay.opened.append(upstream)
+
+
+def test_the_connections_a_host_opens_are_its_own_and_its_clients_are_not() -> None:
+    host = Host(accepted_read_s=0.0, opened_read_s=0.002)
+
+    async def connect() -> tuple[MemoryTransport, MemoryTransport]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualLoop)
+        broker = _Collect()
+        loop.network.listen(("broker", 1), lambda: broker)
+        loop.network.run_on(host, [loop.network.listen(("proxy", 1), _Relay)])
+        client, _ = await loop.create_connection(asyncio.Protocol, "proxy", 1)
+        await asyncio.sleep(0.1)
+        # A client opening another connection from a callback the host's writes led to is
+        # still the client: the network hands each end its own process.
+        assert broker.transport is not None
+        broker.transport.write(b"answer")
+        await asyncio.sleep(0.1)
+        assert isinstance(client, MemoryTransport)
+        return client, _Relay.opened[-1]
+
+    client, upstream = run(connect, seed=1)
+    assert (upstream.host, client.host) == (host, None)
