@@ -108,7 +108,7 @@ bench: setup
 	$(PY) bench/proxy_throughput.py
 	$(PY) bench/capture_overhead.py
 
-# The deterministic simulator's scenario table (kqpsim) over thousands of seeds (make test runs 409).
+# The deterministic simulator's scenario table (kqpsim) over thousands of seeds (make test runs 412).
 SIM_SEEDS ?= 100
 bench-simulator: $(VENV)/.installed
 	$(PY) bench/simulator.py --seeds $(SIM_SEEDS)

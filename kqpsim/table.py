@@ -302,6 +302,19 @@ def unexplained(row: Row, samples: Sequence[Sample]) -> list[str]:
     return problems
 
 
+# `make system-test`'s `ten` shape (docs/quotas.md, "Open on the wire"): ten librdkafka producers of
+# one client-id, each offering 1x a 1 MiB/s quota in 1 KiB records, batched by linger.ms into
+# requests of about 5 KB (batch.size 6 KiB: at most 5 records), seconds 25-90 measured. Its
+# timing is the wire's (docs/testing.md, "The proxy's handling time"): the broker handles a
+# connection's requests back to back at 1,250-2,000 a second (1,500 measured), the network is a
+# host's loopback, and the proxy takes 0.35 ms to handle each request and each response, so that
+# one request at a time through it goes at about 290 a second (200-450 measured).
+TEN_PRODUCERS = Scenario(Clients("librdkafka", 10, request_bytes=6 * KIB, offer=10.0), Quota(1 * MIB),
+                         topology=Topology(broker_latency_s=0.0005, broker_latency_spread_s=0.0003,
+                                           proxy_request_s=0.00035, proxy_response_s=0.00035),
+                         faults=Faults(latency_s=0.00005, jitter_s=0.00002), warmup_s=25, measure_s=65)
+
+
 def _rows() -> list[Row]:
     rows: list[Row] = []
     add = rows.append
@@ -341,6 +354,9 @@ def _rows() -> list[Row]:
     add(Row(Scenario(Clients("java-producer", 2, request_bytes=192 * KIB), Quota(64 * KIB)), 8))
     add(Row(Scenario(Clients("librdkafka", 5, request_bytes=1 * MIB), Quota(10 * MIB)), 2))
     add(Row(Scenario(Clients("librdkafka", 4, request_bytes=1 * MIB), Quota(100 * MIB), warmup_s=12, measure_s=20), 1))
+    # The wire's `ten` shape with the proxy's handling time: kqp's burst before the first throttle
+    # (docs/quotas.md, "Open on the wire"; bench/simulator_burst.py prints it seed by seed).
+    add(Row(TEN_PRODUCERS, 3))
     # Timing faults: network jitter, a busy host whose loop runs late.
     for connections in (1, 5):
         add(Row(Scenario(Clients("librdkafka", connections, request_bytes=64 * KIB), Quota(1 * MIB),
