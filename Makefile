@@ -72,11 +72,13 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy kqp
 	$(VENV)/bin/lint-imports
 
-# The whole suite on the compiled build; tests/unit/test_build.py fails when the build that ran is
-# not the one KQP_EXPECT_BUILD names, and runs the protocol and quota unit tests again on the
-# pure one (KQP_PURE=1: the same sources, interpreted).
-# tests/run_suite.sh: the real-time tests (tests/integration, tests/spark) one after another in
-# one pytest, the unit tests in a second pytest beside them (the script says why that is safe).
+# The lint and the whole suite on the compiled build; tests/unit/test_build.py fails when the
+# build that ran is not the one KQP_EXPECT_BUILD names, and runs the protocol and quota unit tests
+# again on the pure one (KQP_PURE=1: the same sources, interpreted).
+# tests/run_suite.sh: the real-time tests (marker `integration`: tests/integration and the Spark
+# tests on a real broker) one after another in one pytest; beside them `make lint`, then the unit
+# and packaging tests, then the other Spark tests (the script says why that is safe). A lint
+# failure fails `make test` at the end, with the tests' results beside it.
 # Bytecode is compiled once first: where PYTHONDONTWRITEBYTECODE is set (it is on this project's
 # build hosts) every `kqp serve` and Spark worker the tests start would otherwise compile kqp
 # again, 0.27 s of CPU per process.
@@ -84,12 +86,12 @@ PYTEST_ALL = $(PY) -m compileall -q kqp harness > /dev/null && KQP_EXPECT_BUILD=
 # On a machine without a C compiler (`make setup` warns): `make test EXPECT_BUILD=pure`.
 EXPECT_BUILD ?= compiled
 
-test: setup lint
+test: setup
 	$(PYTEST_ALL)
 
 # The same suite with one CPU-bound loop on the host the whole time (issue 39 asks every fresh
 # clone to pass so; docs/testing.md). The loop is stopped however pytest ends.
-test-busy: setup lint
+test-busy: setup
 	$(PY) -c 'while True: pass' & loop=$$!; trap "kill $$loop" EXIT; $(PYTEST_ALL)
 
 unit: $(VENV)/.installed

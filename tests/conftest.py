@@ -1,4 +1,5 @@
-"""What every part of the suite shares: the summary of librdkafka clients tests left open.
+"""What every part of the suite shares: which tests are integration tests, and the summary of
+librdkafka clients tests left open.
 
 tests/integration/conftest.py names, on each test's report, a librdkafka client the test left
 open (it closes it); the summary is printed here, from the reports, so that it is printed
@@ -7,7 +8,27 @@ wherever the reports arrive (a plugin that runs tests in other processes include
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+INTEGRATION_DIR = Path(__file__).parent / "integration"
+# The fixtures that start a real Kafka cluster: tests/integration's two, and the Spark tests'
+# `kafka` (tests/spark/conftest.py).
+REAL_KAFKA_FIXTURES = frozenset({"kafka_1node", "kafka_3nodes", "kafka"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/integration, and every test that uses a real Kafka cluster (the
+    Spark jobs' live replay, the advice's closed loop, the real capture), is marked
+    `integration`, whether or not its module says so: tests/run_suite.sh runs exactly those one
+    after another (`-m integration`), as they measure on the wall clock, and the rest beside
+    them, so a test that forgot the marker must not run beside them."""
+    for item in items:
+        uses_real_kafka = not REAL_KAFKA_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+        if uses_real_kafka or INTEGRATION_DIR in item.path.parents:
+            item.add_marker(pytest.mark.integration)
 
 LEFT_OPEN_PROPERTY = "librdkafka client left open"
 _left_open: list[str] = []

@@ -21,6 +21,8 @@ from harness.certificates import CertificateAuthority, IssuedCertificate, SslMat
 from harness.local_kafka import KafkaCluster
 from tests.integration.helpers.proxies import TlsProxyProcess
 
+pytestmark = pytest.mark.integration
+
 RECORDS = 500
 
 
