@@ -156,7 +156,7 @@ def _run_advise(
     """run_advise's steps after the capture is read, the verification's replay plan arriving as a future."""
     from kqp.spark_jobs.whatif import load_quota_settings
 
-    traffic = aggregate_traffic(prepare_requests(raw).drop("partitions")).persist()
+    traffic = aggregate_traffic(prepare_requests(raw)).persist()
     windows = _windows(current, options)
     series = aggregate(spark, traffic, options, bucket_seconds(options, windows))
     traffic.unpersist()

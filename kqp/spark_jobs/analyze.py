@@ -171,7 +171,7 @@ def extract(spark: SparkSession, options: AnalyzeOptions) -> Extracted:
     single requests (the partition entries, the latencies) read different columns of the Parquet
     files, which is cheaper than building and reading back a copy of the capture."""
     requests = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us))
-    return Extracted(requests, aggregate_traffic(requests.drop("partitions")).persist())
+    return Extracted(requests, aggregate_traffic(requests).persist())
 
 
 @dataclass

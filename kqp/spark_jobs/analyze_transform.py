@@ -24,6 +24,16 @@ from kqp.spark_jobs.analyze_tables import (
 from kqp.spark_jobs.capture_source import US_PER_SECOND
 from kqp.spark_jobs.common import ANONYMOUS
 
+# The partition entries' fields the figures read, by prepare_requests' column (an array each,
+# in the entries' order).
+ENTRY_COLUMNS = {
+    "topic": "entry_topics",
+    "partition": "entry_partitions",
+    "bytes": "entry_bytes",
+    "records": "entry_records",
+    "batches": "entry_batches",
+}
+
 
 def prepare_requests(raw: DataFrame) -> DataFrame:
     """One row per request with the derived columns every figure uses."""
@@ -65,8 +75,15 @@ def prepare_requests(raw: DataFrame) -> DataFrame:
         F.coalesce(F.col("error_code"), F.lit(0)).cast("int").alias("error_code"),
         F.coalesce(F.col("broker_throttle_ms"), F.lit(0)).alias("broker_throttle_ms"),
         F.coalesce(F.col("proxy_throttle_ms"), F.lit(0)).alias("proxy_throttle_ms"),
-        "partitions",
-        F.aggregate("partitions", F.lit(0.0), lambda acc, p: acc + F.coalesce(p["records"], F.lit(0))).alias("records"),
+        # The partition entries' fields as one array each, not the nested column itself: a pass
+        # reading them then decodes only those fields from the Parquet files. With the whole
+        # column here, Spark decoded every field of every entry (compression and error code
+        # too) for the entries pass (entry_aggregates): it prunes nested fields only when every
+        # reference to the column is to a field (docs/benchmarks.md, issue 43's seventh round).
+        *[F.col(f"partitions.{name}").alias(column) for name, column in ENTRY_COLUMNS.items()],
+        F.aggregate(F.col("partitions.records"), F.lit(0.0), lambda acc, r: acc + F.coalesce(r, F.lit(0))).alias(
+            "records"
+        ),
     )
 
 
@@ -267,8 +284,9 @@ def entry_aggregates(requests: DataFrame) -> DataFrame:
     * PRODUCE_BATCH_SET: per (client-id `name`, the entry's mean batch size `value`), the
       Produce entries with batches, and their batch and byte sums.
 
-    The capture's nested `partitions` column, the costliest to decode, is decoded and exploded
-    once, and each entry feeds only the sets that count it. The result is small (about 600,000
+    The capture's nested `partitions` column, the costliest to decode, is decoded once (only
+    the fields in ENTRY_COLUMNS) and exploded once, and each entry feeds only the sets that
+    count it. The result is small (about 600,000
     rows at 10M requests: one per partition and second, per distinct value per client), so it
     comes to the driver whole, where two Spark queries over a cache of it cost more than the
     pandas work (docs/benchmarks.md, sixth round).
@@ -277,32 +295,52 @@ def entry_aggregates(requests: DataFrame) -> DataFrame:
     doubles in any order, so summing the groups gives what summing the entries gave.
     """
     produce = F.col("api_key") == ApiKey.PRODUCE
-    exploded = requests.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH)).select(
-        "second",
-        "broker",
-        "weight",
-        "api_key",
-        "client_id",
-        # Records per request are read for Produce requests alone: summing a request's
-        # entries is a higher-order function, which Spark evaluates row by row.
-        F.when(produce, F.col("records")).alias("records"),
-        F.posexplode_outer("partitions").alias("position", "p"),
+    exploded = (
+        requests.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
+        .select(
+            "second",
+            "broker",
+            "weight",
+            "api_key",
+            "client_id",
+            # Records per request are read for Produce requests alone: summing a request's
+            # entries is a higher-order function, which Spark evaluates row by row.
+            F.when(produce, F.col("records")).alias("records"),
+            *ENTRY_COLUMNS.values(),
+        )
+        # One row per entry (one, with no entry, for a request without any): its position and
+        # bytes, the other fields taken at that position of their arrays.
+        .select("*", F.posexplode_outer("entry_bytes").alias("position", "bytes"))
+        .select(
+            "second",
+            "broker",
+            "weight",
+            "api_key",
+            "client_id",
+            "records",
+            "position",
+            "bytes",
+            F.col("entry_topics")[F.col("position")].alias("topic"),
+            F.col("entry_partitions")[F.col("position")].alias("partition"),
+            F.col("entry_records")[F.col("position")].alias("entry_records"),
+            F.col("entry_batches")[F.col("position")].alias("batches"),
+        )
     )
-    batches = F.coalesce(F.col("p.batches"), F.lit(0))
+    batches = F.coalesce(F.col("batches"), F.lit(0))
     in_set = F.array(
         F.when(F.col("position").isNotNull(), F.lit(PARTITION_SECOND_SET)),
         F.when(produce & (F.col("position").isNull() | (F.col("position") == 0)), F.lit(PRODUCE_REQUEST_SET)),
         F.when(produce & (batches > 0), F.lit(PRODUCE_BATCH_SET)),
     )
-    entry_bytes = F.col("p.bytes").cast("double")
+    entry_bytes = F.col("bytes").cast("double")
     weighted = entry_bytes * F.col("weight")
-    records = F.coalesce(F.col("p.records"), F.lit(0)).cast("double")
+    records = F.coalesce(F.col("entry_records"), F.lit(0)).cast("double")
     per_set = exploded.select("*", F.explode(in_set).alias("set")).where(F.col("set").isNotNull())
     partition_second = F.col("set") == PARTITION_SECOND_SET
     keyed = per_set.select(
         "set",
-        F.when(partition_second, F.col("p.topic")).otherwise(F.col("client_id")).alias("name"),
-        F.when(partition_second, F.col("p.partition")).alias("partition"),
+        F.when(partition_second, F.col("topic")).otherwise(F.col("client_id")).alias("name"),
+        F.when(partition_second, F.col("partition")).alias("partition"),
         F.when(partition_second, F.col("second")).alias("second"),
         F.when(F.col("set") == PRODUCE_REQUEST_SET, F.col("records"))
         .when(F.col("set") == PRODUCE_BATCH_SET, entry_bytes / batches)
