@@ -75,7 +75,9 @@ class GuardLoop:
         if not self.section.dry_run:
             # Backlogged clients with large requests held back together are spaced out
             # (kqp.quotas.guard_limits.GuardQuotas.spread_admissions).
-            guard.spread_admissions(int(now_ms))
+            spaced = guard.spread_admissions(int(now_ms))
+            if spaced:
+                log.info("guard spaced %d held-back client(s) apart: their large requests were due together", spaced)
         self._report(decision)
         return decision
 
