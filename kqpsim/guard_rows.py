@@ -583,7 +583,7 @@ KNOWN: dict[str, dict[int, tuple[float, float]]] = {
     "one-broker-librdkafka-defaults": {0: (0.93, 1.02), 1: (0.93, 1.02), 2: (0.93, 1.02),
                                        3: (0.92, 1.01), 4: (0.92, 1.08)},
     "fetch-binds-nw-out": {0: (0.96, 1.07), 1: (0.96, 1.07), 2: (0.97, 1.07), 3: (0.96, 1.06), 4: (0.95, 1.06)},
-    "two-brokers-librdkafka-defaults": {0: (0.92, 1.08), 1: (0.91, 1.07), 2: (0.92, 1.08),
+    "two-brokers-librdkafka-defaults": {0: (0.91, 1.08), 1: (0.91, 1.07), 2: (0.91, 1.08),
                                         3: (0.91, 1.07), 4: (0.91, 1.07)},
     "fleet-of-3-one-dies": {0: (0.93, 1.04)},
 }
