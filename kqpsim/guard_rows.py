@@ -572,11 +572,18 @@ GUARD_ROWS: tuple[GuardRow, ...] = (
 # fleet-of-3-one-dies seed 0 joined it: when the instance dies, its noisy client reconnects
 # through another whose bucket holds the fleet's deficit, and sends nothing for about 1.5 s, a
 # request short in the windows that follow (0.936x; it met the band under the windowed throttle).
+# Since the guard spreads held-back clients of one period (GuardQuotas.spread_admissions), the
+# noisy two of one-broker-librdkafka-defaults no longer run in phase: 0.92-1.08x (0.85-1.02x
+# before; seed 4, 0.92-1.01x before, now holds 11 requests in one window: the two send exactly 10
+# a window on average there, and a window holds 9, 10 or 11 as the period drifts by a few ms
+# against the second's boundaries). The band needs exactly 10 in every window (one 1 MB request
+# is 7.6 % of 11 s of the limit): no spacing gives that. two-brokers-librdkafka-defaults went from
+# up to 1.13x to up to 1.08x; fetch-binds-nw-out did not move.
 KNOWN: dict[str, dict[int, tuple[float, float]]] = {
-    "one-broker-librdkafka-defaults": {0: (0.85, 1.02), 1: (0.93, 1.02), 2: (0.85, 1.02),
-                                       3: (0.92, 1.01), 4: (0.92, 1.01)},
+    "one-broker-librdkafka-defaults": {0: (0.93, 1.02), 1: (0.93, 1.02), 2: (0.93, 1.02),
+                                       3: (0.92, 1.01), 4: (0.92, 1.08)},
     "fetch-binds-nw-out": {0: (0.96, 1.07), 1: (0.96, 1.07), 2: (0.97, 1.07), 3: (0.96, 1.06), 4: (0.95, 1.06)},
-    "two-brokers-librdkafka-defaults": {0: (0.91, 1.13), 1: (0.91, 1.12), 2: (0.91, 1.08),
-                                        3: (0.91, 1.12), 4: (0.91, 1.12)},
+    "two-brokers-librdkafka-defaults": {0: (0.91, 1.08), 1: (0.91, 1.07), 2: (0.91, 1.08),
+                                        3: (0.91, 1.07), 4: (0.91, 1.07)},
     "fleet-of-3-one-dies": {0: (0.93, 1.04)},
 }

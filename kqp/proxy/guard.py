@@ -60,7 +60,9 @@ class GuardLoop:
         guard = self.engine.guard
         assert guard is not None  # set by update() for as long as the loop runs
         now_ms = self.now_ms()
-        measured = guard.measured(int(now_ms))
+        # The damping (off by default) alone reads the load of the last seconds: not counted without it.
+        gains = self._settings[1].trim if self._settings is not None else self.section.settings(()).trim
+        measured = guard.measured(int(now_ms), recent=gains.damping > 0)
         known = tuple(sorted({*self.brokers(), *(broker for flow in measured for broker in flow.rates)}))
         if self._settings is None or self._settings[0] != known:
             window_s = self.engine.settings.window_num * self.engine.settings.window_size_s
@@ -70,6 +72,12 @@ class GuardLoop:
         decision = step(self._settings[1], self.state, measured, now_ms / 1000.0)
         self.state = decision.state
         guard.set_limits(decision.limits)
+        if not self.section.dry_run:
+            # Backlogged clients with large requests held back together are spaced out
+            # (kqp.quotas.guard_limits.GuardQuotas.spread_admissions).
+            spaced = guard.spread_admissions(int(now_ms))
+            if spaced:
+                log.info("guard spaced %d held-back client(s) apart: their large requests were due together", spaced)
         self._report(decision)
         return decision
 

@@ -84,6 +84,19 @@ class GuardLimitsCallback:
         return
 
 
+# Spreading held-back clients' admissions (GuardQuotas.spread_admissions): only clients whose
+# request is at least this many seconds of their guard limit (a request is then over 1/11 of
+# their share of a quota window, and a window's load moves by whole requests), ...
+SPREAD_MIN_PERIOD_S = 1.0
+# ... spread among those whose periods (request / limit) are within this ratio of each other
+# (the same limit and the same request size: the clients that lock in phase; clients of other
+# periods drift through each other instead, and holding them apart would cost the faster one
+# its difference at every pass) ...
+SAME_PERIOD = 1.05
+# ... when one's admission comes less than this share of the even spacing (period / n) after
+# the one before it; it is then delayed to the even spacing.
+SPREAD_TOLERANCE = 0.75
+
 # The resolution of a guard sensor's count of its recent bytes (GuardRate.recent_total).
 RECENT_SLOT_MS = 100
 
@@ -109,12 +122,13 @@ class GuardRate(WindowedRate):
     its excess at once, as the window would have. It is dropped when the limit goes.
     """
 
-    __slots__ = ("_slot_bytes", "_slot_numbers", "tokens", "tokens_at_ms")
+    __slots__ = ("_slot_bytes", "_slot_numbers", "last_request", "tokens", "tokens_at_ms")
 
     def __init__(self, samples: int, window_ms: int, bound: float = NO_QUOTA_BOUND) -> None:
         super().__init__(samples, window_ms, bound)
         self.tokens: float | None = None  # None: no guard limit, nothing to throttle with
         self.tokens_at_ms = 0
+        self.last_request = 0.0  # the size of the last request this instance throttled on (not the fleet's reports)
         # What was recorded in each RECENT_SLOT_MS of the last quota window (and one slot more),
         # by slot number (time // RECENT_SLOT_MS): `recent_total`'s exact count.
         slots = samples * window_ms // RECENT_SLOT_MS + 2
@@ -169,10 +183,29 @@ class GuardRate(WindowedRate):
 
     def record_and_throttle(self, value: float, now_ms: int) -> int:
         self.record(value, now_ms)
+        self.last_request = value
         tokens = self.tokens
         if tokens is None or tokens >= 0:
             return 0
         return token_bucket_throttle_time(tokens, self.bound)
+
+
+    def admission_in_s(self, now_ms: int) -> float | None:
+        """Seconds until the bucket is back at zero, when a muted backlogged client sends its next
+        request (the mute of its last request ends then); None without a deficit (no limit, or
+        under it: the client sends when it has something to send)."""
+        tokens, bound = self.tokens, self.bound
+        if tokens is None or bound == NO_QUOTA_BOUND or bound <= 0:
+            return None
+        burst = self.samples * (self.window_ms / 1000.0) * bound
+        now = min(burst, tokens + bound * ((now_ms - self.tokens_at_ms) / 1000.0))
+        return -now / bound if now < 0 else None
+
+    def delay_admission(self, seconds: float) -> None:
+        """Move the client's next admission `seconds` later: its bucket owes that much more (the
+        mute in force is not lengthened; the next request's is)."""
+        if self.tokens is not None and self.bound != NO_QUOTA_BOUND:
+            self.tokens -= seconds * self.bound
 
 
 class GuardSensor(RateSensor):
@@ -273,17 +306,51 @@ class GuardQuotas:
             node = int(broker) if broker is not None and broker.isdigit() else None
             self._throttled_at[(self.callback.entity(tags), quota_type, node)] = now_ms
 
+    def spread_admissions(self, now_ms: int) -> int:
+        """Spread the admissions of backlogged clients held back on one broker whose requests are
+        large against their limits; returns how many were delayed.
+
+        The token bucket sends each such client one request every request / limit seconds, so
+        two with the same limit and request size (two library-default producers given the same
+        share) keep the phase they started in, and started together they send together: each
+        quota window then holds a whole number of requests from each, and the two run over or
+        under together (with 1 MB requests against two 450 kB/s shares, 8 or 10 of them per
+        11 s window, 0.85x or 1.00x of the broker's limit on the wire, where evenly spaced they
+        give 9 or 10). Here each group of clients of about one period on a broker, ordered by
+        when their buckets are next back at zero, is held at least SPREAD_TOLERANCE x period / n
+        apart: one that comes closer after another is delayed to period / n after it. A delay
+        costs that client its length x its limit once (about half a request when two start
+        together); spaced evenly, nothing moves them. Only this instance's clients are moved:
+        each instance of a fleet spreads what it forwards."""
+        delayed = 0
+        for manager in self.managers.values():
+            groups: dict[str | None, list[tuple[float, float, GuardRate]]] = {}
+            for sensor in manager.sensors.values():
+                rate = sensor.rate
+                if not isinstance(rate, GuardRate) or rate.last_request <= 0:
+                    continue
+                waiting = rate.admission_in_s(now_ms)
+                period = rate.last_request / rate.bound if waiting is not None else 0.0
+                if waiting is not None and period >= SPREAD_MIN_PERIOD_S:
+                    groups.setdefault(sensor.identity.broker, []).append((period, waiting, rate))
+            for members in groups.values():
+                for same in _same_period(members):
+                    delayed += _spread(same)
+        return delayed
+
     def expire(self, now_ms: int, expiry_ms: float) -> int:
         return sum(manager.expire(now_ms, expiry_ms) for manager in self.managers.values())
 
-    def measured(self, now_ms: int) -> list[MeasuredFlow]:
+    def measured(self, now_ms: int, recent: bool = True) -> list[MeasuredFlow]:
         """Each entity's windowed rate per broker (bytes/s), read without purging, with the
         configured quota that applies to it (the highest bound among its clients' own sensors)
-        and whether its guard limit throttled it within the last quota window."""
+        and whether its guard limit throttled it within the last quota window. `recent`: also
+        what each put on each broker over the last DEFAULT_DAMPING_SPAN_S, which only the
+        damping reads (off by default: a count over every slot of every sensor saved)."""
         configured = self._configured_bounds()
         rates: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
         carried: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
-        recent: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
+        lately_by_key: dict[tuple[QuotaEntity, ByteRateType], dict[int, float]] = {}
         recent_ms = int(DEFAULT_DAMPING_SPAN_S * 1000)
         counts: dict[RateSensor, int] = {}
         window_s = self.engine.settings.window_num * self.engine.settings.window_size_s
@@ -303,9 +370,10 @@ class GuardQuotas:
                 over_window = carried.setdefault(key, {})
                 over_window[int(broker)] = (over_window.get(int(broker), 0.0)
                                             + sensor.rate.recent_total(now_ms, window_ms) / window_s)
-                lately = recent.setdefault(key, {})
-                lately[int(broker)] = (lately.get(int(broker), 0.0)
-                                       + sensor.rate.recent_total(now_ms, recent_ms) / DEFAULT_DAMPING_SPAN_S)
+                if recent:
+                    lately = lately_by_key.setdefault(key, {})
+                    lately[int(broker)] = (lately.get(int(broker), 0.0)
+                                           + sensor.rate.recent_total(now_ms, recent_ms) / DEFAULT_DAMPING_SPAN_S)
         self._throttle_counts = counts  # live sensors only: an expired one is forgotten here
         self._throttled_at = {key: at for key, at in self._throttled_at.items() if now_ms - at <= window_ms}
         throttled_on: dict[tuple[QuotaEntity, ByteRateType], set[int | None]] = {}
@@ -315,7 +383,7 @@ class GuardQuotas:
             MeasuredFlow(entity, quota_type, per_broker, configured.get((entity, quota_type)),
                          throttled=(entity, quota_type) in throttled_on,
                          carried=carried.get((entity, quota_type)),
-                         recent=recent.get((entity, quota_type)),
+                         recent=lately_by_key.get((entity, quota_type)),
                          throttled_brokers=frozenset(
                              node for node in throttled_on.get((entity, quota_type), ()) if node is not None))
             for (entity, quota_type), per_broker in rates.items()
@@ -334,6 +402,38 @@ class GuardQuotas:
                     quota_type, unquote(sensor.identity.user), sensor.identity.client_id)), quota_type)
                 bounds[key] = max(bounds.get(key, 0.0), sensor.bound)
         return bounds
+
+
+def _same_period(members: list[tuple[float, float, GuardRate]]) -> Iterator[list[tuple[float, float, GuardRate]]]:
+    """The members in groups of about one period (each within SAME_PERIOD of its group's shortest)."""
+    group: list[tuple[float, float, GuardRate]] = []
+    for member in sorted(members, key=lambda m: m[0]):
+        if group and member[0] > group[0][0] * SAME_PERIOD:
+            yield group
+            group = []
+        group.append(member)
+    if group:
+        yield group
+
+
+def _spread(group: list[tuple[float, float, GuardRate]]) -> int:
+    """Delay the members of one group whose next admission comes too soon after another's (in
+    order of admission, the first after the last's one period earlier); returns how many."""
+    if len(group) < 2:
+        return 0
+    period = sum(member[0] for member in group) / len(group)
+    even = period / len(group)
+    order = sorted(group, key=lambda m: m[1])
+    times = [waiting for _, waiting, _ in order]
+    delayed = 0
+    for index, (_, _, rate) in enumerate(order):
+        before = times[index - 1] - (period if index == 0 else 0.0)
+        if times[index] - before < SPREAD_TOLERANCE * even:
+            delay = before + even - times[index]
+            rate.delay_admission(delay)
+            times[index] += delay
+            delayed += 1
+    return delayed
 
 
 def _client_sensors(manager: ClientQuotaManager[RateSensor]) -> Iterator[RateSensor]:

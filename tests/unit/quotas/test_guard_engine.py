@@ -134,3 +134,64 @@ def test_measured_says_which_flows_the_guard_throttled_within_the_last_window() 
     # A quota window (11 s) with no throttle later, it is no longer held back.
     [later] = guard.measured(30_000 + 11_001)
     assert not later.throttled
+
+
+def backlogged_together(clients: dict[str, int], limit: float, seconds: int, spread: bool,
+                        spread_from_s: int = 1) -> list[int]:
+    """Backlogged clients of 1 MB requests that obey each throttle, each starting at its own ms,
+    all under one guard limit, the guard stepping every second (spreading from `spread_from_s`):
+    their requests per second."""
+    engine = QuotaEngine(QuotaSettings())
+    guard = engine.set_guard("client-id", False)
+    assert guard is not None
+    guard.set_limits({(QuotaEntity(client_id=client), PRODUCE): limit for client in clients})
+    muted_until, per_second = dict(clients), [0] * seconds
+    for now in range(0, seconds * 1000, 20):
+        if spread and now >= spread_from_s * 1000 and now % 1000 == 0:
+            guard.spread_admissions(now)
+        for client in clients:
+            if now >= muted_until[client]:
+                muted_until[client] = now + engine.record_produce("1", "", client, 1_000_000, now)
+                per_second[now // 1000] += 1
+    return per_second
+
+
+def windows_of(per_second: list[int], first: int = 40) -> set[int]:
+    return {sum(per_second[end - 11:end]) for end in range(first, len(per_second) + 1)}
+
+
+@pytest.mark.parametrize("starts", [{"noisy-1": 0, "noisy-2": 0}, {"noisy-1": 0, "noisy-2": 300}])
+def test_two_backlogged_clients_held_back_together_are_spaced_half_a_period_apart(starts: dict[str, int]) -> None:
+    """Two library-default producers given the same share (1 MB requests, 440 kB/s: one each
+    2.27 s, 4.8 an 11 s window) that start together keep that phase under the bucket: every
+    window holds 4 or 5 of each, together 8 or 10 (0.85x or 1.00x of what they may send), never
+    9. Spread, the second comes half a period after the first: 9 or 10 in every window."""
+    assert windows_of(backlogged_together(starts, 440_000, 120, spread=False)) >= {8, 10}
+    assert windows_of(backlogged_together(starts, 440_000, 120, spread=True)) == {9, 10}
+
+
+def test_three_are_spaced_a_third_of_a_period_apart_and_spaced_clients_are_left_alone() -> None:
+    # 1 MB against 300 kB/s: one request each 3.33 s, 9.9 per window from the three.
+    together = dict.fromkeys(("a", "b", "c"), 0)
+    assert windows_of(backlogged_together(together, 300_000, 120, spread=False)) == {9, 12}
+    assert windows_of(backlogged_together(together, 300_000, 120, spread=True)) == {9, 10}
+    # A third of a period apart, all three held back: nothing moves them, and they send as they
+    # would without the spreading.
+    apart = {"a": 0, "b": 1111, "c": 2222}
+    assert backlogged_together(apart, 300_000, 120, spread=True, spread_from_s=3) == \
+        backlogged_together(apart, 300_000, 120, spread=False)
+
+
+def test_clients_with_small_requests_or_other_periods_are_not_spread() -> None:
+    engine = QuotaEngine(QuotaSettings())
+    guard = engine.set_guard("client-id", False)
+    assert guard is not None
+    guard.set_limits({(QuotaEntity(client_id=client), PRODUCE): 440_000 for client in ("a", "b", "c", "d")})
+    for client, size in (("a", 200_000), ("b", 200_000), ("c", 1_000_000), ("d", 1_200_000)):
+        for at in (0, 20):  # over the bucket's room: both in deficit, admissions due together
+            engine.record_produce("1", "", client, size * 20, at)
+            engine.record_produce("1", "", client, size, at + 20)
+    sensors = guard.managers[PRODUCE].sensors.values()
+    assert all(isinstance(s.rate, GuardRate) and s.rate.admission_in_s(1000) for s in sensors)  # all held back
+    # a and b: a request is under a second of their limit; c and d: 2.3 s and 2.7 s, not one period.
+    assert guard.spread_admissions(1000) == 0
