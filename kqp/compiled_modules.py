@@ -43,4 +43,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     # gate and the hooks (strictly type-checked, as the modules above). Its two asyncio
     # protocol classes subclass asyncio.Protocol, so mypyc leaves them ordinary classes.
     "kqp.proxy.connection",
+    # The whatif replay's per-request loop (kqp.spark_jobs.quota_replay hands it a group's
+    # columns as lists): the replay's requests reach the compiled engine from compiled code.
+    "kqp.spark_jobs.replay_loop",
 )

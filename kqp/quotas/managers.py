@@ -26,7 +26,7 @@ from kqp.quotas.callbacks import (
     DefaultQuotaCallback,
     EntityResolvingCallback,
 )
-from kqp.quotas.sensors import MutationSensor, RateSensor, SensorIdentity
+from kqp.quotas.sensors import MutationSensor, QuotaSensor, RateSensor, SensorIdentity
 from kqp.quotas.settings import DEFAULT_ENTITY, QuotaEntity, QuotaEntry, QuotaSettings, QuotaType, Scope
 from kqp.quotas.stats import INT_MAX, NO_QUOTA_BOUND, java_int, token_bucket_throttle_time
 
@@ -52,7 +52,10 @@ STRICT_MUTATION_SINCE: Mapping[int, int] = {
     ApiKey.CREATE_PARTITIONS: 3,
 }
 
-S = TypeVar("S", RateSensor, MutationSensor)
+# Bound by the sensors' common base rather than restricted to the two: the compiled build erases
+# a type variable to its bound, so a manager reads and sets its sensors' fields directly (the
+# hot path's expiry check and last-record time) instead of through generic attribute lookups.
+S = TypeVar("S", bound=QuotaSensor)
 
 
 class LimitScale(Protocol):

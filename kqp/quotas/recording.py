@@ -218,25 +218,44 @@ def response_charges(
 def charge_response(engine: QuotaManagers, client: QuotaClient, charges: ResponseCharges, now_ms: float) -> int:
     """Apply a response's charges; the largest throttle they give (0 when none).
 
+    The rule is `charge_response_of`'s, given the fields of `client` and `charges`."""
+    return charge_response_of(engine, client.broker, client.principal, client.client_id, charges.api_key,
+                              charges.produce_bytes, charges.fetch_bytes, charges.request_time_ms, now_ms)
+
+
+def charge_response_of(
+    engine: QuotaManagers,
+    broker: str,
+    principal: str,
+    client_id: str,
+    api_key: int,
+    produce_bytes: int | None,
+    fetch_bytes: int | None,
+    request_time_ms: float | None,
+    now_ms: float,
+) -> int:
+    """`charge_response` on the fields of a QuotaClient and a ResponseCharges, for a caller that
+    has them apart: the whatif replay charges one response per row of a capture, and building
+    the two objects for each would cost it more than the engine's work (a dataclass's generated
+    `__init__` stays interpreted in the compiled build).
+
     A Fetch throttled by either quota is answered empty (`answered_empty`), so, as in
     KafkaApis.handleFetchRequest, its request time is recorded first and its bytes are
     unrecorded from the consumer byte rate when either throttle is > 0."""
-    broker, principal, client_id = client.broker, client.principal, client.client_id
     # The largest of the throttles, kept as it goes (no list and max() per response).
     throttle = 0
-    if charges.produce_bytes is not None:
-        throttle = engine.record_produce(broker, principal, client_id, charges.produce_bytes, now_ms)
-    if charges.request_time_ms is not None:
-        request = engine.record_request_time(
-            broker, principal, client_id, charges.api_key, charges.request_time_ms, now_ms)
+    if produce_bytes is not None:
+        throttle = engine.record_produce(broker, principal, client_id, produce_bytes, now_ms)
+    if request_time_ms is not None:
+        request = engine.record_request_time(broker, principal, client_id, api_key, request_time_ms, now_ms)
         if request > throttle:
             throttle = request
-    if charges.fetch_bytes is not None:
+    if fetch_bytes is not None:
         # A ShareFetch's records were acquired for the member by the broker that answered: the
         # proxy delivers them, so they stay recorded (answering empty would leave them locked
         # until their acquisition lock times out).
-        empty = charges.api_key in THROTTLED_EMPTY_API_KEYS
-        fetch = engine.record_fetch(broker, principal, client_id, charges.fetch_bytes, now_ms,
+        empty = api_key in THROTTLED_EMPTY_API_KEYS
+        fetch = engine.record_fetch(broker, principal, client_id, fetch_bytes, now_ms,
                                     throttle if empty else 0, delivered=not empty)
         if fetch > throttle:
             throttle = fetch

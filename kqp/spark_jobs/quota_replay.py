@@ -16,8 +16,6 @@ Modes:
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -38,14 +36,11 @@ from kqp.quotas.recording import (
     response_charges,
     upstream_answer_ms,
 )
+from kqp.spark_jobs.replay_loop import RowMutationFunction, RowThrottles, ThrottleFunction, deferral, open_loop
 
 Mode = Literal["open_loop", "deferral"]
 MODES: tuple[Mode, ...] = ("open_loop", "deferral")
 
-# (api_key, broker, principal, client_id, nbytes, request_time_ms, now_ms) -> throttle in ms.
-# nbytes is what the quota counts (Produce request size, Fetch response size, else 0);
-# request_time_ms the broker's handling time, for request-percentage quotas.
-ThrottleFunction = Callable[[int, int, str, str, int, float, int], float]
 # (api_key, api_version, broker, principal, client_id, [(topic, partitions)], now_ms) -> throttle
 # in ms, for CreateTopics / CreatePartitions / DeleteTopics (KIP-599), charged when the
 # request arrives.
@@ -223,78 +218,71 @@ def replay_group(
         The input rows (sorted by recorded time) plus `sim_ts_ms` (when the request reaches
         the broker in the simulation) and `sim_throttle_ms`.
     """
-    frame = requests.sort_values(["ts_ms", "connection_id"], kind="stable").reset_index(drop=True)
-    n = len(frame)
-    sim_ts = np.zeros(n, dtype=np.int64)
-    throttles = np.zeros(n, dtype=np.float64)
-    ts = frame["ts_ms"].to_numpy(dtype=np.int64)
+    frame = _in_recorded_order(requests)
+    ts = frame["ts_ms"].to_numpy(dtype=np.int64).tolist()
     # The engine's inputs as plain Python values, converted once per group: the per-request
-    # loop then reads list items, not numpy scalars it would convert one by one.
-    api = frame["api_key"].to_numpy(dtype=np.int64).tolist()
-    broker = frame["broker"].to_numpy(dtype=np.int64).tolist()
-    principal = frame["principal"].tolist()
-    client = frame["client_id"].tolist()
-    nbytes = frame["nbytes"].to_numpy(dtype=np.int64).tolist()
-    request_ms = frame["request_time_ms"].to_numpy(dtype=np.float64).tolist()
-
-    mutations = frame["mutations"].to_numpy() if mutation is not None else None
-    # The proxy charges mutations when the request arrives, before the response it records at.
-    lead = (frame["ts_ms"] - frame["request_ts_ms"]).to_numpy(dtype=np.int64) if mutation is not None else None
-    versions = frame["api_version"].to_numpy() if mutation is not None else None
-
-    def decide(i: int, now: int) -> float:
-        delay = throttle(api[i], broker[i], principal[i], client[i], nbytes[i], request_ms[i], now)
-        if mutation is not None and mutations is not None and mutations[i] is not None and len(mutations[i]):
-            assert lead is not None and versions is not None
-            topics = [(str(entry["topic"]), int(entry["partitions"])) for entry in mutations[i]]
-            charged = mutation(
-                int(api[i]), int(versions[i]), int(broker[i]), principal[i], client[i], topics, now - int(lead[i])
-            )
-            delay = max(delay, charged)
-        return delay
-
+    # loop (kqp.spark_jobs.replay_loop, compiled) reads list items, not numpy scalars.
+    throttles_of = RowThrottles(
+        frame["api_key"].to_numpy(dtype=np.int64).tolist(),
+        frame["broker"].to_numpy(dtype=np.int64).tolist(),
+        frame["principal"].tolist(),
+        frame["client_id"].tolist(),
+        frame["nbytes"].to_numpy(dtype=np.int64).tolist(),
+        frame["request_time_ms"].to_numpy(dtype=np.float64).tolist(),
+        throttle,
+        *_mutation_throttles(frame, mutation),
+    )
     if mode == "open_loop":
-        for i in range(n):
-            sim_ts[i] = ts[i]
-            throttles[i] = decide(i, int(ts[i]))
+        sim_ts, throttles = ts, open_loop(ts, throttles_of)
     elif mode == "deferral":
-        _deferral(frame["connection_id"].to_numpy(), ts, decide, sim_ts, throttles)
+        sim_ts, throttles = deferral(frame["connection_id"].to_numpy(dtype=np.int64).tolist(), ts, throttles_of)
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    frame["sim_ts_ms"] = sim_ts
-    frame["sim_throttle_ms"] = throttles
+    frame["sim_ts_ms"] = np.array(sim_ts, dtype=np.int64)
+    frame["sim_throttle_ms"] = np.array(throttles, dtype=np.float64)
     return frame
 
 
-def _deferral(
-    connections: np.ndarray,
-    ts: np.ndarray,
-    decide: Callable[[int, int], float],
-    sim_ts: np.ndarray,
-    throttles: np.ndarray,
-) -> None:
-    # Per connection: its row indices in recorded order, and how far it has been pushed back.
-    rows_of: dict[int, list[int]] = {}
-    for index, connection in enumerate(connections):
-        rows_of.setdefault(int(connection), []).append(index)
-    position = dict.fromkeys(rows_of, 0)
-    shift = dict.fromkeys(rows_of, 0)
-    # Heap of (simulated time, row index, connection): the next request of every connection.
-    heap = [(int(ts[rows[0]]), rows[0], connection) for connection, rows in rows_of.items()]
-    heapq.heapify(heap)
-    while heap:
-        now, index, connection = heapq.heappop(heap)
-        sim_ts[index] = now
-        delay = decide(index, now)
-        throttles[index] = delay
-        if delay > 0:
-            # The client mutes this connection until the throttle elapses.
-            shift[connection] = max(shift[connection], now + math.ceil(delay) - int(ts[index]))
-        position[connection] += 1
-        rows = rows_of[connection]
-        if position[connection] < len(rows):
-            following = rows[position[connection]]
-            heapq.heappush(heap, (int(ts[following]) + shift[connection], following, connection))
+def _in_recorded_order(requests: pd.DataFrame) -> pd.DataFrame:
+    """The rows sorted by (ts_ms, connection_id), stably, indexed 0..n-1: what
+    `sort_values(...).reset_index(drop=True)` gives, without copying every column twice (once
+    to sort, once to reindex), nor at all when the rows are in that order already (a capture
+    is written in time order)."""
+    order = np.lexsort((requests["connection_id"].to_numpy(), requests["ts_ms"].to_numpy()))
+    in_order = bool((order == np.arange(len(order))).all())
+    # In order: a new frame over the same columns (the caller's gains no columns, keeps its index).
+    frame = requests.copy(deep=False) if in_order else requests.take(order)
+    frame.index = pd.RangeIndex(len(frame))
+    return frame
+
+
+def _mutation_throttles(
+    frame: pd.DataFrame, mutation: MutationFunction | None
+) -> tuple[RowMutationFunction | None, list[bool] | None]:
+    """The throttle of a row's controller mutations at `now_ms`, and which rows have any: the
+    few such rows go through `mutation` (the engine's), charged when their request arrived."""
+    if mutation is None:
+        return None, None
+    mutations = frame["mutations"].to_numpy()
+    mutating = [entries is not None and len(entries) > 0 for entries in mutations]
+    if not any(mutating):
+        return None, None
+    # The proxy charges mutations when the request arrives, before the response it records at.
+    lead = (frame["ts_ms"] - frame["request_ts_ms"]).to_numpy(dtype=np.int64)
+    versions = frame["api_version"].to_numpy()
+    api_keys = frame["api_key"].to_numpy(dtype=np.int64)
+    brokers = frame["broker"].to_numpy(dtype=np.int64)
+    principals = frame["principal"].tolist()
+    client_ids = frame["client_id"].tolist()
+
+    def charged(i: int, now_ms: int) -> float:
+        topics = [(str(entry["topic"]), int(entry["partitions"])) for entry in mutations[i]]
+        return mutation(
+            int(api_keys[i]), int(versions[i]), int(brokers[i]), principals[i], client_ids[i], topics,
+            now_ms - int(lead[i]),
+        )
+
+    return charged, mutating
 
 
 def quota_groups(

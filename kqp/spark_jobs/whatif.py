@@ -48,10 +48,8 @@ from kqp.protocol.api_keys import MUTATION_API_KEYS, ApiKey
 from kqp.quotas.recording import (
     FETCH_QUOTA_API_KEYS,
     QuotaClient,
-    ResponseCharges,
     broker_label,
     charge_request,
-    charge_response,
     request_charges,
 )
 from kqp.quotas.settings import QuotaSettings, QuotaType
@@ -63,7 +61,6 @@ from kqp.spark_jobs.quota_replay import (
     RECORDED_COLUMNS,
     Mode,
     MutationFunction,
-    ThrottleFunction,
     charged_inputs,
     is_recorded,
     quota_groups,
@@ -71,6 +68,7 @@ from kqp.spark_jobs.quota_replay import (
     replay_recorded,
 )
 from kqp.spark_jobs.replay_filter import ByteQuotaType, passthrough_tasks, task_quotas
+from kqp.spark_jobs.replay_loop import EngineThrottle, ThrottleFunction
 from kqp.spark_jobs.replay_partials import PARTIALS_SCHEMA, task_partials
 from kqp.spark_jobs.session import to_pandas
 
@@ -158,35 +156,14 @@ def engine_throttle_function(settings: QuotaSettings, engine: Any = None) -> Thr
     """A throttle function backed by a fresh kqp.quotas engine (the proxy's own code).
 
     The engine applies the scope (per broker or cluster-wide) from the settings; the charges
-    are the proxy's recording rules (kqp.quotas.recording) applied to one request's inputs.
+    are the proxy's recording rules (kqp.quotas.recording) applied to one request's inputs
+    (kqp.spark_jobs.replay_loop.EngineThrottle). Its `engine` attribute is the engine itself,
+    for an exact replay of a capture that recorded its inputs: an attribute rather than a
+    second return value keeps the ThrottleFunction signature that test doubles implement.
     """
     from kqp.quotas import QuotaEngine
 
-    engine = engine if engine is not None else QuotaEngine(settings)
-    # A task replays a handful of (broker, principal, client-id): one QuotaClient each, not one per request.
-    clients: dict[tuple[int, str, str], QuotaClient] = {}
-
-    def throttle(
-        api_key: int, broker: int, principal: str, client_id: str, nbytes: int, request_ms: float, now_ms: int
-    ) -> float:
-        charges = ResponseCharges(
-            api_key,
-            produce_bytes=nbytes if api_key == ApiKey.PRODUCE else None,
-            fetch_bytes=nbytes if api_key in FETCH_QUOTA_API_KEYS else None,
-            # The same ResponseCharges the proxy builds when a response passes: one rule set, two callers.
-            request_time_ms=request_ms if request_ms == request_ms else None,  # NaN: no response
-        )
-        key = (broker, principal, client_id)
-        client = clients.get(key)
-        if client is None:
-            client = clients[key] = QuotaClient(broker_label(broker), principal, client_id)
-        return float(charge_response(engine, client, charges, now_ms))
-
-    # The engine itself, for an exact replay of a capture that recorded its inputs. An
-    # attribute rather than a second return value keeps the ThrottleFunction signature that
-    # test doubles implement.
-    throttle.engine = engine  # type: ignore[attr-defined]
-    return throttle
+    return EngineThrottle(engine if engine is not None else QuotaEngine(settings))
 
 
 LIMIT_COLUMNS: dict[QuotaType, str] = {

@@ -70,6 +70,55 @@ def test_deferral_shifts_the_rest_of_the_connection_only() -> None:
     assert [now for now, _ in calls] == sorted(now for now, _ in calls)
 
 
+def _interleaved_produce(seed: int) -> pd.DataFrame:
+    """Three connections of one client, 10 KB Produce requests 20 ms apart on each, offset
+    by a few ms: 300 KB/s against the 100 KB/s quota of `_produce_quota`."""
+    rows = [(connection * 7 + 20 * step, connection) for step in range(100) for connection in (1, 2, 3)]
+    frame = requests(rows)
+    frame["nbytes"] = 10_000
+    frame["request_time_ms"] = float("nan")  # acks=0-like rows: no response time charged
+    return frame.sample(frac=1.0, random_state=seed).reset_index(drop=True)
+
+
+def _produce_quota() -> QuotaSettings:
+    entry = QuotaEntry(QuotaEntity(client_id=DEFAULT_ENTITY), {"producer_byte_rate": 100_000.0})
+    return QuotaSettings(entries=(entry,))
+
+
+def test_deferral_through_the_engine_depends_on_the_rows_not_their_order() -> None:
+    """The same rows in two orders give the same simulated times and throttles: the replay
+    sorts them by (recorded time, connection) before anything reaches the engine."""
+    from kqp.spark_jobs.whatif import engine_throttle_function
+
+    first = replay_group(_interleaved_produce(1), engine_throttle_function(_produce_quota()), "deferral")
+    second = replay_group(_interleaved_produce(2), engine_throttle_function(_produce_quota()), "deferral")
+    pd.testing.assert_frame_equal(first, second)
+    assert list(first.index) == list(range(len(first)))
+    assert list(first["ts_ms"]) == sorted(first["ts_ms"])
+    # Over quota threefold: throttled, and every connection pushed later than recorded.
+    assert (first["sim_throttle_ms"] > 0).sum() > 50
+    assert (first.groupby("connection_id")["sim_ts_ms"].max() > first.groupby("connection_id")["ts_ms"].max()).all()
+
+
+def test_the_engine_throttle_decides_as_a_generic_callable_of_it() -> None:
+    """The replay calls whatif's EngineThrottle directly (no generic call); wrapped in a plain
+    function, which takes the generic path, it gives the same replay."""
+    from kqp.spark_jobs.whatif import engine_throttle_function
+
+    direct = replay_group(_interleaved_produce(3), engine_throttle_function(_produce_quota()), "deferral")
+    engine_throttle = engine_throttle_function(_produce_quota())
+    calls: list[int] = []
+
+    def wrapped(api_key, broker, principal, client_id, nbytes, request_ms, now_ms):  # type: ignore[no-untyped-def]
+        calls.append(now_ms)
+        return engine_throttle(api_key, broker, principal, client_id, nbytes, request_ms, now_ms)
+
+    generic = replay_group(_interleaved_produce(3), wrapped, "deferral")
+    pd.testing.assert_frame_equal(direct, generic)
+    assert len(calls) == len(direct)
+    assert calls == sorted(calls)
+
+
 def test_quota_groups_link_shared_users_and_client_ids() -> None:
     groups = quota_groups([("a", "x"), ("a", "y"), ("b", "y"), ("c", "z")])
     assert groups[("a", "x")] == groups[("b", "y")]
