@@ -345,6 +345,38 @@ class KafkaCluster:
         self._launch(self.nodes[node_id])
         self.wait_ready(timeout_s, [node_id])
 
+    def settle_after_restart(self, timeout_s: float = 120.0) -> None:
+        """Return once a restarted broker is back in every replica set and leads its partitions
+        again, as before the kill.
+
+        A broker answers ApiVersions (`start_node`) long before it has caught up: the next
+        test on a shared cluster would otherwise start while the restarted broker copies every
+        partition it follows, and while leadership still sits on the others until the
+        controller's periodic rebalance (every 300 s by default) moves it back in the middle of
+        whatever runs then. Both cost the CPU a real-time test needs, and the move fails its
+        clients' requests with NOT_LEADER (a fresh clone's `make test`, 2026-11-28)."""
+        from confluent_kafka import ElectionType  # type: ignore[attr-defined]
+        from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+
+        def in_sync() -> bool:
+            metadata = admin.list_topics(timeout=10)
+            return len(metadata.brokers) == len(self.nodes) and all(
+                topic.error is None and all(p.leader >= 0 and len(p.isrs) == len(p.replicas)
+                                            for p in topic.partitions.values())
+                for topic in metadata.topics.values())
+
+        deadline = time.monotonic() + timeout_s
+        while not in_sync():
+            if time.monotonic() > deadline:
+                raise KafkaHarnessError(f"replicas not back in sync {timeout_s:.0f} s after a restart")
+            time.sleep(0.5)
+        # Each partition's preferred leader (the first replica) back in front; partitions whose
+        # leader already is the preferred one answer ELECTION_NOT_NEEDED, which is no failure.
+        # (No operation_timeout: confluent-kafka 2.16 raises SystemError on it.)
+        admin.elect_leaders(ElectionType.PREFERRED, None).result(timeout=60)
+
     def stop(self) -> None:
         for node in self.nodes.values():
             if node.process is not None and node.process.poll() is None:

@@ -249,6 +249,9 @@ def test_an_unreachable_usage_topic_switches_each_instance_to_its_policy_and_bac
     for proxy in proxies:
         assert metric(proxy, "kqp_fleet_budget_share") == 1
         assert "reachable again" in proxy.log_tail(400)
+    # Later tests share this cluster (the fleet behind HAProxy two tests on): the restarted
+    # broker back in sync and in front of its partitions before they start.
+    kafka_3nodes.settle_after_restart()
 
 
 def test_a_quota_altered_through_one_instance_reaches_the_others(
