@@ -268,6 +268,17 @@ class KafkaCluster:
             lines["listeners"] += f",RELAY://127.0.0.1:{node.relay_port}"
             lines["advertised.listeners"] += f",RELAY://127.0.0.1:{node.relay_advertised_port}"
             lines["listener.security.protocol.map"] += ",RELAY:PLAINTEXT"
+        if len(self.nodes) > 1:
+            # A quorum of three combined brokers and controllers sharing two cores with the
+            # suite: Kafka's defaults hold the Raft leader to a follower's fetch within 2 s and
+            # fence a broker 9 s after its last heartbeat, so a few seconds without CPU (the
+            # controller logged events of 3-7 s in two fresh clones' `make test`, 2026-11-28)
+            # set off elections and fenced brokers, and partitions went without a leader under
+            # the test then running. Five times the fetch time-out and twice the session are
+            # still seconds, so a broker a test kills is fenced and replaced as before, a few
+            # seconds later.
+            lines["controller.quorum.fetch.timeout.ms"] = "10000"
+            lines["broker.session.timeout.ms"] = "18000"
         lines.update(self.extra_config)
         node.config.parent.mkdir(parents=True, exist_ok=True)
         node.config.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))
