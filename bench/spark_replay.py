@@ -172,7 +172,9 @@ def run_job(
     assert process.stderr is not None
     tail: list[str] = []
     for line in process.stderr:
-        line = line.rstrip()
+        # Spark's console progress bar ends its updates with a carriage return, not a newline:
+        # a progress line written after one shares its line, behind the bar.
+        line = line.rstrip().rsplit("\r", 1)[-1]
         tail = [*tail, line][-20:]
         # Progress lines only; Spark's own logging is noise here.
         if line.startswith(f"[{job} "):

@@ -154,6 +154,7 @@ def _run_advise(
     planned_traffic: Future[ReplayTraffic] | None,
 ) -> AdviseResult:
     """run_advise's steps after the capture is read, the verification's replay plan arriving as a future."""
+    from kqp.spark_jobs.replay_rounds import ChargedReplays
     from kqp.spark_jobs.whatif import load_quota_settings
 
     traffic = aggregate_traffic(prepare_requests(raw)).persist()
@@ -185,6 +186,7 @@ def _run_advise(
     planned = dict(limits)
     worst_replayed: dict[Resource, float] = {}
     rounds: list[dict[str, Any]] = []
+    replays: ChargedReplays | None = None
     for round_number in range(1, options.rounds + 1):
         advice = water_fill(replace(problem, limits=planned))
         entries = choose_entries(advice.flows, options.entity)
@@ -203,8 +205,11 @@ def _run_advise(
         # the window is kept, or a short capture judged at 1 min would be judged on its spill alone).
         warm_up = windows["window_num"] * windows["window_size_seconds"] // series.unit
         assert planned_traffic is not None  # submitted whenever options.verify
-        # The same plan for every round: it does not depend on the quota file.
-        verification = verify(spark, requests, settings, series, options, before, warm_up, planned_traffic.result())
+        if replays is None:
+            # The same rows for every round: the capture's charges and replay tasks do not
+            # depend on the quota values (kqp.spark_jobs.replay_rounds), nor does the plan.
+            replays = ChargedReplays(spark, requests, planned_traffic.result())
+        verification = verify(settings, series, options, before, warm_up, replays)
         over = {res: load for res, load in verification.loads.items() if load > limits[res] * (1 + 1e-9)}
         rounds.append(
             {
@@ -220,6 +225,8 @@ def _run_advise(
         for res, load in over.items():
             worst_replayed[res] = max(load, worst_replayed.get(res, load))
             planned[res] = next_planned_limit(planned[res], limits[res], worst_replayed[res], round_number)
+    if replays is not None:
+        replays.release()
     # The last round's advice is the one written, now with the replay's throttled share per entry.
     throttled = throttled_shares(verification.clients, options.entity) if verification is not None else {}
     quotas_yaml = render_quotas_yaml(

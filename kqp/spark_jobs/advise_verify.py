@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
 
 from kqp.protocol.api_keys import ApiKey
 from kqp.quotas import capacity as cap
@@ -27,7 +26,7 @@ from kqp.spark_jobs.advise_problem import ENTITY_COLUMNS, AdviseOptions, Series,
 from kqp.spark_jobs.session import to_pandas
 
 if TYPE_CHECKING:
-    from kqp.spark_jobs.whatif import ReplayTraffic
+    from kqp.spark_jobs.replay_rounds import ChargedReplays
 
 
 @dataclass
@@ -41,19 +40,17 @@ class Verification:
 
 
 def verify(
-    spark: SparkSession,
-    requests: DataFrame,
     settings: QuotaSettings,
     series: Series,
     options: AdviseOptions,
     before: Mapping[Resource, np.ndarray],
     warm_up_buckets: int,
-    traffic: ReplayTraffic | None = None,
+    replays: ChargedReplays,
 ) -> Verification:
     """Replay the advised quotas through kqp.quotas (whatif's simulate, deferral mode).
 
-    `requests`: whatif.prepare_requests of the capture; `traffic`: whatif.replay_traffic of
-    them, which depends on the capture alone, so the rounds compute it once.
+    `replays`: the capture's rows (whatif.prepare_requests), charged and partitioned by replay
+    task once for all the rounds (kqp.spark_jobs.replay_rounds); each round is one pass over them.
 
     The charged bytes of each Produce and Fetch move from the second they were recorded in
     to the second the replay sends them; the brokers' series change by that difference
@@ -65,7 +62,6 @@ def verify(
         engine_replay_functions,
         moved_bytes_from_partials,
         replay_options,
-        simulate_partials,
     )
 
     unit = series.unit
@@ -73,13 +69,8 @@ def verify(
     # the bytes the deferral moved out of and into the bucket), not its rows; they are small,
     # so cached for the two tables merged from them. Tasks the advice can never throttle keep
     # their recorded timeline: no replay needed (replay_options' pre-filter).
-    partials = simulate_partials(
-        spark,
-        requests,
-        functools.partial(engine_replay_functions, settings),
-        replay_options(settings, "deferral"),
-        moved_unit=unit,
-        traffic=traffic,
+    partials = replays.partials(
+        functools.partial(engine_replay_functions, settings), replay_options(settings, "deferral"), moved_unit=unit
     ).persist()
     clients = to_pandas(client_outcomes_from_partials(partials))
     # Per (broker, API, bucket): the bytes the deferral moved out of it and into it, one row per

@@ -34,6 +34,9 @@ ENTRY_COLUMNS = {
     "batches": "entry_batches",
 }
 
+# The request's fields each of its partition entries carries through entry_aggregates' explode.
+_ENTRY_REQUEST_COLUMNS = ("second", "broker", "weight", "api_key", "client_id")
+
 
 def prepare_requests(raw: DataFrame) -> DataFrame:
     """One row per request with the derived columns every figure uses."""
@@ -298,11 +301,7 @@ def entry_aggregates(requests: DataFrame) -> DataFrame:
     exploded = (
         requests.where(F.col("api_key").isin(ApiKey.PRODUCE, ApiKey.FETCH))
         .select(
-            "second",
-            "broker",
-            "weight",
-            "api_key",
-            "client_id",
+            *_ENTRY_REQUEST_COLUMNS,
             # Records per request are read for Produce requests alone: summing a request's
             # entries is a higher-order function, which Spark evaluates row by row.
             F.when(produce, F.col("records")).alias("records"),
@@ -312,11 +311,7 @@ def entry_aggregates(requests: DataFrame) -> DataFrame:
         # bytes, the other fields taken at that position of their arrays.
         .select("*", F.posexplode_outer("entry_bytes").alias("position", "bytes"))
         .select(
-            "second",
-            "broker",
-            "weight",
-            "api_key",
-            "client_id",
+            *_ENTRY_REQUEST_COLUMNS,
             "records",
             "position",
             "bytes",

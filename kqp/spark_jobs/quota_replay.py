@@ -17,13 +17,12 @@ Modes:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 
 from kqp.protocol.api_keys import ApiKey
-from kqp.protocol.fast_path import FETCH_FIRST_FLEXIBLE
 from kqp.quotas import QuotaEngine
 from kqp.quotas.recording import (
     QuotaClient,
@@ -33,10 +32,16 @@ from kqp.quotas.recording import (
     charge_response,
     exchange_throttle,
     request_charges,
-    response_charges,
     upstream_answer_ms,
 )
-from kqp.spark_jobs.replay_loop import RowMutationFunction, RowThrottles, ThrottleFunction, deferral, open_loop
+from kqp.spark_jobs.replay_loop import (
+    RowMutationFunction,
+    RowThrottles,
+    ThrottleFunction,
+    deferral,
+    derived_charges,
+    open_loop,
+)
 
 Mode = Literal["open_loop", "deferral"]
 MODES: tuple[Mode, ...] = ("open_loop", "deferral")
@@ -66,10 +71,6 @@ RECORDED_COLUMNS = (
     "mutations",
 )
 _REQUEST_PHASE, _RESPONSE_PHASE = 0, 1
-# Capture v1 only (v2 records the charged bytes): the response header Kafka does not count,
-# a correlation id, plus a tagged-field byte in flexible Fetch versions.
-_SIZE_PREFIX_BYTES = 4
-_RESPONSE_HEADER_BYTES = 4
 
 
 def charged_inputs(requests: pd.DataFrame) -> pd.DataFrame:
@@ -78,8 +79,9 @@ def charged_inputs(requests: pd.DataFrame) -> pd.DataFrame:
     A row the proxy recorded (capture v2) carries the charges themselves: they are copied column
     by column. Otherwise they are derived from the raw sizes and times through
     kqp.quotas.recording.response_charges, called once per such row on plain Python values (the
-    columns converted to lists once): the rule stays the proxy's one copy, and what a row costs
-    is the rule, not pandas' per-cell access. Needs api_key, api_version, request_bytes,
+    columns converted to lists once) by a compiled loop (replay_loop.derived_charges): the rule
+    stays the proxy's one copy, and what a row costs is the rule, not pandas' per-cell access
+    nor an interpreted loop around it. Needs api_key, api_version, request_bytes,
     response_bytes, round_trip_ms and fetch_max_wait_ms (and the v2 quota_* columns when present).
     """
     frame = requests.copy()
@@ -98,38 +100,20 @@ def charged_inputs(requests: pd.DataFrame) -> pd.DataFrame:
         request_ms[recorded] = took[recorded]
     derived = np.flatnonzero(~recorded)
     if len(derived):
-        # Plain Python values, NaN for a missing one (`x != x`), so the loop touches no pandas.
-        def values(column: str) -> list[Any]:
+        # Plain Python values, NaN for a missing one, so the per-row loop (compiled) touches no pandas.
+        def values(column: str) -> list[float]:
             return list(frame[column].to_numpy(dtype=np.float64, na_value=np.nan)[derived].tolist())
 
-        api_keys = frame["api_key"].to_numpy(dtype=np.int64)[derived].tolist()
-        versions = frame["api_version"].to_numpy(dtype=np.int64)[derived].tolist()
-        request_sizes = frame["request_bytes"].to_numpy(dtype=np.int64)[derived].tolist()
-        response_sizes = values("response_bytes")
-        round_trips = values("round_trip_ms")
-        waits = values("fetch_max_wait_ms")
-        for position, api_key, version, request_size, response_size, round_trip, wait in zip(
-            derived.tolist(), api_keys, versions, request_sizes, response_sizes, round_trips, waits, strict=True
-        ):
-            response_body = None
-            if response_size == response_size:
-                # ShareFetch is flexible in every version.
-                flexible_fetch = api_key == ApiKey.SHARE_FETCH or (
-                    api_key == ApiKey.FETCH and version >= FETCH_FIRST_FLEXIBLE
-                )
-                response_body = int(response_size) - _SIZE_PREFIX_BYTES - _RESPONSE_HEADER_BYTES - flexible_fetch
-            charges = response_charges(
-                api_key,
-                request_size - _SIZE_PREFIX_BYTES,
-                response_body,
-                round_trip if round_trip == round_trip else None,
-                int(wait) if wait == wait else None,
-            )
-            for charged in (charges.produce_bytes, charges.fetch_bytes):
-                if charged is not None:
-                    nbytes[position] = max(charged, 0)
-            if charges.request_time_ms is not None:
-                request_ms[position] = charges.request_time_ms
+        derived_bytes, derived_ms = derived_charges(
+            frame["api_key"].to_numpy(dtype=np.int64)[derived].tolist(),
+            frame["api_version"].to_numpy(dtype=np.int64)[derived].tolist(),
+            frame["request_bytes"].to_numpy(dtype=np.int64)[derived].tolist(),
+            values("response_bytes"),
+            values("round_trip_ms"),
+            values("fetch_max_wait_ms"),
+        )
+        nbytes[derived] = derived_bytes
+        request_ms[derived] = derived_ms
     frame["nbytes"] = nbytes
     frame["request_time_ms"] = request_ms
     return frame

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import Final
 
 from kqp.protocol.api_keys import ApiKey
+from kqp.protocol.fast_path import FETCH_FIRST_FLEXIBLE
 from kqp.quotas.engine import QuotaManagers
-from kqp.quotas.recording import FETCH_QUOTA_API_KEYS, broker_label, charge_response_of
+from kqp.quotas.recording import FETCH_QUOTA_API_KEYS, broker_label, charge_response_of, response_charges
 
 # (api_key, broker, principal, client_id, nbytes, request_time_ms, now_ms) -> throttle in ms.
 # nbytes is what the quota counts (Produce request size, Fetch response size, else 0);
@@ -26,8 +27,15 @@ ThrottleFunction = Callable[[int, int, str, str, int, float, int], float]
 # (row index, now_ms) -> the throttle of the controller mutations a row charges.
 RowMutationFunction = Callable[[int, int], float]
 
-# A module constant mypyc reads natively, not the enum's attribute on every request.
+# Module constants mypyc reads natively, not the enum's attribute on every request.
 _PRODUCE: Final = int(ApiKey.PRODUCE)
+_FETCH: Final = int(ApiKey.FETCH)
+_SHARE_FETCH: Final = int(ApiKey.SHARE_FETCH)
+# A capture v1 row holds raw frame sizes: a frame's size prefix, and a response's header (a
+# correlation id, plus a tagged-field byte in flexible Fetch versions), which Kafka does not count.
+SIZE_PREFIX_BYTES: Final = 4
+RESPONSE_HEADER_BYTES: Final = 4
+_NAN: Final = float("nan")
 
 
 class EngineThrottle:
@@ -183,3 +191,45 @@ def deferral(connections: list[int], ts: list[int], throttles_of: RowThrottles) 
             pop(heap)
     return sim_ts, throttles
 
+
+
+def derived_charges(
+    api_keys: list[int],
+    versions: list[int],
+    request_sizes: list[int],
+    response_sizes: list[float],
+    round_trips: list[float],
+    fetch_max_waits: list[float],
+) -> tuple[list[int], list[float]]:
+    """The bytes each row charges to its byte quota (0: none) and its request time (NaN: none),
+    from the sizes and times a capture recorded, by kqp.quotas.recording.response_charges (the
+    proxy's one copy of the rule), called once per row. NaN in the float lists is a missing value
+    (no response came back, or no MaxWaitMs read). quota_replay.charged_inputs hands the rows the
+    proxy did not record their charges for."""
+    n = len(api_keys)
+    nbytes = [0] * n
+    request_ms = [_NAN] * n
+    for i in range(n):
+        api_key = api_keys[i]
+        response_size = response_sizes[i]
+        response_body: int | None = None
+        if response_size == response_size:
+            # ShareFetch is flexible in every version.
+            flexible_fetch = api_key == _SHARE_FETCH or (api_key == _FETCH and versions[i] >= FETCH_FIRST_FLEXIBLE)
+            response_body = int(response_size) - SIZE_PREFIX_BYTES - RESPONSE_HEADER_BYTES - int(flexible_fetch)
+        round_trip = round_trips[i]
+        wait = fetch_max_waits[i]
+        charges = response_charges(
+            api_key,
+            request_sizes[i] - SIZE_PREFIX_BYTES,
+            response_body,
+            round_trip if round_trip == round_trip else None,
+            int(wait) if wait == wait else None,
+        )
+        if charges.produce_bytes is not None:
+            nbytes[i] = max(charges.produce_bytes, 0)
+        if charges.fetch_bytes is not None:
+            nbytes[i] = max(charges.fetch_bytes, 0)
+        if charges.request_time_ms is not None:
+            request_ms[i] = charges.request_time_ms
+    return nbytes, request_ms

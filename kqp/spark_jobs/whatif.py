@@ -80,7 +80,7 @@ CONSUMER_BYTE_RATE: ByteQuotaType = "consumer_byte_rate"
 _CHARGE_BOUND_COLUMNS = ("request_bytes", "response_bytes", "quota_produce_bytes", "quota_fetch_bytes")
 # The proxy's engine clock, call order and acks: what quota_replay.replay_recorded replays call by
 # call. Deferral mode derives the charges from sizes and times (charged_inputs) and never reads them.
-_RECORDED_CALL_COLUMNS = (
+RECORDED_CALL_COLUMNS = (
     "quota_request_seq",
     "quota_request_now_ms",
     "quota_response_seq",
@@ -347,7 +347,7 @@ def simulate(
     _SUMMARY_ROWS at a time) before they leave the Python worker; its result, in PARTIALS_SCHEMA, is then the output
     instead of the rows (simulate_partials: each task's partial sums).
 
-    `traffic`: replay_traffic(requests), when the caller has it already (advise's rounds).
+    `traffic`: replay_traffic(requests), when the caller has it already.
     """
     mode = options.mode
     filtering = options.passthrough is not None and mode == "deferral"
@@ -360,26 +360,11 @@ def simulate(
     )
     if mode == "deferral":
         # Read only by the open-loop replay of recorded engine calls: not shuffled for nothing.
-        requests = requests.drop(*_RECORDED_CALL_COLUMNS)
+        requests = requests.drop(*RECORDED_CALL_COLUMNS)
     grouped = requests.join(F.broadcast(mapping), ["principal", "client_id"])
 
     def replay(frame: pd.DataFrame) -> pd.DataFrame:
-        frame = decode_mutations(frame)
-        # A fresh engine per group: groups share no sensor by construction, and a group's
-        # sensors must start empty to reproduce the proxy's from the capture's start.
-        made = throttle_factory()
-        throttle, mutation = made if isinstance(made, tuple) else (made, None)
-        engine = getattr(throttle, "engine", None)
-        if mode == "open_loop" and engine is not None and is_recorded(frame):
-            # Capture v2: the proxy's own engine inputs, replayed call by call.
-            result = replay_recorded(charged_inputs(frame), engine)
-        else:
-            # Captures older than the mutation columns cannot charge mutations: skip them
-            # rather than charge them nothing.
-            if mutation is not None and not set(MUTATION_COLUMNS) <= set(frame.columns):
-                mutation = None
-            result = replay_group(charged_inputs(frame), throttle, mode, mutation)
-        rows = result[list(SIMULATED_COLUMNS)]
+        rows = replay_task(frame, throttle_factory, mode)
         return rows if summarise is None else summarise(rows)
 
     # With every budget per broker (Kafka's way), a group's brokers share no sensor, so each broker
@@ -423,24 +408,68 @@ _SUMMARY_ROWS = 200_000
 SIMULATED_COLUMNS = tuple(name.split()[0] for name in SIMULATED_SCHEMA.split(", "))
 
 
+def replay_task(
+    frame: pd.DataFrame,
+    throttle_factory: Callable[[], ThrottleFunction | tuple[ThrottleFunction, MutationFunction]],
+    mode: Mode,
+    charged: bool = False,
+) -> pd.DataFrame:
+    """One replay task's rows (a quota group, or a group's traffic on one broker) through a fresh
+    engine, in SIMULATED_COLUMNS. `charged`: the rows carry their charges already (`nbytes`,
+    `request_time_ms`: quota_replay.charged_inputs), else they are derived here."""
+    frame = decode_mutations(frame)
+    # A fresh engine per group: groups share no sensor by construction, and a group's
+    # sensors must start empty to reproduce the proxy's from the capture's start.
+    made = throttle_factory()
+    throttle, mutation = made if isinstance(made, tuple) else (made, None)
+    engine = getattr(throttle, "engine", None)
+    if mode == "open_loop" and engine is not None and is_recorded(frame):
+        # Capture v2: the proxy's own engine inputs, replayed call by call.
+        result = replay_recorded(frame if charged else charged_inputs(frame), engine)
+    else:
+        # Captures older than the mutation columns cannot charge mutations: skip them
+        # rather than charge them nothing.
+        if mutation is not None and not set(MUTATION_COLUMNS) <= set(frame.columns):
+            mutation = None
+        result = replay_group(frame if charged else charged_inputs(frame), throttle, mode, mutation)
+    return result[list(SIMULATED_COLUMNS)]
+
+
+def as_recorded(charged: pd.DataFrame) -> pd.DataFrame:
+    """Charged rows of a task the quotas never throttle, as replay_group would return them:
+    at their recorded time, with no throttle (SIMULATED_COLUMNS)."""
+    result = charged.copy(deep=False)
+    result["sim_ts_ms"] = result["ts_ms"].astype("int64")
+    result["sim_throttle_ms"] = 0.0
+    return result[list(SIMULATED_COLUMNS)]
+
+
 def _passed_through(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """Rows of never-throttled tasks, as replay_group returns them: recorded time, no throttle."""
     for frame in frames:
-        result = charged_inputs(frame)
-        result["sim_ts_ms"] = result["ts_ms"].astype("int64")
-        result["sim_throttle_ms"] = 0.0
-        yield result[list(SIMULATED_COLUMNS)]
+        yield as_recorded(charged_inputs(frame))
 
 
-def passthrough_condition(
-    spark: SparkSession,
-    grouped: DataFrame,
+@dataclass(frozen=True)
+class PassingTasks:
+    """The replay tasks quota settings provably never throttle (kqp.spark_jobs.replay_filter):
+    every task of a group in `free_groups` (no byte quota for any of its clients), and the tasks
+    in `tasks` (keyed as the replay's tasks: (broker, quota_group) or (quota_group,))."""
+
+    free_groups: frozenset[int]
+    tasks: frozenset[tuple[int, ...]]
+
+    def passes(self, task: tuple[int, ...]) -> bool:
+        return task[-1] in self.free_groups or task in self.tasks  # quota_group is the last key
+
+
+def passing_tasks(
     keys: tuple[str, ...],
     groups: Mapping[tuple[str, str], int],
     settings: QuotaSettings,
     traffic: ReplayTraffic,
-) -> DataFrame | None:
-    """`grouped` with a boolean column: whether its task is provably never throttled (None: no task is).
+) -> PassingTasks | None:
+    """The tasks `settings` provably never throttle (None: no task).
 
     Groups whose clients have no byte quota at all pass whole, without looking at their traffic;
     groups with one are judged per task from an upper bound of the bytes they charge per second
@@ -453,9 +482,9 @@ def passthrough_condition(
         pairs_of.setdefault(group, []).append(pair)
     engine = QuotaEngine(settings)
     quotas = {group: task_quotas(engine, settings, pairs) for group, pairs in pairs_of.items()}
-    free = sorted(g for g, q in quotas.items() if q.bounded and all(v is None for v in q.smallest.values()))
+    free = {g for g, q in quotas.items() if q.bounded and all(v is None for v in q.smallest.values())}
     judged = sorted(g for g, q in quotas.items() if q.bounded and g not in free)
-    passed_tasks: list[tuple[int, ...]] = []
+    passed: set[tuple[int, ...]] = set()
     if judged:
         charged = traffic.charged.assign(
             quota_group=[
@@ -476,9 +505,30 @@ def passthrough_condition(
             key = tuple(int(k) for k in task)
             task_pairs[key] = pairs_of[key[-1]]  # quota_group is the last key
             per_task[(key, kind)] = (rows["second"].to_numpy(), rows["bytes"].to_numpy(dtype=np.float64))
-        passed_tasks = sorted(passthrough_tasks(settings, task_pairs, per_task))
-    if not free and not passed_tasks:
+        passed = passthrough_tasks(settings, task_pairs, per_task)
+    if not free and not passed:
         return None
+    return PassingTasks(free_groups=frozenset(free), tasks=frozenset(passed))
+
+
+def passthrough_condition(
+    spark: SparkSession,
+    grouped: DataFrame,
+    keys: tuple[str, ...],
+    groups: Mapping[tuple[str, str], int],
+    settings: QuotaSettings,
+    traffic: ReplayTraffic,
+) -> DataFrame | None:
+    """`grouped` with a boolean column: whether its task is provably never throttled (None: no task is).
+
+    Groups whose clients have no byte quota at all pass whole, without looking at their traffic;
+    groups with one are judged per task from an upper bound of the bytes they charge per second
+    (`traffic.charged`, summed over the task's clients), by replay_filter.
+    """
+    passing = passing_tasks(keys, groups, settings, traffic)
+    if passing is None:
+        return None
+    free, passed_tasks = sorted(passing.free_groups), sorted(passing.tasks)
     flag = F.col("quota_group").isin(*free) if free else F.lit(False)
     if passed_tasks:
         table = spark.createDataFrame(

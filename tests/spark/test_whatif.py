@@ -402,3 +402,52 @@ def test_partial_sums_give_the_tables_the_rows_give(spark: Any, capture_dir: Pat
     # Not vacuous: the quotas throttle some requests, and in deferral mode move bytes across buckets.
     assert (rows.toPandas()["sim_throttle_ms"] > 0).any()
     assert mode == "open_loop" or len(expected) > 0
+
+
+def test_charged_replays_give_simulates_tables_config_after_config(
+    spark: Any, capture_dir: Path, tmp_path: Path
+) -> None:
+    """advise's rounds (kqp.spark_jobs.replay_rounds): the rows charged and partitioned by task
+    once, each replay one pass over them, give the tables simulate_partials gives, value for
+    value, for one config after another: two with the same grouping (the cache reused, a task
+    app-8 and app-9 passed through in each) and one linking a user's client-ids (the cache rebuilt)."""
+    from kqp.config import load_config
+    from kqp.spark_jobs.replay_rounds import ChargedReplays
+    from kqp.spark_jobs.whatif import (
+        calibration_from_partials,
+        client_outcomes_from_partials,
+        engine_replay_functions,
+        moved_bytes_from_partials,
+        replay_options,
+        replay_traffic,
+        simulate_partials,
+    )
+
+    tighter = PASSTHROUGH_QUOTAS_YAML.replace("40000", "25000").replace("60000", "30000")
+    requests = prepare_requests(read_capture(spark, str(capture_dir)))
+    traffic = replay_traffic(requests)
+    replays = ChargedReplays(spark, requests, traffic)
+    unit = 3
+    client = ["principal", "client_id"]
+    bucket = ["broker", "api_key", "bucket"]
+    throttled = []
+    for number, text in enumerate((PASSTHROUGH_QUOTAS_YAML, tighter, QUOTAS_YAML)):
+        quotas = tmp_path / f"quotas-{number}.yaml"
+        quotas.write_text(text)
+        settings = load_config([str(quotas)]).quota_settings()
+        factory = functools.partial(engine_replay_functions, settings)
+        options = replay_options(settings, "deferral")
+        expected = simulate_partials(spark, requests, factory, options, moved_unit=unit, traffic=traffic)
+        replayed = replays.partials(factory, options, moved_unit=unit)
+        outcomes = _sorted(client_outcomes_from_partials(replayed), client)
+        pd.testing.assert_frame_equal(outcomes, _sorted(client_outcomes_from_partials(expected), client))
+        pd.testing.assert_frame_equal(
+            _sorted(calibration_from_partials(replayed), client), _sorted(calibration_from_partials(expected), client)
+        )
+        pd.testing.assert_frame_equal(
+            _sorted(moved_bytes_from_partials(replayed), bucket), _sorted(moved_bytes_from_partials(expected), bucket)
+        )
+        throttled.append(int(outcomes["throttled_requests"].sum()))
+    replays.release()
+    # Not vacuous: every config throttles, and the tighter default more than the first.
+    assert all(count > 0 for count in throttled) and throttled[1] > throttled[0]
