@@ -393,7 +393,9 @@ class ReportPacer:
         # The topic keeps one producer's order: every report sent before this one came back first or was lost.
         for earlier in [s for s in unechoed if s <= seq]:
             del unechoed[earlier]
-        self._round_trips.append(now_ms - sent_ms)
+        # To the microsecond: a clock's float noise would otherwise pace reports 100.00000000000001 ms
+        # apart where the round trip is 50 ms, moving each report a little on every one.
+        self._round_trips.append(round(now_ms - sent_ms, 3))
         self.interval_ms = min(self.longest_ms, max(self.shortest_ms, 2.0 * max(self._round_trips)))
 
 
