@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from harness.local_kafka import KafkaCluster
+from kqp.config.models import FleetSection
 from kqp.proxy.fleet import FleetExchange, FleetOptions
 from kqp.quotas import QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 from kqp.quotas.fleet import UsageDelta, UsageReport, encode_report
@@ -37,11 +38,16 @@ class Result:
     bytes_read_per_s: float  # read, per instance
     deltas_applied_per_s: float  # all instances
     cpu_share: float  # of one core, all instances: the exchange's, the traffic's own CPU taken off
+    # The pacing at the end (kqp.quotas.fleet.ReportPacer), the longest of the instances': the interval
+    # the reports went at, and the round trip of an instance's own reports that set it.
+    interval_ms: float = 0.0
+    round_trip_ms: float = 0.0
 
     def per_second(self) -> Result:
         s = self.seconds
         return Result(self.instances, self.entities, s, self.records_per_s / s, self.bytes_per_s / s,
-                      self.bytes_read_per_s / s, self.deltas_applied_per_s / s, self.cpu_share / s)
+                      self.bytes_read_per_s / s, self.deltas_applied_per_s / s, self.cpu_share / s,
+                      self.interval_ms, self.round_trip_ms)
 
 
 def progress(message: str) -> None:
@@ -114,6 +120,8 @@ async def measure(bootstrap: str, instances: int, entities: int, seconds: float,
         bytes_read_per_s=(sum(e.bytes_received for e in exchanges) - sum(read)) / instances,
         deltas_applied_per_s=sum(e.deltas_applied for e in exchanges) - sum(applied),
         cpu_share=max(0.0, cpu - baseline_cpu),
+        interval_ms=max(e.pacer.interval_ms for e in exchanges),
+        round_trip_ms=max(e.pacer.round_trip_ms or 0.0 for e in exchanges),
     )
     for exchange in exchanges:
         await exchange.stop()
@@ -126,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entities", type=int, nargs="+", default=[10, 1000, 10000],
                         help="active clients per instance")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--interval", type=float, default=0.1, help="report interval in seconds")
+    parser.add_argument("--interval", type=float, default=FleetSection().report_interval_seconds,
+                        help="fleet.report_interval_seconds: the shortest report interval, in seconds")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--client-load", type=float, default=1.0,
                         help="each client's traffic as a fraction of its quota (1: the worst case)")
@@ -144,11 +153,13 @@ def main(argv: list[str] | None = None) -> int:
           f"max_unreported_share {args.max_unreported_share:g}; one report's delta is "
           f"{(report_bytes(1000) - report_bytes(0)) / 1000:.0f} bytes of JSON\n")
     print("| instances | active clients per instance | records/s written | bytes/s written "
-          "| bytes/s read per instance | deltas applied/s (all instances) | CPU, share of one core (all instances) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+          "| bytes/s read per instance | deltas applied/s (all instances) | CPU, share of one core (all instances) "
+          "| report interval at the end, ms (own round trip) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r.instances} | {r.entities} | {r.records_per_s:.0f} | {r.bytes_per_s:,.0f} "
-              f"| {r.bytes_read_per_s:,.0f} | {r.deltas_applied_per_s:,.0f} | {r.cpu_share:.3f} |")
+              f"| {r.bytes_read_per_s:,.0f} | {r.deltas_applied_per_s:,.0f} | {r.cpu_share:.3f} "
+              f"| {r.interval_ms:.0f} ({r.round_trip_ms:.1f}) |")
     return 0
 
 

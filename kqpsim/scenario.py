@@ -24,7 +24,7 @@ from kqp.config import KqpConfig
 from kqp.config.models import FleetSection
 from kqp.proxy.app import ProxyApp, app_settings_from_config
 from kqp.quotas import QuotaEngine
-from kqp.quotas.fleet import UsageDelta
+from kqp.quotas.fleet import ReportPacer, UsageDelta
 from kqpsim.broker import BROKER_HOST, BROKER_PORT, NODE_ID, BrokerModel
 from kqpsim.clients import CLIENT_SHAPES, ClientConnection, ClientShape, ConnectionRecord
 from kqpsim.kafka_reference import DEFAULT, Entity, KafkaQuotas
@@ -72,7 +72,9 @@ class Topology:
 
     instances: int = 1
     exchange_lag_s: float = 0.05  # a report's way from one instance to the others (the topic's round trip)
-    report_interval_s: float = 0.1  # fleet.report_interval_seconds
+    # fleet.report_interval_seconds: the shortest interval; each instance paces its reports by the
+    # round trip of its own (kqp.quotas.fleet.ReportPacer), here the exchange's lag.
+    report_interval_s: float = FleetSection().report_interval_seconds
     # fleet.count_other_instances: accepted and without effect since issue 39 (every fleet
     # counts the other instances); kept so that the rows that name it stay as they were.
     count_other_instances: bool = False
@@ -418,34 +420,59 @@ def _die(app: ProxyApp, listeners: list[MemoryServer], alive: list[ProxyApp]) ->
 
 
 async def _exchange(scenario: Scenario, apps: list[ProxyApp], stalled: set[ProxyApp]) -> None:
-    """The fleet's usage exchange, modelled: every report interval each instance takes its usage
-    report from its engine (FleetExchange._publish's call) and every other instance records it
-    (FleetExchange._apply's call) once the exchange's lag has passed. The engines are shared as
-    FleetExchange.start shares them; the topic itself is what the lag stands for."""
-    loop = asyncio.get_running_loop()
+    """The fleet's usage exchange, modelled: each instance, at the interval its `ReportPacer`
+    gives (FleetExchange._publish's), takes its usage report from its engine, and every other
+    instance records it (FleetExchange._apply's call) once the exchange's lag has passed; the
+    report comes back to its own instance after the same lag, which paces the next ones as
+    FleetExchange._apply's echo does. The engines are shared as FleetExchange.start shares them;
+    the topic itself is what the lag stands for. The instances start together, so their reports
+    are taken at the same instants while their pacers agree."""
     for app in apps:
         engine = app.engine
         assert engine is not None
         engine.share_usage(True, mutations_claimed=True)
-    unreported_share = FleetSection().max_unreported_share / len(apps)
     names = {app: f"instance-{index}" for index, app in enumerate(apps)}
+    reporters = [asyncio.create_task(_report(scenario, app, apps, stalled, names)) for app in apps]
+    try:
+        await asyncio.gather(*reporters)
+    finally:
+        for reporter in reporters:
+            reporter.cancel()
+
+
+async def _report(scenario: Scenario, app: ProxyApp, apps: list[ProxyApp], stalled: set[ProxyApp],
+                  names: dict[ProxyApp, str]) -> None:
+    """One instance's reports, until it dies (`apps` loses it)."""
+    loop = asyncio.get_running_loop()
+    section = FleetSection()
+    pacer = ReportPacer.for_settings(scenario.topology.report_interval_s, section.unreachable_after_seconds)
+    unreported_share = section.max_unreported_share / len(apps)
+    lag_s = scenario.topology.exchange_lag_s
+    engine = app.engine
+    assert engine is not None
+    seq = 0
 
     def deliver(to: QuotaEngine, usage: list[UsageDelta], instance: str) -> None:
         to.record_remote_usage(usage, loop.time() * 1000.0, instance)
 
+    def echo(seq: int) -> None:
+        pacer.echoed(seq, loop.time() * 1000.0)
+
     while True:
-        await asyncio.sleep(scenario.topology.report_interval_s)
+        await asyncio.sleep(pacer.interval_ms / 1000.0)
+        if app not in apps:
+            return  # died
+        if app in stalled:
+            continue  # a stalled instance reports nothing (what it records waits for its next report)
         now_ms = loop.time() * 1000.0
-        live = list(apps)  # `apps` loses an instance that dies
-        for app in live:
-            if app in stalled:
-                continue  # a stalled instance reports nothing (what it records waits for its next report)
-            assert app.engine is not None
-            usage = app.engine.take_local_usage(now_ms, unreported_share)
-            for other in live:
-                if other is not app:
-                    assert other.engine is not None
-                    loop.call_later(scenario.topology.exchange_lag_s, deliver, other.engine, usage, names[app])
+        usage = engine.take_local_usage(now_ms, unreported_share)
+        seq += 1
+        pacer.sent(seq, now_ms)
+        for other in list(apps):
+            if other is not app:
+                assert other.engine is not None
+                loop.call_later(lag_s, deliver, other.engine, usage, names[app])
+        loop.call_later(lag_s, echo, seq)
 
 
 async def _straight_to_kafka(scenario: Scenario) -> Figures:

@@ -310,7 +310,9 @@ class FleetSection(Section):
     topic: NonEmptyText = "_kqp_fleet_usage"
     # Unique per instance; default host:bootstrap-port:pid.
     instance_id: NonEmptyText | None = None
-    report_interval_seconds: Annotated[float, Field(ge=0.01, le=10.0, allow_inf_nan=False)] = 0.1
+    # The shortest time between two usage reports of an instance: it waits twice the round trip
+    # of its own reports through the topic when that is longer (kqp.quotas.fleet.ReportPacer).
+    report_interval_seconds: Annotated[float, Field(ge=0.01, le=10.0, allow_inf_nan=False)] = 0.05
     # How long this instance's own reports may fail to come back before the fallback applies.
     unreachable_after_seconds: PositiveSeconds = 3.0
     # local: enforce this instance's own budget alone; share: quota / instances last seen.

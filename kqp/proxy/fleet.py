@@ -43,10 +43,12 @@ from kqp.quotas.fleet import (
     FleetView,
     MutationClaim,
     ReportError,
+    ReportPacer,
     UsageReport,
     decode_record,
     encode_claim,
     encode_report,
+    longest_silence_s,
     split_usage,
 )
 from kqp.quotas.recording import QuotaClient, RequestCharges
@@ -62,10 +64,7 @@ _DELTAS_PER_REPORT = 5_000
 # proxy), then less often, never longer than this apart; jittered so that the instances of a
 # fleet that lost the cluster together do not come back in lock step (kqp.proxy.backoff).
 _RECONNECT_BACKOFF = Backoff(initial_s=0.5, max_s=10.0)
-# _HEARTBEAT_S: the longest an idle instance stays silent; below unreachable_after (at most a
-# third of it, see _publish) so that its own echo keeps it out of the fallback.
 _CLOSE_TIMEOUT_S = 5.0
-_HEARTBEAT_S = 1.0
 _FETCH_MAX_WAIT_MS = 500
 # A bucket emptied by a large mutation takes longer than a quota span to fill again: read a
 # joining instance's claim history a little further back than one span.
@@ -140,6 +139,9 @@ class FleetExchange:
         self._consumer: AIOKafkaConsumer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._seq = 0
+        # How long to wait between reports: the configured interval, or longer where the topic's
+        # round trip is (kqp.quotas.fleet.ReportPacer); no longer than the heartbeat's bound.
+        self.pacer = ReportPacer.for_settings(options.report_interval_seconds, options.unreachable_after_seconds)
         self._state: ExchangeState = "starting"
         # Running totals (bench/fleet_exchange.py reads them; /metrics has the report counts).
         self.records_sent = 0
@@ -274,11 +276,11 @@ class FleetExchange:
         assert producer is not None
         # An empty report still says "alive" (membership) and "the topic works" (own echo), but
         # an idle instance need not say it ten times a second.
-        heartbeat_s = min(_HEARTBEAT_S, o.unreachable_after_seconds / 3)
+        heartbeat_s = longest_silence_s(o.unreachable_after_seconds)
         last_sent = 0.0
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(o.report_interval_seconds)
+            await asyncio.sleep(self.pacer.interval_ms / 1000.0)
             now = self._now_ms()
             # Fewer instances than there are would loosen the bound: count the most seen lately.
             instances = max(self.view.instances(now), self.view.last_known_instances, 1)
@@ -298,6 +300,7 @@ class FleetExchange:
             # An empty usage still sends one empty report: the heartbeat.
             for index, chunk in enumerate(split_usage(usage, _DELTAS_PER_REPORT) or [()]):
                 self._seq += 1
+                self.pacer.sent(self._seq, now)
                 report = encode_report(UsageReport(o.instance_id, self._seq, chunk, guard if index == 0 else ()))
                 self.records_sent += 1
                 self.bytes_sent += len(report)
@@ -369,6 +372,8 @@ class FleetExchange:
         if history:
             return
         self.view.report_seen(report.instance, now)
+        if report.instance == own:
+            self.pacer.echoed(report.seq, now)
         if report.instance != own and not (self._same_host is not None and self._same_host(report.instance)):
             self.engine.record_remote_usage(report.usage, now, report.instance)
             self.deltas_applied += len(report.usage)

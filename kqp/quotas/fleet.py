@@ -20,8 +20,8 @@ How far a fleet's figure can be from one broker's:
 
 * Lag. A delta reaches the others one report interval I plus the topic's round trip L after
   the usage happened, so the rate an instance measures misses at most the fraction
-  (I + L) / W of the fleet's usage, W being the quota window (samples x sample size): about
-  1% with the defaults (100 ms against 11 s), and the fleet admits about that much over one
+  (I + L) / W of the fleet's usage, W being the quota window (samples x sample size): under
+  1% with the defaults (50 ms against 11 s), and the fleet admits about that much over one
   broker. That holds for traffic spread over time. Throttled clients come back together when
   their burst leaves the window, and every instance would see room the others are taking at
   that moment; so an instance that knows other live instances serve a client counts, before
@@ -30,8 +30,9 @@ How far a fleet's figure can be from one broker's:
   it recorded since its last report, and what its last report carried for an instance whose
   report has not arrived since; a client nobody has reported yet, first seen here within two
   report intervals, counts every live instance. That covers the others' unknown usage while
-  the topic's round trip L stays under one report interval I; docs/scaling.md gives the
-  measured figures and where they stop holding.
+  the topic's round trip L stays under one report interval I, so an instance reports every
+  `report_interval_seconds` or every 2 L, whichever is longer (`ReportPacer`); docs/scaling.md
+  gives the measured figures and where they stop holding.
 * Quiet clients. A client far from its quota costs the exchange nothing: a sensor whose rate,
   as this instance measures it, is below `quiet_below` x quota is left out of the report
   (byte rates and request time). With `quiet_below` = e / N (fleet option
@@ -64,6 +65,7 @@ they are not reported as usage as well (`mutations_claimed`).
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -317,6 +319,84 @@ def budget_holder(instance: str) -> str:
     one budget through their supervisor, exchange or no exchange), any other instance itself."""
     base, sep, index = instance.rpartition(":w")
     return base if sep and index.isdigit() else instance
+
+
+# How many of its own reports' round trips an instance paces its reports by (ReportPacer), and
+# how many sent reports it waits for at most (a report lost on the way never comes back).
+_ROUND_TRIPS_KEPT = 16
+_UNECHOED_KEPT = 256
+# The longest an instance stays silent, idle or pacing its reports by a slow topic.
+_LONGEST_SILENCE_S = 1.0
+
+
+def longest_silence_s(unreachable_after_s: float) -> float:
+    """The longest an instance goes without sending a report (a heartbeat when it has no usage):
+    at most a third of `fleet.unreachable_after_seconds`, so that its own reports coming back keep
+    it out of the fallback."""
+    return min(_LONGEST_SILENCE_S, unreachable_after_s / 3)
+
+
+class ReportPacer:
+    """How long an instance waits between its usage reports: `shortest_ms`
+    (`fleet.report_interval_seconds`), or twice the longest round trip its last reports took
+    through the topic (sent to seen back) when that is longer, never longer than `longest_ms`
+    (`longest_silence_s`).
+
+    Why not a fixed interval: `FleetSharing.pending_elsewhere` counts the others' unreported
+    usage as what this instance admitted since its own last report, and over the interval before
+    as well for an instance whose report has not arrived since. That covers what they admitted
+    meanwhile while at most one report of each is crossing the topic, that is while the round
+    trip L stays under the interval I; from L = I on the fleet admits a burst once per instance
+    again (a 500 ms round trip with reports every 100 ms: 0.84-1.17x where one broker admits
+    0.94x, docs/quotas.md finding f). And any I longer than needed costs accuracy: the others'
+    usage is recorded on arrival, up to I + L after it happened, and the estimate stands for up
+    to I + L of it, taken to be what this instance admitted (while the others were muted too),
+    so throttles end later than one broker's by up to that much (3 instances, L = 2 ms, I = 100
+    ms: 0.93x where one broker admits 1.005x; I = 50 ms: within 1 %, finding g). Twice L keeps
+    one report at most in flight while round trips vary by as much again.
+
+    Pure: times are arguments. Before any report has come back the interval is `shortest_ms`.
+    """
+
+    __slots__ = ("_round_trips", "_unechoed", "interval_ms", "longest_ms", "shortest_ms")
+
+    def __init__(self, shortest_ms: float, longest_ms: float) -> None:
+        self.shortest_ms = shortest_ms
+        self.longest_ms = max(shortest_ms, longest_ms)
+        self.interval_ms = shortest_ms
+        # Reports sent and not seen back yet, in the order sent (one partition keeps it): seq -> time.
+        self._unechoed: dict[int, float] = {}
+        self._round_trips: deque[float] = deque(maxlen=_ROUND_TRIPS_KEPT)
+
+    @classmethod
+    def for_settings(cls, report_interval_s: float, unreachable_after_s: float) -> ReportPacer:
+        """The pacer of the `fleet` section's `report_interval_seconds` and `unreachable_after_seconds`."""
+        return cls(report_interval_s * 1000.0, longest_silence_s(unreachable_after_s) * 1000.0)
+
+    @property
+    def round_trip_ms(self) -> float | None:
+        """The longest round trip of the reports kept, None before one came back."""
+        return max(self._round_trips) if self._round_trips else None
+
+    def sent(self, seq: int, now_ms: float) -> None:
+        unechoed = self._unechoed
+        unechoed[seq] = now_ms
+        if len(unechoed) > _UNECHOED_KEPT:
+            del unechoed[next(iter(unechoed))]
+
+    def echoed(self, seq: int, now_ms: float) -> None:
+        """This instance's own report `seq` was read back from the topic at `now_ms`."""
+        unechoed = self._unechoed
+        sent_ms = unechoed.get(seq)
+        if sent_ms is None:
+            return  # not sent by this process, or already forgotten
+        # The topic keeps one producer's order: every report sent before this one came back first or was lost.
+        for earlier in [s for s in unechoed if s <= seq]:
+            del unechoed[earlier]
+        # To the microsecond: a clock's float noise would otherwise pace reports 100.00000000000001 ms
+        # apart where the round trip is 50 ms, moving each report a little on every one.
+        self._round_trips.append(round(now_ms - sent_ms, 3))
+        self.interval_ms = min(self.longest_ms, max(self.shortest_ms, 2.0 * max(self._round_trips)))
 
 
 @dataclass(slots=True)
