@@ -94,11 +94,23 @@ SPREAD_MIN_PERIOD_S = 1.0
 # its difference at every pass) ...
 SAME_PERIOD = 1.05
 # ... when one's admission comes less than this share of the even spacing (period / n) from
-# another's; the one whose entity sorts later is then delayed to the even spacing after it.
+# another's; the one due later is then delayed to the even spacing after the other.
 SPREAD_TOLERANCE = 0.75
 # Another instance's client (guard.fleet_wide) is known by its last throttled request in that
-# instance's report, and counted as due until this long after its estimated admission: its next
-# request reaches this instance a report interval and the topic's round trip after it is sent.
+# instance's report, which comes a report interval (0.1 s by default) and the topic's round trip
+# after the request at most; the instances' limits for it differ by a few per cent of its period
+# besides. Its admission is taken as early as that allows: this much before the report's time +
+# request / limit. Two instances then see each other's clients early, never late, and where
+# they disagree on which of a pair is due first both move it rather than neither (GuardQuotas.
+# spread_admissions); a pair that neither moved would stay together for as long as it runs.
+REMOTE_REPORT_DELAY_S = 0.2
+# Of two clients due within this many seconds of each other, one of them another instance's,
+# which is due first is not known alike on both instances: the one whose entity sorts later by
+# name yields. More than what the estimate may be off by (REMOTE_REPORT_DELAY_S and the limits'
+# difference), so that two started together never both move.
+REMOTE_UNCERTAINTY_S = 0.3
+# A client of another instance is counted as due until this long after its estimated admission
+# (its next request is on its way through the exchange), no longer: it stopped.
 REMOTE_ADMISSION_GRACE_S = 0.5
 
 # The resolution of a guard sensor's count of its recent bytes (GuardRate.recent_total).
@@ -215,15 +227,15 @@ class GuardRate(WindowedRate):
         """For a client another instance forwards (its last throttled request came in a report,
         after any of this instance's own): seconds until that instance's bucket is back at zero,
         estimated as a backlogged client's, whose request left its bucket that request in
-        deficit: the report's time + request / limit. Later than the truth by the report's
-        delay (up to a report interval and the topic's round trip), and blind to a delay the
-        other instance gave it, until its next request reports its new phase. None: no such
-        request, no limit, or due more than REMOTE_ADMISSION_GRACE_S ago (it stopped)."""
+        deficit, as early as the report's delay allows: the report's time - REMOTE_REPORT_DELAY_S
+        + request / limit. Blind to a delay the other instance gave it, until its next request
+        reports its new phase. None: no such request, no limit, or due more than
+        REMOTE_ADMISSION_GRACE_S ago (it stopped)."""
         bound = self.bound
         local_since = self.last_request > 0 and self.request_at_ms >= self.remote_request_at_ms
         if self.remote_request <= 0 or local_since or bound == NO_QUOTA_BOUND or bound <= 0:
             return None
-        waiting = (self.remote_request_at_ms - now_ms) / 1000.0 + self.remote_request / bound
+        waiting = (self.remote_request_at_ms - now_ms) / 1000.0 - REMOTE_REPORT_DELAY_S + self.remote_request / bound
         return waiting if waiting > -REMOTE_ADMISSION_GRACE_S else None
 
     def delay_admission(self, seconds: float) -> None:
@@ -349,16 +361,16 @@ class GuardQuotas:
         11 s window, 0.85x or 1.00x of the broker's limit on the wire, where evenly spaced they
         give 9 or 10). Here each group of clients of about one period on a broker, with when
         their buckets are next back at zero, is held at least SPREAD_TOLERANCE x period / n
-        apart: of two that come closer, the one whose entity sorts later is delayed to
-        period / n after the other. A delay costs that client its length x its limit once (about
-        half a request when two start together); spaced evenly, nothing moves them.
+        apart: of two that come closer, the one due later is delayed to period / n after the
+        other. A delay costs that client its length x its limit once (about half a request when
+        two start together); spaced evenly, nothing moves them.
 
         Across a fleet (guard.fleet_wide) the group also holds the clients other instances
         forward, known by their last throttled request in the exchange (GuardRate.
-        remote_admission_in_s), and each instance delays only the clients it forwards. Who
-        yields is decided by the entities' names, not by whose admission comes later, so that
-        two instances that see a pair a report apart agree on which of the two moves: by time,
-        each could see its own client as the later one and both would move, together again."""
+        remote_admission_in_s), and each instance delays only the clients it forwards. Of two
+        due within REMOTE_UNCERTAINTY_S of each other the one whose entity sorts later by name
+        yields (`_yields`), so that two instances that see the pair a report apart agree on
+        which of the two moves."""
         delayed = 0
         for manager in self.managers.values():
             groups: dict[str | None, list[_Admission]] = {}
@@ -480,15 +492,15 @@ def _same_period(members: list[_Admission]) -> Iterator[list[_Admission]]:
 
 
 def _spread(group: list[_Admission]) -> int:
-    """Delay this instance's members of one group that are due too close to another member whose
-    name sorts first, to period / n after the latest of those; returns how many were delayed.
-    In name order, so that each settles against members that no longer move."""
+    """Delay this instance's members of one group that are due too close after another member
+    (`_yields`), to period / n after the latest of those; returns how many were delayed. In order
+    of admission, so that each settles against members that are due before it."""
     if len(group) < 2:
         return 0
     period = sum(member.period for member in group) / len(group)
     even = period / len(group)
     close = SPREAD_TOLERANCE * even
-    order = sorted(group, key=lambda m: m.name)
+    order = sorted(group, key=lambda m: (m.waiting, m.name))
     times = [member.waiting for member in order]
     delayed = 0
     for index, member in enumerate(order):
@@ -496,9 +508,11 @@ def _spread(group: list[_Admission]) -> int:
             continue  # the instance that forwards it moves it, if it must
         delay = 0.0
         for _ in range(len(order)):  # each pass moves it past one more: at most once past each
-            # Where each member that sorts first is due, relative to this one, on the circle of one period.
-            near = [offset for offset in (_circular(times[other] - times[index], period) for other in range(index))
-                    if abs(offset) < close]
+            # Where each other member is due relative to this one, on the circle of one period.
+            offsets = [(other, _circular(times[other] - times[index], period))
+                       for other in range(len(order)) if other != index]
+            near = [offset for other, offset in offsets
+                    if abs(offset) < close and _yields(member, order[other], offset)]
             if not near:
                 break
             shift = max(near) + even
@@ -508,6 +522,19 @@ def _spread(group: list[_Admission]) -> int:
             member.rate.delay_admission(delay)
             delayed += 1
     return delayed
+
+
+def _yields(member: _Admission, other: _Admission, offset: float) -> bool:
+    """Whether `member` gives way to `other`, due `offset` seconds after it (before: negative):
+    the later of the two yields, as it moves least (period / n less their distance); the later
+    name when their times are within what is known of them (exact here, REMOTE_UNCERTAINTY_S
+    apart for another instance's), so that two instances that each see the other's client a
+    report late agree on which of the two moves (by time both could take their own for the
+    later one, move both, and be together again)."""
+    uncertain = 0.0 if member.local and other.local else REMOTE_UNCERTAINTY_S
+    if abs(offset) <= uncertain:
+        return member.name > other.name
+    return offset < 0
 
 
 def _circular(offset: float, period: float) -> float:
