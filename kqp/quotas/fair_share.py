@@ -242,8 +242,10 @@ class _Model:
             self.rate = trailing_mean(self.demand, window)  # (flows, brokers, buckets)
         # peaks[f]: the highest windowed rate flow f shows anywhere. A quota at or above it never throttles
         # the flow, so it is also the top of the level search for that flow (level = peak / weight).
+        # No flows (an idle proxy's guard step): nothing to reshape, and numpy cannot reshape an empty array to (0, -1).
         self.peaks = (
-            self.rate.reshape(len(problem.flows), -1).max(axis=1) if buckets else np.zeros(len(problem.flows))
+            self.rate.reshape(len(problem.flows), -1).max(axis=1) if buckets and problem.flows
+            else np.zeros(len(problem.flows))
         )
         # cut_below[f]: the quota under which flow f loses bytes in some bucket (its peak, or its
         # peak / burst_factor where a throttled bucket keeps a burst above the quota). A quota at or

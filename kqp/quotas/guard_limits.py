@@ -93,9 +93,25 @@ SPREAD_MIN_PERIOD_S = 1.0
 # periods drift through each other instead, and holding them apart would cost the faster one
 # its difference at every pass) ...
 SAME_PERIOD = 1.05
-# ... when one's admission comes less than this share of the even spacing (period / n) after
-# the one before it; it is then delayed to the even spacing.
+# ... when one's admission comes less than this share of the even spacing (period / n) from
+# another's; the one due later is then delayed to the even spacing after the other.
 SPREAD_TOLERANCE = 0.75
+# Another instance's client (guard.fleet_wide) is known by its last throttled request in that
+# instance's report, which comes a report interval (0.1 s by default) and the topic's round trip
+# after the request at most; the instances' limits for it differ by a few per cent of its period
+# besides. Its admission is taken as early as that allows: this much before the report's time +
+# request / limit. Two instances then see each other's clients early, never late, and where
+# they disagree on which of a pair is due first both move it rather than neither (GuardQuotas.
+# spread_admissions); a pair that neither moved would stay together for as long as it runs.
+REMOTE_REPORT_DELAY_S = 0.2
+# Of two clients due within this many seconds of each other, one of them another instance's,
+# which is due first is not known alike on both instances: the one whose entity sorts later by
+# name yields. More than what the estimate may be off by (REMOTE_REPORT_DELAY_S and the limits'
+# difference), so that two started together never both move.
+REMOTE_UNCERTAINTY_S = 0.3
+# A client of another instance is counted as due until this long after its estimated admission
+# (its next request is on its way through the exchange), no longer: it stopped.
+REMOTE_ADMISSION_GRACE_S = 0.5
 
 # The resolution of a guard sensor's count of its recent bytes (GuardRate.recent_total).
 RECENT_SLOT_MS = 100
@@ -122,13 +138,18 @@ class GuardRate(WindowedRate):
     its excess at once, as the window would have. It is dropped when the limit goes.
     """
 
-    __slots__ = ("_slot_bytes", "_slot_numbers", "last_request", "tokens", "tokens_at_ms")
+    __slots__ = ("_slot_bytes", "_slot_numbers", "last_request", "remote_request", "remote_request_at_ms",
+                 "request_at_ms", "tokens", "tokens_at_ms")
 
     def __init__(self, samples: int, window_ms: int, bound: float = NO_QUOTA_BOUND) -> None:
         super().__init__(samples, window_ms, bound)
         self.tokens: float | None = None  # None: no guard limit, nothing to throttle with
         self.tokens_at_ms = 0
         self.last_request = 0.0  # the size of the last request this instance throttled on (not the fleet's reports)
+        self.request_at_ms = 0  # ... and when
+        # The last request another instance reported it throttled on (guard.fleet_wide), and when the report came.
+        self.remote_request = 0.0
+        self.remote_request_at_ms = 0
         # What was recorded in each RECENT_SLOT_MS of the last quota window (and one slot more),
         # by slot number (time // RECENT_SLOT_MS): `recent_total`'s exact count.
         slots = samples * window_ms // RECENT_SLOT_MS + 2
@@ -184,6 +205,7 @@ class GuardRate(WindowedRate):
     def record_and_throttle(self, value: float, now_ms: int) -> int:
         self.record(value, now_ms)
         self.last_request = value
+        self.request_at_ms = now_ms
         tokens = self.tokens
         if tokens is None or tokens >= 0:
             return 0
@@ -200,6 +222,21 @@ class GuardRate(WindowedRate):
         burst = self.samples * (self.window_ms / 1000.0) * bound
         now = min(burst, tokens + bound * ((now_ms - self.tokens_at_ms) / 1000.0))
         return -now / bound if now < 0 else None
+
+    def remote_admission_in_s(self, now_ms: int) -> float | None:
+        """For a client another instance forwards (its last throttled request came in a report,
+        after any of this instance's own): seconds until that instance's bucket is back at zero,
+        estimated as a backlogged client's, whose request left its bucket that request in
+        deficit, as early as the report's delay allows: the report's time - REMOTE_REPORT_DELAY_S
+        + request / limit. Blind to a delay the other instance gave it, until its next request
+        reports its new phase. None: no such request, no limit, or due more than
+        REMOTE_ADMISSION_GRACE_S ago (it stopped)."""
+        bound = self.bound
+        local_since = self.last_request > 0 and self.request_at_ms >= self.remote_request_at_ms
+        if self.remote_request <= 0 or local_since or bound == NO_QUOTA_BOUND or bound <= 0:
+            return None
+        waiting = (self.remote_request_at_ms - now_ms) / 1000.0 - REMOTE_REPORT_DELAY_S + self.remote_request / bound
+        return waiting if waiting > -REMOTE_ADMISSION_GRACE_S else None
 
     def delay_admission(self, seconds: float) -> None:
         """Move the client's next admission `seconds` later: its bucket owes that much more (the
@@ -305,10 +342,16 @@ class GuardQuotas:
         if throttles > 0:
             node = int(broker) if broker is not None and broker.isdigit() else None
             self._throttled_at[(self.callback.entity(tags), quota_type, node)] = now_ms
+            rate = sensor.rate
+            if amount > 0 and isinstance(rate, GuardRate):
+                # Its phase, for spreading held-back clients across the fleet (spread_admissions): a report
+                # interval holds at most one large request of a held-back client, and each is throttled.
+                rate.remote_request = amount / throttles
+                rate.remote_request_at_ms = now_ms
 
     def spread_admissions(self, now_ms: int) -> int:
         """Spread the admissions of backlogged clients held back on one broker whose requests are
-        large against their limits; returns how many were delayed.
+        large against their limits; returns how many of this instance's were delayed.
 
         The token bucket sends each such client one request every request / limit seconds, so
         two with the same limit and request size (two library-default producers given the same
@@ -316,23 +359,28 @@ class GuardQuotas:
         quota window then holds a whole number of requests from each, and the two run over or
         under together (with 1 MB requests against two 450 kB/s shares, 8 or 10 of them per
         11 s window, 0.85x or 1.00x of the broker's limit on the wire, where evenly spaced they
-        give 9 or 10). Here each group of clients of about one period on a broker, ordered by
-        when their buckets are next back at zero, is held at least SPREAD_TOLERANCE x period / n
-        apart: one that comes closer after another is delayed to period / n after it. A delay
-        costs that client its length x its limit once (about half a request when two start
-        together); spaced evenly, nothing moves them. Only this instance's clients are moved:
-        each instance of a fleet spreads what it forwards."""
+        give 9 or 10). Here each group of clients of about one period on a broker, with when
+        their buckets are next back at zero, is held at least SPREAD_TOLERANCE x period / n
+        apart: of two that come closer, the one due later is delayed to period / n after the
+        other. A delay costs that client its length x its limit once (about half a request when
+        two start together); spaced evenly, nothing moves them.
+
+        Across a fleet (guard.fleet_wide) the group also holds the clients other instances
+        forward, known by their last throttled request in the exchange (GuardRate.
+        remote_admission_in_s), and each instance delays only the clients it forwards. Of two
+        due within REMOTE_UNCERTAINTY_S of each other the one whose entity sorts later by name
+        yields (`_yields`), so that two instances that see the pair a report apart agree on
+        which of the two moves."""
         delayed = 0
         for manager in self.managers.values():
-            groups: dict[str | None, list[tuple[float, float, GuardRate]]] = {}
+            groups: dict[str | None, list[_Admission]] = {}
             for sensor in manager.sensors.values():
                 rate = sensor.rate
-                if not isinstance(rate, GuardRate) or rate.last_request <= 0:
+                if not isinstance(rate, GuardRate):
                     continue
-                waiting = rate.admission_in_s(now_ms)
-                period = rate.last_request / rate.bound if waiting is not None else 0.0
-                if waiting is not None and period >= SPREAD_MIN_PERIOD_S:
-                    groups.setdefault(sensor.identity.broker, []).append((period, waiting, rate))
+                admission = _admission(sensor, rate, now_ms)
+                if admission is not None and admission.period >= SPREAD_MIN_PERIOD_S:
+                    groups.setdefault(sensor.identity.broker, []).append(admission)
             for members in groups.values():
                 for same in _same_period(members):
                     delayed += _spread(same)
@@ -404,11 +452,38 @@ class GuardQuotas:
         return bounds
 
 
-def _same_period(members: list[tuple[float, float, GuardRate]]) -> Iterator[list[tuple[float, float, GuardRate]]]:
+class _Admission:
+    """One held-back client's next admission on one broker, as spread_admissions judges it."""
+
+    __slots__ = ("local", "name", "period", "rate", "waiting")
+
+    def __init__(self, name: tuple[tuple[str, str], ...], period: float, waiting: float, rate: GuardRate,
+                 local: bool) -> None:
+        self.name = name  # the sensor's tags: the same on every instance of a fleet
+        self.period = period  # request / limit: seconds between its requests
+        self.waiting = waiting  # seconds until its bucket is back at zero
+        self.rate = rate
+        self.local = local  # forwarded by this instance (only those are moved here)
+
+
+def _admission(sensor: RateSensor, rate: GuardRate, now_ms: int) -> _Admission | None:
+    """The sensor's client as a member of a spreading group: backlogged and held back by its guard
+    limit, through this instance (its bucket) or another (its last reported request); else None."""
+    name = tuple(sorted(sensor.identity.tags.items()))
+    remote = rate.remote_admission_in_s(now_ms)
+    if remote is not None:
+        return _Admission(name, rate.remote_request / rate.bound, remote, rate, False)
+    waiting = rate.admission_in_s(now_ms) if rate.last_request > 0 else None
+    if waiting is None:
+        return None
+    return _Admission(name, rate.last_request / rate.bound, waiting, rate, True)
+
+
+def _same_period(members: list[_Admission]) -> Iterator[list[_Admission]]:
     """The members in groups of about one period (each within SAME_PERIOD of its group's shortest)."""
-    group: list[tuple[float, float, GuardRate]] = []
-    for member in sorted(members, key=lambda m: m[0]):
-        if group and member[0] > group[0][0] * SAME_PERIOD:
+    group: list[_Admission] = []
+    for member in sorted(members, key=lambda m: m.period):
+        if group and member.period > group[0].period * SAME_PERIOD:
             yield group
             group = []
         group.append(member)
@@ -416,24 +491,55 @@ def _same_period(members: list[tuple[float, float, GuardRate]]) -> Iterator[list
         yield group
 
 
-def _spread(group: list[tuple[float, float, GuardRate]]) -> int:
-    """Delay the members of one group whose next admission comes too soon after another's (in
-    order of admission, the first after the last's one period earlier); returns how many."""
+def _spread(group: list[_Admission]) -> int:
+    """Delay this instance's members of one group that are due too close after another member
+    (`_yields`), to period / n after the latest of those; returns how many were delayed. In order
+    of admission, so that each settles against members that are due before it."""
     if len(group) < 2:
         return 0
-    period = sum(member[0] for member in group) / len(group)
+    period = sum(member.period for member in group) / len(group)
     even = period / len(group)
-    order = sorted(group, key=lambda m: m[1])
-    times = [waiting for _, waiting, _ in order]
+    close = SPREAD_TOLERANCE * even
+    order = sorted(group, key=lambda m: (m.waiting, m.name))
+    times = [member.waiting for member in order]
     delayed = 0
-    for index, (_, _, rate) in enumerate(order):
-        before = times[index - 1] - (period if index == 0 else 0.0)
-        if times[index] - before < SPREAD_TOLERANCE * even:
-            delay = before + even - times[index]
-            rate.delay_admission(delay)
-            times[index] += delay
+    for index, member in enumerate(order):
+        if not member.local:
+            continue  # the instance that forwards it moves it, if it must
+        delay = 0.0
+        for _ in range(len(order)):  # each pass moves it past one more: at most once past each
+            # Where each other member is due relative to this one, on the circle of one period.
+            offsets = [(other, _circular(times[other] - times[index], period))
+                       for other in range(len(order)) if other != index]
+            near = [offset for other, offset in offsets
+                    if abs(offset) < close and _yields(member, order[other], offset)]
+            if not near:
+                break
+            shift = max(near) + even
+            times[index] += shift
+            delay += shift
+        if delay > 0:
+            member.rate.delay_admission(delay)
             delayed += 1
     return delayed
+
+
+def _yields(member: _Admission, other: _Admission, offset: float) -> bool:
+    """Whether `member` gives way to `other`, due `offset` seconds after it (before: negative):
+    the later of the two yields, as it moves least (period / n less their distance); the later
+    name when their times are within what is known of them (exact here, REMOTE_UNCERTAINTY_S
+    apart for another instance's), so that two instances that each see the other's client a
+    report late agree on which of the two moves (by time both could take their own for the
+    later one, move both, and be together again)."""
+    uncertain = 0.0 if member.local and other.local else REMOTE_UNCERTAINTY_S
+    if abs(offset) <= uncertain:
+        return member.name > other.name
+    return offset < 0
+
+
+def _circular(offset: float, period: float) -> float:
+    """`offset` seconds on a circle of `period`: within [-period / 2, period / 2)."""
+    return (offset + period / 2) % period - period / 2
 
 
 def _client_sensors(manager: ClientQuotaManager[RateSensor]) -> Iterator[RateSensor]:

@@ -58,6 +58,14 @@ def test_under_the_limit_nobody_is_limited() -> None:
     assert decision.resources[0].load == pytest.approx(1150)
 
 
+def test_an_idle_proxy_steps_with_no_flow_at_all() -> None:
+    """Brokers known, nothing forwarded yet: the step answers (it raised on numpy's reshape of an
+    empty array, and the proxy logged a failed step every second until the first request)."""
+    decision = step(one_broker(), GuardState(), [], now_s=0)
+    assert decision.limits == {} and engaged(decision) == set()
+    assert [r.load for r in decision.resources] == [0.0, 0.0]
+
+
 def test_one_broker_quiet_producers_keep_their_rate_and_the_noisy_share_what_is_left() -> None:
     # The issue's shape: three at 100 B/s, two at 800 B/s, NW_IN limit 1200.
     # 3 x 100 + 2 x L = 1200: L = 450 for each noisy producer; the quiet ones are under it.

@@ -120,3 +120,87 @@ def test_the_others_bytes_throttle_this_instances_clients_as_the_fleets_rate() -
     alone.guard.set_limits({(APP, PRODUCE): 50_000})
     alone.record_produce("1", "bob", "app", 1_000, 200)
     assert alone.record_produce("1", "bob", "app", 200_000, 300) == 0  # 201 kB alone: under
+
+
+def fleet_of_backlogged(clients: dict[str, int], limit: float, seconds: int, spread: bool) -> list[int]:
+    """Backlogged clients of 1 MB requests that obey each throttle, each through its own instance
+    (client -> the ms it starts), the instances exchanging their guard deltas every 100 ms (20 ms
+    on the way) and stepping, so spreading, every second, each half a second after the one before:
+    the fleet's requests per second."""
+    names = sorted(clients)
+    engines = [instance() for _ in names]
+    for engine in engines:
+        assert engine.guard is not None
+        engine.guard.set_limits({(QuotaEntity(client_id=name), PRODUCE): limit for name in names})
+    muted_until, per_second = dict(clients), [0] * seconds
+    in_flight: list[tuple[int, int, list[GuardDelta]]] = []
+    for now in range(0, seconds * 1000, 20):
+        if now % 100 == 0:
+            in_flight += [(now + 20, index, engine.take_guard_usage()) for index, engine in enumerate(engines)]
+        for _, sender, deltas in [report for report in in_flight if report[0] <= now]:
+            for index, engine in enumerate(engines):
+                if index != sender:
+                    engine.record_remote_guard(deltas, now)
+        in_flight = [report for report in in_flight if report[0] > now]
+        for index, engine in enumerate(engines):
+            if spread and now >= 1000 and (now - index * 500) % 1000 == 0:
+                assert engine.guard is not None
+                engine.guard.spread_admissions(now)
+        for index, name in enumerate(names):
+            if now >= muted_until[name]:
+                muted_until[name] = now + engines[index].record_produce("1", "", name, 1_000_000, now)
+                per_second[now // 1000] += 1
+    return per_second
+
+
+def windows_of(per_second: list[int], first: int = 40) -> set[int]:
+    return {sum(per_second[end - 11:end]) for end in range(first, len(per_second) + 1)}
+
+
+@pytest.mark.parametrize("starts", [{"noisy-1": 0, "noisy-2": 0}, {"noisy-1": 300, "noisy-2": 0}])
+def test_two_backlogged_clients_through_two_instances_are_spaced_half_a_period_apart(starts: dict[str, int]) -> None:
+    """The wire's fleet shape (bench/guard_fleet.py): two library-default producers given the same
+    share, each through its own instance. Alone, neither instance sees a pair to spread, and two
+    that start together send together: 8 or 10 of their 1 MB requests in an 11 s window, never 9.
+    With the other's requests known through the exchange, the one whose name sorts later yields
+    half a period (whichever of the two is due first): 9 or 10 in every window."""
+    assert windows_of(fleet_of_backlogged(starts, 440_000, 120, spread=False)) >= {8, 10}
+    assert windows_of(fleet_of_backlogged(starts, 440_000, 120, spread=True)) == {9, 10}
+
+
+def test_three_through_three_instances_are_spaced_a_third_of_a_period_apart() -> None:
+    # 1 MB against 300 kB/s: one request each 3.33 s, 9.9 per window from the three.
+    together = dict.fromkeys(("a", "b", "c"), 0)
+    assert windows_of(fleet_of_backlogged(together, 300_000, 120, spread=False)) == {9, 12}
+    assert windows_of(fleet_of_backlogged(together, 300_000, 120, spread=True)) == {9, 10}
+
+
+def held_back_pair(starts: dict[str, int], until_ms: int) -> list[QuotaEngine]:
+    """x through one instance and y through another, backlogged 1 MB requests under a 440 kB/s
+    guard limit from their start (ms) until `until_ms`, the instances exchanging every 100 ms."""
+    engines = [instance(), instance()]
+    for engine in engines:
+        assert engine.guard is not None
+        engine.guard.set_limits({(QuotaEntity(client_id=name), PRODUCE): 440_000 for name in ("x", "y")})
+    muted_until = dict(starts)
+    for now in range(0, until_ms + 1, 10):
+        for index, name in enumerate(("x", "y")):
+            if now >= muted_until[name]:
+                muted_until[name] = now + engines[index].record_produce("1", "", name, 1_000_000, now)
+        if now % 100 == 0:
+            exchange(engines[0], engines[1], now)
+            exchange(engines[1], engines[0], now)
+    return engines
+
+
+@pytest.mark.parametrize("starts", [{"x": 0, "y": 50}, {"x": 50, "y": 0}])
+def test_of_a_pair_due_together_only_the_later_name_yields_on_either_instance(starts: dict[str, int]) -> None:
+    """Each instance sees the other's client a report late: by time each could take its own for
+    the later one and both would move, still together. By name, y moves, whether it is due a
+    little before x or a little after, and x never does."""
+    through_x, through_y = held_back_pair(starts, 12_000)
+    assert through_x.guard is not None and through_y.guard is not None
+    assert through_x.guard.spread_admissions(12_000) == 0
+    assert through_y.guard.spread_admissions(12_000) == 1
+    # Once it moved, the stale view of it the other instance holds moves nobody.
+    assert through_x.guard.spread_admissions(12_000) == 0 and through_y.guard.spread_admissions(12_000) == 0
