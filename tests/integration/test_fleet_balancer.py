@@ -59,7 +59,7 @@ ANSWERED_WITHIN_S = SOCKET_TIMEOUT_S + RECONNECT_BACKOFF_MAX_S + BALANCER_DOWN_S
 # quota: the producers offer 3x the quota, so under a window of their traffic, answered as above.
 ENGAGED_WITHIN_S = QUOTA_WINDOW_S + ANSWERED_WITHIN_S
 # The survivors forget the killed instance a member timeout after its last report reached them;
-# that report may come late by the exchange's own request time-out (aiokafka's 40 s by default),
+# that report may come late by the exchange consumer's request time-out (aiokafka's 40 s default),
 # which the producers' bound above covers.
 FORGOTTEN_WITHIN_S = QUOTA_WINDOW_S + ANSWERED_WITHIN_S
 
