@@ -360,5 +360,6 @@ def test_a_killed_instance_leaves_its_clients_to_the_others_and_the_budget_holds
     print(f"every instance throttled the client {engaged:.1f} s after the producers started; the kill cut "
           f"{victim_held} client connections to brokers, all back through the survivors and acknowledged "
           f"{reconnected:.1f} s after it (per producer, broker node: {[c.fates for c in cuts]}); the survivors "
-          f"forgot the killed instance {forgotten:.1f} s after it and throttled the client again by {held:.1f} s; "
+          f"had forgotten the killed instance by {forgotten:.1f} s after it and throttled the client again by "
+          f"{held:.1f} s; "
           f"{acknowledged()}, the kill in second {killed - start:.0f}")
