@@ -18,6 +18,8 @@ from pathlib import Path
 from harness.local_kafka import KafkaHarnessError, terminate
 
 CHECK_INTERVAL_MS = 200
+# Failed checks in a row that mark an instance down (and as many good ones bring it back).
+CHECK_FALL = 2
 
 
 def haproxy_config(listen_host: str, ports: Sequence[int], instance_hosts: Sequence[str],
@@ -38,8 +40,8 @@ def haproxy_config(listen_host: str, ports: Sequence[int], instance_hosts: Seque
     ]
     for port in ports:
         lines += [f"listen port-{port}", f"    bind {listen_host}:{port}", "    balance roundrobin"]
-        lines += [f"    server instance-{index} {host}:{port} check inter {CHECK_INTERVAL_MS}ms fall 2 rise 2"
-                  f" on-marked-down shutdown-sessions {server_options}".rstrip()
+        lines += [f"    server instance-{index} {host}:{port} check inter {CHECK_INTERVAL_MS}ms"
+                  f" fall {CHECK_FALL} rise {CHECK_FALL} on-marked-down shutdown-sessions {server_options}".rstrip()
                   for index, host in enumerate(instance_hosts)]
     return "\n".join(lines) + "\n"
 

@@ -394,6 +394,13 @@ class FleetExchange:
         view = self.view
         view.member_timeout_ms = self._quota_window_ms()
         instances = view.instances(now)
+        for departure in view.take_departures():
+            # Its usage has left every window by now; an operator sees here when and why the
+            # fleet stopped counting it (tests/integration/test_fleet_balancer.py reads it).
+            log.info("fleet exchange: instance %s left the fleet: no report for %.3f s, over the member timeout "
+                     "of %.3f s (one quota window); the previous membership check was %.3f s before",
+                     departure.instance, departure.silent_ms / 1000, view.member_timeout_ms / 1000,
+                     departure.since_previous_check_ms / 1000)
         state = view.state(now)
         if state != self._state:
             previous, self._state = self._state, state

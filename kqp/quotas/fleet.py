@@ -399,6 +399,18 @@ class ReportPacer:
         self.interval_ms = min(self.longest_ms, max(self.shortest_ms, 2.0 * max(self._round_trips)))
 
 
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """An instance the view stopped counting: how long it had been silent then, and how long
+    since the view's previous membership check, both on the view's own clock. It left at the
+    first check after a member timeout of silence when `silent_ms - member_timeout_ms` is at most
+    `since_previous_check_ms`."""
+
+    instance: str
+    silent_ms: float
+    since_previous_check_ms: float
+
+
 @dataclass(slots=True)
 class FleetView:
     """Who is in the fleet and whether the exchange works, as one instance sees it.
@@ -421,6 +433,9 @@ class FleetView:
     own_report_seen_ms: float | None = None
     last_known_instances: int = 1
     last_known_holders: int = 1
+    # The instances forgotten since the exchange last took them (`take_departures`), for its log.
+    departures: list[Departure] = field(default_factory=list)
+    last_checked_ms: float | None = None
 
     def report_seen(self, instance: str, now_ms: float) -> None:
         self.last_seen_ms[instance] = now_ms
@@ -430,14 +445,22 @@ class FleetView:
     def instances(self, now_ms: float) -> int:
         """Instances alive (this one included); those silent for a quota window are forgotten."""
         gone = [name for name, seen in self.last_seen_ms.items() if now_ms - seen > self.member_timeout_ms]
+        previous_check_ms = self.started_ms if self.last_checked_ms is None else self.last_checked_ms
         for name in gone:
-            del self.last_seen_ms[name]
+            silent_ms = now_ms - self.last_seen_ms.pop(name)
+            self.departures.append(Departure(name, silent_ms, now_ms - previous_check_ms))
+        self.last_checked_ms = now_ms
         names = self.last_seen_ms.keys() | {self.instance}
         alive = len(names)
         if self.reachable(now_ms):
             self.last_known_instances = alive
             self.last_known_holders = len({budget_holder(name) for name in names})
         return alive
+
+    def take_departures(self) -> list[Departure]:
+        """The instances forgotten since the last call, oldest first."""
+        departures, self.departures = self.departures, []
+        return departures
 
     def reachable(self, now_ms: float) -> bool:
         since = self.own_report_seen_ms if self.own_report_seen_ms is not None else self.started_ms

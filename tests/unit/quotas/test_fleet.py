@@ -11,6 +11,7 @@ from kqp.protocol.api_keys import ApiKey
 from kqp.quotas import QuotaEngine, QuotaType
 from kqp.quotas.fleet import (
     ClaimClock,
+    Departure,
     FleetView,
     MutationClaim,
     ReportError,
@@ -221,6 +222,24 @@ def test_membership_ages_out_a_silent_instance_and_falls_back_when_the_exchange_
     assert view.budget_share(11_300 + 20_000) == 0.5
     view.report_seen("a", 40_000)
     assert (view.state(40_000), view.budget_share(40_000)) == ("ok", 1.0)
+
+
+def test_a_forgotten_instance_is_told_with_its_silence_at_the_first_check_past_the_timeout() -> None:
+    """The exchange logs each instance it stops counting (kqp.proxy.fleet); the wire test of a
+    killed instance reads that it left only after a whole member timeout of silence, at the
+    first check after it."""
+    view = FleetView("a", "share", member_timeout_ms=11_000, unreachable_after_ms=3_000, started_ms=0)
+    view.report_seen("a", 100)
+    view.report_seen("b", 100)
+    view.report_seen("c", 150)
+    for t in range(200, 11_200, 100):
+        view.report_seen("a", t)
+        view.report_seen("b", t)
+        assert view.instances(t) == 3
+    assert view.take_departures() == []
+    assert view.instances(11_250) == 2  # c, last heard at 150, silent 11,100 ms > 11,000
+    assert view.take_departures() == [Departure("c", 11_100, 150)]
+    assert view.take_departures() == []  # told once
 
 
 def test_under_the_share_policy_the_workers_of_one_host_hold_one_share() -> None:
