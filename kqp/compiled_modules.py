@@ -43,17 +43,6 @@ COMPILED_MODULES: tuple[str, ...] = (
     # gate and the hooks (strictly type-checked, as the modules above). Its two asyncio
     # protocol classes subclass asyncio.Protocol, so mypyc leaves them ordinary classes.
     "kqp.proxy.connection",
-    # The hooks `kqp serve` runs on every request and response: the address rewrite's check of
-    # each response, enforcement's chain and Kafka's charging, and observation (metrics and
-    # capture). Their classes subclass TrafficHooks and Policy, which stay interpreted because
-    # tests and the simulator subclass them, so mypyc makes them ordinary classes too, as the
-    # connection's protocol classes: their methods still run compiled, which is what a
-    # running proxy was paying for (docs/benchmarks.md, "Where a produce request's CPU goes").
-    "kqp.protocol.address_rewrite",
-    "kqp.proxy.policies.charges",
-    "kqp.proxy.policies.kafka_charging",
-    "kqp.proxy.policies.chain",
-    "kqp.proxy.observation",
     # The whatif replay's per-request loop (kqp.spark_jobs.quota_replay hands it a group's
     # columns as lists): the replay's requests reach the compiled engine from compiled code.
     "kqp.spark_jobs.replay_loop",
