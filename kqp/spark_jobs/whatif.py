@@ -519,12 +519,8 @@ def passthrough_condition(
     settings: QuotaSettings,
     traffic: ReplayTraffic,
 ) -> DataFrame | None:
-    """`grouped` with a boolean column: whether its task is provably never throttled (None: no task is).
-
-    Groups whose clients have no byte quota at all pass whole, without looking at their traffic;
-    groups with one are judged per task from an upper bound of the bytes they charge per second
-    (`traffic.charged`, summed over the task's clients), by replay_filter.
-    """
+    """`grouped` with a boolean column: whether its task is provably never throttled (None: no task is),
+    as `passing_tasks` decides it."""
     passing = passing_tasks(keys, groups, settings, traffic)
     if passing is None:
         return None
