@@ -97,8 +97,9 @@ SAME_PERIOD = 1.05
 # another's; the one due later is then delayed to the even spacing after the other.
 SPREAD_TOLERANCE = 0.75
 # Another instance's client (guard.fleet_wide) is known by its last throttled request in that
-# instance's report, which comes a report interval (0.1 s by default) and the topic's round trip
-# after the request at most; the instances' limits for it differ by a few per cent of its period
+# instance's report, which comes a report interval (0.05 s by default, longer where the topic's
+# round trip is: kqp.quotas.fleet.ReportPacer) and the topic's round trip after the request at
+# most; the instances' limits for it differ by a few per cent of its period
 # besides. Its admission is taken as early as that allows: this much before the report's time +
 # request / limit. Two instances then see each other's clients early, never late, and where
 # they disagree on which of a pair is due first both move it rather than neither (GuardQuotas.
