@@ -376,7 +376,7 @@ def client_totals(traffic: pd.DataFrame) -> pd.DataFrame:
 
 def api_error_totals(traffic: pd.DataFrame) -> pd.DataFrame:
     """Requests per (API key, API version, error code): the API mix and the error table."""
-    return traffic.groupby(["api_key", "api_version", "error_code"], as_index=False)["requests"].sum()
+    return traffic.groupby(["api_key", "api_version", "error_code"], as_index=False, dropna=False)["requests"].sum()
 
 
 def client_burstiness(traffic: pd.DataFrame) -> pd.DataFrame:
