@@ -30,10 +30,8 @@ import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, IntegerType, LongType, StructField, StructType
 
 from kqp.spark_jobs.quota_replay import MUTATION_COLUMNS, MutationFunction, charged_inputs, quota_groups
@@ -45,8 +43,11 @@ from kqp.spark_jobs.whatif import (
     ReplayOptions,
     ReplayTraffic,
     as_recorded,
+    numbered,
+    pair_mapping,
     passing_tasks,
     replay_task,
+    with_pair_names,
 )
 
 # What a deferral replay reads of a charged row (quota_replay.INPUT_COLUMNS and MUTATION_COLUMNS,
@@ -114,23 +115,14 @@ class ChargedReplays:
             return self._prepared
         self.release()
         groups = quota_groups(self._traffic.pairs, options.link_users, options.link_client_ids)
-        pairs = tuple(sorted(groups))
-        mapping = self._spark.createDataFrame(
-            [(p, c, number, groups[(p, c)]) for number, (p, c) in enumerate(pairs)],
-            "principal string, client_id string, pair int, quota_group int",
-        )
+        pairs, mapping = pair_mapping(self._spark, groups)
         keys = ("broker", "quota_group") if options.per_broker else ("quota_group",)
         fields = {field.name: field for field in self._requests.schema.fields}
         schema = StructType([fields[name] for name in _KEPT_COLUMNS] + list(_PAIR_FIELDS) + list(_CHARGE_FIELDS))
-        # The open-loop replay's recorded engine calls are not read in deferral mode: not sent to
-        # Python. A broadcast join keeps each input partition's rows in their order.
-        numbered = (
-            self._requests.drop(*RECORDED_CALL_COLUMNS)
-            .join(F.broadcast(mapping), ["principal", "client_id"])
-            .drop("principal", "client_id")
-        )
+        # The open-loop replay's recorded engine calls are not read in deferral mode: not sent to Python.
+        inputs = numbered(self._requests.drop(*RECORDED_CALL_COLUMNS), mapping)
         # Filled by the first replay's pass (persist is lazy), read by every later one.
-        rows = numbered.mapInPandas(_charged, schema).repartition(*keys).persist()
+        rows = inputs.mapInPandas(_charged, schema).repartition(*keys).persist()
         self._prepared = _Prepared(grouping, groups, keys, rows, pairs)
         return self._prepared
 
@@ -154,12 +146,8 @@ def _replay_partition(
     batches = list(frames)
     if not batches:
         return
-    rows = pd.concat(batches, ignore_index=True)
+    rows = with_pair_names(pd.concat(batches, ignore_index=True), pairs)
     del batches
-    # The pair's strings back, taken from the pairs' list (the same str objects for every row).
-    number = rows["pair"].to_numpy()
-    rows["principal"] = np.array([p for p, _ in pairs], dtype=object)[number]
-    rows["client_id"] = np.array([c for _, c in pairs], dtype=object)[number]
     for key, task in rows.groupby(list(keys), sort=False):
         task_key = tuple(int(k) for k in (key if isinstance(key, tuple) else (key,)))
         if passing is not None and passing.passes(task_key):
