@@ -69,6 +69,7 @@ from kqp.spark_jobs.advice_math import (
 from kqp.spark_jobs.advise_problem import (
     ADVISE_RESOLUTIONS,
     SUMMARY_SCHEMA,
+    TRAFFIC_COLUMNS,
     WINDOW_RESOLUTION,
     AdviseOptions,
     Series,
@@ -85,7 +86,7 @@ from kqp.spark_jobs.advise_yaml import render_quotas_yaml
 from kqp.spark_jobs.analyze_transform import aggregate_traffic, prepare_requests
 from kqp.spark_jobs.capture_source import read_capture
 from kqp.spark_jobs.common import BUDGET_EXIT_CODE, HelpFormatter, Progress
-from kqp.spark_jobs.session import fit_shuffle_partitions
+from kqp.spark_jobs.session import fit_shuffle_partitions, to_pandas
 
 if TYPE_CHECKING:
     from kqp.spark_jobs.whatif import ReplayTraffic
@@ -157,10 +158,10 @@ def _run_advise(
     from kqp.spark_jobs.replay_rounds import ChargedReplays
     from kqp.spark_jobs.whatif import load_quota_settings
 
-    traffic = aggregate_traffic(prepare_requests(raw)).persist()
+    # The traffic sums come to the driver once; the series are pandas over them (no cache, no small Spark jobs).
+    traffic = to_pandas(aggregate_traffic(prepare_requests(raw)).select(*TRAFFIC_COLUMNS))
     windows = _windows(current, options)
-    series = aggregate(spark, traffic, options, bucket_seconds(options, windows))
-    traffic.unpersist()
+    series = aggregate(traffic, options, bucket_seconds(options, windows))
     progress.step(f"aggregated {len(series.demand)} flows over {len(series.brokers)} brokers")
 
     limits = limits_of(capacity_file, series.brokers, options)

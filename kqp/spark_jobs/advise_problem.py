@@ -1,5 +1,5 @@
 """advise, from a capture to the optimisation problem: the job's options, the capture
-aggregated into per-bucket series (analyze's transforms, in Spark), each broker resource's
+aggregated into per-bucket series (from analyze's traffic sums), each broker resource's
 limit from the capacity file, and the `advice_math.Problem` that water-filling solves.
 """
 
@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from kqp.quotas import capacity as cap
 from kqp.quotas.settings import QuotaEntity, Scope
@@ -25,8 +23,6 @@ from kqp.spark_jobs.advice_math import (
     Resource,
 )
 from kqp.spark_jobs.analyze_tables import RESOLUTIONS
-from kqp.spark_jobs.analyze_transform import throughput_series
-from kqp.spark_jobs.session import to_pandas
 
 SUMMARY_SCHEMA = "kqp.replay.advise/1"
 # advise's default resolution: buckets as long as the quota window (docs/replay.md, advise).
@@ -152,39 +148,44 @@ def guarantee(stat: str, unit: int, windows: Mapping[str, int], burst_factor: fl
     return f"{promise}, longer than the {window_text} quota window over which Kafka holds a client to its quota."
 
 
-def aggregate(spark: SparkSession, traffic: DataFrame, options: AdviseOptions, unit: int) -> Series:
-    """Spark's part: broker series and each entity's Produce/Fetch bytes per broker and bucket of `unit` s."""
-    row = traffic.agg(
-        F.min("second").alias("first"), F.max("second").alias("last"), F.collect_set("broker").alias("brokers")
-    ).first()
-    if row is None or row["first"] is None:
+_METRICS = ("bytes_in", "bytes_out", "produce_bytes", "fetch_bytes")
+# The columns of analyze_transform.aggregate_traffic's rows the series are made of.
+TRAFFIC_COLUMNS = ("second", "broker", "principal", "client_id", *_METRICS)
+
+
+def aggregate(traffic: pd.DataFrame, options: AdviseOptions, unit: int) -> Series:
+    """Broker series and each entity's Produce/Fetch bytes per broker and bucket of `unit` s, from
+    the traffic sums (aggregate_traffic's rows, TRAFFIC_COLUMNS of them, collected: about a
+    twentieth of the capture's rows). Every sum is of whole bytes, exact in doubles in any order,
+    so these are the sums Spark's aggregations of the same rows gave; each is divided by the
+    seconds of the capture in its bucket, so that partial first and last buckets are not
+    under-counted."""
+    if not len(traffic):
         raise ValueError(f"capture {options.capture} holds no requests")
-    brokers = tuple(sorted(int(b) for b in row["brokers"]))
-    first_bucket, covered = bucket_coverage(int(row["first"]), int(row["last"]), unit)
+    first, last = int(traffic["second"].min()), int(traffic["second"].max())
+    brokers = tuple(sorted(int(b) for b in traffic["broker"].unique()))
+    first_bucket, covered = bucket_coverage(first, last, unit)
     buckets = len(covered)
-    series = to_pandas(
-        throughput_series(spark, traffic, unit, (int(row["first"]), int(row["last"])), brokers).select(
-            "broker", "bucket", "bytes_in", "bytes_out", "produce_bytes", "fetch_bytes"
-        )
-    )
+    bucketed = traffic.assign(bucket=traffic["second"] // unit)
+    per_broker = bucketed.groupby(["broker", "bucket"])[list(_METRICS)].sum()
     broker_rates: dict[int, dict[str, np.ndarray]] = {}
     for broker in brokers:
-        rows = series[series["broker"] == broker].sort_values("bucket")
-        index = (rows["bucket"].to_numpy() - first_bucket).astype(int)
+        rows = per_broker.loc[broker]
+        index = (rows.index.to_numpy() - first_bucket).astype(int)
         broker_rates[broker] = {}
-        for metric in ("bytes_in", "bytes_out", "produce_bytes", "fetch_bytes"):
+        for metric in _METRICS:
             values = np.zeros(buckets)
-            values[index] = rows[metric].to_numpy(dtype=np.float64)
+            values[index] = rows[metric].to_numpy(dtype=np.float64) / covered[index]
             broker_rates[broker][metric] = values
 
     keys = ENTITY_COLUMNS[options.entity]
-    per_entity = to_pandas(
-        traffic.where((F.col("produce_bytes") > 0) | (F.col("fetch_bytes") > 0))
-        .groupBy(*keys, "broker", F.floor(F.col("second") / unit).cast("long").alias("bucket"))
-        .agg(F.sum("produce_bytes").alias(PRODUCE), F.sum("fetch_bytes").alias(FETCH))
+    moving = bucketed[(bucketed["produce_bytes"] > 0) | (bucketed["fetch_bytes"] > 0)]
+    per_entity = (
+        moving.groupby([*keys, "broker", "bucket"])[["produce_bytes", "fetch_bytes"]]
+        .sum()
+        .rename(columns={"produce_bytes": PRODUCE, "fetch_bytes": FETCH})
+        .reset_index()
     )
-    # Bytes -> bytes/s per (broker row, bucket), dividing by the seconds of the capture in the
-    # bucket so that partial first and last buckets are not under-counted.
     demand: dict[tuple[QuotaEntity, str], np.ndarray] = {}
     broker_row = {broker: i for i, broker in enumerate(brokers)}
     for key, rows in per_entity.groupby(list(keys)):
@@ -198,10 +199,8 @@ def aggregate(spark: SparkSession, traffic: DataFrame, options: AdviseOptions, u
             matrix = np.zeros((len(brokers), buckets))
             np.add.at(matrix, (broker, bucket), values / covered[bucket])
             demand[(entity, quota_type)] = matrix
-    pairs = to_pandas(traffic.select("principal", "client_id").distinct())
-    return Series(
-        brokers, first_bucket, unit, covered, broker_rates, demand, pairs, (int(row["first"]), int(row["last"]))
-    )
+    pairs = traffic[["principal", "client_id"]].drop_duplicates().reset_index(drop=True)
+    return Series(brokers, first_bucket, unit, covered, broker_rates, demand, pairs, (first, last))
 
 
 def limits_of(capacity_file: cap.CapacityFile, brokers: Sequence[int], options: AdviseOptions) -> dict[Resource, float]:

@@ -15,7 +15,8 @@ Run on a cluster (ship the package as a zip; the entry point is this module)::
 Structure: `extract` (capture_source.read_capture) -> the steps of `run_analyze`, each made
 of pure transforms (analyze_transform: a few Spark aggregations, then analyze_tables: driver-side
 pandas shaping of their small results) -> `load` (report.write_analyze_outputs). The Spark work is one pass
-building the per-second traffic sums (cached: six small aggregations read them), one pass
+building the per-second traffic sums (collected once: the coverage, the series, the entity
+tables, the burstiness and the API mix are pandas over them on the driver), one pass
 decoding the Produce and Fetch partition entries into the per-partition-second sums and the
 per-client counts of records and batch sizes (its small result collected: the partition and
 the batch figures are computed from it on the driver), and one counting the latencies per
@@ -53,7 +54,6 @@ from typing import Any
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from kqp.config.capacity_file import load_capacity
 from kqp.quotas import capacity as cap
@@ -63,12 +63,17 @@ from kqp.spark_jobs.analyze_tables import (
     RESOLUTIONS,
     RESOURCE_OF_METRIC,
     STATS,
+    api_error_totals,
     api_mix,
     api_names,
     api_stats,
     batch_tables,
+    broker_second_totals,
+    bucket_connections,
     bucket_series,
     client_broker_totals,
+    client_burstiness,
+    client_totals,
     cluster_series,
     entity_totals,
     error_counts,
@@ -86,20 +91,11 @@ from kqp.spark_jobs.analyze_tables import (
     throttle_counts,
     topic_skew,
     topic_totals,
+    traffic_coverage,
     with_replication,
     without_broker,
 )
-from kqp.spark_jobs.analyze_transform import (
-    aggregate_traffic,
-    api_error_totals,
-    broker_second_totals,
-    bucket_connections,
-    client_burstiness,
-    client_totals,
-    entry_aggregates,
-    latency_counts,
-    prepare_requests,
-)
+from kqp.spark_jobs.analyze_transform import aggregate_traffic, entry_aggregates, latency_counts, prepare_requests
 from kqp.spark_jobs.capture_source import FooterCoverage, read_capture, read_footer_coverage
 from kqp.spark_jobs.common import BUDGET_EXIT_CODE, HelpFormatter, Progress
 from kqp.spark_jobs.session import to_pandas
@@ -145,11 +141,12 @@ class AnalyzeResult:
     # The throughput series, written as Parquet directories (tables/<name>/) like Spark's output.
     series_tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     budget_violations: list[str] = field(default_factory=list)
-    # Cached inputs still held by the session: released once the outputs are written.
+    # Cached inputs still held by the session: released once the outputs are written (none
+    # now: every pass's result is collected whole; kept so that callers need not know).
     cached: list[DataFrame] = field(default_factory=list)
 
     def release(self) -> None:
-        """Unpersist the cached inputs (the per-second traffic), once nothing reads them any more."""
+        """Unpersist the cached inputs, once nothing reads them any more."""
         for frame in self.cached:
             frame.unpersist()
         self.cached = []
@@ -157,21 +154,23 @@ class AnalyzeResult:
 
 @dataclass
 class Extracted:
-    """The capture as the steps read it: its requests (lazy: each step's pass reads only the
-    columns it needs) and their per-second sums (cached: most tables are sums of these)."""
+    """The capture as the steps read it: its requests and their per-second traffic sums (both
+    lazy: each pass reads only the columns it needs)."""
 
     requests: DataFrame
     traffic: DataFrame
 
 
 def extract(spark: SparkSession, options: AnalyzeOptions) -> Extracted:
-    """The capture's requests, and their per-second traffic sums, cached: the sums are far
-    smaller than the capture (a connection sends many requests of one API per second) and six
-    aggregations read them. The requests themselves are not cached: the two passes that need
-    single requests (the partition entries, the latencies) read different columns of the Parquet
-    files, which is cheaper than building and reading back a copy of the capture."""
+    """The capture's requests, and their per-second traffic sums. The sums are far smaller than
+    the capture (a connection sends many requests of one API per second: about a twentieth of
+    the rows), so they come to the driver once, where every table made of them is pandas
+    (analyze_tables, "the traffic sums' tables"): no cache, no small Spark job per table. The
+    requests are not cached either: the two passes that need single requests (the partition
+    entries, the latencies) read different columns of the Parquet files, which is cheaper than
+    building and reading back a copy of the capture."""
     requests = prepare_requests(read_capture(spark, options.capture, options.start_us, options.end_us))
-    return Extracted(requests, aggregate_traffic(requests).persist())
+    return Extracted(requests, aggregate_traffic(requests))
 
 
 @dataclass
@@ -192,32 +191,19 @@ class Coverage:
         return float(self.bucket_range[1] - self.bucket_range[0] + 1)
 
 
-def coverage_of(data: Extracted, options: AnalyzeOptions) -> Coverage:
-    """One aggregation pass for every whole-capture figure (one Spark job, not twelve)."""
-    row = data.traffic.agg(
-        F.sum("rows").alias("rows"),
-        F.sum("requests").alias("requests"),
-        F.min("first_us").alias("first_us"),
-        F.max("last_us").alias("last_us"),
-        F.min("second").alias("first_second"),
-        F.max("second").alias("last_second"),
-        F.countDistinct("client_id").alias("client_ids"),
-        F.countDistinct("principal").alias("principals"),
-        F.countDistinct("connection_id").alias("connections"),
-        F.collect_set("broker").alias("brokers"),
-        F.collect_set("api_key").alias("api_keys"),
-        F.collect_set(F.col("weight").cast("int")).alias("sampling_one_in"),
-    ).first()
-    if row is None or not row["rows"]:
+def coverage_of(traffic: pd.DataFrame, options: AnalyzeOptions) -> Coverage:
+    """Every whole-capture figure, from the traffic sums (aggregate_traffic's rows)."""
+    row = traffic_coverage(traffic)
+    if not row["rows"]:
         raise ValueError(f"capture {options.capture} holds no requests")
-    api_keys = sorted(int(k) for k in row["api_keys"])
+    api_keys = row["api_keys"]
     names = api_names(api_keys)
-    api_errors = to_pandas(api_error_totals(data.traffic))
+    api_errors = api_error_totals(traffic)
     mix = api_mix(api_errors)
     mix.insert(1, "api", mix["api_key"].map(names))
     return Coverage(
         row=row,
-        brokers=sorted(int(b) for b in row["brokers"]),
+        brokers=row["brokers"],
         api_keys=api_keys,
         names=names,
         bucket_range=(int(row["first_second"]), int(row["last_second"])),
@@ -228,7 +214,7 @@ def coverage_of(data: Extracted, options: AnalyzeOptions) -> Coverage:
 
 
 def _throughput(
-    data: Extracted,
+    traffic: pd.DataFrame,
     coverage: Coverage,
     options: AnalyzeOptions,
     limits: dict[tuple[str, int | None, str], float] | None,
@@ -237,16 +223,16 @@ def _throughput(
 ) -> tuple[pd.DataFrame, int | None]:
     """Series and percentiles per resolution, and the broker-loss scenario; (stats, lost broker).
 
-    One Spark aggregation gives every (broker, second); the coarser series are their sums (and
-    one count of distinct connections per resolution); the statistics are computed on the driver
-    from these few rows per second (Spark's exact percentile, reproduced: exact_percentiles).
+    The traffic sums give every (broker, second); the coarser series are their sums (and one
+    count of distinct connections per resolution); the statistics are computed from these few
+    rows per second (Spark's exact percentile, reproduced: exact_percentiles).
     """
     brokers = coverage.brokers
-    per_second = to_pandas(broker_second_totals(data.traffic, coverage.api_keys))
+    per_second = broker_second_totals(traffic, coverage.api_keys)
     stats_frames = []
     base_series: dict[str, pd.DataFrame] = {}
     for resolution, unit in RESOLUTIONS.items():
-        connections = None if unit == 1 else to_pandas(bucket_connections(data.traffic, unit))
+        connections = None if unit == 1 else bucket_connections(traffic, unit)
         series, api_series = bucket_series(
             per_second, unit, coverage.bucket_range, brokers, coverage.api_keys, connections
         )
@@ -281,10 +267,10 @@ def _throughput(
 
 
 def _shares(
-    data: Extracted, partitions: pd.DataFrame, options: AnalyzeOptions, result: AnalyzeResult
+    traffic: pd.DataFrame, partitions: pd.DataFrame, options: AnalyzeOptions, result: AnalyzeResult
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """Shares of principals, client-ids and topics; their Pareto summaries; (summaries, client totals)."""
-    clients = to_pandas(client_totals(data.traffic))
+    clients = client_totals(traffic)
     shares = []
     pareto: dict[str, Any] = {}
     for dimension in ("principal", "client_id", "principal_client"):
@@ -295,7 +281,7 @@ def _shares(
     shares.append(ranked_topics)
     pareto["topic"] = pareto_summary(ranked_topics, options.top_n)
     result.tables["shares"] = pd.concat(shares, ignore_index=True)
-    result.tables["client_burstiness"] = to_pandas(client_burstiness(data.traffic)).sort_values("entity")
+    result.tables["client_burstiness"] = client_burstiness(traffic).sort_values("entity")
     # Which clients make each broker busy: the quota candidates when one broker runs hot.
     per_broker_clients = client_broker_totals(clients)
     per_broker_clients["share_of_broker_bytes"] = per_broker_clients["bytes"] / per_broker_clients.groupby("broker")[
@@ -447,12 +433,13 @@ def run_analyze(spark: SparkSession, options: AnalyzeOptions, progress: Progress
 
     data = extract(spark, options)
     # The passes over single requests (the partition entries, the latencies) read the capture
-    # on their own, needing no cache and no other pass's result, so a second driver thread
-    # runs them, one after the other: their tasks take the cores whenever this thread's
-    # queries leave them idle (planning, collecting, the pandas work between them: a third of
-    # the job at 1M requests). Their figures are the same: a query's result does not depend
-    # on what else the session runs.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kqp-analyze-passes") as pool:
+    # on their own, needing no other pass's result, so two more driver threads run them beside
+    # this one's traffic pass: the three passes' tasks take the cores whenever one pass leaves
+    # them idle (its final stage of a few tasks, its collect, the pandas work after it; run one
+    # after the other, the latency pass was the last 5 s of a 29 s application at 10M requests,
+    # begun only once the entries were in). Their figures are the same: a query's result does
+    # not depend on what else the session runs.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kqp-analyze-passes") as pool:
         entry_figures = pool.submit(_entry_figures, data.requests)
         latencies = pool.submit(_latency_figures, data.requests)
         result = _transform(data, options, capacity_file, thresholds, entry_figures, latencies, progress)
@@ -469,14 +456,15 @@ def _transform(
     progress: Progress,
 ) -> AnalyzeResult:
     """run_analyze's steps after the extract, the other thread's passes arriving as futures."""
-    coverage = coverage_of(data, options)
+    traffic = to_pandas(data.traffic)
+    coverage = coverage_of(traffic, options)
     progress.step(f"read capture: {coverage.row['rows']} requests")
-    result = AnalyzeResult(summary={}, cached=[data.traffic])
+    result = AnalyzeResult(summary={})
     limits = network_limits(capacity_file, coverage.brokers, thresholds)
-    stats, lost_broker = _throughput(data, coverage, options, limits, result, progress)
+    stats, lost_broker = _throughput(traffic, coverage, options, limits, result, progress)
     partitions, batches = entry_figures.result()
     partitions["mean_bytes_per_s"] = partitions["bytes"] / max(coverage.duration_s, 1.0)
-    pareto, clients = _shares(data, partitions, options, result)
+    pareto, clients = _shares(traffic, partitions, options, result)
     progress.step("shares of principals, client-ids and topics")
     broker_bytes = _partitions(partitions, stats, result)
     progress.step("partition hot spots and skew")

@@ -300,6 +300,110 @@ def network_limits(
     return limits
 
 
+# ---------------------------------------------------------------- the traffic sums' tables (pandas)
+#
+# analyze_transform.aggregate_traffic's rows (one per second, broker, connection, principal,
+# client-id, API, version and error code: about 100 per second of capture, a twentieth of the
+# requests) come to the driver once; the coverage, the per-second and per-minute totals, the
+# per-client totals, the burstiness and the API mix are pandas over them. Every sum is of whole
+# requests, bytes or milliseconds (x the whole sampling factor), exact in doubles in any order,
+# so they are the sums Spark gave over the same rows; distinct counts and extremes do not depend
+# on order either.
+
+# The per-entity throttle sums and maxima of the throttle table.
+THROTTLE_SUMS = ("broker_throttled", "broker_throttle_ms_total", "proxy_throttled", "proxy_throttle_ms_total")
+THROTTLE_MAXIMA = ("broker_throttle_ms_max", "proxy_throttle_ms_max")
+
+
+def traffic_coverage(traffic: pd.DataFrame) -> dict[str, Any]:
+    """What the capture spans: rows and requests, first and last request, seconds, distinct
+    client-ids, principals and connections, and the brokers, API keys and sampling factors seen."""
+    return {
+        "rows": int(traffic["rows"].sum()),
+        "requests": float(traffic["requests"].sum()),
+        "first_us": int(traffic["first_us"].min()) if len(traffic) else None,
+        "last_us": int(traffic["last_us"].max()) if len(traffic) else None,
+        "first_second": int(traffic["second"].min()) if len(traffic) else None,
+        "last_second": int(traffic["second"].max()) if len(traffic) else None,
+        "client_ids": int(traffic["client_id"].nunique()),
+        "principals": int(traffic["principal"].nunique()),
+        "connections": int(traffic["connection_id"].nunique()),
+        "brokers": sorted(int(b) for b in traffic["broker"].unique()),
+        "api_keys": sorted(int(k) for k in traffic["api_key"].unique()),
+        # Spark's cast of a double to int truncates, as astype does.
+        "sampling_one_in": sorted(int(w) for w in traffic["weight"].astype(np.int64).unique()),
+    }
+
+
+def _distinct_connections(grouped: Any) -> pd.Series:
+    """Distinct connections per group, each standing for `weight` connections (a sampled capture)."""
+    return grouped["connection_id"].nunique().astype(float) * grouped["weight"].max()
+
+
+def broker_second_totals(traffic: pd.DataFrame, api_keys: Sequence[int]) -> pd.DataFrame:
+    """Per (broker, second): the additive metrics, distinct connections and requests per API key.
+
+    The 1 s series are these rows; the coarser ones are their sums (connections excepted:
+    distinct counts do not add, see bucket_connections).
+    """
+    keys = ["broker", "second"]
+    per_api = traffic[keys].assign(
+        **{api_column(key): traffic["requests"].where(traffic["api_key"] == key, 0.0) for key in api_keys}
+    )
+    grouped = traffic.groupby(keys, sort=False)
+    totals = grouped[list(ADDITIVE_METRICS)].sum()
+    totals["connections"] = _distinct_connections(grouped)
+    totals = totals.join(per_api.groupby(keys, sort=False).sum())
+    return totals.reset_index()
+
+
+def bucket_connections(traffic: pd.DataFrame, unit_seconds: int) -> pd.DataFrame:
+    """Per (broker, bucket of `unit_seconds`): distinct connections (x the sampling factor)."""
+    grouped = traffic.assign(bucket=traffic["second"] // unit_seconds).groupby(["broker", "bucket"], sort=False)
+    return _distinct_connections(grouped).rename("connections").reset_index()
+
+
+def client_totals(traffic: pd.DataFrame) -> pd.DataFrame:
+    """Per (broker, principal, client-id): requests, bytes and throttles.
+
+    The shares of principals, client-ids and (principal, client-id), each broker's clients and
+    the throttle table are all sums of these rows (entity_totals and friends).
+    """
+    grouped = traffic.groupby(["broker", "principal", "client_id"], sort=False)
+    totals = grouped[[*ENTITY_SUMS, *THROTTLE_SUMS]].sum()
+    return totals.join(grouped[list(THROTTLE_MAXIMA)].max()).reset_index()
+
+
+def api_error_totals(traffic: pd.DataFrame) -> pd.DataFrame:
+    """Requests per (API key, API version, error code): the API mix and the error table."""
+    return traffic.groupby(["api_key", "api_version", "error_code"], as_index=False, dropna=False)["requests"].sum()
+
+
+def client_burstiness(traffic: pd.DataFrame) -> pd.DataFrame:
+    """Per client-id: median and p99 of its bytes/s over the seconds it was active (Spark's exact
+    `percentile`: counted_percentiles, each second counted once), and their ratio."""
+    per_second = (
+        traffic.assign(value=traffic["bytes_in"] + traffic["bytes_out"])
+        .groupby(["client_id", "second"], sort=False)["value"]
+        .sum()
+        .reset_index()
+        .assign(n=1)
+    )
+    quantiles = counted_percentiles(per_second, "client_id", [0.5, 0.99])
+    frame = pd.DataFrame(
+        {
+            "entity": quantiles.index.to_numpy(dtype=object),
+            "active_seconds": per_second.groupby("client_id")["n"].sum().reindex(quantiles.index).to_numpy(np.int64),
+            "active_p50_bytes_per_s": quantiles[0.5].to_numpy(),
+            "active_p99_bytes_per_s": quantiles[0.99].to_numpy(),
+        }
+    )
+    # A median of zero bytes/s gives no ratio (Spark's division gives null, not infinity).
+    median = frame["active_p50_bytes_per_s"]
+    frame["burstiness"] = (frame["active_p99_bytes_per_s"] / median).where(median != 0)
+    return frame
+
+
 # ---------------------------------------------------------------- entity and partition tables (pandas)
 
 

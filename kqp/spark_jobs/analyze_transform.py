@@ -7,19 +7,14 @@ the job's figures are tested on a local session against figures recomputed with 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from kqp.protocol.api_keys import ApiKey
 from kqp.spark_jobs.analyze_tables import (
-    ADDITIVE_METRICS,
-    ENTITY_SUMS,
     PARTITION_SECOND_SET,
     PRODUCE_BATCH_SET,
     PRODUCE_REQUEST_SET,
-    api_column,
 )
 from kqp.spark_jobs.capture_source import US_PER_SECOND
 from kqp.spark_jobs.common import ANONYMOUS
@@ -121,59 +116,6 @@ def aggregate_traffic(requests: DataFrame) -> DataFrame:
     )
 
 
-def _bucketed(traffic: DataFrame, unit_seconds: int) -> DataFrame:
-    """Adds `bucket`: the capture second's bucket of `unit_seconds` (bucket b covers [b x unit, (b+1) x unit))."""
-    return traffic.withColumn("bucket", F.floor(F.col("second") / unit_seconds).cast("long"))
-
-
-def _grid(spark: SparkSession, bucket_range: tuple[int, int], unit_seconds: int, brokers: Sequence[int]) -> DataFrame:
-    """Every (bucket, broker) of the capture window, with the seconds of the window in the bucket.
-
-    The first and last buckets are usually partial: their rates are averages over the seconds
-    captured, not over the whole bucket, so the edges of a capture do not look like dips.
-    """
-    first_second, last_second = bucket_range
-    buckets = spark.range(first_second // unit_seconds, last_second // unit_seconds + 1).withColumnRenamed(
-        "id", "bucket"
-    )
-    start = F.col("bucket") * unit_seconds
-    covered = F.least(start + unit_seconds - 1, F.lit(last_second)) - F.greatest(start, F.lit(first_second)) + 1
-    return buckets.withColumn("covered_s", covered.cast("double")).crossJoin(
-        spark.createDataFrame([(b,) for b in brokers], "broker int")
-    )
-
-
-def throughput_series(
-    spark: SparkSession,
-    traffic: DataFrame,
-    unit_seconds: int,
-    bucket_range: tuple[int, int],
-    brokers: Sequence[int],
-) -> DataFrame:
-    """Per broker and bucket: rates of the additive metrics and distinct connections.
-
-    Rates are per-second averages over the captured seconds of the bucket; every bucket of the
-    capture window is present (zeros where a broker was idle). `traffic` is aggregate_traffic's
-    table.
-    """
-    # Sampled connections stand for N connections each.
-    connections = F.countDistinct("connection_id") * F.max("weight")
-    aggregated = (
-        _bucketed(traffic, unit_seconds)
-        .groupBy("broker", "bucket")
-        .agg(*[F.sum(m).alias(m) for m in ADDITIVE_METRICS], connections.alias("connections"))
-    )
-    grid = _grid(spark, bucket_range, unit_seconds, brokers)
-    filled = grid.join(aggregated, ["broker", "bucket"], "left").fillna(0.0)
-    return filled.select(
-        "broker",
-        "bucket",
-        F.timestamp_seconds(F.col("bucket") * unit_seconds).alias("window_start"),
-        *[(F.col(m) / F.col("covered_s")).alias(m) for m in ADDITIVE_METRICS],
-        F.col("connections").cast("double").alias("connections"),
-    )
-
-
 def earliest_max_by(when: str, value: str) -> Column:
     """`when` of the row with the largest `value`, the earliest one among ties.
 
@@ -182,22 +124,6 @@ def earliest_max_by(when: str, value: str) -> Column:
     """
     key = F.when(F.col(value).isNotNull(), F.struct(-F.col(value), F.col(when)))
     return F.min_by(when, key)
-
-
-def client_burstiness(traffic: DataFrame) -> DataFrame:
-    """Per client-id: median and p99 of its bytes/s over the seconds it was active, and their ratio."""
-    per_second = traffic.groupBy("client_id", "second").agg(F.sum(F.col("bytes_in") + F.col("bytes_out")).alias("bps"))
-    return (
-        per_second.groupBy(F.col("client_id").alias("entity"))
-        .agg(F.percentile("bps", [0.5, 0.99]).alias("q"), F.count("*").alias("active_seconds"))
-        .select(
-            "entity",
-            "active_seconds",
-            F.col("q")[0].alias("active_p50_bytes_per_s"),
-            F.col("q")[1].alias("active_p99_bytes_per_s"),
-            (F.col("q")[1] / F.col("q")[0]).alias("burstiness"),
-        )
-    )
 
 
 def latency_counts(requests: DataFrame) -> DataFrame:
@@ -222,57 +148,11 @@ def latency_counts(requests: DataFrame) -> DataFrame:
 # ---------------------------------------------------------------- the aggregates analyze collects
 #
 # analyze passes over the capture a few times, each pass reading only the columns it needs, and
-# brings small aggregates to the driver: one row per (broker, second), per entity, per partition,
-# per client. Every series, percentile and share is computed from those on the driver
-# (driver-side shaping below), so the Spark work is a handful of aggregations, not one job per
-# series statistic.
-
-
-def broker_second_totals(traffic: DataFrame, api_keys: Sequence[int]) -> DataFrame:
-    """Per (broker, second): the additive metrics, distinct connections and requests per API key.
-
-    The 1 s series are these rows; the coarser ones are their sums (connections excepted:
-    distinct counts do not add, see bucket_connections). Sums of whole bytes and requests are
-    exact in doubles, so summing seconds gives the figures summing requests would.
-    """
-    # Sampled connections stand for N connections each.
-    connections = F.countDistinct("connection_id") * F.max("weight")
-    return traffic.groupBy("broker", "second").agg(
-        *[F.sum(m).alias(m) for m in ADDITIVE_METRICS],
-        connections.alias("connections"),
-        *[
-            F.sum(F.when(F.col("api_key") == key, F.col("requests")).otherwise(0.0)).alias(api_column(key))
-            for key in api_keys
-        ],
-    )
-
-
-def bucket_connections(traffic: DataFrame, unit_seconds: int) -> DataFrame:
-    """Per (broker, bucket of `unit_seconds`): distinct connections (x the sampling factor)."""
-    connections = F.countDistinct("connection_id") * F.max("weight")
-    return _bucketed(traffic, unit_seconds).groupBy("broker", "bucket").agg(connections.alias("connections"))
-
-
-# The per-entity throttle sums and maxima of the throttle table.
-THROTTLE_SUMS = ("broker_throttled", "broker_throttle_ms_total", "proxy_throttled", "proxy_throttle_ms_total")
-THROTTLE_MAXIMA = ("broker_throttle_ms_max", "proxy_throttle_ms_max")
-
-
-def client_totals(traffic: DataFrame) -> DataFrame:
-    """Per (broker, principal, client-id): requests, bytes and throttles.
-
-    The shares of principals, client-ids and (principal, client-id), each broker's clients and
-    the throttle table are all sums of these rows (driver-side: entity_totals and friends).
-    """
-    return traffic.groupBy("broker", "principal", "client_id").agg(
-        *[F.sum(m).alias(m) for m in (*ENTITY_SUMS, *THROTTLE_SUMS)],
-        *[F.max(m).alias(m) for m in THROTTLE_MAXIMA],
-    )
-
-
-def api_error_totals(traffic: DataFrame) -> DataFrame:
-    """Requests per (API key, API version, error code): the API mix and the error table."""
-    return traffic.groupBy("api_key", "api_version", "error_code").agg(F.sum("requests").alias("requests"))
+# brings small aggregates to the driver: the traffic sums (aggregate_traffic), one row per
+# partition and second, per client and value (entry_aggregates), per latency value
+# (latency_counts). Every series, percentile and share is computed from those on the driver
+# (kqp.spark_jobs.analyze_tables), so the Spark work is a handful of aggregations, not one job
+# per table or series statistic.
 
 
 def entry_aggregates(requests: DataFrame) -> DataFrame:

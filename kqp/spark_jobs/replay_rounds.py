@@ -8,7 +8,11 @@ throttle. Of that, only the tasks depend on the quotas, and only through how the
 clients into quota groups (whatif.ReplayOptions: link_users, link_client_ids, per_broker), which
 advise's rounds do not change: its rounds move the quota values. `ChargedReplays` prepares the
 rows once per grouping: their charges (the proxy's own recording rules, as in every replay), their
-quota group, and the rows partitioned by replay task, cached. Each replay is then one pass over
+quota group, and the rows partitioned by replay task, cached. A row carries its (principal,
+client-id) pair as a number into the driver's list of pairs, not as two strings: the rows cross
+to the Python workers and back, are shuffled and cached, and cross again in every round, and the
+strings are put back from the list (a lookup per row, no string built) where a task replays.
+Each replay is then one pass over
 the cache: every task's rows go through the engine, but for the tasks the config provably never
 throttles (whatif.passing_tasks), which are summed as recorded without it.
 
@@ -28,8 +32,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import DoubleType, LongType, StructField, StructType
+from pyspark.sql.types import DoubleType, IntegerType, LongType, StructField, StructType
 
 from kqp.spark_jobs.quota_replay import MUTATION_COLUMNS, MutationFunction, charged_inputs, quota_groups
 from kqp.spark_jobs.replay_loop import ThrottleFunction
@@ -40,24 +43,21 @@ from kqp.spark_jobs.whatif import (
     ReplayOptions,
     ReplayTraffic,
     as_recorded,
+    numbered,
+    pair_mapping,
     passing_tasks,
     replay_task,
+    with_pair_names,
 )
 
 # What a deferral replay reads of a charged row (quota_replay.INPUT_COLUMNS and MUTATION_COLUMNS,
-# and the recorded throttle the partial sums compare with): the raw sizes and times the charges
-# were derived from, and the capture's recorded engine calls, are not kept.
-_KEPT_COLUMNS = (
-    "ts_ms",
-    "connection_id",
-    "broker",
-    "principal",
-    "client_id",
-    "api_key",
-    *MUTATION_COLUMNS,
-    "recorded_throttle_ms",
-)
+# and the recorded throttle the partial sums compare with), its principal and client-id as the
+# number of their pair (_PAIR_FIELDS): the raw sizes and times the charges were derived from, and
+# the capture's recorded engine calls, are not kept.
+_KEPT_COLUMNS = ("ts_ms", "connection_id", "broker", "api_key", *MUTATION_COLUMNS, "recorded_throttle_ms")
+_PAIR_FIELDS = (StructField("pair", IntegerType(), False), StructField("quota_group", IntegerType(), False))
 _CHARGE_FIELDS = (StructField("nbytes", LongType()), StructField("request_time_ms", DoubleType()))
+_CHARGED_COLUMNS = [*_KEPT_COLUMNS, *(field.name for field in (*_PAIR_FIELDS, *_CHARGE_FIELDS))]
 
 ThrottleFactory = Callable[[], ThrottleFunction | tuple[ThrottleFunction, MutationFunction]]
 
@@ -70,6 +70,7 @@ class _Prepared:
     groups: dict[tuple[str, str], int]
     keys: tuple[str, ...]
     rows: DataFrame
+    pairs: tuple[tuple[str, str], ...]  # (principal, client-id) of each pair number
 
 
 class ChargedReplays:
@@ -98,6 +99,7 @@ class ChargedReplays:
             throttle_factory=throttle_factory,
             passing=passing,
             moved_unit=moved_unit,
+            pairs=prepared.pairs,
         )
         # A narrow map over the cache's partitions, which hold whole tasks: no shuffle, no sort.
         return prepared.rows.mapInPandas(replay, PARTIALS_SCHEMA)
@@ -113,24 +115,22 @@ class ChargedReplays:
             return self._prepared
         self.release()
         groups = quota_groups(self._traffic.pairs, options.link_users, options.link_client_ids)
-        mapping = self._spark.createDataFrame(
-            [(p, c, g) for (p, c), g in groups.items()], "principal string, client_id string, quota_group int"
-        )
+        pairs, mapping = pair_mapping(self._spark, groups)
         keys = ("broker", "quota_group") if options.per_broker else ("quota_group",)
         fields = {field.name: field for field in self._requests.schema.fields}
-        schema = StructType([fields[name] for name in _KEPT_COLUMNS] + list(_CHARGE_FIELDS))
+        schema = StructType([fields[name] for name in _KEPT_COLUMNS] + list(_PAIR_FIELDS) + list(_CHARGE_FIELDS))
         # The open-loop replay's recorded engine calls are not read in deferral mode: not sent to Python.
-        charged = self._requests.drop(*RECORDED_CALL_COLUMNS).mapInPandas(_charged, schema)
+        inputs = numbered(self._requests.drop(*RECORDED_CALL_COLUMNS), mapping)
         # Filled by the first replay's pass (persist is lazy), read by every later one.
-        rows = charged.join(F.broadcast(mapping), ["principal", "client_id"]).repartition(*keys).persist()
-        self._prepared = _Prepared(grouping, groups, keys, rows)
+        rows = inputs.mapInPandas(_charged, schema).repartition(*keys).persist()
+        self._prepared = _Prepared(grouping, groups, keys, rows, pairs)
         return self._prepared
 
 
 def _charged(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """Each row's charges by the proxy's recording rules, with the columns a replay reads."""
     for frame in frames:
-        yield charged_inputs(frame)[[*_KEPT_COLUMNS, "nbytes", "request_time_ms"]]
+        yield charged_inputs(frame)[_CHARGED_COLUMNS]
 
 
 def _replay_partition(
@@ -139,13 +139,14 @@ def _replay_partition(
     throttle_factory: ThrottleFactory,
     passing: PassingTasks | None,
     moved_unit: int | None,
+    pairs: tuple[tuple[str, str], ...],
 ) -> Iterator[pd.DataFrame]:
     """The partial sums of every task in one partition of the cache, each task's rows in the
     order the partition holds them (pandas' groupby keeps it within a group)."""
     batches = list(frames)
     if not batches:
         return
-    rows = pd.concat(batches, ignore_index=True)
+    rows = with_pair_names(pd.concat(batches, ignore_index=True), pairs)
     del batches
     for key, task in rows.groupby(list(keys), sort=False):
         task_key = tuple(int(k) for k in (key if isinstance(key, tuple) else (key,)))

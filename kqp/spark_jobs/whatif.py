@@ -355,16 +355,14 @@ def simulate(
     # Grouping is done on the driver: the distinct (principal, client-id) pairs are few
     # (thousands), and the linking is a union-find over them, not a DataFrame operation.
     groups = quota_groups(traffic.pairs, options.link_users, options.link_client_ids)
-    mapping = spark.createDataFrame(
-        [(p, c, g) for (p, c), g in groups.items()], "principal string, client_id string, quota_group int"
-    )
+    pairs, mapping = pair_mapping(spark, groups)
     if mode == "deferral":
         # Read only by the open-loop replay of recorded engine calls: not shuffled for nothing.
         requests = requests.drop(*RECORDED_CALL_COLUMNS)
-    grouped = requests.join(F.broadcast(mapping), ["principal", "client_id"])
+    grouped = numbered(requests, mapping)
 
     def replay(frame: pd.DataFrame) -> pd.DataFrame:
-        rows = replay_task(frame, throttle_factory, mode)
+        rows = replay_task(with_pair_names(frame, pairs), throttle_factory, mode)
         return rows if summarise is None else summarise(rows)
 
     # With every budget per broker (Kafka's way), a group's brokers share no sensor, so each broker
@@ -380,6 +378,7 @@ def simulate(
     replayed = flagged.where(~F.col(_PASSTHROUGH)).drop(_PASSTHROUGH).groupBy(*keys).applyInPandas(replay, schema)
 
     def passed_through(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        frames = (with_pair_names(frame, pairs) for frame in frames)
         if summarise is None:
             yield from _passed_through(frames)
             return
@@ -403,6 +402,39 @@ def simulate(
 
 
 _PASSTHROUGH = "_kqp_passthrough"
+
+
+Pairs = tuple[tuple[str, str], ...]
+
+
+def pair_mapping(spark: SparkSession, groups: Mapping[tuple[str, str], int]) -> tuple[Pairs, DataFrame]:
+    """The (principal, client-id) pairs in order, and a table giving each its number in that order
+    and its quota group (`groups`), for `numbered`."""
+    pairs = tuple(sorted(groups))
+    mapping = spark.createDataFrame(
+        [(p, c, number, groups[(p, c)]) for number, (p, c) in enumerate(pairs)],
+        "principal string, client_id string, pair int, quota_group int",
+    )
+    return pairs, mapping
+
+
+def numbered(requests: DataFrame, mapping: DataFrame) -> DataFrame:
+    """`requests` with their pair's number and quota group (pair_mapping's table) in place of their
+    principal and client-id: the rows cross to the Python workers (and are shuffled to their
+    tasks) with an integer instead of two strings, which with_pair_names puts back there. A
+    broadcast join keeps each input partition's rows in their order."""
+    return requests.join(F.broadcast(mapping), ["principal", "client_id"]).drop("principal", "client_id")
+
+
+def with_pair_names(frame: pd.DataFrame, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """`frame` (numbered rows) with `principal` and `client_id` back, taken from `pairs` by
+    number: the same str objects for every row of a pair, none built per row."""
+    number = frame["pair"].to_numpy()
+    frame["principal"] = np.array([p for p, _ in pairs], dtype=object)[number]
+    frame["client_id"] = np.array([c for _, c in pairs], dtype=object)[number]
+    return frame
+
+
 # Passed-through rows summed at a time (simulate): about 25 MB of pandas frame.
 _SUMMARY_ROWS = 200_000
 SIMULATED_COLUMNS = tuple(name.split()[0] for name in SIMULATED_SCHEMA.split(", "))

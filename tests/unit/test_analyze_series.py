@@ -11,13 +11,18 @@ from kqp.spark_jobs.analyze_tables import (
     PARTITION_SECOND_SET,
     PRODUCE_BATCH_SET,
     PRODUCE_REQUEST_SET,
+    broker_second_totals,
+    bucket_connections,
     bucket_series,
+    client_burstiness,
+    client_totals,
     counted_percentiles,
     exact_percentiles,
     latency_by_api,
     partition_totals,
     produce_batches_by_client,
     series_stats,
+    traffic_coverage,
     with_replication,
     without_broker,
 )
@@ -209,3 +214,82 @@ def test_series_stats_take_the_earliest_peak_and_count_seconds_above_the_limit()
     assert row["seconds_above_limit"] == 3
     (cluster,) = series_stats(frame, "cluster", ["nw_in"], 60, None)
     assert cluster["broker"] is None and cluster["limit"] is None and cluster["seconds_above_limit"] is None
+
+
+def _traffic(rows: list[tuple[int, int, int, str, str, int, int, float, float, float, int]]) -> pd.DataFrame:
+    """aggregate_traffic's rows, typed as Spark hands them over: (second, broker, connection,
+    principal, client-id, API key, error code, weight, bytes in, bytes out, proxy throttle max)."""
+    frame = pd.DataFrame(
+        rows,
+        columns=[
+            "second",
+            "broker",
+            "connection_id",
+            "principal",
+            "client_id",
+            "api_key",
+            "error_code",
+            "weight",
+            "bytes_in",
+            "bytes_out",
+            "proxy_throttle_ms_max",
+        ],
+    )
+    frame = frame.astype({"broker": np.int32, "api_key": np.int32, "error_code": np.int32})
+    frame["api_version"] = np.int32(9)
+    frame["rows"] = np.int64(2)
+    frame["requests"] = 2 * frame["weight"]
+    frame["first_us"] = frame["second"] * 1_000_000 + 10
+    frame["last_us"] = frame["second"] * 1_000_000 + 900
+    frame["produce_bytes"] = frame["bytes_in"].where(frame["api_key"] == 0, 0.0)
+    frame["fetch_bytes"] = frame["bytes_out"].where(frame["api_key"] == 1, 0.0)
+    for column in ("broker_throttled", "broker_throttle_ms_total", "proxy_throttle_ms_total"):
+        frame[column] = 0.0
+    frame["proxy_throttled"] = (frame["proxy_throttle_ms_max"] > 0) * frame["weight"]
+    frame["broker_throttle_ms_max"] = np.int32(0)
+    frame["proxy_throttle_ms_max"] = frame["proxy_throttle_ms_max"].astype(np.int32)
+    return frame
+
+
+def test_traffic_tables_from_the_per_second_sums() -> None:
+    traffic = _traffic(
+        [
+            # second, broker, connection, principal, client, API, error, weight, in, out, proxy throttle
+            (60, 0, 1, "alice", "app-a", 0, 0, 1.0, 100.0, 10.0, 0),
+            (60, 0, 1, "alice", "app-a", 3, 0, 1.0, 5.0, 50.0, 0),
+            (60, 0, 2, "bob", "app-b", 1, 0, 1.0, 20.0, 400.0, 7),
+            (61, 0, 1, "alice", "app-a", 0, 6, 1.0, 300.0, 10.0, 0),
+            (61, 1, 3, "alice", "app-a", 0, 0, 1.0, 50.0, 5.0, 0),
+            (125, 0, 2, "bob", "app-b", 1, 0, 1.0, 20.0, 100.0, 3),
+        ]
+    )
+    coverage = traffic_coverage(traffic)
+    assert (coverage["rows"], coverage["requests"]) == (12, 12.0)
+    assert (coverage["first_us"], coverage["last_us"]) == (60_000_010, 125_000_900)
+    assert (coverage["first_second"], coverage["last_second"]) == (60, 125)
+    assert (coverage["client_ids"], coverage["principals"], coverage["connections"]) == (2, 2, 3)
+    assert (coverage["brokers"], coverage["api_keys"], coverage["sampling_one_in"]) == ([0, 1], [0, 1, 3], [1])
+
+    per_second = broker_second_totals(traffic, [0, 1, 3]).set_index(["broker", "second"]).sort_index()
+    assert per_second.loc[(0, 60), "bytes_in"] == 125.0
+    assert per_second.loc[(0, 60), "connections"] == 2.0
+    assert list(per_second.loc[(0, 60), ["requests_api_0", "requests_api_1", "requests_api_3"]]) == [2.0, 2.0, 2.0]
+    assert per_second.loc[(0, 61), "produce_bytes"] == 300.0
+    assert len(per_second) == 4
+
+    # Seconds 60 and 61 are minute 1 (two connections on broker 0), second 125 minute 2.
+    minutes = bucket_connections(traffic, 60).set_index(["broker", "bucket"])["connections"].sort_index()
+    assert minutes.to_dict() == {(0, 1): 2.0, (0, 2): 1.0, (1, 1): 1.0}
+
+    clients = client_totals(traffic).set_index(["broker", "principal", "client_id"]).sort_index()
+    assert clients.loc[(0, "alice", "app-a"), "bytes_in"] == 405.0
+    assert clients.loc[(0, "bob", "app-b"), "proxy_throttled"] == 2.0
+    assert clients.loc[(0, "bob", "app-b"), "proxy_throttle_ms_max"] == 7
+    assert clients["proxy_throttle_ms_max"].dtype == np.int32
+
+    # app-a's active seconds carry 165 + 310 + 55 bytes (60, 61 on two brokers): 165 and 365.
+    bursts = client_burstiness(traffic).set_index("entity")
+    assert bursts.loc["app-a", "active_seconds"] == 2
+    assert bursts.loc["app-a", "active_p50_bytes_per_s"] == 165.0 + 0.5 * 200.0
+    assert bursts.loc["app-a", "active_p99_bytes_per_s"] == 165.0 + 0.99 * 200.0
+    assert bursts.loc["app-b", "burstiness"] == exact_percentiles(np.array([420.0, 120.0]), [0.99])[0] / 270.0

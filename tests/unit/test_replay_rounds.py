@@ -16,6 +16,8 @@ from kqp.spark_jobs.replay_rounds import _replay_partition
 from kqp.spark_jobs.whatif import PassingTasks, as_recorded, replay_task
 
 KEYS = ("broker", "quota_group")
+# The driver's list of pairs: a cached row carries the number of its (principal, client-id).
+PAIRS = (("User:ANONYMOUS", "heavy"), ("User:ANONYMOUS", "light"), ("User:ANONYMOUS", "other"))
 
 
 def every_produce_of(client_id: str, throttle_ms: float) -> Callable[[], Callable[..., float]]:
@@ -55,12 +57,20 @@ def partition() -> pd.DataFrame:
     )
 
 
+def cached(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows as the cache holds them: their pair's number instead of its two strings."""
+    number = {pair: i for i, pair in enumerate(PAIRS)}
+    pairs = [number[pair] for pair in zip(rows["principal"], rows["client_id"], strict=True)]
+    return rows.drop(columns=["principal", "client_id"]).assign(pair=np.array(pairs, dtype=np.int32))
+
+
 def test_each_task_of_a_partition_is_replayed_alone_in_the_partitions_order() -> None:
     rows = partition()
     factory = every_produce_of("heavy", 25.0)
     passing = PassingTasks(free_groups=frozenset(), tasks=frozenset({(1, 1)}))
-    batches = [rows.iloc[start : start + 128] for start in range(0, len(rows), 128)]
-    parts = list(_replay_partition(iter(batches), KEYS, factory, passing, moved_unit=2))
+    held = cached(rows)
+    batches = [held.iloc[start : start + 128] for start in range(0, len(held), 128)]
+    parts = list(_replay_partition(iter(batches), KEYS, factory, passing, moved_unit=2, pairs=PAIRS))
     expected = []
     for task in ((1, 0), (1, 1), (2, 0)):
         of_task = rows[(rows["broker"] == task[0]) & (rows["quota_group"] == task[1])]
@@ -77,4 +87,5 @@ def test_each_task_of_a_partition_is_replayed_alone_in_the_partitions_order() ->
 
 
 def test_an_empty_partition_gives_nothing() -> None:
-    assert list(_replay_partition(iter([]), KEYS, every_produce_of("heavy", 25.0), None, moved_unit=None)) == []
+    nothing = _replay_partition(iter([]), KEYS, every_produce_of("heavy", 25.0), None, moved_unit=None, pairs=PAIRS)
+    assert list(nothing) == []
