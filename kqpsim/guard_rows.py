@@ -258,7 +258,10 @@ class GuardSimulation:
         for _, sender, usage, guard in due:
             for index, engine in enumerate(self.engines):
                 if index != sender and index not in self.dead:
-                    engine.record_remote_usage(usage, now, f"instance-{sender}")
+                    # The round trip and interval FleetExchange._apply passes: its pacer's, here the
+                    # lag and the report interval.
+                    engine.record_remote_usage(usage, now, f"instance-{sender}", round_trip_ms=EXCHANGE_LAG_MS,
+                                               interval_ms=REPORT_MS)
                     engine.record_remote_guard(guard, now)
 
     def _tick(self, client: GuardClient, broker: int, via: int, rate: float, second: int) -> None:

@@ -432,7 +432,10 @@ async def _exchange(scenario: Scenario, apps: list[ProxyApp], stalled: set[Proxy
         assert engine is not None
         engine.share_usage(True, mutations_claimed=True)
     names = {app: f"instance-{index}" for index, app in enumerate(apps)}
-    reporters = [asyncio.create_task(_report(scenario, app, apps, stalled, names)) for app in apps]
+    section = FleetSection()
+    pacers = {app: ReportPacer.for_settings(scenario.topology.report_interval_s, section.unreachable_after_seconds)
+              for app in apps}
+    reporters = [asyncio.create_task(_report(scenario, app, apps, stalled, names, pacers)) for app in apps]
     try:
         await asyncio.gather(*reporters)
     finally:
@@ -441,19 +444,23 @@ async def _exchange(scenario: Scenario, apps: list[ProxyApp], stalled: set[Proxy
 
 
 async def _report(scenario: Scenario, app: ProxyApp, apps: list[ProxyApp], stalled: set[ProxyApp],
-                  names: dict[ProxyApp, str]) -> None:
+                  names: dict[ProxyApp, str], pacers: dict[ProxyApp, ReportPacer]) -> None:
     """One instance's reports, until it dies (`apps` loses it)."""
     loop = asyncio.get_running_loop()
     section = FleetSection()
-    pacer = ReportPacer.for_settings(scenario.topology.report_interval_s, section.unreachable_after_seconds)
+    pacer = pacers[app]
     unreported_share = section.max_unreported_share / len(apps)
     lag_s = scenario.topology.exchange_lag_s
     engine = app.engine
     assert engine is not None
     seq = 0
 
-    def deliver(to: QuotaEngine, usage: list[UsageDelta], instance: str) -> None:
-        to.record_remote_usage(usage, loop.time() * 1000.0, instance)
+    def deliver(to: ProxyApp, usage: list[UsageDelta], instance: str) -> None:
+        assert to.engine is not None
+        # Dated by the receiver's own measure of the topic's round trip, as FleetExchange._apply does.
+        to.engine.record_remote_usage(usage, loop.time() * 1000.0, instance,
+                                      round_trip_ms=pacers[to].least_round_trip_ms,
+                                      interval_ms=pacers[to].interval_ms)
 
     def echo(seq: int) -> None:
         pacer.echoed(seq, loop.time() * 1000.0)
@@ -470,8 +477,7 @@ async def _report(scenario: Scenario, app: ProxyApp, apps: list[ProxyApp], stall
         pacer.sent(seq, now_ms)
         for other in list(apps):
             if other is not app:
-                assert other.engine is not None
-                loop.call_later(lag_s, deliver, other.engine, usage, names[app])
+                loop.call_later(lag_s, deliver, other, usage, names[app])
         loop.call_later(lag_s, echo, seq)
 
 

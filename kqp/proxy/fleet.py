@@ -375,7 +375,9 @@ class FleetExchange:
         if report.instance == own:
             self.pacer.echoed(report.seq, now)
         if report.instance != own and not (self._same_host is not None and self._same_host(report.instance)):
-            self.engine.record_remote_usage(report.usage, now, report.instance)
+            self.engine.record_remote_usage(report.usage, now, report.instance,
+                                            round_trip_ms=self.pacer.least_round_trip_ms,
+                                            interval_ms=self.pacer.interval_ms)
             self.deltas_applied += len(report.usage)
         if report.instance != own and report.guard:
             # A sibling's too: the host's relay carries quota usage, not the guard's.

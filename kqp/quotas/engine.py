@@ -76,8 +76,8 @@ class UsageSharing(Protocol):
     @property
     def consults_others(self) -> bool: ...
 
-    def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float) -> None:
-        """This engine recorded `amount` into `sensor` for one of its own clients' requests."""
+    def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float, now_ms: int) -> None:
+        """This engine recorded `amount` into `sensor` at `now_ms` for one of its own clients' requests."""
 
     def pending_elsewhere(self, sensor: RateSensor, amount: float, now_ms: int) -> float | None:
         """How much to add to the sensor's total before throttling a fetch (or, when the seam
@@ -100,7 +100,7 @@ class NoSharing:
     consults_others = False
     records_guard = False
 
-    def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float) -> None:
+    def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float, now_ms: int) -> None:
         return
 
     def guard_recorded(self, quota_type: ByteRateType, sensor: RateSensor, amount: float) -> None:
@@ -280,7 +280,7 @@ class QuotaManagers:
             sensor = manager.client_sensor(broker, user, client_id, t)
             throttle = self._record_bytes(manager, sensor, nbytes, t)
             if self.sharing.records_usage:
-                self.sharing.recorded("producer_byte_rate", sensor, nbytes)
+                self.sharing.recorded("producer_byte_rate", sensor, nbytes, t)
             throttle = self._throttled("producer_byte_rate", sensor, throttle) if throttle > 0 else 0
         # Without the guard (the default) that is the answer: no call more on the hot path.
         guard = self.guard
@@ -371,13 +371,13 @@ class QuotaManagers:
         throttle = self._record_bytes(manager, sensor, nbytes, t)
         if throttle <= 0 and request_throttle_ms <= 0:
             if self.sharing.records_usage:
-                self.sharing.recorded("consumer_byte_rate", sensor, nbytes)
+                self.sharing.recorded("consumer_byte_rate", sensor, nbytes, t)
             return 0
         # Throttled: the broker answers empty and unrecords, unless the data is delivered anyway.
         if not delivered and not sensor.identity.dry_run:
             sensor.record(-nbytes, t)
         elif self.sharing.records_usage:
-            self.sharing.recorded("consumer_byte_rate", sensor, nbytes)
+            self.sharing.recorded("consumer_byte_rate", sensor, nbytes, t)
         if throttle <= 0:
             return 0
         return self._throttled("consumer_byte_rate", sensor, throttle)
@@ -422,7 +422,7 @@ class QuotaManagers:
         sensor = manager.client_sensor(broker, user, client_id, t)
         percent, throttle = manager.record_time(sensor, request_ms, t)
         if self.sharing.records_usage:
-            self.sharing.recorded("request_percentage", sensor, percent)
+            self.sharing.recorded("request_percentage", sensor, percent, t)
         if throttle <= 0:
             return 0
         return self._throttled("request_percentage", sensor, throttle)
@@ -453,7 +453,7 @@ class QuotaManagers:
         strict = api_version >= STRICT_MUTATION_SINCE[api_key]
         verdicts, throttle, recorded = manager.charge(sensor, strict, topics, t)
         if recorded and self.sharing.records_usage:
-            self.sharing.recorded("controller_mutation_rate", sensor, recorded)
+            self.sharing.recorded("controller_mutation_rate", sensor, recorded, t)
         enforced = self._throttled("controller_mutation_rate", sensor, throttle) if throttle else 0
         dry_run = sensor.identity.dry_run
         accepted = [True] * len(verdicts) if dry_run else verdicts

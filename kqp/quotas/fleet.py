@@ -33,6 +33,12 @@ How far a fleet's figure can be from one broker's:
   the topic's round trip L stays under one report interval I, so an instance reports every
   `report_interval_seconds` or every 2 L, whichever is longer (`ReportPacer`); docs/scaling.md
   gives the measured figures and where they stop holding.
+* When the others' usage leaves the window. One broker keeps a sample until a window after its
+  last event, so usage recorded on its arrival would stay up to I + L longer on the other
+  instances than on its own, and their throttles would end that much later. Each delta says
+  how long before its report its sensor last recorded (`UsageDelta.age_ms`), and the others
+  date it by that and the round trip (`FleetSharing.record_remote_usage`), while I + L is
+  shorter than a sample; beyond, it is recorded on arrival (docs/quotas.md, findings f and h).
 * Quiet clients. A client far from its quota costs the exchange nothing: a sensor whose rate,
   as this instance measures it, is below `quiet_below` x quota is left out of the report
   (byte rates and request time). With `quiet_below` = e / N (fleet option
@@ -70,7 +76,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from kqp.protocol.api_keys import MUTATION_API_KEYS
 from kqp.quotas.engine import QuotaManagers
@@ -102,13 +117,17 @@ class UsageDelta:
 
     broker: the upstream broker label of a `scope: broker` budget, None for `scope: cluster`;
     tags: the sensor's metric tags in order ((user, ...), (client-id, ...) by default);
-    amount: bytes, percent of a thread, or partitions; negative when a fetch was unrecorded.
+    amount: bytes, percent of a thread, or partitions; negative when a fetch was unrecorded;
+    age_ms: how long before the report was taken the reporter last recorded into the sensor,
+    on its own clock (0 from a kqp that does not say): with the report's round trip, when the
+    usage happened, which is where the others put it in their windows (`record_remote_usage`).
     """
 
     quota_type: QuotaType
     broker: str | None
     tags: tuple[tuple[str, str], ...]
     amount: float
+    age_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +156,10 @@ def encode_report(report: UsageReport) -> bytes:
     usage = [[d.quota_type, d.broker, [list(pair) for pair in d.tags], d.amount] for d in report.usage]
     body: dict[str, object] = {"format": REPORT_FORMAT, "instance": report.instance, "seq": report.seq,
                                "usage": usage}
+    if any(d.age_ms for d in report.usage):
+        # A key of its own, one age per usage entry, which an older kqp ignores (extra keys are):
+        # it then dates the usage at its arrival, as before.
+        body["age_ms"] = [d.age_ms for d in report.usage]
     if report.guard:
         # A key of its own, which a kqp without the fleet's guard ignores (extra keys are).
         body["guard"] = [[d.quota_type, d.broker, [list(pair) for pair in d.tags], d.amount, d.throttles]
@@ -160,9 +183,23 @@ class _ReportWire(BaseModel):
     # The cluster guard's deltas (guard.fleet_wide), each as [byte-rate type, broker or null, [[tag, value], ...],
     # amount, throttles]; absent from a report without them.
     guard: list[tuple[ByteRateType, str | None, tuple[tuple[str, str], ...], float, int]] = []
+    # UsageDelta.age_ms of each usage entry, in order; absent when every age is 0.
+    age_ms: list[int] = []
+
+    @field_validator("age_ms")
+    @classmethod
+    def _one_age_per_delta(cls, ages: list[int], info: ValidationInfo) -> list[int]:
+        usage = info.data.get("usage")
+        if ages and usage is not None and len(ages) != len(usage):
+            raise ValueError(f"{len(ages)} ages for {len(usage)} usage entries")
+        if any(age < 0 for age in ages):
+            raise ValueError("a negative age")
+        return ages
 
     def report(self) -> UsageReport:
-        return UsageReport(self.instance, self.seq, tuple(UsageDelta(*delta) for delta in self.usage),
+        ages = self.age_ms or [0] * len(self.usage)
+        return UsageReport(self.instance, self.seq,
+                           tuple(UsageDelta(*delta, age) for delta, age in zip(self.usage, ages, strict=True)),
                            tuple(GuardDelta(*delta) for delta in self.guard))
 
 
@@ -177,6 +214,8 @@ def _report_error(error: ValidationError, within: int = 0) -> ReportError:
         return ReportError(f"not a format {REPORT_FORMAT} usage report")
     if where[0] in ("usage", "guard") and len(where) > 1:
         return ReportError(f"malformed {where[0]} entry {where[1]}: {first['msg']}")
+    if where[0] == "age_ms":
+        return ReportError(f"malformed usage ages: {first['msg'].removeprefix('Value error, ')}")
     return ReportError(f"instance, seq or usage missing or of the wrong type ({where[0]}: {first['msg']})")
 
 
@@ -348,12 +387,13 @@ class ReportPacer:
     meanwhile while at most one report of each is crossing the topic, that is while the round
     trip L stays under the interval I; from L = I on the fleet admits a burst once per instance
     again (a 500 ms round trip with reports every 100 ms: 0.84-1.17x where one broker admits
-    0.94x, docs/quotas.md finding f). And any I longer than needed costs accuracy: the others'
-    usage is recorded on arrival, up to I + L after it happened, and the estimate stands for up
-    to I + L of it, taken to be what this instance admitted (while the others were muted too),
-    so throttles end later than one broker's by up to that much (3 instances, L = 2 ms, I = 100
-    ms: 0.93x where one broker admits 1.005x; I = 50 ms: within 1 %, finding g). Twice L keeps
-    one report at most in flight while round trips vary by as much again.
+    0.94x, docs/quotas.md finding f). And any I longer than needed costs accuracy: the estimate
+    stands for up to I + L of the others' usage, taken to be what this instance admitted (while
+    the others were muted too), so throttles end later than one broker's by up to that much (3
+    instances, L = 2 ms, I = 100 ms: 0.93x where one broker admits 1.005x; I = 50 ms: within
+    1 %, finding g; until the others' usage was dated when it happened, its arrival held it in
+    the window up to I + L longer as well, finding h). Twice L keeps one report at most in
+    flight while round trips vary by as much again.
 
     Pure: times are arguments. Before any report has come back the interval is `shortest_ms`.
     """
@@ -377,6 +417,14 @@ class ReportPacer:
     def round_trip_ms(self) -> float | None:
         """The longest round trip of the reports kept, None before one came back."""
         return max(self._round_trips) if self._round_trips else None
+
+    @property
+    def least_round_trip_ms(self) -> float:
+        """The shortest round trip of the reports kept (0 before one came back): how long before
+        its arrival another instance's report is taken to have been sent, to date its usage
+        (FleetSharing.record_remote_usage). The shortest, so that usage is not dated earlier than
+        it happened, which would let it leave the window early and admit more than one broker."""
+        return min(self._round_trips) if self._round_trips else 0.0
 
     def sent(self, seq: int, now_ms: float) -> None:
         unechoed = self._unechoed
@@ -532,8 +580,9 @@ class FleetSharing:
         self.limit_scale = 1.0
         # Deltas `take_local_usage` left out because their client was far from its quota.
         self.kept_quiet = 0
-        # What each sensor recorded since the last report, in the order sensors first recorded.
-        self._pending: dict[QuotaSensor, tuple[QuotaType, float]] = {}
+        # What each sensor recorded since the last report, in the order sensors first recorded,
+        # and when it last recorded (the report's age of it, UsageDelta.age_ms).
+        self._pending: dict[QuotaSensor, tuple[QuotaType, float, int]] = {}
         # What the last report carried per sensor, quiet deltas included, and when it was
         # taken: what an instance whose report has not come back since then has not matched.
         self._previous_report: dict[QuotaSensor, float] = {}
@@ -581,20 +630,20 @@ class FleetSharing:
 
     # -- the UsageSharing seam ----------------------------------------------------------------
 
-    def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float) -> None:
+    def recorded(self, quota_type: QuotaType, sensor: QuotaSensor, amount: float, now_ms: int) -> None:
         if not self.records_usage or sensor.bound == NO_QUOTA_BOUND:
             return  # no quota limits this client: nobody's throttle depends on its usage
         if self.mutations_claimed and quota_type == "controller_mutation_rate":
             return
         if self._for_topic:
             pending = self._pending.get(sensor)
-            self._pending[sensor] = (quota_type, (0.0 if pending is None else pending[1]) + amount)
+            self._pending[sensor] = (quota_type, (0.0 if pending is None else pending[1]) + amount, now_ms)
         if self.records_host_usage:
             host = self._pending_host
             if not host and self.on_host_pending is not None:
                 self.on_host_pending()
-            pending = host.get(sensor)
-            host[sensor] = (quota_type, (0.0 if pending is None else pending[1]) + amount)
+            on_host = host.get(sensor)
+            host[sensor] = (quota_type, (0.0 if on_host is None else on_host[1]) + amount)
 
     def pending_elsewhere(self, sensor: RateSensor, amount: float, now_ms: int) -> float | None:
         """Other instances serve this client too, and what they admitted since the last report
@@ -693,10 +742,10 @@ class FleetSharing:
         """
         pending, self._pending = self._pending, {}
         t = int(now_ms)
-        self._previous_report = {sensor: amount for sensor, (_, amount) in pending.items()}
+        self._previous_report = {sensor: amount for sensor, (_, amount, _) in pending.items()}
         self._before_last_report_ms, self._last_report_ms = self._last_report_ms, t
         usage = []
-        for sensor, (quota_type, amount) in pending.items():
+        for sensor, (quota_type, amount, last_ms) in pending.items():
             if not amount:
                 continue
             if quiet_below > 0.0 and isinstance(sensor, RateSensor) and \
@@ -704,7 +753,8 @@ class FleetSharing:
                 self.kept_quiet += 1
                 continue
             identity = sensor.identity
-            usage.append(UsageDelta(quota_type, identity.broker, tuple(identity.tags.items()), amount))
+            usage.append(UsageDelta(quota_type, identity.broker, tuple(identity.tags.items()), amount,
+                                    max(0, t - last_ms)))
         return usage
 
     def take_host_usage(self) -> list[UsageDelta]:
@@ -721,10 +771,28 @@ class FleetSharing:
 
     def record_remote_usage(
         self, engine: QuotaManagers, usage: Iterable[UsageDelta], now_ms: float, instance: str | None,
-        via_host: bool = False,
+        via_host: bool = False, round_trip_ms: float = 0.0, interval_ms: float = 0.0,
     ) -> None:
-        """Another instance's report into `engine`'s sensors (see QuotaEngine.record_remote_usage)."""
+        """Another instance's report into `engine`'s sensors (see QuotaEngine.record_remote_usage).
+
+        Each delta is dated when its reporter last recorded it: the report's arrival less the
+        topic's round trip (`round_trip_ms`, sent to read back, as this instance measures its own
+        reports') and the delta's age. One broker's sample keeps a value until a window after its
+        last event (SampledStat.purgeObsoleteSamples), so a value dated at its arrival would hold
+        the room a burst leaves for up to a report interval plus the round trip longer on every
+        other instance than on its own: throttles ending that much later than one broker's
+        (docs/quotas.md, finding h).
+
+        Only while that span, `interval_ms` (this instance's report interval, the others' alike)
+        plus the round trip, is shorter than a sample: beyond it one instance can admit a whole
+        burst before another hears of it, which pending_elsewhere's estimate cannot foresee, and
+        dating it back would open the room it leaves on every instance at once. There the usage
+        is recorded at its arrival, which holds that room for the others until they can know who
+        took it (finding f: a 500 ms round trip admits over one broker on 8 seeds of 24 dated, 3
+        at arrival)."""
         t = int(now_ms)
+        blind_ms = interval_ms + round_trip_ms
+        sent = now_ms - round_trip_ms
         if instance is not None:
             self._report_ms[instance] = t
             self.consults_others = True
@@ -735,7 +803,10 @@ class FleetSharing:
             if not manager.enabled:
                 continue
             sensor = manager.sensor_for_tags(delta.broker, dict(delta.tags), t)
-            sensor.record(delta.amount, t)
+            if blind_ms < sensor.rate.window_ms:
+                sensor.record_at(delta.amount, int(sent - delta.age_ms), t)
+            else:
+                sensor.record(delta.amount, t)
             sensor.last_record_ms = t
             if delta.quota_type in _COUNTED and instance is not None:
                 serving = self._serving.get(sensor)

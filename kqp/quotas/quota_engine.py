@@ -51,16 +51,19 @@ class QuotaEngine(QuotaManagers):
         return self.fleet.take_host_usage()
 
     def record_remote_usage(self, usage: Iterable[UsageDelta], now_ms: float, instance: str | None = None,
-                            via_host: bool = False) -> None:
+                            via_host: bool = False, round_trip_ms: float = 0.0, interval_ms: float = 0.0) -> None:
         """Another instance's report: its usage counts against the same sensors as this one's.
 
         Nothing is throttled here; the next local request measures the fleet's rate. A quota
         type this instance does not enforce ignores the usage (its sensors would never be read).
         `instance` (the reporter; give it for heartbeats too) lets fetch sensors know how many
         live instances serve a client; `via_host`: it is a worker of this host, whose usage comes
-        through the supervisor at a loop tick's lag rather than through the topic.
+        through the supervisor at a loop tick's lag rather than through the topic;
+        `round_trip_ms` (ReportPacer.least_round_trip_ms) and `interval_ms` (ReportPacer.interval_ms):
+        how long a report takes through the topic and how often one is sent, which with each
+        delta's age date its usage (FleetSharing.record_remote_usage).
         """
-        self.fleet.record_remote_usage(self, usage, now_ms, instance, via_host)
+        self.fleet.record_remote_usage(self, usage, now_ms, instance, via_host, round_trip_ms, interval_ms)
 
     def share_guard_usage(self, enabled: bool) -> None:
         """Start (or stop) keeping what the cluster guard's sensors record for the fleet's reports."""

@@ -134,6 +134,10 @@ class QuotaSensor:
     def record(self, value: float, now_ms: int) -> None:
         self.rate.record(value, now_ms)
 
+    def record_at(self, value: float, at_ms: int, now_ms: int) -> None:
+        """Record at `now_ms` what another fleet instance recorded at `at_ms` (WindowedRate.record_at)."""
+        self.rate.record_at(value, at_ms, now_ms)
+
     def snapshot(self, quota_type: str, now_ms: int) -> SensorSnapshot:
         """The sensor's figures at `now_ms`, read without purging (observing changes nothing)."""
         bound = self.bound
@@ -189,6 +193,10 @@ class MutationSensor(QuotaSensor):
     def record(self, value: float, now_ms: int) -> None:
         self.bucket.record(value, now_ms)
         self.rate.record(value, now_ms)
+
+    def record_at(self, value: float, at_ms: int, now_ms: int) -> None:
+        # The bucket's clock only goes forward: charged now, as before reports carried ages.
+        self.record(value, now_ms)
 
     def _tokens(self, now_ms: int) -> float | None:
         return self.bucket.peek(now_ms)

@@ -127,6 +127,37 @@ class WindowedRate:
         self._values[current] += value
         self._last_events[current] = now_ms
 
+    def record_at(self, value: float, at_ms: int, now_ms: int) -> None:
+        """Record at `now_ms` a value that was recorded elsewhere at `at_ms` (a fleet instance's
+        usage, reported late: kqp.quotas.fleet). No Kafka counterpart: one broker records each
+        value when it happens. The value goes to the sample that would have taken it then, as
+        far as the samples since allow: the current one if it had started by `at_ms` (rolled
+        first if `at_ms` is past its span, as `record` would have), the one before it if
+        `at_ms` falls in that one's span, else the current one (a rate with no sample yet starts
+        its first at `now_ms`, when it is created). Either way the sample's last event moves to
+        `at_ms` at most, never to `now_ms`: purgeObsoleteSamples keeps a sample until samples x
+        window after its last event, so a value dated at its arrival would stay in the window
+        longer than it stays in the reporter's own by the report's delay."""
+        starts = self._starts
+        if at_ms >= now_ms or not starts:
+            self.record(value, now_ms)
+            return
+        current = self._current
+        target = current
+        if at_ms >= starts[current]:
+            if at_ms - starts[current] >= self.window_ms:
+                target = self._advance(at_ms)
+        else:
+            # The slots fill in ring order, so the one before the current is the previous sample.
+            previous = (current - 1) % self._ring
+            if previous < len(starts) and previous != current and \
+                    starts[previous] <= at_ms < starts[previous] + self.window_ms:
+                target = previous
+        self._values[target] += value
+        if at_ms > self._last_events[target]:
+            self._last_events[target] = at_ms
+            self._refresh_cached_bounds()
+
     def _new_first_sample(self, now_ms: int) -> None:
         # Exact-size lists: most clients of a churny workload never get a second sample.
         self._starts = [now_ms]

@@ -553,3 +553,62 @@ def test_until_the_others_report_after_this_instances_last_one_its_last_report_c
     # where counting the last report as well would give 3,920).
     a.record_remote_usage([], 150, "b")
     assert a.record_produce("1", "u", "c", 1_000, 160) == round((1_103_000 / 10.11 - QUOTA) / QUOTA * 10_110)
+
+
+# -- dating the others' usage when it happened (docs/quotas.md, finding h) ---------------------
+
+TAGS_C = (("user", ""), ("client-id", "c"))
+
+
+def test_a_report_says_how_long_ago_it_last_recorded_each_sensor() -> None:
+    engine = _sharing_engine(scope="cluster")
+    engine.record_produce("1", "u", "c", 300, 1_000)
+    engine.record_produce("1", "u", "c", 200, 1_030)
+    engine.record_produce("1", "u", "d", 50, 1_010)
+    usage = sorted(engine.take_local_usage(1_100), key=lambda d: d.tags)
+    assert [(dict(d.tags)["client-id"], d.amount, d.age_ms) for d in usage] == [("c", 500.0, 70), ("d", 50.0, 90)]
+
+
+def test_ages_survive_the_encoding_and_a_report_without_them_reads_as_age_zero() -> None:
+    aged = UsageReport("a", 1, (UsageDelta(PRODUCE, None, TAGS_C, 10.0, 40), UsageDelta(PRODUCE, None, TAGS_C, 5.0)))
+    assert decode_report(encode_report(aged)) == aged
+    # A kqp that does not date its usage sends no ages: its reports are the bytes they were.
+    plain = UsageReport("a", 1, (UsageDelta(PRODUCE, None, TAGS_C, 10.0),))
+    assert b"age_ms" not in encode_report(plain)
+    assert decode_report(encode_report(plain)) == plain
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b'{"format": 1, "instance": "a", "seq": 1, "usage": [["producer_byte_rate", null, [], 1]], "age_ms": [1, 2]}',
+     "2 ages for 1 usage entries"),
+    (b'{"format": 1, "instance": "a", "seq": 1, "usage": [["producer_byte_rate", null, [], 1]], "age_ms": [-1]}',
+     "a negative age"),
+    (b'{"format": 1, "instance": "a", "seq": 1, "usage": [["producer_byte_rate", null, [], 1]], "age_ms": ["1"]}',
+     "malformed usage ages"),
+])
+def test_a_report_with_unreadable_ages_is_refused_with_its_reason(data: bytes, reason: str) -> None:
+    with pytest.raises(ReportError, match=reason):
+        decode_report(data)
+
+
+def _window_of_remote_burst(round_trip_ms: float, interval_ms: float) -> tuple[int, int]:
+    """An instance that served the client a byte at 0 ms hears at 1,150 ms of 20 windows' worth of
+    bytes another recorded last at 1,000 ms (a report taken at 1,100 and 50 ms through the topic):
+    the first and last millisecond, in steps of 10 from 2,150 (after the sample the usage went to),
+    at which a byte of its own is throttled."""
+    engine = _sharing_engine(scope="cluster")
+    engine.record_produce("1", "u", "c", 1, 0)
+    engine.record_remote_usage([UsageDelta(PRODUCE, None, TAGS_C, QUOTA * 20, 100)], 1_150, "other",
+                               round_trip_ms=round_trip_ms, interval_ms=interval_ms)
+    throttled = [t for t in range(2_150, 13_000, 10) if engine.record_produce("1", "u", "c", 1, t) > 0]
+    return throttled[0], throttled[-1]
+
+
+def test_the_others_usage_leaves_the_window_when_it_would_have_left_one_brokers() -> None:
+    # Kafka keeps a sample until 11 s (samples x window) after its last event: 1,000 + 11,000.
+    assert _window_of_remote_burst(round_trip_ms=50, interval_ms=100) == (2_150, 11_990)
+
+
+def test_the_others_usage_is_kept_from_its_arrival_when_a_report_can_be_a_sample_late() -> None:
+    # A report interval plus a round trip of a whole sample (1 s) or more: recorded at its arrival.
+    assert _window_of_remote_burst(round_trip_ms=500, interval_ms=1_000) == (2_150, 12_140)

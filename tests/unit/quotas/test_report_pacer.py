@@ -88,3 +88,13 @@ def test_reports_that_never_come_back_are_not_kept_for_ever() -> None:
     assert pacer.round_trip_ms is None
     pacer.echoed(10_000, 10_030.0)
     assert pacer.round_trip_ms == 30.0
+
+
+def test_the_others_reports_are_dated_by_the_shortest_round_trip_kept() -> None:
+    # The shortest: another instance's usage is never dated earlier than it happened.
+    pacer = default_pacer()
+    assert pacer.least_round_trip_ms == 0.0
+    round_trips(pacer, 40.0, 25.0, 60.0)
+    assert pacer.least_round_trip_ms == 25.0
+    round_trips(pacer, *[70.0] * 16, first_seq=4)  # 25 ms is no longer among the last 16
+    assert pacer.least_round_trip_ms == 70.0

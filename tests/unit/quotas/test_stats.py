@@ -238,3 +238,51 @@ def test_recent_total_prorates_the_sample_that_straddles_the_span_start() -> Non
         rate.record(100.0, t)
     total = rate.recent_total(19_500, 11_000)
     assert total == pytest.approx(10 * 1000.0 + 600.0 + 1000.0 * (8900 - 8500) / 900)
+
+
+# -- record_at: another fleet instance's usage, recorded late but dated when it happened -------
+
+
+def test_a_value_dated_into_the_current_sample_leaves_the_window_a_window_after_its_date() -> None:
+    # 11 samples of 1 s, as Kafka's quota window: a value keeps its sample until 11 s after its last event.
+    stat = WindowedRate(11, 1000)
+    stat.record(1, 0)
+    stat.record_at(100, 300, 450)  # recorded at 300 by another instance, heard of here at 450
+    assert stat.total(11_299) == 101
+    assert stat.total(11_300) == 0
+    # Recorded at its arrival instead, it would hold its sample 150 ms longer.
+    late = WindowedRate(11, 1000)
+    late.record(1, 0)
+    late.record(100, 450)
+    assert late.total(11_300) == 101
+
+
+def test_a_value_dated_before_the_current_sample_goes_to_the_sample_it_was_recorded_in() -> None:
+    stat = WindowedRate(11, 1000)
+    stat.record(1, 0)
+    stat.record(1, 1_000)  # a second sample starts at 1 s
+    stat.record_at(100, 900, 1_050)
+    # With the first sample, 11 s after 900; the second sample's own value stays until 12 s.
+    assert stat.total(11_899) == 102
+    assert stat.total(11_900) == 1
+
+
+def test_a_value_dated_past_the_current_samples_span_starts_the_sample_it_would_have() -> None:
+    stat = WindowedRate(11, 1000)
+    stat.record(1, 0)
+    stat.record_at(100, 1_200, 1_300)
+    stat.record(1, 1_300)  # in the sample the dated value started at 1.2 s, not a new one
+    assert stat.total(10_999) == 102
+    assert stat.total(11_000) == 101
+    # One sample, whose last event is the record at 1.3 s (apart, the dated value would go at 12.2 s).
+    assert stat.total(12_299) == 101
+    assert stat.total(12_300) == 0
+
+
+def test_a_value_dated_now_or_later_or_into_an_empty_rate_is_recorded_now() -> None:
+    stat = WindowedRate(11, 1000)
+    stat.record_at(5, 900, 500)
+    assert stat.total(11_499) == 5 and stat.total(11_500) == 0
+    empty = WindowedRate(11, 1000)
+    empty.record_at(5, 100, 500)  # the rate's first sample starts when it is created
+    assert empty.total(11_499) == 5 and empty.total(11_500) == 0
