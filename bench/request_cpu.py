@@ -103,9 +103,12 @@ def sized(frame: bytes) -> bytes:
     return len(frame).to_bytes(4, "big") + frame
 
 
-def kqp_serve_hooks(topics: TopicDirectory) -> TrafficHooks:
-    entry = QuotaEntry(QuotaEntity(client_id="<default>"), {"producer_byte_rate": 10 * 2**30})
-    engine = QuotaEngine(QuotaSettings(entries=(entry,)))
+def kqp_serve_hooks(topics: TopicDirectory, *, default_quota: bool = True) -> TrafficHooks:
+    """The hooks `kqp serve` installs, with a `<default>` client-id producer quota (large: it
+    never throttles here) or, without `default_quota`, none, as `kqp serve` runs with no
+    configuration (bench/proxy_throughput.py)."""
+    entries = (QuotaEntry(QuotaEntity(client_id="<default>"), {"producer_byte_rate": 10 * 2**30}),)
+    engine = QuotaEngine(QuotaSettings(entries=entries if default_quota else ()))
     metrics = ProxyMetrics(top_n_client_ids=100)
     metrics.set_quota_stats_source(engine.snapshot)
     loop = asyncio.get_running_loop()
