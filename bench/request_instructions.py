@@ -51,8 +51,8 @@ def stamped(frame: bytes, count: int, offset: int) -> list[bytes]:
     return [frame[:offset] + index.to_bytes(4, "big") + frame[offset + 4:] for index in range(count)]
 
 
-def run_hop(path: str, requests: int) -> None:
-    """Child process: build `requests` frames, then push them through one hop."""
+def run_hop(path: str, requests: int, built: int) -> None:
+    """Child process: build `built` frames, then push the first `requests` through one hop."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import request_cpu as rc  # the child only: the parent needs no Kafka codec
 
@@ -61,8 +61,8 @@ def run_hop(path: str, requests: int) -> None:
 
     async def drive() -> None:
         # Sized frames: the request's correlation id after size, api key and version; the response's after size.
-        frames = stamped(rc.sized(rc.produce_frame(0, 100, 1)), requests, 8)
-        answers = stamped(rc.sized(rc.produce_response_frame(0)), requests, 4)
+        frames = stamped(rc.sized(rc.produce_frame(0, 100, 1)), built, 8)
+        answers = stamped(rc.sized(rc.produce_response_frame(0)), built, 4)
         hop: rc.Hop
         if path == "relay":
             hop = rc.RelayHop()
@@ -70,7 +70,7 @@ def run_hop(path: str, requests: int) -> None:
             hop = rc.connection(TrafficHooks())
         else:
             hop = rc.connection(rc.kqp_serve_hooks(TopicDirectory(), default_quota=path == "hooks"))
-        rc.run_round(hop, frames, answers)
+        rc.run_round(hop, frames[:requests], answers[:requests])
 
     # On uvloop, as `kqp serve` runs (its loop's clock is a C call, asyncio's a Python one).
     uvloop.run(drive())
@@ -84,8 +84,8 @@ def perf_counts() -> bool:
     return done.returncode == 0 and any(line.split(",")[0].isdigit() for line in done.stderr.splitlines())
 
 
-def instructions(counter: str, path: str, requests: int, keep: Path | None) -> int:
-    child = [sys.executable, __file__, "--child", path, str(requests)]
+def instructions(counter: str, path: str, requests: int, built: int, keep: Path | None) -> int:
+    child = [sys.executable, __file__, "--child", path, str(requests), str(built)]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     if counter == "perf":
         command = ["perf", "stat", "-x", ",", "-e", "instructions:u", *child]
@@ -105,8 +105,8 @@ def instructions(counter: str, path: str, requests: int, keep: Path | None) -> i
 
 
 def main() -> int:
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        run_hop(sys.argv[2], int(sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        run_hop(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
@@ -135,8 +135,8 @@ def main() -> int:
     for path in args.paths:
         counts = []
         for _ in range(args.repeat):
-            counts.append((instructions(counter, path, long, args.keep)
-                           - instructions(counter, path, short, args.keep)) / (long - short))
+            counts.append((instructions(counter, path, long, long, args.keep)
+                           - instructions(counter, path, short, long, args.keep)) / (long - short))
             print(f"  {path}: {counts[-1]:,.0f}", file=sys.stderr, flush=True)
         print(f"  {path:12s} {statistics.median(counts):9,.0f} instructions per request+response "
               f"(runs: {', '.join(f'{c:,.0f}' for c in counts)})", flush=True)
