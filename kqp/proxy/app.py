@@ -136,7 +136,9 @@ class ProxyApp:
                 self.engine.on_throttle = self._report_throttle
                 self.metrics.set_quota_stats_source(self.engine.snapshot)
                 self._label_configured_entities()
-            self.enforcement = EnforcementPolicies(self.engine, settings.enforcement, self.now_ms, topics)
+            # The clock itself rather than `now_ms`, which only calls it: the chain reads it on
+            # every request and response.
+            self.enforcement = EnforcementPolicies(self.engine, settings.enforcement, self._clock_ms, topics)
             hooks.append(self.enforcement)
         if self.metrics is not None or self.capture is not None:
             hooks.append(ObservationHooks(self.metrics, self.capture, settings.capture.sample_one_in,
