@@ -29,7 +29,8 @@ compiled: $(COMPILED_STAMP)
 
 $(COMPILED_STAMP): $(VENV)/.installed setup.py $(wildcard kqp/protocol/*.py kqp/quotas/*.py) kqp/frozen_value.py \
 		kqp/protocol/generated/walks/produce.py \
-		kqp/proxy/traffic_metrics.py kqp/proxy/connection.py kqp/proxy/observation.py \
+		kqp/proxy/traffic_metrics.py kqp/proxy/connection.py kqp/proxy/exchange.py kqp/proxy/hook_chain.py \
+		kqp/proxy/observation.py \
 		kqp/proxy/policies/chain.py kqp/proxy/policies/kafka_charging.py kqp/proxy/policies/charges.py \
 		kqp/spark_jobs/replay_loop.py kqp/compiled_modules.py
 	@mkdir -p build; rm -f kqp/*.so kqp/*/*.so kqp/*/*/*.so kqp/*/*/*/*.so kqp_compiled__mypyc*.so; start=$$(date +%s); \

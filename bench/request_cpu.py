@@ -43,7 +43,8 @@ from kqp.protocol.apis import PRODUCE_KEY
 from kqp.protocol.headers import encode_request_header
 from kqp.proxy.cluster import ClusterDirectory, Listener
 from kqp.proxy.connection import ConnectionServices, ProxiedConnection
-from kqp.proxy.hooks import HookChain, TrafficHooks
+from kqp.proxy.hook_chain import HookChain
+from kqp.proxy.hooks import TrafficHooks
 from kqp.proxy.metrics import ProxyMetrics
 from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.options import ProxyOptions

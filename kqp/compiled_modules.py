@@ -48,6 +48,11 @@ COMPILED_MODULES: tuple[str, ...] = (
     # gate and the hooks (strictly type-checked, as the modules above). Its two asyncio
     # protocol classes subclass asyncio.Protocol, so mypyc leaves them ordinary classes.
     "kqp.proxy.connection",
+    # What the hooks record on each exchange: an Exchange is made for every request and read by
+    # every hook (a native class: made and read without the interpreter).
+    "kqp.proxy.exchange",
+    # The hooks in order, as one hook: called four times for every request and response.
+    "kqp.proxy.hook_chain",
     # The hooks `kqp serve` runs on every request and response: the address rewrite's check of
     # each response, enforcement's chain and Kafka's charging, and observation (metrics and
     # capture). Their classes subclass TrafficHooks and Policy, which stay interpreted because

@@ -21,7 +21,8 @@ from kqp.config.check import unreadable_login_warnings
 from kqp.config.models import CaptureSection, CommandLine, EnforcementSection, MetricsSection
 from kqp.config.writeback import decode_quota_snapshot, encode_quota_snapshot
 from kqp.proxy.fleet import FleetExchange, FleetOptions, default_instance_id
-from kqp.proxy.hooks import HookChain, TrafficHooks
+from kqp.proxy.hook_chain import HookChain
+from kqp.proxy.hooks import TrafficHooks
 from kqp.proxy.host_exchange import HostExchange, HostLink
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 from kqp.proxy.metrics import ProxyMetrics
