@@ -63,6 +63,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kqp.proxy.policies.charges",
     "kqp.proxy.policies.kafka_charging",
     "kqp.proxy.policies.chain",
+    # Asked on every request, throttled or not (whether the client was throttled recently).
+    "kqp.proxy.policies.one_at_a_time",
     "kqp.proxy.observation",
     # The whatif replay's per-request loop (kqp.spark_jobs.quota_replay hands it a group's
     # columns as lists): the replay's requests reach the compiled engine from compiled code.
