@@ -30,6 +30,7 @@ compiled: $(COMPILED_STAMP)
 $(COMPILED_STAMP): $(VENV)/.installed setup.py $(wildcard kqp/protocol/*.py kqp/quotas/*.py) kqp/frozen_value.py \
 		kqp/protocol/generated/walks/produce.py \
 		kqp/proxy/traffic_metrics.py kqp/proxy/connection.py kqp/proxy/exchange.py kqp/proxy/hook_chain.py \
+		kqp/proxy/hooks.py kqp/proxy/policies/policy.py \
 		kqp/proxy/observation.py \
 		kqp/proxy/policies/chain.py kqp/proxy/policies/kafka_charging.py kqp/proxy/policies/charges.py \
 		kqp/proxy/policies/one_at_a_time.py \

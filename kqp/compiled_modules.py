@@ -51,14 +51,17 @@ COMPILED_MODULES: tuple[str, ...] = (
     # What the hooks record on each exchange: an Exchange is made for every request and read by
     # every hook (a native class: made and read without the interpreter).
     "kqp.proxy.exchange",
+    # The hooks' seam (TrafficHooks, the verdicts, the client's view) and the policies' base,
+    # native classes that interpreted classes may subclass (tests, the simulator, the policies
+    # left interpreted), so that the compiled hooks and policies below are native classes.
+    "kqp.proxy.hooks",
+    "kqp.proxy.policies.policy",
     # The hooks in order, as one hook: called four times for every request and response.
     "kqp.proxy.hook_chain",
     # The hooks `kqp serve` runs on every request and response: the address rewrite's check of
     # each response, enforcement's chain and Kafka's charging, and observation (metrics and
-    # capture). Their classes subclass TrafficHooks and Policy, which stay interpreted because
-    # tests subclass them, so mypyc makes them ordinary classes, as the connection's protocol
-    # classes: their methods run compiled. Nothing may subclass them (a compiled class has
-    # compiled subclasses only): the simulator's planted bugs wrap them instead.
+    # capture). Native classes (they subclass the native TrafficHooks and Policy) that no
+    # interpreted class may subclass: the simulator's planted bugs wrap them instead.
     "kqp.protocol.address_rewrite",
     "kqp.proxy.policies.charges",
     "kqp.proxy.policies.kafka_charging",

@@ -79,6 +79,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from kqp.protocol.close_reason import CloseReason
 
 # What hooks record on an exchange lives in kqp.proxy.exchange (compiled, kqp/compiled_modules.py);
@@ -101,20 +103,23 @@ class ConnectionControl(Protocol):
     def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None: ...
 
 
-@dataclass(slots=True)
 class ConnectionHookState:
     """What hooks keep about one connection, made once with it and kept across the
     `ClientView`s that replace each other when the principal changes. One field per use,
-    named by the hook that owns it."""
+    named by the hook that owns it. (A plain class: mypyc 2.4 fails to build a dataclass
+    with a field typed `object`.)"""
 
-    # Enforcement: the connection's own policy objects (a kqp.proxy.policies.tables
-    # ConnectionPolicies, which the chain checks it is: this module sits below the policies),
-    # made by their factories on first use.
-    policies: object = None
-    # Observation, when the connection opens: whether the capture keeps this connection's
-    # exchanges (None: not known, as when no observation hook runs). Enforcement keeps the
-    # engine's inputs for the capture (`Exchange.quota`) unless it is False.
-    captured: bool | None = None
+    __slots__ = ("captured", "policies")
+
+    def __init__(self, policies: object = None, captured: bool | None = None) -> None:
+        # Enforcement: the connection's own policy objects (a kqp.proxy.policies.tables
+        # ConnectionPolicies, which the chain checks it is: this module sits below the policies),
+        # made by their factories on first use.
+        self.policies = policies
+        # Observation, when the connection opens: whether the capture keeps this connection's
+        # exchanges (None: not known, as when no observation hook runs). Enforcement keeps the
+        # engine's inputs for the capture (`Exchange.quota`) unless it is False.
+        self.captured = captured
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +193,10 @@ class ResponseVerdict:
         self.empty = self.empty or later.empty
 
 
+# Compiled (kqp/compiled_modules.py), a native class that interpreted classes may subclass
+# (tests and the simulator do): the compiled hooks that subclass it are native classes too,
+# whose fields and methods are reached without a lookup by name.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TrafficHooks:
     """No-op hooks; subclasses override what they need and declare the APIs they want."""
 

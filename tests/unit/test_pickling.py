@@ -29,6 +29,7 @@ from kqp.protocol.fast_path import (
 from kqp.protocol.gate import Actions
 from kqp.proxy.connection import ConnectionServices
 from kqp.proxy.exchange import CaptureFindings, FetchFindings, FleetCharge, MutationFindings, MutationNote
+from kqp.proxy.hooks import ClientView, RequestVerdict, ResponseVerdict
 from kqp.quotas.engine import MutationOutcome
 from kqp.quotas.recording import QuotaClient, QuotaTrace, RequestCharges, RequestOutcome, ResponseCharges
 from kqp.quotas.sensors import SensorSnapshot
@@ -71,9 +72,11 @@ SAMPLES: tuple[object, ...] = (
 
 
 # Never pickled: what every connection of one proxy process shares (its event loop, callbacks),
-# and what the hooks record on one exchange, made and read within the proxy process.
+# and what the hooks see of a connection, record on one exchange and decide, made and read
+# within the proxy process.
 NEVER_PICKLED: frozenset[type] = frozenset({
     ConnectionServices, CaptureFindings, FetchFindings, FleetCharge, MutationFindings, MutationNote,
+    ClientView, RequestVerdict, ResponseVerdict,
 })
 
 
