@@ -28,8 +28,14 @@ COMPILED_STAMP := build/.compiled
 compiled: $(COMPILED_STAMP)
 
 $(COMPILED_STAMP): $(VENV)/.installed setup.py $(wildcard kqp/protocol/*.py kqp/quotas/*.py) kqp/frozen_value.py \
-		kqp/proxy/traffic_metrics.py kqp/proxy/connection.py kqp/spark_jobs/replay_loop.py kqp/compiled_modules.py
-	@mkdir -p build; rm -f kqp/*.so kqp/*/*.so kqp_compiled__mypyc*.so; start=$$(date +%s); \
+		kqp/protocol/generated/walks/produce.py \
+		kqp/proxy/traffic_metrics.py kqp/proxy/connection.py kqp/proxy/exchange.py kqp/proxy/hook_chain.py \
+		kqp/proxy/hooks.py kqp/proxy/policies/policy.py \
+		kqp/proxy/observation.py \
+		kqp/proxy/policies/chain.py kqp/proxy/policies/kafka_charging.py kqp/proxy/policies/charges.py \
+		kqp/proxy/policies/one_at_a_time.py \
+		kqp/spark_jobs/replay_loop.py kqp/compiled_modules.py
+	@mkdir -p build; rm -f kqp/*.so kqp/*/*.so kqp/*/*/*.so kqp/*/*/*/*.so kqp_compiled__mypyc*.so; start=$$(date +%s); \
 	$(PY) setup.py -q build_ext --inplace > build/compile.log 2>&1 || { cat build/compile.log; exit 1; }; \
 	grep -i '^warning: kqp' build/compile.log >&2 || true; \
 	pure_because=$$($(PY) -c 'import kqp; print(kqp.PURE_BECAUSE or "")'); \

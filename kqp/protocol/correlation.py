@@ -20,7 +20,12 @@ _INT16 = struct.Struct(">h")
 def produce_acks(body: bytes | memoryview, api_version: int) -> int:
     """The acks field of a Produce request body (after transactional_id)."""
     if api_version >= 9:
-        length_plus_one, offset = read_uvarint(body, 0)
+        # The usual one-byte varint inline: read_uvarint is interpreted (kqp.protocol.wire is
+        # not compiled), and this runs for every Produce request.
+        if len(body) > 0 and body[0] < 0x80:
+            length_plus_one, offset = body[0], 1
+        else:
+            length_plus_one, offset = read_uvarint(body, 0)
         offset += max(length_plus_one - 1, 0)
     else:
         if len(body) < 2:

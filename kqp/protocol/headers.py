@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import struct
 from functools import cache
-from typing import NamedTuple
 
 from kqp.protocol.apis import API_SPECS, API_VERSIONS_KEY
 from kqp.protocol.errors import ProtocolDecodeError
@@ -25,19 +24,29 @@ _HEADER_FIXED = struct.Struct(">hhih")
 _INT32 = struct.Struct(">i")
 
 
-class RequestHeader(NamedTuple):
-    """A request header as read (a named tuple: built for every request, and a frozen
-    dataclass costs several times as much to build)."""
+class RequestHeader:
+    """A request header as read: built for every request, so a plain class with its own
+    `__init__` (compiled, kqp/compiled_modules.py, a native class, made and read without the
+    interpreter; a named tuple's constructor stays interpreted, a frozen dataclass's too)."""
 
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
-    # Where the body starts in the frame. For an API version the codec has no definition of,
-    # the header's tagged fields (if any) are left unread: such requests are only forwarded.
-    body_offset: int
-    # Whether the bundled definitions describe this API version (so the body can be decoded).
-    known: bool = True
+    __slots__ = ("api_key", "api_version", "body_offset", "client_id", "correlation_id", "known")
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, client_id: str | None, body_offset: int,
+                 known: bool = True) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+        # Where the body starts in the frame. For an API version the codec has no definition of,
+        # the header's tagged fields (if any) are left unread: such requests are only forwarded.
+        self.body_offset = body_offset
+        # Whether the bundled definitions describe this API version (so the body can be decoded).
+        self.known = known
+
+    def __repr__(self) -> str:
+        return (f"RequestHeader(api_key={self.api_key}, api_version={self.api_version}, "
+                f"correlation_id={self.correlation_id}, client_id={self.client_id!r}, "
+                f"body_offset={self.body_offset}, known={self.known})")
 
 
 def request_is_flexible(api_key: int, api_version: int) -> bool | None:

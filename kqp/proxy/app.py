@@ -21,7 +21,8 @@ from kqp.config.check import unreadable_login_warnings
 from kqp.config.models import CaptureSection, CommandLine, EnforcementSection, MetricsSection
 from kqp.config.writeback import decode_quota_snapshot, encode_quota_snapshot
 from kqp.proxy.fleet import FleetExchange, FleetOptions, default_instance_id
-from kqp.proxy.hooks import HookChain, TrafficHooks
+from kqp.proxy.hook_chain import HookChain
+from kqp.proxy.hooks import TrafficHooks
 from kqp.proxy.host_exchange import HostExchange, HostLink
 from kqp.proxy.http_endpoint import ObservabilityEndpoint
 from kqp.proxy.metrics import ProxyMetrics
@@ -136,7 +137,9 @@ class ProxyApp:
                 self.engine.on_throttle = self._report_throttle
                 self.metrics.set_quota_stats_source(self.engine.snapshot)
                 self._label_configured_entities()
-            self.enforcement = EnforcementPolicies(self.engine, settings.enforcement, self.now_ms, topics)
+            # The clock itself rather than `now_ms`, which only calls it: the chain reads it on
+            # every request and response.
+            self.enforcement = EnforcementPolicies(self.engine, settings.enforcement, self._clock_ms, topics)
             hooks.append(self.enforcement)
         if self.metrics is not None or self.capture is not None:
             hooks.append(ObservationHooks(self.metrics, self.capture, settings.capture.sample_one_in,

@@ -48,7 +48,7 @@ Typed per API
 -------------
 A hook declares the API keys it wants (`api_keys`; None: every API, for what applies to all
 requests, such as request-time quotas and metrics; or per call, `takes`), and `HookChain`
-turns the declarations into a table from API key to the hooks that want it, per call: a hook
+(kqp.proxy.hook_chain) turns the declarations into a table from API key to the hooks that want it, per call: a hook
 is only in the table of a call it overrides. So a Produce touches only what cares about
 Produce, a hook never sees an API it did not declare, and an API no hook wants costs a
 header parse and a write.
@@ -76,16 +76,24 @@ The order hooks run in, and why (kqp.proxy.app builds the chain):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, TypedDict
+from typing import Any, ClassVar, Protocol
 
-from kqp.protocol.api_keys import ApiKey
+from mypy_extensions import mypyc_attr
+
 from kqp.protocol.close_reason import CloseReason
-from kqp.protocol.fast_path import FetchRequestSummary, parse_fetch_request, parse_share_fetch_request
-from kqp.protocol.headers import RequestHeader
-from kqp.protocol.mutations import MutationRequest, TopicMutation
-from kqp.quotas.recording import QuotaTrace, RequestOutcome
+
+# What hooks record on an exchange lives in kqp.proxy.exchange (compiled, kqp/compiled_modules.py);
+# re-exported here, the seam's one import.
+from kqp.proxy.exchange import CaptureFindings as CaptureFindings
+from kqp.proxy.exchange import Exchange as Exchange
+from kqp.proxy.exchange import FetchFindings as FetchFindings
+from kqp.proxy.exchange import FleetCharge as FleetCharge
+from kqp.proxy.exchange import MutationFindings as MutationFindings
+from kqp.proxy.exchange import MutationNote as MutationNote
+from kqp.proxy.exchange import PartitionColumns as PartitionColumns
+from kqp.proxy.exchange import RequestColumns as RequestColumns
+from kqp.proxy.exchange import read_fetch_request as read_fetch_request
 
 
 class ConnectionControl(Protocol):
@@ -95,20 +103,23 @@ class ConnectionControl(Protocol):
     def mute(self, throttle_ms: int, *, one_at_a_time: bool = True) -> None: ...
 
 
-@dataclass(slots=True)
 class ConnectionHookState:
     """What hooks keep about one connection, made once with it and kept across the
     `ClientView`s that replace each other when the principal changes. One field per use,
-    named by the hook that owns it."""
+    named by the hook that owns it. (A plain class: mypyc 2.4 fails to build a dataclass
+    with a field typed `object`.)"""
 
-    # Enforcement: the connection's own policy objects (a kqp.proxy.policies.tables
-    # ConnectionPolicies, which the chain checks it is: this module sits below the policies),
-    # made by their factories on first use.
-    policies: object = None
-    # Observation, when the connection opens: whether the capture keeps this connection's
-    # exchanges (None: not known, as when no observation hook runs). Enforcement keeps the
-    # engine's inputs for the capture (`Exchange.quota`) unless it is False.
-    captured: bool | None = None
+    __slots__ = ("captured", "policies")
+
+    def __init__(self, policies: object = None, captured: bool | None = None) -> None:
+        # Enforcement: the connection's own policy objects (a kqp.proxy.policies.tables
+        # ConnectionPolicies, which the chain checks it is: this module sits below the policies),
+        # made by their factories on first use.
+        self.policies = policies
+        # Observation, when the connection opens: whether the capture keeps this connection's
+        # exchanges (None: not known, as when no observation hook runs). Enforcement keeps the
+        # engine's inputs for the capture (`Exchange.quota`) unless it is False.
+        self.captured = captured
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,144 +134,6 @@ class ClientView:
     principal: str
     control: ConnectionControl = field(compare=False, repr=False)
     state: ConnectionHookState = field(default_factory=ConnectionHookState, compare=False, repr=False)
-
-
-@dataclass(slots=True)
-class MutationNote:
-    """A topic of a CreateTopics/CreatePartitions/DeleteTopics request and what it got."""
-
-    topic: str
-    partitions: int
-    error_code: int
-
-
-@dataclass(slots=True)
-class FetchFindings:
-    """A Fetch or ShareFetch request's limits as read (once, by the first hook that needs
-    them: `read_fetch_request`), and MinBytes and MaxBytes as forwarded."""
-
-    request: FetchRequestSummary
-    # Written by kafka_charging alone (the quota's cap of the request sent upstream), read by
-    # observation for the capture; the request's own until capped.
-    forwarded_min_bytes: int
-    forwarded_max_bytes: int | None
-
-
-@dataclass(slots=True)
-class MutationFindings:
-    """A CreateTopics/CreatePartitions/DeleteTopics request as read (once, by whichever policy
-    reads it first: kqp.proxy.policies.charges.mutation_charges), and what the policies that
-    act on it recorded. Each field after `request` has one writer, named with it."""
-
-    request: MutationRequest
-    # Written by fleet_mutation_order (its hold), read by kafka_mutations, which records this
-    # charge instead of charging again: the charge the fleet makes in its own order
-    # (kqp.proxy.fleet), made before the request hooks run; its result is None when the fleet
-    # did not answer in time.
-    claim: asyncio.Future[FleetCharge | None] | None = None
-    # Written and read by kafka_mutations: its charge's outcome when it throttled, combined
-    # with the response's own throttle, as a broker returns the larger of its quotas'.
-    outcome: RequestOutcome | None = None
-    # Written and read by kafka_mutations: the topics refused here (THROTTLING_QUOTA_EXCEEDED)
-    # before the rest was forwarded, merged into the broker's answer.
-    rejected: list[TopicMutation] = field(default_factory=list)
-    # Written by kafka_mutations, read by observation (metrics and capture): per topic, what
-    # the client got; None until decided.
-    notes: list[MutationNote] | None = None
-
-
-class RequestColumns(TypedDict, total=False):
-    """The capture record's columns read from a request (kqp.capture's schema names them)."""
-
-    acks: int
-    fetch_max_wait_ms: int
-    fetch_min_bytes: int
-    fetch_max_bytes: int | None
-    group_id: str
-
-
-class PartitionColumns(TypedDict):
-    """One topic-partition of a captured Produce or Fetch (an entry of the `partitions` column)."""
-
-    topic: str | None
-    partition: int
-    bytes: int
-    records: int
-    batches: int
-    compression: int
-    error_code: int
-
-
-@dataclass(slots=True)
-class CaptureFindings:
-    """What the capture reads from a request while it is at hand (sampled connections only)."""
-
-    # Columns of the record (acks, fetch limits, group id).
-    details: RequestColumns
-    # Produce partitions as read from the request, completed with the response's error codes.
-    produce_partitions: list[PartitionColumns] | None = None
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One request and, later, its response, as the proxy saw them. The fields up to
-    `response_throttle_offset` hold for every API; the ones after it are what a hook found in
-    one API's request (None for every other API), so an exchange costs the same whatever
-    features exist for APIs it is not."""
-
-    header: RequestHeader
-    request_bytes: int
-    received_at: float  # event-loop clock, seconds
-    expects_response: bool = True
-    sent_at: float = 0.0
-    response_received_at: float = 0.0
-    # Set when the proxy answers the request itself instead of forwarding it.
-    local_response: bytes | None = None
-    # What the quota engine was given for this exchange (enforcement writes, capture reads).
-    quota: QuotaTrace | None = None
-    # The throttle the proxy's own quotas gave the exchange: the largest throttle of its folded
-    # verdicts, request and response, written by the policy chain alone (kqp.proxy.policies.chain)
-    # for observation to read; and the one the broker put in its response (ms).
-    proxy_throttle_ms: int = 0
-    broker_throttle_ms: int = 0
-    # Where ThrottleTimeMs sits in the response frame the hooks are given, when the session
-    # already found it (None: not known; read it from the frame's layout).
-    response_throttle_offset: int | None = None
-    # Fetch and ShareFetch: the request's limits, read once (`read_fetch_request`).
-    fetch: FetchFindings | None = None
-    # Partition mutations (enforcement).
-    mutation: MutationFindings | None = None
-    # A quota-admin request the proxy applies once the brokers have authorized it (the quota
-    # admin hook's own record, kqp.proxy.quota_admin, which checks its type: it sits above).
-    quota_admin_request: object = None
-    # Sampled connections: what the capture read from the request.
-    capture: CaptureFindings | None = None
-
-    @property
-    def fetch_max_wait_ms(self) -> int | None:
-        """A Fetch's MaxWaitMs as asked, when read (a fetch that waits is not charged as
-        request time for its wait)."""
-        return self.fetch.request.max_wait_ms if self.fetch is not None else None
-
-
-def read_fetch_request(exchange: Exchange, frame: bytes) -> FetchFindings:
-    """The Fetch or ShareFetch request's limits, parsed on the first call and kept on the
-    exchange for every later hook. Raises ProtocolError on a body that does not read."""
-    findings = exchange.fetch
-    if findings is None:
-        header = exchange.header
-        parse = parse_fetch_request if header.api_key == ApiKey.FETCH else parse_share_fetch_request
-        request = parse(memoryview(frame)[header.body_offset:], header.api_version)
-        findings = exchange.fetch = FetchFindings(request, request.min_bytes, request.max_bytes)
-    return findings
-
-
-@dataclass(frozen=True, slots=True)
-class FleetCharge:
-    """What a request's charges gave when the fleet applied them, and the engine time it did."""
-
-    outcome: RequestOutcome
-    charged_at_ms: float
 
 
 @dataclass(slots=True)
@@ -320,6 +193,10 @@ class ResponseVerdict:
         self.empty = self.empty or later.empty
 
 
+# Compiled (kqp/compiled_modules.py), a native class that interpreted classes may subclass
+# (tests and the simulator do): the compiled hooks that subclass it are native classes too,
+# whose fields and methods are reached without a lookup by name.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TrafficHooks:
     """No-op hooks; subclasses override what they need and declare the APIs they want."""
 
@@ -389,134 +266,3 @@ class TrafficHooks:
 
     def connection_closed(self, client: ClientView, reason: CloseReason) -> None:
         return None
-
-
-_PER_API_CALLS = (
-    "hold", "request", "hold_response", "response", "unanswered", "needs_whole_response", "response_started",
-    "response_streamed",
-)
-
-
-class _CallsByApi(dict[int, tuple[Callable[..., Any], ...]]):
-    """One hook call's bound methods by API key, for `HookChain`: an API's entry is made the
-    first time it is looked up (`__missing__`), from the hooks that override the call and take
-    part in it for that API."""
-
-    def __init__(self, hooks: list[TrafficHooks], name: str) -> None:
-        super().__init__()
-        self._hooks = hooks
-        self._name = name
-
-    def __missing__(self, api_key: int) -> tuple[Callable[..., Any], ...]:
-        name = self._name
-        base = getattr(TrafficHooks, name)
-        calls = self[api_key] = tuple(
-            getattr(hook, name) for hook in self._hooks
-            if getattr(type(hook), name) is not base and hook.takes(name, api_key)
-        )
-        return calls
-
-
-class HookChain(TrafficHooks):
-    """Several hooks in order; the first to answer a request wins, later ones see its changes.
-
-    The app chains quota administration, then enforcement, then observation (see "The order
-    hooks run in" above). Verdicts fold by `RequestVerdict.fold`/`ResponseVerdict.fold`:
-    mutes and throttles by max, not sum: two hooks throttling the same response mean one
-    wait, as a broker returns the largest of its quotas' throttles rather than their total.
-
-    Each per-API call goes only to the hooks that declared the exchange's API and override
-    that call: `_calls[name][api_key]` holds their bound methods, in chain order, filled the
-    first time an API is seen (API keys are few, and an unknown one costs one entry). The
-    lookup is two dict subscripts, no Python call: it runs for every request and response.
-    """
-
-    def __init__(self, hooks: list[TrafficHooks]) -> None:
-        self.hooks = hooks
-        self._calls: dict[str, _CallsByApi] = {name: _CallsByApi(hooks, name) for name in _PER_API_CALLS}
-
-    def calls_for(self, name: str, api_key: int) -> tuple[Callable[..., Any], ...]:
-        """The bound `name` methods of the hooks that want `api_key`, in chain order."""
-        return self._calls[name][api_key]
-
-    def connection_opened(self, client: ClientView) -> None:
-        for hook in self.hooks:
-            hook.connection_opened(client)
-
-    def hold(self, client: ClientView, exchange: Exchange, frame: bytes) -> asyncio.Future[Any] | None:
-        for hold in self._calls["hold"][exchange.header.api_key]:
-            wait: asyncio.Future[Any] | None = hold(client, exchange, frame)
-            if wait is not None:
-                return wait
-        return None
-
-    def request(self, client: ClientView, exchange: Exchange, frame: bytes) -> RequestVerdict | None:
-        combined: RequestVerdict | None = None
-        for request in self._calls["request"][exchange.header.api_key]:
-            verdict: RequestVerdict | None = request(client, exchange, frame)
-            if verdict is None:
-                continue
-            if combined is None:
-                combined = verdict
-            else:
-                combined.fold(verdict)
-            if combined.frame is not None:
-                frame = combined.frame  # later hooks see the request as it will be sent
-            if combined.answer is not None:
-                break  # answered here: nothing is forwarded, so later hooks have no say
-        return combined
-
-    def hold_response(
-        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
-    ) -> asyncio.Future[Any] | None:
-        for hold in self._calls["hold_response"][exchange.header.api_key]:
-            wait: asyncio.Future[Any] | None = hold(client, exchange, frame, body_offset)
-            if wait is not None:
-                return wait
-        return None
-
-    def response(
-        self, client: ClientView, exchange: Exchange, frame: bytes, body_offset: int
-    ) -> ResponseVerdict | None:
-        combined: ResponseVerdict | None = None
-        for response in self._calls["response"][exchange.header.api_key]:
-            verdict: ResponseVerdict | None = response(client, exchange, frame, body_offset)
-            if verdict is None:
-                continue
-            if combined is None:
-                combined = ResponseVerdict()
-            combined.fold(verdict)
-            if verdict.frame is not None:
-                frame = combined.frame = bytes(verdict.frame)  # later hooks see it as the client will
-                exchange.response_throttle_offset = None  # it described the frame replaced
-        return combined
-
-    def unanswered(self, client: ClientView, exchange: Exchange) -> None:
-        for unanswered in self._calls["unanswered"][exchange.header.api_key]:
-            unanswered(client, exchange)
-
-    def needs_whole_response(self, client: ClientView, exchange: Exchange) -> bool:
-        return any(needs(client, exchange) for needs in self._calls["needs_whole_response"][exchange.header.api_key])
-
-    def response_started(
-        self, client: ClientView, exchange: Exchange, head: bytearray, body_offset: int, frame_size: int
-    ) -> ResponseVerdict | None:
-        combined: ResponseVerdict | None = None
-        for started in self._calls["response_started"][exchange.header.api_key]:
-            verdict: ResponseVerdict | None = started(client, exchange, head, body_offset, frame_size)
-            if verdict is not None:
-                combined = combined or ResponseVerdict()
-                combined.fold(verdict)
-                if not combined.empty:
-                    combined.frame = None  # a streamed head is patched in place, never replaced
-        return combined
-
-    def response_streamed(
-        self, client: ClientView, exchange: Exchange, frame_size: int, body_offset: int
-    ) -> None:
-        for streamed in self._calls["response_streamed"][exchange.header.api_key]:
-            streamed(client, exchange, frame_size, body_offset)
-
-    def connection_closed(self, client: ClientView, reason: CloseReason) -> None:
-        for hook in self.hooks:
-            hook.connection_closed(client, reason)

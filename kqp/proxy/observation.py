@@ -99,6 +99,14 @@ class ObservationHooks(TrafficHooks):
             self._wall_offset_us = round((time.time() - self._clock()) * 1_000_000)
         return round(loop_time * 1_000_000) + self._wall_offset_us
 
+    def takes(self, call: str, api_key: int) -> bool:
+        """Without a capture, a request holds nothing for observation and every response may
+        stream: `request` and `needs_whole_response` are left out of the hook chain's calls
+        (the capture is set when the proxy starts, not on a reload)."""
+        if self.capture is None and call in ("request", "needs_whole_response"):
+            return False
+        return TrafficHooks.takes(self, call, api_key)
+
     def connection_opened(self, client: ClientView) -> None:
         self._captured(client)  # decided now, for enforcement too (ConnectionHookState.captured)
         if self.metrics is not None:

@@ -201,6 +201,21 @@ def response_charges(
         round_trip_ms: from forwarding the request to receiving the response.
         fetch_max_wait_ms: a Fetch or ShareFetch request's MaxWaitMs, when the proxy read it.
     """
+    return ResponseCharges(api_key, *response_amounts(api_key, request_size, response_body_size, round_trip_ms,
+                                                       fetch_max_wait_ms))
+
+
+def response_amounts(
+    api_key: int,
+    request_size: int,
+    response_body_size: int | None,
+    round_trip_ms: float | None,
+    fetch_max_wait_ms: int | None = None,
+) -> tuple[int | None, int | None, float | None]:
+    """`response_charges`' fields after the API key (produce bytes, fetch bytes, request time),
+    for a caller that charges them with `charge_response_of` and keeps no ResponseCharges: the
+    proxy on a connection the capture does not keep (a frozen dataclass's generated `__init__`
+    stays interpreted in the compiled build, and costs more than the rule)."""
     produce_bytes = request_size if api_key == ApiKey.PRODUCE else None
     fetch_bytes = None
     if api_key in FETCH_QUOTA_API_KEYS and response_body_size is not None:
@@ -212,7 +227,7 @@ def response_charges(
           and request_ms >= fetch_max_wait_ms):
         # A long-poll (share) fetch waits in the broker's purgatory, which Kafka does not count.
         request_ms -= fetch_max_wait_ms
-    return ResponseCharges(api_key, produce_bytes, fetch_bytes, request_ms)
+    return produce_bytes, fetch_bytes, request_ms
 
 
 def charge_response(engine: QuotaManagers, client: QuotaClient, charges: ResponseCharges, now_ms: float) -> int:

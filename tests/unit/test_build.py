@@ -64,10 +64,12 @@ def test_kqp_pure_loads_every_listed_module_from_its_source() -> None:
 REPO = Path(__file__).resolve().parents[2]
 # The tests of what both builds must do alike: the compiled modules are in kqp.protocol and
 # kqp.quotas, beside kqp.frozen_value, the pickling of their frozen dataclasses,
-# kqp.proxy.traffic_metrics, the metric accumulators, and kqp.spark_jobs.replay_loop, the
-# replay's loop, whose scheduler tests need no Spark session (kqp/compiled_modules.py).
+# kqp.proxy.traffic_metrics, the metric accumulators, kqp.spark_jobs.replay_loop, the
+# replay's loop, whose scheduler tests need no Spark session, and the hooks of every request,
+# enforcement's chain and Kafka's charging, and observation (kqp/compiled_modules.py).
 PURE_PASS = ("tests/unit/test_build.py", "tests/unit/test_pickling.py", "tests/unit/protocol", "tests/unit/quotas",
-             "tests/unit/proxy/test_metrics.py", "tests/spark/test_quota_replay.py", "tests/unit/test_replay_filter.py")
+             "tests/unit/proxy/test_metrics.py", "tests/unit/proxy/policies", "tests/unit/proxy/test_observation.py",
+             "tests/spark/test_quota_replay.py", "tests/unit/test_replay_filter.py")
 
 
 # A test of its own rather than a second pytest run after the suite: under `make test` it runs in

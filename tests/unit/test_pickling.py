@@ -28,6 +28,8 @@ from kqp.protocol.fast_path import (
 )
 from kqp.protocol.gate import Actions
 from kqp.proxy.connection import ConnectionServices
+from kqp.proxy.exchange import CaptureFindings, FetchFindings, FleetCharge, MutationFindings, MutationNote
+from kqp.proxy.hooks import ClientView, RequestVerdict, ResponseVerdict
 from kqp.quotas.engine import MutationOutcome
 from kqp.quotas.recording import QuotaClient, QuotaTrace, RequestCharges, RequestOutcome, ResponseCharges
 from kqp.quotas.sensors import SensorSnapshot
@@ -69,8 +71,13 @@ SAMPLES: tuple[object, ...] = (
 )
 
 
-# Never pickled: what every connection of one proxy process shares (its event loop, callbacks).
-NEVER_PICKLED: frozenset[type] = frozenset({ConnectionServices})
+# Never pickled: what every connection of one proxy process shares (its event loop, callbacks),
+# and what the hooks see of a connection, record on one exchange and decide, made and read
+# within the proxy process.
+NEVER_PICKLED: frozenset[type] = frozenset({
+    ConnectionServices, CaptureFindings, FetchFindings, FleetCharge, MutationFindings, MutationNote,
+    ClientView, RequestVerdict, ResponseVerdict,
+})
 
 
 def _dataclasses_of_the_compiled_modules() -> set[type]:

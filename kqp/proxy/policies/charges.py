@@ -33,21 +33,35 @@ def trace_engine_call(
 ) -> None:
     """Number an engine call and keep its inputs in the exchange's trace (`Exchange.quota`),
     which the capture stores so that a replay can make the same calls in the same order
-    (kqp.quotas.recording). The one place the trace is written, for requests and responses.
+    (kqp.quotas.recording). Its two halves, `numbered_and_traced` and `keep_trace`, are the
+    one place the trace is numbered and written, for requests and responses.
 
     The trace is kept unless the connection is known not to be captured
     (`ConnectionHookState.captured`); the calls are numbered either way, so the numbers a
     capture holds stay the process's."""
+    if numbered_and_traced(registry, client):
+        keep_trace(client, exchange, registry.engine_calls, now_ms, request=request, response=response)
+
+
+def numbered_and_traced(registry: PolicyRegistry, client: ClientView) -> bool:
+    """Number an engine call (`trace_engine_call`'s first half); whether its inputs are to be
+    kept (`keep_trace`), for a caller that builds them only then."""
     registry.engine_calls += 1
-    if client.state.captured is False:
-        return
+    return client.state.captured is not False
+
+
+def keep_trace(
+    client: ClientView, exchange: Exchange, seq: int, now_ms: float, *,
+    request: RequestCharges | None = None, response: ResponseCharges | None = None,
+) -> None:
+    """Keep a numbered engine call's inputs in the exchange's trace (`trace_engine_call`'s second half)."""
     record = exchange.quota
     if record is None:
         record = exchange.quota = QuotaTrace(broker_label(client.broker))
     if response is not None:
-        record.response_seq, record.response_now_ms, record.response = registry.engine_calls, now_ms, response
+        record.response_seq, record.response_now_ms, record.response = seq, now_ms, response
     else:
-        record.request_seq, record.request_now_ms, record.request = registry.engine_calls, now_ms, request
+        record.request_seq, record.request_now_ms, record.request = seq, now_ms, request
 
 
 def charge_request_now(

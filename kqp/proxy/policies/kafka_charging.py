@@ -32,17 +32,18 @@ from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.errors import ProtocolError
 from kqp.protocol.fast_path import patch_fetch_max_bytes
 from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict, read_fetch_request
-from kqp.proxy.policies.charges import charge_request_now, trace_engine_call
+from kqp.proxy.policies.charges import charge_request_now, keep_trace, numbered_and_traced
 from kqp.proxy.policies.policy import Policy
 from kqp.proxy.policies.registry import PolicyRegistry
 from kqp.quotas.recording import (
     QuotaClient,
+    ResponseCharges,
     answered_empty,
     broker_label,
-    charge_response,
+    charge_response_of,
     request_charged_at_arrival,
     request_charges,
-    response_charges,
+    response_amounts,
 )
 
 
@@ -126,16 +127,22 @@ class KafkaCharging(Policy):
         A response the proxy answered itself costs nothing: the broker never saw it."""
         if exchange.local_response is not None:
             return None
-        header = exchange.header
+        api_key = exchange.header.api_key
         # The proxy's stand-in for the broker's request handling time (KIP-124): from when
         # the request was written upstream to when its response (or its head) arrived.
         round_trip_ms = (exchange.response_received_at - exchange.sent_at) * 1000.0
-        charges = response_charges(header.api_key, exchange.request_bytes - 4, body_size, round_trip_ms,
-                                   exchange.fetch_max_wait_ms)
+        # The charges as amounts: a ResponseCharges is built only for the trace (compiled, its
+        # frozen dataclass `__init__` cost more than the rest of this call).
+        produce_bytes, fetch_bytes, request_time_ms = response_amounts(
+            api_key, exchange.request_bytes - 4, body_size, round_trip_ms, exchange.fetch_max_wait_ms)
         registry = self._registry
-        trace_engine_call(registry, client, exchange, now_ms, response=charges)
-        throttle = charge_response(registry.engine, self._client(client, exchange), charges, now_ms)
+        if numbered_and_traced(registry, client):
+            keep_trace(client, exchange, registry.engine_calls, now_ms,
+                       response=ResponseCharges(api_key, produce_bytes, fetch_bytes, request_time_ms))
+        who = self._client(client, exchange)
+        throttle = charge_response_of(registry.engine, who.broker, who.principal, who.client_id, api_key,
+                                      produce_bytes, fetch_bytes, request_time_ms, now_ms)
         if throttle <= 0:
             return None
         # A throttled Fetch's bytes were unrecorded: the client must get Kafka's empty answer.
-        return ResponseVerdict(mute_ms=throttle, throttle_ms=throttle, empty=answered_empty(header.api_key, throttle))
+        return ResponseVerdict(mute_ms=throttle, throttle_ms=throttle, empty=answered_empty(api_key, throttle))

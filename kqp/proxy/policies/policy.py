@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from kqp.config.models import EnforcementSection
 from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict
 from kqp.quotas import QuotaSettings
@@ -28,6 +30,9 @@ from kqp.quotas import QuotaSettings
 PHASES = ("hold", "request", "response", "throttled", "turn")
 
 
+# Compiled (kqp/compiled_modules.py), a native class that interpreted classes may subclass (the
+# policies not compiled, tests): the compiled policies that subclass it are native classes too.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Policy:
     """No-op phases; a policy overrides the ones it takes part in and declares their APIs."""
 

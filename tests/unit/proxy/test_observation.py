@@ -141,7 +141,7 @@ def test_sasl_frames_are_not_captured() -> None:
 
 def test_a_record_carries_the_exact_inputs_the_quota_engine_got() -> None:
     from kqp.config.models import EnforcementSection
-    from kqp.proxy.hooks import HookChain
+    from kqp.proxy.hook_chain import HookChain
     from kqp.proxy.policies.chain import EnforcementPolicies
     from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
 

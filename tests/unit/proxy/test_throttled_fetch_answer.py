@@ -15,7 +15,8 @@ from kqp.config.models import EnforcementSection
 from kqp.protocol.apis import FETCH_KEY
 from kqp.protocol.headers import RequestHeader, response_correlation_id
 from kqp.protocol.session import CUT_THROUGH_MIN_BYTES
-from kqp.proxy.hooks import ClientView, Exchange, HookChain, ResponseVerdict, TrafficHooks
+from kqp.proxy.hook_chain import HookChain
+from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks
 from kqp.proxy.policies.chain import EnforcementPolicies
 from kqp.proxy.server import ProxyServer
 from kqp.proxy.topics import TopicDirectory

@@ -8,7 +8,8 @@ from kqp.config.models import EnforcementSection
 from kqp.protocol.api_keys import ApiKey
 from kqp.protocol.apis import PRODUCE_KEY
 from kqp.protocol.headers import encode_response_header, response_body_offset
-from kqp.proxy.hooks import ClientView, Exchange, HookChain, RequestVerdict, ResponseVerdict
+from kqp.proxy.hook_chain import HookChain
+from kqp.proxy.hooks import ClientView, Exchange, RequestVerdict, ResponseVerdict
 from kqp.proxy.observation import ObservationHooks
 from kqp.proxy.policies.chain import POLICIES, EnforcementPolicies
 from kqp.proxy.policies.fair_turns import FairTurns

@@ -21,7 +21,8 @@ from kqp.protocol.headers import (
 )
 from kqp.protocol.throttle_field import throttle_field_offset
 from kqp.protocol.throttled_fetch import throttled_fetch_response
-from kqp.proxy.hooks import ClientView, Exchange, HookChain, ResponseVerdict, TrafficHooks
+from kqp.proxy.hook_chain import HookChain
+from kqp.proxy.hooks import ClientView, Exchange, ResponseVerdict, TrafficHooks
 from kqp.proxy.policies.chain import EnforcementPolicies
 from kqp.proxy.topics import TopicDirectory
 from kqp.quotas import DEFAULT_ENTITY, QuotaEngine, QuotaEntity, QuotaEntry, QuotaSettings
