@@ -44,7 +44,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     prefixes = _prefixes(config)
     if not prefixes:
         return
-    assert kqp.BUILD == "pure", "a compiled module's calls can be seen on the pure build only"
+    if kqp.BUILD != "pure":
+        raise pytest.UsageError("a compiled module's calls can be seen on the pure build only (KQP_PURE=1)")
     for prefix in prefixes:
         # A prefix that names no test, or a sample that names none of its tests, would leave
         # nothing watched: the list in test_build.py must follow the tests it names.
