@@ -15,7 +15,7 @@ import pytest
 
 from harness.local_kafka import KafkaCluster
 from kqp.spark_jobs.synthetic import write_capture
-from tests.spark.helpers import SPEC
+from tests.spark.helpers import SPEC, TEST_JVM_OPTIONS
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +30,7 @@ def spark() -> Iterator[object]:
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
             "spark.default.parallelism": "2",
+            "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
         },
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -23,7 +23,7 @@ import pytest
 from harness.local_kafka import free_ports
 from kqp.spark_jobs.cli import write_package_zip
 from kqp.spark_jobs.synthetic import SyntheticSpec, write_capture
-from tests.spark.helpers import QUOTAS_YAML
+from tests.spark.helpers import QUOTAS_YAML, TEST_JVM_OPTIONS
 
 pytestmark = pytest.mark.spark
 
@@ -45,6 +45,8 @@ def spark_env(tmp: Path) -> dict[str, str]:
         # from the zip on --py-files, which sits ahead of the editable install on sys.path.
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
+        # The master's and the worker's JVMs (spark-class reads it for both daemons).
+        "SPARK_DAEMON_JAVA_OPTS": TEST_JVM_OPTIONS,
     })
     return env
 
@@ -121,6 +123,7 @@ def submit(master: str, job: str, args: list[str], kqp_zip: Path, tmp: Path) -> 
         str(BIN / "spark-submit"), "--master", master, "--py-files", str(kqp_zip),
         "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
         "--conf", "spark.driver.bindAddress=127.0.0.1",
+        "--driver-java-options", TEST_JVM_OPTIONS, "--conf", f"spark.executor.extraJavaOptions={TEST_JVM_OPTIONS}",
         "--conf", "spark.eventLog.enabled=true", "--conf", f"spark.eventLog.dir=file://{events}",
         "--conf", "spark.eventLog.compress=false", "--conf", "spark.eventLog.rolling.enabled=false",
         str(REPO / "kqp" / "spark_jobs" / f"{job}.py"), *args, "--output", str(output),
