@@ -34,6 +34,7 @@ from tests.integration.helpers.fleet import (
     wait_for_fleet,
     wait_until,
 )
+from tests.integration.helpers.java_programs import compiled_classes, java_program
 from tests.integration.helpers.mutations import THROTTLING_QUOTA_EXCEEDED, create_topics_raw
 
 pytestmark = pytest.mark.integration
@@ -144,7 +145,6 @@ def test_three_instances_hold_three_producers_to_one_quota(
         f"the fleet admitted {plain / SHAPE_QUOTA:.3f} x the quota: more than one budget"
 
 
-CONSUME_RATE = Path(__file__).parent / "java" / "ConsumeRate.java"
 # Bytes/s for the three consumers together. A fetch (1 MiB, the Java consumer's default per
 # partition) is half a second of it: the traffic comes in lumps of one fetch per consumer.
 CONSUMER_QUOTA = 2 * 1024 * 1024
@@ -160,8 +160,8 @@ def consume_through(cluster: KafkaCluster, bootstrap: str, topic: str, start_epo
     """Kafka's Java consumer (it honours ThrottleTimeMs) in group CLIENT_ID, printing the value
     bytes it read in each second since `start_epoch_ms`."""
     return subprocess.Popen(
-        ["java", "-cp", f"{cluster.kafka_dir / 'libs'}/*", f"-Dlog4j2.configurationFile={cluster.tools_log4j}",
-         str(CONSUME_RATE), bootstrap, topic, CLIENT_ID, CLIENT_ID, str(start_epoch_ms), str(seconds)],
+        java_program(cluster.kafka_dir, "ConsumeRate", bootstrap, topic, CLIENT_ID, CLIENT_ID, str(start_epoch_ms),
+                     str(seconds), jvm_options=(f"-Dlog4j2.configurationFile={cluster.tools_log4j}",)),
         stdout=subprocess.PIPE, stderr=log, text=True)
 
 
@@ -179,6 +179,7 @@ def test_three_instances_hold_three_java_consumers_to_one_quota(
     perf_tools.producer_perf(kafka_3nodes, kafka_3nodes.bootstrap, topic_name, records, RECORD_SIZE,
                              props={"acks": "1", "linger.ms": "5", "batch.size": "262144"})
     wait_for_fleet(proxies)
+    compiled_classes(kafka_3nodes.kafka_dir)  # the consumers' program compiled before the seconds count
     # The seconds count from a moment after the JVMs have started and the group has formed.
     start_epoch_ms = int(time.time() * 1000) + 5000
     per_second = [0] * seconds

@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.helpers.feature_clients import FEATURE_CLIENTS, ask_api_versions
+from tests.integration.helpers.feature_clients import ask_api_versions, feature_clients
 from tests.integration.helpers.proxies import ProxyFactory
 from tests.integration.helpers.through_proxy import PARTITIONS, assert_only_proxy, create_topic, run_watched
 
@@ -26,7 +26,7 @@ STREAMS_GROUP_HEARTBEAT = 88
 
 
 def _java(cluster: KafkaCluster, *args: str) -> list[str]:
-    return ["java", "-Xmx256m", "-cp", f"{cluster.kafka_dir / 'libs'}/*", str(FEATURE_CLIENTS), *args]
+    return feature_clients(cluster, *args)
 
 
 @pytest.fixture

@@ -20,12 +20,12 @@ import pytest
 import yaml
 
 from harness.local_kafka import KafkaCluster
+from tests.integration.helpers.java_programs import java_program
 from tests.integration.helpers.mutations import THROTTLING_QUOTA_EXCEEDED, create_topics_raw
 from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 pytestmark = pytest.mark.integration
 
-JAVA_ADMIN = Path(__file__).parent / "java" / "CreateTopicsWithRetries.java"
 # The broker-to-controller legs of a forwarded CreateTopics (Kafka's request log: the broker's
 # remote time less the controller's total), which Kafka does not subtract and the proxy cannot
 # tell from the controller's own time: 5-40 ms on the loaded CI machine.
@@ -74,9 +74,8 @@ def test_kip599_strict_create_topics_then_admin_client_retries_create_them_all(
     assert names[0] in listed and not set(names[1:]) & set(listed), listed
 
     # Kafka's AdminClient retries throttled topics after the throttle time until all exist.
-    libs = kafka_1node.kafka_dir / "libs"
     result = subprocess.run(
-        ["java", "-cp", f"{libs}/*", str(JAVA_ADMIN), proxy.bootstrap, "creator", "80", *names[1:]],
+        java_program(kafka_1node.kafka_dir, "CreateTopicsWithRetries", proxy.bootstrap, "creator", "80", *names[1:]),
         capture_output=True, text=True, timeout=300, check=False,
     )
     print(result.stdout)

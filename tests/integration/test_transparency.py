@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.helpers.feature_clients import FEATURE_CLIENTS, api_versions_request, ask_api_versions
+from tests.integration.helpers.feature_clients import api_versions_request, ask_api_versions, feature_clients
 from tests.integration.helpers.proxies import ProxyFactory
 from tests.integration.helpers.socket_watch import SocketWatch
 from tests.integration.helpers.through_proxy import (
@@ -36,7 +36,7 @@ RECORDS = 3000
 
 
 def _java(cluster: KafkaCluster, *args: str) -> list[str]:
-    return ["java", "-Xmx256m", "-cp", f"{cluster.kafka_dir / 'libs'}/*", str(FEATURE_CLIENTS), *args]
+    return feature_clients(cluster, *args)
 
 
 def _produce(bootstrap: str, topic: str, count: int, batches: int = 1, pause_s: float = 0.0) -> None:

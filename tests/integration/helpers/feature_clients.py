@@ -1,14 +1,18 @@
-"""Kafka's Java feature clients, and an ApiVersions probe that reads what a listener advertises."""
+"""Kafka's Java feature clients (tests/integration/java/FeatureClients.java), and an ApiVersions probe
+that reads what a listener advertises."""
 
 from __future__ import annotations
 
 import socket
 import struct
-from pathlib import Path
 
-from harness.local_kafka import recv_exact
+from harness.local_kafka import KafkaCluster, recv_exact
+from tests.integration.helpers.java_programs import java_program
 
-FEATURE_CLIENTS = Path(__file__).parents[1] / "java" / "FeatureClients.java"
+
+def feature_clients(cluster: KafkaCluster, *args: str, jvm_options: tuple[str, ...] = ("-Xmx256m",)) -> list[str]:
+    """The command that runs FeatureClients in the mode and with the arguments `args`."""
+    return java_program(cluster.kafka_dir, "FeatureClients", *args, jvm_options=jvm_options)
 
 
 def _compact_string(text: str) -> bytes:
