@@ -1,9 +1,8 @@
 """Fixtures for tests against a real Kafka cluster (harness/local_kafka.py) and a real `kqp serve`.
 
-The clusters are session-scoped and start only when a test asks for them; a broker that
-fails to start raises with the tail of its log. Proxies are per test, each on free loopback
-ports, and must exit cleanly on SIGTERM. When a test fails, the logs of the proxies it
-started are attached to its report.
+The clusters (`kafka_1node`, `kafka_3nodes`) are tests/conftest.py's, shared with the Spark tests
+on a broker. Proxies are per test, each on free loopback ports, and must exit cleanly on SIGTERM.
+When a test fails, the logs of the proxies it started are attached to its report.
 """
 
 from __future__ import annotations
@@ -25,28 +24,6 @@ from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 _PROXIES = pytest.StashKey[list[ProxyProcess]]()
 _CLIENT_TYPES = (Producer, Consumer, AdminClient)
-
-
-def _cluster(nodes: int) -> Iterator[KafkaCluster]:
-    cluster = KafkaCluster(nodes=nodes)
-    # start() stops what it launched and raises with the brokers' log tails if start-up fails.
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture(scope="session")
-def kafka_1node() -> Iterator[KafkaCluster]:
-    yield from _cluster(1)
-
-
-@pytest.fixture(scope="session")
-def kafka_3nodes() -> Iterator[KafkaCluster]:
-    yield from _cluster(3)
-
-
 
 
 @pytest.fixture
