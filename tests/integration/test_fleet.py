@@ -218,8 +218,7 @@ def test_an_unreachable_usage_topic_switches_each_instance_to_its_policy_and_bac
 ) -> None:
     # The usage topic lives on one broker only, so stopping that broker makes it unreachable.
     leader = max(kafka_3nodes.nodes)
-    kafka_3nodes.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", kafka_3nodes.bootstrap,
-                          "--create", "--topic", usage_topic, "--replica-assignment", str(leader))
+    kafka_3nodes.create_topic(usage_topic, replicas=[leader])
     proxies = start_fleet(kafka_3nodes, tmp_path, usage_topic, ["share", "share", "local"])
     stop_at_end.extend(proxies)
     wait_for_fleet(proxies)
@@ -336,8 +335,7 @@ def test_two_instances_admit_the_partitions_one_controller_would(
     assert created == names[first][:2]
     # Both clients wait for the same 25 tokens of debt: 5 s, less the time the claims took.
     assert all(4000 <= throttle <= 5000 for throttle in throttles), throttles
-    listed = set(kafka_3nodes.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
-                                       kafka_3nodes.bootstrap, "--list").stdout.split())
+    listed = kafka_3nodes.topic_names(including=created)
     assert set(created) <= listed and not (set(errors) - set(created)) & listed
     # Each request waited for its claim to come back through the topic, once.
     for proxy in proxies:
