@@ -59,8 +59,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append((f"kqp serve log ({proxy.log_path})", proxy.log_tail(200)))
 
 
-def _open_clients() -> dict[int, object]:
-    gc.collect()
+def _open_clients(collect: bool = True) -> dict[int, object]:
+    if collect:
+        gc.collect()
     # type(o), not isinstance: isinstance asks a weakref.proxy for its referent's __class__, which
     # raises ReferenceError once that referent is gone (kafka-python leaves such proxies behind;
     # one failed the teardown of test_plain_kafka_python on a fresh clone, ci8).
@@ -71,8 +72,13 @@ def _open_clients() -> dict[int, object]:
 def close_clients_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
     """A librdkafka client a test forgets keeps reconnecting to its stopped proxy for the rest
     of the session (CPU on a 2-core machine, and pages of log over the next failure's output):
-    close it here and name the test in the summary."""
-    before = _open_clients()
+    close it here and name the test in the summary.
+
+    Only the look after the test collects garbage first (clients a test dropped are freed, not
+    named); the look before it need not: the previous test's look after it collected, and a
+    full collection over the session's heap (Spark, pandas, pyarrow loaded) is a fraction of a
+    second of CPU, twice per test in the real-time line."""
+    before = _open_clients(collect=False)
     yield
     for key, client in _open_clients().items():
         if key in before:
