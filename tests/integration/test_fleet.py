@@ -19,7 +19,7 @@ import pytest
 
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
-from harness.proxy_process import ProxyProcess
+from harness.proxy_process import ProxyProcess, start_together
 from tests.integration.helpers.fleet import (
     CLIENT_ID,
     QUOTA,
@@ -50,12 +50,11 @@ def usage_topic(topic_name: str) -> str:
 
 def start_fleet(cluster: KafkaCluster, tmp_path: Path, usage_topic: str, policies: list[str],
                 quota_type: str = "producer_byte_rate", quota: int = QUOTA) -> list[ProxyProcess]:
-    proxies = []
-    for index, policy in enumerate(policies):
-        config = fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, policy, quota_type=quota_type,
-                              quota=quota)
-        proxies.append(ProxyProcess(cluster.bootstrap, tmp_path / f"fleet-{index}.log", config=config).start())
-    return proxies
+    return start_together([
+        ProxyProcess(cluster.bootstrap, tmp_path / f"fleet-{index}.log",
+                     config=fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, policy, quota_type=quota_type,
+                                         quota=quota))
+        for index, policy in enumerate(policies)])
 
 
 @pytest.fixture
@@ -110,10 +109,11 @@ def test_three_instances_hold_three_producers_to_one_quota(
     and the three hold one budget, not three (ONE_BUDGET_CEILING). How close to the quota, and
     the default mode beside Kafka's broker, is the system test's (`make system-test`, shapes
     `fleet-count-other` and `fleet`; docs/quotas.md has the figures)."""
-    proxies = [ProxyProcess(kafka_3nodes.bootstrap, tmp_path / f"fleet-{index}.log",
-                            config=fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, quota=SHAPE_QUOTA,
-                                                count_other_instances=True)).start()
-               for index in range(3)]
+    proxies = start_together([
+        ProxyProcess(kafka_3nodes.bootstrap, tmp_path / f"fleet-{index}.log",
+                     config=fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, quota=SHAPE_QUOTA,
+                                         count_other_instances=True))
+        for index in range(3)])
     stop_at_end.extend(proxies)
     wait_for_fleet(proxies)
     kafka_3nodes.create_topic(topic_name, partitions=3)
