@@ -124,10 +124,15 @@ def recv_exact(sock: socket.socket, size: int) -> bytes:
     return data
 
 
+# How a short-lived client JVM runs (Kafka's tools, the suite's Java clients): the serial
+# collector and the first JIT tier only, so that a run of seconds does not spend its CPU
+# compiling hot code it will not run long enough to repay, on a host shared with the tests.
+CLIENT_JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-Djava.awt.headless=true")
+
+
 def java_command(kafka_dir: Path, main_class: str, *args: str, heap: str = "256m",
                  log_config: Path | None = None) -> list[str]:
-    command = ["java", f"-Xmx{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
-               "-Djava.awt.headless=true"]
+    command = ["java", f"-Xmx{heap}", *CLIENT_JVM_OPTIONS]
     if log_config is not None:
         command.append(f"-Dlog4j2.configurationFile={log_config}")
     command += ["-cp", str(kafka_dir / "libs" / "*"), main_class, *args]

@@ -29,8 +29,7 @@ _MOVING = {KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE, Kaf
 
 def java_client(cluster: KafkaCluster, *args: str) -> list[str]:
     # Kafka's clients log a leader change (NOT_LEADER_OR_FOLLOWER, a new leader) at WARN, to stderr.
-    return feature_clients(cluster, *args,
-                           jvm_options=("-Xmx256m", f"-Dlog4j2.configurationFile={cluster.tools_log4j}"))
+    return feature_clients(cluster, *args, jvm_options=(f"-Dlog4j2.configurationFile={cluster.tools_log4j}",))
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
