@@ -394,10 +394,13 @@ class KafkaCluster:
         # (No operation_timeout: confluent-kafka 2.16 raises SystemError on it.)
         admin.elect_leaders(ElectionType.PREFERRED, None).result(timeout=60)
 
-    def stop(self) -> None:
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM every node and wait for its controlled shutdown; `kill`: SIGKILL instead, for a
+        cluster thrown away with its data, where nothing waits for a controlled shutdown (three
+        combined brokers and controllers stopping at once took 5.45 s of it on a busy host)."""
         for node in self.nodes.values():
             if node.process is not None and node.process.poll() is None:
-                node.process.send_signal(signal.SIGTERM)
+                node.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         for node in self.nodes.values():
             if node.process is None:
                 continue

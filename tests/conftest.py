@@ -33,7 +33,7 @@ def _cluster(nodes: int) -> Iterator[KafkaCluster]:
     try:
         yield cluster
     finally:
-        cluster.stop()
+        cluster.stop(kill=True)  # the session's end: its data goes with it, no one waits for a clean stop
 
 
 @pytest.fixture(scope="session")
