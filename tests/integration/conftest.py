@@ -1,8 +1,9 @@
 """Fixtures for tests against a real Kafka cluster (harness/local_kafka.py) and a real `kqp serve`.
 
 The clusters (`kafka_1node`, `kafka_3nodes`) are tests/conftest.py's, shared with the Spark tests
-on a broker. Proxies are per test, each on free loopback ports, and must exit cleanly on SIGTERM.
-When a test fails, the logs of the proxies it started are attached to its report.
+on a broker. Proxies are per test, each on free loopback ports, and must exit cleanly on
+SIGTERM; a module whose tests only pass their own traffic through one shares it
+(`shared_proxy`). When a test fails, the logs of the proxies it used are attached to its report.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ _CLIENT_TYPES = (Producer, Consumer, AdminClient)
 def start_proxy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProxyFactory]:
     """start_proxy(cluster, sasl=False) -> a running ProxyProcess in front of that cluster."""
     started: list[ProxyProcess] = []
-    request.node.stash[_PROXIES] = started
+    logged = request.node.stash.setdefault(_PROXIES, [])
 
     def start(cluster: KafkaCluster, sasl: bool = False) -> ProxyProcess:
         upstream = cluster.sasl_bootstrap if sasl else cluster.bootstrap
         proxy = ProxyProcess(upstream, tmp_path / f"proxy-{len(started) + 1}.log")
         started.append(proxy)
+        logged.append(proxy)
         proxy.start()
         return proxy
 
@@ -43,6 +45,28 @@ def start_proxy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Prox
     exit_codes = {proxy.log_path.name: proxy.stop() for proxy in started}
     unclean = {name: code for name, code in exit_codes.items() if code != 0}
     assert not unclean, f"proxy did not exit cleanly on SIGTERM: {unclean}"
+
+
+@pytest.fixture(scope="module")
+def shared_proxy(kafka_3nodes: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    """One proxy in front of `kafka_3nodes` for every test of a module that only passes its own
+    traffic through a proxy (none reads the proxy's metrics or log, or needs it fresh): one start
+    and one stop per module rather than per test. Tests take it through `proxy_for_test`, which
+    puts its log into the report of a test that fails; its clean exit on SIGTERM is asserted
+    once, at the module's end."""
+    proxy = ProxyProcess(kafka_3nodes.bootstrap, tmp_path_factory.mktemp("shared-proxy") / "proxy.log")
+    proxy.start()
+    yield proxy
+    code = proxy.stop()
+    assert code == 0, f"the module's proxy did not exit cleanly on SIGTERM: {code}\n{proxy.log_tail()}"
+
+
+@pytest.fixture
+def proxy_for_test(request: pytest.FixtureRequest, shared_proxy: ProxyProcess) -> ProxyProcess:
+    """The module's `shared_proxy`, ready, its log in this test's report if the test fails."""
+    request.node.stash.setdefault(_PROXIES, []).append(shared_proxy)
+    assert shared_proxy.readyz() == 200
+    return shared_proxy
 
 
 @pytest.fixture
