@@ -476,7 +476,7 @@ class KafkaCluster:
         # operation_timeout: the broker answers once the topic is created, as it does for
         # kafka-topics (whose request carries a timeout too), not at once.
         new_topic = (NewTopic(topic, partitions, rf) if replicas is None
-                     else NewTopic(topic, replica_assignment=[replicas] * partitions))
+                     else NewTopic(topic, partitions, replica_assignment=[replicas] * partitions))
         admin.create_topics([new_topic], operation_timeout=30)[topic].result(timeout=60)
         deadline = time.monotonic() + 30
         while True:
