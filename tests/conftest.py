@@ -1,5 +1,10 @@
-"""What every part of the suite shares: which tests are integration tests, and the summary of
-librdkafka clients tests left open.
+"""What every part of the suite shares: the real Kafka clusters, which tests are integration tests,
+and the summary of librdkafka clients tests left open.
+
+The clusters are session-scoped and start only when a test asks for them: one single-node
+cluster for the integration tests and the Spark tests on a broker alike (a start and a stop of
+a broker less in the real-time line), and one of three nodes. A broker that fails to start
+raises with the tail of its log.
 
 tests/integration/conftest.py names, on each test's report, a librdkafka client the test left
 open (it closes it); the summary is printed here, from the reports, so that it is printed
@@ -8,14 +13,37 @@ wherever the reports arrive (a plugin that runs tests in other processes include
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from harness.local_kafka import KafkaCluster
+
 INTEGRATION_DIR = Path(__file__).parent / "integration"
-# The fixtures that start a real Kafka cluster: tests/integration's two, and the Spark tests'
-# `kafka` (tests/spark/conftest.py).
+# The fixtures that start a real Kafka cluster: the two below, and the Spark tests' `kafka`
+# (tests/spark/conftest.py: `kafka_1node` by the name those tests use).
 REAL_KAFKA_FIXTURES = frozenset({"kafka_1node", "kafka_3nodes", "kafka"})
+
+
+def _cluster(nodes: int) -> Iterator[KafkaCluster]:
+    cluster = KafkaCluster(nodes=nodes)
+    # start() stops what it launched and raises with the brokers' log tails if start-up fails.
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop(kill=True)  # the session's end: its data goes with it, no one waits for a clean stop
+
+
+@pytest.fixture(scope="session")
+def kafka_1node() -> Iterator[KafkaCluster]:
+    yield from _cluster(1)
+
+
+@pytest.fixture(scope="session")
+def kafka_3nodes() -> Iterator[KafkaCluster]:
+    yield from _cluster(3)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers

@@ -1,9 +1,9 @@
 """Fixtures for tests against a real Kafka cluster (harness/local_kafka.py) and a real `kqp serve`.
 
-The clusters are session-scoped and start only when a test asks for them; a broker that
-fails to start raises with the tail of its log. Proxies are per test, each on free loopback
-ports, and must exit cleanly on SIGTERM. When a test fails, the logs of the proxies it
-started are attached to its report.
+The clusters (`kafka_1node`, `kafka_3nodes`) are tests/conftest.py's, shared with the Spark tests
+on a broker. Proxies are per test, each on free loopback ports, and must exit cleanly on
+SIGTERM; a module whose tests only pass their own traffic through one shares it
+(`shared_proxy`). When a test fails, the logs of the proxies it used are attached to its report.
 """
 
 from __future__ import annotations
@@ -27,38 +27,17 @@ _PROXIES = pytest.StashKey[list[ProxyProcess]]()
 _CLIENT_TYPES = (Producer, Consumer, AdminClient)
 
 
-def _cluster(nodes: int) -> Iterator[KafkaCluster]:
-    cluster = KafkaCluster(nodes=nodes)
-    # start() stops what it launched and raises with the brokers' log tails if start-up fails.
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture(scope="session")
-def kafka_1node() -> Iterator[KafkaCluster]:
-    yield from _cluster(1)
-
-
-@pytest.fixture(scope="session")
-def kafka_3nodes() -> Iterator[KafkaCluster]:
-    yield from _cluster(3)
-
-
-
-
 @pytest.fixture
 def start_proxy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProxyFactory]:
     """start_proxy(cluster, sasl=False) -> a running ProxyProcess in front of that cluster."""
     started: list[ProxyProcess] = []
-    request.node.stash[_PROXIES] = started
+    logged = request.node.stash.setdefault(_PROXIES, [])
 
     def start(cluster: KafkaCluster, sasl: bool = False) -> ProxyProcess:
         upstream = cluster.sasl_bootstrap if sasl else cluster.bootstrap
         proxy = ProxyProcess(upstream, tmp_path / f"proxy-{len(started) + 1}.log")
         started.append(proxy)
+        logged.append(proxy)
         proxy.start()
         return proxy
 
@@ -66,6 +45,28 @@ def start_proxy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Prox
     exit_codes = {proxy.log_path.name: proxy.stop() for proxy in started}
     unclean = {name: code for name, code in exit_codes.items() if code != 0}
     assert not unclean, f"proxy did not exit cleanly on SIGTERM: {unclean}"
+
+
+@pytest.fixture(scope="module")
+def shared_proxy(kafka_3nodes: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    """One proxy in front of `kafka_3nodes` for every test of a module that only passes its own
+    traffic through a proxy (none reads the proxy's metrics or log, or needs it fresh): one start
+    and one stop per module rather than per test. Tests take it through `proxy_for_test`, which
+    puts its log into the report of a test that fails; its clean exit on SIGTERM is asserted
+    once, at the module's end."""
+    proxy = ProxyProcess(kafka_3nodes.bootstrap, tmp_path_factory.mktemp("shared-proxy") / "proxy.log")
+    proxy.start()
+    yield proxy
+    code = proxy.stop()
+    assert code == 0, f"the module's proxy did not exit cleanly on SIGTERM: {code}\n{proxy.log_tail()}"
+
+
+@pytest.fixture
+def proxy_for_test(request: pytest.FixtureRequest, shared_proxy: ProxyProcess) -> ProxyProcess:
+    """The module's `shared_proxy`, ready, its log in this test's report if the test fails."""
+    request.node.stash.setdefault(_PROXIES, []).append(shared_proxy)
+    assert shared_proxy.readyz() == 200
+    return shared_proxy
 
 
 @pytest.fixture
@@ -82,8 +83,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append((f"kqp serve log ({proxy.log_path})", proxy.log_tail(200)))
 
 
-def _open_clients() -> dict[int, object]:
-    gc.collect()
+def _open_clients(collect: bool = True) -> dict[int, object]:
+    if collect:
+        gc.collect()
     # type(o), not isinstance: isinstance asks a weakref.proxy for its referent's __class__, which
     # raises ReferenceError once that referent is gone (kafka-python leaves such proxies behind;
     # one failed the teardown of test_plain_kafka_python on a fresh clone, ci8).
@@ -94,8 +96,13 @@ def _open_clients() -> dict[int, object]:
 def close_clients_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
     """A librdkafka client a test forgets keeps reconnecting to its stopped proxy for the rest
     of the session (CPU on a 2-core machine, and pages of log over the next failure's output):
-    close it here and name the test in the summary."""
-    before = _open_clients()
+    close it here and name the test in the summary.
+
+    Only the look after the test collects garbage first (clients a test dropped are freed, not
+    named); the look before it need not: the previous test's look after it collected, and a
+    full collection over the session's heap (Spark, pandas, pyarrow loaded) is a fraction of a
+    second of CPU, twice per test in the real-time line."""
+    before = _open_clients(collect=False)
     yield
     for key, client in _open_clients().items():
         if key in before:

@@ -47,11 +47,11 @@ def assert_group_complete(proxy: ProxyProcess, group: str, topic: str) -> None:
 
 
 @pytest.fixture
-def proxy(kafka_3nodes: KafkaCluster, start_proxy: ProxyFactory, topic_name: str) -> ProxyProcess:
-    proxy = start_proxy(kafka_3nodes)
-    assert proxy.readyz() == 200
-    create_topic(proxy.bootstrap, topic_name)
-    return proxy
+def proxy(proxy_for_test: ProxyProcess, topic_name: str) -> ProxyProcess:
+    """One proxy for the module's client tests (conftest's shared_proxy): each passes its own
+    topic and group through it and reads nothing of the proxy's own."""
+    create_topic(proxy_for_test.bootstrap, topic_name)
+    return proxy_for_test
 
 
 def test_confluent_kafka(kafka_3nodes: KafkaCluster, proxy: ProxyProcess, topic_name: str) -> None:

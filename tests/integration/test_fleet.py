@@ -19,7 +19,7 @@ import pytest
 
 from harness import perf_tools
 from harness.local_kafka import KafkaCluster
-from harness.proxy_process import ProxyProcess
+from harness.proxy_process import ProxyProcess, start_together
 from tests.integration.helpers.fleet import (
     CLIENT_ID,
     QUOTA,
@@ -34,6 +34,7 @@ from tests.integration.helpers.fleet import (
     wait_for_fleet,
     wait_until,
 )
+from tests.integration.helpers.java_programs import compiled_classes, java_program
 from tests.integration.helpers.mutations import THROTTLING_QUOTA_EXCEEDED, create_topics_raw
 
 pytestmark = pytest.mark.integration
@@ -49,12 +50,11 @@ def usage_topic(topic_name: str) -> str:
 
 def start_fleet(cluster: KafkaCluster, tmp_path: Path, usage_topic: str, policies: list[str],
                 quota_type: str = "producer_byte_rate", quota: int = QUOTA) -> list[ProxyProcess]:
-    proxies = []
-    for index, policy in enumerate(policies):
-        config = fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, policy, quota_type=quota_type,
-                              quota=quota)
-        proxies.append(ProxyProcess(cluster.bootstrap, tmp_path / f"fleet-{index}.log", config=config).start())
-    return proxies
+    return start_together([
+        ProxyProcess(cluster.bootstrap, tmp_path / f"fleet-{index}.log",
+                     config=fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, policy, quota_type=quota_type,
+                                         quota=quota))
+        for index, policy in enumerate(policies)])
 
 
 @pytest.fixture
@@ -109,10 +109,11 @@ def test_three_instances_hold_three_producers_to_one_quota(
     and the three hold one budget, not three (ONE_BUDGET_CEILING). How close to the quota, and
     the default mode beside Kafka's broker, is the system test's (`make system-test`, shapes
     `fleet-count-other` and `fleet`; docs/quotas.md has the figures)."""
-    proxies = [ProxyProcess(kafka_3nodes.bootstrap, tmp_path / f"fleet-{index}.log",
-                            config=fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, quota=SHAPE_QUOTA,
-                                                count_other_instances=True)).start()
-               for index in range(3)]
+    proxies = start_together([
+        ProxyProcess(kafka_3nodes.bootstrap, tmp_path / f"fleet-{index}.log",
+                     config=fleet_config(tmp_path / f"fleet-{index}.yaml", usage_topic, quota=SHAPE_QUOTA,
+                                         count_other_instances=True))
+        for index in range(3)])
     stop_at_end.extend(proxies)
     wait_for_fleet(proxies)
     kafka_3nodes.create_topic(topic_name, partitions=3)
@@ -144,7 +145,6 @@ def test_three_instances_hold_three_producers_to_one_quota(
         f"the fleet admitted {plain / SHAPE_QUOTA:.3f} x the quota: more than one budget"
 
 
-CONSUME_RATE = Path(__file__).parent / "java" / "ConsumeRate.java"
 # Bytes/s for the three consumers together. A fetch (1 MiB, the Java consumer's default per
 # partition) is half a second of it: the traffic comes in lumps of one fetch per consumer.
 CONSUMER_QUOTA = 2 * 1024 * 1024
@@ -160,8 +160,8 @@ def consume_through(cluster: KafkaCluster, bootstrap: str, topic: str, start_epo
     """Kafka's Java consumer (it honours ThrottleTimeMs) in group CLIENT_ID, printing the value
     bytes it read in each second since `start_epoch_ms`."""
     return subprocess.Popen(
-        ["java", "-cp", f"{cluster.kafka_dir / 'libs'}/*", f"-Dlog4j2.configurationFile={cluster.tools_log4j}",
-         str(CONSUME_RATE), bootstrap, topic, CLIENT_ID, CLIENT_ID, str(start_epoch_ms), str(seconds)],
+        java_program(cluster.kafka_dir, "ConsumeRate", bootstrap, topic, CLIENT_ID, CLIENT_ID, str(start_epoch_ms),
+                     str(seconds), jvm_options=(f"-Dlog4j2.configurationFile={cluster.tools_log4j}",)),
         stdout=subprocess.PIPE, stderr=log, text=True)
 
 
@@ -179,6 +179,7 @@ def test_three_instances_hold_three_java_consumers_to_one_quota(
     perf_tools.producer_perf(kafka_3nodes, kafka_3nodes.bootstrap, topic_name, records, RECORD_SIZE,
                              props={"acks": "1", "linger.ms": "5", "batch.size": "262144"})
     wait_for_fleet(proxies)
+    compiled_classes(kafka_3nodes.kafka_dir)  # the consumers' program compiled before the seconds count
     # The seconds count from a moment after the JVMs have started and the group has formed.
     start_epoch_ms = int(time.time() * 1000) + 5000
     per_second = [0] * seconds
@@ -217,8 +218,7 @@ def test_an_unreachable_usage_topic_switches_each_instance_to_its_policy_and_bac
 ) -> None:
     # The usage topic lives on one broker only, so stopping that broker makes it unreachable.
     leader = max(kafka_3nodes.nodes)
-    kafka_3nodes.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", kafka_3nodes.bootstrap,
-                          "--create", "--topic", usage_topic, "--replica-assignment", str(leader))
+    kafka_3nodes.create_topic(usage_topic, replicas=[leader])
     proxies = start_fleet(kafka_3nodes, tmp_path, usage_topic, ["share", "share", "local"])
     stop_at_end.extend(proxies)
     wait_for_fleet(proxies)
@@ -335,8 +335,7 @@ def test_two_instances_admit_the_partitions_one_controller_would(
     assert created == names[first][:2]
     # Both clients wait for the same 25 tokens of debt: 5 s, less the time the claims took.
     assert all(4000 <= throttle <= 5000 for throttle in throttles), throttles
-    listed = set(kafka_3nodes.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
-                                       kafka_3nodes.bootstrap, "--list").stdout.split())
+    listed = kafka_3nodes.topic_names(including=created)
     assert set(created) <= listed and not (set(errors) - set(created)) & listed
     # Each request waited for its claim to come back through the topic, once.
     for proxy in proxies:

@@ -30,7 +30,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from harness.load_balancer import CHECK_FALL, CHECK_INTERVAL_MS, LoadBalancer
 from harness.local_kafka import KafkaCluster
-from harness.proxy_process import ProxyProcess, free_port_block
+from harness.proxy_process import ProxyProcess, free_port_block, start_together
 from tests.integration.helpers.fleet import CLIENT_ID, QUOTA, RECORD_SIZE, fleet_config, metric, wait_for_fleet
 
 pytestmark = pytest.mark.integration
@@ -249,8 +249,7 @@ def fleet_behind_balancer(
                             INSTANCE_HOSTS, tmp_path)
     started: list[ProxyProcess] = []
     try:
-        for proxy in proxies:
-            started.append(proxy.start())
+        started.extend(start_together(proxies))
         balancer.start()
         yield balancer, proxies
     finally:

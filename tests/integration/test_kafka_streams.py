@@ -15,8 +15,7 @@ from confluent_kafka import Producer
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.helpers.feature_clients import FEATURE_CLIENTS, ask_api_versions
-from tests.integration.helpers.proxies import ProxyFactory
+from tests.integration.helpers.feature_clients import ask_api_versions, feature_clients
 from tests.integration.helpers.through_proxy import PARTITIONS, assert_only_proxy, create_topic, run_watched
 
 pytestmark = pytest.mark.integration
@@ -26,14 +25,14 @@ STREAMS_GROUP_HEARTBEAT = 88
 
 
 def _java(cluster: KafkaCluster, *args: str) -> list[str]:
-    return ["java", "-Xmx256m", "-cp", f"{cluster.kafka_dir / 'libs'}/*", str(FEATURE_CLIENTS), *args]
+    return feature_clients(cluster, *args)
 
 
 @pytest.fixture
-def proxy(kafka_3nodes: KafkaCluster, start_proxy: ProxyFactory) -> ProxyProcess:
-    proxy = start_proxy(kafka_3nodes)
-    assert proxy.readyz() == 200
-    return proxy
+def proxy(proxy_for_test: ProxyProcess) -> ProxyProcess:
+    """One proxy for the module's tests (conftest's shared_proxy): each passes its own topics and
+    groups through it and reads nothing of the proxy's own."""
+    return proxy_for_test
 
 
 @pytest.mark.parametrize("protocol", ["classic", "streams"])

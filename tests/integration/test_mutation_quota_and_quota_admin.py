@@ -20,12 +20,12 @@ import pytest
 import yaml
 
 from harness.local_kafka import KafkaCluster
+from tests.integration.helpers.java_programs import java_program
 from tests.integration.helpers.mutations import THROTTLING_QUOTA_EXCEEDED, create_topics_raw
 from tests.integration.helpers.quota_proxy import ConfiguredProxy
 
 pytestmark = pytest.mark.integration
 
-JAVA_ADMIN = Path(__file__).parent / "java" / "CreateTopicsWithRetries.java"
 # Seed example A's debt in time: a full bucket of 5 x 11 = 55 tokens admits the first topic
 # (80 partitions), 25 tokens short, refilled at 5 a second.
 DEBT_MS = 25 / 5 * 1000
@@ -70,23 +70,19 @@ def test_kip599_strict_create_topics_then_admin_client_retries_create_them_all(
         assert DEBT_MS - round_trip - 1 <= figure <= DEBT_MS, (
             f"{side}'s throttle {figure} ms is not the debt's {DEBT_MS:.0f} ms less part of its round trip "
             f"of {round_trip:.1f} ms")
-    listed = kafka_1node.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
-                                  kafka_1node.bootstrap, "--list").stdout.split()
-    assert names[0] in listed and not set(names[1:]) & set(listed), listed
+    listed = kafka_1node.topic_names(including=names[:1])
+    assert names[0] in listed and not set(names[1:]) & listed, listed
 
     # Kafka's AdminClient retries throttled topics after the throttle time until all exist.
-    libs = kafka_1node.kafka_dir / "libs"
     result = subprocess.run(
-        ["java", "-cp", f"{libs}/*", str(JAVA_ADMIN), proxy.bootstrap, "creator", "80", *names[1:]],
+        java_program(kafka_1node.kafka_dir, "CreateTopicsWithRetries", proxy.bootstrap, "creator", "80", *names[1:]),
         capture_output=True, text=True, timeout=300, check=False,
     )
     print(result.stdout)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr[-3000:]}"
     created = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("created")]
     assert sorted(created) == sorted(names[1:])
-    listed = kafka_1node.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
-                                  kafka_1node.bootstrap, "--list").stdout.split()
-    assert set(names) <= set(listed)
+    assert set(names) <= kafka_1node.topic_names(including=names)
 
 
 def config_command(cluster: KafkaCluster, bootstrap: str, *args: str) -> str:

@@ -17,8 +17,7 @@ from confluent_kafka import Producer
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.helpers.feature_clients import FEATURE_CLIENTS, api_versions_request, ask_api_versions
-from tests.integration.helpers.proxies import ProxyFactory
+from tests.integration.helpers.feature_clients import api_versions_request, ask_api_versions, feature_clients
 from tests.integration.helpers.socket_watch import SocketWatch
 from tests.integration.helpers.through_proxy import (
     PARTITIONS,
@@ -36,7 +35,7 @@ RECORDS = 3000
 
 
 def _java(cluster: KafkaCluster, *args: str) -> list[str]:
-    return ["java", "-Xmx256m", "-cp", f"{cluster.kafka_dir / 'libs'}/*", str(FEATURE_CLIENTS), *args]
+    return feature_clients(cluster, *args)
 
 
 def _produce(bootstrap: str, topic: str, count: int, batches: int = 1, pause_s: float = 0.0) -> None:
@@ -64,10 +63,10 @@ def _produce(bootstrap: str, topic: str, count: int, batches: int = 1, pause_s: 
 
 
 @pytest.fixture
-def proxy(kafka_3nodes: KafkaCluster, start_proxy: ProxyFactory) -> ProxyProcess:
-    proxy = start_proxy(kafka_3nodes)
-    assert proxy.readyz() == 200
-    return proxy
+def proxy(proxy_for_test: ProxyProcess) -> ProxyProcess:
+    """One proxy for the module's tests (conftest's shared_proxy): each passes its own topics and
+    groups through it and reads nothing of the proxy's own."""
+    return proxy_for_test
 
 
 def test_proxy_advertises_every_api_and_version_of_every_broker(kafka_3nodes: KafkaCluster,

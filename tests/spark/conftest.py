@@ -39,10 +39,11 @@ def spark() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def kafka() -> Iterator[KafkaCluster]:
-    """One real single-node Kafka broker (harness/local_kafka.py) for live and the real capture."""
-    with KafkaCluster(nodes=1) as cluster:
-        yield cluster
+def kafka(kafka_1node: KafkaCluster) -> KafkaCluster:
+    """The real single-node Kafka broker (harness/local_kafka.py) for live, the advice's closed loop
+    and the real capture: tests/conftest.py's, which the integration tests used before them in the
+    same pytest (their topics and client-ids are their own)."""
+    return kafka_1node
 
 
 @pytest.fixture(scope="session")

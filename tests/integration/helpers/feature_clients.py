@@ -1,14 +1,20 @@
-"""Kafka's Java feature clients, and an ApiVersions probe that reads what a listener advertises."""
+"""Kafka's Java feature clients (tests/integration/java/FeatureClients.java), and an ApiVersions probe
+that reads what a listener advertises."""
 
 from __future__ import annotations
 
 import socket
 import struct
-from pathlib import Path
 
-from harness.local_kafka import recv_exact
+from harness.local_kafka import CLIENT_JVM_OPTIONS, KafkaCluster, recv_exact
+from tests.integration.helpers.java_programs import java_program
 
-FEATURE_CLIENTS = Path(__file__).parents[1] / "java" / "FeatureClients.java"
+
+def feature_clients(cluster: KafkaCluster, *args: str, jvm_options: tuple[str, ...] = ()) -> list[str]:
+    """The command that runs FeatureClients in the mode and with the arguments `args`, as the
+    suite runs Kafka's own tools (harness.local_kafka.CLIENT_JVM_OPTIONS), with 256 MB of heap."""
+    return java_program(cluster.kafka_dir, "FeatureClients", *args,
+                        jvm_options=("-Xmx256m", *CLIENT_JVM_OPTIONS, *jvm_options))
 
 
 def _compact_string(text: str) -> bytes:

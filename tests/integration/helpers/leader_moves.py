@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.local_kafka import KafkaCluster
 from harness.proxy_process import ProxyProcess
-from tests.integration.helpers.feature_clients import FEATURE_CLIENTS
+from tests.integration.helpers.feature_clients import feature_clients
 from tests.integration.helpers.through_proxy import WatchedRun, assert_only_proxy, run_watched
 
 RECORDS = 9000
@@ -29,8 +29,7 @@ _MOVING = {KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE, Kaf
 
 def java_client(cluster: KafkaCluster, *args: str) -> list[str]:
     # Kafka's clients log a leader change (NOT_LEADER_OR_FOLLOWER, a new leader) at WARN, to stderr.
-    return ["java", "-Xmx256m", f"-Dlog4j2.configurationFile={cluster.tools_log4j}",
-            "-cp", f"{cluster.kafka_dir / 'libs'}/*", str(FEATURE_CLIENTS), *args]
+    return feature_clients(cluster, *args, jvm_options=(f"-Dlog4j2.configurationFile={cluster.tools_log4j}",))
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -3,12 +3,11 @@ started from a TLS config file."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.local_kafka import REPO, KafkaHarnessError
+from harness.local_kafka import KafkaHarnessError
 from harness.proxy_process import ProxyProcess
 
 ProxyFactory = Callable[..., ProxyProcess]
@@ -22,10 +21,8 @@ class TlsProxyProcess(ProxyProcess):
         super().__init__(upstream, log_path, config=config, per_broker_ports=per_broker_ports, bind_host=bind_host,
                          ports=ports)
 
-    def start(self, timeout_s: float = 30.0) -> TlsProxyProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    def wait_ready(self, timeout_s: float = 30.0) -> TlsProxyProcess:
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout_s
         while not (self._endpoint_up() and self.readyz() == 200):
             if self.process.poll() is not None:
