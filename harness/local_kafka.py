@@ -124,10 +124,12 @@ def recv_exact(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-# How a short-lived client JVM runs (Kafka's tools, the suite's Java clients): the serial
-# collector and the first JIT tier only, so that a run of seconds does not spend its CPU
-# compiling hot code it will not run long enough to repay, on a host shared with the tests.
-CLIENT_JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-Djava.awt.headless=true")
+# How a short-lived JVM runs on a host shared with the tests (Kafka's tools, the suite's Java
+# clients, the Spark tests' JVMs: tests/spark/helpers.py): the serial collector and the first JIT
+# tier only, so that a run of seconds does not spend its CPU compiling hot code it will not run
+# long enough to repay.
+SHORT_RUN_JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+CLIENT_JVM_OPTIONS = (*SHORT_RUN_JVM_OPTIONS, "-Xshare:auto", "-Djava.awt.headless=true")
 
 
 def java_command(kafka_dir: Path, main_class: str, *args: str, heap: str = "256m",

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import pandas as pd
 
+from harness.local_kafka import SHORT_RUN_JVM_OPTIONS
 from kqp.spark_jobs.synthetic import SyntheticSpec
 
 # The options of every JVM the Spark tests start: the local session's driver (conftest.py) and the
 # standalone cluster's master, worker, drivers and executors. C1 alone, no C2, and the serial
-# collector, as harness/local_kafka.py starts Kafka's short-lived tools: on the tests' small
+# collector (harness.local_kafka.SHORT_RUN_JVM_OPTIONS, as Kafka's short-lived tools run): on the tests' small
 # captures a fresh JVM spends more CPU compiling with C2 and in G1's concurrent threads than it
 # gets back (the 40 local-session tests beside: 171 s of CPU before, 106 s after), and the Spark
 # tests beside the real-time ones get only the CPU those leave (docs/testing.md, "What that took
 # off the suite's length"). No figure a test checks depends on the JIT or the collector.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+TEST_JVM_OPTIONS = " ".join(SHORT_RUN_JVM_OPTIONS)
 
 SPEC = SyntheticSpec(requests=12_000, seconds=90, brokers=3, clients=10, principals=4, topics=5, seed=11)
 
